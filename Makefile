@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine with Python 3.11 and make:
+#   make demo   set up .venv, make sample images, ingest them, stream and report throughput
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[keras,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python tools/demo.py --out demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) demo *.egg-info

@@ -1,0 +1,35 @@
+"""h5stream: feed a training loop from an HDF5 image store far larger than RAM.
+
+Public names only; importing this package never imports keras, tensorflow or torch.
+"""
+
+from h5stream.errors import (
+    BudgetError,
+    ConfigError,
+    H5StreamError,
+    ReaderError,
+    SourceError,
+    StoreExistsError,
+    StoreFormatError,
+    StoreNotFoundError,
+    StreamClosedError,
+    WorkerError,
+)
+from h5stream.store import StoreMeta, read_meta
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetError",
+    "ConfigError",
+    "H5StreamError",
+    "ReaderError",
+    "SourceError",
+    "StoreExistsError",
+    "StoreFormatError",
+    "StoreMeta",
+    "StoreNotFoundError",
+    "StreamClosedError",
+    "WorkerError",
+    "read_meta",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from h5stream.cli import main
+
+sys.exit(main())

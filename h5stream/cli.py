@@ -1,0 +1,71 @@
+"""Command line: ``h5stream ingest | info | bench | preview``.
+
+:func:`main` takes ``argv`` and returns an exit code, so tests call it
+in-process.  Every expected failure (an :class:`H5StreamError`, bad usage)
+prints one line ``h5stream: error: ...`` on stderr and returns a non-zero
+code; no traceback reaches the user.  Each subcommand lives in
+:mod:`h5stream.commands` and is imported only when it is run, so ``h5stream
+info`` never pays for what ``bench`` imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from h5stream.errors import H5StreamError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+COMMANDS = {
+    "ingest": "decode a folder of images into an HDF5 store",
+    "info": "describe a store (rows, shapes, classes, layout)",
+    "bench": "measure the stream against its baselines on a store",
+    "preview": "write a PNG grid of images as the stream yields them",
+}
+
+
+class UsageError(Exception):
+    """Raised by the parser instead of printing usage and exiting."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and sys.exit(2)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="h5stream", description="Stream image sets far larger than RAM from HDF5.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f"h5stream.commands.{name}")
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "_module", None) is None:
+            raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
+        return int(args._module.run(args) or EXIT_OK)
+    except UsageError as exc:
+        print(f"h5stream: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except H5StreamError as exc:
+        print(f"h5stream: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("h5stream: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""`h5stream bench` (being built; see the open issues)."""
+
+from h5stream.errors import ConfigError
+
+
+def add_arguments(parser):
+    pass
+
+
+def run(args):
+    raise ConfigError("'bench' is not built yet")

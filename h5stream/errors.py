@@ -1,0 +1,49 @@
+"""Exceptions raised by h5stream.
+
+Every error is an :class:`H5StreamError`; each subclass also derives from the
+builtin it resembles, so ``except ValueError`` / ``except OSError`` keep working
+for callers who do not know this package.  Messages say what went wrong, where,
+and how to fix it, in one line.
+"""
+
+from __future__ import annotations
+
+
+class H5StreamError(Exception):
+    """Base class of every error h5stream raises on purpose."""
+
+
+class ConfigError(H5StreamError, ValueError):
+    """An argument is out of range or malformed (batch size, shard, budget string...)."""
+
+
+class BudgetError(ConfigError):
+    """The memory budget cannot hold the minimum the stream needs; the message says the minimum."""
+
+
+class SourceError(H5StreamError, ValueError):
+    """The ingest source (folder, labels CSV) is unusable."""
+
+
+class StoreNotFoundError(H5StreamError, FileNotFoundError):
+    """The HDF5 file does not exist."""
+
+
+class StoreFormatError(H5StreamError, ValueError):
+    """The file exists but is not an h5stream store (not HDF5, missing /images, bad shapes...)."""
+
+
+class StoreExistsError(H5StreamError, FileExistsError):
+    """Ingest would overwrite an existing file without --append / --overwrite."""
+
+
+class ReaderError(H5StreamError, RuntimeError):
+    """The reader thread failed (I/O error, file vanished, corrupt chunk); ``__cause__`` holds the original."""
+
+
+class WorkerError(H5StreamError, RuntimeError):
+    """An augmenting worker raised or died; the message carries the worker's traceback or exit signal."""
+
+
+class StreamClosedError(H5StreamError, RuntimeError):
+    """The stream was used after ``close()``."""

@@ -1,0 +1,74 @@
+"""The on-disk layout of an h5stream file: node names, attribute names, defaults.
+
+Layout (format version 1)::
+
+    /images   EArray uint8 (N, H, W, C), chunked (block_rows, H, W, C)
+    /labels   EArray int64 (N,)            label_kind == "class"
+              EArray float32 (N,) / (N, K) label_kind == "regression"
+    /paths    EArray of fixed-size UTF-8 bytes (N,): source path relative to SRC
+
+Root attributes (plain ints and strings; lists are JSON text, so plain h5py
+reads every one of them):
+
+    h5stream_format   int    FORMAT_VERSION
+    committed_rows    int    rows whose images, labels and paths are all flushed;
+                             written only after those rows are on disk.  Readers
+                             use rows [0, committed_rows) and nothing beyond.
+    label_kind        str    "class" or "regression"
+    class_names       str    JSON list, index == label (class files), "null" otherwise
+    label_columns     str    JSON list of CSV column names (regression), "null" otherwise
+    image_height, image_width, channels   int
+    resize_mode       str    "stretch" | "crop" | "pad"
+    background        str    JSON [r, g, b] used to composite alpha / pad
+    storage_order     str    "shuffled" | "sorted"
+    order_seed        int    seed of the storage permutation (-1 when sorted)
+    block_rows        int    HDF5 chunk length along axis 0: the unit of contiguous reads
+    skipped_files     int    files skipped over all ingest runs (details in OUT.skipped.csv)
+"""
+
+from __future__ import annotations
+
+FORMAT_VERSION = 1
+
+IMAGES = "images"
+LABELS = "labels"
+PATHS = "paths"
+
+ATTR_FORMAT = "h5stream_format"
+ATTR_COMMITTED = "committed_rows"
+ATTR_LABEL_KIND = "label_kind"
+ATTR_CLASS_NAMES = "class_names"
+ATTR_LABEL_COLUMNS = "label_columns"
+ATTR_HEIGHT = "image_height"
+ATTR_WIDTH = "image_width"
+ATTR_CHANNELS = "channels"
+ATTR_RESIZE = "resize_mode"
+ATTR_BACKGROUND = "background"
+ATTR_ORDER = "storage_order"
+ATTR_ORDER_SEED = "order_seed"
+ATTR_BLOCK_ROWS = "block_rows"
+ATTR_SKIPPED = "skipped_files"
+
+LABEL_CLASS = "class"
+LABEL_REGRESSION = "regression"
+
+PATH_BYTES = 512
+"""Item size of /paths; a longer relative path is skipped with a reason."""
+
+TARGET_CHUNK_BYTES = 4 << 20
+"""Default chunk target: a block is the largest power of two of rows that fits in 4 MiB."""
+
+
+def default_block_rows(row_bytes: int, target_bytes: int = TARGET_CHUNK_BYTES) -> int:
+    """Largest power of two of rows whose block fits in ``target_bytes`` (at least 1, at most 8192)."""
+    if row_bytes < 1:
+        raise ValueError(f"row_bytes must be >= 1, got {row_bytes}")
+    rows = 1
+    while rows < 8192 and rows * 2 * row_bytes <= target_bytes:
+        rows *= 2
+    return rows
+
+
+def skipped_report_path(out_path: str) -> str:
+    """Where ingest lists skipped files (CSV: path,reason) for the store at ``out_path``."""
+    return str(out_path) + ".skipped.csv"
