@@ -1,11 +1,114 @@
-"""`h5stream info` (being built; see the open issues)."""
+"""`h5stream info OUT.h5 [--json]`: describe a store without reading pixels.
 
-from h5stream.errors import ConfigError
+:func:`describe` builds a plain dict (the ``--json`` object); :func:`format_text`
+renders it for people.  Flags that add sections (a later ``--shuffle-report``)
+extend that dict in :func:`run` between the two, under their own key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+LABEL_READ_ROWS = 1 << 20
 
 
-def add_arguments(parser):
-    pass
+def class_counts(path: str, rows: int, n_classes: int) -> list[int]:
+    """Rows per class index over the committed rows, read in slices of ``LABEL_READ_ROWS``."""
+    import h5py
+
+    from h5stream.store import schema
+
+    counts = np.zeros(n_classes, dtype=np.int64)
+    with h5py.File(path, "r") as f:
+        labels = f[schema.LABELS]
+        for start in range(0, rows, LABEL_READ_ROWS):
+            chunk = labels[start:min(rows, start + LABEL_READ_ROWS)].astype(np.int64)
+            chunk = chunk[(chunk >= 0) & (chunk < n_classes)]
+            counts += np.bincount(chunk, minlength=n_classes)[:n_classes]
+    return counts.tolist()
 
 
-def run(args):
-    raise ConfigError("'info' is not built yet")
+def describe(path: str) -> dict:
+    """The store's description: the keys of ``info --json`` (see README FORMAT)."""
+    import h5py
+
+    from h5stream.store import schema
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(path)
+    with h5py.File(path, "r") as f:
+        chunks = f[schema.IMAGES].chunks
+    classes = None
+    if meta.label_kind == schema.LABEL_CLASS and meta.class_names is not None:
+        counts = class_counts(path, meta.rows, len(meta.class_names))
+        classes = dict(zip(meta.class_names, counts))
+    report = schema.skipped_report_path(path)
+    return {
+        "path": os.path.abspath(path),
+        "rows": meta.rows,
+        "image_shape": list(meta.image_shape),
+        "dtype": "uint8",
+        "label_kind": meta.label_kind,
+        "label_shape": list(meta.label_shape),
+        "label_dtype": str(meta.label_dtype),
+        "classes": classes,
+        "label_columns": list(meta.label_columns) if meta.label_columns is not None else None,
+        "block_rows": meta.block_rows,
+        "chunk_shape": list(chunks) if chunks else None,
+        "compression": meta.compression,
+        "order": meta.storage_order,
+        "order_seed": meta.order_seed,
+        "resize": meta.resize_mode,
+        "file_bytes": meta.file_bytes,
+        "skipped_files": meta.skipped_files,
+        "skipped_report": report if os.path.exists(report) else None,
+        "format_version": meta.format_version,
+    }
+
+
+def format_text(info: dict) -> str:
+    h, w, c = info["image_shape"]
+    lines = [
+        f"{info['path']}",
+        f"  rows            {info['rows']}",
+        f"  images          {h}x{w}x{c} {info['dtype']} (resize: {info['resize']})",
+        f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
+        + (f" columns {', '.join(info['label_columns'])}" if info["label_columns"] else ""),
+    ]
+    if info["classes"] is not None:
+        lines.append(f"  classes         {len(info['classes'])}")
+        width = max((len(n) for n in info["classes"]), default=0)
+        for index, (name, count) in enumerate(info["classes"].items()):
+            lines.append(f"    {index:>4}  {name:<{width}}  {count}")
+    order = info["order"] + (f" (seed {info['order_seed']})" if info["order"] == "shuffled" else "")
+    lines += [
+        f"  block rows      {info['block_rows']} (chunk {tuple(info['chunk_shape']) if info['chunk_shape'] else 'none'})",
+        f"  compression     {info['compression'] or 'none'}",
+        f"  storage order   {order}",
+        f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
+        f"  skipped files   {info['skipped_files']}" + (f" (see {info['skipped_report']})" if info["skipped_report"] else ""),
+    ]
+    for key, section in info.get("sections", {}).items():
+        lines.append(f"  {key}")
+        lines.extend(f"    {line}" for line in section)
+    return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("path", metavar="OUT.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    # Later flags that add a section (e.g. --shuffle-report) are declared here.
+
+
+def run(args) -> int:
+    info = describe(args.path)
+    # Later flags add their results here: info[<key>] = {...} for --json, and
+    # info.setdefault("sections", {})[<title>] = [lines] for the text view.
+    if args.json:
+        print(json.dumps({k: v for k, v in info.items() if k != "sections"}, sort_keys=False))
+    else:
+        print(format_text(info))
+    return 0

@@ -207,6 +207,20 @@ class StoreWriter:
         self.committed_rows = n
         return n
 
+    def rollback(self, rows: int) -> None:
+        """Drop every row past ``rows``, committed or not (``--strict`` undoing its own append).
+
+        ``committed_rows`` is lowered and flushed before the arrays shrink, so a
+        crash in between still leaves a consistent file.
+        """
+        rows = int(rows)
+        if not 0 <= rows <= self.committed_rows:
+            raise ConfigError(f"cannot roll back to {rows} rows; {self.committed_rows} are committed")
+        self.attrs[schema.ATTR_COMMITTED] = np.int64(rows)
+        self._f.flush()
+        self.committed_rows = rows
+        self._truncate_to_committed()
+
     def set_attr(self, name: str, value) -> None:
         self.attrs[name] = value
 

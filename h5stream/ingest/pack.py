@@ -1,0 +1,418 @@
+"""Decode files in parallel and append them to a store in a fixed order, resumably.
+
+:func:`ingest` is the whole ``h5stream ingest`` job as a function:
+
+1. **Validate** everything that can be checked without decoding (source,
+   labels, OUT, compatibility with an existing store) before writing a byte.
+2. **Order** the discovered files: sorted walk order, or a permutation seeded
+   by ``seed`` (:func:`storage_permutation`).  On ``append`` the permutation is
+   taken over *all* discovered files and then the ones already stored are
+   dropped, so a run killed part-way and finished with ``append`` writes the
+   same rows in the same order as a run that was never interrupted.
+3. **Decode** in ``workers`` spawned processes (chunks of files, at most
+   ``4 * workers`` chunks in flight so memory stays bounded when the writer is
+   slower) or in-process when ``workers == 0``.
+4. **Write** in order from this thread only; every ``commit_rows`` rows the
+   store is flushed and then ``committed_rows`` raised (see
+   :class:`~h5stream.store.writer.StoreWriter`), and the skip report is
+   flushed first so it is never behind the ``skipped_files`` attribute.
+"""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import numpy as np
+
+from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreFormatError, WorkerError
+from h5stream.ingest.decode import DecodeSpec, SkipFile, decode_file
+from h5stream.ingest.discover import Item, Source, discover
+from h5stream.store import schema
+
+ORDERS = ("shuffled", "sorted")
+COMMIT_ROWS = 256
+FILES_PER_TASK = 16
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """Everything one ingest run needs.  ``spec.size`` etc. may be None on append (taken from the store)."""
+
+    src: str
+    out: str
+    labels_csv: str | None = None
+    label_columns: tuple[str, ...] | None = None
+    size: tuple[int, int] | None = None
+    resize: str | None = None
+    channels: int | None = None
+    order: str | None = None
+    seed: int | None = None
+    workers: int = 0
+    block_rows: int | None = None
+    compression: str | None = None
+    append: bool = False
+    overwrite: bool = False
+    strict: bool = False
+    commit_rows: int = COMMIT_ROWS
+    progress: bool | None = None  # None: a bar only when stderr is a terminal
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    out: str
+    created: bool
+    ingested: int
+    skipped: int
+    already_stored: int
+    rows: int
+    seconds: float
+    file_bytes: int
+    report_path: str | None
+
+    @property
+    def images_per_s(self) -> float:
+        return self.ingested / self.seconds if self.seconds > 0 else 0.0
+
+
+def default_workers() -> int:
+    """All cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
+    """Row order for ``n`` items in walk order: identity (sorted) or a permutation seeded by ``seed``."""
+    if order == "sorted":
+        return np.arange(n, dtype=np.int64)
+    if order == "shuffled":
+        return np.random.default_rng(seed).permutation(n).astype(np.int64)
+    raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+
+
+# -- worker side --------------------------------------------------------------------
+
+
+def _exit_with_parent() -> None:
+    """In a spawned worker: exit as soon as the parent dies (even by SIGKILL), so no orphan decodes on."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="h5stream-parent-watch", daemon=True).start()
+
+
+def decode_task(root: str, relpaths: list[str], spec: DecodeSpec) -> tuple[np.ndarray, list[str | None]]:
+    """Decode ``relpaths``; returns (stacked images of the good ones, per-file skip reason or None)."""
+    good, reasons = [], []
+    for rel in relpaths:
+        try:
+            good.append(decode_file(os.path.join(root, rel), spec))
+            reasons.append(None)
+        except SkipFile as exc:
+            reasons.append(str(exc) or "skipped")
+    images = np.stack(good) if good else np.empty((0, *spec.shape), dtype=np.uint8)
+    return images, reasons
+
+
+def _decoded_chunks(root, chunks, spec, workers, timeout_s=600.0):
+    """Yield ``decode_task`` results in chunk order, from ``workers`` processes (0: in this process)."""
+    if workers == 0:
+        for chunk in chunks:
+            yield decode_task(root, chunk, spec)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_exit_with_parent)
+    try:
+        pending = deque()
+        it = iter(chunks)
+        for chunk in it:
+            pending.append(pool.submit(decode_task, root, chunk, spec))
+            if len(pending) >= 4 * workers:
+                break
+        while pending:
+            future = pending.popleft()
+            try:
+                result = future.result(timeout=timeout_s)
+            except BrokenProcessPool as exc:
+                raise WorkerError(
+                    "a decode worker died (killed, out of memory?); committed rows are kept, "
+                    "rerun with --append to continue"
+                ) from exc
+            except TimeoutError as exc:
+                raise WorkerError(f"a decode worker produced nothing for {timeout_s:.0f} s; rerun with --append") from exc
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(decode_task, root, nxt, spec))
+            yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- validation ---------------------------------------------------------------------
+
+
+def _resolve_new(opts: IngestOptions, source: Source) -> dict:
+    out = opts.out
+    if os.path.isdir(out):
+        raise StoreExistsError(f"{out}: is a directory; give a file name such as {os.path.join(out, 'train.h5')}")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{out}: folder {parent} does not exist; create it first")
+    if os.path.exists(out) and not opts.overwrite:
+        raise StoreExistsError(f"{out}: already exists; pass --append to add to it or --overwrite to replace it")
+    size = opts.size or (128, 128)
+    return dict(
+        spec=DecodeSpec(size=size, resize=opts.resize or "stretch", channels=opts.channels or 3),
+        order=opts.order or "shuffled",
+        seed=0 if opts.seed is None else opts.seed,
+        class_names=list(source.class_names) if source.class_names is not None else None,
+        stored=set(),
+        start_rows=0,
+    )
+
+
+def _resolve_append(opts: IngestOptions, source: Source) -> dict:
+    import h5py
+
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(opts.out)
+    out = opts.out
+
+    def mismatch(what, theirs, ours, flag):
+        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; drop {flag} or ingest into a new file")
+
+    h, w, c = meta.image_shape
+    if opts.size is not None and tuple(opts.size) != (h, w):
+        mismatch("size", f"{h}x{w}", f"{opts.size[0]}x{opts.size[1]}", "--size")
+    if opts.channels is not None and opts.channels != c:
+        mismatch("channels", c, opts.channels, "--channels")
+    if opts.resize is not None and opts.resize != meta.resize_mode:
+        mismatch("resize mode", meta.resize_mode, opts.resize, "--resize")
+    if opts.order is not None and opts.order != meta.storage_order:
+        mismatch("order", meta.storage_order, opts.order, "--order")
+    if opts.seed is not None and meta.storage_order == "shuffled" and opts.seed != meta.order_seed:
+        mismatch("order seed", meta.order_seed, opts.seed, "--seed")
+    if opts.block_rows is not None and opts.block_rows != meta.block_rows:
+        mismatch("block rows", meta.block_rows, opts.block_rows, "--block-rows")
+    if source.label_kind != meta.label_kind:
+        raise ConfigError(
+            f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
+            "ingest into a new file"
+        )
+    class_names = None
+    if meta.label_kind == schema.LABEL_CLASS:
+        class_names = list(meta.class_names or ())
+        class_names += [n for n in source.class_names if n not in class_names]  # new classes get new indices
+    else:
+        if tuple(meta.label_columns or ()) != tuple(source.label_columns):
+            mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
+    with h5py.File(out, "r") as f:
+        stored = {p.decode("utf-8") for p in f[schema.PATHS][: meta.rows]}
+    background = schema_background(out)
+    return dict(
+        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background),
+        order=meta.storage_order,
+        seed=max(meta.order_seed, 0),
+        class_names=class_names,
+        stored=stored,
+        start_rows=meta.rows,
+    )
+
+
+def schema_background(path: str) -> tuple[int, int, int]:
+    import json
+
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        raw = f.attrs.get(schema.ATTR_BACKGROUND)
+    if raw is None:
+        return (255, 255, 255)
+    raw = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return tuple(int(v) for v in json.loads(raw))
+
+
+def _read_report(path: str) -> set[str]:
+    if not os.path.exists(path):
+        return set()
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    return {r[0] for r in rows[1:] if r}
+
+
+class _Report:
+    """The skip report CSV (``path,reason``), opened on the first new entry; one row per path over all runs."""
+
+    def __init__(self, path: str, paths: set[str]):
+        self.path = path
+        self.paths = set(paths)
+        self._fh = None
+        self._csv = None
+
+    def add(self, rel: str, why: str) -> None:
+        if rel in self.paths:
+            return
+        if self._fh is None:
+            new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+            self._fh = open(self.path, "a", newline="", encoding="utf-8")
+            self._csv = csv.writer(self._fh)
+            if new:
+                self._csv.writerow(["path", "reason"])
+        self.paths.add(rel)
+        self._csv.writerow([rel, why])
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+# -- the job ------------------------------------------------------------------------
+
+
+def ingest(opts: IngestOptions) -> IngestResult:
+    """Run one ingest (see the module docstring).  Raises H5StreamError subclasses on bad input.
+
+    With ``strict`` the first skipped file raises :class:`SourceError`, and
+    whatever this run wrote is removed (new file) or rolled back (append).
+    """
+    t0 = time.perf_counter()
+    if opts.append and opts.overwrite:
+        raise ConfigError("--append and --overwrite contradict each other; pick one")
+    if opts.workers < 0:
+        raise ConfigError(f"--workers must be >= 0, got {opts.workers}")
+    if opts.block_rows is not None and opts.block_rows < 1:
+        raise ConfigError(f"--block-rows must be >= 1, got {opts.block_rows}")
+    if opts.order is not None and opts.order not in ORDERS:
+        raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
+    source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None)
+    appending = opts.append and os.path.exists(opts.out)
+    if opts.append and os.path.isdir(opts.out):
+        raise StoreExistsError(f"{opts.out}: is a directory; give the .h5 file to append to")
+    plan = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
+    spec: DecodeSpec = plan["spec"]
+
+    report_path = schema.skipped_report_path(opts.out)
+    reported = _read_report(report_path) if appending else set()
+    rejected = [(rel, why) for rel, why in source.rejected if rel not in plan["stored"]]
+    if opts.strict and rejected:
+        rel, why = rejected[0]
+        raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
+
+    order = storage_permutation(len(source.items), plan["order"], plan["seed"])
+    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in plan["stored"]]
+    already = len(source.items) - len(pending)
+    class_index = {n: i for i, n in enumerate(plan["class_names"] or ())}
+
+    # Validation is over: from here on files are written.
+    from h5stream.store.writer import StoreWriter
+
+    if appending:
+        writer = StoreWriter.open_append(opts.out)
+        if source.label_kind == schema.LABEL_CLASS and len(plan["class_names"]) != len(writer.meta["class_names"] or ()):
+            import json
+
+            writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(plan["class_names"]))
+            writer.commit()
+    else:
+        label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
+            len(source.label_columns),)
+        writer = StoreWriter.create(
+            opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,
+            class_names=plan["class_names"], label_columns=source.label_columns, block_rows=opts.block_rows,
+            resize_mode=spec.resize, background=spec.background, storage_order=plan["order"],
+            order_seed=plan["seed"], compression=opts.compression, overwrite=opts.overwrite,
+            expected_rows=max(1, len(pending)),
+        )
+    start_rows = writer.committed_rows
+    if not appending and os.path.exists(report_path):
+        os.unlink(report_path)  # a report from an older file of this name no longer applies
+    report = _Report(report_path, reported)
+    ok = False
+    ingested = 0
+    try:
+
+        def record_skip(rel: str, why: str) -> None:
+            if opts.strict:
+                raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
+            report.add(rel, why)
+
+        for rel, why in rejected:
+            record_skip(rel, why)
+
+        def commit() -> None:
+            report.flush()  # the report is never behind the count that points to it
+            writer.set_attr(schema.ATTR_SKIPPED, np.int64(len(report.paths)))
+            writer.commit()
+
+        chunks = [[it.relpath for it in pending[i:i + FILES_PER_TASK]] for i in range(0, len(pending), FILES_PER_TASK)]
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pending), unit="img", desc="ingest", disable=None if opts.progress is None else not opts.progress,
+                   file=sys.stderr, smoothing=0.1, dynamic_ncols=True)
+        since_commit = 0
+        try:
+            for chunk_no, (images, reasons) in enumerate(_decoded_chunks(source.root, chunks, spec, opts.workers)):
+                items = pending[chunk_no * FILES_PER_TASK: chunk_no * FILES_PER_TASK + len(reasons)]
+                kept = []
+                for item, why in zip(items, reasons):
+                    if why is None:
+                        kept.append(item)
+                    else:
+                        record_skip(item.relpath, why)
+                if kept:
+                    if source.label_kind == schema.LABEL_CLASS:
+                        labels = np.array([class_index[it.label] for it in kept], dtype=np.int64)
+                    else:
+                        labels = np.array([it.label for it in kept], dtype=np.float32).reshape(
+                            (len(kept), *writer.labels.shape[1:]))
+                    writer.append(images, labels, [it.relpath for it in kept])
+                    ingested += len(kept)
+                    since_commit += len(kept)
+                if since_commit >= opts.commit_rows:
+                    commit()
+                    since_commit = 0
+                bar.update(len(reasons))
+        finally:
+            bar.close()
+        commit()
+        ok = True
+    finally:
+        report.close()
+        if ok or not opts.strict:
+            writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here
+        elif appending:
+            writer.rollback(start_rows)
+            writer.close()
+        else:
+            writer.close()
+            for p in (opts.out, report_path):
+                if os.path.exists(p):
+                    os.unlink(p)
+    return IngestResult(
+        out=opts.out, created=not appending, ingested=ingested, skipped=len(rejected) + len(pending) - ingested,
+        already_stored=already, rows=start_rows + ingested, seconds=time.perf_counter() - t0,
+        file_bytes=os.path.getsize(opts.out), report_path=report_path if os.path.exists(report_path) else None,
+    )
