@@ -16,6 +16,7 @@ from h5stream.errors import (
     WorkerError,
 )
 from h5stream.store import StoreMeta, read_meta
+from h5stream.stream import Stream, open  # noqa: A004
 
 __version__ = "0.1.0"
 
@@ -29,7 +30,9 @@ __all__ = [
     "StoreFormatError",
     "StoreMeta",
     "StoreNotFoundError",
+    "Stream",
     "StreamClosedError",
     "WorkerError",
+    "open",
     "read_meta",
 ]

@@ -1,0 +1,201 @@
+"""Epoch order: which rows, in which order, read in which contiguous pieces.
+
+Everything here is a pure function of plain values: ``(rows, block_rows, shard,
+seed, epoch, rows_per_fill, batch_size)`` in, integer arrays out.  No I/O, no
+threads; the reader thread and the tests call the same functions.
+
+The algorithm, for one epoch of one shard:
+
+1. **Blocks.**  The file is cut into blocks of ``block_rows`` contiguous rows
+   (the HDF5 chunk length), the unit of contiguous reads.
+2. **Shards.**  The blocks are permuted with ``(seed, epoch)`` (the same for
+   every shard), laid end to end, and the resulting row sequence is cut into
+   ``count`` contiguous pieces whose sizes differ by at most one row.  Shard
+   ``index`` owns piece ``index``: a list of *segments* (a block, or the part of
+   a block at a piece boundary).  Pieces are disjoint and cover every row, and do
+   not depend on any shard's memory budget.
+3. **Fills.**  The shard's segments, sorted by file position, are dealt into
+   *fills*: groups that together fit the shuffle buffer (``rows_per_fill``).  To
+   make every fill a miniature of the whole shard, the segments are split into
+   contiguous *strata* of ``n_fills`` segments each, each stratum is permuted, and
+   fill ``f`` takes the ``f``-th segment of every stratum (stratified sampling by
+   file position).  On a class-sorted file every fill then holds every class in
+   proportion, which a plain random choice of blocks does not give.
+4. **Rows.**  Inside a fill, rows are permuted with ``(seed, epoch, shard, fill)``.
+   The shard's epoch order is the fills' permutations end to end; batches are cut
+   from it, and a batch may straddle two consecutive fills.
+
+With ``shuffle=False`` steps 2-4 keep file order: the epoch is rows
+``0..rows-1`` (of the shard's piece) in order.
+
+Batches per shard (:func:`batch_sizes`): every shard yields the same number of
+batches.  Without ``drop_remainder``, ``n_batches = ceil(rows / (count *
+batch_size))``; all batches are full except the last one or two of a shard, which
+share what is left (no row is dropped or repeated).  With ``drop_remainder``,
+``n_batches = rows // (count * batch_size)`` full batches; the rows left over at
+the end of each shard's epoch order (different rows every epoch) are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from h5stream.errors import ConfigError
+
+_BLOCKS, _STRATA, _ROWS = 0, 1, 2
+
+
+def _rng(seed: int, epoch: int, purpose: int, *more: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch), purpose, *(int(m) for m in more)])
+
+
+def check_shard(shard) -> tuple[int, int]:
+    """Validate ``shard`` (None or ``(index, count)``) and return ``(index, count)``."""
+    if shard is None:
+        return 0, 1
+    try:
+        index, count = (int(v) for v in shard)
+    except (TypeError, ValueError):
+        raise ConfigError(f"shard must be a pair (index, count), got {shard!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"shard=({index}, {count}) is invalid: need count >= 1 and 0 <= index < count")
+    return index, count
+
+
+def shard_segments(rows: int, block_rows: int, seed: int, epoch: int, shard=(0, 1), shuffle: bool = True) -> np.ndarray:
+    """The shard's segments, sorted by file position: an ``(S, 2)`` int64 array of ``[start, stop)`` row ranges.
+
+    Each segment lies inside one block.  Pieces of the ``count`` shards are
+    disjoint and together cover ``range(rows)``.
+    """
+    index, count = check_shard(shard)
+    if rows < 0 or block_rows < 1:
+        raise ConfigError(f"need rows >= 0 and block_rows >= 1, got rows={rows}, block_rows={block_rows}")
+    n_blocks = -(-rows // block_rows)
+    blocks = _rng(seed, epoch, _BLOCKS).permutation(n_blocks) if (shuffle and count > 1) else np.arange(n_blocks)
+    starts = blocks.astype(np.int64) * block_rows
+    stops = np.minimum(starts + block_rows, rows)
+    # Row offsets of each block in the permuted sequence, and this piece's bounds.
+    seq_end = np.cumsum(stops - starts)
+    seq_start = seq_end - (stops - starts)
+    lo, hi = (index * rows) // count, ((index + 1) * rows) // count
+    keep = (seq_end > lo) & (seq_start < hi)
+    s = starts[keep] + np.maximum(0, lo - seq_start[keep])
+    e = stops[keep] - np.maximum(0, seq_end[keep] - hi)
+    seg = np.stack([s, e], axis=1) if len(s) else np.zeros((0, 2), np.int64)
+    return seg[np.argsort(seg[:, 0], kind="stable")]
+
+
+def fill_schedule(n_segments: int, segments_per_fill: int, seed: int, epoch: int, shard_index: int = 0,
+                  shuffle: bool = True) -> list[np.ndarray]:
+    """Deal segment indices (into the position-sorted segment list) into fills.
+
+    Returns one int64 array per fill, each sorted ascending (so adjacent segments
+    coalesce into one read).  Every index appears in exactly one fill; each fill
+    has at most ``segments_per_fill`` segments.
+    """
+    if segments_per_fill < 1:
+        raise ConfigError(f"segments_per_fill must be >= 1, got {segments_per_fill}")
+    n_fills = max(1, -(-n_segments // segments_per_fill))
+    idx = np.arange(n_segments, dtype=np.int64)
+    if not shuffle:
+        return [idx[f * segments_per_fill:(f + 1) * segments_per_fill] for f in range(n_fills)]
+    rng = _rng(seed, epoch, _STRATA, shard_index)
+    # Strata of n_fills consecutive segments; column f of the (strata x n_fills) table is fill f.
+    n_strata = -(-n_segments // n_fills)
+    table = np.full((n_strata, n_fills), -1, dtype=np.int64)
+    for s in range(n_strata):
+        members = idx[s * n_fills:(s + 1) * n_fills]
+        slots = rng.permutation(n_fills)[: len(members)]
+        table[s, slots] = members
+    fills = [np.sort(col[col >= 0]) for col in table.T]
+    return fills
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """One shard's epoch: segments, fills, and batch sizes.  Built by :func:`epoch_layout`."""
+
+    segments: np.ndarray  # (S, 2) [start, stop) rows, position-sorted
+    fills: tuple[np.ndarray, ...]  # segment indices per fill
+    fill_rows: np.ndarray  # rows in each fill
+    batch_sizes: np.ndarray  # rows in each batch of the epoch
+    seed: int
+    epoch: int
+    shard_index: int
+    shuffle: bool
+
+    @property
+    def rows(self) -> int:
+        return int(self.fill_rows.sum())
+
+    @property
+    def n_batches(self) -> int:
+        return len(self.batch_sizes)
+
+    def fill_segments(self, fill: int) -> np.ndarray:
+        """``(k, 2)`` row ranges of fill ``fill``, in the order they are laid into the buffer."""
+        return self.segments[self.fills[fill]]
+
+    def fill_permutation(self, fill: int) -> np.ndarray:
+        """Buffer positions of fill ``fill`` in the order they are yielded (int64)."""
+        n = int(self.fill_rows[fill])
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        return _rng(self.seed, self.epoch, _ROWS, self.shard_index, fill).permutation(n)
+
+    def fill_row_ids(self, fill: int) -> np.ndarray:
+        """File row ids held by fill ``fill``, in buffer order."""
+        seg = self.fill_segments(fill)
+        if len(seg) == 0:
+            return np.zeros(0, np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in seg])
+
+    def order(self) -> np.ndarray:
+        """Every row id this shard yields this epoch, in yield order (dropped rows excluded)."""
+        parts = [self.fill_row_ids(f)[self.fill_permutation(f)] for f in range(len(self.fills))]
+        full = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return full[: int(self.batch_sizes.sum())]
+
+
+def batch_sizes(shard_rows: int, total_rows: int, batch_size: int, count: int = 1,
+                drop_remainder: bool = False) -> np.ndarray:
+    """Sizes of the batches one shard yields; the same length for every shard (see module doc)."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if drop_remainder:
+        n = total_rows // (count * batch_size)
+        return np.full(n, batch_size, dtype=np.int64)
+    n = -(-total_rows // (count * batch_size))
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if shard_rows < n:
+        raise ConfigError(
+            f"{total_rows} rows cannot give {count} shards {n} batches each with batch_size={batch_size}; "
+            "use drop_remainder=True or fewer shards"
+        )
+    sizes = np.full(n, batch_size, dtype=np.int64)
+    extra = n * batch_size - shard_rows  # rows missing from full batches, taken from the last batches
+    k = n - 1
+    while extra > 0:
+        take = min(extra, batch_size - 1)  # every batch keeps at least one row
+        sizes[k] -= take
+        extra -= take
+        k -= 1
+    return sizes
+
+
+def epoch_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
+                 shard=None, shuffle: bool = True, drop_remainder: bool = False) -> EpochLayout:
+    """Lay out one epoch of one shard.  ``rows_per_fill`` is the shuffle buffer's capacity in rows."""
+    index, count = check_shard(shard)
+    if rows_per_fill < block_rows:
+        raise ConfigError(f"rows_per_fill ({rows_per_fill}) must hold at least one block ({block_rows} rows)")
+    segments = shard_segments(rows, block_rows, seed, epoch, (index, count), shuffle)
+    fills = fill_schedule(len(segments), rows_per_fill // block_rows, seed, epoch, index, shuffle)
+    lengths = segments[:, 1] - segments[:, 0]
+    fill_rows = np.array([int(lengths[f].sum()) for f in fills], dtype=np.int64)
+    sizes = batch_sizes(int(lengths.sum()), rows, batch_size, count, drop_remainder)
+    return EpochLayout(segments, tuple(fills), fill_rows, sizes, int(seed), int(epoch), index, bool(shuffle))

@@ -1,0 +1,178 @@
+"""Memory budget -> read plan.  Pure arithmetic, no I/O.
+
+The budget is a ceiling on everything a stream allocates:
+
+* ``n_buffers`` shuffle buffers of ``rows_per_fill`` rows (pixels + labels + the
+  fill's permutation and row ids): one is drained while the next is read;
+* ``queue_depth`` batches waiting in the queue, plus two more in flight (one
+  being built by the reader, one just handed to the consumer);
+* with worker processes, the pool's output slots and each worker's own
+  footprint (interpreter, libraries, transform temporaries);
+* a fixed allowance for bookkeeping (chunk offsets, the epoch's segment table,
+  Python objects).
+
+:func:`plan_read` gives the shuffle buffers whatever the rest leaves, rounded
+down to whole blocks; a budget that cannot hold one block per buffer and two
+queued batches raises :class:`BudgetError` naming the minimum.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from h5stream.errors import BudgetError, ConfigError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+BOOKKEEPING_BYTES = 4 << 20
+"""Fixed allowance for Python objects, thread stacks and small arrays."""
+
+MAX_QUEUE_DEPTH = 16
+
+
+def parse_bytes(value) -> int:
+    """``1024``, ``"512MB"``, ``"1.5GiB"``, ``"256 MiB"`` -> bytes (int).  Units: B, kB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB."""
+    if isinstance(value, bool):
+        raise ConfigError(f"memory budget must be bytes or a string like '512MiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ConfigError(f"memory budget must be positive, got {value!r}")
+        return int(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"memory budget must be bytes or a string like '512MiB', got {value!r}")
+    m = _BYTES_RE.match(value)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise ConfigError(
+            f"cannot parse memory budget {value!r}; write a number with an optional unit, e.g. '512MB', '1.5GiB'"
+        )
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ConfigError(f"memory budget must be positive, got {value!r}")
+    return n
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """How a stream splits its memory budget.  All sizes in bytes unless named ``*_rows``."""
+
+    budget_bytes: int
+    batch_size: int
+    block_rows: int
+    rows_per_fill: int
+    n_buffers: int
+    queue_depth: int
+    buffer_bytes: int  # all shuffle buffers together
+    batch_bytes: int  # one batch as handed to the consumer
+    queue_bytes: int  # queued + in-flight batches
+    pool_bytes: int  # worker output slots + worker footprints
+    bookkeeping_bytes: int
+    min_budget_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.buffer_bytes + self.queue_bytes + self.pool_bytes + self.bookkeeping_bytes
+
+    @property
+    def blocks_per_fill(self) -> int:
+        return self.rows_per_fill // self.block_rows
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        d["blocks_per_fill"] = self.blocks_per_fill
+        return d
+
+    def describe(self) -> str:
+        return (
+            f"budget {format_bytes(self.budget_bytes)}: {self.n_buffers} x {self.rows_per_fill} rows "
+            f"({self.blocks_per_fill} blocks of {self.block_rows}) = {format_bytes(self.buffer_bytes)} shuffle buffer, "
+            f"{self.queue_depth} queued batches = {format_bytes(self.queue_bytes)}, "
+            f"workers {format_bytes(self.pool_bytes)}, bookkeeping {format_bytes(self.bookkeeping_bytes)}"
+        )
+
+
+def plan_read(
+    budget_bytes: int,
+    *,
+    rows: int,
+    row_bytes: int,
+    label_row_bytes: int,
+    block_rows: int,
+    batch_size: int,
+    out_row_bytes: int | None = None,
+    n_out_slots: int = 0,
+    workers: int = 0,
+    worker_bytes: int = 0,
+) -> ReadPlan:
+    """Split ``budget_bytes`` between shuffle buffers, queue and workers for a store of ``rows`` rows.
+
+    ``out_row_bytes`` is the size of one output row (differs from ``row_bytes``
+    when augmentation emits float32); ``n_out_slots`` output slots of
+    ``batch_size`` rows live in shared memory when ``workers > 0``, and each
+    worker costs ``worker_bytes`` on top.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    out_row_bytes = row_bytes if out_row_bytes is None else out_row_bytes
+    # Per buffered row: pixels, label, its permutation entry and row id (int64 each).
+    buffered_row_bytes = row_bytes + label_row_bytes + 16
+    batch_bytes = batch_size * (out_row_bytes + label_row_bytes)
+    n_blocks = -(-rows // block_rows) if rows else 0
+    bookkeeping = BOOKKEEPING_BYTES + n_blocks * 48  # chunk offsets + segment table + fill schedule
+    pool = workers * worker_bytes + (n_out_slots * batch_size * out_row_bytes if workers else 0)
+    in_flight = 2
+
+    # A fill holds at least one batch, so a batch touches at most two fills in the usual case.
+    min_rows = -(-batch_size // block_rows) * block_rows
+    min_budget = bookkeeping + pool + 2 * min_rows * buffered_row_bytes + (2 + in_flight) * batch_bytes
+    if budget_bytes < min_budget:
+        raise BudgetError(
+            f"memory budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(min_budget)} "
+            f"({min_budget} bytes) for batch_size={batch_size}, {block_rows}-row blocks"
+            + (f" and {workers} workers" if workers else "")
+            + "; raise memory_budget or lower batch_size"
+        )
+    # Queue: about a tenth of the budget, between 2 and MAX_QUEUE_DEPTH batches.
+    queue_depth = int(max(2, min(MAX_QUEUE_DEPTH, (budget_bytes // 10) // max(1, batch_bytes))))
+    while queue_depth > 2 and budget_bytes - bookkeeping - pool - (queue_depth + in_flight) * batch_bytes < (
+        2 * min_rows * buffered_row_bytes
+    ):
+        queue_depth -= 1
+    left = budget_bytes - bookkeeping - pool - (queue_depth + in_flight) * batch_bytes
+    whole_file_blocks = max(1, n_blocks)
+    if left >= whole_file_blocks * block_rows * buffered_row_bytes:
+        # The whole file fits in one buffer: a single fill, a full shuffle every epoch.
+        n_buffers, rows_per_fill = 1, whole_file_blocks * block_rows
+    else:
+        n_buffers = 2
+        rows_per_fill = (left // (2 * buffered_row_bytes)) // block_rows * block_rows
+        rows_per_fill = max(min_rows, min(rows_per_fill, whole_file_blocks * block_rows))
+    return ReadPlan(
+        budget_bytes=int(budget_bytes),
+        batch_size=int(batch_size),
+        block_rows=int(block_rows),
+        rows_per_fill=int(rows_per_fill),
+        n_buffers=n_buffers,
+        queue_depth=queue_depth,
+        buffer_bytes=int(n_buffers * rows_per_fill * buffered_row_bytes),
+        batch_bytes=int(batch_bytes),
+        queue_bytes=int((queue_depth + in_flight) * batch_bytes),
+        pool_bytes=int(pool),
+        bookkeeping_bytes=int(bookkeeping),
+        min_budget_bytes=int(min_budget),
+    )

@@ -1,0 +1,63 @@
+"""Memory budget -> plan arithmetic."""
+
+import pytest
+
+from h5stream.errors import BudgetError, ConfigError
+from h5stream.read.plan import parse_bytes, plan_read
+
+
+@pytest.mark.parametrize("text,expected", [
+    (1024, 1024), ("1024", 1024), ("512MB", 512 * 10**6), ("1.5GiB", int(1.5 * 2**30)), ("256 MiB", 256 << 20),
+    ("2k", 2000), ("3KiB", 3072), ("1e3", 1000), ("1 TB", 10**12),
+])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "12 parsecs", "-5MB", 0, -1, None, True, "1.2.3GB"])
+def test_parse_bytes_rejects(bad):
+    with pytest.raises(ConfigError):
+        parse_bytes(bad)
+
+
+ROW = 128 * 128 * 3
+
+
+@pytest.mark.parametrize("budget_mib", [16, 64, 256, 1024])
+@pytest.mark.parametrize("batch", [1, 32, 256])
+def test_plan_stays_within_budget(budget_mib, batch):
+    budget = budget_mib << 20
+    try:
+        plan = plan_read(budget, rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=batch)
+    except BudgetError:
+        roomy = plan_read(1 << 40, rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=batch)
+        assert budget < roomy.min_budget_bytes
+        return
+    assert plan.total_bytes <= budget
+    assert plan.rows_per_fill % 64 == 0 and plan.rows_per_fill >= max(64, batch)
+    assert 2 <= plan.queue_depth <= 16
+    assert plan.n_buffers == 2
+
+
+def test_small_file_fits_in_one_buffer():
+    plan = plan_read(1 << 30, rows=1000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
+    assert plan.n_buffers == 1
+    assert plan.rows_per_fill >= 1000
+    assert plan.total_bytes <= 1 << 30
+
+
+def test_budget_too_small_names_the_minimum():
+    with pytest.raises(BudgetError, match=r"minimum .*MiB \(\d+ bytes\)") as info:
+        plan_read(1 << 20, rows=10_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
+    minimum = int(str(info.value).split("(")[1].split(" ")[0])
+    plan = plan_read(minimum, rows=10_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
+    assert plan.total_bytes <= minimum
+
+
+def test_workers_and_float_output_take_their_share():
+    base = plan_read(256 << 20, rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
+    pooled = plan_read(256 << 20, rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32,
+                       out_row_bytes=4 * ROW, n_out_slots=8, workers=2, worker_bytes=40 << 20)
+    assert pooled.pool_bytes == 2 * (40 << 20) + 8 * 32 * 4 * ROW
+    assert pooled.rows_per_fill < base.rows_per_fill
+    assert pooled.total_bytes <= 256 << 20
