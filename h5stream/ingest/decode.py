@@ -163,7 +163,9 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
     except Image.DecompressionBombError as exc:
         raise SkipFile(f"too large: {exc}") from None
     except OSError as exc:
-        raise SkipFile(f"unreadable: {exc.strerror or exc}") from None
+        if exc.errno is not None:  # the OS refused (permissions, I/O error, dangling link)
+            raise SkipFile(f"unreadable: {exc.strerror or exc}") from None
+        raise SkipFile(f"truncated or corrupt: {exc}") from None  # Pillow's own OSError: bad bytes
     except Exception as exc:  # Pillow plugins raise assorted types on malformed headers
         raise SkipFile(f"unreadable header: {type(exc).__name__}: {exc}") from None
     with im:

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny real image folders (session-scoped, never modified) and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from h5stream import cli
+from h5stream.samples import make_class_folder, make_regression_folder
+
+CLASS_NAMES = ("bird", "cat", "dog")  # sorted: label index = position
+PER_CLASS = (5, 7, 6)
+SRC_SIZE = (30, 40)  # (height, width) of the generated files
+REG_N = 12
+
+
+@pytest.fixture(scope="session")
+def class_src(tmp_path_factory):
+    """A folder-per-class set: bird/5, cat/7, dog/6, mixed JPEG/PNG, 30x40.  Returns (root, [(relpath, label)])."""
+    root = tmp_path_factory.mktemp("classes") / "src"
+    written = make_class_folder(root, classes=CLASS_NAMES, per_class=PER_CLASS, size=SRC_SIZE, fmt="mixed", seed=1)
+    return str(root), written
+
+
+@pytest.fixture(scope="session")
+def regression_src(tmp_path_factory):
+    """Folder + labels.csv with K=2 targets.  Returns (root, csv_path, [(relpath, (t0, t1))])."""
+    root = tmp_path_factory.mktemp("regression") / "src"
+    csv_path, rows = make_regression_folder(root, REG_N, targets=2, size=SRC_SIZE, fmt="png", seed=2)
+    return str(root), csv_path, rows
+
+
+@pytest.fixture
+def class_src_copy(class_src, tmp_path):
+    """A private, writable copy of ``class_src`` (for tests that add or break files)."""
+    root, written = class_src
+    dst = tmp_path / "src"
+    shutil.copytree(root, dst)
+    return str(dst), list(written)
+
+
+@pytest.fixture
+def h5cli(capsys):
+    """Run ``h5stream ARGS...`` in-process; returns (exit code, stdout, stderr)."""
+
+    def run(*args):
+        code = cli.main([os.fspath(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

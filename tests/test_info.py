@@ -1,0 +1,72 @@
+"""`h5stream info`: text and --json describe the store; errors are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from h5stream.store.writer import write_arrays
+
+from conftest import CLASS_NAMES, PER_CLASS, REG_N
+
+JSON_KEYS = {"rows", "image_shape", "dtype", "label_kind", "classes", "block_rows", "file_bytes", "order"}
+
+
+@pytest.fixture(scope="module")
+def class_store(class_src, tmp_path_factory):
+    from h5stream import cli
+
+    out = tmp_path_factory.mktemp("info") / "c.h5"
+    assert cli.main(["ingest", class_src[0], str(out), "--size", "12x10", "--workers", "0", "--block-rows", "4"]) == 0
+    return out
+
+
+def test_json_has_the_documented_keys_and_true_counts(class_store, h5cli):
+    code, stdout, _ = h5cli("info", class_store, "--json")
+    assert code == 0
+    info = json.loads(stdout)
+    assert JSON_KEYS <= set(info)
+    assert info["rows"] == sum(PER_CLASS) and info["image_shape"] == [12, 10, 3] and info["dtype"] == "uint8"
+    assert info["label_kind"] == "class" and info["classes"] == dict(zip(CLASS_NAMES, PER_CLASS))
+    assert list(info["classes"]) == list(CLASS_NAMES)  # in label order
+    assert info["block_rows"] == 4 and info["chunk_shape"] == [4, 12, 10, 3]
+    assert info["order"] == "shuffled" and info["order_seed"] == 0 and info["compression"] is None
+    assert info["file_bytes"] == class_store.stat().st_size and info["skipped_files"] == 0
+
+
+def test_text_lists_classes_with_counts(class_store, h5cli):
+    code, stdout, _ = h5cli("info", class_store)
+    assert code == 0
+    assert f"rows            {sum(PER_CLASS)}" in stdout and "12x10x3 uint8" in stdout
+    rows = [line.split() for line in stdout.splitlines()]
+    for index, (name, count) in enumerate(zip(CLASS_NAMES, PER_CLASS)):
+        assert [str(index), name, str(count)] in rows
+    assert "storage order   shuffled (seed 0)" in stdout and "block rows      4" in stdout
+
+
+def test_regression_store(regression_src, tmp_path, h5cli):
+    root, csv_path, _ = regression_src
+    out = tmp_path / "r.h5"
+    assert h5cli("ingest", root, out, "--labels", csv_path, "--size", "8", "--order", "sorted", "--workers", "0")[0] == 0
+    info = json.loads(h5cli("info", out, "--json")[1])
+    assert info["rows"] == REG_N and info["label_kind"] == "regression" and info["classes"] is None
+    assert info["label_shape"] == [2] and info["label_columns"] == ["t0", "t1"] and info["order"] == "sorted"
+
+
+def test_store_written_from_arrays(tmp_path, h5cli):
+    import numpy as np
+
+    out = tmp_path / "w.h5"
+    write_arrays(out, np.zeros((7, 2, 3, 1), np.uint8), np.array([0, 1, 1, 2, 2, 2, 0]), class_names=["a", "b", "c"])
+    info = json.loads(h5cli("info", out, "--json")[1])
+    assert info["classes"] == {"a": 2, "b": 2, "c": 3} and info["image_shape"] == [2, 3, 1]
+
+
+@pytest.mark.parametrize("kind", ["missing", "not hdf5"])
+def test_errors_are_one_line(tmp_path, h5cli, kind):
+    path = tmp_path / "x.h5"
+    if kind == "not hdf5":
+        path.write_text("hello")
+    code, stdout, err = h5cli("info", path)
+    assert code == 1 and stdout == "" and err.count("\n") == 1 and err.startswith("h5stream: error: ")

@@ -1,0 +1,206 @@
+"""Ingest end to end on real files: labels by pixel content, order, CSV targets, append, layout in plain h5py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+
+from h5stream.ingest.decode import DecodeSpec, decode_file
+from h5stream.ingest.pack import storage_permutation
+from h5stream.samples import make_class_folder, nearest_class, targets_from_pixels
+from h5stream.store import read_meta, schema
+
+from conftest import CLASS_NAMES, REG_N
+
+
+def read_store(path):
+    """(images, labels, paths, attrs) of the committed rows, with plain h5py."""
+    with h5py.File(path, "r") as f:
+        n = int(f.attrs[schema.ATTR_COMMITTED])
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        return f["images"][:n], f["labels"][:n], [p.decode() for p in f["paths"][:n]], attrs
+
+
+@pytest.mark.parametrize("order,workers", [("sorted", 0), ("shuffled", 2)])
+def test_every_image_lands_once_with_its_label(class_src, tmp_path, h5cli, order, workers):
+    root, written = class_src
+    out = tmp_path / "s.h5"
+    code, stdout, err = h5cli("ingest", root, out, "--size", "16x24", "--order", order, "--workers", str(workers))
+    assert code == 0, err
+    assert "ingested 18, skipped 0" in stdout
+    images, labels, paths, attrs = read_store(out)
+    expected = dict(written)
+    assert sorted(paths) == sorted(expected) and len(paths) == len(set(paths)) == 18
+    assert images.shape == (18, 16, 24, 3) and images.dtype == np.uint8 and labels.dtype == np.int64
+    spec = DecodeSpec(size=(16, 24))
+    for image, label, rel in zip(images, labels, paths):
+        assert label == expected[rel]  # label from the folder name
+        assert nearest_class(image, len(CLASS_NAMES)) == label  # ... and the pixels agree
+        np.testing.assert_array_equal(image, decode_file(os.path.join(root, rel), spec))  # row == its own file
+    assert json.loads(attrs[schema.ATTR_CLASS_NAMES]) == list(CLASS_NAMES)
+    assert attrs[schema.ATTR_ORDER] == order
+
+
+def test_sorted_keeps_walk_order_and_shuffled_is_the_seeded_permutation(class_src, tmp_path, h5cli):
+    root, written = class_src
+    walk = sorted(rel for rel, _ in written)
+    orders = {}
+    for name, extra in [("sorted", ["--order", "sorted"]), ("s0", []), ("s0b", ["--seed", "0"]), ("s7", ["--seed", "7"])]:
+        code, _, err = h5cli("ingest", root, tmp_path / f"{name}.h5", "--size", "8", "--workers", "0", *extra)
+        assert code == 0, err
+        _, labels, paths, attrs = read_store(tmp_path / f"{name}.h5")
+        orders[name] = (paths, labels, attrs)
+    assert orders["sorted"][0] == walk
+    assert list(orders["sorted"][1]) == sorted(orders["sorted"][1])  # class-sorted, as the folders are
+    assert orders["sorted"][2][schema.ATTR_ORDER_SEED] == -1
+    assert orders["s0"][0] == [walk[i] for i in storage_permutation(len(walk), "shuffled", 0)]
+    assert orders["s0"][0] == orders["s0b"][0]  # default seed is 0, and seeded = reproducible
+    assert orders["s7"][0] != orders["s0"][0] and sorted(orders["s7"][0]) == walk
+    assert orders["s7"][2][schema.ATTR_ORDER_SEED] == 7 and orders["s7"][2][schema.ATTR_ORDER] == "shuffled"
+    assert list(orders["s0"][1]) != sorted(orders["s0"][1])  # shuffled rows are not class-sorted
+
+
+def test_csv_regression_two_targets(regression_src, tmp_path, h5cli):
+    root, csv_path, rows = regression_src
+    out = tmp_path / "r.h5"
+    code, _, err = h5cli("ingest", root, out, "--labels", csv_path, "--size", "12", "--workers", "1")
+    assert code == 0, err
+    images, labels, paths, attrs = read_store(out)
+    expected = dict(rows)
+    assert labels.dtype == np.float32 and labels.shape == (REG_N, 2)
+    assert sorted(paths) == sorted(expected)
+    for image, label, rel in zip(images, labels, paths):
+        np.testing.assert_allclose(label, expected[rel], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(targets_from_pixels(image, 2), expected[rel], atol=0.02)
+    meta = read_meta(out)
+    assert meta.label_kind == "regression" and meta.label_columns == ("t0", "t1") and meta.class_names is None
+
+
+def test_csv_one_column_gives_flat_targets(regression_src, tmp_path, h5cli):
+    root, csv_path, rows = regression_src
+    out = tmp_path / "r1.h5"
+    code, _, err = h5cli("ingest", root, out, "--labels", csv_path, "--label-columns", "t1", "--size", "8", "--workers", "0")
+    assert code == 0, err
+    _, labels, paths, _ = read_store(out)
+    expected = dict(rows)
+    assert labels.shape == (REG_N,)
+    np.testing.assert_allclose(labels, [expected[p][1] for p in paths], atol=1e-6)
+
+
+def test_plain_h5py_reads_layout_block_rows_and_zlib(class_src, tmp_path, h5cli):
+    root, _ = class_src
+    plain, zipped = tmp_path / "plain.h5", tmp_path / "zlib.h5"
+    assert h5cli("ingest", root, plain, "--size", "16", "--block-rows", "8", "--order", "sorted", "--workers", "0")[0] == 0
+    assert h5cli("ingest", root, zipped, "--size", "16", "--compression", "zlib", "--order", "sorted", "--workers", "0")[0] == 0
+    with h5py.File(plain, "r") as f:
+        assert f["images"].chunks == (8, 16, 16, 3) and f["images"].compression is None
+        assert f.attrs["block_rows"] == 8 and f.attrs["committed_rows"] == 18
+        assert f.attrs["h5stream_format"] == schema.FORMAT_VERSION
+        assert f.attrs["image_height"] == 16 and f.attrs["channels"] == 3
+        a = f["images"][:]
+    with h5py.File(zipped, "r") as f:
+        assert f["images"].compression == "gzip"
+        np.testing.assert_array_equal(f["images"][:], a)
+
+
+def test_append_adds_a_new_class_with_a_new_index_and_dedups(class_src_copy, tmp_path, h5cli):
+    root, written = class_src_copy
+    out = tmp_path / "a.h5"
+    assert h5cli("ingest", root, out, "--size", "16", "--workers", "0")[0] == 0
+    _, labels_before, paths_before, _ = read_store(out)
+    # "aardvark" sorts first but must not renumber the existing classes.
+    added = make_class_folder(tmp_path / "extra", classes=["aardvark"], per_class=4, size=(30, 40), seed=5)
+    shutil.move(str(tmp_path / "extra" / "aardvark"), os.path.join(root, "aardvark"))
+    code, stdout, err = h5cli("ingest", root, out, "--append", "--workers", "1")
+    assert code == 0, err
+    assert "ingested 4" in stdout and "already stored 18" in stdout
+    images, labels, paths, attrs = read_store(out)
+    assert json.loads(attrs[schema.ATTR_CLASS_NAMES]) == [*CLASS_NAMES, "aardvark"]
+    assert paths[:18] == paths_before and list(labels[:18]) == list(labels_before)
+    assert sorted(paths) == sorted([r for r, _ in written] + [r for r, _ in added])
+    new = [(img, lab) for img, lab, p in zip(images, labels, paths) if p.startswith("aardvark/")]
+    assert len(new) == 4 and all(lab == 3 and nearest_class(img, 1) == 0 for img, lab in new)
+    # Running the same append again finds nothing new.
+    code, stdout, _ = h5cli("ingest", root, out, "--append", "--workers", "0")
+    assert code == 0 and "ingested 0" in stdout
+    assert read_meta(out).rows == 22
+
+
+@pytest.mark.parametrize("resize", ["crop", "pad"])
+def test_resize_modes_and_grayscale(class_src, tmp_path, h5cli, resize):
+    root, written = class_src
+    out = tmp_path / f"{resize}.h5"
+    code, _, err = h5cli("ingest", root, out, "--size", "20", "--resize", resize, "--channels", "1", "--workers", "0")
+    assert code == 0, err
+    images, labels, paths, attrs = read_store(out)
+    assert images.shape == (18, 20, 20, 1) and attrs[schema.ATTR_RESIZE] == resize
+    for image, label in zip(images, labels):
+        assert nearest_class(image, len(CLASS_NAMES)) == label
+    if resize == "pad":  # 30x40 source fits as 15x20, centred: white bands above and below
+        assert (images[:, :2] == 255).all() and (images[:, -2:] == 255).all()
+
+
+# -- decoding: every mode, alpha, EXIF, draft --------------------------------------------
+
+
+def _save(tmp_path, name, im, **kw):
+    path = str(tmp_path / name)
+    im.save(path, **kw)
+    return path
+
+
+def test_decode_modes(tmp_path):
+    spec = DecodeSpec(size=(4, 4))
+    gray = DecodeSpec(size=(4, 4), channels=1)
+    cases = {
+        "L.png": (Image.new("L", (8, 8), 100), [100, 100, 100]),
+        "1.png": (Image.new("1", (8, 8), 1), [255, 255, 255]),
+        "P.png": (Image.new("RGB", (8, 8), (10, 20, 30)).convert("P"), [10, 20, 30]),
+        "I16.png": (Image.fromarray(np.full((8, 8), 65535 // 2, dtype=np.uint16)), [127, 127, 127]),
+        "I.tif": (Image.fromarray(np.full((8, 8), 40000, dtype=np.int32)), [156, 156, 156]),
+        "F.tif": (Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)), [128, 128, 128]),
+        "CMYK.jpg": (Image.new("CMYK", (8, 8), (0, 255, 255, 0)), [255, 0, 0]),
+        "RGBA.png": (Image.new("RGBA", (8, 8), (0, 0, 0, 0)), [255, 255, 255]),  # transparent -> white
+        "LA.png": (Image.new("LA", (8, 8), (0, 128)), [127, 127, 127]),  # half black over white
+    }
+    for name, (im, want) in cases.items():
+        path = _save(tmp_path, name, im)
+        got = decode_file(path, spec)
+        assert got.shape == (4, 4, 3) and got.dtype == np.uint8, name
+        np.testing.assert_allclose(got.reshape(-1, 3).mean(axis=0), want, atol=4, err_msg=name)
+        assert decode_file(path, gray).shape == (4, 4, 1)
+    # A palette image with a transparent index composites on the background too.
+    p = Image.new("P", (8, 8), 0)
+    p.putpalette([0, 0, 0, 200, 0, 0] + [0] * 762)
+    p.paste(1, (0, 0, 8, 4))
+    got = decode_file(_save(tmp_path, "Ptrans.png", p, transparency=0), DecodeSpec(size=(8, 8)))
+    np.testing.assert_array_equal(got[:4, 0], [[200, 0, 0]] * 4)
+    np.testing.assert_array_equal(got[4:, 0], [[255, 255, 255]] * 4)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    arr = np.zeros((20, 40, 3), dtype=np.uint8)
+    arr[:, :20] = (250, 0, 0)  # left half red, right half black
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated: display = rotate 90 degrees clockwise
+    path = _save(tmp_path, "o.jpg", Image.fromarray(arr), exif=exif, quality=95)
+    got = decode_file(path, DecodeSpec(size=(40, 20)))
+    assert got.shape == (40, 20, 3)
+    assert got[:16, :, 0].mean() > 200 and got[24:, :, 0].mean() < 50  # red on top after rotation
+
+
+def test_jpeg_draft_matches_full_decode(tmp_path):
+    from h5stream.samples import realistic_image
+
+    path = _save(tmp_path, "big.jpg", realistic_image(3), quality=90)
+    spec = DecodeSpec(size=(64, 64))
+    fast = decode_file(path, spec).astype(np.int16)
+    with Image.open(path) as im:
+        full = np.asarray(im.convert("RGB").resize((64, 64), Image.Resampling.BILINEAR), dtype=np.int16)
+    assert np.abs(fast - full).mean() < 6
