@@ -1,0 +1,700 @@
+"""A pool of augmenting worker processes that exchange only indices.
+
+Generic: it knows nothing about HDF5.  The owner (the stream) puts rows into
+*source* shared arrays (its shuffle buffers) and submits tasks
+``(source_index, positions, row_ids, epoch, seed)``; a worker gathers
+``source[positions]`` into its private buffer, calls the transform writing
+straight into an output *slot* (a ring of shared arrays the pool owns), and
+reports back.  Pixels never go through a pipe.
+
+Threads and processes:
+
+* ``workers`` processes, started once with the ``spawn`` start method and
+  reused until ``close()``.  They ignore SIGINT (the parent's ``close()``
+  governs shutdown) and exit on their own if the parent dies.
+* One collector thread in the parent reads the workers' messages and watches
+  their process sentinels, so a worker killed by SIGKILL / the OOM killer is
+  reported within milliseconds, not after a queue timeout.
+* The public methods are safe to call from two threads: a producer
+  (``submit``, ``wait_source_free``) and a consumer (``get``, ``slot_view``,
+  ``release``).  Every blocking call takes a timeout and wakes on ``close()``
+  (the stop flag) or on a worker failure; none blocks forever.
+
+Ownership: the pool owns its worker processes and its slot segment; the
+sources belong to the caller, who must keep them alive until ``close()``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from multiprocessing import connection as mp_connection
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from h5stream.augment.shm import SharedArray, SharedSpec, new_prefix
+from h5stream.errors import ConfigError, StreamClosedError, WorkerError
+
+__all__ = [
+    "Batch",
+    "WorkerPool",
+    "WORKER_OVERHEAD_BYTES",
+    "measure_worker_pss",
+    "slot_bytes",
+    "worker_buffer_bytes",
+]
+
+#: Estimated PSS of one idle spawned worker that has imported numpy, OpenCV and
+#: h5stream (the package import pulls in h5py).  Measured on Python 3.11 / Linux
+#: with ``measure_worker_pss(Augment(...))``; see the module docstring of the
+#: tests or the report.  The stream's plan subtracts ``workers * this`` from the
+#: budget before sizing buffers; check against ``WorkerPool.worker_pss_bytes()``.
+WORKER_OVERHEAD_BYTES = 64 << 20
+
+# A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
+# queued per worker keeps a worker's pipe below this many bytes, so send()
+# never blocks even when the worker is stuck in a slow transform.
+_PIPE_BUDGET_BYTES = 64 << 10
+_TASK_OVERHEAD_BYTES = 512
+
+
+class Batch(NamedTuple):
+    """A finished batch, delivered in submission order: read ``slot_view(slot)[:rows]``, then ``release(slot)``."""
+
+    seq: int
+    slot: int
+    rows: int
+
+
+def slot_bytes(n_slots: int, batch_rows: int, row_shape: Sequence[int], dtype) -> int:
+    """Bytes of shared memory a pool allocates for its output slots (pure)."""
+    return int(n_slots) * int(batch_rows) * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def worker_buffer_bytes(batch_rows: int, row_shape: Sequence[int], dtype=np.uint8) -> int:
+    """Bytes of private memory each worker allocates to gather one input batch (pure).
+
+    Excludes the transform's own scratch memory.
+    """
+    return int(batch_rows) * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+class _RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a WorkerError."""
+
+    def __init__(self, tb_text: str):
+        super().__init__(tb_text)
+        self.tb_text = tb_text
+
+    def __str__(self) -> str:
+        return "\n" + self.tb_text
+
+
+def _worker_error(message: str, tb_text: str | None) -> WorkerError:
+    err = WorkerError(message)
+    err.worker_traceback = tb_text
+    if tb_text:
+        err.__cause__ = _RemoteTraceback(tb_text)
+    return err
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _worker_main(worker_id, conn, transform_bytes, source_specs, slot_spec, batch_rows):
+    """Entry point of a worker process (spawned; imports only numpy and this package)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        # The parent blocked SIGINT around start(); a Ctrl-C that arrived during
+        # interpreter start-up is pending and is discarded here, being ignored.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    parent = mp.parent_process()
+    try:
+        transform = pickle.loads(transform_bytes)
+        sources = [SharedArray.attach(spec) for spec in source_specs]
+        slots = SharedArray.attach(slot_spec)
+    except BaseException:
+        conn.send(("fatal", worker_id, traceback.format_exc()))
+        return
+    conn.send(("ready", worker_id, os.getpid()))
+    try:
+        _serve(conn, parent.sentinel, transform, [s.array for s in sources], slots.array, batch_rows)
+    except (EOFError, OSError):
+        pass  # the parent went away mid-message; nothing left to serve
+
+
+def _serve(conn, parent_sentinel, transform, src_arrays, out_all, batch_rows) -> None:
+    """The worker's task loop; returns on the stop message or when the parent is gone."""
+    gather = np.empty((batch_rows,) + src_arrays[0].shape[1:], dtype=src_arrays[0].dtype)
+    while True:
+        if conn not in mp_connection.wait([conn, parent_sentinel]):
+            return  # parent died without close(): nothing left to serve
+        msg = conn.recv()
+        if msg is None:
+            return
+        seq, slot, src, positions, row_ids, epoch, seed = msg
+        n = len(positions)
+        images = gather[:n]
+        try:
+            # mode="clip" avoids numpy's extra buffered copy; the parent validated the range.
+            np.take(src_arrays[src], positions, axis=0, out=images, mode="clip")
+        except Exception as exc:
+            conn.send(("error", seq, f"gathering rows failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
+            continue
+        conn.send(("read", seq))
+        try:
+            out = out_all[slot, :n]
+            result = transform(images, seed=seed, epoch=epoch, row_ids=row_ids, out=out)
+            if result is not None and result is not out:
+                result = np.asarray(result)
+                if result.shape != out.shape:
+                    raise ValueError(f"transform returned shape {result.shape}, the pool expects {out.shape}")
+                out[...] = result
+        except BaseException as exc:  # SystemExit from user code too: report, keep serving
+            conn.send(("error", seq, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            continue
+        conn.send(("done", seq))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class _Task:
+    __slots__ = ("slot", "source", "rows", "worker", "read_done")
+
+    def __init__(self, slot, source, rows, worker):
+        self.slot, self.source, self.rows, self.worker = slot, source, rows, worker
+        self.read_done = False
+
+
+class _PoolState:
+    """Everything the pool owns; shared by the facade, the collector thread and the finalizer.
+
+    Nothing here references the WorkerPool object, so dropping the pool lets
+    ``weakref.finalize`` run :func:`_shutdown`.  All fields below ``cond`` are
+    guarded by it.
+    """
+
+    def __init__(self, n_workers, n_sources, n_slots, per_worker_cap, close_timeout_s):
+        self.owner_pid = os.getpid()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.failure: tuple[str, str | None] | None = None
+        self.per_worker_cap = per_worker_cap
+        self.close_timeout_s = close_timeout_s
+        self.procs: list = []
+        self.conns: list = []
+        self.pids: list[int | None] = [None] * n_workers
+        self.ready: set[int] = set()
+        self.inflight = [0] * n_workers
+        self.free_slots = deque(range(n_slots))
+        self.held_slots: set[int] = set()
+        self.tasks: dict[int, _Task] = {}
+        self.results: dict[int, tuple[int, int, tuple[str, str] | None]] = {}
+        self.source_readers = [0] * n_sources
+        self.next_submit = 0
+        self.next_deliver = 0
+        self.slots: SharedArray | None = None
+        self.collector: threading.Thread | None = None
+        self.wake_r, self.wake_w = os.pipe()
+
+    # -- helpers called with cond held
+
+    def check(self) -> None:
+        if self.closed:
+            raise StreamClosedError("the augment worker pool is closed; open a new stream")
+        if self.failure is not None:
+            raise _worker_error(*self.failure)
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Wait on cond until predicate() holds; raises on close, failure or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check()
+            if predicate():
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
+            self.cond.wait(remaining)
+
+    def pick_worker(self) -> int | None:
+        best = None
+        for w in sorted(self.ready):
+            if self.inflight[w] < self.per_worker_cap and (best is None or self.inflight[w] < self.inflight[best]):
+                best = w
+        return best
+
+    def task_finished(self, seq: int, error) -> None:
+        task = self.tasks.pop(seq, None)
+        if task is None:
+            return
+        if not task.read_done:
+            self.source_readers[task.source] -= 1
+        self.inflight[task.worker] -= 1
+        self.results[seq] = (task.slot, task.rows, error)
+
+    def handle(self, msg) -> None:
+        kind = msg[0]
+        if kind == "read":
+            task = self.tasks.get(msg[1])
+            if task is not None and not task.read_done:
+                task.read_done = True
+                self.source_readers[task.source] -= 1
+        elif kind == "done":
+            self.task_finished(msg[1], None)
+        elif kind == "error":
+            self.task_finished(msg[1], (msg[2], msg[3]))
+        elif kind == "ready":
+            self.ready.add(msg[1])
+            self.pids[msg[1]] = msg[2]
+        elif kind == "fatal" and self.failure is None and not self.closed:
+            last_line = msg[2].strip().splitlines()[-1]
+            self.failure = (f"augment worker {msg[1]} failed to start: {last_line}", msg[2])
+        self.cond.notify_all()
+
+    def worker_exited(self, w: int) -> None:
+        proc = self.procs[w]
+        proc.join(1.0)  # the sentinel fired, so this returns at once; it sets exitcode
+        self.ready.discard(w)
+        if self.closed or self.failure is not None:
+            return
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+            hint = "; SIGKILL often means the out-of-memory killer: lower memory_budget or workers"
+        else:
+            how, hint = f"exited with code {code}", "; see its output above"
+        self.failure = (f"augment worker {w} (pid {proc.pid}) {how}{hint}", None)
+        self.cond.notify_all()
+
+
+def _collect(state: _PoolState) -> None:
+    """Collector thread: route worker messages into state, notice dead workers."""
+    conns = {w: c for w, c in enumerate(state.conns)}
+    sentinels = {p.sentinel: w for w, p in enumerate(state.procs)}
+    while not state.closed:  # read without the lock: a stale False costs one more wait()
+        waitlist = [state.wake_r, *conns.values(), *sentinels]
+        ready = mp_connection.wait(waitlist)
+        if state.wake_r in ready:
+            return
+        by_conn = {id(c): w for w, c in conns.items()}
+        # Messages first: a worker that reported an error and then died is described by its message.
+        for obj in ready:
+            w = by_conn.get(id(obj))
+            if w is None:
+                continue
+            try:
+                while obj.poll():
+                    msg = obj.recv()
+                    with state.cond:
+                        state.handle(msg)
+            except (EOFError, OSError):
+                del conns[w]  # the sentinel reports the exit
+        for obj in ready:
+            w = sentinels.get(obj) if isinstance(obj, int) else None
+            if w is None:
+                continue
+            del sentinels[obj]
+            conn = conns.pop(w, None)
+            try:
+                while conn is not None and conn.poll():
+                    msg = conn.recv()
+                    with state.cond:
+                        state.handle(msg)
+            except (EOFError, OSError):
+                pass
+            with state.cond:
+                state.worker_exited(w)
+
+
+def _shutdown(state: _PoolState) -> None:
+    """Stop workers and the collector, unlink the slots.  Idempotent; never references the pool."""
+    if state.owner_pid != os.getpid():
+        return  # a forked copy of the owner: the processes and segments are not ours
+    with state.cond:
+        state.closed = True
+        state.cond.notify_all()
+    try:
+        os.write(state.wake_w, b"x")
+    except OSError:
+        pass
+    collector = state.collector
+    if collector is not None and collector is not threading.current_thread():
+        collector.join(5.0)
+    for conn in state.conns:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+    deadline = time.monotonic() + state.close_timeout_s
+    for proc in state.procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in state.procs:
+        if proc.exitcode is None:
+            proc.terminate()
+            proc.join(1.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(1.0)
+    for conn in state.conns:
+        conn.close()
+    for fd in (state.wake_r, state.wake_w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    state.wake_r = state.wake_w = -1
+    if state.slots is not None:
+        state.slots.close()
+
+
+class WorkerPool:
+    """N spawned processes applying ``transform`` to rows of shared source arrays.
+
+    Parameters
+    ----------
+    transform:
+        Picklable callable ``transform(images, *, seed, epoch, row_ids, out) -> array | None``.
+        ``images`` is the gathered batch (n, *row_shape) of the sources' dtype,
+        owned by the worker and reused for the next task; ``out`` is the output
+        slot view (n, *out_row_shape) of ``out_dtype``.  Write into ``out``, or
+        return an array of that shape (copied into ``out``).
+    sources:
+        Specs of the caller's shared arrays, all shaped (rows, *row_shape) with
+        one dtype.  The caller owns them and must not overwrite rows that a
+        submitted task has not yet read (see :meth:`wait_source_free`).
+    workers, batch_rows, n_slots:
+        Process count (>= 1), most rows per task, output slots in the ring.
+        At most ``n_slots`` batches are in flight or held by the consumer.
+    out_row_shape, out_dtype:
+        Shape of one output row (default: the sources' row shape) and dtype.
+    prefix:
+        Segment-name prefix (default :func:`new_prefix`).
+    start_timeout_s:
+        The constructor waits this long for every worker to import the
+        transform and attach; a worker that fails raises WorkerError here.
+    close_timeout_s:
+        How long ``close()`` lets workers finish their current task before
+        terminating them.
+    """
+
+    def __init__(
+        self,
+        transform: Callable,
+        sources: Sequence[SharedSpec],
+        *,
+        workers: int,
+        batch_rows: int,
+        n_slots: int,
+        out_row_shape: Sequence[int] | None = None,
+        out_dtype=np.uint8,
+        prefix: str | None = None,
+        start_timeout_s: float = 60.0,
+        close_timeout_s: float = 5.0,
+    ):
+        sources = list(sources)
+        for name, value in (("workers", workers), ("batch_rows", batch_rows), ("n_slots", n_slots)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"WorkerPool: {name} must be an integer >= 1, got {value!r}")
+        if not sources or not all(isinstance(s, SharedSpec) and len(s.shape) >= 2 for s in sources):
+            raise ConfigError("WorkerPool: sources must be a non-empty list of SharedSpec shaped (rows, ...)")
+        row_shape, src_dtype = sources[0].shape[1:], np.dtype(sources[0].dtype)
+        for s in sources:
+            if s.shape[1:] != row_shape or np.dtype(s.dtype) != src_dtype:
+                raise ConfigError(
+                    f"WorkerPool: every source must have row shape {row_shape} and dtype {src_dtype}, "
+                    f"got {s.shape[1:]} {s.dtype} for {s.name}"
+                )
+        if not callable(transform):
+            raise ConfigError(f"WorkerPool: transform must be callable, got {type(transform).__name__}")
+        try:
+            transform_bytes = pickle.dumps(transform)
+        except Exception as exc:
+            raise ConfigError(
+                f"WorkerPool: the transform must be picklable to reach worker processes ({exc}); "
+                "define functions at module top level, not as lambdas or closures"
+            ) from None
+        self.batch_rows = int(batch_rows)
+        self.n_slots = int(n_slots)
+        self.workers = int(workers)
+        self.row_shape = tuple(row_shape)
+        self.out_row_shape = tuple(int(d) for d in (out_row_shape if out_row_shape is not None else row_shape))
+        self.out_dtype = np.dtype(out_dtype)
+        self._source_rows = [s.shape[0] for s in sources]
+        task_bytes = 16 * self.batch_rows + _TASK_OVERHEAD_BYTES
+        cap = max(1, min(self.n_slots, _PIPE_BUDGET_BYTES // task_bytes))
+        state = _PoolState(self.workers, len(sources), self.n_slots, cap, float(close_timeout_s))
+        self._state = state
+        self._finalizer = weakref.finalize(self, _shutdown, state)
+        try:
+            self._start(transform_bytes, sources, prefix or new_prefix(), float(start_timeout_s))
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, transform_bytes, sources, prefix, start_timeout_s) -> None:
+        state = self._state
+        state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.out_row_shape, self.out_dtype, prefix)
+        ctx = mp.get_context("spawn")
+        child_conns = []
+        for w in range(self.workers):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            state.conns.append(parent_conn)
+            child_conns.append(child_conn)
+            state.procs.append(
+                ctx.Process(
+                    target=_worker_main,
+                    args=(w, child_conn, transform_bytes, list(sources), state.slots.spec, self.batch_rows),
+                    name=f"h5stream-augment-{w}",
+                    daemon=True,
+                )
+            )
+        # Children inherit the signal mask: with SIGINT blocked they cannot die of
+        # a Ctrl-C before they install SIG_IGN.  A SIGINT meant for this process
+        # stays pending and is raised when the mask is restored.
+        blocking = hasattr(signal, "pthread_sigmask")
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
+        try:
+            started = []
+            try:
+                for proc in state.procs:
+                    proc.start()
+                    started.append(proc)
+            finally:
+                state.procs[:] = started
+        finally:
+            if blocking:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for conn in child_conns:
+            conn.close()  # so a dead worker shows as EOF here
+        state.collector = threading.Thread(target=_collect, args=(state,), name="h5stream-pool-collector", daemon=True)
+        state.collector.start()
+        with state.cond:
+            state.wait(lambda: len(state.ready) == self.workers, start_timeout_s, "workers did not start")
+
+    # ------------------------------------------------------------------ producer side
+
+    def submit(self, source_index: int, positions, row_ids, *, epoch: int, seed: int, timeout_s: float) -> int:
+        """Queue one batch ``transform(sources[source_index][positions])``; return its seq number.
+
+        ``positions`` index rows of the source (1-D, 1..batch_rows entries);
+        ``row_ids`` (int64, same length) are passed to the transform as the
+        rows' identity for per-sample randomness.  Blocks until an output slot
+        is free; raises TimeoutError after ``timeout_s``, StreamClosedError if
+        the pool was closed meanwhile, WorkerError if a worker died.
+        Seq numbers count up from 0 in submission order.
+        """
+        positions = np.asarray(positions)
+        row_ids = np.asarray(row_ids)
+        if positions.ndim != 1 or not 1 <= positions.shape[0] <= self.batch_rows:
+            raise ConfigError(f"submit: positions must be 1-D with 1..{self.batch_rows} entries, got shape {positions.shape}")
+        if not (np.issubdtype(positions.dtype, np.integer) and np.issubdtype(row_ids.dtype, np.integer)):
+            raise ConfigError(f"submit: positions and row_ids must be integers, got {positions.dtype} and {row_ids.dtype}")
+        if row_ids.shape != positions.shape:
+            raise ConfigError(f"submit: row_ids shape {row_ids.shape} differs from positions shape {positions.shape}")
+        if not 0 <= source_index < len(self._source_rows):
+            raise ConfigError(f"submit: source_index {source_index} out of range 0..{len(self._source_rows) - 1}")
+        rows = self._source_rows[source_index]
+        if positions.min() < 0 or positions.max() >= rows:
+            raise ConfigError(f"submit: positions must lie in 0..{rows - 1} for source {source_index}")
+        task_positions = positions.astype(np.intp, copy=False)
+        task_row_ids = row_ids.astype(np.int64, copy=False)
+        state = self._state
+        with state.cond:
+            state.wait(
+                lambda: bool(state.free_slots) and state.pick_worker() is not None,
+                timeout_s,
+                "no output slot was released (is the consumer calling release()?)",
+            )
+            worker = state.pick_worker()
+            slot = state.free_slots.popleft()
+            seq = state.next_submit
+            try:
+                state.conns[worker].send((seq, slot, source_index, task_positions, task_row_ids, int(epoch), int(seed)))
+            except OSError:
+                state.free_slots.appendleft(slot)
+                # The collector reports how the worker ended; give it a moment to.
+                state.wait(lambda: False, 5.0, f"worker {worker} stopped taking tasks")
+            state.next_submit += 1
+            state.tasks[seq] = _Task(slot, source_index, positions.shape[0], worker)
+            state.inflight[worker] += 1
+            state.source_readers[source_index] += 1
+        return seq
+
+    def wait_source_free(self, source_index: int, timeout_s: float) -> None:
+        """Block until no submitted task still has to read ``sources[source_index]``.
+
+        Workers copy their rows out before transforming, so a source frees up
+        well before its batches are finished.  Raises TimeoutError,
+        StreamClosedError or WorkerError like :meth:`submit`.
+        """
+        state = self._state
+        with state.cond:
+            state.wait(lambda: state.source_readers[source_index] == 0, timeout_s, f"source {source_index} still being read")
+
+    def source_readers(self, source_index: int) -> int:
+        """Tasks submitted for ``source_index`` whose rows have not been copied out yet (non-blocking)."""
+        with self._state.cond:
+            return self._state.source_readers[source_index]
+
+    # ------------------------------------------------------------------ consumer side
+
+    def get(self, timeout_s: float) -> Batch:
+        """Return the next batch in seq order (completions may arrive out of order).
+
+        The slot stays reserved until :meth:`release`.  If the transform raised
+        for this batch, its slot is freed and WorkerError is raised, carrying
+        the worker's traceback in ``.worker_traceback`` and ``__cause__``; the
+        pool stays usable.  A dead worker makes every call raise WorkerError.
+        Raises TimeoutError if the batch is not ready within ``timeout_s``.
+        """
+        state = self._state
+        with state.cond:
+            state.wait(
+                lambda: state.next_deliver in state.results,
+                timeout_s,
+                f"batch {state.next_deliver} not ready ({len(state.tasks)} in flight, {state.next_submit} submitted)",
+            )
+            seq = state.next_deliver
+            slot, rows, error = state.results.pop(seq)
+            state.next_deliver += 1
+            if error is not None:
+                state.free_slots.append(slot)
+                state.cond.notify_all()
+                summary, tb_text = error
+                raise _worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text)
+            state.held_slots.add(slot)
+            return Batch(seq, slot, rows)
+
+    def slot_view(self, slot: int) -> np.ndarray:
+        """The whole output slot (batch_rows, *out_row_shape), a view into shared memory; valid until release()."""
+        if self._state.slots is None or self._state.slots.array is None:
+            raise StreamClosedError("the augment worker pool is closed; open a new stream")
+        return self._state.slots.array[slot]
+
+    def release(self, slot: int) -> None:
+        """Give a slot obtained from :meth:`get` back to the ring."""
+        state = self._state
+        with state.cond:
+            if slot not in state.held_slots:
+                raise ConfigError(f"release: slot {slot} is not held by the consumer (released twice?)")
+            state.held_slots.remove(slot)
+            state.free_slots.append(slot)
+            state.cond.notify_all()
+
+    def take(self, timeout_s: float) -> tuple[int, np.ndarray]:
+        """``get`` + copy + ``release``: return ``(seq, array)`` with an array the caller owns."""
+        batch = self.get(timeout_s)
+        try:
+            return batch.seq, self.slot_view(batch.slot)[: batch.rows].copy()
+        finally:
+            self.release(batch.slot)
+
+    def discard_pending(self, timeout_s: float) -> int:
+        """Wait for every submitted task to finish and drop the undelivered results.
+
+        For ending an epoch early: afterwards ``get`` waits for the next
+        submission.  Transform errors of dropped batches are ignored; slots
+        the consumer still holds stay held.  Returns the number dropped.
+        """
+        state = self._state
+        with state.cond:
+            state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish")
+            dropped = len(state.results)
+            for slot, _rows, _error in state.results.values():
+                state.free_slots.append(slot)
+            state.results.clear()
+            state.next_deliver = state.next_submit
+            state.cond.notify_all()
+            return dropped
+
+    # ------------------------------------------------------------------ introspection and lifecycle
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (for monitoring and tests)."""
+        return [p.pid for p in self._state.procs]
+
+    @property
+    def in_flight(self) -> int:
+        """Submitted tasks not finished yet."""
+        with self._state.cond:
+            return len(self._state.tasks)
+
+    @property
+    def slot_nbytes(self) -> int:
+        """Shared memory this pool allocated for its output slots."""
+        return slot_bytes(self.n_slots, self.batch_rows, self.out_row_shape, self.out_dtype)
+
+    @property
+    def worker_buffer_nbytes(self) -> int:
+        """Private gather buffer of each worker (bytes), excluding the transform's scratch."""
+        return worker_buffer_bytes(self.batch_rows, self.row_shape)
+
+    def worker_pss_bytes(self) -> list[int]:
+        """Measured PSS of each live worker (psutil; bytes).  Includes its share of touched shared pages."""
+        import psutil
+
+        out = []
+        for pid in self.pids:
+            try:
+                out.append(psutil.Process(pid).memory_full_info().pss)
+            except psutil.Error:
+                out.append(0)
+        return out
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Stop the workers (stop message, join, then terminate/kill) and unlink the slots.
+
+        Idempotent; also run by the context manager, at garbage collection and
+        at interpreter exit.  Views from :meth:`slot_view` stay readable.
+        """
+        self._finalizer()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.workers} workers"
+        return f"WorkerPool({state}, {self.n_slots} slots x {self.batch_rows} rows {self.out_row_shape} {self.out_dtype})"
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _copy_transform(images, *, seed, epoch, row_ids, out=None):
+    out[...] = images
+    return out
+
+
+def measure_worker_pss(transform: Callable | None = None, *, row_shape=(32, 32, 3), batch_rows: int = 4) -> int:
+    """PSS (bytes) of one spawned worker after importing ``transform`` and running one tiny task.
+
+    Buffers are tiny, so this is the fixed per-worker cost (interpreter,
+    numpy, the transform's imports).  Takes about one process start-up.
+    """
+    transform = transform or _copy_transform
+    with SharedArray.create((batch_rows,) + tuple(row_shape), np.uint8, new_prefix()) as src:
+        with WorkerPool(transform, [src.spec], workers=1, batch_rows=batch_rows, n_slots=1) as pool:
+            pool.submit(0, np.arange(batch_rows), np.arange(batch_rows), epoch=0, seed=0, timeout_s=60)
+            pool.take(60)
+            return pool.worker_pss_bytes()[0]

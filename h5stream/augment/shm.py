@@ -1,0 +1,252 @@
+"""Numpy arrays in POSIX shared memory, with one owner per segment.
+
+:class:`SharedArray` is how pixels cross process boundaries: the stream's
+shuffle buffers and the worker pool's output slots live in segments created
+here, and worker processes attach to them by :class:`SharedSpec` (a small,
+picklable ``(name, shape, dtype)``).
+
+Ownership: the process that calls :meth:`SharedArray.create` owns the segment
+and is the only one that unlinks it (``close()``, or a ``weakref.finalize``
+safety net at garbage collection / interpreter exit).  The creator also
+registers the name with multiprocessing's resource tracker, so a creator killed
+by SIGKILL still has its segments unlinked once the tracker sees it (and its
+workers) gone.  :meth:`SharedArray.attach` never registers, never unlinks.
+
+Why not ``multiprocessing.shared_memory.SharedMemory`` directly:
+
+* Before Python 3.13 attaching registers the segment with the resource tracker.
+  Spawned children share the parent's tracker, whose registry is a set, so the
+  usual "unregister after attach" workaround would delete the *creator's*
+  registration (and the creator's later unlink then makes the tracker print a
+  KeyError); not registering at all is the only correct option.
+* ``SharedMemory.close()`` raises ``BufferError`` while any numpy view exists,
+  and its ``__del__`` repeats that as "Exception ignored" noise.  Here the
+  ndarray sits directly on an ``mmap`` object: closing a ``SharedArray`` unlinks
+  the name at once, and the mapping itself goes away when the last view does,
+  so a view kept by a caller never dangles.
+
+Both use the same ``_posixshmem`` calls ``SharedMemory`` uses; Windows is not
+supported (the worker pool is POSIX-only; ``workers=0`` works everywhere).
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import secrets
+import weakref
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+
+import numpy as np
+
+from h5stream.errors import BudgetError, ConfigError, WorkerError
+
+try:  # CPython on POSIX; the module multiprocessing.shared_memory is built on
+    import _posixshmem
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_names", "SHM_DIR"]
+
+#: Where Linux exposes POSIX shared memory; used for diagnostics and tests only.
+SHM_DIR = "/dev/shm"
+
+_RTYPE = "shared_memory"  # resource-tracker type whose cleanup is shm_unlink
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class SharedSpec:
+    """What a process needs to attach to a segment; small and picklable.
+
+    ``name`` has no leading slash; ``dtype`` is a numpy dtype string.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def new_prefix() -> str:
+    """A segment-name prefix unique to one stream: ``h5s_<pid>_<8 hex>``.
+
+    The random part is for uniqueness, not reproducibility: it keeps two
+    streams in one process, or a new run after a crash, from colliding.
+    """
+    return f"h5s_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def segment_names(prefix: str = "h5s_") -> list[str]:
+    """Names of the segments in :data:`SHM_DIR` starting with ``prefix`` (Linux; [] elsewhere)."""
+    try:
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
+    except OSError:
+        return []
+
+
+def _require_posix() -> None:
+    if _posixshmem is None:  # pragma: no cover - Windows
+        raise ConfigError(
+            "shared-memory workers need POSIX shared memory (Linux, macOS); use workers=0 on this platform"
+        )
+
+
+def _validate(shape, dtype) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"shared array shape/dtype invalid ({shape!r}, {dtype!r}): {exc}") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise ConfigError(f"shared array shape must be non-empty with positive sizes, got {shape}")
+    if dtype.hasobject:
+        raise ConfigError(f"shared array dtype must hold plain numbers, got {dtype}")
+    return shape, dtype
+
+
+def _map(fd: int, nbytes: int) -> mmap.mmap:
+    return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _release(state: dict) -> None:
+    """Drop the mapping, and unlink the name if this process created it.
+
+    Runs from ``close()``, from ``weakref.finalize`` at garbage collection or at
+    interpreter exit; must not reference the SharedArray.  A forked child
+    inherits the finalizer but not the ownership (pid check).
+    """
+    state["array"] = None
+    mm = state.pop("mmap", None)
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:
+            pass  # a caller still holds a view: the mapping lives until that view dies
+    if state.get("owner_pid") == os.getpid():
+        state["owner_pid"] = None
+        posix_name = "/" + state["name"]
+        try:
+            _posixshmem.shm_unlink(posix_name)
+        except FileNotFoundError:
+            pass
+        resource_tracker.unregister(posix_name, _RTYPE)
+
+
+class SharedArray:
+    """A numpy array backed by a named POSIX shared-memory segment.
+
+    Use :meth:`create` (owner) or :meth:`attach` (any process).  ``.array`` is
+    the ndarray (None after close); ``.spec`` is what to send to another process.
+    ``close()`` is idempotent; for the owner it unlinks the name, so new attaches
+    fail while existing mappings stay valid until they are dropped.
+    Not thread-safe for concurrent close(); reading/writing ``.array`` from
+    several threads or processes is the caller's coordination.
+    """
+
+    def __init__(self, spec: SharedSpec, mm: mmap.mmap, owner: bool):
+        # Private: use create() or attach().
+        self.spec = spec
+        self.owner = owner
+        self.array = np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=mm)
+        self._state = {
+            "name": spec.name,
+            "mmap": mm,
+            "array": self.array,
+            "owner_pid": os.getpid() if owner else None,
+        }
+        self._finalizer = weakref.finalize(self, _release, self._state)
+
+    @classmethod
+    def create(cls, shape, dtype, prefix: str) -> "SharedArray":
+        """Create a zero-filled segment named ``<prefix>_<k>``; the caller owns it.
+
+        The segment's memory is reserved up front (``posix_fallocate``), so a
+        too-small ``/dev/shm`` (Docker's default is 64 MiB) fails here with
+        :class:`BudgetError` instead of a SIGBUS on first write.
+        """
+        _require_posix()
+        shape, dtype = _validate(shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        while True:
+            name = f"{prefix}_{next(_counter)}"
+            try:
+                fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            except FileExistsError:
+                continue
+            break
+        try:
+            try:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, nbytes)
+                else:  # pragma: no cover - macOS
+                    os.ftruncate(fd, nbytes)
+            except OSError as exc:
+                raise BudgetError(
+                    f"cannot reserve {nbytes} bytes of shared memory for {name} ({exc.strerror}); "
+                    f"free space in {SHM_DIR} or lower memory_budget (Docker: --shm-size)"
+                ) from None
+            mm = _map(fd, nbytes)
+        except BaseException:
+            _posixshmem.shm_unlink("/" + name)
+            raise
+        finally:
+            os.close(fd)
+        resource_tracker.register("/" + name, _RTYPE)
+        return cls(SharedSpec(name, shape, dtype.str), mm, owner=True)
+
+    @classmethod
+    def attach(cls, spec: SharedSpec) -> "SharedArray":
+        """Map an existing segment; never registers it with the resource tracker, never unlinks.
+
+        Raises :class:`WorkerError` when the segment is gone or smaller than the spec.
+        """
+        _require_posix()
+        try:
+            fd = _posixshmem.shm_open("/" + spec.name, os.O_RDWR, mode=0o600)
+        except FileNotFoundError:
+            raise WorkerError(
+                f"shared-memory segment {spec.name} does not exist; its owner closed it or exited"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < spec.nbytes:
+                raise WorkerError(
+                    f"shared-memory segment {spec.name} has {size} bytes, spec needs {spec.nbytes}; stale spec?"
+                )
+            mm = _map(fd, spec.nbytes)
+        finally:
+            os.close(fd)
+        return cls(spec, mm, owner=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.nbytes
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Unlink (owner) and drop this object's mapping; idempotent."""
+        self.array = None
+        self._finalizer()
+
+    def __enter__(self) -> "SharedArray":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("owner" if self.owner else "attached")
+        return f"SharedArray({self.spec.name!r}, shape={self.spec.shape}, dtype={self.spec.dtype}, {state})"
