@@ -1,11 +1,439 @@
-"""`h5stream bench` (being built; see the open issues)."""
+"""`h5stream bench FILE`: the stream against its baselines, in one run on one file.
 
-from h5stream.errors import ConfigError
+Passes, in this order (the stream first, so no earlier pass has grown the heap
+that its memory figure is measured against):
+
+1. **stream** -- ``h5stream.open(FILE, ...)`` for ``--epochs`` epochs while a
+   :class:`~h5stream.measure.ResourceSampler` records memory (sum of PSS of the
+   process tree), CPU per thread / worker, and the consumer marks samples and
+   queue fill.  Peak memory is the peak sample minus the sample taken just
+   before ``open()``.
+2. **sequential** -- h5py ``read_direct`` of large chunk-aligned slices into one
+   preallocated array: the ceiling for reading the file.
+3. **single chunk shuffle** -- read ``100 x batch`` rows in file order into a
+   preallocated buffer, permute them, cut batches (the chunked-PyTables article).
+4. **random rows** -- h5py, one row per call in a random order (the naive full
+   shuffle), stopped after ``--random-seconds`` and extrapolated to the epoch.
+
+``--cold`` evicts the file from the page cache before each pass and every half
+second during it.  :func:`run_bench` returns the ``--json`` dict and the
+stream's :class:`~h5stream.measure.Timeline`; :func:`plot_bench` draws it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import sys
+import time
+
+import numpy as np
+
+DEFAULT_BUDGET = "256MiB"
+SEQUENTIAL_SLICE_BYTES = 64 << 20
+CHUNK_SHUFFLE_BATCHES = 100
+RANDOM_SECONDS = 10.0
+TAU_EPOCH_PAIRS = 5
+SAMPLE_INTERVAL_S = 0.05
+EVICT_INTERVAL_S = 0.5
 
 
-def add_arguments(parser):
-    pass
+def add_arguments(parser) -> None:
+    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per batch (default 32)")
+    parser.add_argument("--memory-budget", default=DEFAULT_BUDGET, help=f"stream memory budget (default {DEFAULT_BUDGET})")
+    parser.add_argument("--epochs", type=int, default=1, help="stream epochs to time (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    parser.add_argument("--cold", action="store_true", help="evict the file from the page cache before and during each pass")
+    parser.add_argument("--augment", default=None, metavar="standard|JSON", help="augment in the stream (preset or Augment kwargs)")
+    parser.add_argument("--workers", type=int, default=0, help="augmenting worker processes (default 0)")
+    parser.add_argument("--random-seconds", type=float, default=RANDOM_SECONDS,
+                        help=f"time budget of the one-row-per-call baseline, then extrapolated (default {RANDOM_SECONDS:g})")
+    parser.add_argument("--no-baselines", action="store_true", help="measure the stream and shuffle quality only")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write a figure of throughput, CPU, queue and memory over time")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
-def run(args):
-    raise ConfigError("'bench' is not built yet")
+def run(args) -> int:
+    from h5stream.errors import ConfigError
+
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.random_seconds <= 0:
+        raise ConfigError(f"--random-seconds must be > 0, got {args.random_seconds}")
+    from h5stream.commands.preview import augment_from_arg
+
+    result, timeline = run_bench(
+        args.path, batch_size=args.batch_size, memory_budget=args.memory_budget, epochs=args.epochs,
+        seed=args.seed, cold=args.cold, augment=augment_from_arg(args.augment), augment_spec=args.augment,
+        workers=args.workers, random_seconds=args.random_seconds, baselines=not args.no_baselines,
+        progress=not args.json,
+    )
+    if args.plot:
+        plot_bench(result, timeline, args.plot)
+        result["plot"] = args.plot
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+# -- the run --------------------------------------------------------------------------
+def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, seed=0, cold=False, augment=None,
+              augment_spec=None, workers=0, random_seconds=RANDOM_SECONDS, baselines=True, progress=True,
+              interval_s=SAMPLE_INTERVAL_S):
+    """Measure every pass on ``path``; returns ``(result dict, stream Timeline)``.  See the module doc."""
+    from h5stream.order import quality
+    from h5stream.read.plan import parse_bytes
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(path)
+    budget = parse_bytes(memory_budget)
+    labels = read_labels(meta)
+    qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
+    result = {
+        "file": meta.path, "rows": meta.rows, "image_shape": list(meta.image_shape), "row_bytes": meta.row_bytes,
+        "file_bytes": meta.file_bytes, "block_rows": meta.block_rows, "storage_order": meta.storage_order,
+        "batch_size": batch_size, "epochs": epochs, "seed": seed, "cold": bool(cold), "workers": workers,
+        "augment": augment_spec, "memory_budget_bytes": budget,
+    }
+    stream, timeline = measure_stream(meta, batch_size=batch_size, budget=budget, epochs=epochs, seed=seed, cold=cold,
+                                      augment=augment, workers=workers, progress=progress, interval_s=interval_s)
+    orders, yielded = stream.pop("orders"), stream.pop("yielded_labels")
+    order0 = orders[0]
+    result.update(stream)
+    result["order_matches_yield"] = bool(
+        yielded.shape[0] == order0.size and np.array_equal(yielded, labels[order0][: yielded.shape[0]])
+    )
+    result["baselines"] = {}
+    if baselines:
+        result["baselines"].update(measure_sequential(meta, cold=cold, progress=progress))
+        result["baselines"].update(measure_single_chunk(meta, batch_size, seed=seed, cold=cold, progress=progress))
+        result["baselines"].update(measure_random_rows(meta, seed=seed, seconds=random_seconds, cold=cold,
+                                                       progress=progress))
+        b = result["baselines"]
+        result["ratios"] = {
+            "vs_sequential": result["samples_per_s"] / b["sequential_samples_per_s"],
+            "vs_random_row": result["samples_per_s"] / b["random_row_samples_per_s"],
+            "vs_single_chunk_shuffle": result["samples_per_s"] / b["single_chunk_shuffle_samples_per_s"],
+        }
+    chunk_rows = CHUNK_SHUFFLE_BATCHES * batch_size
+    n = order0.size
+    in_order = qlabels[order0]
+    p_all = np.bincount(in_order, minlength=n_classes) / max(1, n)
+    result["shuffle"] = {
+        "n_classes": n_classes,
+        "label_bins": "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0",
+        "batch_label_tvd": quality.batch_label_tvd(in_order, batch_size, n_classes, reference=p_all),
+        "batch_label_tvd_full_random": quality.batch_label_tvd(
+            in_order[quality.full_random_order(n, seed)], batch_size, n_classes, reference=p_all),
+        "batch_label_tvd_expected_random": quality.expected_batch_label_tvd(
+            np.bincount(in_order, minlength=n_classes), batch_size),
+        "batch_label_tvd_single_chunk": quality.batch_label_tvd(
+            qlabels[quality.single_chunk_shuffle_order(meta.rows, chunk_rows, seed)], batch_size, n_classes),
+        "batch_label_tvd_file_order": quality.batch_label_tvd(qlabels, batch_size, n_classes),
+        "epoch_order_tau": quality.kendall_tau(orders[0], orders[1]) if n >= 2 else 0.0,
+        # One pair's tau varies by about 0.67 / sqrt(blocks) (blocks move together): show several.
+        "epoch_order_tau_pairs": [quality.kendall_tau(a, b) if n >= 2 else 0.0 for a, b in zip(orders, orders[1:])],
+        "epoch_order_tau_single_chunk": quality.kendall_tau(
+            quality.single_chunk_shuffle_order(meta.rows, chunk_rows, seed, 0),
+            quality.single_chunk_shuffle_order(meta.rows, chunk_rows, seed, 1)) if meta.rows >= 2 else 0.0,
+        "single_chunk_rows": chunk_rows,
+    }
+    s = result["shuffle"]
+    s["tvd_ratio_to_random"] = s["batch_label_tvd"] / max(s["batch_label_tvd_full_random"], 1e-12)
+    return result, timeline
+
+
+def read_labels(meta) -> np.ndarray:
+    """The committed rows' labels, read with plain h5py (8 bytes a row: small next to the pixels)."""
+    import h5py
+
+    from h5stream.store import schema
+
+    with h5py.File(meta.path, "r") as f:
+        return f[schema.LABELS][: meta.rows]
+
+
+def _bar(progress: bool, total: int, desc: str, unit: str = "row"):
+    from tqdm.auto import tqdm
+
+    # disable=None: a bar only on a terminal, so --json and pipes stay clean.
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False, file=sys.stderr,
+                disable=None if progress else True)
+
+
+def _cold(meta, cold: bool):
+    from h5stream.measure import PeriodicEvictor
+
+    return PeriodicEvictor(meta.path, EVICT_INTERVAL_S) if cold else contextlib.nullcontext()
+
+
+def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, workers, progress,
+                   interval_s=SAMPLE_INTERVAL_S):
+    """Time ``epochs`` epochs of the stream; returns (figures + orders + yielded labels, Timeline)."""
+    import h5stream
+    import h5stream.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
+    from h5stream.measure import ResourceSampler, peak_rss_bytes, reset_peak_rss
+
+    bar = _bar(progress, 0, "stream", unit="row")
+    gc.collect()
+    with contextlib.ExitStack() as stack:  # unwinds in reverse: stream, bar, sampler, evictor
+        stack.enter_context(_cold(meta, cold))
+        sampler = stack.enter_context(ResourceSampler(interval_s))  # its first sample is the baseline
+        stack.callback(bar.close)
+        hwm_reset = reset_peak_rss()
+        rss_before = peak_rss_bytes()
+        t0 = time.monotonic()
+        stream = h5stream.open(meta.path, batch_size=batch_size, memory_budget=budget, shuffle=True, seed=seed,
+                               augment=augment, workers=workers)
+        stack.callback(stream.close)
+        bar.reset(total=epochs * stream.meta.rows)
+        yielded, rows, first_batch_s, last_mark = [], 0, None, -1.0
+        sampler.mark(samples=0)
+        for epoch in range(epochs):
+            for x, y in stream:
+                rows += len(x)
+                if epoch == 0:
+                    yielded.append(y)
+                now = time.monotonic()
+                if first_batch_s is None:
+                    first_batch_s = now - t0
+                if now - last_mark >= interval_s / 2:
+                    st = _stats(stream)
+                    sampler.mark(samples=rows, queue_depth=st.get("queue_depth"),
+                                 queue_capacity=st.get("queue_capacity"), consumer_wait_s=st.get("wait_s"))
+                    last_mark = now
+                bar.update(len(x))
+                del x
+        seconds = time.monotonic() - t0
+        sampler.mark(samples=rows)
+        rss_peak = peak_rss_bytes()
+        timeline = sampler.stop()  # what follows (epoch orders) is the benchmark's memory, not the stream's
+        plan = stream.plan.as_dict() if hasattr(stream.plan, "as_dict") else dict(vars(stream.plan))
+        stats = _stats(stream)
+        orders = [stream.epoch_order(e) for e in range(TAU_EPOCH_PAIRS + 1)]
+    baseline = int(timeline.mem_bytes[0]) if timeline.mem_bytes.size else 0
+    figures = {
+        "samples_per_s": rows / seconds,
+        "mb_per_s": rows * meta.row_bytes / seconds / 1e6,
+        "seconds": seconds,
+        "first_batch_s": first_batch_s,
+        "rows_streamed": rows,
+        "baseline_mem_bytes": baseline,
+        "peak_mem_bytes": max(0, timeline.peak_mem_bytes - baseline),
+        "peak_rss_delta_bytes": (rss_peak - rss_before) if hwm_reset and rss_peak and rss_before else None,
+        "mem_samples": int(timeline.mem_bytes.size),
+        "mean_cpu_pct": timeline.mean_cpu_pct(),
+        "plan": plan,
+        "stream_stats": {k: v for k, v in stats.items() if isinstance(v, (int, float))},
+        "orders": orders,
+        "yielded_labels": np.concatenate(yielded) if yielded else np.zeros(0),
+    }
+    figures["within_budget"] = figures["peak_mem_bytes"] <= int(budget)
+    return figures, timeline
+
+
+def _stats(stream) -> dict:
+    stats = getattr(stream, "stats", None)
+    try:
+        return dict(stats()) if callable(stats) else {}
+    except Exception:  # monitoring must never fail the measurement
+        return {}
+
+
+def measure_sequential(meta, *, cold, progress) -> dict:
+    """The ceiling: read every row in file order, ``read_direct`` into one preallocated array."""
+    import h5py
+
+    from h5stream.store import schema
+
+    slice_rows = max(meta.block_rows, SEQUENTIAL_SLICE_BYTES // meta.row_bytes // meta.block_rows * meta.block_rows)
+    slice_rows = min(slice_rows, meta.rows)
+    buf = np.empty((slice_rows, *meta.image_shape), dtype=np.uint8)
+    bar = _bar(progress, meta.rows, "sequential")
+    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+        images = f[schema.IMAGES]
+        t0 = time.monotonic()
+        for start in range(0, meta.rows, slice_rows):
+            m = min(slice_rows, meta.rows - start)
+            images.read_direct(buf, np.s_[start:start + m], np.s_[0:m])
+            bar.update(m)
+        seconds = time.monotonic() - t0
+    bar.close()
+    return {"sequential_samples_per_s": meta.rows / seconds, "sequential_mb_per_s": meta.rows * meta.row_bytes / seconds / 1e6,
+            "sequential_slice_rows": slice_rows}
+
+
+def measure_single_chunk(meta, batch_size, *, seed, cold, progress) -> dict:
+    """Read ``100 x batch`` rows in order into a buffer, permute them, cut (copied) batches; whole file."""
+    import h5py
+
+    from h5stream.store import schema
+
+    chunk_rows = min(meta.rows, CHUNK_SHUFFLE_BATCHES * batch_size)
+    buf = np.empty((chunk_rows, *meta.image_shape), dtype=np.uint8)
+    rng = np.random.default_rng([seed, 0])
+    bar = _bar(progress, meta.rows, "single chunk")
+    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+        images, labels = f[schema.IMAGES], f[schema.LABELS]
+        t0 = time.monotonic()
+        for start in range(0, meta.rows, chunk_rows):
+            m = min(chunk_rows, meta.rows - start)
+            images.read_direct(buf, np.s_[start:start + m], np.s_[0:m])
+            chunk_labels = labels[start:start + m]
+            perm = rng.permutation(m)
+            for b in range(0, m, batch_size):
+                idx = perm[b:b + batch_size]
+                x, y = buf[idx], chunk_labels[idx]  # a batch the caller owns, as a generator would yield
+            bar.update(m)
+        seconds = time.monotonic() - t0
+    bar.close()
+    del x, y
+    return {"single_chunk_shuffle_samples_per_s": meta.rows / seconds,
+            "single_chunk_shuffle_mb_per_s": meta.rows * meta.row_bytes / seconds / 1e6,
+            "single_chunk_rows": chunk_rows}
+
+
+def measure_random_rows(meta, *, seed, seconds, cold, progress) -> dict:
+    """h5py, one ``images[i]`` / ``labels[i]`` call per row in a random order, for at most ``seconds``.
+
+    Stops after ``seconds`` (or the whole file); the rate is rows read / time
+    taken, and the epoch time is extrapolated from it, which the result says.
+    """
+    import h5py
+
+    from h5stream.store import schema
+
+    order = np.random.default_rng([seed, 1]).permutation(meta.rows)
+    bar = _bar(progress, meta.rows, "random rows")
+    done = 0
+    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+        images, labels = f[schema.IMAGES], f[schema.LABELS]
+        t0 = time.monotonic()
+        deadline = t0 + seconds
+        for i in order:
+            x, y = images[i], labels[i]
+            done += 1
+            if done % 64 == 0:
+                bar.update(64)
+                if time.monotonic() >= deadline:
+                    break
+        elapsed = time.monotonic() - t0
+    bar.close()
+    rate = done / elapsed
+    return {"random_row_samples_per_s": rate, "random_row_mb_per_s": rate * meta.row_bytes / 1e6,
+            "random_row_rows_measured": done, "random_row_seconds_measured": elapsed,
+            "random_row_extrapolated": done < meta.rows, "random_row_epoch_s_estimated": meta.rows / rate}
+
+
+# -- output ---------------------------------------------------------------------------
+def _mib(n) -> str:
+    return "n/a" if n is None else f"{n / (1 << 20):.1f} MiB"
+
+
+def format_table(r: dict) -> str:
+    """The human-readable report of :func:`run_bench`'s result."""
+    h, w, c = r["image_shape"]
+    head = (f"h5stream bench {r['file']}: {r['rows']} rows of {h}x{w}x{c} ({r['file_bytes'] / 1e9:.2f} GB, "
+            f"{r['storage_order']}), batch {r['batch_size']}, budget {_mib(r['memory_budget_bytes'])}, "
+            f"{'cold' if r['cold'] else 'warm'} page cache, workers {r['workers']}"
+            + (f", augment {r['augment']}" if r["augment"] else ""))
+    stream_rate = r["samples_per_s"]
+    rows = [("h5stream stream", stream_rate, r["mb_per_s"], f"{r['epochs']} epoch(s), first batch after {r['first_batch_s']:.2f} s")]
+    b = r.get("baselines") or {}
+    if b:
+        rows += [
+            ("h5py sequential read_direct", b["sequential_samples_per_s"], b["sequential_mb_per_s"], "ceiling, no shuffle"),
+            ("single contiguous chunk shuffle", b["single_chunk_shuffle_samples_per_s"], b["single_chunk_shuffle_mb_per_s"],
+             f"{b['single_chunk_rows']} rows per chunk"),
+            ("h5py one row per call, random", b["random_row_samples_per_s"], b["random_row_mb_per_s"],
+             (f"extrapolated from {b['random_row_rows_measured']} rows in {b['random_row_seconds_measured']:.1f} s; "
+              f"epoch ~{b['random_row_epoch_s_estimated']:.0f} s") if b["random_row_extrapolated"] else "whole file"),
+        ]
+    lines = [head, "", f"  {'pass':<33}{'samples/s':>11}{'MB/s':>9}{'stream is':>11}  note"]
+    for name, rate, mbs, note in rows:
+        ratio = "" if name == "h5stream stream" else f"{stream_rate / rate:.2f}x"
+        lines.append(f"  {name:<33}{rate:>11,.0f}{mbs:>9,.0f}{ratio:>11}  {note}")
+    s = r["shuffle"]
+    budget_ok = "within budget" if r["within_budget"] else "OVER BUDGET"
+    lines += [
+        "",
+        f"  memory   peak - baseline {_mib(r['peak_mem_bytes'])} of {_mib(r['memory_budget_bytes'])} ({budget_ok}); "
+        f"sum of PSS over the process tree, {r['mem_samples']} samples; RSS high-water delta {_mib(r['peak_rss_delta_bytes'])}",
+        f"  shuffle  batch label TVD: stream {s['batch_label_tvd']:.3f}, full random {s['batch_label_tvd_full_random']:.3f} "
+        f"(expected {s['batch_label_tvd_expected_random']:.3f}), single chunk {s['batch_label_tvd_single_chunk']:.3f}, "
+        f"file order {s['batch_label_tvd_file_order']:.3f}; stream/random {s['tvd_ratio_to_random']:.2f}x",
+        f"           epoch-to-epoch Kendall tau: stream {s['epoch_order_tau']:+.4f} "
+        f"(epochs 0-{len(s['epoch_order_tau_pairs'])}: max |tau| {max(map(abs, s['epoch_order_tau_pairs'])):.4f}), "
+        f"single chunk {s['epoch_order_tau_single_chunk']:+.4f}  (0 = independent orders)",
+        "  cpu      " + ", ".join(f"{k} {v:.0f}%" for k, v in r["mean_cpu_pct"].items() if not _helper_thread(k))
+        + " (mean % of one core)",
+    ]
+    plan = r.get("plan") or {}
+    if plan:
+        lines.append(f"  plan     {plan.get('n_buffers')} x {plan.get('rows_per_fill')} rows shuffle buffer "
+                     f"({plan.get('blocks_per_fill')} blocks of {plan.get('block_rows')}), queue {plan.get('queue_depth')} batches")
+    return "\n".join(lines)
+
+
+def _helper_thread(label: str) -> bool:
+    """Threads of the measurement itself (sampler, evictor, progress bar), left out of tables and plots."""
+    return label.startswith(("h5stream-sampler", "h5stream-evictor", "tqdm"))
+
+
+def plot_bench(result: dict, timeline, out_path: str) -> None:
+    """Draw samples/s, CPU % per stage, queue fill and memory vs budget over time into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(7, 7.5), sharex=True, dpi=100)
+    t_rate, rate = timeline.rate("samples", window_s=max(0.25, 4 * SAMPLE_INTERVAL_S))
+    axes[0].plot(t_rate, rate, color="tab:blue")
+    axes[0].set_ylabel("samples/s")
+    title = (f"{result['rows']} rows {'x'.join(map(str, result['image_shape']))}, batch {result['batch_size']}, "
+             f"{'cold' if result['cold'] else 'warm'}, workers {result['workers']}")
+    axes[0].set_title(title, fontsize=10)
+    for label, pct in timeline.cpu_pct.items():
+        if _helper_thread(label) or (label == "other" and np.nanmax(np.nan_to_num(pct)) < 5):
+            continue
+        axes[1].plot(timeline.t_s, pct, label=label, linewidth=1)
+    axes[1].set_ylabel("CPU %")
+    axes[1].legend(fontsize=7, loc="upper right", ncol=3)
+    depth, cap = timeline.marks.get("queue_depth"), timeline.marks.get("queue_capacity")
+    if depth is not None and cap is not None and np.isfinite(depth).any():
+        axes[2].plot(timeline.mark_t_s, 100 * depth / np.where(cap > 0, cap, np.nan), color="tab:green")
+    else:
+        axes[2].text(0.5, 0.5, "queue fill not reported by this stream", ha="center", va="center",
+                     transform=axes[2].transAxes, fontsize=8)
+    axes[2].set_ylabel("queue fill %")
+    axes[2].set_ylim(-5, 105)
+    baseline = result.get("baseline_mem_bytes", 0)
+    axes[3].plot(timeline.t_s, (timeline.mem_bytes - baseline) / (1 << 20), color="tab:purple", label="stream memory")
+    axes[3].axhline(result["memory_budget_bytes"] / (1 << 20), color="tab:red", linestyle="--", label="budget")
+    axes[3].set_ylabel("MiB over baseline")
+    axes[3].set_xlabel("seconds since open()")
+    axes[3].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out_path)
+    plt.close(fig)
+
+
+# -- shuffle report (used by `h5stream info --shuffle-report`) --------------------------
+def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, seed=0) -> dict:
+    """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels."""
+    from h5stream.order import quality
+    from h5stream.read.plan import parse_bytes, plan_read
+    from h5stream.store.meta import read_meta
+    from h5stream.stream import _layout_function
+
+    meta = read_meta(path)
+    plan = plan_read(parse_bytes(memory_budget), rows=meta.rows, row_bytes=meta.row_bytes,
+                     label_row_bytes=meta.label_row_bytes, block_rows=meta.block_rows, batch_size=batch_size)
+    layout = _layout_function(meta.rows, meta.block_rows, plan, batch_size, seed, (0, 1), True, False)
+    qlabels, n_classes = quality.quality_labels(read_labels(meta), meta.label_kind, meta.class_names)
+    report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
+    report["plan"] = plan.as_dict()
+    report["plan_text"] = plan.describe()
+    return report

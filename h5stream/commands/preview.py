@@ -1,11 +1,196 @@
-"""`h5stream preview` (being built; see the open issues)."""
+"""`h5stream preview FILE --out grid.png`: a PNG grid of images as the stream yields them.
 
-from h5stream.errors import ConfigError
+The first ``rows x cols`` rows of epoch 0 of ``h5stream.open(FILE, seed=S,
+augment=...)`` -- shuffled and augmented exactly as training would see them --
+each tile titled with its label (class name, or the regression values).  The
+same file, seed and augmentation give the same PNG.
+
+Grid geometry (what the tests check): every tile is the image scaled by an
+integer ``scale`` (the smallest that makes it at least ``MIN_TILE_PX`` wide,
+unless ``--scale`` is given) under a ``TITLE_PX`` title strip, with ``PAD_PX``
+between and around tiles::
+
+    width  = cols * W * scale + (cols + 1) * PAD_PX
+    height = rows * (H * scale + TITLE_PX) + (rows + 1) * PAD_PX
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+MIN_TILE_PX = 96
+TITLE_PX = 14
+PAD_PX = 4
+BACKGROUND = (255, 255, 255)
+PREVIEW_BUDGET = "64MiB"
+
+STANDARD_AUGMENT = {
+    "rotation_range": 45,
+    "width_shift_range": 0.1,
+    "height_shift_range": 0.1,
+    "zoom_range": [0.8, 1.0],
+    "channel_shift_range": 20.0,
+    "horizontal_flip": True,
+    "fill_mode": "nearest",
+}
+"""The ``standard`` preset: the multiprocess ImageDataGenerator article's parameters (issue 4)."""
 
 
-def add_arguments(parser):
-    pass
+def augment_from_arg(text: str | None):
+    """``None`` -> no augmentation; ``"standard"`` -> :data:`STANDARD_AUGMENT`; else JSON of ``h5stream.Augment`` kwargs."""
+    if text is None or text == "":
+        return None
+    from h5stream.errors import ConfigError
+
+    if text == "standard":
+        kwargs = dict(STANDARD_AUGMENT)
+    else:
+        try:
+            kwargs = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"--augment {text!r}: not 'standard' nor JSON ({exc.msg}); e.g. --augment '{{\"horizontal_flip\": true}}'"
+            ) from None
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"--augment {text!r}: JSON must be an object of Augment arguments, e.g. '{{\"rotation_range\": 20}}'")
+    try:
+        from h5stream.augment import Augment
+    except ImportError:
+        raise ConfigError("--augment: this h5stream has no augmentation module (h5stream.augment.Augment)") from None
+    try:
+        return Augment(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"--augment: {exc}; see help(h5stream.Augment) for the arguments") from None
 
 
-def run(args):
-    raise ConfigError("'preview' is not built yet")
+def add_arguments(parser) -> None:
+    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
+    parser.add_argument("--out", required=True, metavar="PNG", help="where to write the grid")
+    parser.add_argument("--augment", default=None, metavar="standard|JSON", help="augment as the stream would (preset or Augment kwargs)")
+    parser.add_argument("--rows", type=int, default=6, help="grid rows (default 6)")
+    parser.add_argument("--cols", type=int, default=6, help="grid columns (default 6)")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
+    parser.add_argument("--scale", type=int, default=None, help=f"integer zoom per tile (default: tiles >= {MIN_TILE_PX} px wide)")
+    parser.add_argument("--memory-budget", default=PREVIEW_BUDGET, help=f"stream memory budget (default {PREVIEW_BUDGET})")
+
+
+def run(args) -> int:
+    from h5stream.errors import ConfigError
+
+    for name in ("rows", "cols"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.scale is not None and args.scale < 1:
+        raise ConfigError(f"--scale must be >= 1, got {args.scale}")
+    images, labels, meta = first_images(args.path, args.rows * args.cols, seed=args.seed,
+                                        augment=augment_from_arg(args.augment), memory_budget=args.memory_budget)
+    titles = [label_title(y, meta) for y in labels]
+    grid = render_grid(images, titles, rows=args.rows, cols=args.cols, scale=args.scale)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"--out {args.out}: folder {out_dir} does not exist; create it first")
+    grid.save(args.out, format="PNG")
+    print(f"wrote {args.out} ({grid.width}x{grid.height} px, {len(titles)} images, seed {args.seed})")
+    return 0
+
+
+def first_images(path, n: int, *, seed: int, augment=None, memory_budget=PREVIEW_BUDGET):
+    """The first ``n`` (or all, if fewer) images and labels of epoch 0 of the stream, and the store's meta."""
+    import h5stream
+
+    with h5stream.open(path, batch_size=n, memory_budget=memory_budget, shuffle=True, seed=seed, augment=augment) as s:
+        xs, ys, have = [], [], 0
+        for x, y in s:
+            xs.append(x)
+            ys.append(y)
+            have += len(x)
+            if have >= n:
+                break
+        meta = s.meta
+    return np.concatenate(xs)[:n], np.concatenate(ys)[:n], meta
+
+
+def label_title(label, meta) -> str:
+    """A tile's title: the class name (class files) or the values, 3 significant digits (regression)."""
+    values = np.atleast_1d(np.asarray(label))
+    if meta.label_kind == "class":
+        k = int(values[0])
+        names = meta.class_names or ()
+        return names[k] if 0 <= k < len(names) else str(k)
+    return ", ".join(f"{float(v):.3g}" for v in values)
+
+
+def to_display(image: np.ndarray) -> np.ndarray:
+    """An H x W x C image as uint8 RGB/L for display.
+
+    uint8 passes through.  Floats in [0, 1] are scaled by 255, floats within
+    [0, 255] are clipped, anything else (e.g. standardised) is min-max scaled
+    per image.  Grayscale stays one channel; more than 3 channels keep the first 3.
+    """
+    x = np.asarray(image)
+    if x.ndim == 2:
+        x = x[..., None]
+    if x.shape[-1] == 2 or x.shape[-1] > 3:
+        x = x[..., :1] if x.shape[-1] == 2 else x[..., :3]
+    if x.dtype == np.uint8:
+        return x
+    x = x.astype(np.float64)
+    lo, hi = float(np.nanmin(x)), float(np.nanmax(x))
+    if lo >= 0 and hi <= 1.0:
+        x = x * 255.0
+    elif not (lo >= 0 and hi <= 255.0):
+        x = (x - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(x)
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def grid_size(rows: int, cols: int, image_hw: tuple[int, int], scale: int | None = None) -> tuple[int, int, int]:
+    """``(width_px, height_px, scale)`` of a grid (see the module doc)."""
+    h, w = image_hw
+    scale = scale or max(1, -(-MIN_TILE_PX // w))
+    width = cols * w * scale + (cols + 1) * PAD_PX
+    height = rows * (h * scale + TITLE_PX) + (rows + 1) * PAD_PX
+    return width, height, scale
+
+
+def render_grid(images: np.ndarray, titles: list[str], *, rows: int, cols: int, scale: int | None = None):
+    """A Pillow RGB image of ``images`` laid out row-major with ``titles`` above; empty cells stay blank."""
+    from PIL import Image, ImageDraw
+
+    h, w = images.shape[1:3]
+    width, height, scale = grid_size(rows, cols, (h, w), scale)
+    canvas = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    font = _font()
+    tile_w, tile_h = w * scale, h * scale
+    for i, (image, title) in enumerate(zip(images[: rows * cols], titles)):
+        r, c = divmod(i, cols)
+        left = PAD_PX + c * (tile_w + PAD_PX)
+        top = PAD_PX + r * (tile_h + TITLE_PX + PAD_PX)
+        pixels = to_display(image)
+        tile = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
+        if scale != 1:
+            tile = tile.resize((tile_w, tile_h), Image.NEAREST)
+        canvas.paste(tile.convert("RGB"), (left, top + TITLE_PX))
+        draw.text((left + 1, top + 1), _fit(draw, title, font, tile_w - 2), fill=(0, 0, 0), font=font)
+    return canvas
+
+
+def _font():
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=11)
+    except TypeError:  # Pillow < 10.1 has only the fixed bitmap font
+        return ImageFont.load_default()
+
+
+def _fit(draw, text: str, font, max_px: int) -> str:
+    """``text`` shortened with an ellipsis until it fits ``max_px``."""
+    if draw.textlength(text, font=font) <= max_px:
+        return text
+    while text and draw.textlength(text + "...", font=font) > max_px:
+        text = text[:-1]
+    return text + "..."
