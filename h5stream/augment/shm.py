@@ -19,11 +19,12 @@ Why not ``multiprocessing.shared_memory.SharedMemory`` directly:
   usual "unregister after attach" workaround would delete the *creator's*
   registration (and the creator's later unlink then makes the tracker print a
   KeyError); not registering at all is the only correct option.
-* ``SharedMemory.close()`` raises ``BufferError`` while any numpy view exists,
-  and its ``__del__`` repeats that as "Exception ignored" noise.  Here the
-  ndarray sits directly on an ``mmap`` object: closing a ``SharedArray`` unlinks
-  the name at once, and the mapping itself goes away when the last view does,
-  so a view kept by a caller never dangles.
+* ``SharedMemory.close()`` unmaps the memory even while numpy views exist
+  (numpy 2 arrays reference the mmap without holding a buffer export), so a
+  view kept past ``close()`` segfaults on access.  Here the ndarray's base is
+  the ``mmap`` object itself and nothing ever calls ``mmap.close()``: closing a
+  ``SharedArray`` unlinks the name at once, and the mapping goes away when the
+  last view does, so a view kept by a caller never dangles.
 
 Both use the same ``_posixshmem`` calls ``SharedMemory`` uses; Windows is not
 supported (the worker pool is POSIX-only; ``workers=0`` works everywhere).
@@ -121,13 +122,12 @@ def _release(state: dict) -> None:
     interpreter exit; must not reference the SharedArray.  A forked child
     inherits the finalizer but not the ownership (pid check).
     """
+    # Never mmap.close(): numpy (2.x) arrays keep the mmap as their base without
+    # holding a buffer export, so close() would unmap under a live view and the
+    # next access would segfault.  Dropping our references unmaps once the last
+    # view is gone.
     state["array"] = None
-    mm = state.pop("mmap", None)
-    if mm is not None:
-        try:
-            mm.close()
-        except BufferError:
-            pass  # a caller still holds a view: the mapping lives until that view dies
+    state["mmap"] = None
     if state.get("owner_pid") == os.getpid():
         state["owner_pid"] = None
         posix_name = "/" + state["name"]
@@ -153,6 +153,7 @@ class SharedArray:
         # Private: use create() or attach().
         self.spec = spec
         self.owner = owner
+        # The array's base is the mmap object, so every view keeps the mapping alive.
         self.array = np.ndarray(spec.shape, dtype=np.dtype(spec.dtype), buffer=mm)
         self._state = {
             "name": spec.name,

@@ -1,0 +1,132 @@
+"""SharedArray: creator-owned POSIX shared memory, attach without resource-tracker registration."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+
+from h5stream.augment.shm import SharedArray, SharedSpec, new_prefix, segment_names
+from h5stream.errors import ConfigError, WorkerError
+
+MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
+
+
+def _is_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves a child process or a /dev/shm segment of this process behind."""
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = set(segment_names(MY_SEGMENTS))
+    yield
+    leaked = [
+        p for p in me.children(recursive=True)
+        if p.pid not in children_before and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not leaked, f"child processes left behind: {leaked}"
+    assert set(segment_names(MY_SEGMENTS)) - shm_before == set(), "shared-memory segments left behind"
+
+
+def test_create_attach_share_memory_and_close_unlinks():
+    owner = SharedArray.create((4, 3, 2), np.float32, new_prefix())
+    assert owner.array.shape == (4, 3, 2) and owner.array.dtype == np.float32
+    assert not owner.array.any()  # zero-filled
+    spec = pickle.loads(pickle.dumps(owner.spec))
+    assert spec == owner.spec and spec.nbytes == 4 * 3 * 2 * 4
+    other = SharedArray.attach(spec)
+    other.array[1] = 7.5
+    assert owner.array[1].tolist() == [[7.5, 7.5]] * 3
+    assert owner.name in segment_names(MY_SEGMENTS)
+    other.close()
+    assert owner.name in segment_names(MY_SEGMENTS), "an attacher must never unlink"
+    owner.close()
+    owner.close()  # idempotent
+    assert owner.closed and owner.array is None
+    assert owner.name not in segment_names(MY_SEGMENTS)
+    with pytest.raises(WorkerError, match="does not exist"):
+        SharedArray.attach(spec)
+
+
+def test_view_outlives_close():
+    arr = SharedArray.create((8,), np.int64, new_prefix())
+    view = arr.array[2:5]
+    view[:] = [1, 2, 3]
+    arr.close()  # unlinks the name; the mapping stays for the view
+    assert arr.name not in segment_names(MY_SEGMENTS)
+    assert view.tolist() == [1, 2, 3]
+
+
+def test_names_unique_and_prefixed():
+    prefix = new_prefix()
+    assert prefix.startswith(MY_SEGMENTS)
+    assert new_prefix() != prefix
+    a = SharedArray.create((2,), np.uint8, prefix)
+    b = SharedArray.create((2,), np.uint8, prefix)
+    try:
+        assert a.name != b.name and a.name.startswith(prefix) and b.name.startswith(prefix)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_garbage_collection_unlinks():
+    arr = SharedArray.create((16,), np.uint8, new_prefix())
+    name = arr.name
+    del arr
+    gc.collect()
+    assert name not in segment_names(MY_SEGMENTS)
+
+
+def test_attach_in_unrelated_process_neither_unlinks_nor_warns():
+    # A process that is not our child has its own resource tracker: had attach
+    # registered the segment, that tracker would unlink it at the process's exit
+    # and print a "leaked shared_memory" warning.
+    with SharedArray.create((3,), np.uint8, new_prefix()) as arr:
+        code = (
+            "import pickle, sys; from h5stream.augment.shm import SharedArray;"
+            "a = SharedArray.attach(pickle.loads(bytes.fromhex(sys.argv[1]))); a.array[:] = [5, 6, 7]"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, pickle.dumps(arr.spec).hex()], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert "resource_tracker" not in done.stderr and "leaked" not in done.stderr, done.stderr
+        assert arr.name in segment_names(MY_SEGMENTS)
+        assert arr.array.tolist() == [5, 6, 7]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_does_not_unlink_owners_segment():
+    with SharedArray.create((2,), np.uint8, new_prefix()) as arr:
+        pid = os.fork()
+        if pid == 0:  # child: close() and exit handlers must leave the parent's segment alone
+            arr.close()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert arr.name in segment_names(MY_SEGMENTS)
+
+
+@pytest.mark.parametrize("shape, dtype", [((), np.uint8), ((0, 3), np.uint8), ((2, -1), np.uint8), ((2,), object)])
+def test_invalid_shape_or_dtype(shape, dtype):
+    with pytest.raises(ConfigError):
+        SharedArray.create(shape, dtype, new_prefix())
+
+
+def test_attach_rejects_spec_larger_than_segment():
+    with SharedArray.create((4,), np.uint8, new_prefix()) as arr:
+        with pytest.raises(WorkerError, match="has 4 bytes"):
+            SharedArray.attach(SharedSpec(arr.name, (8,), "|u1"))
