@@ -3,6 +3,7 @@
 Public names only; importing this package never imports keras, tensorflow or torch.
 """
 
+from h5stream.augment import Augment
 from h5stream.errors import (
     BudgetError,
     ConfigError,
@@ -21,6 +22,7 @@ from h5stream.stream import Stream, open  # noqa: A004
 __version__ = "0.1.0"
 
 __all__ = [
+    "Augment",
     "BudgetError",
     "ConfigError",
     "H5StreamError",

@@ -1,0 +1,711 @@
+"""ImageDataGenerator's transforms, fast: one affine warp per image, colour ops in uint8.
+
+:class:`Augment` takes Keras ``ImageDataGenerator``'s parameters (same names,
+units and meaning) and maps a uint8 batch ``(n, H, W, C)`` to an augmented
+batch.  Per sample it draws its parameters from :mod:`h5stream.augment.rng`
+keyed by ``(seed, epoch, row_id)`` only, composes rotation, shift, shear, zoom
+and both flips into ONE inverse affine matrix, warps once with OpenCV
+(``cv2.warpAffine``, one thread), applies channel shift and brightness in
+uint8, then (only when asked) casts to float and applies
+``preprocessing_function``, ``rescale``, samplewise and featurewise
+normalisation -- Keras' order of operations.
+
+Differences from Keras, all deliberate:
+
+* ``width_shift_range`` shifts horizontally and ``height_shift_range``
+  vertically, as Keras documents.  Keras' legacy code swaps them
+  (keras-team/keras#17398); on square images the distributions are identical.
+* Rotation, shear and zoom turn about the true image centre ``((W-1)/2, (H-1)/2)``;
+  Keras uses ``(H-1)/2`` for the column centre, which differs only when H != W.
+* Pixels are rounded to uint8 after the warp and colour ops (Keras keeps the
+  float result of the interpolation): outputs differ by at most interpolation
+  rounding, and the geometric stage can run in uint8 at SIMD speed.
+* ``cval`` must lie in [0, 255] (the warp runs on uint8 pixels).
+* Featurewise statistics come from the store (:func:`h5stream.augment.stats.compute_feature_stats`)
+  and must be attached with :meth:`Augment.with_feature_stats`; using featurewise
+  normalisation without them raises instead of Keras' warning.
+
+Everything here is pure and thread-safe except that :meth:`Augment.__call__`
+sets OpenCV's global thread count to 1 for its duration (restored after), so
+that one worker process uses one core.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import pickle
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from h5stream.augment import rng
+from h5stream.errors import ConfigError
+
+FILL_MODES = ("constant", "nearest", "reflect", "wrap")
+
+PRESETS = MappingProxyType(
+    {
+        # The parameters of the multiprocess-ImageDataGenerator benchmark (issue 4).
+        "standard": MappingProxyType(
+            dict(
+                rotation_range=45.0,
+                width_shift_range=0.1,
+                height_shift_range=0.1,
+                zoom_range=(0.8, 1.0),
+                channel_shift_range=20.0,
+                horizontal_flip=True,
+                fill_mode="nearest",
+            )
+        ),
+    }
+)
+
+_OUTPUT_DTYPES = ("uint8", "float16", "float32", "float64")
+_WARP_DTYPES = (np.uint8, np.uint16, np.int16, np.float32, np.float64)
+# OpenCV's uint8 bilinear warp is about 2x faster per pixel on 4 channels than
+# on 3 (measured: 58 vs 127 us at 128x128, cv2 5.0, one thread), which pays for
+# the RGB->RGBA->RGB conversions on images of at least this many pixels; on
+# 32x32 the conversions cost more than they save.
+_FAST_PATH_MIN_PIXELS = 64 * 64
+_EPS = 1e-6  # Keras' guard in std normalisation
+
+
+def _cv2():
+    # Imported lazily: `import h5stream` must stay cheap, and workers import it once.
+    import cv2
+
+    return cv2
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def affine_matrices(theta, tx, ty, shear, zx, zy, height, width, flip_h=None, flip_v=None) -> np.ndarray:
+    """Inverse affine maps, float64 ``(n, 2, 3)``, vectorised over samples.
+
+    Parameters follow Keras' ``apply_affine_transform``: ``theta`` and ``shear``
+    in degrees, ``tx`` / ``ty`` in pixels along x (columns) / y (rows), ``zx`` /
+    ``zy`` zoom factors (> 1 shows a smaller image).  The matrix is Keras'
+    ``rotation @ shift @ shear @ zoom`` about the image centre; a flip of the
+    output (``flip_h`` / ``flip_v`` bool arrays) is folded into it, so one warp
+    does everything.  ``M`` maps an output pixel ``(x, y, 1)`` to the source
+    point it samples: OpenCV's ``WARP_INVERSE_MAP`` convention.
+    """
+    theta = np.deg2rad(np.asarray(theta, dtype=np.float64).reshape(-1))
+    n = theta.shape[0]
+
+    def col(v):
+        return np.broadcast_to(np.asarray(v, dtype=np.float64).reshape(-1), (n,))
+
+    tx, ty, zx, zy = col(tx), col(ty), col(zx), col(zy)
+    shear = np.deg2rad(col(shear))
+    cos_t, sin_t = np.cos(theta), np.sin(theta)
+    # rotation @ shear == [[cos t, -sin(t + s)], [sin t, cos(t + s)]]
+    m = np.empty((n, 2, 3), dtype=np.float64)
+    m[:, 0, 0] = cos_t * zx
+    m[:, 0, 1] = -np.sin(theta + shear) * zy
+    m[:, 1, 0] = sin_t * zx
+    m[:, 1, 1] = np.cos(theta + shear) * zy
+    ox, oy = (width - 1) / 2.0, (height - 1) / 2.0
+    # translation: rotation @ t, then conjugate by the centre offset.
+    m[:, 0, 2] = cos_t * tx - sin_t * ty + ox - (m[:, 0, 0] * ox + m[:, 0, 1] * oy)
+    m[:, 1, 2] = sin_t * tx + cos_t * ty + oy - (m[:, 1, 0] * ox + m[:, 1, 1] * oy)
+    if flip_h is not None:
+        f = np.asarray(flip_h, dtype=bool).reshape(-1)
+        m[f, :, 2] += m[f, :, 0] * (width - 1)
+        m[f, :, 0] *= -1.0
+    if flip_v is not None:
+        f = np.asarray(flip_v, dtype=bool).reshape(-1)
+        m[f, :, 2] += m[f, :, 1] * (height - 1)
+        m[f, :, 1] *= -1.0
+    return m
+
+
+def _source_coords(matrix, height, width):
+    """Float64 (H, W) source x and y of every output pixel."""
+    cols = np.arange(width, dtype=np.float64)
+    rows = np.arange(height, dtype=np.float64)
+    xs = (matrix[0, 1] * rows + matrix[0, 2])[:, None] + (matrix[0, 0] * cols)[None, :]
+    ys = (matrix[1, 1] * rows + matrix[1, 2])[:, None] + (matrix[1, 0] * cols)[None, :]
+    return xs, ys
+
+
+def _warp_channels(cv2, src, matrix, dst, fill_mode, cval, interp, offset=0):
+    """Warp an (H, W, C<=4) image into ``dst`` with scipy.ndimage's fill-mode conventions.
+
+    ``offset`` > 0 means ``src`` is the image padded by that many replicated
+    pixels on every side ("nearest" / "constant" only); ``matrix`` always
+    refers to the unpadded image.
+    """
+    h, w = dst.shape[:2]
+    flags = interp | cv2.WARP_INVERSE_MAP
+    warp_matrix = matrix
+    if offset:
+        warp_matrix = matrix.copy()
+        warp_matrix[:, 2] += offset
+    if fill_mode == "nearest":
+        cv2.warpAffine(src, warp_matrix, (w, h), dst=dst, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    elif fill_mode == "reflect":
+        # scipy "reflect" is half-sample symmetric (d c b a | a b c d): OpenCV's BORDER_REFLECT.
+        cv2.warpAffine(src, matrix, (w, h), dst=dst, flags=flags, borderMode=cv2.BORDER_REFLECT)
+    elif fill_mode == "constant":
+        # scipy "constant" does not blend the edge with cval: a sample point
+        # outside [0, W-1] x [0, H-1] is cval, one inside interpolates the
+        # image only.  OpenCV's BORDER_CONSTANT would blend a 1-pixel fringe, so
+        # warp with replicated edges and paint the outside exactly.
+        cv2.warpAffine(src, warp_matrix, (w, h), dst=dst, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+        xs, ys = _source_coords(matrix, h, w)
+        outside = (xs < 0) | (xs > w - 1) | (ys < 0) | (ys > h - 1)
+        dst.reshape(h, w, -1)[outside] = cval
+    else:  # "wrap"
+        # scipy "wrap" repeats with period n-1 (first and last samples
+        # overlap), unlike OpenCV's BORDER_WRAP (period n): fold the
+        # coordinates ourselves and remap.
+        xs, ys = _source_coords(matrix, h, w)
+        xs = np.mod(xs, w - 1) if w > 1 else np.zeros_like(xs)
+        ys = np.mod(ys, h - 1) if h > 1 else np.zeros_like(ys)
+        cv2.remap(
+            src, xs.astype(np.float32), ys.astype(np.float32), interp, dst=dst, borderMode=cv2.BORDER_REPLICATE
+        )
+
+
+class _Scratch:
+    """Per-batch warp buffers (owned by one call; never shared between threads)."""
+
+    __slots__ = ("pad", "padded", "src4", "dst4")
+
+    def __init__(self, pad, padded, src4, dst4):
+        self.pad, self.padded, self.src4, self.dst4 = pad, padded, src4, dst4
+
+
+def _plan_scratch(matrices, shape, dtype, fill_mode) -> _Scratch:
+    """Choose buffers for warping images of ``shape`` (H, W, C) with these (n, 2, 3) matrices.
+
+    Two measured speed-ups of OpenCV's bilinear warp (cv2 5.0, one thread, 128x128):
+    * 3-channel uint8 goes through RGBA: 4-channel remap is vectorised, 3-channel
+      is not (58 vs 127 us per image), worth it from 64x64 up;
+    * for replicated edges ("nearest", and "constant", which is replicate plus a
+      mask) the source is first padded by the largest overshoot of the batch,
+      so that nearly every sample takes the in-bounds fast path instead of the
+      per-pixel border path (79 -> 64 us per image at 45 degrees).  Replicate
+      padding followed by a replicate border is the same extended image, so
+      the result does not change.
+    """
+    h, w, c = shape
+    four = c == 3 and np.dtype(dtype) == np.uint8 and h * w >= _FAST_PATH_MIN_PIXELS
+    channels = 4 if four else c
+    pad = 0
+    if fill_mode in ("nearest", "constant") and c <= 4 and h * w >= _FAST_PATH_MIN_PIXELS:
+        corners = np.array([[0, w - 1, 0, w - 1], [0, 0, h - 1, h - 1], [1, 1, 1, 1]], dtype=np.float64)
+        src = matrices @ corners  # (n, 2, 4); the extreme samples of an affine map are at corners
+        over = max(-src[:, 0].min(), src[:, 0].max() - (w - 1), -src[:, 1].min(), src[:, 1].max() - (h - 1))
+        if over > 0:
+            pad = min(int(math.ceil(over)) + 2, max(8, max(h, w) // 4))
+    padded = np.empty((h + 2 * pad, w + 2 * pad, channels), dtype) if pad else None
+    src4 = np.empty((h, w, 4), dtype) if four else None
+    dst4 = np.empty((h, w, 4), dtype) if four else None
+    return _Scratch(pad, padded, src4, dst4)
+
+
+def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch):
+    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype."""
+    channels = src.shape[2]
+    if channels > 4:
+        # OpenCV's remap handles at most 4 channels: go through groups of 4.
+        for lo in range(0, channels, 4):
+            part = np.ascontiguousarray(src[:, :, lo : lo + 4])
+            out = np.empty_like(part)
+            _warp_channels(cv2, part, matrix, out, fill_mode, cval, interp)
+            dst[:, :, lo : lo + 4] = out
+        return
+    if scratch.src4 is not None:
+        cv2.cvtColor(src, cv2.COLOR_RGB2RGBA, dst=scratch.src4)
+        src, target = scratch.src4, scratch.dst4
+    else:
+        target = dst
+    if scratch.pad:
+        p = scratch.pad
+        cv2.copyMakeBorder(src, p, p, p, p, cv2.BORDER_REPLICATE, dst=scratch.padded)
+        _warp_channels(cv2, scratch.padded, matrix, target, fill_mode, cval, interp, offset=p)
+    else:
+        _warp_channels(cv2, src, matrix, target, fill_mode, cval, interp)
+    if scratch.src4 is not None:
+        cv2.cvtColor(target, cv2.COLOR_RGBA2RGB, dst=dst)
+
+
+def apply_affine_transform(x, theta=0, tx=0, ty=0, shear=0, zx=1, zy=1, fill_mode="nearest", cval=0.0, order=1):
+    """Keras' ``apply_affine_transform`` for one H x W x C image (channels last), via OpenCV.
+
+    Same parameter meaning as ``keras.src.legacy.preprocessing.image.apply_affine_transform``
+    called with ``row_axis=0, col_axis=1, channel_axis=2``: ``theta`` and
+    ``shear`` in degrees, ``tx`` / ``ty`` in pixels (positive moves the content
+    left / up), ``zx`` / ``zy`` zoom factors, ``fill_mode`` one of
+    ``constant | nearest | reflect | wrap`` with scipy.ndimage's conventions,
+    ``order`` 0 (nearest) or 1 (bilinear).  Returns a new array of ``x``'s
+    dtype (uint8, uint16, int16, float32 or float64).  Matches Keras up to
+    interpolation rounding (OpenCV samples at 1/32-pixel resolution) on square
+    images; on non-square ones the centre differs (see the module docstring).
+    """
+    x = np.asarray(x)
+    if x.ndim != 3:
+        raise ConfigError(f"apply_affine_transform: x must be one H x W x C image, got shape {x.shape}")
+    if x.dtype.type not in _WARP_DTYPES:
+        raise ConfigError(
+            f"apply_affine_transform: dtype {x.dtype} is not supported; use one of uint8, uint16, int16, float32, float64"
+        )
+    _check_fill_mode(fill_mode)
+    if order not in (0, 1):
+        raise ConfigError(f"apply_affine_transform: order={order!r}; use 0 (nearest) or 1 (bilinear)")
+    cval = _number("cval", cval, low=-math.inf)
+    h, w = x.shape[:2]
+    if theta == 0 and tx == 0 and ty == 0 and shear == 0 and zx == 1 and zy == 1:
+        return x.copy()  # Keras skips the warp entirely for the identity
+    matrix = affine_matrices(theta, tx, ty, shear, zx, zy, h, w)[0]
+    cv2 = _cv2()
+    src = np.ascontiguousarray(x)
+    dst = np.empty_like(src)
+    interp = cv2.INTER_NEAREST if order == 0 else cv2.INTER_LINEAR
+    scratch = _plan_scratch(matrix[None], src.shape, src.dtype, fill_mode)  # the same path Augment takes
+    _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch)
+    return dst
+
+
+# --------------------------------------------------------------------------- colour
+
+
+def _color_into(cv2, img, shift, brightness):
+    """Keras' channel shift then brightness, in place on one uint8 image.
+
+    ``shift`` (int, already rounded) is added to every channel and clipped to
+    the image's own [min, max], as ``apply_channel_shift`` does;
+    ``brightness`` (float or None) scales like PIL's ``ImageEnhance.Brightness``
+    (multiply, truncate, clip to 255), as ``apply_brightness_shift`` does.
+    """
+    flat = img.reshape(img.shape[0], -1)  # 2-D view: a scalar then applies to every channel
+    if brightness is None:
+        if shift == 0:
+            return
+        lo, hi = (int(v) for v in cv2.minMaxLoc(flat)[:2])
+        if shift > 0:
+            if hi - shift < lo:
+                flat[...] = hi
+            else:
+                cv2.min(flat, hi - shift, dst=flat)
+                cv2.add(flat, shift, dst=flat)
+        else:
+            if lo - shift > hi:
+                flat[...] = lo
+            else:
+                cv2.max(flat, lo - shift, dst=flat)
+                cv2.subtract(flat, -shift, dst=flat)
+        return
+    levels = np.arange(256, dtype=np.int32)
+    if shift != 0:
+        lo, hi = (int(v) for v in cv2.minMaxLoc(flat)[:2])
+        levels = np.clip(levels + shift, lo, hi)
+    # PIL blends with black in single precision and truncates.
+    scaled = np.floor(levels.astype(np.float32) * np.float32(brightness))
+    lut = np.clip(scaled, 0, 255).astype(np.uint8)
+    cv2.LUT(flat, lut, dst=flat)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _number(name, value, low=0.0, high=math.inf):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigError(f"Augment: {name}={value!r} must be a finite number")
+    if not low <= value <= high:
+        bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+        raise ConfigError(f"Augment: {name}={value!r} must be {bounds}")
+    return value
+
+
+def _flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"Augment: {name}={value!r} must be True or False")
+    return bool(value)
+
+
+def _check_fill_mode(fill_mode):
+    if fill_mode not in FILL_MODES:
+        raise ConfigError(f"fill_mode={fill_mode!r} is not supported; use one of {', '.join(FILL_MODES)}")
+
+
+def _shift_spec(name, value):
+    """Keras' three forms: int n (whole pixels in (-n, n)), float (fraction if < 1, else pixels), list (choices)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        values = np.asarray(value)
+        if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.number):
+            raise ConfigError(f"Augment: {name}={value!r} must be a number or a non-empty 1-D list of numbers")
+        if not np.all(np.isfinite(values)):
+            raise ConfigError(f"Augment: {name}={value!r} must contain finite numbers")
+        return tuple(float(v) for v in values)
+    value = _number(name, value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value)
+
+
+def _zoom_spec(value):
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) != 2:
+            raise ConfigError(f"Augment: zoom_range={value!r} must be a float or a pair [lower, upper]")
+        lo, hi = (float(_number("zoom_range", v)) for v in value)
+    else:
+        z = float(_number("zoom_range", value))
+        lo, hi = 1.0 - z, 1.0 + z
+    if not 0 < lo <= hi:
+        raise ConfigError(
+            f"Augment: zoom_range={value!r} gives zoom factors [{lo:g}, {hi:g}]; they must satisfy 0 < lower <= upper"
+        )
+    return (lo, hi)
+
+
+def _brightness_spec(value):
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple, np.ndarray)) or len(value) != 2:
+        raise ConfigError(f"Augment: brightness_range={value!r} must be None or a pair [lower, upper], e.g. [0.8, 1.2]")
+    lo, hi = (float(_number("brightness_range", v)) for v in value)
+    if lo > hi:
+        raise ConfigError(f"Augment: brightness_range={value!r} must have lower <= upper")
+    return (lo, hi)
+
+
+def _draw_shift(spec, keys, value_stream, sign_stream, size):
+    """Shift in pixels per sample, drawn as Keras' get_random_transform does."""
+    if isinstance(spec, int):
+        sign = np.where(rng.coin(keys, sign_stream), 1.0, -1.0)
+        return rng.integers(keys, value_stream, spec).astype(np.float64) * sign
+    if isinstance(spec, tuple):
+        sign = np.where(rng.coin(keys, sign_stream), 1.0, -1.0)
+        values = np.asarray(spec, dtype=np.float64)
+        shift = values[rng.integers(keys, value_stream, len(spec))] * sign
+        return shift * size if values.max() < 1 else shift
+    shift = rng.uniform(keys, value_stream, -spec, spec)
+    return shift * size if spec < 1 else shift
+
+
+# --------------------------------------------------------------------------- Augment
+
+
+@dataclass(frozen=True, init=False)
+class Augment:
+    """Random augmentation with ``ImageDataGenerator``'s parameters; immutable and picklable.
+
+    Call it on a uint8 batch ``(n, H, W, C)`` with ``seed``, ``epoch`` and the
+    rows' global ids; it returns ``(n, H, W, C)`` of :meth:`output_dtype`.  A
+    row's output depends only on its pixels, ``(seed, epoch, row_id)`` and
+    these parameters, never on the rest of the batch.  Instances are cheap to
+    copy and safe to share between threads; ``preprocessing_function`` must be
+    picklable (a module-level function) to reach spawn-started workers.
+    """
+
+    rotation_range: float
+    width_shift_range: object
+    height_shift_range: object
+    shear_range: float
+    zoom_range: tuple
+    channel_shift_range: float
+    brightness_range: tuple | None
+    horizontal_flip: bool
+    vertical_flip: bool
+    fill_mode: str
+    cval: float
+    rescale: float | None
+    preprocessing_function: object
+    featurewise_center: bool
+    featurewise_std_normalization: bool
+    samplewise_center: bool
+    samplewise_std_normalization: bool
+    dtype: np.dtype | None
+    feature_mean: tuple | None
+    feature_std: tuple | None
+
+    def __init__(
+        self,
+        rotation_range=0.0,
+        width_shift_range=0.0,
+        height_shift_range=0.0,
+        shear_range=0.0,
+        zoom_range=0.0,
+        channel_shift_range=0.0,
+        brightness_range=None,
+        horizontal_flip=False,
+        vertical_flip=False,
+        fill_mode="nearest",
+        cval=0.0,
+        rescale=None,
+        preprocessing_function=None,
+        featurewise_center=False,
+        featurewise_std_normalization=False,
+        samplewise_center=False,
+        samplewise_std_normalization=False,
+        dtype=None,
+    ):
+        _check_fill_mode(fill_mode)
+        if preprocessing_function is not None and not callable(preprocessing_function):
+            raise ConfigError(f"Augment: preprocessing_function={preprocessing_function!r} is not callable")
+        if rescale is not None:
+            rescale = float(_number("rescale", rescale, low=-math.inf)) or None  # Keras: a falsy rescale is off
+        if dtype is not None:
+            try:
+                dtype = np.dtype(dtype)
+            except TypeError as exc:
+                raise ConfigError(f"Augment: dtype={dtype!r} is not a dtype; use one of {', '.join(_OUTPUT_DTYPES)}") from exc
+            if dtype.name not in _OUTPUT_DTYPES:
+                raise ConfigError(f"Augment: dtype={dtype} is not supported; use one of {', '.join(_OUTPUT_DTYPES)}")
+        featurewise_std_normalization = _flag("featurewise_std_normalization", featurewise_std_normalization)
+        samplewise_std_normalization = _flag("samplewise_std_normalization", samplewise_std_normalization)
+        values = dict(
+            rotation_range=float(_number("rotation_range", rotation_range)),
+            width_shift_range=_shift_spec("width_shift_range", width_shift_range),
+            height_shift_range=_shift_spec("height_shift_range", height_shift_range),
+            shear_range=float(_number("shear_range", shear_range)),
+            zoom_range=_zoom_spec(zoom_range),
+            channel_shift_range=float(_number("channel_shift_range", channel_shift_range)),
+            brightness_range=_brightness_spec(brightness_range),
+            horizontal_flip=_flag("horizontal_flip", horizontal_flip),
+            vertical_flip=_flag("vertical_flip", vertical_flip),
+            fill_mode=fill_mode,
+            cval=float(_number("cval", cval, high=255.0)),
+            rescale=rescale,
+            preprocessing_function=preprocessing_function,
+            # Keras: std normalisation implies centring.
+            featurewise_center=_flag("featurewise_center", featurewise_center) or featurewise_std_normalization,
+            featurewise_std_normalization=featurewise_std_normalization,
+            samplewise_center=_flag("samplewise_center", samplewise_center) or samplewise_std_normalization,
+            samplewise_std_normalization=samplewise_std_normalization,
+            dtype=dtype,
+            feature_mean=None,
+            feature_std=None,
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        if dtype is not None and dtype == np.uint8 and self._needs_float():
+            raise ConfigError(
+                "Augment: dtype=uint8 but rescale / preprocessing_function / samplewise_* / featurewise_* "
+                "produce floats; drop dtype or ask for float32"
+            )
+
+    # -- construction helpers
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> Augment:
+        """A named parameter set from :data:`PRESETS` (``overrides`` replace single parameters)."""
+        if name not in PRESETS:
+            raise ConfigError(f"Augment.preset: unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def with_feature_stats(self, mean, std) -> Augment:
+        """A copy carrying per-channel featurewise ``mean`` and ``std`` in raw pixel units (0..255).
+
+        Like Keras' ``fit``, they are scaled by ``rescale`` when applied.
+        """
+        mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+        std = np.asarray(std, dtype=np.float64).reshape(-1)
+        if mean.shape != std.shape or mean.size == 0 or not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ConfigError(f"Augment.with_feature_stats: mean {mean} and std {std} must be finite, one value per channel")
+        if np.any(std < 0):
+            raise ConfigError(f"Augment.with_feature_stats: std {std} must be >= 0")
+        new = copy.copy(self)
+        object.__setattr__(new, "feature_mean", tuple(float(v) for v in mean))
+        object.__setattr__(new, "feature_std", tuple(float(v) for v in std))
+        return new
+
+    def ensure_picklable(self) -> None:
+        """Raise ConfigError unless this Augment can be sent to a spawn-started worker."""
+        try:
+            pickle.dumps(self)
+        except Exception as exc:  # pickle raises several types (PicklingError, AttributeError, TypeError)
+            raise ConfigError(
+                f"Augment is not picklable ({exc}); workers need preprocessing_function to be a module-level "
+                "function (not a lambda or closure), or use workers=0"
+            ) from exc
+
+    # -- introspection
+
+    @property
+    def needs_feature_stats(self) -> bool:
+        """True when featurewise_* is set and no statistics are attached yet (see :meth:`with_feature_stats`)."""
+        return (self.featurewise_center or self.featurewise_std_normalization) and self.feature_mean is None
+
+    def _needs_float(self) -> bool:
+        return bool(
+            self.rescale is not None
+            or self.preprocessing_function is not None
+            or self.samplewise_center
+            or self.featurewise_center
+        )
+
+    def _has_geometry(self) -> bool:
+        return bool(
+            self.rotation_range
+            or self.width_shift_range
+            or self.height_shift_range
+            or self.shear_range
+            or self.zoom_range != (1.0, 1.0)
+        )
+
+    def output_dtype(self) -> np.dtype:
+        """uint8 when nothing produces floats, else float32 -- or the ``dtype`` asked for."""
+        if self.dtype is not None:
+            return self.dtype
+        return np.dtype(np.float32) if self._needs_float() else np.dtype(np.uint8)
+
+    # -- the transform
+
+    def draw(self, seed: int, epoch: int, row_ids, height: int, width: int) -> dict:
+        """Per-sample parameters as Keras names them (``theta``, ``tx``, ``ty``, ...), arrays of len(row_ids).
+
+        ``tx`` is the horizontal shift in pixels, ``ty`` the vertical one;
+        ``channel_shift_intensity`` / ``brightness`` are None when disabled.
+        """
+        keys = rng.sample_keys(seed, epoch, row_ids)
+        n = keys.shape[0]
+        zeros = np.zeros(n)
+        p = {}
+        r = self.rotation_range
+        p["theta"] = rng.uniform(keys, rng.STREAM_THETA, -r, r) if r else zeros
+        p["tx"] = (
+            _draw_shift(self.width_shift_range, keys, rng.STREAM_SHIFT_X, rng.STREAM_SHIFT_X_SIGN, width)
+            if self.width_shift_range
+            else zeros
+        )
+        p["ty"] = (
+            _draw_shift(self.height_shift_range, keys, rng.STREAM_SHIFT_Y, rng.STREAM_SHIFT_Y_SIGN, height)
+            if self.height_shift_range
+            else zeros
+        )
+        s = self.shear_range
+        p["shear"] = rng.uniform(keys, rng.STREAM_SHEAR, -s, s) if s else zeros
+        lo, hi = self.zoom_range
+        if (lo, hi) == (1.0, 1.0):
+            p["zx"] = p["zy"] = np.ones(n)
+        else:
+            p["zx"] = rng.uniform(keys, rng.STREAM_ZOOM_X, lo, hi)
+            p["zy"] = rng.uniform(keys, rng.STREAM_ZOOM_Y, lo, hi)
+        p["flip_horizontal"] = rng.coin(keys, rng.STREAM_FLIP_H) & self.horizontal_flip
+        p["flip_vertical"] = rng.coin(keys, rng.STREAM_FLIP_V) & self.vertical_flip
+        c = self.channel_shift_range
+        p["channel_shift_intensity"] = rng.uniform(keys, rng.STREAM_CHANNEL_SHIFT, -c, c) if c else None
+        b = self.brightness_range
+        p["brightness"] = rng.uniform(keys, rng.STREAM_BRIGHTNESS, b[0], b[1]) if b is not None else None
+        return p
+
+    def __call__(self, images_uint8, *, seed: int, epoch: int, row_ids, out=None) -> np.ndarray:
+        """Augment a batch: uint8 ``(n, H, W, C)`` -> ``(n, H, W, C)`` of :meth:`output_dtype`.
+
+        ``row_ids`` (int64[n]) are the rows' global indices; with ``seed`` and
+        ``epoch`` they alone decide each sample's random parameters.  When
+        ``out`` is given (C-contiguous, right shape and dtype; it may be a view
+        into shared memory, and must not overlap ``images_uint8``) the result
+        is written there and ``out`` is returned.  Does not modify the input.
+        Exceptions from ``preprocessing_function`` propagate unchanged.
+        """
+        images = np.asarray(images_uint8)
+        if images.dtype != np.uint8 or images.ndim != 4:
+            raise ConfigError(f"Augment: images must be uint8 of shape (n, H, W, C), got {images.dtype} {images.shape}")
+        n, h, w, c = images.shape
+        rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
+        if rows.shape[0] != n:
+            raise ConfigError(f"Augment: {rows.shape[0]} row_ids for a batch of {n} images; pass one id per image")
+        if self.needs_feature_stats:
+            raise ConfigError(
+                "Augment: featurewise_center/std_normalization need dataset statistics; "
+                "call .with_feature_stats(*compute_feature_stats(path)) (h5stream.open does this for you)"
+            )
+        if self.feature_mean is not None and len(self.feature_mean) != c:
+            raise ConfigError(f"Augment: feature stats have {len(self.feature_mean)} channels but images have {c}")
+        out_dtype = self.output_dtype()
+        if out is None:
+            out = np.empty(images.shape, dtype=out_dtype)
+        elif out.shape != images.shape or out.dtype != out_dtype or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ConfigError(
+                f"Augment: out must be a writeable C-contiguous {out_dtype} array of shape {images.shape}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        if n == 0:
+            return out
+        p = self.draw(seed, epoch, rows, h, w)
+        is_float = out_dtype != np.uint8
+        work = out if out_dtype == np.float32 else (np.empty(images.shape, np.float32) if is_float else None)
+        self._geometry_and_color(images, p, out if not is_float else None, work)
+        if is_float:
+            self._normalize(work)
+            if work is not out:
+                np.copyto(out, work, casting="unsafe")
+        return out
+
+    def _geometry_and_color(self, images, p, out_u8, work_f32):
+        """Warp + colour each image; write into ``out_u8`` or, cast, into ``work_f32``."""
+        cv2 = _cv2()
+        n, h, w, c = images.shape
+        matrices = None
+        if self._has_geometry():
+            matrices = affine_matrices(
+                p["theta"], p["tx"], p["ty"], p["shear"], p["zx"], p["zy"], h, w, p["flip_horizontal"], p["flip_vertical"]
+            )
+        shifts = p["channel_shift_intensity"]
+        shifts = np.rint(shifts).astype(np.int64) if shifts is not None else np.zeros(n, np.int64)
+        bright = p["brightness"]
+        scratch = _plan_scratch(matrices, (h, w, c), np.uint8, self.fill_mode) if matrices is not None else None
+        staging = np.empty((h, w, c), np.uint8) if out_u8 is None else None
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)  # one worker process = one core
+        try:
+            for i in range(n):
+                dst = out_u8[i] if out_u8 is not None else staging
+                if matrices is not None:
+                    _warp_into(cv2, images[i], matrices[i], dst, self.fill_mode, self.cval, cv2.INTER_LINEAR, scratch)
+                else:
+                    src = images[i]
+                    if p["flip_horizontal"][i]:
+                        src = src[:, ::-1]
+                    if p["flip_vertical"][i]:
+                        src = src[::-1]
+                    np.copyto(dst, src)
+                _color_into(cv2, dst, int(shifts[i]), None if bright is None else float(bright[i]))
+                if work_f32 is not None:
+                    work_f32[i] = dst
+        finally:
+            cv2.setNumThreads(threads)
+
+    def _normalize(self, x):
+        """Keras' ``standardize`` in place on a float32 batch: preprocessing_function, rescale, samplewise, featurewise."""
+        fn = self.preprocessing_function
+        if fn is not None:
+            for i in range(x.shape[0]):
+                result = np.asarray(fn(x[i]))
+                if result.shape != x.shape[1:]:
+                    raise ConfigError(
+                        f"Augment: preprocessing_function returned shape {result.shape} for an image of shape "
+                        f"{x.shape[1:]}; it must keep the shape"
+                    )
+                x[i] = result
+        scale = self.rescale if self.rescale is not None else 1.0
+        if self.samplewise_center:
+            if scale != 1.0:
+                x *= scale
+            x -= x.mean(axis=(1, 2, 3), keepdims=True)
+            if self.samplewise_std_normalization:
+                x /= x.std(axis=(1, 2, 3), keepdims=True) + _EPS
+            scale = 1.0
+        if self.featurewise_center:
+            # Stats are in raw pixel units; Keras fits them on rescaled data.
+            factor = self.rescale if self.rescale is not None else 1.0
+            mean = np.asarray(self.feature_mean) * factor
+            gain = np.full(len(mean), scale, dtype=np.float64)
+            offset = -mean
+            if self.featurewise_std_normalization:
+                div = np.asarray(self.feature_std) * factor + _EPS
+                gain, offset = gain / div, offset / div
+            # One fused multiply-add per element instead of 2-3 passes.
+            x *= gain.astype(np.float32)
+            x += offset.astype(np.float32)
+        elif scale != 1.0:
+            x *= np.float32(scale)
