@@ -139,6 +139,13 @@ class Timeline:
         at = np.interp(edges, t, v)
         return edges[1:], np.diff(at) / window_s
 
+    def cpu_seconds(self, label: str) -> float:
+        """CPU seconds ``label`` used between the first and the last sample (integral of its CPU %)."""
+        pct = self.cpu_pct.get(label)
+        if pct is None or pct.size < 2:
+            return 0.0
+        return float(np.nansum(pct[1:] * np.diff(self.t_s)) / 100.0)
+
     def mean_cpu_pct(self) -> dict[str, float]:
         """Mean CPU % per label over the samples where it existed."""
         return {k: float(np.nanmean(v)) if np.isfinite(v).any() else 0.0 for k, v in self.cpu_pct.items()}
@@ -275,8 +282,11 @@ class ResourceSampler:
             seconds = np.array([c.get(label, np.nan) for c in cumulative], dtype=np.float64)
             pct = np.full(t.size, np.nan)
             if t.size > 1:
-                # Thread CPU can step back when a thread of that label exits; clip at 0.
-                pct[1:] = np.clip(100.0 * np.diff(seconds) / np.maximum(np.diff(t), 1e-9), 0.0, None)
+                prev = seconds[:-1].copy()
+                # A label that appears after the first sample did not exist before: it had used 0 s.
+                prev[np.isnan(prev) & ~np.isnan(seconds[1:])] = 0.0
+                # Summed CPU steps back when one of a label's threads exits; clip at 0.
+                pct[1:] = np.clip(100.0 * (seconds[1:] - prev) / np.maximum(np.diff(t), 1e-9), 0.0, None)
             cpu_pct[label] = pct
         names = sorted({k for row in self._mark_rows for k in row})
         return Timeline(

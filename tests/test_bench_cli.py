@@ -1,0 +1,126 @@
+"""`h5stream bench` and `h5stream info --shuffle-report` on a tiny real class-sorted store."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from h5stream.cli import main
+from h5stream.store.writer import write_arrays
+
+ROWS, N_CLASSES, BLOCK = 2400, 10, 16
+BUDGET = "8MiB"
+
+
+@pytest.fixture(scope="module")
+def sorted_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "sorted.h5"
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(N_CLASSES), ROWS // N_CLASSES)
+    images = rng.integers(0, 256, (ROWS, 16, 16, 3), dtype=np.uint8)
+    write_arrays(path, images, labels, block_rows=BLOCK, storage_order="sorted")
+    return str(path)
+
+
+def bench_json(capsys, *argv):
+    code = main(["bench", *argv, "--json", "--memory-budget", BUDGET, "--random-seconds", "0.5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_bench_json_has_the_issue_keys_and_sane_values(sorted_store, capsys, tmp_path):
+    plot = tmp_path / "bench.png"
+    r = bench_json(capsys, sorted_store, "--epochs", "2", "--plot", str(plot))
+    for key in ("samples_per_s", "peak_mem_bytes", "memory_budget_bytes"):
+        assert key in r
+    for key in ("sequential_samples_per_s", "random_row_samples_per_s", "single_chunk_shuffle_samples_per_s"):
+        assert r["baselines"][key] > 0
+    for key in ("batch_label_tvd", "batch_label_tvd_full_random", "epoch_order_tau"):
+        assert key in r["shuffle"]
+    assert r["memory_budget_bytes"] == 8 << 20
+    assert r["rows_streamed"] == 2 * ROWS
+    assert r["samples_per_s"] > 0 and r["mb_per_s"] > 0
+    assert r["order_matches_yield"] is True  # the labels yielded are those of epoch_order(0)
+    # The stream allocates its buffers, so memory rises; within_budget states the comparison.
+    assert r["peak_mem_bytes"] > 0 and r["mem_samples"] >= 2
+    assert r["within_budget"] == (r["peak_mem_bytes"] <= r["memory_budget_bytes"])
+    assert r["plan"]["budget_bytes"] == 8 << 20
+    s = r["shuffle"]
+    # The file is class-sorted: in file order a batch is one class; the stream must mix far better.
+    assert s["batch_label_tvd_file_order"] > 0.85
+    assert s["batch_label_tvd"] < 0.5 * s["batch_label_tvd_file_order"]
+    assert abs(s["batch_label_tvd_full_random"] - s["batch_label_tvd_expected_random"]) < 0.03
+    assert -1.0 <= s["epoch_order_tau"] <= 1.0 and len(s["epoch_order_tau_pairs"]) >= 2
+    assert "consumer" in r["mean_cpu_pct"]
+    assert plot.stat().st_size > 0 and r["plot"] == str(plot)
+
+
+def test_bench_cold_and_table(sorted_store, capsys):
+    code = main(["bench", sorted_store, "--cold", "--memory-budget", BUDGET, "--random-seconds", "0.5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "cold page cache" in out
+    for row in ("h5stream stream", "h5py sequential read_direct", "single contiguous chunk shuffle",
+                "h5py one row per call, random", "batch label TVD", "Kendall tau"):
+        assert row in out
+
+
+def test_bench_random_rows_are_capped_and_extrapolated(sorted_store):
+    from h5stream.commands.bench import measure_random_rows
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(sorted_store)
+    r = measure_random_rows(meta, seed=0, seconds=1e-9, cold=False, progress=False)
+    assert r["random_row_rows_measured"] < ROWS and r["random_row_extrapolated"] is True
+    assert r["random_row_epoch_s_estimated"] == pytest.approx(ROWS / r["random_row_samples_per_s"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "--epochs"),
+    (["--memory-budget", "lots"], "memory budget"),
+    (["--augment", "{not json"], "--augment"),
+])
+def test_bench_bad_arguments_are_one_line_errors(sorted_store, capsys, argv, message):
+    assert main(["bench", sorted_store, *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("h5stream: error:") and message in err and err.count("\n") == 1
+
+
+def test_bench_missing_file(tmp_path, capsys):
+    assert main(["bench", str(tmp_path / "nope.h5")]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_file_shuffle_report_on_sorted_store(sorted_store):
+    from h5stream.commands.bench import file_shuffle_report
+
+    r = file_shuffle_report(sorted_store, memory_budget=BUDGET, batch_size=32, seed=0)
+    assert r["rows"] == ROWS and r["n_classes"] == N_CLASSES
+    assert r["batch_label_tvd"] < 0.5 * r["batch_label_tvd_file_order"]
+    assert r["plan"]["budget_bytes"] == 8 << 20 and "budget" in r["plan_text"]
+    # A budget too small to shuffle much (one fill of a few blocks) mixes worse than a large one.
+    small = file_shuffle_report(sorted_store, memory_budget="4.3MiB", batch_size=32, seed=0)
+    assert small["plan"]["rows_per_fill"] <= r["plan"]["rows_per_fill"]
+
+
+def test_bench_file_generator_writes_a_class_sorted_store(tmp_path):
+    import importlib.util
+
+    tool = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "make_bench_file.py")
+    spec = importlib.util.spec_from_file_location("make_bench_file", tool)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = str(tmp_path / "gen.h5")
+    mod.make_bench_file(out, rows=500, size=32, n_classes=5, progress=False)
+    from h5stream.store.meta import read_meta
+    import h5py
+
+    meta = read_meta(out)
+    assert meta.rows == 500 and meta.image_shape == (32, 32, 3) and meta.storage_order == "sorted"
+    with h5py.File(out) as f:
+        labels, images = f["labels"][:], f["images"][:]
+    assert np.all(np.diff(labels) >= 0) and np.array_equal(np.bincount(labels), np.full(5, 100))
+    assert images.std() > 10  # not constant
+    assert mod.rows_for_gb(1.0, 128, 3) * 128 * 128 * 3 >= 1e9

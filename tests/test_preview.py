@@ -1,0 +1,96 @@
+"""`h5stream preview`: the PNG grid shows the stream's first images, at the documented size."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from h5stream.cli import main
+from h5stream.commands import preview
+from h5stream.store.writer import write_arrays
+
+ROWS, SIDE = 400, 24
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Row i is a flat image of grey level i % 256 (so a tile says which row it shows) with a bright corner."""
+    path = tmp_path_factory.mktemp("preview") / "store.h5"
+    images = np.repeat((np.arange(ROWS) % 256).astype(np.uint8), SIDE * SIDE * 3).reshape(ROWS, SIDE, SIDE, 3)
+    images[:, :4, :4] = 255  # asymmetric, so a flip or rotation changes the tile
+    labels = np.arange(ROWS) % 4
+    write_arrays(path, images, labels, class_names=["cat", "dog", "owl", "eel"], block_rows=8)
+    return str(path)
+
+
+def run_preview(path, out, *extra):
+    code = main(["preview", path, "--out", str(out), *extra])
+    assert code == 0
+    return Image.open(out)
+
+
+def test_grid_has_the_documented_pixel_size(store, tmp_path):
+    img = run_preview(store, tmp_path / "g.png", "--rows", "2", "--cols", "3")
+    scale = -(-preview.MIN_TILE_PX // SIDE)
+    assert img.size == (3 * SIDE * scale + 4 * preview.PAD_PX, 2 * (SIDE * scale + preview.TITLE_PX) + 3 * preview.PAD_PX)
+    assert img.size == preview.grid_size(2, 3, (SIDE, SIDE))[:2]
+    assert img.mode == "RGB"
+
+
+def test_tiles_are_the_streams_first_images_in_order(store, tmp_path):
+    import h5stream
+
+    img = np.asarray(run_preview(store, tmp_path / "g.png", "--rows", "2", "--cols", "2", "--seed", "5", "--scale", "1"))
+    with h5stream.open(store, batch_size=4, memory_budget=preview.PREVIEW_BUDGET, seed=5) as s:
+        x, _ = next(iter(s))
+    for i in range(4):
+        r, c = divmod(i, 2)
+        top = preview.PAD_PX + r * (SIDE + preview.TITLE_PX + preview.PAD_PX) + preview.TITLE_PX
+        left = preview.PAD_PX + c * (SIDE + preview.PAD_PX)
+        assert np.array_equal(img[top:top + SIDE, left:left + SIDE], x[i])
+
+
+def test_same_seed_same_png_other_seed_other_png(store, tmp_path):
+    a = run_preview(store, tmp_path / "a.png", "--seed", "1")
+    b = run_preview(store, tmp_path / "b.png", "--seed", "1")
+    c = run_preview(store, tmp_path / "c.png", "--seed", "2")
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(c))
+
+
+def test_augmentation_changes_the_png(store, tmp_path):
+    pytest.importorskip("h5stream.augment", reason="augmentation not built")
+    from h5stream import augment
+
+    if not hasattr(augment, "Augment"):
+        pytest.skip("h5stream.augment.Augment not built yet")
+    plain = run_preview(store, tmp_path / "p.png", "--seed", "3")
+    flipped = run_preview(store, tmp_path / "f.png", "--seed", "3", "--augment",
+                          '{"horizontal_flip": true, "vertical_flip": true}')
+    standard = run_preview(store, tmp_path / "s.png", "--seed", "3", "--augment", "standard")
+    assert plain.size == flipped.size == standard.size
+    assert not np.array_equal(np.asarray(plain), np.asarray(flipped))
+    assert not np.array_equal(np.asarray(plain), np.asarray(standard))
+
+
+def test_titles_name_the_class_or_the_values(store):
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(store)
+    assert preview.label_title(np.int64(2), meta) == "owl"
+    regression = type("M", (), {"label_kind": "regression"})()
+    assert preview.label_title(np.array([0.12345, 7.0], dtype=np.float32), regression) == "0.123, 7"
+
+
+def test_to_display_scales_floats():
+    assert preview.to_display(np.full((2, 2, 3), 0.5, np.float32)).max() == 128
+    assert preview.to_display(np.full((2, 2, 3), 200.0, np.float32)).max() == 200
+    std = preview.to_display(np.array([[[-2.0], [2.0]]], np.float32))
+    assert std.min() == 0 and std.max() == 255
+
+
+def test_bad_preview_arguments(store, tmp_path, capsys):
+    assert main(["preview", store, "--out", str(tmp_path / "x.png"), "--rows", "0"]) == 1
+    assert "--rows" in capsys.readouterr().err
+    assert main(["preview", store, "--out", str(tmp_path / "no" / "x.png")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["preview", store]) == 2  # --out is required
