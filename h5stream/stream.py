@@ -17,7 +17,7 @@ import numpy as np
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.order.epoch import EpochLayout, check_shard, epoch_layout
 from h5stream.read.plan import ReadPlan, parse_bytes, plan_read
-from h5stream.read.reader import Reader
+from h5stream.read.reader import BatchArena, Reader
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -191,12 +191,18 @@ class Stream:
         if self._reader is not None:
             self._reader.close()
         self._reader = Reader(
-            self.meta, self._layout_fn, rows_per_fill=self.plan.rows_per_fill, n_buffers=self.plan.n_buffers,
-            queue_depth=self.plan.queue_depth, start_epoch=self._epoch, start_batch=self._batch,
+            self.meta, self._layout_fn, queue_depth=self.plan.queue_depth, start_epoch=self._epoch,
+            start_batch=self._batch, allocate=self._arena(), cache_labels=self.plan.label_cache_bytes > 0,
             timeout_s=self.timeout_s,
         )
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_reader, [self._reader])
+
+    def _arena(self) -> BatchArena:
+        plan = self.plan
+        # Batches alive at once: two fills being assembled, the queue, and a few in the consumer's hands.
+        sets = 2 * (-(-plan.rows_per_fill // self.batch_size) + 1) + plan.queue_depth + 2
+        return BatchArena(self.batch_size, self.meta.image_shape, self.meta.label_shape, self.meta.label_dtype, sets)
 
     def stats(self) -> dict:
         """Counters for monitoring: queue fill, batches, seconds the consumer waited, bytes read."""
@@ -268,8 +274,6 @@ class Stream:
 
 def _layout_function(rows, block_rows, plan, batch_size, seed, shard, shuffle, drop_remainder):
     rows_per_fill = plan.rows_per_fill
-    if plan.n_buffers == 1:
-        rows_per_fill = max(rows_per_fill, rows + block_rows)  # the whole shard in one fill per epoch
 
     def layout(epoch: int) -> EpochLayout:
         return epoch_layout(rows, block_rows, rows_per_fill, batch_size, seed, epoch, shard=shard, shuffle=shuffle,

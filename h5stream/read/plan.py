@@ -2,8 +2,9 @@
 
 The budget is a ceiling on everything a stream allocates:
 
-* ``n_buffers`` shuffle buffers of ``rows_per_fill`` rows (pixels + labels + the
-  fill's permutation and row ids): one is drained while the next is read;
+* two fills of ``rows_per_fill`` rows (pixels + labels + the fill's permutation
+  and row ids): one being handed out while the next is read (the rows are read
+  straight into the batches they belong to, so these *are* the shuffle buffer);
 * ``queue_depth`` batches waiting in the queue, plus two more in flight (one
   being built by the reader, one just handed to the consumer);
 * with worker processes, the pool's output slots and each worker's own
@@ -80,12 +81,14 @@ class ReadPlan:
     batch_bytes: int  # one batch as handed to the consumer
     queue_bytes: int  # queued + in-flight batches
     pool_bytes: int  # worker output slots + worker footprints
+    label_cache_bytes: int  # all labels held in memory (0: read with the pixels, run by run)
     bookkeeping_bytes: int
     min_budget_bytes: int
 
     @property
     def total_bytes(self) -> int:
-        return self.buffer_bytes + self.queue_bytes + self.pool_bytes + self.bookkeeping_bytes
+        return (self.buffer_bytes + self.queue_bytes + self.pool_bytes + self.bookkeeping_bytes
+                + self.label_cache_bytes)
 
     @property
     def blocks_per_fill(self) -> int:
@@ -136,10 +139,12 @@ def plan_read(
     bookkeeping = BOOKKEEPING_BYTES + n_blocks * 48  # chunk offsets + segment table + fill schedule
     pool = workers * worker_bytes + (n_out_slots * batch_size * out_row_bytes if workers else 0)
     in_flight = 2
+    # Labels are tiny next to pixels: keep them all in memory when they take at most 1/16 of the budget.
+    label_cache = rows * label_row_bytes if rows * label_row_bytes <= budget_bytes // 16 else 0
 
     # A fill holds at least one batch, so a batch touches at most two fills in the usual case.
     min_rows = -(-batch_size // block_rows) * block_rows
-    min_budget = bookkeeping + pool + 2 * min_rows * buffered_row_bytes + (2 + in_flight) * batch_bytes
+    min_budget = bookkeeping + label_cache + pool + 2 * min_rows * buffered_row_bytes + (2 + in_flight) * batch_bytes
     if budget_bytes < min_budget:
         raise BudgetError(
             f"memory budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(min_budget)} "
@@ -149,19 +154,15 @@ def plan_read(
         )
     # Queue: about a tenth of the budget, between 2 and MAX_QUEUE_DEPTH batches.
     queue_depth = int(max(2, min(MAX_QUEUE_DEPTH, (budget_bytes // 10) // max(1, batch_bytes))))
-    while queue_depth > 2 and budget_bytes - bookkeeping - pool - (queue_depth + in_flight) * batch_bytes < (
+    while queue_depth > 2 and budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes < (
         2 * min_rows * buffered_row_bytes
     ):
         queue_depth -= 1
-    left = budget_bytes - bookkeeping - pool - (queue_depth + in_flight) * batch_bytes
-    whole_file_blocks = max(1, n_blocks)
-    if left >= whole_file_blocks * block_rows * buffered_row_bytes:
-        # The whole file fits in one buffer: a single fill, a full shuffle every epoch.
-        n_buffers, rows_per_fill = 1, whole_file_blocks * block_rows
-    else:
-        n_buffers = 2
-        rows_per_fill = (left // (2 * buffered_row_bytes)) // block_rows * block_rows
-        rows_per_fill = max(min_rows, min(rows_per_fill, whole_file_blocks * block_rows))
+    left = budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes
+    # Two fills are in memory at once: one being handed out, the next being read.
+    n_buffers = 2
+    rows_per_fill = (left // (n_buffers * buffered_row_bytes)) // block_rows * block_rows
+    rows_per_fill = max(min_rows, min(rows_per_fill, max(1, n_blocks) * block_rows))
     return ReadPlan(
         budget_bytes=int(budget_bytes),
         batch_size=int(batch_size),
@@ -173,6 +174,7 @@ def plan_read(
         batch_bytes=int(batch_bytes),
         queue_bytes=int((queue_depth + in_flight) * batch_bytes),
         pool_bytes=int(pool),
+        label_cache_bytes=int(label_cache),
         bookkeeping_bytes=int(bookkeeping),
         min_budget_bytes=int(min_budget),
     )

@@ -1,17 +1,20 @@
 """The reader thread: the one place that touches the HDF5 file while streaming.
 
-:class:`Reader` owns a thread, the shuffle buffers and a bounded queue.  The
-thread opens the file itself, walks epochs laid out by
-:func:`h5stream.order.epoch_layout`, reads each fill's segments straight into a
-preallocated buffer, and hands batches to a *sink* (see :class:`InlineSink`):
-by default the batch is gathered into fresh arrays and queued for the consumer.
+:class:`Reader` owns a thread and a bounded queue.  The thread opens the file
+itself and walks fills (see :mod:`h5stream.order.epoch`) epoch after epoch.  For
+each fill it knows, before reading, where every row must land: batch ``j``, row
+``k``.  It then reads each contiguous run of rows **straight into those places**
+with one scatter read (``os.preadv`` with one buffer per row): the kernel copies
+from the page cache into the shuffled batches, so a row is copied once, the
+GIL is released meanwhile, and no separate shuffle buffer or gather pass exists.
+The batches being filled *are* the shuffle buffer; the plan bounds them to two
+fills' worth of rows.  ``POSIX_FADV_WILLNEED`` asks the kernel to fetch a whole
+fill ahead.  Compressed stores (no raw chunk access) read each run through h5py
+into a small scratch array and copy rows out.
 
-Reads: for an uncompressed store the chunk byte offsets are looked up once and
-each segment (one contiguous byte range of a chunk) is read with ``os.preadv``
-straight into the buffer -- adjacent segments coalesce into one call, the GIL is
-released while the kernel copies, and ``POSIX_FADV_WILLNEED`` asks the kernel to
-start fetching a whole fill at once.  Compressed stores fall back to h5py's
-``read_direct`` (HDF5 decompresses).
+Reading is interleaved with handing out batches: while the batches of fill
+``f`` go to the consumer one by one, the runs of fill ``f + 1`` are read in
+proportion, so the queue keeps moving.
 
 Every blocking queue call uses a short timeout and checks the stop flag, so
 :meth:`Reader.close` always returns promptly.  An exception in the thread is
@@ -20,12 +23,16 @@ queued and re-raised by the consumer as :class:`ReaderError` with the cause.
 
 from __future__ import annotations
 
+import concurrent.futures
+import math
 import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
@@ -38,38 +45,26 @@ from h5stream.store.meta import StoreMeta
 POLL_S = 0.1
 """How often blocked queue calls wake up to look at the stop flag."""
 
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
+
 
 class _Stopped(Exception):
     """Raised inside the reader thread when the stop flag is set."""
 
 
 @dataclass
-class _Slot:
-    """One shuffle buffer and what it currently holds."""
-
-    pixels: np.ndarray
-    labels: np.ndarray
-    key: bytes | None = None  # the segments it holds (skip re-reading identical fills)
-    fill: tuple[int, int] | None = None  # (epoch, fill) it is assigned to
-    loaded: int = 0  # reads done so far (index into runs)
-    runs: list = field(default_factory=list)  # coalesced reads: (dest_row, src_row, n_rows, byte_offset|None)
-    perm: np.ndarray | None = None
-    row_ids: np.ndarray | None = None
-
-    @property
-    def complete(self) -> bool:
-        return self.loaded >= len(self.runs)
-
-
-@dataclass(frozen=True)
 class Batch:
-    """A batch as queued for the consumer (arrays owned by whoever receives it)."""
+    """A batch as the reader hands it on.  ``images``/``labels``/``row_ids`` belong to the receiver.
+
+    ``slot`` is whatever the allocator attached (e.g. a shared-memory slot index), else None.
+    """
 
     epoch: int
     index: int
     images: np.ndarray
     labels: np.ndarray
     row_ids: np.ndarray
+    slot: object = None
 
 
 @dataclass(frozen=True)
@@ -77,47 +72,135 @@ class _Failure:
     exc: BaseException
 
 
-def gather(slot: _Slot, positions: np.ndarray, x: np.ndarray, y: np.ndarray, ids: np.ndarray) -> None:
-    """Copy the rows at buffer ``positions`` of ``slot`` into the given outputs (same length)."""
-    np.take(slot.pixels, positions, axis=0, out=x)
-    np.take(slot.labels, positions, axis=0, out=y)
-    np.take(slot.row_ids, positions, out=ids)
+class BatchArena:
+    """Recycles batch image arrays so the reader writes into memory that is already mapped.
 
-
-class InlineSink:
-    """Gathers each batch into new arrays in the reader thread and queues it for the consumer.
-
-    A sink receives batches from the reader thread: ``emit`` for a batch whose
-    rows all sit in one buffer (``slot``), ``emit_gathered`` for one the reader
-    already assembled (it straddled two fills).  ``before_refill(slot_index)``
-    is called before a buffer is overwritten, so a sink whose consumers read
-    buffers asynchronously can wait for them.
+    Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
+    makes writing into them several times slower than the copy itself.  The arena
+    keeps up to ``max_sets`` arrays of ``batch_size`` rows and hands out views of
+    them.  An array is reused only once nothing outside the arena refers to it
+    (its reference count, which every view of it raises, is back to the arena's
+    own), so a caller may keep a batch as long as it likes: it is never
+    overwritten.  Used from the reader thread only.
     """
 
-    def __init__(self, reader: Reader):
-        self._reader = reader
+    def __init__(self, batch_size: int, image_shape, label_shape, label_dtype, max_sets: int):
+        self.batch_size = int(batch_size)
+        self.image_shape = tuple(image_shape)
+        self.label_shape = tuple(label_shape)
+        self.label_dtype = np.dtype(label_dtype)
+        self.max_sets = int(max_sets)
+        self._sets: list[np.ndarray] = []
+        self._next = 0
 
-    def emit(self, epoch: int, index: int, slot_index: int, positions: np.ndarray) -> None:
-        slot = self._reader.slots[slot_index]
-        x, y, ids = self._reader.new_batch(len(positions))
-        gather(slot, positions, x, y, ids)
-        self._reader.put(Batch(epoch, index, x, y, ids))
+    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray, object]:
+        labels = np.empty((n, *self.label_shape), self.label_dtype)
+        if n > self.batch_size:
+            return np.empty((n, *self.image_shape), np.uint8), labels, None
+        count = len(self._sets)
+        for i in range(count):
+            k = (self._next + i) % count
+            # Free when only the list and getrefcount's argument refer to it.
+            if sys.getrefcount(self._sets[k]) <= 2:
+                self._next = (k + 1) % count
+                return self._sets[k][:n], labels, None
+        base = np.empty((self.batch_size, *self.image_shape), np.uint8)
+        if count < self.max_sets:
+            self._sets.append(base)
+        return base[:n], labels, None
 
-    def emit_gathered(self, epoch: int, index: int, x: np.ndarray, y: np.ndarray, ids: np.ndarray) -> None:
-        self._reader.put(Batch(epoch, index, x, y, ids))
 
-    def before_refill(self, slot_index: int) -> None:
-        """Inline gathers are complete when emit returns: nothing to wait for."""
+class _Pending:
+    """A batch being assembled: arrays, a byte view of its images, and how many rows are still missing."""
+
+    __slots__ = ("batch", "missing", "rows")
+
+    def __init__(self, batch: Batch, missing: int):
+        self.batch = batch
+        self.missing = missing
+        self.rows = memoryview(batch.images.reshape(-1)).cast("B") if batch.images.size else None
+
+
+class _FillJob:
+    """Reading one fill: its runs and, for every row, the batch and offset it lands at.
+
+    Pixels go straight into the batches; labels and row ids are gathered into
+    small per-fill arrays and scattered when the fill is complete, which is also
+    when its batches count the rows as arrived.  With I/O threads the pixel reads
+    are all submitted at :meth:`start` and run while the reader thread hands out
+    the previous fill; without them :meth:`step` reads a few runs at a time.
+    """
+
+    def __init__(self, reader: Reader, layout: EpochLayout, fill: int, bounds: np.ndarray, fill_start: int,
+                 first_batch: int):
+        self.reader = reader
+        self.epoch = layout.epoch
+        n = int(layout.fill_rows[fill])
+        # Buffer position p (rows in segment order) is yielded at epoch position fill_start + inv[p].
+        inv = np.empty(n, np.int64)
+        inv[layout.fill_permutation(fill)] = np.arange(n)
+        pos = fill_start + inv
+        batch = np.searchsorted(bounds, pos, side="right") - 1
+        keep = (pos < bounds[-1]) & (batch >= first_batch)  # rows before a resume point, or dropped, are skipped
+        self.batch = np.where(keep, batch, -1)
+        self.offset = np.where(keep, pos - bounds[np.minimum(batch, len(bounds) - 2)], -1)
+        self.row_ids = layout.fill_row_ids(fill)
+        self.labels = None if reader.all_labels is None else reader.all_labels[self.row_ids]
+        self.runs = reader.plan_runs(layout.fill_segments(fill))
+        self.done = 0
+        self.targets: dict[int, _Pending] = {}
+        self.futures: list = []
+
+    def start(self) -> None:
+        """Allocate the fill's batches (may block on a bounded allocator), ask the kernel to read ahead,
+        and hand the pixel reads to the I/O threads when there are any."""
+        for j in np.unique(self.batch[self.batch >= 0]):
+            self.targets[int(j)] = self.reader.pending(self.epoch, int(j))
+        self.reader.advise(self.runs)
+        self.reader.stats["fills"] += 1
+        if self.reader.io is not None:
+            self.futures = [self.reader.io.submit(self.reader.read_pixels, self, run) for run in self.runs]
+            self.done = len(self.runs)
+
+    def step(self, n_runs: int) -> None:
+        """Read up to ``n_runs`` more runs in this thread (no-op when the I/O threads have them)."""
+        stop = min(len(self.runs), self.done + n_runs)
+        while self.done < stop:
+            self.reader.read_pixels(self, self.runs[self.done])
+            self.done += 1
+
+    def complete(self) -> None:
+        """Finish every read of the fill, then count its rows as arrived in their batches."""
+        self.step(len(self.runs))
+        self.reader.wait_all(self.futures)
+        self.futures = []
+        if self.labels is None:
+            self.labels = self.reader.read_labels(self.runs, len(self.row_ids))
+        kept = np.flatnonzero(self.batch >= 0)
+        order = kept[np.argsort(self.batch[kept], kind="stable")]
+        split = np.flatnonzero(np.diff(self.batch[order])) + 1
+        for group in np.split(order, split) if len(order) else []:
+            t = self.targets[int(self.batch[group[0]])]
+            k = self.offset[group]
+            t.batch.labels[k] = self.labels[group]
+            t.batch.row_ids[k] = self.row_ids[group]
+            t.missing -= len(group)
+        self.targets = {}
 
 
 class Reader:
-    """Owns the reader thread, its HDF5 handle, the shuffle buffers and the batch queue.
+    """Owns the reader thread, its HDF5 handle and the batch queue.
 
     ``layout(epoch) -> EpochLayout`` describes each epoch; reading starts at
     ``(start_epoch, start_batch)`` and goes on epoch after epoch until
-    :meth:`close`.  :meth:`get` (consumer side, one thread) returns the next
-    :class:`Batch` in order.  Thread-safety: ``get`` from one consumer thread;
-    ``close`` from any thread, idempotent.
+    :meth:`close`.  ``allocate(n)`` returns ``(images, labels, slot)`` for an
+    ``n``-row batch (e.g. a :class:`BatchArena`) and may block; ``cache_labels``
+    reads every label once up front instead of run by run; ``io_threads``
+    threads run the raw pixel reads (``preadv``, GIL released) so reading overlaps
+    handing out batches and several reads are in flight on cold storage; ``emit(batch)``
+    hands a finished batch on (default: the bounded queue that :meth:`get` reads).
+    Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
+    idempotent.
     """
 
     def __init__(
@@ -125,14 +208,13 @@ class Reader:
         meta: StoreMeta,
         layout: Callable[[int], EpochLayout],
         *,
-        rows_per_fill: int,
-        n_buffers: int,
         queue_depth: int,
         start_epoch: int = 0,
         start_batch: int = 0,
         timeout_s: float = 60.0,
-        buffers: list[tuple[np.ndarray, np.ndarray]] | None = None,
-        sink_factory: Callable[[Reader], object] = InlineSink,
+        cache_labels: bool = False,
+        io_threads: int = 2,
+        allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
         name: str = "h5stream-reader",
     ):
         self.meta = meta
@@ -141,22 +223,23 @@ class Reader:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_depth)
         self._stop = threading.Event()
         self._start = (int(start_epoch), int(start_batch))
-        if buffers is None:
-            buffers = [
-                (np.empty((rows_per_fill, *meta.image_shape), np.uint8),
-                 np.empty((rows_per_fill, *meta.label_shape), meta.label_dtype))
-                for _ in range(n_buffers)
-            ]
-        self.slots = [_Slot(p, l) for p, l in buffers]
-        self._sink = sink_factory(self)
-        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "fills_reused": 0, "wait_s": 0.0, "batches": 0}
+        self._allocate = allocate
+        self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
+        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0}
+        self._fd = None
+        self._offsets = None
+        self._cache_labels = bool(cache_labels)
+        self._io_threads = int(io_threads)
+        self.io: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stats_lock = threading.Lock()
+        self.all_labels: np.ndarray | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
         self._thread.start()
 
     # -- consumer side -----------------------------------------------------------
-    def get(self):
-        """Next item in order: a :class:`Batch` (or what the sink queued).  Raises :class:`ReaderError`."""
+    def get(self) -> Batch:
+        """Next batch in order.  Raises :class:`ReaderError` if the thread failed or went quiet."""
         if self._closed:
             raise StreamClosedError("the stream is closed; open it again with h5stream.open(...)")
         t0 = time.perf_counter()
@@ -165,10 +248,9 @@ class Reader:
                 item = self._queue.get(timeout=POLL_S)
                 break
             except queue.Empty:
-                waited = time.perf_counter() - t0
                 if not self._thread.is_alive() and self._queue.empty():
                     raise ReaderError(f"{self.meta.path}: the reader thread stopped without a result") from None
-                if waited > self._timeout_s:
+                if time.perf_counter() - t0 > self._timeout_s:
                     raise ReaderError(
                         f"{self.meta.path}: no batch from the reader in {self._timeout_s:.0f} s "
                         "(storage too slow or stuck?); raise timeout_s if this is expected"
@@ -182,6 +264,10 @@ class Reader:
     @property
     def queue_fill(self) -> tuple[int, int]:
         return self._queue.qsize(), self._queue.maxsize
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self._stop
 
     def close(self) -> None:
         """Stop the thread and drop queued batches.  Idempotent; returns once the thread has ended."""
@@ -201,13 +287,6 @@ class Reader:
         return self._thread.is_alive()
 
     # -- reader thread -------------------------------------------------------------
-    def new_batch(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fresh output arrays for an ``n``-row batch (owned by whoever receives them)."""
-        first = self.slots[0]
-        return (np.empty((n, *first.pixels.shape[1:]), first.pixels.dtype),
-                np.empty((n, *first.labels.shape[1:]), first.labels.dtype),
-                np.empty(n, np.int64))
-
     def put(self, item) -> None:
         """Queue ``item`` for the consumer, waking every POLL_S to honour the stop flag."""
         while True:
@@ -225,16 +304,22 @@ class Reader:
                 self._images = f[schema.IMAGES]
                 self._labels = f[schema.LABELS]
                 self._offsets = _chunk_offsets(self._images, self.meta)
-                fd = os.open(self.meta.path, os.O_RDONLY) if self._offsets is not None else None
+                if self._cache_labels:
+                    self.all_labels = self._labels[0:self.meta.rows]
+                if self._offsets is not None:
+                    self._fd = os.open(self.meta.path, os.O_RDONLY)
+                    if self._io_threads > 0:
+                        self.io = concurrent.futures.ThreadPoolExecutor(
+                            self._io_threads, thread_name_prefix=self._thread.name + "-io"
+                        )
                 try:
-                    self._fd = fd
-                    epoch, batch = self._start
-                    while True:
-                        self._run_epoch(self._layout(epoch), batch)
-                        epoch, batch = epoch + 1, 0
+                    self._pump()
                 finally:
-                    if fd is not None:
-                        os.close(fd)
+                    if self.io is not None:
+                        self.io.shutdown(wait=True, cancel_futures=True)
+                    if self._fd is not None:
+                        os.close(self._fd)
+                        self._fd = None
         except _Stopped:
             pass
         except BaseException as exc:  # delivered to the consumer, never lost
@@ -243,67 +328,76 @@ class Reader:
             except _Stopped:
                 pass
 
-    def _run_epoch(self, layout: EpochLayout, start_batch: int) -> None:
-        sizes = layout.batch_sizes
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-        fill_bounds = np.concatenate([[0], np.cumsum(layout.fill_rows)])
-        n_fills = len(layout.fills)
-        prefetch = len(self.slots) > 1
-        for j in range(start_batch, len(sizes)):
-            if self._stop.is_set():
-                raise _Stopped
-            a, b = int(bounds[j]), int(bounds[j + 1])
-            f0 = int(np.searchsorted(fill_bounds, a, side="right")) - 1
-            f1 = int(np.searchsorted(fill_bounds, b - 1, side="right")) - 1
-            if f0 == f1:
-                slot = self._load(layout, f0, complete=True)
-                lo = a - fill_bounds[f0]
-                self._sink.emit(layout.epoch, j, f0 % len(self.slots), slot.perm[lo:lo + b - a])
-            else:
-                # The batch straddles fills: gather it piece by piece, loading each fill in turn
-                # (a fill's buffer may be reused by the next piece once its rows are copied).
-                x, y, ids = self.new_batch(b - a)
-                for f in range(f0, f1 + 1):
-                    slot = self._load(layout, f, complete=True)
-                    lo, hi = max(a, fill_bounds[f]), min(b, fill_bounds[f + 1])
-                    pos = slot.perm[lo - fill_bounds[f]:hi - fill_bounds[f]]
-                    gather(slot, pos, x[lo - a:hi - a], y[lo - a:hi - a], ids[lo - a:hi - a])
-                self._sink.emit_gathered(layout.epoch, j, x, y, ids)
-            if prefetch and f1 + 1 < n_fills:
-                # Keep the next fill's reading in step with how much of this fill is consumed.
-                done = (b - fill_bounds[f1]) / max(1, layout.fill_rows[f1])
-                self._load(layout, f1 + 1, fraction=min(1.0, done + 0.1))
+    def _jobs(self) -> Iterator[_FillJob]:
+        """Fill jobs in reading order, epoch after epoch, from the start position."""
+        epoch, first_batch = self._start
+        while True:
+            layout = self._layout(epoch)
+            bounds = np.concatenate([[0], np.cumsum(layout.batch_sizes)])
+            fill_bounds = np.concatenate([[0], np.cumsum(layout.fill_rows)])
+            self._bounds[epoch] = bounds
+            first_fill = int(np.searchsorted(fill_bounds, bounds[first_batch], side="right")) - 1
+            self._next_emit.setdefault("pos", (epoch, first_batch))
+            for fill in range(first_fill, len(layout.fills)):
+                if fill_bounds[fill] >= bounds[-1]:
+                    break  # only dropped rows left in this epoch
+                yield _FillJob(self, layout, fill, bounds, int(fill_bounds[fill]), first_batch)
+            self._bounds.pop(epoch - 2, None)
+            epoch, first_batch = epoch + 1, 0
 
-    def _load(self, layout: EpochLayout, fill: int, complete: bool = False, fraction: float = 1.0) -> _Slot:
-        """Make sure ``fill`` is (at least ``fraction``) read into its buffer and return the buffer."""
-        slot_index = fill % len(self.slots)
-        slot = self.slots[slot_index]
-        tag = (layout.epoch, fill)
-        if slot.fill != tag:
-            segments = layout.fill_segments(fill)
-            key = segments.tobytes()
-            self._sink.before_refill(slot_index)
-            slot.fill = tag
-            slot.perm = layout.fill_permutation(fill)
-            slot.row_ids = layout.fill_row_ids(fill)
-            if key == slot.key and slot.complete:
-                self.stats["fills_reused"] += 1  # same rows already resident (whole file fits)
-            else:
-                slot.key = key
-                slot.runs = self._plan_runs(segments)
-                slot.loaded = 0
-                self.stats["fills"] += 1
-                self._advise(slot.runs)
-        target = len(slot.runs) if complete else int(np.ceil(fraction * len(slot.runs)))
-        while slot.loaded < target:
-            if self._stop.is_set():
-                raise _Stopped
-            self._read_run(slot, slot.runs[slot.loaded])
-            slot.loaded += 1
-        return slot
+    def _pump(self) -> None:
+        self._pending: dict[tuple[int, int], _Pending] = {}
+        self._bounds: dict[int, np.ndarray] = {}
+        self._next_emit: dict = {}
+        jobs = self._jobs()
+        job = next(jobs)
+        job.start()
+        job.complete()
+        for nxt in jobs:
+            ready = self._ready()
+            nxt.start()
+            # Hand out this fill's batches while the next one is read (by the I/O threads, or here in step).
+            per_batch = math.ceil(len(nxt.runs) / max(1, len(ready)))
+            for key in ready:
+                self._emit(key)
+                nxt.step(per_batch)
+            nxt.complete()
 
-    def _plan_runs(self, segments: np.ndarray) -> list[tuple[int, int, int, int | None]]:
-        """Coalesce the fill's segments into reads: (dest_row, src_row, n_rows, byte_offset or None)."""
+    def _ready(self) -> list[tuple[int, int]]:
+        """Complete batches that can go out now, in order (stops at the first incomplete one)."""
+        out = []
+        epoch, j = self._next_emit["pos"]
+        while True:
+            bounds = self._bounds.get(epoch)
+            if bounds is not None and j >= len(bounds) - 1:
+                epoch, j = epoch + 1, 0
+                continue
+            p = self._pending.get((epoch, j))
+            if p is None or p.missing:
+                break
+            out.append((epoch, j))
+            j += 1
+        self._next_emit["pos"] = (epoch, j)
+        return out
+
+    def _emit(self, key) -> None:
+        p = self._pending.pop(key)
+        self.put(p.batch)
+
+    def pending(self, epoch: int, j: int) -> _Pending:
+        """The batch ``(epoch, j)`` being assembled, allocated on first use."""
+        key = (epoch, j)
+        p = self._pending.get(key)
+        if p is None:
+            bounds = self._bounds[epoch]
+            n = int(bounds[j + 1] - bounds[j])
+            x, y, slot = self._allocate(n)
+            p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot), n)
+        return p
+
+    # -- I/O -------------------------------------------------------------------------
+    def plan_runs(self, segments: np.ndarray) -> list[tuple[int, int, int, int | None]]:
+        """Coalesce a fill's segments into reads: (buffer_pos, src_row, n_rows, byte_offset or None)."""
         runs: list[list] = []
         dest = 0
         row_bytes = self.meta.row_bytes
@@ -311,16 +405,12 @@ class Reader:
         for start, stop in segments:
             start, stop = int(start), int(stop)
             n = stop - start
-            off = None
-            if self._offsets is not None:
-                off = int(self._offsets[start // block]) + (start % block) * row_bytes
+            off = None if self._offsets is None else int(self._offsets[start // block]) + (start % block) * row_bytes
             if runs:
                 r = runs[-1]
-                rows_adjacent = r[1] + r[2] == start
-                bytes_adjacent = off is None and r[3] is None or (
-                    off is not None and r[3] is not None and r[3] + r[2] * row_bytes == off
-                )
-                if rows_adjacent and bytes_adjacent:
+                same_kind = (off is None) == (r[3] is None)
+                contiguous = r[1] + r[2] == start and (off is None or r[3] + r[2] * row_bytes == off)
+                if same_kind and contiguous:
                     r[2] += n
                     dest += n
                     continue
@@ -328,36 +418,79 @@ class Reader:
             dest += n
         return [tuple(r) for r in runs]
 
-    def _advise(self, runs) -> None:
+    def advise(self, runs) -> None:
         if self._fd is None or not hasattr(os, "posix_fadvise"):
             return
         row_bytes = self.meta.row_bytes
         for _dest, _src, n, off in runs:
             os.posix_fadvise(self._fd, off, n * row_bytes, os.POSIX_FADV_WILLNEED)
 
-    def _read_run(self, slot: _Slot, run) -> None:
+    def read_pixels(self, job: _FillJob, run) -> None:
+        """Read one run of rows straight into their batches.  Runs on an I/O thread when there are any."""
+        if self._stop.is_set():
+            raise _Stopped
         dest, src, n, off = run
         t0 = time.perf_counter()
+        row_bytes = self.meta.row_bytes
+        targets = job.targets
+        batches = job.batch[dest:dest + n].tolist()
+        offsets = job.offset[dest:dest + n].tolist()
         if off is not None:
-            view = memoryview(slot.pixels[dest:dest + n]).cast("B")
-            want = len(view)
-            got = os.preadv(self._fd, [view], off)
-            while got < want:  # short reads are legal; finish the run
-                more = os.preadv(self._fd, [view[got:]], off + got)
-                if more == 0:
-                    raise OSError(f"{self.meta.path}: unexpected end of file reading rows {src}..{src + n}")
-                got += more
-        else:
-            self._images.read_direct(slot.pixels, np.s_[src:src + n], np.s_[dest:dest + n])
-        self._labels.read_direct(slot.labels, np.s_[src:src + n], np.s_[dest:dest + n])
-        self.stats["read_s"] += time.perf_counter() - t0
-        self.stats["read_bytes"] += n * (self.meta.row_bytes + self.meta.label_row_bytes)
+            scratch = memoryview(self._scratch)
+            views = [
+                targets[b].rows[k * row_bytes:(k + 1) * row_bytes] if b >= 0 else scratch
+                for b, k in zip(batches, offsets)
+            ]
+            for i in range(0, n, IOV_MAX):
+                _preadv_all(self._fd, views[i:i + IOV_MAX], off + i * row_bytes, self.meta.path)
+        else:  # compressed: HDF5 decodes; only ever called from the reader thread
+            rows = self._images[src:src + n]
+            for i, (b, k) in enumerate(zip(batches, offsets)):
+                if b >= 0:
+                    targets[b].batch.images[k] = rows[i]
+        with self._stats_lock:
+            self.stats["read_s"] += time.perf_counter() - t0
+            self.stats["read_bytes"] += n * row_bytes
+
+    def read_labels(self, runs, n: int) -> np.ndarray:
+        """Labels of a fill in buffer order, run by run (when they are not all cached)."""
+        labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
+        for dest, src, k, _off in runs:
+            self._labels.read_direct(labels, np.s_[src:src + k], np.s_[dest:dest + k])
+        return labels
+
+    def wait_all(self, futures) -> None:
+        """Wait for I/O futures, waking to honour the stop flag; re-raise the first failure."""
+        pending = set(futures)
+        while pending:
+            if self._stop.is_set():
+                raise _Stopped
+            done, pending = concurrent.futures.wait(pending, timeout=POLL_S, return_when="FIRST_EXCEPTION")
+            for f in done:
+                f.result()
+
+
+def _preadv_all(fd: int, views: list, offset: int, path: str) -> None:
+    """``preadv`` until every view is full (short reads are legal); end of file first is an error."""
+    while views:
+        got = os.preadv(fd, views, offset)
+        if got == 0:
+            raise OSError(f"{path}: unexpected end of file at byte {offset} (file truncated?)")
+        offset += got
+        rest = []
+        for v in views:
+            if got >= len(v):
+                got -= len(v)
+            else:
+                rest.append(v[got:] if got else v)
+                got = 0
+        views = rest
 
 
 def _chunk_offsets(images: h5py.Dataset, meta: StoreMeta) -> np.ndarray | None:
     """Byte offset of each block's chunk, or None when direct reads are not possible (compressed, odd layout)."""
     chunks = images.chunks
-    if chunks is None or images.compression is not None or images.id.get_create_plist().get_nfilters() > 0:
+    if chunks is None or images.id.get_create_plist().get_nfilters() > 0:
         return None
     if chunks[0] != meta.block_rows or tuple(chunks[1:]) != tuple(images.shape[1:]):
         return None
