@@ -1,0 +1,293 @@
+"""WorkerPool with real spawned processes: results, order, errors, source hand-back, back-pressure.
+
+Spawning costs about a second per worker on a loaded machine, so two
+module-scoped pools serve most tests; the transform's behaviour is picked by
+the task's ``seed`` (see :class:`Scripted`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import psutil
+import pytest
+
+from h5stream.augment.pool import Batch, WorkerPool, slot_bytes, worker_buffer_bytes
+from h5stream.augment.shm import SharedArray, new_prefix, segment_names
+from h5stream.errors import ConfigError, WorkerError
+
+MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
+ROW_SHAPE = (6, 5, 3)
+SOURCE_ROWS = 40
+BATCH_ROWS = 8
+N_SLOTS = 4
+
+PLAIN, RAISE, GATE = 0, 1, 2  # seed values that select Scripted's behaviour
+
+
+def _is_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves a child process or a /dev/shm segment of this process behind."""
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = set(segment_names(MY_SEGMENTS))
+    yield
+    leaked = [
+        p for p in me.children(recursive=True)
+        if p.pid not in children_before and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not leaked, f"child processes left behind: {leaked}"
+    assert set(segment_names(MY_SEGMENTS)) - shm_before == set(), "shared-memory segments left behind"
+
+
+def add_row_ids(images, row_ids, epoch):
+    """The reference transform: each row plus (row_id + epoch) mod 256, wrapping like uint8."""
+    return (images.astype(np.int64) + ((row_ids + epoch) % 256)[:, None, None, None]).astype(np.uint8)
+
+
+def _explode_in_worker(row_ids):
+    return int(row_ids[0]) // 0
+
+
+class Scripted:
+    """Picklable transform; ``seed`` picks what it does so one pool serves many tests.
+
+    PLAIN: :func:`add_row_ids`.  RAISE: ZeroDivisionError from a named helper.
+    GATE: the batch whose first row id is 0 blocks on a FIFO until the batch
+    with first row id 100 has finished and logged; both log their row id, so
+    the log proves the completion order.
+    """
+
+    def __init__(self, gate_dir=None):
+        self.gate_dir = gate_dir
+
+    def __call__(self, images, *, seed, epoch, row_ids, out=None):
+        if seed == RAISE:
+            _explode_in_worker(row_ids)
+        if seed == GATE:
+            fifo, log = os.path.join(self.gate_dir, "fifo"), os.path.join(self.gate_dir, "log")
+            if row_ids[0] == 0:
+                with open(fifo, "rb") as f:  # blocks until the other batch opens it for writing
+                    f.read(1)
+                with open(log, "a") as f:
+                    f.write("0\n")
+            elif row_ids[0] == 100:
+                with open(log, "a") as f:
+                    f.write("100\n")
+                with open(fifo, "wb") as f:
+                    f.write(b"x")
+        out[...] = add_row_ids(images, row_ids, epoch)
+
+
+def _check_pool_cleanup(pool, names):
+    pids = pool.pids
+    pool.close()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not set(names) & set(segment_names(MY_SEGMENTS))
+
+
+@pytest.fixture(scope="module")
+def sources():
+    """Two shared source buffers of random pixels, owned by the test (as the stream owns its buffers)."""
+    rng = np.random.default_rng(7)
+    prefix = new_prefix()
+    arrays = [SharedArray.create((SOURCE_ROWS,) + ROW_SHAPE, np.uint8, prefix) for _ in range(2)]
+    for a in arrays:
+        a.array[:] = rng.integers(0, 256, a.array.shape, dtype=np.uint8)
+    yield arrays
+    for a in arrays:
+        a.close()
+
+
+@pytest.fixture(scope="module")
+def gate_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gate")
+    os.mkfifo(d / "fifo")
+    return str(d)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
+def pool(request, sources, gate_dir):
+    before = set(segment_names(MY_SEGMENTS))
+    p = WorkerPool(
+        Scripted(gate_dir), [s.spec for s in sources], workers=request.param, batch_rows=BATCH_ROWS, n_slots=N_SLOTS
+    )
+    names = set(segment_names(MY_SEGMENTS)) - before
+    assert len(names) == 1  # the slot ring
+    yield p
+    _check_pool_cleanup(p, names)
+
+
+@pytest.fixture
+def pool2(pool):
+    if pool.workers != 2:
+        pytest.skip("needs two workers")
+    return pool
+
+
+def test_round_trip_equals_inline(pool, sources):
+    rng = np.random.default_rng(pool.workers)
+    expected, taken = [], []
+    for epoch in range(3):
+        for n in (BATCH_ROWS, 3, 1, BATCH_ROWS):
+            src = int(rng.integers(2))
+            positions = rng.choice(SOURCE_ROWS, n, replace=False)
+            row_ids = rng.integers(0, 10**6, n)
+            expected.append(add_row_ids(sources[src].array[positions], row_ids, epoch))
+            pool.submit(src, positions, row_ids, epoch=epoch, seed=PLAIN, timeout_s=60)
+            if len(expected) - len(taken) == N_SLOTS:  # the ring is full: consume one
+                taken.append(pool.take(60))
+    while len(taken) < len(expected):
+        taken.append(pool.take(60))
+    assert [seq for seq, _ in taken] == list(range(taken[0][0], taken[0][0] + len(expected)))
+    for i, (_, got) in enumerate(taken):
+        assert got.dtype == np.uint8 and np.array_equal(got, expected[i]), f"batch {i}"
+
+
+def test_delivery_in_submission_order_when_completion_is_not(pool2, sources, gate_dir):
+    log = os.path.join(gate_dir, "log")
+    if os.path.exists(log):
+        os.unlink(log)
+    ids = [np.arange(k, k + 4) for k in (0, 100, 200, 300)]
+    seqs = [pool2.submit(0, np.arange(4), i, epoch=0, seed=GATE, timeout_s=60) for i in ids]
+    got = [pool2.get(60) for _ in seqs]
+    assert [b.seq for b in got] == seqs
+    for batch, i in zip(got, ids):
+        assert batch.rows == 4
+        assert np.array_equal(pool2.slot_view(batch.slot)[:4], add_row_ids(sources[0].array[:4], i, 0))
+        pool2.release(batch.slot)
+    with open(log) as f:
+        assert f.read().split() == ["100", "0"], "precondition: the second batch finished first"
+
+
+def test_transform_exception_reraised_with_worker_traceback(pool):
+    ok_before = pool.submit(0, [1, 2], [5, 6], epoch=0, seed=PLAIN, timeout_s=60)
+    bad = pool.submit(0, [3], [7], epoch=0, seed=RAISE, timeout_s=60)
+    ok_after = pool.submit(1, [4], [8], epoch=0, seed=PLAIN, timeout_s=60)
+    assert pool.take(60)[0] == ok_before  # batches before the failing one still arrive
+    with pytest.raises(WorkerError, match=rf"batch {bad}: ZeroDivisionError") as info:
+        pool.get(60)
+    tb = info.value.worker_traceback
+    assert "_explode_in_worker" in tb and "Traceback" in tb
+    assert "_explode_in_worker" in str(info.value.__cause__)
+    assert pool.take(60)[0] == ok_after  # the pool stays usable
+
+
+def test_wait_source_free_means_rows_were_copied(pool, sources):
+    scratch = sources[1].array
+    saved = scratch.copy()
+    try:
+        want = [add_row_ids(scratch[[i, i + 1]], np.array([i, i]), 0) for i in range(N_SLOTS)]
+        for i in range(N_SLOTS):
+            pool.submit(1, [i, i + 1], [i, i], epoch=0, seed=PLAIN, timeout_s=60)
+        pool.wait_source_free(1, 60)
+        assert pool.source_readers(1) == 0
+        scratch[:] = 0  # the reader would refill the buffer now
+        for i in range(N_SLOTS):
+            assert np.array_equal(pool.take(60)[1], want[i])
+    finally:
+        scratch[:] = saved
+
+
+def test_submit_waits_for_a_free_slot(pool):
+    for i in range(N_SLOTS):
+        pool.submit(0, [i], [i], epoch=0, seed=PLAIN, timeout_s=60)
+    held = [pool.get(60) for _ in range(N_SLOTS)]
+    with pytest.raises(TimeoutError, match="release"):
+        pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=0.05)
+    pool.release(held[0].slot)
+    seq = pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)
+    for b in held[1:]:
+        pool.release(b.slot)
+    assert pool.take(60)[0] == seq
+    with pytest.raises(ConfigError, match="not held"):
+        pool.release(held[0].slot)
+
+
+def test_get_times_out_when_nothing_was_submitted(pool):
+    with pytest.raises(TimeoutError, match="not ready"):
+        pool.get(0.01)
+
+
+def test_discard_pending_drops_undelivered_batches(pool, sources):
+    for i in range(3):
+        pool.submit(0, [i], [i], epoch=0, seed=PLAIN, timeout_s=60)
+    pool.submit(0, [3], [3], epoch=0, seed=RAISE, timeout_s=60)  # dropped errors are not raised
+    assert pool.discard_pending(60) == 4
+    assert pool.in_flight == 0
+    seq = pool.submit(0, [9], [1], epoch=2, seed=PLAIN, timeout_s=60)
+    got_seq, got = pool.take(60)
+    assert got_seq == seq and np.array_equal(got, add_row_ids(sources[0].array[[9]], np.array([1]), 2))
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((0, [], []), "1..8 entries"),
+        ((0, np.arange(9), np.arange(9)), "1..8 entries"),
+        ((0, [0, 1], [0]), "differs"),
+        ((0, [0, SOURCE_ROWS], [0, 1]), "positions must lie"),
+        ((0, [-1], [0]), "positions must lie"),
+        ((2, [0], [0]), "source_index"),
+        ((0, [0.5], [0]), "integers"),
+    ],
+)
+def test_submit_validates_at_the_boundary(pool, args, match):
+    with pytest.raises(ConfigError, match=match):
+        pool.submit(*args, epoch=0, seed=PLAIN, timeout_s=1)
+    assert pool.in_flight == 0
+
+
+def test_memory_figures(pool):
+    assert pool.slot_nbytes == N_SLOTS * BATCH_ROWS * int(np.prod(ROW_SHAPE)) == slot_bytes(N_SLOTS, BATCH_ROWS, ROW_SHAPE, np.uint8)
+    assert pool.worker_buffer_nbytes == worker_buffer_bytes(BATCH_ROWS, ROW_SHAPE) == BATCH_ROWS * int(np.prod(ROW_SHAPE))
+    pss = pool.worker_pss_bytes()
+    assert len(pss) == pool.workers and all(p > 0 for p in pss)
+    assert slot_bytes(2, 3, (4, 5), np.float32) == 2 * 3 * 4 * 5 * 4
+
+
+def test_float_output_slots(sources):
+    with WorkerPool(Scripted(), [sources[0].spec], workers=1, batch_rows=2, n_slots=1, out_dtype=np.float32) as p:
+        p.submit(0, [0, 1], [3, 4], epoch=1, seed=PLAIN, timeout_s=60)
+        batch = p.get(60)
+        assert isinstance(batch, Batch) and batch.rows == 2
+        view = p.slot_view(batch.slot)
+        assert view.dtype == np.float32 and view.shape == (2,) + ROW_SHAPE
+        assert np.array_equal(view, add_row_ids(sources[0].array[:2], np.array([3, 4]), 1).astype(np.float32))
+        p.release(batch.slot)
+
+
+class _FailsToUnpickle:
+    def __call__(self, images, **kw):
+        return images
+
+    def __reduce__(self):
+        return (_raise_on_load, ())
+
+
+def _raise_on_load():
+    raise RuntimeError("cannot rebuild the transform in the worker")
+
+
+def test_worker_start_failure_reported_with_traceback(sources):
+    with pytest.raises(WorkerError, match="failed to start: RuntimeError: cannot rebuild") as info:
+        WorkerPool(_FailsToUnpickle(), [sources[0].spec], workers=1, batch_rows=2, n_slots=1)
+    assert "_raise_on_load" in info.value.worker_traceback
+
+
+def test_constructor_validates(sources):
+    spec = sources[0].spec
+    with pytest.raises(ConfigError, match="picklable"):
+        WorkerPool(lambda images, **kw: images, [spec], workers=1, batch_rows=2, n_slots=1)
+    with pytest.raises(ConfigError, match="workers must be"):
+        WorkerPool(Scripted(), [spec], workers=0, batch_rows=2, n_slots=1)
+    with pytest.raises(ConfigError, match="sources"):
+        WorkerPool(Scripted(), [], workers=1, batch_rows=2, n_slots=1)
