@@ -139,12 +139,10 @@ def plan_read(
     bookkeeping = BOOKKEEPING_BYTES + n_blocks * 48  # chunk offsets + segment table + fill schedule
     pool = workers * worker_bytes + (n_out_slots * batch_size * out_row_bytes if workers else 0)
     in_flight = 2
-    # Labels are tiny next to pixels: keep them all in memory when they take at most 1/16 of the budget.
-    label_cache = rows * label_row_bytes if rows * label_row_bytes <= budget_bytes // 16 else 0
 
     # A fill holds at least one batch, so a batch touches at most two fills in the usual case.
     min_rows = -(-batch_size // block_rows) * block_rows
-    min_budget = bookkeeping + label_cache + pool + 2 * min_rows * buffered_row_bytes + (2 + in_flight) * batch_bytes
+    min_budget = bookkeeping + pool + 2 * min_rows * buffered_row_bytes + (2 + in_flight) * batch_bytes
     if budget_bytes < min_budget:
         raise BudgetError(
             f"memory budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(min_budget)} "
@@ -152,6 +150,9 @@ def plan_read(
             + (f" and {workers} workers" if workers else "")
             + "; raise memory_budget or lower batch_size"
         )
+    # Labels are tiny next to pixels: keep them all in memory when they take at most 1/16 of the budget.
+    label_bytes = rows * label_row_bytes
+    label_cache = label_bytes if label_bytes <= budget_bytes // 16 and budget_bytes - label_bytes >= min_budget else 0
     # Queue: about a tenth of the budget, between 2 and MAX_QUEUE_DEPTH batches.
     queue_depth = int(max(2, min(MAX_QUEUE_DEPTH, (budget_bytes // 10) // max(1, batch_bytes))))
     while queue_depth > 2 and budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes < (
