@@ -107,8 +107,9 @@ class Timeline:
     started; ``mem_bytes`` sum of PSS of the process tree (the monitor process
     excluded); ``cpu_pct`` maps a label to CPU % (100 = one core; NaN before the
     label existed): ``"consumer"`` (the thread that started the sampler), a
-    thread name such as ``"h5stream-reader"`` (threads sharing a name are
-    summed; threads not made by :mod:`threading` go under ``"other"``), and
+    thread name such as ``"h5stream-reader"`` (threads sharing a name, and the
+    ``PREFIX_0``, ``PREFIX_1`` ... threads of one thread pool, are summed under one
+    label; threads not made by :mod:`threading` go under ``"other"``), and
     ``"worker-1"``, ``"worker-2"`` ... for child processes in the order they
     appeared (``child_pids`` maps these labels to pids).
 
@@ -260,7 +261,10 @@ class ResourceSampler:
     def _label(self, tid: int) -> str:
         if tid == self._consumer_tid:
             return CONSUMER
-        return self._names.get(tid, OTHER_THREADS)
+        name = self._names.get(tid, OTHER_THREADS)
+        # ThreadPoolExecutor names its threads PREFIX_0, PREFIX_1 ...: one label per pool.
+        prefix, sep, index = name.rpartition("_")
+        return prefix if sep and index.isdigit() and prefix else name
 
     def _build(self, samples: list) -> Timeline:
         t0 = getattr(self, "_t0", samples[0]["t"] if samples else 0.0)

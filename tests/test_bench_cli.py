@@ -124,3 +124,20 @@ def test_bench_file_generator_writes_a_class_sorted_store(tmp_path):
     assert np.all(np.diff(labels) >= 0) and np.array_equal(np.bincount(labels), np.full(5, 100))
     assert images.std() > 10  # not constant
     assert mod.rows_for_gb(1.0, 128, 3) * 128 * 128 * 3 >= 1e9
+
+
+def test_info_shuffle_report_text_and_json(sorted_store, capsys):
+    assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", BUDGET]) == 0
+    out = capsys.readouterr().out
+    assert "shuffle report" in out and "batch label TVD" in out and "epoch tau" in out
+    assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", BUDGET, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["shuffle_report"]
+    assert report["memory_budget_bytes"] == 8 << 20
+    assert report["batch_label_tvd"] < report["batch_label_tvd_file_order"]
+    assert main(["info", sorted_store, "--json"]) == 0
+    assert "shuffle_report" not in json.loads(capsys.readouterr().out)  # only when asked for
+
+
+def test_info_shuffle_report_bad_budget(sorted_store, capsys):
+    assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", "1KiB"]) == 1
+    assert "minimum" in capsys.readouterr().err

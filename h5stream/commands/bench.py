@@ -436,4 +436,21 @@ def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, se
     report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
     report["plan"] = plan.as_dict()
     report["plan_text"] = plan.describe()
+    report["memory_budget_bytes"] = plan.budget_bytes
+    report["seed"] = seed
+    report["label_bins"] = "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
     return report
+
+
+def format_shuffle_report(r: dict) -> list[str]:
+    """Text lines of :func:`file_shuffle_report` for ``h5stream info``."""
+    return [
+        f"plan            {r['plan_text']}",
+        f"batch label TVD {r['batch_label_tvd']:.3f} with this budget (batch {r['batch_size']}, {r['label_bins']}); "
+        f"full random {r['batch_label_tvd_full_random']:.3f} (expected {r['batch_label_tvd_expected_random']:.3f}); "
+        f"ratio {r['tvd_ratio_to_random']:.2f}x",
+        f"                single contiguous chunk of {r['single_chunk_rows']} rows {r['batch_label_tvd_single_chunk']:.3f}; "
+        f"file order {r['batch_label_tvd_file_order']:.3f}  (0 = every batch has the file's label mix)",
+        f"epoch tau       {r['epoch_order_tau']:+.4f} between epochs {r['epochs'][0]} and {r['epochs'][1]} "
+        "(1 = same order, 0 = independent)",
+    ]

@@ -101,12 +101,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("path", metavar="OUT.h5", help="store written by `h5stream ingest`")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     # Later flags that add a section (e.g. --shuffle-report) are declared here.
+    parser.add_argument("--shuffle-report", action="store_true",
+                        help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
+    parser.add_argument("--memory-budget", default="256MiB", help="budget for --shuffle-report (default 256MiB)")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size for --shuffle-report (default 32)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --shuffle-report (default 0)")
 
 
 def run(args) -> int:
     info = describe(args.path)
     # Later flags add their results here: info[<key>] = {...} for --json, and
     # info.setdefault("sections", {})[<title>] = [lines] for the text view.
+    if args.shuffle_report:
+        from h5stream.commands.bench import file_shuffle_report, format_shuffle_report
+
+        report = file_shuffle_report(args.path, memory_budget=args.memory_budget, batch_size=args.batch_size,
+                                     seed=args.seed)
+        info["shuffle_report"] = report
+        info.setdefault("sections", {})["shuffle report"] = format_shuffle_report(report)
     if args.json:
         print(json.dumps({k: v for k, v in info.items() if k != "sections"}, sort_keys=False))
     else:
