@@ -44,10 +44,10 @@ def no_thread_left():
     assert reader_threads() == []
 
 
-@pytest.mark.parametrize("budget", ["4.2MiB", "6MiB", "1GiB"])
+@pytest.mark.parametrize("budget", ["6.2MiB", "8MiB", "1GiB"])
 @pytest.mark.parametrize("batch_size", [1, 32, 100])
 def test_each_epoch_yields_every_row_once_with_its_label(store, budget, batch_size):
-    if budget == "4.2MiB" and batch_size == 100:
+    if budget == "6.2MiB" and batch_size == 100:
         pytest.skip("below the minimum budget; covered by test_budget_too_small")
     with h5stream.open(store, batch_size=batch_size, memory_budget=budget, seed=5) as s:
         assert len(s) == -(-ROWS // batch_size)
@@ -70,7 +70,7 @@ def test_each_epoch_yields_every_row_once_with_its_label(store, budget, batch_si
 
 def test_same_seed_same_batches_and_no_shuffle_is_file_order(store):
     def first_epoch(**kw):
-        with h5stream.open(store, batch_size=64, memory_budget="6MiB", **kw) as s:
+        with h5stream.open(store, batch_size=64, memory_budget="8MiB", **kw) as s:
             return np.concatenate([_ids(x) for x, _ in s])
 
     assert np.array_equal(first_epoch(seed=1), first_epoch(seed=1))
@@ -79,8 +79,8 @@ def test_same_seed_same_batches_and_no_shuffle_is_file_order(store):
 
 
 def test_plan_fits_budget_and_is_exposed(store):
-    with h5stream.open(store, batch_size=32, memory_budget="4.5MiB") as s:
-        assert s.plan.total_bytes <= 4.5 * 2**20
+    with h5stream.open(store, batch_size=32, memory_budget="6.5MiB") as s:
+        assert s.plan.total_bytes <= 6.5 * 2**20
         assert 32 <= s.plan.rows_per_fill < ROWS
     with h5stream.open(store, batch_size=32, memory_budget="64MiB") as s:  # the whole file fits: one fill an epoch
         assert s.plan.rows_per_fill >= ROWS
@@ -93,7 +93,7 @@ def test_budget_too_small(store):
 
 @pytest.mark.parametrize("drop", [False, True])
 def test_shards_partition_each_epoch(store, drop):
-    streams = [h5stream.open(store, batch_size=64, memory_budget="4.5MiB", shard=(i, 3), drop_remainder=drop, seed=9)
+    streams = [h5stream.open(store, batch_size=64, memory_budget="6.5MiB", shard=(i, 3), drop_remainder=drop, seed=9)
                for i in range(3)]
     try:
         assert len({len(s) for s in streams}) == 1
@@ -108,7 +108,7 @@ def test_shards_partition_each_epoch(store, drop):
             s.close()
 
 
-@pytest.mark.parametrize("budget", ["4.5MiB", "1GiB"])
+@pytest.mark.parametrize("budget", ["6.5MiB", "1GiB"])
 def test_resume_equals_not_stopping_at_every_step(store, budget):
     kw = dict(batch_size=200, memory_budget=budget, seed=3)
     with h5stream.open(store, **kw) as s:
@@ -133,14 +133,14 @@ def test_resume_equals_not_stopping_at_every_step(store, budget):
 
 
 def test_restore_in_place_and_mismatched_state(store):
-    with h5stream.open(store, batch_size=100, memory_budget="4.5MiB", seed=3) as s:
+    with h5stream.open(store, batch_size=100, memory_budget="6.5MiB", seed=3) as s:
         it = iter(s)
         next(it), next(it)
         state = s.state()
         after = _ids(next(it)[0])
         s.restore(state)
         assert np.array_equal(_ids(next(iter(s))[0]), after)
-    with h5stream.open(store, batch_size=50, memory_budget="4.5MiB", seed=3) as other:
+    with h5stream.open(store, batch_size=50, memory_budget="6.5MiB", seed=3) as other:
         with pytest.raises(ConfigError, match="batch_size"):
             other.restore(state)
         with pytest.raises(ConfigError, match="not an h5stream state"):
@@ -148,7 +148,7 @@ def test_restore_in_place_and_mismatched_state(store):
 
 
 def test_breaking_out_of_an_epoch_continues_it(store):
-    with h5stream.open(store, batch_size=500, memory_budget="5MiB", seed=0) as s:
+    with h5stream.open(store, batch_size=500, memory_budget="7MiB", seed=0) as s:
         order = s.epoch_order(0)
         first = [_ids(x) for _, (x, _) in zip(range(2), s)]
         rest = [_ids(x) for x, _ in s]
@@ -164,21 +164,21 @@ def test_only_committed_rows_are_read(tmp_path):
         w._f.close()  # simulate a crash: rows appended, count never raised
     with h5py.File(path, "r") as f:
         assert f["images"].shape[0] == 250 and f.attrs["committed_rows"] == 200
-    with h5stream.open(path, batch_size=64, memory_budget="4.5MiB") as s:
+    with h5stream.open(path, batch_size=64, memory_budget="6.5MiB") as s:
         ids = np.concatenate([_ids(x) for x, _ in s])
     assert np.array_equal(np.sort(ids), np.arange(200))
 
 
 def test_compressed_store_reads_through_hdf5(tmp_path):
     path = make_store(tmp_path / "z.h5", rows=500, compression="zlib")
-    with h5stream.open(path, batch_size=64, memory_budget="4.5MiB", seed=2) as s:
+    with h5stream.open(path, batch_size=64, memory_budget="6.5MiB", seed=2) as s:
         for x, y in s:
             assert np.array_equal(y, _ids(x) * 10 // 500)
 
 
 def test_reader_error_reaches_the_consumer(tmp_path):
     path = make_store(tmp_path / "t.h5", rows=3000)
-    s = h5stream.open(path, batch_size=32, memory_budget="4.2MiB", seed=0)
+    s = h5stream.open(path, batch_size=32, memory_budget="6.2MiB", seed=0)
     with open(path, "r+b") as f:  # cut the file: later chunks are gone
         f.truncate(200_000)
     with pytest.raises(ReaderError, match="reading failed") as info:
@@ -190,14 +190,14 @@ def test_reader_error_reaches_the_consumer(tmp_path):
 
 
 def test_close_is_idempotent_and_gc_stops_the_thread(store):
-    s = h5stream.open(store, batch_size=32, memory_budget="4.5MiB")
+    s = h5stream.open(store, batch_size=32, memory_budget="6.5MiB")
     next(iter(s))
     s.close()
     s.close()
     assert reader_threads() == []
     with pytest.raises(h5stream.StreamClosedError):
         iter(s)
-    s = h5stream.open(store, batch_size=32, memory_budget="4.5MiB")
+    s = h5stream.open(store, batch_size=32, memory_budget="6.5MiB")
     next(iter(s))
     assert reader_threads()
     del s

@@ -31,7 +31,7 @@ _UNITS = {
 }
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
-BOOKKEEPING_BYTES = 4 << 20
+BOOKKEEPING_BYTES = 6 << 20
 """Fixed allowance for Python objects, thread stacks and small arrays."""
 
 MAX_QUEUE_DEPTH = 16
@@ -138,7 +138,7 @@ def plan_read(
     n_blocks = -(-rows // block_rows) if rows else 0
     bookkeeping = BOOKKEEPING_BYTES + n_blocks * 48  # chunk offsets + segment table + fill schedule
     pool = workers * worker_bytes + (n_out_slots * batch_size * out_row_bytes if workers else 0)
-    in_flight = 2
+    in_flight = 4  # a straddling batch on each side of the two fills, one being handed out, one held by the consumer
 
     # A fill holds at least one batch, so a batch touches at most two fills in the usual case.
     min_rows = -(-batch_size // block_rows) * block_rows
