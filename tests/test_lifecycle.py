@@ -1,0 +1,235 @@
+"""Lifecycle of the worker pool: close, GC, dead workers, Ctrl-C, a killed parent.
+
+Processes are real; waiting for a process to end uses pidfds (no sleeps), and
+timeouts are safety nets only, never the assertion.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from h5stream.augment.pool import WorkerPool
+from h5stream.augment.shm import SharedArray, new_prefix, segment_names
+from h5stream.errors import StreamClosedError, WorkerError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
+
+MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
+PLAIN, HANG, EXIT3 = 0, 1, 2  # seed values selecting Behave's behaviour
+
+
+def _is_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves a child process or a /dev/shm segment of this process behind."""
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = set(segment_names(MY_SEGMENTS))
+    yield
+    leaked = [
+        p for p in me.children(recursive=True)
+        if p.pid not in children_before and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not leaked, f"child processes left behind: {leaked}"
+    assert set(segment_names(MY_SEGMENTS)) - shm_before == set(), "shared-memory segments left behind"
+
+
+def still_running(pids, timeout_s=60.0):
+    """The pids that have not exited within timeout_s (a safety net), waiting on pidfds."""
+    deadline = time.monotonic() + timeout_s
+    running = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                running.append(pid)
+        finally:
+            os.close(fd)
+    return running
+
+
+class Behave:
+    """Picklable transform: PLAIN copies, HANG never returns, EXIT3 ends the worker with code 3."""
+
+    def __call__(self, images, *, seed, epoch, row_ids, out=None):
+        if seed == HANG:
+            while True:
+                signal.pause()
+        if seed == EXIT3:
+            os._exit(3)
+        out[...] = images
+
+
+@pytest.fixture
+def source():
+    with SharedArray.create((16, 4, 4, 3), np.uint8, new_prefix()) as src:
+        src.array[:] = np.arange(src.array.size, dtype=np.int64).reshape(src.array.shape) % 251
+        yield src
+
+
+def _new_segments(before):
+    return set(segment_names(MY_SEGMENTS)) - before
+
+
+def test_close_twice_context_manager_and_use_after_close(source):
+    before = set(segment_names(MY_SEGMENTS))
+    with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2) as pool:
+        assert len(_new_segments(before)) == 1
+        pool.submit(0, [0, 1], [0, 1], epoch=0, seed=PLAIN, timeout_s=60)
+        batch = pool.get(60)
+        kept = pool.slot_view(batch.slot)[: batch.rows]
+        pids = pool.pids
+    assert pool.closed and still_running(pids) == [] and _new_segments(before) == set()
+    pool.close()
+    pool.close()
+    assert np.array_equal(kept, source.array[:2])  # a view taken before close stays readable
+    with pytest.raises(StreamClosedError):
+        pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=1)
+    with pytest.raises(StreamClosedError):
+        pool.get(1)
+    with pytest.raises(StreamClosedError):
+        pool.slot_view(0)
+
+
+def test_close_wakes_a_producer_blocked_in_submit(source):
+    pool = WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=1)
+    pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)
+    pool.get(60)  # hold the only slot, so the next submit must wait
+    outcome = []
+
+    def producer():
+        try:
+            pool.submit(0, [1], [1], epoch=0, seed=PLAIN, timeout_s=600)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    pool.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], StreamClosedError)
+
+
+def test_garbage_collection_of_an_unclosed_pool_cleans_up(source):
+    before = set(segment_names(MY_SEGMENTS))
+    pool = WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2)
+    pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)  # leave a batch undelivered
+    pids = pool.pids
+    assert len(_new_segments(before)) == 1
+    del pool
+    gc.collect()
+    assert still_running(pids) == []
+    assert _new_segments(before) == set()
+
+
+def test_worker_killed_by_sigkill_mid_task_raises_worker_error(source):
+    with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2) as pool:
+        pool.submit(0, [0, 1], [0, 1], epoch=0, seed=HANG, timeout_s=60)
+        pool.wait_source_free(0, 60)  # the worker has copied its rows: it is inside the transform now
+        os.kill(pool.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) was killed by SIGKILL"):
+            pool.get(60)  # 60 s is only a safety net: the collector sees the sentinel at once
+        with pytest.raises(WorkerError, match="SIGKILL"):
+            pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)
+
+
+def test_worker_exiting_raises_worker_error_with_exit_code(source):
+    with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2) as pool:
+        pool.submit(0, [0], [0], epoch=0, seed=EXIT3, timeout_s=60)
+        with pytest.raises(WorkerError, match="exited with code 3"):
+            pool.get(60)
+
+
+# A user script: the transform lives in the main module, as in a training script.
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from h5stream.augment.pool import WorkerPool
+    from h5stream.augment.shm import SharedArray, new_prefix
+
+
+    def copy(images, *, seed, epoch, row_ids, out=None):
+        out[...] = images
+
+
+    if __name__ == "__main__":
+        from multiprocessing import resource_tracker
+        prefix = new_prefix()
+        with SharedArray.create((16, 4, 4, 3), np.uint8, prefix) as src, WorkerPool(
+            copy, [src.spec], workers=2, batch_rows=4, n_slots=2, prefix=prefix
+        ) as pool:
+            pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60)
+            pool.take(60)
+            print(prefix, resource_tracker._resource_tracker._pid, *pool.pids, flush=True)
+            while True:  # iterate until interrupted
+                pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60)
+                pool.take(60)
+    """
+)
+
+
+def _start_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a terminal job
+    )
+    ready = select.select([proc.stdout], [], [], 120)[0]  # safety net
+    if not ready:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the script did not start its pool")
+    line = proc.stdout.readline().split()
+    if not line:
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"the script failed: {err}")
+    prefix, tracker_pid, *worker_pids = line
+    return proc, prefix, int(tracker_pid), [int(p) for p in worker_pids]
+
+
+def test_ctrl_c_raises_keyboard_interrupt_and_leaves_nothing(tmp_path):
+    proc, prefix, tracker_pid, worker_pids = _start_script(tmp_path)
+    assert len(worker_pids) == 2 and segment_names(prefix)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, workers included
+    _, err = proc.communicate(timeout=120)  # EOF on stderr: the script, its workers and tracker all exited
+    assert "KeyboardInterrupt" in err
+    assert proc.returncode != 0
+    assert "leaked" not in err, err  # nothing left for the resource tracker to clean
+    assert err.count("Traceback") == 1 and "h5stream-augment" not in err, err  # workers ignored SIGINT
+    assert still_running(worker_pids + [tracker_pid]) == []
+    assert segment_names(prefix) == []
+
+
+def test_killed_parent_workers_exit_and_segments_are_unlinked(tmp_path):
+    proc, prefix, tracker_pid, worker_pids = _start_script(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)  # no close(), no atexit: only the safety nets remain
+    proc.communicate(timeout=120)
+    assert still_running(worker_pids + [tracker_pid]) == []  # workers noticed, then the tracker cleaned up
+    assert segment_names(prefix) == []
