@@ -5,6 +5,7 @@ Importing this package imports neither OpenCV (loaded on first use) nor keras.
 """
 
 from h5stream.augment.stats import compute_feature_stats
-from h5stream.augment.transforms import FILL_MODES, PRESETS, Augment, apply_affine_transform
+from h5stream.augment.transforms import PRESETS, Augment
+from h5stream.augment.warp import FILL_MODES, apply_affine_transform
 
 __all__ = ["FILL_MODES", "PRESETS", "Augment", "apply_affine_transform", "compute_feature_stats"]

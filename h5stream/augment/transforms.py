@@ -1,4 +1,4 @@
-"""ImageDataGenerator's transforms, fast: one affine warp per image, colour ops in uint8.
+"""ImageDataGenerator's random transforms, fast: one affine warp per image, colour ops in uint8.
 
 :class:`Augment` takes Keras ``ImageDataGenerator``'s parameters (same names,
 units and meaning) and maps a uint8 batch ``(n, H, W, C)`` to an augmented
@@ -42,9 +42,8 @@ from types import MappingProxyType
 import numpy as np
 
 from h5stream.augment import rng
+from h5stream.augment.warp import _check_fill_mode, _cv2, _plan_scratch, _warp_into, affine_matrices
 from h5stream.errors import ConfigError
-
-FILL_MODES = ("constant", "nearest", "reflect", "wrap")
 
 PRESETS = MappingProxyType(
     {
@@ -64,213 +63,7 @@ PRESETS = MappingProxyType(
 )
 
 _OUTPUT_DTYPES = ("uint8", "float16", "float32", "float64")
-_WARP_DTYPES = (np.uint8, np.uint16, np.int16, np.float32, np.float64)
-# OpenCV's uint8 bilinear warp is about 2x faster per pixel on 4 channels than
-# on 3 (measured: 58 vs 127 us at 128x128, cv2 5.0, one thread), which pays for
-# the RGB->RGBA->RGB conversions on images of at least this many pixels; on
-# 32x32 the conversions cost more than they save.
-_FAST_PATH_MIN_PIXELS = 64 * 64
 _EPS = 1e-6  # Keras' guard in std normalisation
-
-
-def _cv2():
-    # Imported lazily: `import h5stream` must stay cheap, and workers import it once.
-    import cv2
-
-    return cv2
-
-
-# --------------------------------------------------------------------------- geometry
-
-
-def affine_matrices(theta, tx, ty, shear, zx, zy, height, width, flip_h=None, flip_v=None) -> np.ndarray:
-    """Inverse affine maps, float64 ``(n, 2, 3)``, vectorised over samples.
-
-    Parameters follow Keras' ``apply_affine_transform``: ``theta`` and ``shear``
-    in degrees, ``tx`` / ``ty`` in pixels along x (columns) / y (rows), ``zx`` /
-    ``zy`` zoom factors (> 1 shows a smaller image).  The matrix is Keras'
-    ``rotation @ shift @ shear @ zoom`` about the image centre; a flip of the
-    output (``flip_h`` / ``flip_v`` bool arrays) is folded into it, so one warp
-    does everything.  ``M`` maps an output pixel ``(x, y, 1)`` to the source
-    point it samples: OpenCV's ``WARP_INVERSE_MAP`` convention.
-    """
-    theta = np.deg2rad(np.asarray(theta, dtype=np.float64).reshape(-1))
-    n = theta.shape[0]
-
-    def col(v):
-        return np.broadcast_to(np.asarray(v, dtype=np.float64).reshape(-1), (n,))
-
-    tx, ty, zx, zy = col(tx), col(ty), col(zx), col(zy)
-    shear = np.deg2rad(col(shear))
-    cos_t, sin_t = np.cos(theta), np.sin(theta)
-    # rotation @ shear == [[cos t, -sin(t + s)], [sin t, cos(t + s)]]
-    m = np.empty((n, 2, 3), dtype=np.float64)
-    m[:, 0, 0] = cos_t * zx
-    m[:, 0, 1] = -np.sin(theta + shear) * zy
-    m[:, 1, 0] = sin_t * zx
-    m[:, 1, 1] = np.cos(theta + shear) * zy
-    ox, oy = (width - 1) / 2.0, (height - 1) / 2.0
-    # translation: rotation @ t, then conjugate by the centre offset.
-    m[:, 0, 2] = cos_t * tx - sin_t * ty + ox - (m[:, 0, 0] * ox + m[:, 0, 1] * oy)
-    m[:, 1, 2] = sin_t * tx + cos_t * ty + oy - (m[:, 1, 0] * ox + m[:, 1, 1] * oy)
-    if flip_h is not None:
-        f = np.asarray(flip_h, dtype=bool).reshape(-1)
-        m[f, :, 2] += m[f, :, 0] * (width - 1)
-        m[f, :, 0] *= -1.0
-    if flip_v is not None:
-        f = np.asarray(flip_v, dtype=bool).reshape(-1)
-        m[f, :, 2] += m[f, :, 1] * (height - 1)
-        m[f, :, 1] *= -1.0
-    return m
-
-
-def _source_coords(matrix, height, width):
-    """Float64 (H, W) source x and y of every output pixel."""
-    cols = np.arange(width, dtype=np.float64)
-    rows = np.arange(height, dtype=np.float64)
-    xs = (matrix[0, 1] * rows + matrix[0, 2])[:, None] + (matrix[0, 0] * cols)[None, :]
-    ys = (matrix[1, 1] * rows + matrix[1, 2])[:, None] + (matrix[1, 0] * cols)[None, :]
-    return xs, ys
-
-
-def _warp_channels(cv2, src, matrix, dst, fill_mode, cval, interp, offset=0):
-    """Warp an (H, W, C<=4) image into ``dst`` with scipy.ndimage's fill-mode conventions.
-
-    ``offset`` > 0 means ``src`` is the image padded by that many replicated
-    pixels on every side ("nearest" / "constant" only); ``matrix`` always
-    refers to the unpadded image.
-    """
-    h, w = dst.shape[:2]
-    flags = interp | cv2.WARP_INVERSE_MAP
-    warp_matrix = matrix
-    if offset:
-        warp_matrix = matrix.copy()
-        warp_matrix[:, 2] += offset
-    if fill_mode == "nearest":
-        cv2.warpAffine(src, warp_matrix, (w, h), dst=dst, flags=flags, borderMode=cv2.BORDER_REPLICATE)
-    elif fill_mode == "reflect":
-        # scipy "reflect" is half-sample symmetric (d c b a | a b c d): OpenCV's BORDER_REFLECT.
-        cv2.warpAffine(src, matrix, (w, h), dst=dst, flags=flags, borderMode=cv2.BORDER_REFLECT)
-    elif fill_mode == "constant":
-        # scipy "constant" does not blend the edge with cval: a sample point
-        # outside [0, W-1] x [0, H-1] is cval, one inside interpolates the
-        # image only.  OpenCV's BORDER_CONSTANT would blend a 1-pixel fringe, so
-        # warp with replicated edges and paint the outside exactly.
-        cv2.warpAffine(src, warp_matrix, (w, h), dst=dst, flags=flags, borderMode=cv2.BORDER_REPLICATE)
-        xs, ys = _source_coords(matrix, h, w)
-        outside = (xs < 0) | (xs > w - 1) | (ys < 0) | (ys > h - 1)
-        dst.reshape(h, w, -1)[outside] = cval
-    else:  # "wrap"
-        # scipy "wrap" repeats with period n-1 (first and last samples
-        # overlap), unlike OpenCV's BORDER_WRAP (period n): fold the
-        # coordinates ourselves and remap.
-        xs, ys = _source_coords(matrix, h, w)
-        xs = np.mod(xs, w - 1) if w > 1 else np.zeros_like(xs)
-        ys = np.mod(ys, h - 1) if h > 1 else np.zeros_like(ys)
-        cv2.remap(
-            src, xs.astype(np.float32), ys.astype(np.float32), interp, dst=dst, borderMode=cv2.BORDER_REPLICATE
-        )
-
-
-class _Scratch:
-    """Per-batch warp buffers (owned by one call; never shared between threads)."""
-
-    __slots__ = ("pad", "padded", "src4", "dst4")
-
-    def __init__(self, pad, padded, src4, dst4):
-        self.pad, self.padded, self.src4, self.dst4 = pad, padded, src4, dst4
-
-
-def _plan_scratch(matrices, shape, dtype, fill_mode) -> _Scratch:
-    """Choose buffers for warping images of ``shape`` (H, W, C) with these (n, 2, 3) matrices.
-
-    Two measured speed-ups of OpenCV's bilinear warp (cv2 5.0, one thread, 128x128):
-    * 3-channel uint8 goes through RGBA: 4-channel remap is vectorised, 3-channel
-      is not (58 vs 127 us per image), worth it from 64x64 up;
-    * for replicated edges ("nearest", and "constant", which is replicate plus a
-      mask) the source is first padded by the largest overshoot of the batch,
-      so that nearly every sample takes the in-bounds fast path instead of the
-      per-pixel border path (79 -> 64 us per image at 45 degrees).  Replicate
-      padding followed by a replicate border is the same extended image, so
-      the result does not change.
-    """
-    h, w, c = shape
-    four = c == 3 and np.dtype(dtype) == np.uint8 and h * w >= _FAST_PATH_MIN_PIXELS
-    channels = 4 if four else c
-    pad = 0
-    if fill_mode in ("nearest", "constant") and c <= 4 and h * w >= _FAST_PATH_MIN_PIXELS:
-        corners = np.array([[0, w - 1, 0, w - 1], [0, 0, h - 1, h - 1], [1, 1, 1, 1]], dtype=np.float64)
-        src = matrices @ corners  # (n, 2, 4); the extreme samples of an affine map are at corners
-        over = max(-src[:, 0].min(), src[:, 0].max() - (w - 1), -src[:, 1].min(), src[:, 1].max() - (h - 1))
-        if over > 0:
-            pad = min(int(math.ceil(over)) + 2, max(8, max(h, w) // 4))
-    padded = np.empty((h + 2 * pad, w + 2 * pad, channels), dtype) if pad else None
-    src4 = np.empty((h, w, 4), dtype) if four else None
-    dst4 = np.empty((h, w, 4), dtype) if four else None
-    return _Scratch(pad, padded, src4, dst4)
-
-
-def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch):
-    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype."""
-    channels = src.shape[2]
-    if channels > 4:
-        # OpenCV's remap handles at most 4 channels: go through groups of 4.
-        for lo in range(0, channels, 4):
-            part = np.ascontiguousarray(src[:, :, lo : lo + 4])
-            out = np.empty_like(part)
-            _warp_channels(cv2, part, matrix, out, fill_mode, cval, interp)
-            dst[:, :, lo : lo + 4] = out
-        return
-    if scratch.src4 is not None:
-        cv2.cvtColor(src, cv2.COLOR_RGB2RGBA, dst=scratch.src4)
-        src, target = scratch.src4, scratch.dst4
-    else:
-        target = dst
-    if scratch.pad:
-        p = scratch.pad
-        cv2.copyMakeBorder(src, p, p, p, p, cv2.BORDER_REPLICATE, dst=scratch.padded)
-        _warp_channels(cv2, scratch.padded, matrix, target, fill_mode, cval, interp, offset=p)
-    else:
-        _warp_channels(cv2, src, matrix, target, fill_mode, cval, interp)
-    if scratch.src4 is not None:
-        cv2.cvtColor(target, cv2.COLOR_RGBA2RGB, dst=dst)
-
-
-def apply_affine_transform(x, theta=0, tx=0, ty=0, shear=0, zx=1, zy=1, fill_mode="nearest", cval=0.0, order=1):
-    """Keras' ``apply_affine_transform`` for one H x W x C image (channels last), via OpenCV.
-
-    Same parameter meaning as ``keras.src.legacy.preprocessing.image.apply_affine_transform``
-    called with ``row_axis=0, col_axis=1, channel_axis=2``: ``theta`` and
-    ``shear`` in degrees, ``tx`` / ``ty`` in pixels (positive moves the content
-    left / up), ``zx`` / ``zy`` zoom factors, ``fill_mode`` one of
-    ``constant | nearest | reflect | wrap`` with scipy.ndimage's conventions,
-    ``order`` 0 (nearest) or 1 (bilinear).  Returns a new array of ``x``'s
-    dtype (uint8, uint16, int16, float32 or float64).  Matches Keras up to
-    interpolation rounding (OpenCV samples at 1/32-pixel resolution) on square
-    images; on non-square ones the centre differs (see the module docstring).
-    """
-    x = np.asarray(x)
-    if x.ndim != 3:
-        raise ConfigError(f"apply_affine_transform: x must be one H x W x C image, got shape {x.shape}")
-    if x.dtype.type not in _WARP_DTYPES:
-        raise ConfigError(
-            f"apply_affine_transform: dtype {x.dtype} is not supported; use one of uint8, uint16, int16, float32, float64"
-        )
-    _check_fill_mode(fill_mode)
-    if order not in (0, 1):
-        raise ConfigError(f"apply_affine_transform: order={order!r}; use 0 (nearest) or 1 (bilinear)")
-    cval = _number("cval", cval, low=-math.inf)
-    h, w = x.shape[:2]
-    if theta == 0 and tx == 0 and ty == 0 and shear == 0 and zx == 1 and zy == 1:
-        return x.copy()  # Keras skips the warp entirely for the identity
-    matrix = affine_matrices(theta, tx, ty, shear, zx, zy, h, w)[0]
-    cv2 = _cv2()
-    src = np.ascontiguousarray(x)
-    dst = np.empty_like(src)
-    interp = cv2.INTER_NEAREST if order == 0 else cv2.INTER_LINEAR
-    scratch = _plan_scratch(matrix[None], src.shape, src.dtype, fill_mode)  # the same path Augment takes
-    _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch)
-    return dst
 
 
 # --------------------------------------------------------------------------- colour
@@ -328,11 +121,6 @@ def _flag(name, value):
     if not isinstance(value, (bool, np.bool_)):
         raise ConfigError(f"Augment: {name}={value!r} must be True or False")
     return bool(value)
-
-
-def _check_fill_mode(fill_mode):
-    if fill_mode not in FILL_MODES:
-        raise ConfigError(f"fill_mode={fill_mode!r} is not supported; use one of {', '.join(FILL_MODES)}")
 
 
 def _shift_spec(name, value):
