@@ -1,0 +1,157 @@
+"""The one place a framework pulls batches from a stream: passes of ``len(stream)`` batches.
+
+Frameworks iterate their inputs in *passes*: Keras calls ``on_epoch_begin`` and
+then asks for ``len`` batches; ``tf.data`` calls the generator function again
+for every ``iter(dataset)``; torch calls ``iter(dataset)`` per epoch.  They
+also pull from background threads (tf.data's prefetch), peek at batches to
+learn shapes, and abandon passes (a distribution strategy pulls one batch to
+build the model, then starts over).  A :class:`Feed` turns all of that into
+the stream's exact sequence of batches:
+
+* a pass serves exactly ``len(stream)`` batches, continuing the stream where
+  it stands; after ``restore`` to a mid-epoch state, a pass finishes that
+  epoch and runs on into the next, so every pass is still one epoch long and
+  the batch sequence equals that of the run that was not interrupted;
+* a pass abandoned before its end does not count: the next pass replays it
+  from the state it began at;
+* batches pulled outside a pass (Keras peeks at one or two to learn the
+  element shapes) are kept and served first by the next pass;
+* for each batch of the current pass it records the stream state after that
+  batch and the moment it was handed over (:meth:`Feed.record`), which is
+  what :class:`h5stream.keras.ResumeCallback` saves and what
+  :class:`h5stream.keras.StallMonitor` measures.
+
+Pure Python, no framework imports.  All methods are thread-safe (one lock); the
+stream itself is only ever touched under that lock, from whichever thread holds it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+
+from h5stream.errors import ConfigError
+
+RECORD_WINDOW = 4096
+"""Batches of the current pass whose state/time are kept; the model is never this far behind the feed."""
+
+_FEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FEEDS_LOCK = threading.Lock()
+
+
+def feed_for(stream) -> Feed:
+    """The stream's feed, created on first use; every adapter of one stream shares it."""
+    with _FEEDS_LOCK:
+        feed = _FEEDS.get(stream)
+        if feed is None:
+            feed = _FEEDS[stream] = Feed(stream)
+        return feed
+
+
+class Feed:
+    """Serve one stream's batches to framework passes.  Holds the stream weakly-by-owner: the caller owns the stream."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.n = len(stream)
+        self._lock = threading.Lock()
+        self._it = None  # the stream's current epoch iterator
+        self._pending: deque = deque()  # (x, y, state_after) pulled outside a pass
+        self._pass_id = 0
+        self._active = False
+        self._served = 0
+        self._pos_state = stream.state()  # state before the next batch a pass would get
+        self._start_state = self._pos_state
+        self._records: deque = deque(maxlen=RECORD_WINDOW)  # (index in pass, state_after, t_served)
+
+    # -- passes -------------------------------------------------------------------
+    def begin_pass(self) -> int:
+        """Start a pass (replaying an abandoned one); returns its id for :meth:`next_batch`."""
+        with self._lock:
+            if self._active and self._served < self.n:
+                self._rewind(self._start_state)
+            self._pass_id += 1
+            self._active = True
+            self._served = 0
+            self._start_state = self._pos_state
+            self._records.clear()
+            return self._pass_id
+
+    def end_pass(self) -> None:
+        """The framework ended its pass; an incomplete pass is rewound so the next one replays it."""
+        with self._lock:
+            if self._active and self._served < self.n:
+                self._rewind(self._start_state)
+            self._active = False
+
+    def next_batch(self, pass_id: int | None = None):
+        """The next ``(x, y)`` of the pass, or None when the pass is complete or superseded.
+
+        ``pass_id`` None: the caller cannot tell passes apart (a Keras PyDataset);
+        outside a pass the batch is a peek, kept for the next pass.
+        """
+        with self._lock:
+            if pass_id is not None and (pass_id != self._pass_id or not self._active):
+                return None
+            if not self._active:
+                x, y, state = self._pull()
+                self._pending.append((x, y, state))
+                return x, y
+            if self._served >= self.n:
+                return None
+            x, y, state = self._pending.popleft() if self._pending else self._pull()
+            self._served += 1
+            self._pos_state = state
+            self._records.append((self._served, state, time.perf_counter()))
+            if self._served == self.n:
+                self._active = False
+            return x, y
+
+    # -- what the model has consumed ------------------------------------------------
+    def record(self, consumed: int) -> tuple[dict, float | None]:
+        """``(state, t_served)`` after the first ``consumed`` batches of the current (or just finished) pass.
+
+        ``consumed == 0`` gives the state the pass began at (and no time).  Raises
+        :class:`ConfigError` if that batch is older than the kept window.
+        """
+        with self._lock:
+            if consumed == 0:
+                return dict(self._start_state), None
+            for index, state, t in reversed(self._records):
+                if index == consumed:
+                    return dict(state), t
+        raise ConfigError(
+            f"no record of batch {consumed} of the current pass (served {self._served}, window {RECORD_WINDOW}); "
+            "the model is further behind the feed than h5stream tracks"
+        )
+
+    def restore(self, state: dict) -> None:
+        """Continue from ``state`` (a dict from ``Stream.state()``); ends any pass and drops peeked batches."""
+        with self._lock:
+            self._rewind(state)
+            self._active = False
+            self._served = 0
+            self._start_state = self._pos_state
+            self._records.clear()
+
+    # -- internals (lock held) --------------------------------------------------------
+    def _rewind(self, state: dict) -> None:
+        self._it = None
+        if self._pending or state != self.stream.state():
+            self._pending.clear()
+            self.stream.restore(state)  # restarts the reader: only when the position really moves
+        self._pos_state = self.stream.state()
+
+    def _pull(self):
+        for _ in range(3):  # at most: end of the old epoch, then a fresh one
+            if self._it is None:
+                self._it = iter(self.stream)
+            try:
+                x, y = next(self._it)
+            except StopIteration:
+                self._it = None
+                continue
+            return x, y, self.stream.state()
+        raise RuntimeError(f"{self.stream!r} yielded no batch for a new epoch")  # pragma: no cover - stream invariant

@@ -1,0 +1,75 @@
+"""``tf.distribute``: one shard of the store per input pipeline, in one line.
+
+``distributed_dataset(path, strategy, global_batch_size, **open_kwargs)`` calls
+``strategy.distribute_datasets_from_function``; for each input pipeline (one
+per worker under ``MultiWorkerMirroredStrategy``) it opens
+``h5stream.open(path, batch_size=per_replica_batch, shard=(input_pipeline_id,
+num_input_pipelines), **open_kwargs)`` and serves it with
+:func:`h5stream.adapters.tf.as_tf_dataset`.  Shards are disjoint, cover every
+row, and yield the same number of batches, so every worker takes the same
+number of steps (collective ops need that) and one epoch across all workers
+sees every row exactly once.  The same ``seed`` on every worker is required
+(the default ``seed=0`` is): the shards of an epoch are cut from one
+seed-dependent permutation of the blocks.
+
+Each worker reads only its shard's blocks, so the file can sit on a shared
+filesystem or be copied to every node; memory per worker is its own budget.
+"""
+
+from __future__ import annotations
+
+import h5stream
+from h5stream.adapters.tf import as_tf_dataset
+from h5stream.errors import ConfigError
+
+
+class DistributedInput:
+    """The distributed dataset for ``model.fit`` and the streams it owns; ``close()`` closes them (idempotent)."""
+
+    def __init__(self):
+        self.dataset = None
+        self.streams: list = []
+
+    def state(self) -> list[dict]:
+        """``state()`` of each local stream (usually one per worker)."""
+        return [s.state() for s in self.streams]
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int = 2, **open_kwargs) -> DistributedInput:
+    """Shard ``path`` over ``strategy``'s input pipelines; ``.dataset`` goes to ``model.fit``.
+
+    ``global_batch_size`` is split evenly over the replicas in sync; the
+    per-replica batch is the stream's ``batch_size``.  ``open_kwargs`` go to
+    :func:`h5stream.open` (``memory_budget``, ``augment``, ``workers``, ``seed``,
+    ``drop_remainder``, ``resume``...), except ``batch_size`` and ``shard``.
+    """
+    for key in ("batch_size", "shard"):
+        if key in open_kwargs:
+            raise ConfigError(f"distributed_dataset sets {key} itself; pass global_batch_size instead")
+    replicas = int(strategy.num_replicas_in_sync)
+    if isinstance(global_batch_size, bool) or int(global_batch_size) < 1 or int(global_batch_size) % replicas:
+        raise ConfigError(
+            f"global_batch_size={global_batch_size!r} must be a positive multiple of the {replicas} replicas in sync"
+        )
+    out = DistributedInput()
+
+    def dataset_fn(context):
+        stream = h5stream.open(
+            path, batch_size=context.get_per_replica_batch_size(int(global_batch_size)),
+            shard=(context.input_pipeline_id, context.num_input_pipelines), **open_kwargs,
+        )
+        out.streams.append(stream)
+        return as_tf_dataset(stream, prefetch=prefetch)
+
+    out.dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    return out

@@ -1,0 +1,259 @@
+"""Keras 3: ``as_keras(stream)`` for ``model.fit``, and the callbacks ``ResumeCallback`` and ``StallMonitor``.
+
+Why a ``keras.utils.PyDataset`` (and not a generator or a ``tf.data.Dataset``):
+
+* it has a length, so ``fit`` needs no ``steps_per_epoch`` and every epoch is
+  exactly ``len(stream)`` steps; a Python generator has none (Keras learns the
+  length by running dry, warns "Your input ran out of data", and a generator
+  cannot be restarted for the next epoch);
+* Keras calls its ``on_epoch_begin`` / ``on_epoch_end``, which mark the passes
+  of the shared :class:`~h5stream.adapters._feed.Feed` on the training thread;
+* it works on every Keras backend (TensorFlow, JAX, torch) without needing
+  tensorflow, takes ``class_weight``, and does not trigger fit's "shuffle=True
+  will be ignored" warning that every ``tf.data.Dataset`` does;
+* throughput is that of a ``tf.data.Dataset``: on the TensorFlow backend Keras
+  wraps it in ``tf.data.Dataset.from_generator(...).prefetch(AUTOTUNE)``, the
+  same pipeline :func:`h5stream.adapters.tf.as_tf_dataset` builds.
+
+Its ``__getitem__`` ignores the index and serves the stream's next batch: the
+stream's order is the shuffle, and ``fit(shuffle=True)`` (the default) only
+permutes the indices Keras asks for.  Keras' own worker threads/processes are
+off (``workers=1``); the stream has its reader thread and worker pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import keras
+import numpy as np
+
+from h5stream.adapters._feed import feed_for
+from h5stream.errors import ConfigError
+
+STATE_FILE = "h5stream_resume.json"
+
+
+class StreamBatches(keras.utils.PyDataset):
+    """A stream as a ``PyDataset``: ``len`` batches per epoch, each ``(x, y)`` numpy.
+
+    Not for Keras' own multiprocessing (the stream cannot be pickled); use the
+    stream's ``workers=`` instead.
+    """
+
+    def __init__(self, stream):
+        super().__init__(workers=1, use_multiprocessing=False, max_queue_size=2)
+        self.stream = stream
+        self._feed = feed_for(stream)
+
+    def __len__(self) -> int:
+        return self._feed.n
+
+    def __getitem__(self, index):
+        batch = self._feed.next_batch()
+        if batch is None:
+            raise IndexError(f"batch {index}: this epoch already served its {self._feed.n} batches")
+        return batch
+
+    def on_epoch_begin(self):
+        self._feed.begin_pass()
+
+    def on_epoch_end(self):
+        self._feed.end_pass()
+
+
+def as_keras(stream) -> StreamBatches:
+    """What ``model.fit`` / ``evaluate`` / ``predict`` take directly: ``model.fit(train.keras(), epochs=5)``."""
+    return StreamBatches(stream)
+
+
+def balanced_class_weight(labels, n_classes: int | None = None) -> dict[int, float]:
+    """``{class: weight}`` with ``weight = n / (n_classes * count)`` (scikit-learn's "balanced"), for ``fit(class_weight=)``.
+
+    ``labels`` is every label of the training store (e.g. ``h5py.File(path)["labels"][:rows]``);
+    classes absent from it get weight 0.
+    """
+    labels = np.asarray(labels).astype(np.int64).ravel()
+    if labels.size == 0:
+        raise ConfigError("balanced_class_weight: no labels given")
+    k = int(n_classes if n_classes is not None else labels.max() + 1)
+    counts = np.bincount(labels, minlength=k)
+    return {c: (labels.size / (k * counts[c]) if counts[c] else 0.0) for c in range(k)}
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_resume_state(directory: str | os.PathLike) -> dict | None:
+    """The saved record of a :class:`ResumeCallback` directory, or None if there is none."""
+    path = os.path.join(os.fspath(directory), STATE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
+class ResumeCallback(keras.callbacks.Callback):
+    """Save the model, optimizer and the training stream's position together; continue mid-epoch after a kill.
+
+    ``ResumeCallback(directory, train)`` -- ``train`` is the stream passed to
+    ``fit`` as ``train.keras()`` (or ``train.tf_dataset()``).  If ``directory``
+    holds a checkpoint, the stream is moved to the saved position at once
+    (before ``fit`` peeks at it) and, when training begins, the weights (with
+    the optimizer's state) are loaded and ``fit`` starts at the saved epoch.
+
+    A checkpoint is written every ``save_every`` batches (None: only at epoch
+    ends) and at every epoch end: ``weights-<batch>.weights.h5`` first, then
+    ``h5stream_resume.json`` naming it (replaced atomically), so a kill at any
+    moment leaves a consistent pair.  The saved stream state is the one after
+    the last batch the *model* trained on, not the reader's position (which runs
+    ahead by the prefetched batches).
+
+    After a mid-epoch resume the batch sequence is the uninterrupted run's, and
+    training stops after the same total number of batches; Keras' epochs are
+    then shifted against the stream's by the batches the interrupted epoch had
+    done (each still ``len(stream)`` batches), because one ``fit`` cannot have a
+    short first epoch.
+    """
+
+    def __init__(self, directory: str | os.PathLike, stream, save_every: int | None = None, keep_weights: bool = True):
+        super().__init__()
+        if save_every is not None and (isinstance(save_every, bool) or int(save_every) < 1):
+            raise ConfigError(f"ResumeCallback: save_every must be an integer >= 1 or None, got {save_every!r}")
+        self.directory = os.fspath(directory)
+        self.stream = stream
+        self.save_every = None if save_every is None else int(save_every)
+        self.keep_weights = bool(keep_weights)
+        self._feed = feed_for(stream)
+        self._n = self._feed.n
+        self.saved = load_resume_state(self.directory)
+        # Global batch count since training began (uninterrupted run: epoch j = batches [j*n, (j+1)*n)).
+        self.batches_done = int(self.saved["batches_done"]) if self.saved else 0
+        if self.saved:
+            self._feed.restore(self.saved["stream_state"])
+        self._pass_offset = 0  # batches_done at the start of the current Keras epoch
+        self._since_save = 0
+        self._set_initial_epoch = False
+
+    @property
+    def initial_epoch(self) -> int:
+        """The Keras epoch training continues in (0 on a fresh start)."""
+        return self.batches_done // self._n
+
+    # -- keras hooks ----------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        if self.saved and self.keep_weights:
+            weights = os.path.join(self.directory, self.saved["weights"])
+            opt = getattr(self.model, "optimizer", None)
+            if opt is not None and not opt.built:
+                opt.build(self.model.trainable_variables)
+            self.model.load_weights(weights)
+        if self.saved and hasattr(self.model, "_initial_epoch"):
+            # What keras.callbacks.BackupAndRestore does: fit reads it after on_train_begin.
+            self.model._initial_epoch = self.initial_epoch
+            self._set_initial_epoch = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._pass_offset = self.batches_done
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches_done = self._pass_offset + batch + 1
+        self._since_save += 1
+        if self.save_every is not None and self._since_save >= self.save_every:
+            self._save(batch + 1)
+        epochs = self.params.get("epochs") if self.params else None
+        if epochs is not None and self.batches_done >= int(epochs) * self._n:
+            self.model.stop_training = True  # a resumed run ends where the uninterrupted one would
+
+    def on_epoch_end(self, epoch, logs=None):
+        consumed = self.batches_done - self._pass_offset
+        if consumed > 0:
+            self._save(consumed)
+
+    def on_train_end(self, logs=None):
+        if self._set_initial_epoch:
+            self.model._initial_epoch = None
+            self._set_initial_epoch = False
+
+    # -- saving ---------------------------------------------------------------------
+    def _save(self, consumed_in_pass: int) -> None:
+        self._since_save = 0
+        state, _ = self._feed.record(consumed_in_pass)
+        os.makedirs(self.directory, exist_ok=True)
+        old = self.saved["weights"] if self.saved else None
+        name = f"weights-{self.batches_done}.weights.h5"
+        if self.keep_weights:
+            self.model.save_weights(os.path.join(self.directory, name))
+        record = {"batches_done": self.batches_done, "batches_per_epoch": self._n, "stream_state": state,
+                  "weights": name, "saved_at": time.time()}
+        _atomic_write_json(os.path.join(self.directory, STATE_FILE), record)
+        self.saved = record
+        if old and old != name and os.path.exists(os.path.join(self.directory, old)):
+            os.unlink(os.path.join(self.directory, old))
+
+
+class StallMonitor(keras.callbacks.Callback):
+    """Per epoch, the fraction of training-step time the model spent waiting for data.
+
+    ``StallMonitor(train)`` with ``train`` the stream given to ``fit``.  A step
+    that starts before its batch has been handed over by the stream waits for
+    it: ``wait = max(0, t_batch_ready - t_step_begin)``.  Each epoch adds
+    ``data_wait_fraction`` (sum of waits / sum of step times) and
+    ``data_wait_s`` to the epoch logs (so History records them), keeps them in
+    :attr:`epochs`, and prints one line when ``verbose``.  Near 0: the GPU/CPU
+    running the model is the bottleneck; near 1: the input pipeline is (raise
+    ``workers``, the memory budget, or use a faster disk).
+    """
+
+    def __init__(self, stream, verbose: bool = True):
+        super().__init__()
+        self._feed = feed_for(stream)
+        self.verbose = bool(verbose)
+        self.epochs: list[dict] = []
+        self._reset()
+
+    def _reset(self):
+        self._wait_s = 0.0
+        self._step_s = 0.0
+        self._steps = 0
+        self._t_begin = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._reset()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._t_begin = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._t_begin is None:
+            return
+        t_end = time.perf_counter()
+        try:
+            _, t_ready = self._feed.record(batch + 1)
+        except ConfigError:
+            t_ready = None
+        step = t_end - self._t_begin
+        wait = 0.0 if t_ready is None else min(step, max(0.0, t_ready - self._t_begin))
+        self._wait_s += wait
+        self._step_s += step
+        self._steps += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        fraction = self._wait_s / self._step_s if self._step_s > 0 else 0.0
+        row = {"epoch": int(epoch), "steps": self._steps, "step_s": self._step_s, "data_wait_s": self._wait_s,
+               "data_wait_fraction": fraction}
+        self.epochs.append(row)
+        if logs is not None:
+            logs["data_wait_fraction"] = fraction
+            logs["data_wait_s"] = self._wait_s
+        if self.verbose:
+            print(f"h5stream: epoch {epoch + 1}: {100 * fraction:.1f}% of step time waiting for data "
+                  f"({self._wait_s:.2f} s of {self._step_s:.2f} s, {self._steps} steps)")

@@ -1,0 +1,57 @@
+"""tf.data: ``as_tf_dataset(stream)`` -- a ``tf.data.Dataset`` of the stream's batches.
+
+The element signature is fixed from the store's metadata (no batch is read to
+learn it): ``x`` is ``(None, H, W, C)`` uint8 (or the augmentation's output
+dtype), ``y`` is ``(None,)`` int64 for classes or ``(None, *label_shape)``
+float32 for regression targets; the batch dimension is ``batch_size`` instead
+of None when the stream drops remainders.  The cardinality is ``len(stream)``,
+so Keras counts epochs without ``steps_per_epoch``.
+
+Every ``iter(dataset)`` is one pass of the stream's shared feed (see
+:mod:`h5stream.adapters._feed`): the next ``len(stream)`` batches; an iteration
+abandoned early is replayed by the next one.  Auto-sharding is off because the
+stream shards itself (``h5stream.open(..., shard=(i, n))``).  The ``prefetch``
+batches sit outside the stream's memory budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from h5stream.adapters._feed import feed_for
+from h5stream.errors import ConfigError
+
+
+def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec]:
+    """``(x_spec, y_spec)`` of the stream's batches, from metadata only."""
+    meta = stream.meta
+    batch = stream.batch_size if stream.drop_remainder else None
+    augment = getattr(stream, "augment", None)
+    x_dtype = np.dtype(augment.output_dtype()) if augment is not None else np.dtype(np.uint8)
+    x_spec = tf.TensorSpec((batch, *meta.image_shape), tf.as_dtype(x_dtype), name="images")
+    y_spec = tf.TensorSpec((batch, *meta.label_shape), tf.as_dtype(np.dtype(meta.label_dtype)), name="labels")
+    return x_spec, y_spec
+
+
+def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of ``(x, y)`` batches, ``len(stream)`` per iteration, prefetching ``prefetch`` batches."""
+    if isinstance(prefetch, bool) or int(prefetch) < 0:
+        raise ConfigError(f"prefetch must be an integer >= 0 (batches), got {prefetch!r}")
+    feed = feed_for(stream)
+
+    def one_pass():
+        pass_id = feed.begin_pass()
+        while True:
+            batch = feed.next_batch(pass_id)
+            if batch is None:
+                return
+            yield batch
+
+    ds = tf.data.Dataset.from_generator(one_pass, output_signature=element_spec(stream))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(feed.n))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    options.deterministic = True
+    ds = ds.with_options(options)
+    return ds.prefetch(int(prefetch)) if prefetch else ds
