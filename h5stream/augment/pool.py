@@ -264,6 +264,7 @@ class _PoolState:
     def worker_exited(self, w: int) -> None:
         proc = self.procs[w]
         proc.join(1.0)  # the sentinel fired, so this returns at once; it sets exitcode
+        started = w in self.ready
         self.ready.discard(w)
         if self.closed or self.failure is not None:
             return
@@ -276,12 +277,29 @@ class _PoolState:
             hint = "; SIGKILL often means the out-of-memory killer: lower memory_budget or workers"
         else:
             how, hint = f"exited with code {code}", "; see its output above"
+        if not started:
+            how = "died during start-up: " + how
+            hint = "; its traceback is on stderr above (an import error, or a script without `if __name__ == '__main__':`?)"
         self.failure = (f"augment worker {w} (pid {proc.pid}) {how}{hint}", None)
         self.cond.notify_all()
 
 
 def _collect(state: _PoolState) -> None:
-    """Collector thread: route worker messages into state, notice dead workers."""
+    """Collector thread: route worker messages into state, notice dead workers.
+
+    If it fails itself, every blocked or later call raises WorkerError instead
+    of waiting for results that would never be routed.
+    """
+    try:
+        _collect_loop(state)
+    except BaseException as exc:
+        with state.cond:
+            if state.failure is None and not state.closed:
+                state.failure = (f"the pool's collector thread failed: {type(exc).__name__}: {exc}", traceback.format_exc())
+            state.cond.notify_all()
+
+
+def _collect_loop(state: _PoolState) -> None:
     conns = {w: c for w, c in enumerate(state.conns)}
     sentinels = {p.sentinel: w for w, p in enumerate(state.procs)}
     while not state.closed:  # read without the lock: a stale False costs one more wait()
