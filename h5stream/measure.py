@@ -11,9 +11,10 @@
   (samples so far, queue fill) on the same clock.
 * :func:`reset_peak_rss` / :func:`peak_rss_bytes` -- the kernel's exact RSS
   high-water mark of this process (catches spikes between samples).
-* :func:`evict_from_page_cache` / :func:`cached_fraction` /
-  :class:`PeriodicEvictor` -- drop a file from the OS page cache so reads hit
-  the disk (what a file larger than RAM does), and check that it worked.
+* :func:`evict_from_page_cache` / :func:`evict_pages` / :func:`cached_pages` /
+  :func:`cached_fraction` / :class:`PeriodicEvictor` -- drop a file (or pages
+  of it) from the OS page cache so reads hit the disk, as for a file larger
+  than RAM, and check that it worked.
 
 Linux is the target; elsewhere the page-cache and high-water helpers return
 ``False`` / ``None`` instead of failing.  psutil is a core dependency.
@@ -352,23 +353,27 @@ def evict_from_page_cache(path: str | os.PathLike) -> bool:
 _libc = None
 
 
-def cached_fraction(path: str | os.PathLike) -> float | None:
-    """Fraction of ``path``'s pages now in the page cache (``mincore``), or ``None`` where unsupported."""
+def _mincore():
     global _libc
-    path = os.fspath(path)
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0.0
     if _libc is None:
         name = ctypes.util.find_library("c")
-        if name is None:
-            return None
-        _libc = ctypes.CDLL(name, use_errno=True)
-        if not hasattr(_libc, "mincore"):
-            return None
-        _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-    if not hasattr(_libc, "mincore"):
+        lib = ctypes.CDLL(name, use_errno=True) if name else None
+        if lib is not None and hasattr(lib, "mincore"):
+            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+            lib.mincore.restype = ctypes.c_int
+        _libc = lib if lib is not None and hasattr(lib, "mincore") else False
+    return _libc.mincore if _libc else None
+
+
+def cached_pages(path: str | os.PathLike) -> np.ndarray | None:
+    """One bool per page of ``path``: is it in the page cache now (``mincore``)?  ``None`` where unsupported."""
+    mincore = _mincore()
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    if mincore is None:
         return None
+    if size == 0:
+        return np.zeros(0, dtype=bool)
     pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
     vec = (ctypes.c_ubyte * pages)()
     with open(path, "rb") as f:
@@ -378,39 +383,85 @@ def cached_fraction(path: str | os.PathLike) -> float | None:
         try:
             buf = ctypes.c_char.from_buffer(mm)
             try:
-                rc = _libc.mincore(ctypes.addressof(buf), size, vec)
+                rc = mincore(ctypes.addressof(buf), size, vec)
             finally:
                 del buf
         finally:
             mm.close()
     if rc != 0:
         return None
-    return float((np.frombuffer(vec, dtype=np.uint8) & 1).sum()) / pages
+    return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)
+
+
+def cached_fraction(path: str | os.PathLike) -> float | None:
+    """Fraction of ``path``'s pages now in the page cache, or ``None`` where unsupported."""
+    pages = cached_pages(path)
+    if pages is None:
+        return None
+    return float(pages.mean()) if pages.size else 0.0
+
+
+def evict_pages(path: str | os.PathLike, pages: np.ndarray) -> int:
+    """Drop the pages of ``path`` where ``pages`` is True from the page cache; returns the ranges advised."""
+    pages = np.asarray(pages, dtype=bool)
+    if not pages.any() or not hasattr(os, "posix_fadvise"):
+        return 0
+    edges = np.diff(np.concatenate([[0], pages.view(np.int8), [0]]))
+    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+        except OSError:
+            pass
+        for a, b in zip(starts, stops):
+            os.posix_fadvise(fd, int(a) * mmap.PAGESIZE, int(b - a) * mmap.PAGESIZE, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return len(starts)
 
 
 class PeriodicEvictor:
-    """Owns a thread that evicts ``path`` from the page cache every ``interval_s`` until closed.
+    """Owns a thread that keeps ``path`` cold while a benchmark runs; :meth:`close` is idempotent.
 
-    Keeps a benchmark cold while it runs (read-ahead and re-reads would
-    otherwise be served from RAM).  :meth:`close` is idempotent; context manager.
+    Evicts the whole file on start.  Then, every ``interval_s``, it drops the
+    pages that were already cached at the previous tick: a page read (or read
+    ahead on request) stays cached for one to two intervals, then goes.  That
+    is how a file larger than RAM behaves under LRU -- recently read pages
+    stay, old ones do not -- so re-reads and later epochs hit the disk, while
+    read-ahead that a reader asked for is not thrown away before it is used.
+    Where ``mincore`` is unavailable it drops the whole file every tick.
     """
 
-    def __init__(self, path: str | os.PathLike, interval_s: float = 0.5):
+    def __init__(self, path: str | os.PathLike, interval_s: float = 1.0):
         if not interval_s > 0:
             raise ConfigError(f"interval_s must be > 0, got {interval_s!r}")
         self.path = os.fspath(path)
         self.interval_s = float(interval_s)
         self.evictions = 0
         evict_from_page_cache(self.path)
+        self._previous = cached_pages(self.path)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=EVICTOR_THREAD, daemon=True)
         self._thread.start()
 
+    def tick(self) -> None:
+        """One eviction round (the thread calls this every ``interval_s``)."""
+        now = cached_pages(self.path)
+        if now is None or self._previous is None or now.size != self._previous.size:
+            evict_from_page_cache(self.path)
+            now = cached_pages(self.path)
+        else:
+            old = now & self._previous
+            evict_pages(self.path, old)
+            now = now & ~old
+        self._previous = now
+        self.evictions += 1
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                evict_from_page_cache(self.path)
-                self.evictions += 1
+                self.tick()
             except OSError:
                 return  # the file went away: nothing left to keep cold
 
