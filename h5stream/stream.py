@@ -17,7 +17,7 @@ import numpy as np
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.order.epoch import EpochLayout, check_shard, epoch_layout
 from h5stream.read.plan import ReadPlan, parse_bytes, plan_read
-from h5stream.read.reader import BatchArena, Reader
+from h5stream.feed import InlineFeed, PooledFeed, pool_slots
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -85,12 +85,22 @@ class Stream:
         self.timeout_s = float(timeout_s)
         self.augment = self._prepare_augment(augment)
         self.workers = int(workers)
-        out_row_bytes = None
+        if self.workers and self.augment is None:
+            raise ConfigError("workers > 0 needs augment=h5stream.Augment(...): without a transform there is "
+                              "nothing for worker processes to do (reading already runs in its own thread)")
+        out_row_bytes, worker_bytes = None, 0
         if self.augment is not None:
             out_row_bytes = meta.row_bytes * np.dtype(self.augment.output_dtype()).itemsize
+        if self.workers:
+            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, worker_buffer_bytes
+
+            self.augment.ensure_picklable()
+            worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(self.batch_size, meta.image_shape)
         self.plan: ReadPlan = plan_read(
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
             block_rows=meta.block_rows, batch_size=self.batch_size, out_row_bytes=out_row_bytes,
+            n_out_slots=pool_slots(self.workers) if self.workers else 0, workers=self.workers,
+            worker_bytes=worker_bytes,
         )
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = _layout_function(
@@ -106,13 +116,24 @@ class Stream:
                 + " with drop_remainder=True; lower batch_size or set drop_remainder=False"
             )
         self._epoch, self._batch = 0, 0
-        self._reader: Reader | None = None
         self._closed = False
-        self._finalizer = weakref.finalize(self, _close_reader, [None])
-        if resume is not None:
-            self.restore(resume)
+        if self.workers:
+            self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, workers=self.workers,
+                                    seed=self.seed, timeout_s=self.timeout_s)
         else:
-            self._start_reader()
+            self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
+                                    timeout_s=self.timeout_s)
+        # The feed owns the thread, processes and shared memory; it never refers back to this object,
+        # so garbage collection of an unclosed stream still reaches this finalizer.
+        self._finalizer = weakref.finalize(self, self._feed.close)
+        try:
+            if resume is not None:
+                self.restore(resume)
+            else:
+                self._feed.start(0, 0)
+        except BaseException:
+            self.close()
+            raise
 
     # -- layout -------------------------------------------------------------------
     def _layout(self, epoch: int) -> EpochLayout:
@@ -140,18 +161,14 @@ class Stream:
     def _iterate(self):
         epoch = self._epoch
         while self._epoch == epoch and not self._closed:
-            batch = self._reader.get()
-            if (batch.epoch, batch.index) != (self._epoch, self._batch):  # pragma: no cover - internal invariant
-                raise RuntimeError(f"reader out of step: got {(batch.epoch, batch.index)}, "
-                                   f"expected {(self._epoch, self._batch)}")
-            x = batch.images
-            if self.augment is not None:
-                x = self.augment(x, seed=self.seed, epoch=batch.epoch, row_ids=batch.row_ids)
+            got_epoch, index, x, y = self._feed.next()
+            if (got_epoch, index) != (self._epoch, self._batch):  # pragma: no cover - internal invariant
+                raise RuntimeError(f"feed out of step: got {(got_epoch, index)}, expected {(self._epoch, self._batch)}")
             # Advance before yielding: state() taken after this batch resumes at the next one.
             self._batch += 1
             if self._batch == self._n_batches:
                 self._epoch, self._batch = self._epoch + 1, 0
-            yield x, batch.labels
+            yield x, y
 
     # -- resume -------------------------------------------------------------------
     def _layout_signature(self) -> dict:
@@ -184,33 +201,12 @@ class Stream:
         if epoch < 0 or not 0 <= batch < self._n_batches:
             raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: an epoch has {self._n_batches} batches")
         self._epoch, self._batch = epoch, batch
-        self._start_reader()
+        self._feed.start(epoch, batch)
 
     # -- lifecycle ----------------------------------------------------------------
-    def _start_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-        self._reader = Reader(
-            self.meta, self._layout_fn, queue_depth=self.plan.queue_depth, start_epoch=self._epoch,
-            start_batch=self._batch, allocate=self._arena(), cache_labels=self.plan.label_cache_bytes > 0,
-            timeout_s=self.timeout_s,
-        )
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _close_reader, [self._reader])
-
-    def _arena(self) -> BatchArena:
-        plan = self.plan
-        # Batches alive at once: two fills being assembled, the queue, and a few in the consumer's hands.
-        sets = 2 * (-(-plan.rows_per_fill // self.batch_size) + 1) + plan.queue_depth + 2
-        return BatchArena(self.batch_size, self.meta.image_shape, self.meta.label_shape, self.meta.label_dtype, sets)
-
     def stats(self) -> dict:
         """Counters for monitoring: queue fill, batches, seconds the consumer waited, bytes read."""
-        r = self._reader
-        depth, capacity = r.queue_fill if r is not None else (0, 0)
-        s = dict(r.stats) if r is not None else {}
-        s.update(queue_depth=depth, queue_capacity=capacity, epoch=self._epoch, batch=self._batch)
-        return s
+        return {**self._feed.stats(), "epoch": self._epoch, "batch": self._batch}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -280,9 +276,3 @@ def _layout_function(rows, block_rows, plan, batch_size, seed, shard, shuffle, d
                             drop_remainder=drop_remainder)
 
     return layout
-
-
-def _close_reader(holder) -> None:
-    for reader in holder:
-        if reader is not None:
-            reader.close()

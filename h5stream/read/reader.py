@@ -48,8 +48,8 @@ POLL_S = 0.1
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
-class _Stopped(Exception):
-    """Raised inside the reader thread when the stop flag is set."""
+class Stopped(Exception):
+    """Raised inside the reader thread (and its hooks) when the stop flag is set; ends the thread quietly."""
 
 
 @dataclass
@@ -72,42 +72,40 @@ class _Failure:
     exc: BaseException
 
 
-class BatchArena:
-    """Recycles batch image arrays so the reader writes into memory that is already mapped.
+class ArrayArena:
+    """Recycles batch-sized arrays so writers fill memory that is already mapped.
 
     Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
     makes writing into them several times slower than the copy itself.  The arena
-    keeps up to ``max_sets`` arrays of ``batch_size`` rows and hands out views of
+    keeps up to ``max_sets`` arrays of ``batch_rows`` rows and hands out views of
     them.  An array is reused only once nothing outside the arena refers to it
     (its reference count, which every view of it raises, is back to the arena's
     own), so a caller may keep a batch as long as it likes: it is never
-    overwritten.  Used from the reader thread only.
+    overwritten.  Used from one thread.
     """
 
-    def __init__(self, batch_size: int, image_shape, label_shape, label_dtype, max_sets: int):
-        self.batch_size = int(batch_size)
-        self.image_shape = tuple(image_shape)
-        self.label_shape = tuple(label_shape)
-        self.label_dtype = np.dtype(label_dtype)
+    def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
+        self.batch_rows = int(batch_rows)
+        self.row_shape = tuple(row_shape)
+        self.dtype = np.dtype(dtype)
         self.max_sets = int(max_sets)
         self._sets: list[np.ndarray] = []
         self._next = 0
 
-    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray, object]:
-        labels = np.empty((n, *self.label_shape), self.label_dtype)
-        if n > self.batch_size:
-            return np.empty((n, *self.image_shape), np.uint8), labels, None
+    def __call__(self, n: int) -> np.ndarray:
+        if n > self.batch_rows:
+            return np.empty((n, *self.row_shape), self.dtype)
         count = len(self._sets)
         for i in range(count):
             k = (self._next + i) % count
             # Free when only the list and getrefcount's argument refer to it.
             if sys.getrefcount(self._sets[k]) <= 2:
                 self._next = (k + 1) % count
-                return self._sets[k][:n], labels, None
-        base = np.empty((self.batch_size, *self.image_shape), np.uint8)
+                return self._sets[k][:n]
+        base = np.empty((self.batch_rows, *self.row_shape), self.dtype)
         if count < self.max_sets:
             self._sets.append(base)
-        return base[:n], labels, None
+        return base[:n]
 
 
 class _Pending:
@@ -194,11 +192,12 @@ class Reader:
     ``layout(epoch) -> EpochLayout`` describes each epoch; reading starts at
     ``(start_epoch, start_batch)`` and goes on epoch after epoch until
     :meth:`close`.  ``allocate(n)`` returns ``(images, labels, slot)`` for an
-    ``n``-row batch (e.g. a :class:`BatchArena`) and may block; ``cache_labels``
+    ``n``-row batch and may block; ``on_batch(batch)`` turns a finished batch
+    into what is queued (default: the batch itself) and may block; both must
+    raise :class:`Stopped` once ``stop`` is set.  ``cache_labels``
     reads every label once up front instead of run by run; ``io_threads``
     threads run the raw pixel reads (``preadv``, GIL released) so reading overlaps
-    handing out batches and several reads are in flight on cold storage; ``emit(batch)``
-    hands a finished batch on (default: the bounded queue that :meth:`get` reads).
+    handing out batches and several reads are in flight on cold storage.
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
     idempotent.
     """
@@ -215,13 +214,16 @@ class Reader:
         cache_labels: bool = False,
         io_threads: int = 2,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
+        on_batch: Callable[[Batch], object] | None = None,
+        stop: threading.Event | None = None,
         name: str = "h5stream-reader",
     ):
         self.meta = meta
         self._layout = layout
         self._timeout_s = float(timeout_s)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_depth)
-        self._stop = threading.Event()
+        self._stop = stop or threading.Event()
+        self._on_batch = on_batch
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
@@ -291,7 +293,7 @@ class Reader:
         """Queue ``item`` for the consumer, waking every POLL_S to honour the stop flag."""
         while True:
             if self._stop.is_set():
-                raise _Stopped
+                raise Stopped
             try:
                 self._queue.put(item, timeout=POLL_S)
                 return
@@ -320,12 +322,12 @@ class Reader:
                     if self._fd is not None:
                         os.close(self._fd)
                         self._fd = None
-        except _Stopped:
+        except Stopped:
             pass
         except BaseException as exc:  # delivered to the consumer, never lost
             try:
                 self.put(_Failure(exc))
-            except _Stopped:
+            except Stopped:
                 pass
 
     def _jobs(self) -> Iterator[_FillJob]:
@@ -382,7 +384,7 @@ class Reader:
 
     def _emit(self, key) -> None:
         p = self._pending.pop(key)
-        self.put(p.batch)
+        self.put(p.batch if self._on_batch is None else self._on_batch(p.batch))
 
     def pending(self, epoch: int, j: int) -> _Pending:
         """The batch ``(epoch, j)`` being assembled, allocated on first use."""
@@ -428,7 +430,7 @@ class Reader:
     def read_pixels(self, job: _FillJob, run) -> None:
         """Read one run of rows straight into their batches.  Runs on an I/O thread when there are any."""
         if self._stop.is_set():
-            raise _Stopped
+            raise Stopped
         dest, src, n, off = run
         t0 = time.perf_counter()
         row_bytes = self.meta.row_bytes
@@ -464,7 +466,7 @@ class Reader:
         pending = set(futures)
         while pending:
             if self._stop.is_set():
-                raise _Stopped
+                raise Stopped
             done, pending = concurrent.futures.wait(pending, timeout=POLL_S, return_when="FIRST_EXCEPTION")
             for f in done:
                 f.result()

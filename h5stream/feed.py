@@ -1,0 +1,214 @@
+"""Feeds: the reader thread, plus augmentation inline or in a worker pool.
+
+A feed delivers ``(epoch, index, images, labels)`` in order and owns every
+resource behind it.  :class:`InlineFeed` runs the transform (if any) in the
+consumer's thread.  :class:`PooledFeed` has the reader assemble batches in
+shared-memory *input slots*, submits one task per batch (indices only) to a
+:class:`~h5stream.augment.pool.WorkerPool`, and copies each finished output
+slot into an array the consumer owns.  Both recycle their output arrays
+(:class:`~h5stream.read.reader.ArrayArena`).  Used by :mod:`h5stream.stream`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from h5stream.errors import ReaderError, StreamClosedError
+from h5stream.read.plan import ReadPlan
+from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped
+from h5stream.store.meta import StoreMeta
+
+CONSUMER_SETS = 4
+"""Output arrays recycled on the consumer side (batches in the consumer's hands)."""
+
+
+def pool_slots(workers: int) -> int:
+    """Output slots of a pool: two in flight per worker and two on their way to the consumer."""
+    return 2 * workers + 2
+
+
+def fill_batches(plan: ReadPlan) -> int:
+    """Batches alive at once while assembling: two fills, each touching one batch more than it fills."""
+    return 2 * (-(-plan.rows_per_fill // plan.batch_size) + 1)
+
+
+class InlineFeed:
+    """Reader thread + (optional) augmentation in the consumer's thread."""
+
+    def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, seed: int, timeout_s: float):
+        self.meta, self._layout, self.plan = meta, layout, plan
+        self._augment, self._seed, self._timeout_s = augment, seed, timeout_s
+        self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, fill_batches(plan) + plan.queue_depth + 2)
+        self._out = None
+        if augment is not None:
+            self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
+        self.reader: Reader | None = None
+
+    def _allocate(self, n):
+        return self._images(n), np.empty((n, *self.meta.label_shape), self.meta.label_dtype), None
+
+    def start(self, epoch: int, batch: int) -> None:
+        """(Re)start reading at ``(epoch, batch)``, dropping anything read ahead."""
+        if self.reader is not None:
+            self.reader.close()
+        # A new arena per reader: the old thread has ended, but its batches may still be referenced.
+        self._images = ArrayArena(self.plan.batch_size, self.meta.image_shape, np.uint8, self._images.max_sets)
+        self.reader = Reader(
+            self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
+            allocate=self._allocate, cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
+        )
+
+    def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        b: Batch = self.reader.get()
+        x = b.images
+        if self._augment is not None:
+            x = self._augment(x, seed=self._seed, epoch=b.epoch, row_ids=b.row_ids, out=self._out(len(x)))
+        return b.epoch, b.index, x, b.labels
+
+    def stats(self) -> dict:
+        return _reader_stats(self.reader)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    epoch: int
+    index: int
+    labels: np.ndarray
+    in_slot: int
+    seq: int
+
+
+class PooledFeed:
+    """Reader thread filling shared-memory input slots + a pool of augmenting worker processes.
+
+    Input slots: enough for two fills being assembled, the queue, the pool's
+    tasks and the consumer, so the reader never waits on a slot that only it
+    could free.  A slot returns to the free list when its batch's result is
+    taken by the consumer (the worker has read it by then).
+    """
+
+    def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,
+                 timeout_s: float):
+        from h5stream.augment.pool import WorkerPool
+        from h5stream.augment.shm import SharedArray, new_prefix
+
+        self.meta, self._layout, self.plan = meta, layout, plan
+        self._seed, self._timeout_s = seed, timeout_s
+        bs = plan.batch_size
+        n_out = pool_slots(workers)
+        self._n_in = fill_batches(plan) + plan.queue_depth + n_out + CONSUMER_SETS
+        prefix = new_prefix()
+        self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
+        try:
+            self._pool = WorkerPool(
+                augment, [self._inputs.spec], workers=workers, batch_rows=bs, n_slots=n_out,
+                out_dtype=augment.output_dtype(), prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
+            )
+        except BaseException:
+            self._inputs.close()
+            raise
+        self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
+        self._free: queue.Queue[int] = queue.Queue()
+        self._stop: threading.Event | None = None
+        self.reader: Reader | None = None
+
+    def _allocate(self, n):
+        while True:
+            if self._stop.is_set():
+                raise Stopped
+            try:
+                k = self._free.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                continue
+        bs = self.plan.batch_size
+        return self._inputs.array[k * bs:k * bs + n], np.empty((n, *self.meta.label_shape), self.meta.label_dtype), k
+
+    def _submit(self, b: Batch) -> _Submitted:
+        bs = self.plan.batch_size
+        positions = np.arange(b.slot * bs, b.slot * bs + len(b.labels))
+        while True:
+            if self._stop.is_set():
+                raise Stopped
+            try:
+                seq = self._pool.submit(0, positions, b.row_ids, epoch=b.epoch, seed=self._seed, timeout_s=POLL_S)
+                return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
+            except TimeoutError:
+                continue
+
+    def start(self, epoch: int, batch: int) -> None:
+        """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped."""
+        if self.reader is not None:
+            self.reader.close()
+            self._pool.discard_pending(self._timeout_s)
+        self._free = queue.Queue()
+        for k in range(self._n_in):
+            self._free.put(k)
+        self._stop = threading.Event()
+        self.reader = Reader(
+            self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
+            allocate=self._allocate, on_batch=self._submit, stop=self._stop,
+            cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
+        )
+
+    def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        item: _Submitted = self.reader.get()
+        deadline = time.perf_counter() + self._timeout_s
+        t0 = time.perf_counter()
+        while True:
+            try:
+                done = self._pool.get(timeout_s=POLL_S)
+                break
+            except TimeoutError:
+                if time.perf_counter() > deadline:
+                    raise ReaderError(
+                        f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.0f} s; "
+                        "raise timeout_s if the transform is that slow"
+                    ) from None
+        self.reader.stats["wait_s"] += time.perf_counter() - t0
+        if done.seq != item.seq:  # pragma: no cover - internal invariant
+            raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
+        n = done.rows
+        x = self._out(n)
+        try:
+            x[...] = self._pool.slot_view(done.slot)[:n]
+        finally:
+            self._pool.release(done.slot)
+            self._free.put(item.in_slot)
+        return item.epoch, item.index, x, item.labels
+
+    def stats(self) -> dict:
+        s = _reader_stats(self.reader)
+        s["pool_in_flight"] = self._pool.in_flight
+        s["worker_pids"] = self._pool.pids
+        return s
+
+    def close(self) -> None:
+        try:
+            if self.reader is not None:
+                self.reader.close()
+        finally:
+            try:
+                self._pool.close()
+            finally:
+                self._inputs.close()
+
+
+def _reader_stats(reader: Reader | None) -> dict:
+    if reader is None:
+        return {}
+    depth, capacity = reader.queue_fill
+    return {**reader.stats, "queue_depth": depth, "queue_capacity": capacity}
+
+
+def closed_error(path: str) -> StreamClosedError:
+    return StreamClosedError(f"{path}: the stream is closed; open it again with h5stream.open(...)")
