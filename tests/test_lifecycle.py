@@ -233,3 +233,34 @@ def test_killed_parent_workers_exit_and_segments_are_unlinked(tmp_path):
     proc.communicate(timeout=120)
     assert still_running(worker_pids + [tracker_pid]) == []  # workers noticed, then the tracker cleaned up
     assert segment_names(prefix) == []
+
+
+def test_workers_skip_the_main_script_when_the_transform_lives_elsewhere(tmp_path):
+    # spawn would re-run the script in each worker (a top-level `import tensorflow`
+    # costs ~400 MiB per worker); the SIGINT test above covers a transform that
+    # does live in __main__ and so needs it.
+    script = tmp_path / "light.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            print("main script ran", file=sys.stderr, flush=True)
+            if __name__ == "__main__":
+                import numpy as np
+                sys.path.insert(0, {os.path.dirname(__file__)!r})
+                from test_lifecycle import Behave
+                from h5stream.augment.pool import WorkerPool
+                from h5stream.augment.shm import SharedArray, new_prefix
+                with SharedArray.create((4, 2, 2, 1), np.uint8, new_prefix()) as src, WorkerPool(
+                    Behave(), [src.spec], workers=1, batch_rows=2, n_slots=1
+                ) as pool:
+                    src.array[:] = 9
+                    pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60)
+                    print(int(pool.take(60)[1].sum()))
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["72"]
+    assert done.stderr.count("main script ran") == 1, done.stderr

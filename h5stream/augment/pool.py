@@ -26,13 +26,16 @@ sources belong to the caller, who must keep them alive until ``close()``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
+import types
 import weakref
 from collections import deque
 from multiprocessing import connection as mp_connection
@@ -378,6 +381,28 @@ def _shutdown(state: _PoolState) -> None:
         state.slots.close()
 
 
+@contextlib.contextmanager
+def _main_module_hidden(hide: bool):
+    """While starting workers, hide ``__main__`` from spawn's preparation data.
+
+    spawn re-runs the parent's main script in every child so that objects
+    defined there can be unpickled.  A training script that imports
+    tensorflow at top level then costs ~400 MiB and seconds per worker
+    (measured), for nothing when the transform does not live in ``__main__``
+    (``hide`` is computed from its pickle).  The stub is in place only for
+    the few milliseconds of ``Process.start()``.
+    """
+    if not hide:
+        yield
+        return
+    real_main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real_main
+
+
 class WorkerPool:
     """N spawned processes applying ``transform`` to rows of shared source arrays.
 
@@ -388,7 +413,10 @@ class WorkerPool:
         ``images`` is the gathered batch (n, *row_shape) of the sources' dtype,
         owned by the worker and reused for the next task; ``out`` is the output
         slot view (n, *out_row_shape) of ``out_dtype``.  Write into ``out``, or
-        return an array of that shape (copied into ``out``).
+        return an array of that shape (copied into ``out``).  Workers re-run the
+        parent's main script only if the transform's pickle refers to
+        ``__main__``; define user functions in an importable module to keep
+        a script's heavy imports (tensorflow) out of the workers.
     sources:
         Specs of the caller's shared arrays, all shaped (rows, *row_shape) with
         one dtype.  The caller owns them and must not overwrite rows that a
@@ -487,9 +515,10 @@ class WorkerPool:
         try:
             started = []
             try:
-                for proc in state.procs:
-                    proc.start()
-                    started.append(proc)
+                with _main_module_hidden(b"__main__" not in transform_bytes):
+                    for proc in state.procs:
+                        proc.start()
+                        started.append(proc)
             finally:
                 state.procs[:] = started
         finally:
