@@ -56,10 +56,11 @@ __all__ = [
 ]
 
 #: Estimated PSS of one idle spawned worker that has imported numpy, OpenCV and
-#: h5stream (the package import pulls in h5py).  Measured on Python 3.11 / Linux
-#: with ``measure_worker_pss(Augment(...))``; see the module docstring of the
-#: tests or the report.  The stream's plan subtracts ``workers * this`` from the
-#: budget before sizing buffers; check against ``WorkerPool.worker_pss_bytes()``.
+#: h5stream, with headroom.  Measured 49 MiB for ``Augment(**PRESETS["standard"])``
+#: and 31 MiB for a numpy-only transform (Python 3.11, Linux, 2026 package set)
+#: with ``measure_worker_pss``.  The stream's plan subtracts ``workers * this``
+#: from the budget before sizing buffers; ``WorkerPool.worker_pss_bytes()``
+#: measures the live value.
 WORKER_OVERHEAD_BYTES = 64 << 20
 
 # A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
