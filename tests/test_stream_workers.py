@@ -1,0 +1,125 @@
+"""The stream with augmentation: inline and in worker processes, end to end on real files."""
+
+import gc
+import os
+
+import numpy as np
+import psutil
+import pytest
+
+import h5stream
+from h5stream.errors import ConfigError, WorkerError
+from h5stream.store.writer import write_arrays
+
+ROWS = 700
+
+
+def _children():
+    """Our child processes, less multiprocessing's resource tracker (one per interpreter, by design)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if not any("resource_tracker" in part for part in p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _shm():
+    """Shared-memory segments made by this process (names carry the creator's pid)."""
+    mine = f"h5s_{os.getpid()}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    before = _shm()
+    yield
+    gc.collect()
+    assert _children() == []
+    assert _shm() - before == set()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 255, (ROWS, 24, 24, 3), dtype=np.uint8)
+    labels = np.arange(ROWS) % 5
+    path = tmp_path_factory.mktemp("workers") / "w.h5"
+    write_arrays(path, images, labels, block_rows=16)
+    return path
+
+
+def _epochs(store, n_epochs=2, **kw):
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, **kw) as s:
+        return [(x.copy(), y.copy()) for _ in range(n_epochs) for x, y in s]
+
+
+def test_same_seed_same_augmented_batches_with_0_1_2_workers(store):
+    aug = h5stream.Augment.preset("standard", rescale=1 / 255)
+    runs = {w: _epochs(store, augment=aug, workers=w) for w in (0, 1, 2)}
+    assert runs[0][0][0].dtype == np.float32
+    for w in (1, 2):
+        assert len(runs[w]) == len(runs[0])
+        for (x0, y0), (xw, yw) in zip(runs[0], runs[w]):
+            assert np.array_equal(x0, xw) and np.array_equal(y0, yw)
+    plain = _epochs(store, n_epochs=1)
+    assert not np.allclose(runs[0][0][0], plain[0][0] / 255)  # augmentation really changed pixels
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(runs[0], plain))  # and labels are untouched
+
+
+def test_resume_with_workers_equals_not_stopping(store):
+    aug = h5stream.Augment(horizontal_flip=True, rotation_range=10)
+    kw = dict(batch_size=64, memory_budget="300MiB", seed=4, augment=aug, workers=1)
+    with h5stream.open(store, **kw) as s:
+        it = iter(s)
+        next(it), next(it), next(it)
+        state = s.state()
+        rest = [x.copy() for x, _ in it]
+    with h5stream.open(store, resume=state, **kw) as r:
+        again = [x.copy() for x, _ in r]
+    assert len(rest) == len(again) and all(np.array_equal(a, b) for a, b in zip(rest, again))
+
+
+def _explode(batch):
+    raise ValueError("boom from the transform")
+
+
+def test_transform_exception_reaches_the_consumer_with_traceback(store):
+    aug = h5stream.Augment(preprocessing_function=_explode)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug, workers=1) as s:
+        with pytest.raises(WorkerError, match="boom from the transform") as info:
+            next(iter(s))
+    assert "_explode" in str(info.value) or "_explode" in str(info.value.__cause__)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug, workers=0) as s:
+        with pytest.raises(ValueError, match="boom"):
+            next(iter(s))
+
+
+def test_gc_of_an_unclosed_stream_stops_workers_and_frees_shared_memory(store):
+    s = h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=h5stream.Augment(vertical_flip=True),
+                      workers=2)
+    pids = s.stats()["worker_pids"]
+    next(iter(s))
+    assert all(psutil.pid_exists(p) for p in pids)
+    del s  # the no_leaks fixture checks children and /dev/shm after gc
+
+
+def test_budget_counts_the_workers(store):
+    aug = h5stream.Augment(horizontal_flip=True)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug) as inline:
+        inline_fill = inline.plan.rows_per_fill
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug, workers=2) as pooled:
+        assert pooled.plan.pool_bytes > 2 * (32 << 20)
+        assert pooled.plan.total_bytes <= 300 << 20
+        assert pooled.plan.rows_per_fill <= inline_fill
+    with pytest.raises(h5stream.BudgetError, match="2 workers"):
+        h5stream.open(store, batch_size=32, memory_budget="64MiB", augment=aug, workers=2)
+
+
+def test_workers_need_an_augment(store):
+    with pytest.raises(ConfigError, match="augment"):
+        h5stream.open(store, workers=2)
+    with pytest.raises(ConfigError, match="Augment"):
+        h5stream.open(store, augment=lambda x: x)
