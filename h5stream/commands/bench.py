@@ -16,7 +16,7 @@ that its memory figure is measured against):
    shuffle), stopped after ``--random-seconds`` and extrapolated to the epoch.
 
 ``--cold`` evicts the file from the page cache before each pass and, during it,
-every second drops the pages cached for over a second (an LRU's view of a file
+every 0.25 s drops the pages cached for a whole tick (an LRU's view of a file
 larger than RAM; see :class:`~h5stream.measure.PeriodicEvictor`).  :func:`run_bench` returns the ``--json`` dict and the
 stream's :class:`~h5stream.measure.Timeline`; :func:`plot_bench` draws it.
 """
@@ -37,7 +37,7 @@ CHUNK_SHUFFLE_BATCHES = 100
 RANDOM_SECONDS = 10.0
 TAU_EPOCH_PAIRS = 5
 SAMPLE_INTERVAL_S = 0.05
-EVICT_INTERVAL_S = 1.0
+EVICT_INTERVAL_S = 0.25
 
 
 def add_arguments(parser) -> None:
@@ -383,7 +383,8 @@ def _helper_thread(label: str) -> bool:
 
 
 def plot_bench(result: dict, timeline, out_path: str) -> None:
-    """Draw samples/s, CPU % per stage, queue fill and memory vs budget over time into a PNG."""
+    """Draw samples/s, CPU % per stage, queue fill (and the share of time the consumer waited for
+    data, from the stream's ``stats()["wait_s"]``) and memory vs budget over time into a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,11 +405,18 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
     axes[1].legend(fontsize=7, loc="upper right", ncol=3)
     depth, cap = timeline.marks.get("queue_depth"), timeline.marks.get("queue_capacity")
     if depth is not None and cap is not None and np.isfinite(depth).any():
-        axes[2].plot(timeline.mark_t_s, 100 * depth / np.where(cap > 0, cap, np.nan), color="tab:green")
-    else:
+        axes[2].plot(timeline.mark_t_s, 100 * depth / np.where(cap > 0, cap, np.nan), color="tab:green",
+                     label="queue fill")
+    t_wait, waiting = timeline.rate("consumer_wait_s", window_s=max(0.25, 4 * SAMPLE_INTERVAL_S))
+    if waiting.size:
+        # Seconds waited per second: the share of the consumer's time spent waiting for data.
+        axes[2].plot(t_wait, 100 * np.clip(waiting, 0, 1), color="tab:orange", label="consumer waiting for data")
+    if depth is None and not waiting.size:
         axes[2].text(0.5, 0.5, "queue fill not reported by this stream", ha="center", va="center",
                      transform=axes[2].transAxes, fontsize=8)
-    axes[2].set_ylabel("queue fill %")
+    else:
+        axes[2].legend(fontsize=7, loc="lower right")
+    axes[2].set_ylabel("%")
     axes[2].set_ylim(-5, 105)
     baseline = result.get("baseline_mem_bytes", 0)
     axes[3].plot(timeline.t_s, (timeline.mem_bytes - baseline) / (1 << 20), color="tab:purple", label="stream memory")
