@@ -1,0 +1,139 @@
+"""Keras / tf.data / torch adapters: real model.fit on a tiny model, epochs counted, validation, exact order."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import h5stream  # noqa: E402
+from h5stream.store.writer import write_arrays  # noqa: E402
+
+try:  # few threads: the box is shared; raises if another test already started TF
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+except RuntimeError:
+    pass
+
+ROWS, BATCH, BUDGET = 100, 16, "32MiB"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """100 rows of 4x4x1, label = row id, class-sorted, 8-row blocks."""
+    path = str(tmp_path_factory.mktemp("keras") / "rows.h5")
+    ids = np.arange(ROWS)
+    images = np.broadcast_to((ids % 251).astype(np.uint8)[:, None, None, None], (ROWS, 4, 4, 1))
+    write_arrays(path, images, ids.astype(np.int64), block_rows=8, storage_order="sorted")
+    return path
+
+
+def tiny_model():
+    model = keras.Sequential([
+        keras.Input((4, 4, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+        keras.layers.Dense(ROWS, activation="softmax"),
+    ])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+class CountBatches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.per_epoch = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.per_epoch.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.per_epoch[-1] += 1
+
+
+def _labels(batches):
+    return np.concatenate([np.asarray(y) for _, y in batches])
+
+
+@pytest.mark.parametrize("adapter", ["keras", "tf_dataset"])
+def test_fit_runs_whole_epochs_with_validation_and_no_warning(store, adapter):
+    train = h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=3)
+    val = h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, shuffle=False)
+    with train, val:
+        counter = CountBatches()
+        from h5stream.keras import StallMonitor
+
+        stall = StallMonitor(train, verbose=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = tiny_model().fit(
+                getattr(train, adapter)(), validation_data=getattr(val, adapter)(), epochs=3, verbose=0,
+                callbacks=[counter, stall], class_weight={c: 1.0 + (c % 2) for c in range(ROWS)},
+            )
+        messages = [str(w.message) for w in caught]
+        assert not [m for m in messages if "ran out of data" in m], messages
+        assert counter.per_epoch == [len(train)] * 3
+        assert len(history.history["val_loss"]) == 3
+        # Exactly three passes each: nothing read ahead into a fourth epoch and then lost.
+        assert (train.state()["epoch"], train.state()["batch"]) == (3, 0)
+        assert (val.state()["epoch"], val.state()["batch"]) == (3, 0)
+        assert [r["steps"] for r in stall.epochs] == [len(train)] * 3
+        assert all(0.0 <= r["data_wait_fraction"] <= 1.0 for r in stall.epochs)
+        assert len(history.history["data_wait_fraction"]) == 3
+
+
+def test_pydataset_serves_the_stream_order_even_after_keras_peeks(store):
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=5) as s:
+        expected = np.concatenate([s.epoch_order(0), s.epoch_order(1)])
+        ds = s.keras()
+        assert len(ds) == len(s)
+        # Keras (TF backend) reads ds[0], ds[1] to learn shapes before the first epoch: not consumed.
+        peeked = [ds[0], ds[1]]
+        got = []
+        for _ in range(2):
+            ds.on_epoch_begin()
+            got += [ds[i] for i in np.random.default_rng(0).permutation(len(ds))]  # fit(shuffle=True) order
+            ds.on_epoch_end()
+        np.testing.assert_array_equal(_labels(got), expected)
+        np.testing.assert_array_equal(_labels(peeked), expected[: 2 * BATCH])
+
+
+def test_tf_dataset_signature_and_abandoned_iteration_is_replayed(store):
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=7) as s:
+        ds = s.tf_dataset()
+        x_spec, y_spec = ds.element_spec
+        assert x_spec.shape.as_list() == [None, 4, 4, 1] and x_spec.dtype == tf.uint8
+        assert y_spec.shape.as_list() == [None] and y_spec.dtype == tf.int64
+        assert int(ds.cardinality()) == len(s)
+        for _ in ds.take(2):  # an iteration stopped early (as a distribution strategy's build step does)
+            pass
+        first = _labels((x.numpy(), y.numpy()) for x, y in ds)
+        second = _labels((x.numpy(), y.numpy()) for x, y in ds)
+        np.testing.assert_array_equal(first, s.epoch_order(0))
+        np.testing.assert_array_equal(second, s.epoch_order(1))
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, drop_remainder=True) as s:
+        x_spec, y_spec = s.tf_dataset().element_spec
+        assert x_spec.shape[0] == BATCH and y_spec.shape[0] == BATCH
+
+
+def test_balanced_class_weight():
+    from h5stream.keras import balanced_class_weight
+
+    w = balanced_class_weight([0, 0, 0, 1], n_classes=3)
+    assert w[0] == pytest.approx(4 / 9) and w[1] == pytest.approx(4 / 3) and w[2] == 0.0
+
+
+def test_torch_iterable_yields_tensors_in_stream_order(store):
+    torch = pytest.importorskip("torch")
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=9) as s:
+        ds = s.torch()
+        loader = torch.utils.data.DataLoader(ds, batch_size=None)
+        batches = list(loader)
+        assert len(batches) == len(s) and all(isinstance(x, torch.Tensor) for x, _ in batches)
+        np.testing.assert_array_equal(torch.cat([y for _, y in batches]).numpy(), s.epoch_order(0))

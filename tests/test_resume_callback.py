@@ -1,0 +1,120 @@
+"""ResumeCallback: stop mid-epoch, then a new stream and model continue with exactly the batches that were next."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import h5stream  # noqa: E402
+from h5stream.keras import ResumeCallback  # noqa: E402
+from h5stream.store.writer import write_arrays  # noqa: E402
+
+try:
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+except RuntimeError:
+    pass
+
+ROWS, BATCH, BUDGET, EPOCHS, STOP_AT = 90, 16, "32MiB", 3, 9  # 6 batches/epoch: stop in epoch 1 at batch 3
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("resume") / "rows.h5")
+    ids = np.arange(ROWS)
+    images = np.broadcast_to((ids % 251).astype(np.uint8)[:, None, None, None], (ROWS, 4, 4, 1))
+    write_arrays(path, images, ids.astype(np.int64), block_rows=8, storage_order="sorted")
+    return path
+
+
+class Recorder(keras.Model):
+    """Records the labels of every batch it trains on (eager train_step)."""
+
+    def __init__(self, **kwargs):
+        inputs = keras.Input((4, 4, 1))
+        h = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+        super().__init__(inputs=inputs, outputs=keras.layers.Dense(ROWS, activation="softmax")(h), **kwargs)
+        self.seen = []
+
+    def train_step(self, data):
+        self.seen.append(np.asarray(data[1]))
+        return super().train_step(data)
+
+
+def make_model():
+    model = Recorder()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", run_eagerly=True)
+    return model
+
+
+class StopAt(keras.callbacks.Callback):
+    def __init__(self, total):
+        super().__init__()
+        self.total, self.done = total, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.done += 1
+        if self.done == self.total:
+            self.model.stop_training = True
+
+
+def open_train(store):
+    return h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=11)
+
+
+def test_resume_mid_epoch_continues_with_the_next_batches(store, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    with open_train(store) as ref_stream:
+        reference = make_model()
+        reference.fit(ref_stream.keras(), epochs=EPOCHS, verbose=0)
+        n = len(ref_stream)
+    assert len(reference.seen) == EPOCHS * n
+
+    with open_train(store) as first:
+        model = make_model()
+        model.fit(first.keras(), epochs=EPOCHS, verbose=0,
+                  callbacks=[ResumeCallback(ckpt, first, save_every=1), StopAt(STOP_AT)])
+        saved_weights = [w.copy() for w in model.get_weights()]
+    assert len(model.seen) == STOP_AT
+    record = json.loads((ckpt / "h5stream_resume.json").read_text())
+    assert record["batches_done"] == STOP_AT
+    assert sorted(os.listdir(ckpt)) == ["h5stream_resume.json", f"weights-{STOP_AT}.weights.h5"]
+
+    with open_train(store) as second:  # a fresh stream and model, as after a restart
+        resumed = make_model()
+        callback = ResumeCallback(ckpt, second)
+        assert callback.initial_epoch == STOP_AT // n
+
+        class CheckRestored(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                for a, b in zip(self.model.get_weights(), saved_weights):
+                    np.testing.assert_array_equal(a, b)
+                assert int(self.model.optimizer.iterations.numpy()) == STOP_AT  # optimizer state came back
+
+        history = resumed.fit(second.keras(), epochs=EPOCHS, verbose=0, callbacks=[callback, CheckRestored()])
+
+    combined = model.seen + resumed.seen
+    assert len(combined) == len(reference.seen)
+    for got, want in zip(combined, reference.seen):
+        np.testing.assert_array_equal(got, want)
+    assert len(history.epoch) == EPOCHS - STOP_AT // n
+    assert history.epoch[0] == STOP_AT // n
+
+
+def test_fresh_directory_starts_at_zero_and_saves_each_epoch(store, tmp_path):
+    with open_train(store) as s:
+        callback = ResumeCallback(tmp_path / "new", s)
+        assert callback.initial_epoch == 0 and callback.saved is None
+        make_model().fit(s.keras(), epochs=1, verbose=0, callbacks=[callback])
+        record = json.loads((tmp_path / "new" / "h5stream_resume.json").read_text())
+        assert record["batches_done"] == len(s)
+        assert (record["stream_state"]["epoch"], record["stream_state"]["batch"]) == (1, 0)
