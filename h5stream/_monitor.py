@@ -26,9 +26,12 @@ def _pss(proc):
     return int(getattr(info, "pss", info.rss))
 
 
-def snapshot(target, me):
-    """One sample: {"t", "mem", "threads": {tid: cpu_s}, "children": {pid: cpu_s}}."""
-    sample = {"t": 0.0, "mem": 0, "threads": {}, "children": {}}
+def snapshot(target, me, seen):
+    """One sample: {"t", "mem", "threads": {tid: cpu_s}, "children": {pid: cpu_s}, "cmdlines": {pid: str}}.
+
+    A child's command line is sent once, the first time it is seen (``seen``).
+    """
+    sample = {"t": 0.0, "mem": 0, "threads": {}, "children": {}, "cmdlines": {}}
     try:
         sample["threads"] = {str(t.id): t.user_time + t.system_time for t in target.threads()}
         sample["t"] = time.monotonic()  # right after the CPU times, so CPU % is per the right interval
@@ -46,13 +49,20 @@ def snapshot(target, me):
         except psutil.Error:
             continue
         sample["children"][str(child.pid)] = times.user + times.system
+        if child.pid not in seen:
+            seen.add(child.pid)
+            try:
+                sample["cmdlines"][str(child.pid)] = " ".join(child.cmdline())[:300]
+            except psutil.Error:
+                pass
     return sample
 
 
 def main(argv):
     pid, interval_s = int(argv[1]), float(argv[2])
     target, me = psutil.Process(pid), os.getpid()
-    samples = [snapshot(target, me)]
+    seen = set()
+    samples = [snapshot(target, me, seen)]
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     stdin = sys.stdin.fileno()
@@ -60,8 +70,8 @@ def main(argv):
         readable, _, _ = select.select([stdin], [], [], interval_s)
         if readable and not os.read(stdin, 4096):
             break  # stdin closed: the measurement is over (or the parent died)
-        samples.append(snapshot(target, me))
-    samples.append(snapshot(target, me))
+        samples.append(snapshot(target, me, seen))
+    samples.append(snapshot(target, me, seen))
     json.dump(samples, sys.stdout)
     sys.stdout.flush()
     return 0

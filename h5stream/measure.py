@@ -112,7 +112,8 @@ class Timeline:
     ``PREFIX_0``, ``PREFIX_1`` ... threads of one thread pool, are summed under one
     label; threads not made by :mod:`threading` go under ``"other"``), and
     ``"worker-1"``, ``"worker-2"`` ... for child processes in the order they
-    appeared (``child_pids`` maps these labels to pids).
+    appeared (``child_pids`` maps these labels to pids), except multiprocessing's
+    own helpers (``"mp-resource-tracker"`` ...).
 
     Marks (one entry per :meth:`ResourceSampler.mark` call, on the same clock):
     ``mark_t_s`` and ``marks`` (name -> values; NaN where a call omitted it).
@@ -270,15 +271,20 @@ class ResourceSampler:
     def _build(self, samples: list) -> Timeline:
         t0 = getattr(self, "_t0", samples[0]["t"] if samples else 0.0)
         child_labels: dict[str, str] = {}
+        cmdlines: dict[str, str] = {}
         cumulative = []  # per sample: label -> cumulative CPU seconds
         for s in samples:
             cpu: dict[str, float] = {}
             for tid, seconds in s["threads"].items():
                 label = self._label(int(tid))
                 cpu[label] = cpu.get(label, 0.0) + seconds
+            for pid, line in s.get("cmdlines", {}).items():
+                cmdlines.setdefault(pid, line)
             for pid, seconds in s["children"].items():
-                label = child_labels.setdefault(pid, f"worker-{len(child_labels) + 1}")
-                cpu[label] = seconds
+                if pid not in child_labels:
+                    child_labels[pid] = _child_label(cmdlines.get(pid, ""), child_labels)
+                label = child_labels[pid]
+                cpu[label] = cpu.get(label, 0.0) + seconds
             cumulative.append(cpu)
         labels = sorted({k for c in cumulative for k in c}, key=_label_order)
         t = np.array([s["t"] - t0 for s in samples], dtype=np.float64)
@@ -302,6 +308,18 @@ class ResourceSampler:
             mark_t_s=np.array(self._mark_t, dtype=np.float64) - t0,
             marks={k: np.array([row.get(k, np.nan) for row in self._mark_rows], dtype=np.float64) for k in names},
         )
+
+
+HELPER_PROCESSES = ("resource_tracker", "semaphore_tracker", "forkserver")
+"""Children that multiprocessing starts for itself; labelled by role, not counted as workers."""
+
+
+def _child_label(cmdline: str, taken: dict[str, str]) -> str:
+    for helper in HELPER_PROCESSES:
+        if helper in cmdline:
+            return f"mp-{helper.replace('_', '-')}"
+    n_workers = sum(1 for label in taken.values() if label.startswith("worker-"))
+    return f"worker-{n_workers + 1}"
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -172,3 +172,11 @@ def test_evict_pages_drops_only_the_given_pages(tmp_path):
 def test_evict_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(StoreNotFoundError, match="no such file"):
         measure.evict_from_page_cache(tmp_path / "missing.h5")
+
+
+def test_child_labels_number_workers_and_name_multiprocessing_helpers():
+    taken = {}
+    taken["1"] = measure._child_label("python -c from multiprocessing.resource_tracker import main;main(5)", taken)
+    taken["2"] = measure._child_label("python -c from multiprocessing.spawn import spawn_main; spawn_main()", taken)
+    taken["3"] = measure._child_label("python -c from multiprocessing.spawn import spawn_main; spawn_main()", taken)
+    assert taken == {"1": "mp-resource-tracker", "2": "worker-1", "3": "worker-2"}

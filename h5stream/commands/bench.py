@@ -379,7 +379,7 @@ def format_table(r: dict) -> str:
 
 def _helper_thread(label: str) -> bool:
     """Threads of the measurement itself (sampler, evictor, progress bar), left out of tables and plots."""
-    return label.startswith(("h5stream-sampler", "h5stream-evictor", "tqdm"))
+    return label.startswith(("h5stream-sampler", "h5stream-evictor", "tqdm", "mp-"))
 
 
 def plot_bench(result: dict, timeline, out_path: str) -> None:
