@@ -130,38 +130,89 @@ def decode_task(root: str, relpaths: list[str], spec: DecodeSpec) -> tuple[np.nd
     return images, reasons
 
 
-def _decoded_chunks(root, chunks, spec, workers, timeout_s=600.0):
-    """Yield ``decode_task`` results in chunk order, from ``workers`` processes (0: in this process)."""
-    if workers == 0:
-        for chunk in chunks:
-            yield decode_task(root, chunk, spec)
-        return
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_exit_with_parent)
-    try:
+class DecodePool:
+    """``workers`` spawned decode processes (0: decode in the calling thread).  Owns the executor.
+
+    Start it early (:meth:`start`) so the workers boot while the caller
+    validates and creates the store; :meth:`imap` yields :func:`decode_task`
+    results in submission order with at most ``4 * workers`` chunks in flight.
+    :meth:`close` is idempotent and cancels what has not started.
+    """
+
+    def __init__(self, workers: int, timeout_s: float = 600.0):
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self._pool = None
+        if workers > 0:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_exit_with_parent)
+
+    def start(self) -> None:
+        if self._pool is not None:
+            self._pool.submit(int)  # the first submit boots every worker
+
+    def imap(self, root: str, chunks: list[list[str]], spec: DecodeSpec):
+        if self._pool is None:
+            for chunk in chunks:
+                yield decode_task(root, chunk, spec)
+            return
         pending = deque()
         it = iter(chunks)
         for chunk in it:
-            pending.append(pool.submit(decode_task, root, chunk, spec))
-            if len(pending) >= 4 * workers:
+            pending.append(self._pool.submit(decode_task, root, chunk, spec))
+            if len(pending) >= 4 * self.workers:
                 break
         while pending:
-            future = pending.popleft()
             try:
-                result = future.result(timeout=timeout_s)
+                result = pending.popleft().result(timeout=self.timeout_s)
             except BrokenProcessPool as exc:
                 raise WorkerError(
                     "a decode worker died (killed, out of memory?); committed rows are kept, "
                     "rerun with --append to continue"
                 ) from exc
             except TimeoutError as exc:
-                raise WorkerError(f"a decode worker produced nothing for {timeout_s:.0f} s; rerun with --append") from exc
+                raise WorkerError(
+                    f"a decode worker produced nothing for {self.timeout_s:.0f} s; rerun with --append"
+                ) from exc
             nxt = next(it, None)
             if nxt is not None:
-                pending.append(pool.submit(decode_task, root, nxt, spec))
+                pending.append(self._pool.submit(decode_task, root, nxt, spec))
             yield result
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def rows_until_aligned(stored_rows: int, block_rows: int, commit_rows: int) -> int:
+    """Rows to append next: at least ``commit_rows``, ending on a block boundary (whole-chunk writes)."""
+    return commit_rows + (-(stored_rows + commit_rows)) % block_rows
+
+
+class _RowBuffer:
+    """Decoded rows waiting to be appended in block-aligned runs."""
+
+    def __init__(self):
+        self.images, self.labels, self.paths = [], [], []
+        self.rows = 0
+
+    def add(self, images: np.ndarray, labels: np.ndarray, paths: list[str]) -> None:
+        self.images.append(images)
+        self.labels.append(labels)
+        self.paths.extend(paths)
+        self.rows += len(paths)
+
+    def take(self, n: int):
+        """Remove and return the first ``n`` rows (all if fewer) as (images, labels, paths); None if empty."""
+        n = min(n, self.rows)
+        if n == 0:
+            return None
+        images, labels = np.concatenate(self.images), np.concatenate(self.labels)
+        out = images[:n], labels[:n], self.paths[:n]
+        self.images, self.labels, self.paths = [images[n:]], [labels[n:]], self.paths[n:]
+        self.rows -= n
+        return out
 
 
 # -- validation ---------------------------------------------------------------------
@@ -292,6 +343,86 @@ class _Report:
 # -- the job ------------------------------------------------------------------------
 
 
+def _open_writer(opts: IngestOptions, source: Source, plan: dict, appending: bool, n_pending: int):
+    """The store to write: opened for append (class list extended) or created.  Returns (writer, start rows)."""
+    from h5stream.store.writer import StoreWriter
+
+    spec: DecodeSpec = plan["spec"]
+    if appending:
+        writer = StoreWriter.open_append(opts.out)
+        if source.label_kind == schema.LABEL_CLASS and len(plan["class_names"]) != len(writer.meta["class_names"] or ()):
+            import json
+
+            writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(plan["class_names"]))
+            writer.commit()
+    else:
+        label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
+            len(source.label_columns),)
+        writer = StoreWriter.create(
+            opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,
+            class_names=plan["class_names"], label_columns=source.label_columns, block_rows=opts.block_rows,
+            resize_mode=spec.resize, background=spec.background, storage_order=plan["order"],
+            order_seed=plan["seed"], compression=opts.compression, overwrite=opts.overwrite,
+            expected_rows=max(1, n_pending),
+        )
+    return writer, writer.committed_rows
+
+
+def _write_all(opts, source, plan, pending, rejected, pool, writer, report) -> int:
+    """Decode ``pending`` through ``pool`` and append in order; returns the rows written."""
+    from tqdm import tqdm
+
+    class_index = {n: i for i, n in enumerate(plan["class_names"] or ())}
+    block_rows = int(writer.meta["block_rows"])
+    label_tail = tuple(writer.labels.shape[1:])
+
+    def record_skip(rel: str, why: str) -> None:
+        if opts.strict:
+            raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
+        report.add(rel, why)
+
+    def flush(n: int) -> None:
+        rows = buffer.take(n)
+        if rows is not None:
+            writer.append(*rows)
+        report.flush()  # the report is never behind the count that points to it
+        writer.set_attr(schema.ATTR_SKIPPED, np.int64(len(report.paths)))
+        writer.commit()
+
+    for rel, why in rejected:
+        record_skip(rel, why)
+    buffer = _RowBuffer()
+    ingested = 0
+    chunks = [[it.relpath for it in pending[i:i + FILES_PER_TASK]] for i in range(0, len(pending), FILES_PER_TASK)]
+    bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
+               disable=None if opts.progress is None else not opts.progress)
+    try:
+        for chunk_no, (images, reasons) in enumerate(pool.imap(source.root, chunks, plan["spec"])):
+            items = pending[chunk_no * FILES_PER_TASK: chunk_no * FILES_PER_TASK + len(reasons)]
+            kept = []
+            for item, why in zip(items, reasons):
+                if why is None:
+                    kept.append(item)
+                else:
+                    record_skip(item.relpath, why)
+            if kept:
+                if source.label_kind == schema.LABEL_CLASS:
+                    labels = np.array([class_index[it.label] for it in kept], dtype=np.int64)
+                else:
+                    labels = np.array([it.label for it in kept], dtype=np.float32).reshape((len(kept), *label_tail))
+                buffer.add(images, labels, [it.relpath for it in kept])
+                ingested += len(kept)
+            target = rows_until_aligned(writer.images.nrows, block_rows, opts.commit_rows)
+            if buffer.rows >= target:
+                flush(target)
+            bar.update(len(reasons))
+        flush(buffer.rows)
+    finally:
+        bar.close()
+    return ingested
+
+
+
 def ingest(opts: IngestOptions) -> IngestResult:
     """Run one ingest (see the module docstring).  Raises H5StreamError subclasses on bad input.
 
@@ -326,91 +457,32 @@ def ingest(opts: IngestOptions) -> IngestResult:
     already = len(source.items) - len(pending)
     class_index = {n: i for i, n in enumerate(plan["class_names"] or ())}
 
-    # Validation is over: from here on files are written.
-    from h5stream.store.writer import StoreWriter
-
-    if appending:
-        writer = StoreWriter.open_append(opts.out)
-        if source.label_kind == schema.LABEL_CLASS and len(plan["class_names"]) != len(writer.meta["class_names"] or ()):
-            import json
-
-            writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(plan["class_names"]))
-            writer.commit()
-    else:
-        label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
-            len(source.label_columns),)
-        writer = StoreWriter.create(
-            opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,
-            class_names=plan["class_names"], label_columns=source.label_columns, block_rows=opts.block_rows,
-            resize_mode=spec.resize, background=spec.background, storage_order=plan["order"],
-            order_seed=plan["seed"], compression=opts.compression, overwrite=opts.overwrite,
-            expected_rows=max(1, len(pending)),
-        )
-    start_rows = writer.committed_rows
-    if not appending and os.path.exists(report_path):
-        os.unlink(report_path)  # a report from an older file of this name no longer applies
-    report = _Report(report_path, reported)
-    ok = False
-    ingested = 0
+    pool = DecodePool(opts.workers)
     try:
-
-        def record_skip(rel: str, why: str) -> None:
-            if opts.strict:
-                raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
-            report.add(rel, why)
-
-        for rel, why in rejected:
-            record_skip(rel, why)
-
-        def commit() -> None:
-            report.flush()  # the report is never behind the count that points to it
-            writer.set_attr(schema.ATTR_SKIPPED, np.int64(len(report.paths)))
-            writer.commit()
-
-        chunks = [[it.relpath for it in pending[i:i + FILES_PER_TASK]] for i in range(0, len(pending), FILES_PER_TASK)]
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(pending), unit="img", desc="ingest", disable=None if opts.progress is None else not opts.progress,
-                   file=sys.stderr, smoothing=0.1, dynamic_ncols=True)
-        since_commit = 0
+        pool.start()  # workers boot while the store is created
+        writer, start_rows = _open_writer(opts, source, plan, appending, len(pending))
+        if not appending and os.path.exists(report_path):
+            os.unlink(report_path)  # a report from an older file of this name no longer applies
+        report = _Report(report_path, reported)
+        ok = False
+        ingested = 0
         try:
-            for chunk_no, (images, reasons) in enumerate(_decoded_chunks(source.root, chunks, spec, opts.workers)):
-                items = pending[chunk_no * FILES_PER_TASK: chunk_no * FILES_PER_TASK + len(reasons)]
-                kept = []
-                for item, why in zip(items, reasons):
-                    if why is None:
-                        kept.append(item)
-                    else:
-                        record_skip(item.relpath, why)
-                if kept:
-                    if source.label_kind == schema.LABEL_CLASS:
-                        labels = np.array([class_index[it.label] for it in kept], dtype=np.int64)
-                    else:
-                        labels = np.array([it.label for it in kept], dtype=np.float32).reshape(
-                            (len(kept), *writer.labels.shape[1:]))
-                    writer.append(images, labels, [it.relpath for it in kept])
-                    ingested += len(kept)
-                    since_commit += len(kept)
-                if since_commit >= opts.commit_rows:
-                    commit()
-                    since_commit = 0
-                bar.update(len(reasons))
+            ingested = _write_all(opts, source, plan, pending, rejected, pool, writer, report)
+            ok = True
         finally:
-            bar.close()
-        commit()
-        ok = True
+            report.close()
+            if ok or not opts.strict:
+                writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here
+            elif appending:
+                writer.rollback(start_rows)
+                writer.close()
+            else:
+                writer.close()
+                for p in (opts.out, report_path):
+                    if os.path.exists(p):
+                        os.unlink(p)
     finally:
-        report.close()
-        if ok or not opts.strict:
-            writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here
-        elif appending:
-            writer.rollback(start_rows)
-            writer.close()
-        else:
-            writer.close()
-            for p in (opts.out, report_path):
-                if os.path.exists(p):
-                    os.unlink(p)
+        pool.close()
     return IngestResult(
         out=opts.out, created=not appending, ingested=ingested, skipped=len(rejected) + len(pending) - ingested,
         already_stored=already, rows=start_rows + ingested, seconds=time.perf_counter() - t0,
