@@ -1,10 +1,12 @@
 """The README's figures: a preview grid and a bench plot, as small PNGs under docs/.
 
-    python tools/make_figures.py                      # uses demo/*.h5 (make demo) if present
-    python tools/make_figures.py --store train.h5     # any store
+    python tools/make_figures.py                          # the committed docs/*.png
+    python tools/make_figures.py --store demo/train.h5    # the `make demo` store instead
 
-Without a store it makes a class-sorted synthetic one with
-tools/make_bench_file.py (3000 rows of 128x128x3).  Then:
+By default it draws from a class-sorted synthetic store made by
+tools/make_bench_file.py (3000 rows of 128x128x3, colour fields with a ring):
+unlike the demo's flat-colour 64 px samples, rotation, shift and zoom are
+visible in it, and it has the benchmark's image size.  Then:
 
 * ``docs/preview.png`` -- ``h5stream preview STORE --augment standard --rows 3
   --cols 6 --seed 0``: the first images of epoch 0, augmented, titled by class;
@@ -19,7 +21,6 @@ Every step is a plain ``h5stream`` command, printed before it runs.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -53,7 +54,7 @@ def shrink_png(path: str, colors: int = 256) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--store", default=None, help="store to draw from (default: demo/*.h5, else a generated one)")
+    p.add_argument("--store", default=None, help="store to draw from (default: a generated synthetic store)")
     p.add_argument("--out", default="docs", help="folder for the PNGs (default docs/)")
     p.add_argument("--min-rows", type=int, default=60_000, help="rows the bench run streams at least (default 60000)")
     p.add_argument("--workers", type=int, default=2)
@@ -61,8 +62,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     store = args.store
     if store is None:
-        found = sorted(glob.glob(os.path.join("demo", "*.h5")))
-        store = found[0] if found else demo_store(os.path.join("bench-data", "figures-demo.h5"), rows=3000, size=128)
+        store = demo_store(os.path.join("bench-data", "figures-demo.h5"), rows=3000, size=128)
     os.makedirs(args.out, exist_ok=True)
     preview_png = os.path.join(args.out, "preview.png")
     bench_png = os.path.join(args.out, "bench.png")
