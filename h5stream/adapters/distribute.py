@@ -18,6 +18,8 @@ filesystem or be copied to every node; memory per worker is its own budget.
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 import h5stream
 from h5stream.adapters.tf import as_tf_dataset
 from h5stream.errors import ConfigError
@@ -45,13 +47,17 @@ class DistributedInput:
         self.close()
 
 
-def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int = 2, **open_kwargs) -> DistributedInput:
+def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int = 2, x_dtype: str | None = "float32",
+                        **open_kwargs) -> DistributedInput:
     """Shard ``path`` over ``strategy``'s input pipelines; ``.dataset`` goes to ``model.fit``.
 
     ``global_batch_size`` is split evenly over the replicas in sync; the
     per-replica batch is the stream's ``batch_size``.  ``open_kwargs`` go to
     :func:`h5stream.open` (``memory_budget``, ``augment``, ``workers``, ``seed``,
     ``drop_remainder``, ``resume``...), except ``batch_size`` and ``shard``.
+    ``x_dtype`` casts the images inside the pipeline (default float32, values
+    unchanged): Keras builds a model under a strategy by all-reducing the first
+    batch, and collective ops do not take uint8.  None keeps the stream's dtype.
     """
     for key in ("batch_size", "shard"):
         if key in open_kwargs:
@@ -69,7 +75,12 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
             shard=(context.input_pipeline_id, context.num_input_pipelines), **open_kwargs,
         )
         out.streams.append(stream)
-        return as_tf_dataset(stream, prefetch=prefetch)
+        ds = as_tf_dataset(stream, prefetch=0)
+        if x_dtype is not None:
+            dtype = tf.as_dtype(x_dtype)
+            ds = ds.map(lambda x, y: (tf.cast(x, dtype), y), num_parallel_calls=None, deterministic=True)
+        return ds.prefetch(prefetch) if prefetch else ds
 
     out.dataset = strategy.distribute_datasets_from_function(dataset_fn)
     return out
+
