@@ -1,0 +1,172 @@
+"""Does the bounded shuffle hurt training?  Same model, same epochs, three ways of feeding a class-sorted file.
+
+Data: scikit-learn's ``load_digits`` (1797 real 8x8 scans of handwritten
+digits), upscaled to 32x32x3; the training split is enlarged with ``--copies``
+jittered copies (random shifts of up to 2 px and pixel noise) so the file is
+much larger than the shuffle buffer, and written **class-sorted** (all 0s,
+then all 1s, ...): the worst case for any shuffle that reads contiguous rows.
+The 360 held-out digits (not jittered) measure accuracy.
+
+Regimes, each trained from the same initial weights per seed:
+
+* ``memory``  -- arrays in RAM, ``model.fit(x, y, shuffle=True)``: a full shuffle every epoch;
+* ``h5stream`` -- ``h5stream.open(file, memory_budget=--budget)``, shuffle buffer a few % of the file;
+* ``chunk``   -- the single-contiguous-chunk shuffle: read ``100 * batch`` rows in file order,
+  shuffle inside the chunk, cut batches; chunks in random order each epoch.
+
+Prints a table (mean and std of test accuracy over seeds) and, with ``--json``,
+writes every figure.  Target: ``h5stream`` within 1 point of ``memory``.
+
+    .venv/bin/python tools/train_quality.py --seeds 0 1 2 --epochs 4 --json quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+
+import h5stream
+from h5stream.store.writer import write_arrays
+
+SIZE = 32
+
+
+def digits_dataset(copies: int, seed: int = 0):
+    """``(x_train, y_train, x_test, y_test)``: uint8 (n, 32, 32, 3), int64 labels; train class-sorted."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    images = np.clip(d.images * 16, 0, 255).astype(np.uint8)  # 0..16 -> 0..255
+    x_tr, x_te, y_tr, y_te = train_test_split(images, d.target, test_size=0.2, random_state=0, stratify=d.target)
+    rng = np.random.default_rng(seed)
+    parts, labels = [], []
+    for c in range(copies):
+        x = _upscale(x_tr)
+        if c:  # copy 0 is the original
+            x = _jitter(x, rng)
+        parts.append(x)
+        labels.append(y_tr)
+    x_train, y_train = np.concatenate(parts), np.concatenate(labels).astype(np.int64)
+    order = np.argsort(y_train, kind="stable")
+    return x_train[order], y_train[order], _upscale(x_te), y_te.astype(np.int64)
+
+
+def _upscale(images8: np.ndarray) -> np.ndarray:
+    x = np.kron(images8, np.ones((SIZE // 8, SIZE // 8), np.uint8))  # nearest-neighbour 8x8 -> 32x32
+    return np.repeat(x[..., None], 3, axis=-1)
+
+
+def _jitter(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        dy, dx = rng.integers(-2, 3, size=2)
+        out[i] = np.roll(x[i], (dy, dx), axis=(0, 1))
+    noise = rng.integers(-12, 13, size=x.shape)
+    return np.clip(out.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+
+
+def build_model(seed: int):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((SIZE, SIZE, 3)), keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def chunk_batches(x, y, batch: int, chunk_rows: int, seed: int, epoch: int):
+    """One epoch of the single-contiguous-chunk shuffle (pure: depends on seed and epoch only)."""
+    rng = np.random.default_rng([seed, epoch])
+    starts = np.arange(0, len(x), chunk_rows)
+    for s in rng.permutation(starts):
+        idx = s + rng.permutation(min(chunk_rows, len(x) - s))
+        for b in range(0, len(idx), batch):
+            sel = np.sort(idx[b:b + batch])
+            yield x[sel], y[sel]
+
+
+def run(args) -> dict:
+    import keras
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    x_train, y_train, x_test, y_test = digits_dataset(args.copies)
+    tmp = tempfile.mkdtemp(prefix="h5quality-")
+    path = os.path.join(tmp, "digits_sorted.h5")
+    meta = write_arrays(path, x_train, y_train, block_rows=args.block_rows, storage_order="sorted")
+    with h5stream.open(path, batch_size=args.batch_size, memory_budget=args.budget) as probe:
+        plan = probe.plan
+    chunk_rows = 100 * args.batch_size
+    info = {"train_rows": int(meta.rows), "test_rows": int(len(y_test)), "file_bytes": int(meta.file_bytes),
+            "budget": args.budget, "shuffle_buffer_rows": int(plan.rows_per_fill), "n_buffers": int(plan.n_buffers),
+            "buffer_fraction_of_file": plan.rows_per_fill / meta.rows, "chunk_rows": chunk_rows,
+            "chunk_fraction_of_file": min(1.0, chunk_rows / meta.rows), "epochs": args.epochs,
+            "batch_size": args.batch_size, "seeds": args.seeds, "storage_order": "sorted"}
+    print(f"train {meta.rows} rows ({meta.file_bytes / 2**20:.1f} MiB, class-sorted), test {len(y_test)}; "
+          f"h5stream budget {args.budget}: buffer {plan.rows_per_fill} rows "
+          f"({100 * info['buffer_fraction_of_file']:.1f}% of the file) x {plan.n_buffers}; "
+          f"chunk {chunk_rows} rows ({100 * info['chunk_fraction_of_file']:.1f}%)", flush=True)
+    results: dict[str, list[float]] = {"memory": [], "h5stream": [], "chunk": []}
+    for seed in args.seeds:
+        for regime in results:
+            t0 = time.perf_counter()
+            model = build_model(seed)
+            if regime == "memory":
+                model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0)
+            elif regime == "h5stream":
+                with h5stream.open(path, batch_size=args.batch_size, memory_budget=args.budget, seed=seed) as s:
+                    model.fit(s.keras(), epochs=args.epochs, verbose=0)
+            else:
+                for epoch in range(args.epochs):
+                    for xb, yb in chunk_batches(x_train, y_train, args.batch_size, chunk_rows, seed, epoch):
+                        model.train_on_batch(xb, yb)
+            acc = float(model.evaluate(x_test, y_test, batch_size=256, verbose=0)[1])
+            results[regime].append(acc)
+            print(f"  seed {seed} {regime:9s} accuracy {100 * acc:6.2f}%  ({time.perf_counter() - t0:.1f} s)", flush=True)
+            keras.backend.clear_session()
+    summary = {k: {"accuracy": v, "mean": float(np.mean(v)), "std": float(np.std(v))} for k, v in results.items()}
+    print(f"\n{'regime':10s} {'mean acc %':>10s} {'std':>6s}  per seed")
+    for k, s in summary.items():
+        print(f"{k:10s} {100 * s['mean']:10.2f} {100 * s['std']:6.2f}  " + " ".join(f"{100 * a:.2f}" for a in s["accuracy"]))
+    gap = 100 * (summary["memory"]["mean"] - summary["h5stream"]["mean"])
+    print(f"h5stream vs in-memory full shuffle: {gap:+.2f} points (target: within 1)")
+    os.unlink(path)
+    os.rmdir(tmp)
+    return {"config": info, "results": summary, "gap_points": gap}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--copies", type=int, default=8, help="jittered copies of the training digits (file size)")
+    p.add_argument("--budget", default="8MiB", help="h5stream memory budget (default 8MiB)")
+    p.add_argument("--block-rows", type=int, default=32, help="rows per HDF5 chunk (default 32)")
+    p.add_argument("--threads", type=int, default=2, help="TensorFlow intra/inter-op threads")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = p.parse_args(argv)
+    out = run(args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
