@@ -210,7 +210,8 @@ class StallMonitor(keras.callbacks.Callback):
     ``data_wait_s`` to the epoch logs (so History records them), keeps them in
     :attr:`epochs`, and prints one line when ``verbose``.  Near 0: the GPU/CPU
     running the model is the bottleneck; near 1: the input pipeline is (raise
-    ``workers``, the memory budget, or use a faster disk).
+    ``workers``, the memory budget, or use a faster disk).  The first step of
+    each ``fit`` is left out: it traces/compiles the model before asking for data.
     """
 
     def __init__(self, stream, verbose: bool = True):
@@ -218,7 +219,11 @@ class StallMonitor(keras.callbacks.Callback):
         self._feed = feed_for(stream)
         self.verbose = bool(verbose)
         self.epochs: list[dict] = []
+        self._warm = False
         self._reset()
+
+    def on_train_begin(self, logs=None):
+        self._warm = False
 
     def _reset(self):
         self._wait_s = 0.0
@@ -236,6 +241,9 @@ class StallMonitor(keras.callbacks.Callback):
         if self._t_begin is None:
             return
         t_end = time.perf_counter()
+        if not self._warm:
+            self._warm = True
+            return
         try:
             _, t_ready = self._feed.record(batch + 1)
         except ConfigError:

@@ -1,0 +1,29 @@
+"""The examples run end to end (--quick: tiny generated data, one epoch) as a user would run them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script, expect", [
+    ("train_classifier.py", "validation accuracy:"),
+    ("train_regression.py", "validation MSE:"),
+])
+def test_example_runs_quick(script, expect, tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", script), "--quick", "--work", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,  # a safety net: a healthy run takes ~20 s
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert expect in proc.stdout
+    assert os.path.exists(tmp_path / "train.h5") and os.path.exists(tmp_path / "val.h5")
+    assert "ran out of data" not in proc.stderr
