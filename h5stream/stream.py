@@ -16,12 +16,12 @@ import numpy as np
 
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.order.epoch import EpochLayout, check_shard, epoch_layout
-from h5stream.read.plan import ReadPlan, parse_bytes, plan_read
+from h5stream.read.plan import ReadPlan, parse_bytes, plan_read, unit_rows_for
 from h5stream.feed import InlineFeed, PooledFeed, pool_slots
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
-_LAYOUT_KEYS = ("rows", "batch_size", "rows_per_fill", "shard_index", "shard_count", "shuffle", "drop_remainder")
+_LAYOUT_KEYS = ("rows", "batch_size", "rows_per_fill", "unit_rows", "shard_index", "shard_count", "shuffle", "drop_remainder")
 
 
 def open(  # noqa: A001 - the public name mirrors h5py.File / builtins.open on purpose
@@ -88,24 +88,12 @@ class Stream:
         if self.workers and self.augment is None:
             raise ConfigError("workers > 0 needs augment=h5stream.Augment(...): without a transform there is "
                               "nothing for worker processes to do (reading already runs in its own thread)")
-        out_row_bytes, worker_bytes = None, 0
-        if self.augment is not None:
-            out_row_bytes = meta.row_bytes * np.dtype(self.augment.output_dtype()).itemsize
         if self.workers:
-            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, worker_buffer_bytes
-
             self.augment.ensure_picklable()
-            worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(self.batch_size, meta.image_shape)
-        self.plan: ReadPlan = plan_read(
-            budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
-            block_rows=meta.block_rows, batch_size=self.batch_size, out_row_bytes=out_row_bytes,
-            n_out_slots=pool_slots(self.workers) if self.workers else 0, workers=self.workers,
-            worker_bytes=worker_bytes,
-        )
+        self.plan: ReadPlan = stream_plan(meta, budget, self.batch_size, augment=self.augment, workers=self.workers)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
-        self._layout_fn = _layout_function(
-            meta.rows, meta.block_rows, self.plan, self.batch_size, self.seed, self._shard, self.shuffle,
-            self.drop_remainder,
+        self._layout_fn = layout_function(
+            meta.rows, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder,
         )
         first = self._layout(0)
         self._n_batches = first.n_batches
@@ -174,6 +162,7 @@ class Stream:
     def _layout_signature(self) -> dict:
         return {
             "rows": self.meta.rows, "batch_size": self.batch_size, "rows_per_fill": self.plan.rows_per_fill,
+            "unit_rows": self.plan.unit_rows,
             "shard_index": self._shard[0], "shard_count": self._shard[1], "shuffle": int(self.shuffle),
             "drop_remainder": int(self.drop_remainder),
         }
@@ -268,11 +257,29 @@ class Stream:
         return as_torch(self)
 
 
-def _layout_function(rows, block_rows, plan, batch_size, seed, shard, shuffle, drop_remainder):
-    rows_per_fill = plan.rows_per_fill
+def stream_plan(meta: StoreMeta, budget_bytes: int, batch_size: int, *, augment=None, workers: int = 0) -> ReadPlan:
+    """The memory plan a stream over ``meta`` uses (pure; what ``Stream.plan`` holds)."""
+    out_row_bytes, worker_bytes = None, 0
+    if augment is not None:
+        out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
+    if workers:
+        from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, worker_buffer_bytes
+
+        worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(batch_size, meta.image_shape)
+    return plan_read(
+        budget_bytes, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
+        block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
+        n_out_slots=pool_slots(workers) if workers else 0, workers=workers, worker_bytes=worker_bytes,
+        unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
+    )
+
+
+def layout_function(rows: int, plan: ReadPlan, seed: int, shard=None, shuffle: bool = True,
+                    drop_remainder: bool = False):
+    """``epoch -> EpochLayout`` for a stream of ``rows`` rows under ``plan`` (pure; holds no stream)."""
 
     def layout(epoch: int) -> EpochLayout:
-        return epoch_layout(rows, block_rows, rows_per_fill, batch_size, seed, epoch, shard=shard, shuffle=shuffle,
-                            drop_remainder=drop_remainder)
+        return epoch_layout(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, seed, epoch, shard=shard,
+                            shuffle=shuffle, drop_remainder=drop_remainder, unit_rows=plan.unit_rows)
 
     return layout

@@ -105,3 +105,32 @@ def test_batch_sizes_rules():
 def test_bad_shard(shard):
     with pytest.raises(ConfigError, match="shard"):
         epoch_layout(100, 8, 16, 4, 0, 0, shard=shard)
+
+
+@pytest.mark.parametrize("rows,block,unit", [(1000, 64, 16), (1037, 16, 4), (513, 32, 1), (100, 8, 8)])
+@pytest.mark.parametrize("count", [1, 3])
+def test_units_split_blocks_and_keep_every_property(rows, block, unit, count):
+    layouts = [epoch_layout(rows, block, 4 * block, 10, seed=2, epoch=1, shard=(i, count), unit_rows=unit)
+               for i in range(count)]
+    union = np.concatenate([lay.order() for lay in layouts])
+    assert np.array_equal(np.sort(union), np.arange(rows))
+    for lay in layouts:
+        seg = lay.segments
+        assert ((seg[:, 0] // unit) == ((seg[:, 1] - 1) // unit)).all()
+        assert all(r <= 4 * block for r in lay.fill_rows)
+
+
+def test_smaller_units_decorrelate_epochs():
+    def rank_corr(unit, seed):
+        a = epoch_layout(20000, 64, 2048, 32, seed=seed, epoch=0, unit_rows=unit).order()
+        b = epoch_layout(20000, 64, 2048, 32, seed=seed, epoch=1, unit_rows=unit).order()
+        pa, pb = np.empty(20000), np.empty(20000)
+        pa[a], pb[b] = np.arange(20000), np.arange(20000)
+        return abs(np.corrcoef(pa, pb)[0, 1])
+
+    # |correlation| between two epochs' positions shrinks like 1/sqrt(units): 16x more units, ~4x smaller.
+    whole = np.mean([rank_corr(64, s) for s in range(8)])
+    small = np.mean([rank_corr(4, s) for s in range(8)])
+    assert small < 0.5 * whole
+    with pytest.raises(ConfigError, match="divide"):
+        epoch_layout(100, 8, 16, 4, 0, 0, unit_rows=3)

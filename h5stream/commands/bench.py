@@ -433,14 +433,13 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
 def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, seed=0) -> dict:
     """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels."""
     from h5stream.order import quality
-    from h5stream.read.plan import parse_bytes, plan_read
+    from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
-    from h5stream.stream import _layout_function
+    from h5stream.stream import layout_function, stream_plan
 
     meta = read_meta(path)
-    plan = plan_read(parse_bytes(memory_budget), rows=meta.rows, row_bytes=meta.row_bytes,
-                     label_row_bytes=meta.label_row_bytes, block_rows=meta.block_rows, batch_size=batch_size)
-    layout = _layout_function(meta.rows, meta.block_rows, plan, batch_size, seed, (0, 1), True, False)
+    plan = stream_plan(meta, parse_bytes(memory_budget), batch_size)
+    layout = layout_function(meta.rows, plan, seed)
     qlabels, n_classes = quality.quality_labels(read_labels(meta), meta.label_kind, meta.class_names)
     report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
     report["plan"] = plan.as_dict()

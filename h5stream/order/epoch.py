@@ -6,8 +6,11 @@ threads; the reader thread and the tests call the same functions.
 
 The algorithm, for one epoch of one shard:
 
-1. **Blocks.**  The file is cut into blocks of ``block_rows`` contiguous rows
-   (the HDF5 chunk length), the unit of contiguous reads.
+1. **Blocks and units.**  The file is cut into blocks of ``block_rows``
+   contiguous rows (the HDF5 chunk length).  A block may be cut further into
+   *units* of ``unit_rows`` rows (still a contiguous read of about a MiB): the
+   smaller the unit, the more independent two epochs' orders are (the
+   epoch-to-epoch rank correlation shrinks like ``1/sqrt(units)``).
 2. **Shards.**  The blocks are permuted with ``(seed, epoch)`` (the same for
    every shard), laid end to end, and the resulting row sequence is cut into
    ``count`` contiguous pieces whose sizes differ by at most one row.  Shard
@@ -64,11 +67,14 @@ def check_shard(shard) -> tuple[int, int]:
     return index, count
 
 
-def shard_segments(rows: int, block_rows: int, seed: int, epoch: int, shard=(0, 1), shuffle: bool = True) -> np.ndarray:
+def shard_segments(rows: int, block_rows: int, seed: int, epoch: int, shard=(0, 1), shuffle: bool = True,
+                   unit_rows: int | None = None) -> np.ndarray:
     """The shard's segments, sorted by file position: an ``(S, 2)`` int64 array of ``[start, stop)`` row ranges.
 
-    Each segment lies inside one block.  Pieces of the ``count`` shards are
-    disjoint and together cover ``range(rows)``.
+    Each segment lies inside one *unit*: ``unit_rows`` aligned rows (default: a
+    whole block; a divisor of ``block_rows``), the smallest piece that moves
+    between fills.  Pieces of the ``count`` shards are disjoint and together
+    cover ``range(rows)``.
     """
     index, count = check_shard(shard)
     if rows < 0 or block_rows < 1:
@@ -85,7 +91,20 @@ def shard_segments(rows: int, block_rows: int, seed: int, epoch: int, shard=(0, 
     s = starts[keep] + np.maximum(0, lo - seq_start[keep])
     e = stops[keep] - np.maximum(0, seq_end[keep] - hi)
     seg = np.stack([s, e], axis=1) if len(s) else np.zeros((0, 2), np.int64)
-    return seg[np.argsort(seg[:, 0], kind="stable")]
+    seg = seg[np.argsort(seg[:, 0], kind="stable")]
+    unit = block_rows if unit_rows is None else int(unit_rows)
+    if unit < 1 or block_rows % unit:
+        raise ConfigError(f"unit_rows ({unit_rows}) must divide block_rows ({block_rows})")
+    if unit < block_rows and len(seg):
+        # Cut every segment at unit boundaries.
+        first = seg[:, 0] // unit
+        last = (seg[:, 1] - 1) // unit
+        counts = last - first + 1
+        unit_index = np.repeat(first, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+        starts = np.maximum(unit_index * unit, np.repeat(seg[:, 0], counts))
+        stops = np.minimum((unit_index + 1) * unit, np.repeat(seg[:, 1], counts))
+        seg = np.stack([starts, stops], axis=1)
+    return seg
 
 
 def fill_schedule(n_segments: int, segments_per_fill: int, seed: int, epoch: int, shard_index: int = 0,
@@ -188,13 +207,16 @@ def batch_sizes(shard_rows: int, total_rows: int, batch_size: int, count: int = 
 
 
 def epoch_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
-                 shard=None, shuffle: bool = True, drop_remainder: bool = False) -> EpochLayout:
-    """Lay out one epoch of one shard.  ``rows_per_fill`` is the shuffle buffer's capacity in rows."""
+                 shard=None, shuffle: bool = True, drop_remainder: bool = False,
+                 unit_rows: int | None = None) -> EpochLayout:
+    """Lay out one epoch of one shard.  ``rows_per_fill`` is the shuffle buffer's capacity in rows;
+    ``unit_rows`` (a divisor of ``block_rows``, default the block) is the piece that moves between fills."""
     index, count = check_shard(shard)
-    if rows_per_fill < block_rows:
-        raise ConfigError(f"rows_per_fill ({rows_per_fill}) must hold at least one block ({block_rows} rows)")
-    segments = shard_segments(rows, block_rows, seed, epoch, (index, count), shuffle)
-    fills = fill_schedule(len(segments), rows_per_fill // block_rows, seed, epoch, index, shuffle)
+    unit = block_rows if unit_rows is None else int(unit_rows)
+    if rows_per_fill < unit:
+        raise ConfigError(f"rows_per_fill ({rows_per_fill}) must hold at least one unit ({unit} rows)")
+    segments = shard_segments(rows, block_rows, seed, epoch, (index, count), shuffle, unit)
+    fills = fill_schedule(len(segments), rows_per_fill // unit, seed, epoch, index, shuffle)
     lengths = segments[:, 1] - segments[:, 0]
     fill_rows = np.array([int(lengths[f].sum()) for f in fills], dtype=np.int64)
     sizes = batch_sizes(int(lengths.sum()), rows, batch_size, count, drop_remainder)

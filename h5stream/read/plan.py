@@ -36,6 +36,22 @@ BOOKKEEPING_BYTES = 6 << 20
 
 MAX_QUEUE_DEPTH = 16
 
+UNIT_TARGET_BYTES = 1 << 20
+"""Rows move between fills in units of about this size (a contiguous read; smaller units decorrelate epochs)."""
+
+
+def unit_rows_for(block_rows: int, row_bytes: int, compressed: bool) -> int:
+    """Largest power-of-two divisor of ``block_rows`` whose rows fit in ``UNIT_TARGET_BYTES`` (at least 1 row).
+
+    Compressed chunks are decoded whole, so there the unit is the whole block.
+    """
+    if compressed:
+        return int(block_rows)
+    unit = 1
+    while block_rows % (unit * 2) == 0 and unit * 2 * row_bytes <= UNIT_TARGET_BYTES:
+        unit *= 2
+    return unit
+
 
 def parse_bytes(value) -> int:
     """``1024``, ``"512MB"``, ``"1.5GiB"``, ``"256 MiB"`` -> bytes (int).  Units: B, kB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB."""
@@ -74,6 +90,7 @@ class ReadPlan:
     budget_bytes: int
     batch_size: int
     block_rows: int
+    unit_rows: int
     rows_per_fill: int
     n_buffers: int
     queue_depth: int
@@ -103,7 +120,8 @@ class ReadPlan:
     def describe(self) -> str:
         return (
             f"budget {format_bytes(self.budget_bytes)}: {self.n_buffers} x {self.rows_per_fill} rows "
-            f"({self.blocks_per_fill} blocks of {self.block_rows}) = {format_bytes(self.buffer_bytes)} shuffle buffer, "
+            f"({self.rows_per_fill // self.unit_rows} units of {self.unit_rows}) = {format_bytes(self.buffer_bytes)} "
+            "shuffle buffer, "
             f"{self.queue_depth} queued batches = {format_bytes(self.queue_bytes)}, "
             f"workers {format_bytes(self.pool_bytes)}, bookkeeping {format_bytes(self.bookkeeping_bytes)}"
         )
@@ -121,6 +139,7 @@ def plan_read(
     n_out_slots: int = 0,
     workers: int = 0,
     worker_bytes: int = 0,
+    unit_rows: int | None = None,
 ) -> ReadPlan:
     """Split ``budget_bytes`` between shuffle buffers, queue and workers for a store of ``rows`` rows.
 
@@ -135,8 +154,10 @@ def plan_read(
     # Per buffered row: pixels, label, its permutation entry and row id (int64 each).
     buffered_row_bytes = row_bytes + label_row_bytes + 16
     batch_bytes = batch_size * (out_row_bytes + label_row_bytes)
+    unit_rows = int(unit_rows or block_rows)
     n_blocks = -(-rows // block_rows) if rows else 0
-    bookkeeping = BOOKKEEPING_BYTES + n_blocks * 48  # chunk offsets + segment table + fill schedule
+    n_units = -(-rows // unit_rows) if rows else 0
+    bookkeeping = BOOKKEEPING_BYTES + n_blocks * 8 + n_units * 48  # chunk offsets; segment table + fill schedule
     pool = workers * worker_bytes + (n_out_slots * batch_size * out_row_bytes if workers else 0)
     in_flight = 4  # a straddling batch on each side of the two fills, one being handed out, one held by the consumer
 
@@ -168,6 +189,7 @@ def plan_read(
         budget_bytes=int(budget_bytes),
         batch_size=int(batch_size),
         block_rows=int(block_rows),
+        unit_rows=unit_rows,
         rows_per_fill=int(rows_per_fill),
         n_buffers=n_buffers,
         queue_depth=queue_depth,
