@@ -90,3 +90,31 @@ def test_sigkill_then_append_gives_exactly_the_full_set(big_src, tmp_path):
     assert paths == [walk[i] for i in storage_permutation(total, "shuffled", 0)]
     assert np.array_equal(labels, [expected[p] for p in paths])
     assert all(nearest_class(img, N_CLASSES) == lab for img, lab in zip(images, labels))
+
+
+def test_ctrl_c_commits_exits_130_in_one_line_and_append_finishes(big_src, tmp_path):
+    root, written = big_src
+    out = tmp_path / "int.h5"
+    cmd = [sys.executable, "-m", "h5stream", "ingest", root, str(out), "--size", "32", "--block-rows", "64", "--workers", "2"]
+    # Its own process group, like a shell job: Ctrl-C reaches the ingest and its workers together.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while proc.poll() is None and time.monotonic() < deadline and committed_rows(out) == 0:
+            time.sleep(0.005)  # polling interval, bounded by the deadline
+        assert proc.poll() is None, "ingest ended before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert err.strip() == "h5stream: interrupted", err
+    rows = read_meta(out).rows
+    assert 0 < rows < N_CLASSES * PER_CLASS
+    resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and f"already stored {rows}" in resumed.stdout, resumed.stderr
+    with h5py.File(out, "r") as f:
+        paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
+    assert sorted(paths) == sorted(rel for rel, _ in written)

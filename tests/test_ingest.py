@@ -204,3 +204,12 @@ def test_jpeg_draft_matches_full_decode(tmp_path):
     with Image.open(path) as im:
         full = np.asarray(im.convert("RGB").resize((64, 64), Image.Resampling.BILINEAR), dtype=np.int16)
     assert np.abs(fast - full).mean() < 6
+
+
+def test_appends_end_on_block_boundaries():
+    from h5stream.ingest.pack import rows_until_aligned
+
+    for stored in range(0, 70):
+        for block in (1, 4, 64, 1024):
+            n = rows_until_aligned(stored, block, 256)
+            assert n >= 256 and (stored + n) % block == 0 and n < 256 + block

@@ -40,12 +40,12 @@ import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 root, size = sys.argv[1], int(sys.argv[2])
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 ds = keras.utils.image_dataset_from_directory(root, image_size=(size, size), batch_size=32, shuffle=False, verbose=False)
 n = 0
 for x, y in ds:
     n += int(x.shape[0])
-print(json.dumps({"images": n, "seconds": time.perf_counter() - t0}))
+print(json.dumps({"images": n, "seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}))
 """
 
 
@@ -70,39 +70,49 @@ def list_images(root: str) -> list[str]:
     return [os.path.join(root, it.relpath) for it in discover_class_folders(root).items]
 
 
-def bench_pillow(paths: list[str], size: int) -> float:
+def cpu_now() -> float:
+    """CPU seconds of this process plus its waited-for children."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def bench_pillow(paths: list[str], size: int) -> tuple[float, float]:
     from PIL import Image
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_now()
     for p in paths:
         with Image.open(p) as im:
             im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR).tobytes()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_now() - c0
 
 
-def bench_decode(paths: list[str], size: int) -> float:
+def bench_decode(paths: list[str], size: int) -> tuple[float, float]:
     from h5stream.ingest.decode import DecodeSpec, decode_file
 
     spec = DecodeSpec(size=(size, size))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_now()
     for p in paths:
         decode_file(p, spec)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_now() - c0
 
 
 FLOOR_SCRIPT = r"""
-import sys
+import sys, time
 from h5stream.ingest.decode import DecodeSpec, decode_file
 size, paths = int(sys.argv[1]), open(sys.argv[2]).read().split("\n")
 spec = DecodeSpec(size=(size, size))
 print("ready", flush=True)
 sys.stdin.readline()  # go
+c0 = time.process_time()
 for p in paths:
     decode_file(p, spec)
+print(time.process_time() - c0, flush=True)
 """
 
 
-def bench_decode_parallel(paths: list[str], size: int, tmp: str, procs: int = 2) -> float:
+def bench_decode_parallel(paths: list[str], size: int, tmp: str, procs: int = 2) -> tuple[float, float]:
     """Wall time of ``procs`` plain processes decoding interleaved shares, started together (boot excluded)."""
     workers = []
     for k in range(procs):
@@ -117,22 +127,25 @@ def bench_decode_parallel(paths: list[str], size: int, tmp: str, procs: int = 2)
     for proc in workers:
         proc.stdin.write("go\n")
         proc.stdin.flush()
+    cpu = [float(proc.stdout.readline()) for proc in workers]
+    wall = time.perf_counter() - t0
     for proc in workers:
         proc.wait()
-    return time.perf_counter() - t0
+    return wall, sum(cpu)
 
 
-def bench_ingest(root: str, size: int, workers: int, tmp: str) -> float:
+def bench_ingest(root: str, size: int, workers: int, tmp: str) -> tuple[float, float]:
+    """Wall and CPU seconds (this process + workers, their start-up included) of one ingest."""
     from h5stream.ingest.pack import IngestOptions, ingest
 
     out = os.path.join(tmp, f"w{workers}.h5")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_now()
     result = ingest(IngestOptions(src=root, out=out, size=(size, size), workers=workers, overwrite=True, progress=False))
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, cpu_now() - c0
     if result.skipped:
         raise SystemExit(f"benchmark ingest skipped {result.skipped} files; see {result.report_path}")
     os.unlink(out)
-    return seconds
+    return seconds, cpu
 
 
 def bench_keras(root: str, size: int) -> dict | None:
@@ -173,11 +186,11 @@ def main(argv=None) -> int:
         "decode2": "decode floor x2 (2 plain procs, no IPC)",
         "keras": "keras image_dataset_from_directory (tf.data)",
     }
-    best: dict[str, float] = {}
+    best: dict[str, tuple[float, float]] = {}  # name -> (wall s, cpu s) of the fastest round
 
-    def keep(name: str, seconds: float | None) -> None:
-        if seconds is not None:
-            best[name] = min(seconds, best.get(name, float("inf")))
+    def keep(name: str, measured: tuple[float, float] | None) -> None:
+        if measured is not None and measured[0] < best.get(name, (float("inf"), 0.0))[0]:
+            best[name] = measured
 
     with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
         for _ in range(args.rounds):
@@ -188,9 +201,10 @@ def main(argv=None) -> int:
                 keep(f"ingest --workers {w}", bench_ingest(root, args.size, w, tmp))
             if not args.no_keras:
                 keras = bench_keras(root, args.size)
-                keep(names["keras"], keras["seconds"] if keras else None)
+                keep(names["keras"], (keras["seconds"], keras["cpu_s"]) if keras else None)
     order = [names["pillow"], names["decode"], names["decode2"], *[f"ingest --workers {w}" for w in workers], names["keras"]]
-    rows = {k: best[k] for k in order if k in best}
+    rows = {k: best[k][0] for k in order if k in best}
+    cpu_ms = {k: 1000 * best[k][1] / n for k in order if k in best}
     keras = names["keras"] in rows
 
     rates = {name: n / s for name, s in rows.items()}
@@ -210,6 +224,7 @@ def main(argv=None) -> int:
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "seconds": {k: round(v, 3) for k, v in rows.items()},
         "images_per_s": {k: round(v, 1) for k, v in rates.items()},
+        "cpu_ms_per_image": {k: round(v, 3) for k, v in cpu_ms.items()},
         "ratios": {k: round(v, 2) for k, v in ratios.items()},
     }
     if args.json:
@@ -218,9 +233,9 @@ def main(argv=None) -> int:
     print(f"{n} JPEGs 500x375 (mean {mean_kb:.0f} KiB) -> {args.size}x{args.size} RGB, {result['cpus']} CPUs, "
           f"best of {args.rounds}")
     width = max(len(k) for k in rows)
-    print(f"{'':<{width}}  {'seconds':>8}  {'images/s':>9}")
+    print(f"{'':<{width}}  {'seconds':>8}  {'images/s':>9}  {'CPU ms/img':>10}")
     for name, s in rows.items():
-        print(f"{name:<{width}}  {s:8.2f}  {rates[name]:9.0f}")
+        print(f"{name:<{width}}  {s:8.2f}  {rates[name]:9.0f}  {cpu_ms[name]:10.2f}")
     for name, r in ratios.items():
         print(f"{name}: {r:.2f}x")
     return 0
