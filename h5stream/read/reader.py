@@ -12,9 +12,10 @@ fills' worth of rows.  ``POSIX_FADV_WILLNEED`` asks the kernel to fetch a whole
 fill ahead.  Compressed stores (no raw chunk access) read each run through h5py
 into a small scratch array and copy rows out.
 
-Reading is interleaved with handing out batches: while the batches of fill
-``f`` go to the consumer one by one, the runs of fill ``f + 1`` are read in
-proportion, so the queue keeps moving.
+Reading overlaps handing out batches: while the batches of fill ``f`` go to
+the consumer, fill ``f + 1`` is read -- by the I/O threads, all its runs
+submitted at once, or (compressed stores, read through HDF5 in this thread)
+a few runs between batches, so the queue keeps moving.
 
 Every blocking queue call uses a short timeout and checks the stop flag, so
 :meth:`Reader.close` always returns promptly.  An exception in the thread is
@@ -30,7 +31,6 @@ import queue
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
