@@ -110,7 +110,8 @@ def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
 
 def _init_worker() -> None:
     """In a spawned worker: leave Ctrl-C to the parent (which commits and stops the pool), and exit as
-    soon as the parent dies, even by SIGKILL, so no orphan keeps decoding."""
+    soon as the parent dies, even by SIGKILL, so no orphan keeps decoding.  (SIGINT is already ignored
+    from birth when :meth:`DecodePool.start` launched it; this covers a pool started another way.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:
@@ -154,8 +155,22 @@ class DecodePool:
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker)
 
     def start(self) -> None:
-        if self._pool is not None:
-            self._pool.submit(int)  # the first submit boots every worker
+        """Boot every worker now.  They start with SIGINT ignored (an ignored signal survives exec), so a
+        Ctrl-C during their import cannot print a traceback; the parent alone handles it."""
+        if self._pool is None:
+            return
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+        try:
+            # ProcessPoolExecutor spawns lazily, one process per submit while none is idle; a worker takes
+            # far longer to boot than a submit, so `workers` no-op submits launch them all (checked below).
+            for _ in range(4 * self.workers):
+                self._pool.submit(int)
+                if len(getattr(self._pool, "_processes", None) or ()) >= self.workers:
+                    break
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
 
     def imap(self, root: str, chunks: list[list[str]], spec: DecodeSpec):
         if self._pool is None:
