@@ -23,7 +23,8 @@ with a one-line reason; it never returns a partial image.  Steps:
    =========================  ============================================
 
    ``channels=1`` converts RGB to L with ITU-R 601 luma (Pillow's ``L``).
-5. Resize (bilinear, antialiased) to ``size`` = (height, width):
+5. Resize to ``size`` = (height, width) -- area averaging (Pillow ``BOX``,
+   antialiased) when shrinking, bilinear when enlarging:
    ``stretch`` ignores aspect (Keras ``target_size``), ``crop`` scales to cover
    and takes the centre, ``pad`` scales to fit and centres it on
    ``background``.
@@ -43,7 +44,17 @@ DEFAULT_BACKGROUND = (255, 255, 255)
 MAX_PIXELS = 1 << 27
 """Files whose header declares more pixels (~134 megapixels) are skipped as absurdly large."""
 
-_RESAMPLE = Image.Resampling.BILINEAR
+_SHRINK = Image.Resampling.BOX  # area averaging: antialiased, and ~35% cheaper than bilinear after draft()
+_ENLARGE = Image.Resampling.BILINEAR
+_REDUCING_GAP = 2.0  # big reductions go through Image.reduce() first (integer box, fast)
+
+
+def _resized(im: Image.Image, size: tuple[int, int], box=None) -> Image.Image:
+    """``im`` (or its ``box``) resized to ``size`` = (width, height): area averaging down, bilinear up."""
+    src_w, src_h = (box[2] - box[0], box[3] - box[1]) if box is not None else im.size
+    if size[0] <= src_w and size[1] <= src_h:
+        return im.resize(size, _SHRINK, box=box, reducing_gap=_REDUCING_GAP)
+    return im.resize(size, _ENLARGE, box=box)
 _ORIENT_TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
@@ -131,18 +142,18 @@ def resize(im: Image.Image, size: tuple[int, int], mode: str, background: tuple[
     th, tw = size
     w, h = im.size
     if mode == "stretch":
-        return im if (w, h) == (tw, th) else im.resize((tw, th), _RESAMPLE)
+        return im if (w, h) == (tw, th) else _resized(im, (tw, th))
     if mode == "crop":
         scale = max(tw / w, th / h)
         bw, bh = tw / scale, th / scale  # source box with the target aspect, centred
         left, top = (w - bw) / 2, (h - bh) / 2
-        return im.resize((tw, th), _RESAMPLE, box=(left, top, left + bw, top + bh))
+        return _resized(im, (tw, th), box=(left, top, left + bw, top + bh))
     if mode == "pad":
         scale = min(tw / w, th / h)
         nw, nh = max(1, min(tw, round(w * scale))), max(1, min(th, round(h * scale)))
         fill = background if im.mode == "RGB" else int(round(np.dot(background, (0.299, 0.587, 0.114))))
         canvas = Image.new(im.mode, (tw, th), fill)
-        canvas.paste(im.resize((nw, nh), _RESAMPLE), ((tw - nw) // 2, (th - nh) // 2))
+        canvas.paste(_resized(im, (nw, nh)), ((tw - nw) // 2, (th - nh) // 2))
         return canvas
     raise ValueError(f"resize mode must be one of {', '.join(RESIZE_MODES)}, got {mode!r}")
 

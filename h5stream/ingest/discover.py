@@ -66,9 +66,8 @@ def _walk_files(folder: str, root: str) -> list[str]:
     found = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
-        for name in filenames:
-            if not _is_hidden(name):
-                found.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
+        prefix = os.path.relpath(dirpath, root).replace(os.sep, "/") + "/"  # once per folder, not per file
+        found.extend(prefix + name for name in filenames if not _is_hidden(name))
     return sorted(found)
 
 
