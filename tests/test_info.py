@@ -70,3 +70,10 @@ def test_errors_are_one_line(tmp_path, h5cli, kind):
         path.write_text("hello")
     code, stdout, err = h5cli("info", path)
     assert code == 1 and stdout == "" and err.count("\n") == 1 and err.startswith("h5stream: error: ")
+
+
+@pytest.mark.parametrize("compression,reported", [("zlib", "gzip"), ("blosc", "blosc")])
+def test_compression_is_reported_even_for_plugin_filters(class_src, tmp_path, h5cli, compression, reported):
+    out = tmp_path / f"{compression}.h5"
+    assert h5cli("ingest", class_src[0], out, "--size", "8", "--compression", compression, "--workers", "0")[0] == 0
+    assert json.loads(h5cli("info", out, "--json")[1])["compression"] == reported

@@ -31,6 +31,18 @@ def class_counts(path: str, rows: int, n_classes: int) -> list[int]:
     return counts.tolist()
 
 
+def _filter_names(dataset) -> list[str]:
+    """HDF5 filter names on ``dataset`` as stored (h5py's ``.compression`` is None for plugin filters like blosc)."""
+    dcpl = dataset.id.get_create_plist()
+    names = []
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, _values, name = dcpl.get_filter(i)
+        name = name.decode("ascii", "replace") if isinstance(name, bytes) else str(name)
+        if code not in (2, 3):  # shuffle and fletcher32 are helpers, not the compressor
+            names.append({1: "gzip"}.get(code, name or f"filter {code}"))
+    return names
+
+
 def describe(path: str) -> dict:
     """The store's description: the keys of ``info --json`` (see README FORMAT)."""
     import h5py
@@ -41,6 +53,7 @@ def describe(path: str) -> dict:
     meta = read_meta(path)
     with h5py.File(path, "r") as f:
         chunks = f[schema.IMAGES].chunks
+        filters = _filter_names(f[schema.IMAGES])
     classes = None
     if meta.label_kind == schema.LABEL_CLASS and meta.class_names is not None:
         counts = class_counts(path, meta.rows, len(meta.class_names))
@@ -58,7 +71,7 @@ def describe(path: str) -> dict:
         "label_columns": list(meta.label_columns) if meta.label_columns is not None else None,
         "block_rows": meta.block_rows,
         "chunk_shape": list(chunks) if chunks else None,
-        "compression": meta.compression,
+        "compression": meta.compression or (filters[0] if filters else None),
         "order": meta.storage_order,
         "order_seed": meta.order_seed,
         "resize": meta.resize_mode,
@@ -86,7 +99,8 @@ def format_text(info: dict) -> str:
     order = info["order"] + (f" (seed {info['order_seed']})" if info["order"] == "shuffled" else "")
     lines += [
         f"  block rows      {info['block_rows']} (chunk {tuple(info['chunk_shape']) if info['chunk_shape'] else 'none'})",
-        f"  compression     {info['compression'] or 'none'}",
+        f"  compression     {info['compression'] or 'none'}"
+        + (" (plain h5py needs `pip install hdf5plugin` to read pixels)" if info["compression"] == "blosc" else ""),
         f"  storage order   {order}",
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
         f"  skipped files   {info['skipped_files']}" + (f" (see {info['skipped_report']})" if info["skipped_report"] else ""),
