@@ -32,7 +32,8 @@ def add_arguments(parser) -> None:
                         help="CSV with a 'path' or 'filename' column (relative to SRC) and numeric label columns")
     parser.add_argument("--label-columns", metavar="A,B",
                         help="label columns to use from --labels (default: every column but path/filename)")
-    parser.add_argument("--size", metavar="N|HxW", help="output size: N (square) or HxW (default 128)")
+    parser.add_argument("--size", metavar="N|HxW", help="output size: N (square) or HxW (default 128); with --append, size, resize, channels, "
+                        "order and seed default to the store's and must match it if given")
     parser.add_argument("--resize", choices=("stretch", "crop", "pad"),
                         help="stretch ignores aspect (default); crop keeps the centre; pad fits on white")
     parser.add_argument("--channels", type=int, choices=(3, 1), help="3 = RGB (default), 1 = grayscale")
@@ -43,7 +44,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--block-rows", type=int, metavar="N",
                         help="HDF5 chunk length in rows (default: largest power of two with a chunk <= 4 MiB)")
     parser.add_argument("--compression", choices=("none", "zlib", "blosc"), default="none",
-                        help="chunk filter: none (default); zlib (plain h5py reads it); blosc (PyTables/hdf5plugin only)")
+                        help="chunk filter of a new file: none (default); zlib (plain h5py reads it); "
+                        "blosc (faster, but h5py needs the hdf5plugin package)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--append", action="store_true",
                       help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")
