@@ -66,6 +66,11 @@ def targets(runs: dict) -> list[tuple[str, bool, str]]:
     if warm_ and warm_.get("ratios"):
         r = warm_["ratios"]
         out.append(("warm: stream >= 0.8x read_direct ceiling", r["vs_sequential"] >= 0.8, f"{r['vs_sequential']:.2f}x"))
+        steady = warm_.get("steady_samples_per_s")
+        if steady:
+            ratio = steady / warm_["baselines"]["sequential_samples_per_s"]
+            out.append(("warm, epochs 2+ (after start-up): stream >= 0.8x read_direct ceiling", ratio >= 0.8,
+                        f"{ratio:.2f}x"))
     ref = cold or warm_
     if ref:
         s = ref["shuffle"]
@@ -93,9 +98,10 @@ def _rate(v) -> str:
 
 def markdown(runs: dict) -> str:
     lines = [
-        "| file | page cache | h5stream stream | sequential `read_direct` (ceiling) | one row per call, random | "
-        "single-chunk shuffle | stream / sequential | stream / random | peak − baseline (budget) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| file | page cache | h5stream stream | stream, epochs 2+ | sequential `read_direct` (ceiling) | "
+        "one row per call, random | single-chunk shuffle | stream / sequential | stream / random | "
+        "peak − baseline (budget) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, r in runs.items():
         b = r.get("baselines") or {}
@@ -104,7 +110,8 @@ def markdown(runs: dict) -> str:
         if b.get("random_row_extrapolated"):
             random_note = f" (extrapolated from {b['random_row_rows_measured']:,} rows)"
         cells = [f"{r['file_bytes'] / 1e9:.1f} GB", "cold" if r["cold"] else "warm",
-                 f"{_rate(r['samples_per_s'])}/s ({r['mb_per_s']:,.0f} MB/s)"]
+                 f"{_rate(r['samples_per_s'])}/s ({r['mb_per_s']:,.0f} MB/s)",
+                 f"{_rate(r.get('steady_samples_per_s'))}/s"]
         if ratios:
             cells += [f"{_rate(b['sequential_samples_per_s'])}/s",
                       f"{_rate(b['random_row_samples_per_s'])}/s{random_note}",
@@ -139,7 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="0.2 GB and 0.8 GB files, short random baseline")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--memory-budget", default="256MiB")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--random-seconds", type=float, default=10.0)
     p.add_argument("--full-4g", action="store_true", help="also run the baselines on the large file")
     p.add_argument("--warm-only", action="store_true")
