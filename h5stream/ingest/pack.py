@@ -295,8 +295,11 @@ def _resolve_append(opts: IngestOptions, source: Source) -> dict:
     else:
         if tuple(meta.label_columns or ()) != tuple(source.label_columns):
             mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
+    stored: set[str] = set()
     with h5py.File(out, "r") as f:
-        stored = {p.decode("utf-8") for p in f[schema.PATHS][: meta.rows]}
+        paths = f[schema.PATHS]
+        for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
+            stored.update(p.decode("utf-8") for p in paths[start:min(meta.rows, start + 65536)])
     background = schema_background(out)
     return dict(
         spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background),
