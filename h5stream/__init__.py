@@ -1,9 +1,16 @@
 """h5stream: feed a training loop from an HDF5 image store far larger than RAM.
 
-Public names only; importing this package never imports keras, tensorflow or torch.
+Public names only.  Importing this package is cheap: it loads the error
+classes, and the rest (h5py, OpenCV, the stream) on first use of a name
+(PEP 562), so the processes that ingest or augment start fast.  It never
+imports keras, tensorflow or torch.
 """
 
-from h5stream.augment import Augment
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from h5stream.errors import (
     BudgetError,
     ConfigError,
@@ -16,10 +23,21 @@ from h5stream.errors import (
     StreamClosedError,
     WorkerError,
 )
-from h5stream.store import StoreMeta, read_meta
-from h5stream.stream import Stream, open  # noqa: A004
+
+if TYPE_CHECKING:
+    from h5stream.augment import Augment
+    from h5stream.store import StoreMeta, read_meta
+    from h5stream.stream import Stream, open  # noqa: A004
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Augment": "h5stream.augment",
+    "StoreMeta": "h5stream.store",
+    "read_meta": "h5stream.store",
+    "Stream": "h5stream.stream",
+    "open": "h5stream.stream",
+}
 
 __all__ = [
     "Augment",
@@ -38,3 +56,16 @@ __all__ = [
     "open",
     "read_meta",
 ]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'h5stream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

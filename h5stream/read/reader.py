@@ -302,7 +302,7 @@ class Reader:
 
     def _run(self) -> None:
         try:
-            with h5py.File(self.meta.path, "r", rdcc_nbytes=0) as f:
+            with h5py.File(self.meta.path, "r", rdcc_nbytes=0, locking=False) as f:
                 self._images = f[schema.IMAGES]
                 self._labels = f[schema.LABELS]
                 self._offsets = _chunk_offsets(self._images, self.meta)

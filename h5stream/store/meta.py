@@ -86,7 +86,8 @@ def read_meta(path: str | os.PathLike) -> StoreMeta:
     if not h5py.is_hdf5(path):
         raise StoreFormatError(f"{path}: not an HDF5 file; make one with `h5stream ingest SRC {path}`")
     try:
-        f = h5py.File(path, "r")
+        # locking=False: describing a file that an ingest is still writing is fine (readers stop at committed_rows).
+        f = h5py.File(path, "r", locking=False)
     except OSError as exc:
         raise StoreFormatError(f"{path}: cannot open as HDF5 ({exc})") from exc
     with f:
