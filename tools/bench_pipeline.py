@@ -1,0 +1,571 @@
+"""Issue 4's pipeline benchmark: augmenting stream vs. ImageDataGenerator and tf.data, in one run.
+
+For each size (128x128x3, then 32x32x3), with ``Augment.preset("standard")``
+(rotation 45, shifts 0.1, zoom [0.8, 1], channel shift 20, horizontal flip,
+fill nearest), on the same images:
+
+1. **keras idg** -- ``ImageDataGenerator(**standard).flow(x, y, batch_size=32)``
+   over rows held in memory (one core: scipy / numpy run single-threaded).
+2. **stream wN** -- ``h5stream.open(store, augment=..., workers=N)`` end to end
+   (read + shuffle + augment), N = 0, 1, 2, warm page cache.
+3. **cold** -- the same stream with 2 workers while
+   :class:`~h5stream.measure.PeriodicEvictor` keeps the file out of the page
+   cache (as ``h5stream bench --cold`` does), vs. ``tf.data`` from the JPEG
+   folder: ``keras.utils.image_dataset_from_directory`` mapped through
+   RandomFlip / RandomRotation / RandomZoom / RandomTranslation (fill nearest;
+   no channel shift: Keras has no such layer, which flatters tf.data) and
+   prefetched, with the JPEGs evicted before each pass.
+4. **stall** -- a consumer that sleeps a fixed time per batch (a simulated
+   GPU step) set to half the cold stream's measured capacity; the share of
+   wall time it waits for data, from ``stream.stats()["wait_s"]`` and from its
+   own clock around ``next()``.
+
+The JPEG folders come from :mod:`h5stream.samples` (photo-like ~500x375 JPEGs
+for the 128 table, shared with tools/bench_ingest.py; 32x32 JPEGs for the
+CIFAR-size table) and are ingested with h5stream's own ingest, so every
+pipeline sees the same images; all of it is cached under ``--data``.  Rates
+are images/s from the first batch on (start-up excluded, reported apart),
+medians of ``--repeats`` passes.  TensorFlow is imported only after every
+stream measurement, so its thread pools never share the cores with them.
+
+Usage::
+
+    python tools/bench_pipeline.py                 # both tables (~4-6 min on 2 cores, first run makes the data)
+    python tools/bench_pipeline.py --json          # one JSON object
+    python tools/bench_pipeline.py --quick         # tiny and fast, for trying it out and the test
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from bench_ingest import ensure_images  # noqa: E402  (the photo-like JPEG cache, shared with the ingest benchmark)
+from bench_stream import warm  # noqa: E402  (one sequential read: page cache warm)
+
+_environ = dict(os.environ)
+import bench_augment  # noqa: E402  (the one-core transform measurement)
+
+# bench_augment pins every library to one thread at import; this benchmark's
+# pipelines (tf.data above all) get the machine as a user would, so undo that.
+os.environ.clear()
+os.environ.update(_environ)
+
+BATCH_SIZE = 32
+BUDGET = "256MiB"
+EVICT_INTERVAL_S = 0.25  # as `h5stream bench --cold`
+PRESET = "standard"
+PHOTO_SIZE = (375, 500)  # (height, width) of the 128 table's source JPEGs
+
+TARGETS = {
+    "per_core_vs_idg": 20.0,
+    "w2_vs_w1": 1.7,
+    "cold_vs_tf_data": 10.0,
+    "stall_fraction": 0.02,
+}
+
+
+# -- data -------------------------------------------------------------------------------
+def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0) -> tuple[str, str]:
+    """A cached folder of ``n`` JPEGs in 4 class folders; returns (path, description of the sources).
+
+    Size 128 uses the ~500x375 photos tools/bench_ingest.py also uses; smaller
+    sizes use JPEGs already at ``size`` (CIFAR-like files, nothing to shrink).
+    """
+    if size >= 128:
+        return ensure_images(data_dir, n, seed), f"{PHOTO_SIZE[1]}x{PHOTO_SIZE[0]} JPEG"
+    from h5stream.samples import make_realistic_jpegs
+
+    root = os.path.join(data_dir, f"jpegs-{n}-{size}px-seed{seed}")
+    marker = os.path.join(root, ".complete")
+    if not os.path.exists(marker):
+        shutil.rmtree(root, ignore_errors=True)
+        make_realistic_jpegs(root, n, size=(size, size), seed=seed)
+        with open(marker, "w") as fh:
+            fh.write("ok\n")
+    return root, f"{size}x{size} JPEG"
+
+
+def ensure_store(data_dir: str, folder: str, size: int) -> str:
+    """``folder`` ingested at ``size`` x ``size`` with h5stream's ingest (cached next to it)."""
+    from h5stream.ingest.pack import IngestOptions, default_workers, ingest
+    from h5stream.store.meta import read_meta
+
+    out = os.path.join(data_dir, f"pipeline-{os.path.basename(folder)}-{size}.h5")
+    n_files = sum(len(files) for _, _, files in os.walk(folder) if files) - 1  # minus the .complete marker
+    if os.path.exists(out):
+        try:
+            if read_meta(out).rows == n_files:
+                return out
+        except Exception:  # a half-written cache from a killed run: make it again
+            pass
+    result = ingest(IngestOptions(src=folder, out=out, size=(size, size), workers=default_workers(),
+                                  overwrite=True, progress=False))
+    if result.skipped:
+        raise SystemExit(f"ingest skipped {result.skipped} files of {folder}; see {result.report_path}")
+    return out
+
+
+def read_rows(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``n`` rows and labels of a store, in memory (what ImageDataGenerator.flow gets)."""
+    import h5py
+
+    from h5stream.store import schema
+    from h5stream.store.meta import read_meta
+
+    n = min(n, read_meta(path).rows)
+    with h5py.File(path, "r") as f:
+        return f[schema.IMAGES][:n], f[schema.LABELS][:n]
+
+
+def evict_folder(folder: str) -> None:
+    """Drop every file under ``folder`` from the page cache (cold JPEG reads)."""
+    from h5stream.measure import evict_from_page_cache
+
+    for root, _, files in os.walk(folder):
+        for name in files:
+            evict_from_page_cache(os.path.join(root, name))
+
+
+# -- CPU accounting ---------------------------------------------------------------------
+def cpu_seconds(pids) -> dict[int, float]:
+    """User + system CPU seconds of each live pid (gone ones are left out)."""
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _cores(before: dict, after: dict, seconds: float) -> float:
+    return sum(after[p] - before[p] for p in after if p in before) / seconds if seconds > 0 else 0.0
+
+
+# -- measurements -----------------------------------------------------------------------
+def endless(stream):
+    """Batches of ``stream`` across epoch boundaries (each ``iter`` is one epoch)."""
+    while True:
+        yield from stream
+
+
+def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repeat: int = 0, cold: bool = False,
+                   batch_size: int = BATCH_SIZE, budget: str = BUDGET, seed: int = 0) -> dict:
+    """Images/s of ``h5stream.open(path, augment=standard, workers=workers)``, shuffled, median of ``repeats``.
+
+    One stream is opened; the first batch (worker start-up, first fill) is
+    timed apart as ``first_batch_s``; each repeat then times
+    ``images_per_repeat`` images (default: one epoch's worth).  Warm runs read
+    the file once first; ``cold=True`` keeps it out of the page cache
+    throughout.  Also reports CPU cores busy in this process (reader thread +
+    consumer, + the transform when ``workers == 0``) and in the workers.
+    """
+    import h5stream
+    from h5stream.measure import PeriodicEvictor, cached_fraction
+
+    meta = h5stream.read_meta(path)
+    per_repeat = images_per_repeat or meta.rows
+    if not cold:
+        warm(path)
+    augment = h5stream.Augment.preset(PRESET)
+    rates, main_cores, worker_cores = [], [], []
+    with contextlib.ExitStack() as stack:
+        evictor = stack.enter_context(PeriodicEvictor(path, EVICT_INTERVAL_S)) if cold else None
+        cached_at_open = cached_fraction(path)
+        t_open = time.perf_counter()
+        stream = stack.enter_context(h5stream.open(path, batch_size=batch_size, memory_budget=budget, shuffle=True,
+                                                   seed=seed, augment=augment, workers=workers))
+        batches = endless(stream)
+        x, _ = next(batches)
+        first_batch_s = time.perf_counter() - t_open
+        out_dtype = str(x.dtype)
+        worker_pids = list(stream.stats().get("worker_pids", []))
+        for _ in range(repeats):
+            n = 0
+            cpu0 = cpu_seconds([os.getpid(), *worker_pids])
+            t0 = time.perf_counter()
+            while n < per_repeat:
+                x, _ = next(batches)
+                n += len(x)
+            seconds = time.perf_counter() - t0
+            cpu1 = cpu_seconds([os.getpid(), *worker_pids])
+            rates.append(n / seconds)
+            main_cores.append(_cores({os.getpid(): cpu0[os.getpid()]}, {os.getpid(): cpu1[os.getpid()]}, seconds))
+            worker_cores.append(_cores({p: cpu0[p] for p in worker_pids if p in cpu0},
+                                       {p: cpu1[p] for p in worker_pids if p in cpu1}, seconds))
+        del x
+        stats = stream.stats()
+    return {
+        "images_per_s": statistics.median(rates),
+        "repeats_images_per_s": rates,
+        "images_per_repeat": per_repeat,
+        "first_batch_s": first_batch_s,
+        "workers": workers,
+        "cold": cold,
+        "cached_fraction_at_open": cached_at_open,
+        "evictions": evictor.evictions if evictor is not None else 0,
+        "main_process_cores": statistics.median(main_cores),
+        "worker_cores": statistics.median(worker_cores),
+        "read_mb_per_s": stats["read_bytes"] / 1e6 / max(stats["read_s"], 1e-9) if stats.get("read_s") else None,
+        "output_dtype": out_dtype,
+    }
+
+
+def measure_stall(path: str, *, workers: int, step_s: float, batches: int, cold: bool = True, augment=None,
+                  batch_size: int = BATCH_SIZE, budget: str = BUDGET, seed: int = 0) -> dict:
+    """A consumer that spends ``step_s`` per batch (sleeping: a simulated GPU step) on the augmenting stream.
+
+    After the first batch (start-up, excluded), ``batches`` batches are
+    consumed.  Waiting is measured two ways: the stream's own
+    ``stats()["wait_s"]`` (time blocked on the reader / the pool) and this
+    consumer's clock around every ``next()`` (that plus the copy out of shared
+    memory and the generator's overhead).  Fractions are of the wall time.
+    ``augment`` defaults to the ``standard`` preset.
+    """
+    import h5stream
+    from h5stream.measure import PeriodicEvictor
+
+    if augment is None:
+        augment = h5stream.Augment.preset(PRESET)
+    waits = np.zeros(batches)
+    with contextlib.ExitStack() as stack:
+        if cold:
+            stack.enter_context(PeriodicEvictor(path, EVICT_INTERVAL_S))
+        stream = stack.enter_context(h5stream.open(path, batch_size=batch_size, memory_budget=budget, shuffle=True,
+                                                   seed=seed, augment=augment, workers=workers))
+        it = endless(stream)
+        next(it)
+        stats_wait0 = stream.stats()["wait_s"]
+        images = 0
+        t_start = time.perf_counter()
+        for i in range(batches):
+            t0 = time.perf_counter()
+            x, _ = next(it)
+            waits[i] = time.perf_counter() - t0
+            images += len(x)
+            del x
+            time.sleep(step_s)
+        wall_s = time.perf_counter() - t_start
+        stats_wait_s = stream.stats()["wait_s"] - stats_wait0
+    own_wait_s = float(waits.sum())
+    return {
+        "step_s": step_s,
+        "batches": batches,
+        "images": images,
+        "wall_s": wall_s,
+        "consumer_images_per_s": images / wall_s,
+        "stats_wait_s": stats_wait_s,
+        "own_wait_s": own_wait_s,
+        "stats_wait_fraction": stats_wait_s / wall_s,
+        "own_wait_fraction": own_wait_s / wall_s,
+        # In next() but not blocked: the copy out of the shared-memory slot, queue bookkeeping, the GIL.
+        "handoff_s": max(0.0, own_wait_s - stats_wait_s),
+        "own_wait_median_ms": float(np.median(waits) * 1e3),
+        "own_wait_p99_ms": float(np.percentile(waits, 99) * 1e3),
+        "own_wait_max_ms": float(waits.max() * 1e3),
+        "workers": workers,
+        "cold": cold,
+    }
+
+
+def measure_transform(x: np.ndarray, *, repeats: int = 3) -> dict:
+    """Images/s of the ``standard`` Augment alone on one core over rows in memory (tools/bench_augment.py's
+    measurement, best of ``repeats``): the ceiling of one worker, without reading, IPC or copies."""
+    import h5stream
+
+    aug = h5stream.Augment.preset(PRESET)
+    aug(x[:2], seed=0, epoch=0, row_ids=np.arange(min(2, len(x))))  # loads OpenCV outside the clock
+    return {"images_per_s": bench_augment.measure(bench_augment.run_h5stream, x, aug, None, None, repeats),
+            "images": len(x), "statistic": f"best of {repeats}"}
+
+
+def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE) -> dict:
+    """Images/s of Keras' ``ImageDataGenerator(**standard).flow(x, y, batch_size)``, median of ``repeats`` passes."""
+    from keras.src.legacy.preprocessing.image import ImageDataGenerator
+
+    from h5stream.augment import PRESETS
+
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in PRESETS[PRESET].items()}
+    idg = ImageDataGenerator(**params)
+    rates = []
+    for r in range(repeats):
+        it = idg.flow(x, y, batch_size=batch_size, seed=r)
+        t0 = time.perf_counter()
+        n = 0
+        for _ in range(len(it)):
+            xb, _ = next(it)
+            n += len(xb)
+        rates.append(n / (time.perf_counter() - t0))
+    return {"images_per_s": statistics.median(rates), "repeats_images_per_s": rates, "images": len(x),
+            "output_dtype": str(xb.dtype)}
+
+
+def tf_augment_layers():
+    """Keras' random layers closest to the ``standard`` preset (no channel shift layer exists)."""
+    import keras
+
+    return keras.Sequential([
+        keras.layers.RandomFlip("horizontal"),
+        keras.layers.RandomRotation(45 / 360, fill_mode="nearest"),
+        keras.layers.RandomZoom((-0.2, 0.0), fill_mode="nearest"),
+        keras.layers.RandomTranslation(0.1, 0.1, fill_mode="nearest"),
+    ])
+
+
+def measure_tf_folder(folder: str, size: int, *, repeats: int = 3, cold: bool = True,
+                      batch_size: int = BATCH_SIZE, seed: int = 0) -> dict:
+    """Images/s of tf.data from the JPEG ``folder``: decode + resize + Keras random layers + prefetch.
+
+    Each repeat is a fresh pass over the folder (shuffled file order), with
+    every JPEG evicted from the page cache first when ``cold``.  The first
+    batch (graph tracing, pipeline start) is timed apart.
+    """
+    import keras
+    import tensorflow as tf
+
+    augment = tf_augment_layers()
+    ds = keras.utils.image_dataset_from_directory(folder, image_size=(size, size), batch_size=batch_size,
+                                                  shuffle=True, seed=seed, verbose=False)
+    ds = ds.map(lambda x, y: (augment(x, training=True), y), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    rates, first = [], []
+    for _ in range(repeats):
+        if cold:
+            evict_folder(folder)
+        t_open = time.perf_counter()
+        it = iter(ds)
+        x, _ = next(it)
+        t0 = time.perf_counter()
+        first.append(t0 - t_open)
+        n = 0
+        for x, _ in it:
+            n += int(x.shape[0])
+        if n:
+            rates.append(n / (time.perf_counter() - t0))
+    return {"images_per_s": statistics.median(rates) if rates else 0.0, "repeats_images_per_s": rates,
+            "first_batch_s": statistics.median(first), "cold": cold, "output_dtype": x.dtype.name,
+            "tensorflow": tf.__version__, "keras": keras.__version__}
+
+
+# -- the run ----------------------------------------------------------------------------
+def config(quick: bool) -> dict:
+    """Sizes of the run: images per folder, IDG rows, images per timed repeat, stall length."""
+    if quick:
+        return {"images": {128: 64, 32: 64}, "idg_rows": 64, "repeat_images": 0, "repeats": 1,
+                "cold_repeats": 1, "stall_s": 0.3, "tf_repeats": 1}
+    return {"images": {128: 3000, 32: 6000}, "idg_rows": {128: 512, 32: 2048}, "repeat_images": 0, "repeats": 3,
+            "cold_repeats": 3, "stall_s": 4.0, "tf_repeats": 3}
+
+
+def _per_size(value, size):
+    return value[size] if isinstance(value, dict) else value
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) -> dict:
+    """Every measurement for every size; the ``--json`` object."""
+    cfg = config(quick)
+    os.makedirs(data_dir, exist_ok=True)
+    result = {
+        "preset": PRESET,
+        "batch_size": BATCH_SIZE,
+        "memory_budget": BUDGET,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "quick": quick,
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "sizes": {},
+    }
+    t_run = time.perf_counter()
+    prepared = {}
+    # Phase 1: data and every stream measurement, before TensorFlow is imported.
+    for size in sizes:
+        folder, source = ensure_folder(data_dir, _per_size(cfg["images"], size), size)
+        store = ensure_store(data_dir, folder, size)
+        prepared[size] = (folder, store)
+        import h5stream
+
+        rows = h5stream.read_meta(store).rows
+        r = result["sizes"][str(size)] = {"rows": rows, "source": source, "folder": folder, "store": store}
+        log(f"{size}px: Augment alone, one core")
+        r["transform_1core"] = measure_transform(read_rows(store, _per_size(cfg["idg_rows"], size))[0],
+                                                 repeats=cfg["repeats"])
+        r["stream_warm"] = {}
+        for w in workers_list:
+            log(f"{size}px: stream warm, workers {w}")
+            r["stream_warm"][str(w)] = measure_stream(store, workers=w, repeats=cfg["repeats"],
+                                                      images_per_repeat=cfg["repeat_images"])
+        log(f"{size}px: stream cold, workers 2")
+        r["stream_cold"] = measure_stream(store, workers=2, repeats=cfg["cold_repeats"],
+                                          images_per_repeat=cfg["repeat_images"], cold=True)
+        capacity = r["stream_cold"]["images_per_s"]
+        step_s = 2 * BATCH_SIZE / capacity  # the consumer takes twice the pipeline's time per batch
+        batches = max(20, int(cfg["stall_s"] / step_s))
+        log(f"{size}px: stall, step {step_s * 1e3:.2f} ms x {batches} batches")
+        r["stall"] = measure_stall(store, workers=2, step_s=step_s, batches=batches, cold=True)
+        r["stall"]["capacity_images_per_s"] = capacity
+    # Phase 2: Keras / TensorFlow baselines.
+    for size in sizes:
+        folder, store = prepared[size]
+        r = result["sizes"][str(size)]
+        try:
+            import keras  # noqa: F401
+        except ImportError:
+            r["idg"] = r["tf_data"] = None
+            continue
+        log(f"{size}px: keras ImageDataGenerator")
+        x, y = read_rows(store, _per_size(cfg["idg_rows"], size))
+        r["idg"] = measure_idg(x, y, repeats=cfg["repeats"])
+        log(f"{size}px: tf.data from the JPEG folder (cold)")
+        r["tf_data"] = measure_tf_folder(folder, size, repeats=cfg["tf_repeats"], cold=True)
+    for size in sizes:
+        r = result["sizes"][str(size)]
+        r["ratios"] = ratios(r)
+        r["targets"] = targets(r)
+    result["seconds"] = time.perf_counter() - t_run
+    return result
+
+
+def ratios(r: dict) -> dict:
+    w = r["stream_warm"]
+    idg = (r.get("idg") or {}).get("images_per_s")
+    tf_rate = (r.get("tf_data") or {}).get("images_per_s")
+    out = {}
+    if idg:
+        out["transform_vs_idg"] = r["transform_1core"]["images_per_s"] / idg
+        for k, v in w.items():
+            out[f"w{k}_vs_idg"] = v["images_per_s"] / idg
+    if "1" in w and "2" in w:
+        out["w2_vs_w1"] = w["2"]["images_per_s"] / w["1"]["images_per_s"]
+    if tf_rate:
+        out["cold_vs_tf_data"] = r["stream_cold"]["images_per_s"] / tf_rate
+    return out
+
+
+def targets(r: dict) -> list[dict]:
+    """Issue 4's targets: name, figure, target, met."""
+    q = r["ratios"]
+    out = []
+
+    def add(name, value, target, met):
+        out.append({"name": name, "value": value, "target": target, "met": bool(met)})
+
+    if "transform_vs_idg" in q:
+        add("Augment alone (1 core, no I/O) vs ImageDataGenerator", q["transform_vs_idg"], TARGETS["per_core_vs_idg"],
+            q["transform_vs_idg"] >= TARGETS["per_core_vs_idg"])
+    if "w1_vs_idg" in q:
+        add("per core (1 worker) vs ImageDataGenerator", q["w1_vs_idg"], TARGETS["per_core_vs_idg"],
+            q["w1_vs_idg"] >= TARGETS["per_core_vs_idg"])
+    if "1" in r["stream_warm"]:
+        v = r["stream_warm"]["1"]["images_per_s"]
+        add("1 worker images/s", v, 10000.0, v >= 10000)
+    if "w2_vs_w1" in q:
+        add("2 workers / 1 worker", q["w2_vs_w1"], TARGETS["w2_vs_w1"], q["w2_vs_w1"] >= TARGETS["w2_vs_w1"])
+    if "cold_vs_tf_data" in q:
+        add("cold stream (2 workers) vs tf.data JPEG folder", q["cold_vs_tf_data"], TARGETS["cold_vs_tf_data"],
+            q["cold_vs_tf_data"] >= TARGETS["cold_vs_tf_data"])
+    s = r["stall"]
+    goal = TARGETS["stall_fraction"]
+    add("consumer blocked waiting for data (stats wait_s)", s["stats_wait_fraction"], goal, s["stats_wait_fraction"] < goal)
+    add("consumer inside next() (own clock, incl. copy)", s["own_wait_fraction"], goal, s["own_wait_fraction"] < goal)
+    return out
+
+
+# -- output -----------------------------------------------------------------------------
+def format_table(result: dict) -> str:
+    lines = [f"h5stream pipeline benchmark: preset {result['preset']}, batch {result['batch_size']}, "
+             f"budget {result['memory_budget']}, {result['cores']} cores ({result['cpu']})"
+             + (" [--quick]" if result["quick"] else ""),
+             ""]
+    for size, r in result["sizes"].items():
+        lines.append(f"{size}x{size}x3: {r['rows']} images ({r['source']} folder, ingested at {size}px)")
+        lines.append(f"  {'pipeline':<44}{'images/s':>10}{'vs idg':>9}  {'cores busy (main+workers)':<27}note")
+        idg = (r.get("idg") or {}).get("images_per_s")
+
+        def row(name, rate, note="", cores=""):
+            vs = f"{rate / idg:>8.1f}x" if idg else f"{'-':>9}"
+            lines.append(f"  {name:<44}{rate:>10,.0f}{vs}  {cores:<27}{note}")
+
+        if idg:
+            row("keras ImageDataGenerator.flow (in memory)", idg, f"{r['idg']['images']} rows, float32 out", "1 (single-threaded)")
+        row("h5stream Augment alone, 1 core, no I/O", r["transform_1core"]["images_per_s"],
+            f"{r['transform_1core']['images']} rows, {r['transform_1core']['statistic']}", "1")
+        for w, s in r["stream_warm"].items():
+            row(f"h5stream stream, workers {w}, warm", s["images_per_s"], f"first batch {s['first_batch_s']:.2f} s",
+                f"{s['main_process_cores']:.2f} + {s['worker_cores']:.2f}")
+        c = r["stream_cold"]
+        cold_note = (f"cached at open {c['cached_fraction_at_open']:.0%}, first batch {c['first_batch_s']:.2f} s"
+                     if c["cached_fraction_at_open"] is not None else f"first batch {c['first_batch_s']:.2f} s")
+        row("h5stream stream, workers 2, COLD", c["images_per_s"], cold_note,
+            f"{c['main_process_cores']:.2f} + {c['worker_cores']:.2f}")
+        t = r.get("tf_data")
+        if t:
+            row("tf.data JPEG folder + keras layers, COLD", t["images_per_s"],
+                f"first batch {t['first_batch_s']:.2f} s; all cores")
+        s = r["stall"]
+        lines.append(
+            f"  stall: consumer step {s['step_s'] * 1e3:.2f} ms/batch (half of {s['capacity_images_per_s']:,.0f} img/s, "
+            f"cold, 2 workers), {s['batches']} batches in {s['wall_s']:.1f} s:")
+        lines.append(
+            f"         blocked waiting for data {s['stats_wait_fraction']:.2%} of wall time (stats()['wait_s']); "
+            f"inside next() {s['own_wait_fraction']:.2%} (own clock: median {s['own_wait_median_ms']:.2f} ms, "
+            f"p99 {s['own_wait_p99_ms']:.2f} ms per batch; the difference is the copy out of shared memory)")
+        lines.append("  targets:")
+        for tg in r["targets"]:
+            if tg["name"].startswith("consumer"):  # fractions of wall time
+                fig, goal = f"{tg['value']:.2%}", f"< {tg['target']:.0%}"
+            elif tg["name"].endswith("images/s"):
+                fig, goal = f"{tg['value']:,.0f}", f">= {tg['target']:,.0f}"
+            else:
+                fig, goal = f"{tg['value']:.2f}x", f">= {tg['target']:g}x"
+            lines.append(f"    {'met   ' if tg['met'] else 'MISSED'} {tg['name']:<48} {fig:>9}  (target {goal})")
+        lines.append("")
+    lines.append(f"total {result['seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.path.join(REPO, "bench-data"),
+                        help="cache for the generated JPEG folders and stores (default bench-data/, git-ignored)")
+    parser.add_argument("--sizes", default="128,32", help="square sizes, comma-separated (default 128,32)")
+    parser.add_argument("--quick", action="store_true", help="64 images per size, one repeat: seconds, not minutes")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: use comma-separated integers, e.g. 128,32")
+    if not sizes or any(s < 8 for s in sizes):
+        parser.error(f"--sizes {args.sizes!r}: every size must be >= 8")
+    result = run(sizes, data_dir=args.data, quick=args.quick)
+    result["command"] = " ".join(["python tools/bench_pipeline.py", *(argv if argv is not None else sys.argv[1:])])
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
