@@ -32,7 +32,11 @@ with a one-line reason; it never returns a partial image.  Steps:
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -214,3 +218,35 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
     if arr.shape != spec.shape:  # a bug, not a bad file; still never a partial row
         raise SkipFile(f"decoded to {arr.shape}, expected {spec.shape}")
     return arr
+
+
+# -- worker side (this module imports only numpy and Pillow, so decode processes start fast) --
+
+
+def init_worker() -> None:
+    """In a spawned worker: leave Ctrl-C to the parent (which commits and stops the pool), and exit as
+    soon as the parent dies, even by SIGKILL, so no orphan keeps decoding.  (SIGINT is already ignored
+    from birth when :meth:`DecodePool.start` launched it; this covers a pool started another way.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="h5stream-parent-watch", daemon=True).start()
+
+
+def decode_task(root: str, relpaths: list[str], spec: DecodeSpec) -> tuple[np.ndarray, list[str | None]]:
+    """Decode ``relpaths``; returns (stacked images of the good ones, per-file skip reason or None)."""
+    good, reasons = [], []
+    for rel in relpaths:
+        try:
+            good.append(decode_file(os.path.join(root, rel), spec))
+            reasons.append(None)
+        except SkipFile as exc:
+            reasons.append(str(exc) or "skipped")
+    images = np.stack(good) if good else np.empty((0, *spec.shape), dtype=np.uint8)
+    return images, reasons

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreFormatError, WorkerError
-from h5stream.ingest.decode import DecodeSpec, SkipFile, decode_file
+from h5stream.errors import ConfigError, SourceError, StoreExistsError, WorkerError
+from h5stream.ingest.decode import DecodeSpec, decode_task, init_worker
 from h5stream.ingest.discover import Item, Source, discover
 from h5stream.store import schema
 
@@ -108,35 +108,6 @@ def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
 # -- worker side --------------------------------------------------------------------
 
 
-def _init_worker() -> None:
-    """In a spawned worker: leave Ctrl-C to the parent (which commits and stops the pool), and exit as
-    soon as the parent dies, even by SIGKILL, so no orphan keeps decoding.  (SIGINT is already ignored
-    from birth when :meth:`DecodePool.start` launched it; this covers a pool started another way.)"""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch():
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="h5stream-parent-watch", daemon=True).start()
-
-
-def decode_task(root: str, relpaths: list[str], spec: DecodeSpec) -> tuple[np.ndarray, list[str | None]]:
-    """Decode ``relpaths``; returns (stacked images of the good ones, per-file skip reason or None)."""
-    good, reasons = [], []
-    for rel in relpaths:
-        try:
-            good.append(decode_file(os.path.join(root, rel), spec))
-            reasons.append(None)
-        except SkipFile as exc:
-            reasons.append(str(exc) or "skipped")
-    images = np.stack(good) if good else np.empty((0, *spec.shape), dtype=np.uint8)
-    return images, reasons
-
-
 class DecodePool:
     """``workers`` spawned decode processes (0: decode in the calling thread).  Owns the executor.
 
@@ -152,7 +123,7 @@ class DecodePool:
         self._pool = None
         if workers > 0:
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker)
+            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker)
 
     def start(self) -> None:
         """Boot every worker now.  They start with SIGINT ignored (an ignored signal survives exec), so a
@@ -467,7 +438,6 @@ def ingest(opts: IngestOptions) -> IngestResult:
     if opts.append and os.path.isdir(opts.out):
         raise StoreExistsError(f"{opts.out}: is a directory; give the .h5 file to append to")
     plan = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
-    spec: DecodeSpec = plan["spec"]
 
     report_path = schema.skipped_report_path(opts.out)
     reported = _read_report(report_path) if appending else set()
@@ -479,7 +449,6 @@ def ingest(opts: IngestOptions) -> IngestResult:
     order = storage_permutation(len(source.items), plan["order"], plan["seed"])
     pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in plan["stored"]]
     already = len(source.items) - len(pending)
-    class_index = {n: i for i, n in enumerate(plan["class_names"] or ())}
 
     pool = DecodePool(opts.workers)
     try:
