@@ -372,9 +372,10 @@ def config(quick: bool) -> dict:
     """Sizes of the run: images per folder, IDG rows, images per timed repeat, stall length."""
     if quick:
         return {"images": {128: 64, 32: 64}, "idg_rows": 64, "repeat_images": 0, "repeats": 1,
-                "cold_repeats": 1, "stall_s": 0.3, "tf_repeats": 1}
-    return {"images": {128: 3000, 32: 6000}, "idg_rows": {128: 512, 32: 2048}, "repeat_images": 0, "repeats": 3,
-            "cold_repeats": 3, "stall_s": 4.0, "tf_repeats": 3}
+                "stall_s": 0.3, "tf_repeats": 1}
+    # About 1.5 s per timed repeat (several epochs of the store), 5 repeats; the whole run ~3 min.
+    return {"images": {128: 3000, 32: 6000}, "idg_rows": {128: 512, 32: 2048},
+            "repeat_images": {128: 12000, 32: 30000}, "repeats": 5, "stall_s": 4.0, "tf_repeats": 3}
 
 
 def _per_size(value, size):
@@ -413,14 +414,21 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         log(f"{size}px: Augment alone, one core")
         r["transform_1core"] = measure_transform(read_rows(store, _per_size(cfg["idg_rows"], size))[0],
                                                  repeats=cfg["repeats"])
+        per_repeat = _per_size(cfg["repeat_images"], size)
         r["stream_warm"] = {}
         for w in workers_list:
             log(f"{size}px: stream warm, workers {w}")
             r["stream_warm"][str(w)] = measure_stream(store, workers=w, repeats=cfg["repeats"],
-                                                      images_per_repeat=cfg["repeat_images"])
+                                                      images_per_repeat=per_repeat)
+        # Diagnostic: 4x fewer, larger batches separate per-batch costs (IPC, wake-ups) from per-image work.
+        r["stream_warm_batch128"] = {}
+        for w in (1, 2):
+            log(f"{size}px: stream warm, workers {w}, batch 128")
+            r["stream_warm_batch128"][str(w)] = measure_stream(store, workers=w, repeats=cfg["repeats"],
+                                                               images_per_repeat=per_repeat, batch_size=128)
         log(f"{size}px: stream cold, workers 2")
-        r["stream_cold"] = measure_stream(store, workers=2, repeats=cfg["cold_repeats"],
-                                          images_per_repeat=cfg["repeat_images"], cold=True)
+        r["stream_cold"] = measure_stream(store, workers=2, repeats=cfg["repeats"], images_per_repeat=per_repeat,
+                                          cold=True)
         capacity = r["stream_cold"]["images_per_s"]
         step_s = 2 * BATCH_SIZE / capacity  # the consumer takes twice the pipeline's time per batch
         batches = max(20, int(cfg["stall_s"] / step_s))
@@ -460,6 +468,12 @@ def ratios(r: dict) -> dict:
             out[f"w{k}_vs_idg"] = v["images_per_s"] / idg
     if "1" in w and "2" in w:
         out["w2_vs_w1"] = w["2"]["images_per_s"] / w["1"]["images_per_s"]
+        # How much more CPU the workers got with two than with one: the most w2_vs_w1 could be here.
+        if w["1"]["worker_cores"] > 0:
+            out["w2_vs_w1_worker_cores"] = w["2"]["worker_cores"] / w["1"]["worker_cores"]
+    big = r.get("stream_warm_batch128") or {}
+    if "1" in big and "2" in big:
+        out["w2_vs_w1_batch128"] = big["2"]["images_per_s"] / big["1"]["images_per_s"]
     if tf_rate:
         out["cold_vs_tf_data"] = r["stream_cold"]["images_per_s"] / tf_rate
     return out
@@ -516,6 +530,9 @@ def format_table(result: dict) -> str:
         for w, s in r["stream_warm"].items():
             row(f"h5stream stream, workers {w}, warm", s["images_per_s"], f"first batch {s['first_batch_s']:.2f} s",
                 f"{s['main_process_cores']:.2f} + {s['worker_cores']:.2f}")
+        for w, s in (r.get("stream_warm_batch128") or {}).items():
+            row(f"  (diagnostic) workers {w}, warm, batch 128", s["images_per_s"], "per-batch costs / 4",
+                f"{s['main_process_cores']:.2f} + {s['worker_cores']:.2f}")
         c = r["stream_cold"]
         cold_note = (f"cached at open {c['cached_fraction_at_open']:.0%}, first batch {c['first_batch_s']:.2f} s"
                      if c["cached_fraction_at_open"] is not None else f"first batch {c['first_batch_s']:.2f} s")
@@ -533,6 +550,11 @@ def format_table(result: dict) -> str:
             f"         blocked waiting for data {s['stats_wait_fraction']:.2%} of wall time (stats()['wait_s']); "
             f"inside next() {s['own_wait_fraction']:.2%} (own clock: median {s['own_wait_median_ms']:.2f} ms, "
             f"p99 {s['own_wait_p99_ms']:.2f} ms per batch; the difference is the copy out of shared memory)")
+        q = r["ratios"]
+        if "w2_vs_w1" in q:
+            lines.append(f"  scaling: 2 workers / 1 worker {q['w2_vs_w1']:.2f}x with batch 32 "
+                         f"(the workers got {q.get('w2_vs_w1_worker_cores', float('nan')):.2f}x the CPU), "
+                         f"{q.get('w2_vs_w1_batch128', float('nan')):.2f}x with batch 128")
         lines.append("  targets:")
         for tg in r["targets"]:
             if tg["name"].startswith("consumer"):  # fractions of wall time
