@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import psutil
 import pytest
 
 from h5stream import cli
@@ -51,3 +52,42 @@ def h5cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+MY_SEGMENTS = f"h5s_{os.getpid()}_"
+"""Prefix of the shared-memory segments this test process creates (other sessions on the machine make h5s_* too)."""
+
+
+def _my_segments() -> set[str]:
+    from h5stream.augment.shm import segment_names
+
+    return set(segment_names(MY_SEGMENTS))
+
+
+def _is_tracker(proc: psutil.Process) -> bool:
+    """multiprocessing's resource tracker: one per interpreter, started on first use, by design."""
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail a test that leaves a child process or a /dev/shm segment of this process behind.
+
+    Modules that start processes use it for every test: ``pytestmark = pytest.mark.usefixtures("no_leaks")``.
+    """
+    import gc
+
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = _my_segments()
+    yield
+    gc.collect()  # an unclosed stream or pool is cleaned up by its finalizer
+    leaked = [
+        p for p in me.children(recursive=True)
+        if p.pid not in children_before and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not leaked, f"child processes left behind: {leaked}"
+    assert _my_segments() - shm_before == set(), "shared-memory segments left behind"

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import numpy as np
-import psutil
 import pytest
 
 from h5stream.augment.shm import SharedArray, SharedSpec, new_prefix, segment_names
@@ -18,26 +17,7 @@ from h5stream.errors import ConfigError, WorkerError
 MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
 
 
-def _is_tracker(proc: psutil.Process) -> bool:
-    try:
-        return any("resource_tracker" in part for part in proc.cmdline())
-    except psutil.Error:
-        return False
-
-
-@pytest.fixture(autouse=True)
-def no_leaks():
-    """Fail a test that leaves a child process or a /dev/shm segment of this process behind."""
-    me = psutil.Process()
-    children_before = {p.pid for p in me.children(recursive=True)}
-    shm_before = set(segment_names(MY_SEGMENTS))
-    yield
-    leaked = [
-        p for p in me.children(recursive=True)
-        if p.pid not in children_before and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
-    ]
-    assert not leaked, f"child processes left behind: {leaked}"
-    assert set(segment_names(MY_SEGMENTS)) - shm_before == set(), "shared-memory segments left behind"
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 def test_create_attach_share_memory_and_close_unlinks():

@@ -1,7 +1,5 @@
 """The stream with augmentation: inline and in worker processes, end to end on real files."""
 
-import gc
-import os
 
 import numpy as np
 import psutil
@@ -14,31 +12,7 @@ from h5stream.store.writer import write_arrays
 ROWS = 700
 
 
-def _children():
-    """Our child processes, less multiprocessing's resource tracker (one per interpreter, by design)."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if not any("resource_tracker" in part for part in p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
-def _shm():
-    """Shared-memory segments made by this process (names carry the creator's pid)."""
-    mine = f"h5s_{os.getpid()}_"
-    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)} if os.path.isdir("/dev/shm") else set()
-
-
-@pytest.fixture(autouse=True)
-def no_leaks():
-    before = _shm()
-    yield
-    gc.collect()
-    assert _children() == []
-    assert _shm() - before == set()
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 @pytest.fixture(scope="module")
