@@ -162,6 +162,22 @@ def _cores(before: dict, after: dict, seconds: float) -> float:
     return sum(after[p] - before[p] for p in after if p in before) / seconds if seconds > 0 else 0.0
 
 
+SPIN = "import time\nt0, c0 = time.perf_counter(), time.process_time()\nwhile time.perf_counter() - t0 < {s}: pass\nprint(time.process_time() - c0)"
+
+
+def probe_cores(seconds: float = 0.5, procs: int = 2) -> float:
+    """CPU cores this run can get right now: ``procs`` spinning processes' CPU seconds / wall seconds.
+
+    On a machine shared with other users this is below the core count; every
+    figure measured next to a low probe is measured with less CPU.
+    """
+    import subprocess
+
+    running = [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)], stdout=subprocess.PIPE, text=True)
+               for _ in range(procs)]
+    return sum(float(p.communicate()[0]) for p in running) / seconds
+
+
 # -- measurements -----------------------------------------------------------------------
 def endless(stream):
     """Batches of ``stream`` across epoch boundaries (each ``iter`` is one epoch)."""
@@ -229,6 +245,31 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
         "read_mb_per_s": stats["read_bytes"] / 1e6 / max(stats["read_s"], 1e-9) if stats.get("read_s") else None,
         "output_dtype": out_dtype,
     }
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """One figure from several :func:`measure_stream` results of one configuration: medians, all rates kept."""
+    out = dict(runs[0])
+    out["repeats_images_per_s"] = [v for r in runs for v in r["repeats_images_per_s"]]
+    for key in ("images_per_s", "first_batch_s", "main_process_cores", "worker_cores"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["statistic"] = f"median of {len(runs)} interleaved runs"
+    return out
+
+
+def measure_interleaved(path: str, configs: dict[str, dict], *, rounds: int, images_per_repeat: int = 0) -> dict:
+    """:func:`measure_stream` for every configuration (name -> keyword arguments), round after round.
+
+    Interleaving puts every configuration under the same mix of load from
+    other users of the machine, so their ratios hold even when the absolute
+    figures drift.  Returns name -> :func:`merge_runs` of its runs.
+    """
+    runs: dict[str, list] = {name: [] for name in configs}
+    for i in range(rounds):
+        for name, kwargs in configs.items():
+            log(f"  round {i + 1}/{rounds}: {name}")
+            runs[name].append(measure_stream(path, repeats=1, images_per_repeat=images_per_repeat, **kwargs))
+    return {name: merge_runs(r) for name, r in runs.items()}
 
 
 def measure_stall(path: str, *, workers: int, step_s: float, batches: int, cold: bool = True, augment=None,
@@ -401,6 +442,7 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         "sizes": {},
     }
     t_run = time.perf_counter()
+    result["cores_available_at_start"] = probe_cores()
     prepared = {}
     # Phase 1: data and every stream measurement, before TensorFlow is imported.
     for size in sizes:
@@ -415,20 +457,16 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         r["transform_1core"] = measure_transform(read_rows(store, _per_size(cfg["idg_rows"], size))[0],
                                                  repeats=cfg["repeats"])
         per_repeat = _per_size(cfg["repeat_images"], size)
-        r["stream_warm"] = {}
-        for w in workers_list:
-            log(f"{size}px: stream warm, workers {w}")
-            r["stream_warm"][str(w)] = measure_stream(store, workers=w, repeats=cfg["repeats"],
-                                                      images_per_repeat=per_repeat)
+        configs = {f"w{w}": {"workers": w} for w in workers_list}
         # Diagnostic: 4x fewer, larger batches separate per-batch costs (IPC, wake-ups) from per-image work.
-        r["stream_warm_batch128"] = {}
-        for w in (1, 2):
-            log(f"{size}px: stream warm, workers {w}, batch 128")
-            r["stream_warm_batch128"][str(w)] = measure_stream(store, workers=w, repeats=cfg["repeats"],
-                                                               images_per_repeat=per_repeat, batch_size=128)
-        log(f"{size}px: stream cold, workers 2")
-        r["stream_cold"] = measure_stream(store, workers=2, repeats=cfg["repeats"], images_per_repeat=per_repeat,
-                                          cold=True)
+        configs.update({f"w{w}_batch128": {"workers": w, "batch_size": 128} for w in (1, 2)})
+        configs["cold_w2"] = {"workers": 2, "cold": True}
+        log(f"{size}px: streams {', '.join(configs)}")
+        measured = measure_interleaved(store, configs, rounds=cfg["repeats"], images_per_repeat=per_repeat)
+        r["stream_warm"] = {str(w): measured[f"w{w}"] for w in workers_list}
+        r["stream_warm_batch128"] = {str(w): measured[f"w{w}_batch128"] for w in (1, 2)}
+        r["stream_cold"] = measured["cold_w2"]
+        r["cores_available_after_streams"] = probe_cores()
         capacity = r["stream_cold"]["images_per_s"]
         step_s = 2 * BATCH_SIZE / capacity  # the consumer takes twice the pipeline's time per batch
         batches = max(20, int(cfg["stall_s"] / step_s))
@@ -453,6 +491,7 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         r = result["sizes"][str(size)]
         r["ratios"] = ratios(r)
         r["targets"] = targets(r)
+    result["cores_available_at_end"] = probe_cores()
     result["seconds"] = time.perf_counter() - t_run
     return result
 
@@ -513,6 +552,12 @@ def format_table(result: dict) -> str:
     lines = [f"h5stream pipeline benchmark: preset {result['preset']}, batch {result['batch_size']}, "
              f"budget {result['memory_budget']}, {result['cores']} cores ({result['cpu']})"
              + (" [--quick]" if result["quick"] else ""),
+             f"CPU this run could get (2 spinning processes): {result['cores_available_at_start']:.2f} cores at start, "
+             + ", ".join(f"{r['cores_available_after_streams']:.2f} after the {k}px streams"
+                         for k, r in result["sizes"].items())
+             + f", {result['cores_available_at_end']:.2f} at end",
+             "stream rates: medians of interleaved runs; cores busy = CPU seconds / wall seconds of this process "
+             "(reader thread + consumer) + the worker processes",
              ""]
     for size, r in result["sizes"].items():
         lines.append(f"{size}x{size}x3: {r['rows']} images ({r['source']} folder, ingested at {size}px)")
