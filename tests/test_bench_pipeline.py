@@ -77,8 +77,8 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     assert set(r["stream_warm"]) == {"0", "1", "2"}
     rates = [r["idg"], r["transform_1core"], r["stream_cold"], r["tf_data"], *r["stream_warm"].values()]
     assert all(m["images_per_s"] > 0 for m in rates)
-    assert r["idg"]["output_dtype"] == "float32"
-    assert {"transform_vs_idg", "w0_vs_idg", "w1_vs_idg", "w2_vs_idg", "w2_vs_w1", "cold_vs_tf_data"} <= set(r["ratios"])
+    assert r["idg"]["output_dtype"] == "float32" and r["transform_1core"]["batched_images_per_s"] > 0
+    assert {"transform_vs_idg", "transform_batched_vs_idg", "w0_vs_idg", "w1_vs_idg", "w2_vs_idg", "w2_vs_w1", "cold_vs_tf_data"} <= set(r["ratios"])
     assert r["stall"]["wall_s"] > 0 and r["stall"]["step_s"] > 0
     assert [t["name"] for t in r["targets"]][-1].startswith("consumer")
     assert all(isinstance(t["met"], bool) for t in r["targets"])
