@@ -618,7 +618,8 @@ def format_table(result: dict) -> str:
         lines.append(
             f"         blocked waiting for data {s['stats_wait_fraction']:.2%} of wall time (stats()['wait_s']); "
             f"inside next() {s['own_wait_fraction']:.2%} (own clock: median {s['own_wait_median_ms']:.2f} ms, "
-            f"p99 {s['own_wait_p99_ms']:.2f} ms per batch; the difference is the copy out of shared memory)")
+            f"p99 {s['own_wait_p99_ms']:.2f} ms per batch; the difference is the hand-off: copy out of shared memory "
+            "+ queue bookkeeping)")
         q = r["ratios"]
         if "w2_vs_w1" in q:
             lines.append(f"  scaling: 2 workers / 1 worker {q['w2_vs_w1']:.2f}x with batch 32 "
