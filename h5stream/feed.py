@@ -140,7 +140,8 @@ class PooledFeed:
             if self._stop.is_set():
                 raise Stopped
             try:
-                seq = self._pool.submit(0, positions, b.row_ids, epoch=b.epoch, seed=self._seed, timeout_s=POLL_S)
+                seq = self._pool.submit(0, positions, b.row_ids, epoch=b.epoch, seed=self._seed, timeout_s=POLL_S,
+                                        in_place=True)  # the input slot is freed only when the result is taken
                 return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
             except TimeoutError:
                 continue

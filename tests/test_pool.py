@@ -272,3 +272,22 @@ def test_constructor_validates(sources):
         WorkerPool(Scripted(), [spec], workers=0, batch_rows=2, n_slots=1)
     with pytest.raises(ConfigError, match="sources"):
         WorkerPool(Scripted(), [], workers=1, batch_rows=2, n_slots=1)
+
+
+def test_in_place_task_reads_rows_where_they_lie(pool, sources):
+    src = sources[1].array
+    want = add_row_ids(src[3:6], np.array([9, 8, 7]), 2)
+    seq = pool.submit(1, [3, 4, 5], [9, 8, 7], epoch=2, seed=PLAIN, timeout_s=60, in_place=True)
+    got_seq, got = pool.take(60)
+    assert got_seq == seq and np.array_equal(got, want)
+    assert pool.source_readers(1) == 0  # done implies read
+    copied = pool.submit(1, [3, 4, 5], [9, 8, 7], epoch=2, seed=PLAIN, timeout_s=60)
+    assert np.array_equal(pool.take(60)[1], want)  # same result as the gathering path
+    assert copied == seq + 1
+
+
+def test_in_place_needs_one_contiguous_run(pool):
+    with pytest.raises(ConfigError, match="contiguous"):
+        pool.submit(0, [1, 3], [1, 3], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
+    with pytest.raises(ConfigError, match="contiguous"):
+        pool.submit(0, [2, 1], [2, 1], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)

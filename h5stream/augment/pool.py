@@ -3,7 +3,8 @@
 Generic: it knows nothing about HDF5.  The owner (the stream) puts rows into
 *source* shared arrays (its shuffle buffers) and submits tasks
 ``(source_index, positions, row_ids, epoch, seed)``; a worker gathers
-``source[positions]`` into its private buffer, calls the transform writing
+``source[positions]`` into its private buffer (or, for a contiguous run
+submitted ``in_place``, reads it where it lies), calls the transform writing
 straight into an output *slot* (a ring of shared arrays the pool owns), and
 reports back.  Pixels never go through a pipe.
 
@@ -144,16 +145,22 @@ def _serve(conn, parent_sentinel, transform, src_arrays, out_all, batch_rows) ->
         msg = conn.recv()
         if msg is None:
             return
-        seq, slot, src, positions, row_ids, epoch, seed = msg
+        seq, slot, src, positions, row_ids, epoch, seed, in_place = msg
         n = len(positions)
-        images = gather[:n]
-        try:
-            # mode="clip" avoids numpy's extra buffered copy; the parent validated the range.
-            np.take(src_arrays[src], positions, axis=0, out=images, mode="clip")
-        except Exception as exc:
-            conn.send(("error", seq, f"gathering rows failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
-            continue
-        conn.send(("read", seq))
+        if in_place:
+            # The rows are one contiguous run the submitter keeps untouched until the result is taken:
+            # transform straight from shared memory (no copy, no "read" message; "done" implies it).
+            start = int(positions[0])
+            images = src_arrays[src][start:start + n]
+        else:
+            images = gather[:n]
+            try:
+                # mode="clip" avoids numpy's extra buffered copy; the parent validated the range.
+                np.take(src_arrays[src], positions, axis=0, out=images, mode="clip")
+            except Exception as exc:
+                conn.send(("error", seq, f"gathering rows failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
+                continue
+            conn.send(("read", seq))
         try:
             out = out_all[slot, :n]
             result = transform(images, seed=seed, epoch=epoch, row_ids=row_ids, out=out)
@@ -534,7 +541,8 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ producer side
 
-    def submit(self, source_index: int, positions, row_ids, *, epoch: int, seed: int, timeout_s: float) -> int:
+    def submit(self, source_index: int, positions, row_ids, *, epoch: int, seed: int, timeout_s: float,
+               in_place: bool = False) -> int:
         """Queue one batch ``transform(sources[source_index][positions])``; return its seq number.
 
         ``positions`` index rows of the source (1-D, 1..batch_rows entries);
@@ -543,6 +551,11 @@ class WorkerPool:
         is free; raises TimeoutError after ``timeout_s``, StreamClosedError if
         the pool was closed meanwhile, WorkerError if a worker died.
         Seq numbers count up from 0 in submission order.
+
+        ``in_place=True`` (``positions`` must then be one ascending run) lets
+        the worker transform the rows where they lie instead of copying them
+        out first; the caller promises not to overwrite them until the result
+        is taken, and the source counts as read only when the task is done.
         """
         positions = np.asarray(positions)
         row_ids = np.asarray(row_ids)
@@ -557,6 +570,8 @@ class WorkerPool:
         rows = self._source_rows[source_index]
         if positions.min() < 0 or positions.max() >= rows:
             raise ConfigError(f"submit: positions must lie in 0..{rows - 1} for source {source_index}")
+        if in_place and positions.shape[0] > 1 and not np.array_equal(np.diff(positions), np.ones(positions.shape[0] - 1)):
+            raise ConfigError("submit: in_place=True needs positions to be one ascending contiguous run")
         task_positions = positions.astype(np.intp, copy=False)
         task_row_ids = row_ids.astype(np.int64, copy=False)
         state = self._state
@@ -570,7 +585,9 @@ class WorkerPool:
             slot = state.free_slots.popleft()
             seq = state.next_submit
             try:
-                state.conns[worker].send((seq, slot, source_index, task_positions, task_row_ids, int(epoch), int(seed)))
+                state.conns[worker].send(
+                    (seq, slot, source_index, task_positions, task_row_ids, int(epoch), int(seed), bool(in_place))
+                )
             except OSError:
                 state.free_slots.appendleft(slot)
                 # The collector reports how the worker ended; give it a moment to.
