@@ -23,9 +23,11 @@ fill nearest), on the same images:
 The JPEG folders come from :mod:`h5stream.samples` (photo-like ~500x375 JPEGs
 for the 128 table, shared with tools/bench_ingest.py; 32x32 JPEGs for the
 CIFAR-size table) and are ingested with h5stream's own ingest, so every
-pipeline sees the same images; all of it is cached under ``--data``.  Rates
-are images/s from the first batch on (start-up excluded, reported apart),
-medians of ``--repeats`` passes.  TensorFlow is imported only after every
+pipeline sees the same images; all of it is cached under ``--data``.  Stream
+rates are images/s in the epochs after the first (a training run's steady
+rate); the first batch (start-up) and the first epoch (first touch of every
+buffer) are timed apart and shown in the note column; medians of
+interleaved passes.  TensorFlow is imported only after every
 stream measurement, so its thread pools never share the cores with them.
 
 Usage::
@@ -186,12 +188,15 @@ def endless(stream):
 
 
 def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repeat: int = 0, cold: bool = False,
-                   batch_size: int = BATCH_SIZE, budget: str = BUDGET, seed: int = 0) -> dict:
+                   batch_size: int = BATCH_SIZE, budget: str = BUDGET, seed: int = 0,
+                   warmup_epoch: bool = True) -> dict:
     """Images/s of ``h5stream.open(path, augment=standard, workers=workers)``, shuffled, median of ``repeats``.
 
     One stream is opened; the first batch (worker start-up, first fill) is
-    timed apart as ``first_batch_s``; each repeat then times
-    ``images_per_repeat`` images (default: one epoch's worth).  Warm runs read
+    timed apart as ``first_batch_s``, and the whole first epoch (with
+    ``warmup_epoch``) as ``first_epoch_images_per_s``; each repeat then times
+    ``images_per_repeat`` images (default: one epoch's worth) in the
+    following epochs: the steady rate of a training run.  Warm runs read
     the file once first; ``cold=True`` keeps it out of the page cache
     throughout.  Also reports CPU cores busy in this process (reader thread +
     consumer, + the transform when ``workers == 0``) and in the workers.
@@ -216,6 +221,15 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
         first_batch_s = time.perf_counter() - t_open
         out_dtype = str(x.dtype)
         worker_pids = list(stream.stats().get("worker_pids", []))
+        # The rest of the first epoch is timed apart too: it pays one-off costs (first touch of the shared
+        # and recycled buffers, OpenCV's first calls); training runs many epochs, so the repeats are steady.
+        t_first = time.perf_counter()
+        n_first = len(x)
+        if warmup_epoch:
+            for x, _ in stream:  # the rest of epoch 0 (the endless generator is still inside it)
+                n_first += len(x)
+        first_epoch_s = time.perf_counter() - t_first + first_batch_s
+        batches = endless(stream) if warmup_epoch else batches
         for _ in range(repeats):
             n = 0
             cpu0 = cpu_seconds([os.getpid(), *worker_pids])
@@ -236,6 +250,7 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
         "repeats_images_per_s": rates,
         "images_per_repeat": per_repeat,
         "first_batch_s": first_batch_s,
+        "first_epoch_images_per_s": n_first / first_epoch_s if warmup_epoch else None,
         "workers": workers,
         "cold": cold,
         "cached_fraction_at_open": cached_at_open,
@@ -253,11 +268,14 @@ def merge_runs(runs: list[dict]) -> dict:
     out["repeats_images_per_s"] = [v for r in runs for v in r["repeats_images_per_s"]]
     for key in ("images_per_s", "first_batch_s", "main_process_cores", "worker_cores"):
         out[key] = statistics.median(r[key] for r in runs)
+    firsts = [r["first_epoch_images_per_s"] for r in runs if r.get("first_epoch_images_per_s")]
+    out["first_epoch_images_per_s"] = statistics.median(firsts) if firsts else None
     out["statistic"] = f"median of {len(runs)} interleaved runs"
     return out
 
 
-def measure_interleaved(path: str, configs: dict[str, dict], *, rounds: int, images_per_repeat: int = 0) -> dict:
+def measure_interleaved(path: str, configs: dict[str, dict], *, rounds: int, images_per_repeat: int = 0,
+                        warmup_epoch: bool = True) -> dict:
     """:func:`measure_stream` for every configuration (name -> keyword arguments), round after round.
 
     Interleaving puts every configuration under the same mix of load from
@@ -268,7 +286,8 @@ def measure_interleaved(path: str, configs: dict[str, dict], *, rounds: int, ima
     for i in range(rounds):
         for name, kwargs in configs.items():
             log(f"  round {i + 1}/{rounds}: {name}")
-            runs[name].append(measure_stream(path, repeats=1, images_per_repeat=images_per_repeat, **kwargs))
+            runs[name].append(measure_stream(path, repeats=1, images_per_repeat=images_per_repeat,
+                                             warmup_epoch=warmup_epoch, **kwargs))
     return {name: merge_runs(r) for name, r in runs.items()}
 
 
@@ -480,7 +499,8 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         configs.update({f"w{w}_batch128": {"workers": w, "batch_size": 128} for w in (1, 2)})
         configs["cold_w2"] = {"workers": 2, "cold": True}
         log(f"{size}px: streams {', '.join(configs)}")
-        measured = measure_interleaved(store, configs, rounds=cfg["repeats"], images_per_repeat=per_repeat)
+        measured = measure_interleaved(store, configs, rounds=cfg["repeats"], images_per_repeat=per_repeat,
+                                       warmup_epoch=not quick)
         r["stream_warm"] = {str(w): measured[f"w{w}"] for w in workers_list}
         r["stream_warm_batch128"] = {str(w): measured[f"w{w}_batch128"] for w in (1, 2)}
         r["stream_cold"] = measured["cold_w2"]
@@ -567,6 +587,11 @@ def targets(r: dict) -> list[dict]:
 
 
 # -- output -----------------------------------------------------------------------------
+def _first_note(s: dict) -> str:
+    first = s.get("first_epoch_images_per_s")
+    return f"first batch {s['first_batch_s']:.2f} s" + (f", first epoch {first:,.0f}/s" if first else "")
+
+
 def format_table(result: dict) -> str:
     lines = [f"h5stream pipeline benchmark: preset {result['preset']}, batch {result['batch_size']}, "
              f"budget {result['memory_budget']}, {result['cores']} cores ({result['cpu']})"
@@ -575,7 +600,7 @@ def format_table(result: dict) -> str:
              + ", ".join(f"{r['cores_available_after_streams']:.2f} after the {k}px streams"
                          for k, r in result["sizes"].items())
              + f", {result['cores_available_at_end']:.2f} at end",
-             "stream rates: medians of interleaved runs; cores busy = CPU seconds / wall seconds of this process "
+             "stream rates: medians of interleaved runs, epochs after the first (its rate is in the note); cores busy = CPU seconds / wall seconds of this process "
              "(reader thread + consumer) + the worker processes",
              ""]
     for size, r in result["sizes"].items():
@@ -597,14 +622,14 @@ def format_table(result: dict) -> str:
         row(f"  same, one call per {t1['batch_size']} rows", t1["batched_images_per_s"],
             "per-batch costs included", "1")
         for w, s in r["stream_warm"].items():
-            row(f"h5stream stream, workers {w}, warm", s["images_per_s"], f"first batch {s['first_batch_s']:.2f} s",
+            row(f"h5stream stream, workers {w}, warm", s["images_per_s"], _first_note(s),
                 f"{s['main_process_cores']:.2f} + {s['worker_cores']:.2f}")
         for w, s in (r.get("stream_warm_batch128") or {}).items():
             row(f"  (diagnostic) workers {w}, warm, batch 128", s["images_per_s"], "per-batch costs / 4",
                 f"{s['main_process_cores']:.2f} + {s['worker_cores']:.2f}")
         c = r["stream_cold"]
-        cold_note = (f"cached at open {c['cached_fraction_at_open']:.0%}, first batch {c['first_batch_s']:.2f} s"
-                     if c["cached_fraction_at_open"] is not None else f"first batch {c['first_batch_s']:.2f} s")
+        cold_note = (f"cached at open {c['cached_fraction_at_open']:.0%}, {_first_note(c)}"
+                     if c["cached_fraction_at_open"] is not None else _first_note(c))
         row("h5stream stream, workers 2, COLD", c["images_per_s"], cold_note,
             f"{c['main_process_cores']:.2f} + {c['worker_cores']:.2f}")
         t = r.get("tf_data")
