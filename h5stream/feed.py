@@ -4,8 +4,9 @@ A feed delivers ``(epoch, index, images, labels)`` in order and owns every
 resource behind it.  :class:`InlineFeed` runs the transform (if any) in the
 consumer's thread.  :class:`PooledFeed` has the reader assemble batches in
 shared-memory *input slots*, submits one task per batch (indices only) to a
-:class:`~h5stream.augment.pool.WorkerPool`, and copies each finished output
-slot into an array the consumer owns.  Both recycle their output arrays
+:class:`~h5stream.augment.pool.WorkerPool`, and lends each finished output
+slot to the consumer as a view (copying only when the consumer already keeps
+:data:`LENT_SLOTS` of them).  Both recycle their output arrays
 (:class:`~h5stream.read.reader.ArrayArena`).  Used by :mod:`h5stream.stream`.
 """
 
@@ -26,10 +27,13 @@ from h5stream.store.meta import StoreMeta
 CONSUMER_SETS = 4
 """Output arrays recycled on the consumer side (batches in the consumer's hands)."""
 
+LENT_SLOTS = 2
+"""Output slots a pooled feed hands to the consumer without copying; batches it keeps beyond these are copies."""
+
 
 def pool_slots(workers: int) -> int:
-    """Output slots of a pool: two in flight per worker and two on their way to the consumer."""
-    return 2 * workers + 2
+    """Output slots of a pool: two in flight per worker, two on their way to the consumer, and the lent ones."""
+    return 2 * workers + 2 + LENT_SLOTS
 
 
 def fill_batches(plan: ReadPlan) -> int:
@@ -178,12 +182,19 @@ class PooledFeed:
         self.reader.stats["wait_s"] += time.perf_counter() - t0
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
-        n = done.rows
-        x = self._out(n)
+        # Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
+        # consumer drops it.  A consumer that keeps batches (a list of them, a framework holding the memory)
+        # would hold every slot so, beyond LENT_SLOTS live views, it gets copies instead.
         try:
-            x[...] = self._pool.slot_view(done.slot)[:n]
+            if self._pool.reclaim() < LENT_SLOTS:
+                x = self._pool.lend(done)
+            else:
+                x = self._out(done.rows)
+                try:
+                    x[...] = self._pool.slot_view(done.slot)[:done.rows]
+                finally:
+                    self._pool.release(done.slot)
         finally:
-            self._pool.release(done.slot)
             self._free.put(item.in_slot)
         return item.epoch, item.index, x, item.labels
 

@@ -97,3 +97,30 @@ def test_workers_need_an_augment(store):
         h5stream.open(store, workers=2)
     with pytest.raises(ConfigError, match="Augment"):
         h5stream.open(store, augment=lambda x: x)
+
+
+def _lent(stream, x) -> bool:
+    pool = stream._feed._pool
+    return any(np.shares_memory(x, pool.slot_view(k)) for k in range(pool.n_slots))
+
+
+def test_batches_are_lent_without_copy_and_kept_ones_stay_intact(store):
+    from h5stream.feed import LENT_SLOTS
+
+    aug = h5stream.Augment(horizontal_flip=True, rotation_range=20)
+    expected = _epochs(store, n_epochs=1, augment=aug, workers=0)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, augment=aug, workers=1) as s:
+        lent = []
+        for x, _ in s:  # the usual loop: each batch dropped when the next arrives
+            lent.append(_lent(s, x))
+        assert all(lent)  # zero-copy every time
+        del x  # the last batch of that epoch would still hold its slot
+        kept = list(s)  # a consumer keeping every batch of the next epoch
+        flags = [_lent(s, x) for x, _ in kept]
+        assert sum(flags) == LENT_SLOTS and not any(flags[LENT_SLOTS:])  # only the first few are views
+        assert s._feed._pool.lent == LENT_SLOTS
+    second = _epochs(store, n_epochs=2, augment=aug, workers=0)[len(expected):]
+    assert len(kept) == len(second)
+    for (x, y), (xe, ye) in zip(kept, second):  # nothing kept was overwritten by later batches
+        assert np.array_equal(x, xe) and np.array_equal(y, ye)
+    assert np.array_equal(kept[0][0], second[0][0])  # a lent view stays readable after close()

@@ -214,6 +214,8 @@ class _PoolState:
         self.next_submit = 0
         self.next_deliver = 0
         self.slots: SharedArray | None = None
+        self.slot_items: list[np.ndarray] = []  # one array per slot, made on the mapping (see SharedArray.item_arrays)
+        self.lent: list[int] = []  # slots handed to the consumer without a copy (see WorkerPool.lend)
         self.collector: threading.Thread | None = None
         self.wake_r, self.wake_w = os.pipe()
 
@@ -385,6 +387,7 @@ def _shutdown(state: _PoolState) -> None:
         except OSError:
             pass
     state.wake_r = state.wake_w = -1
+    state.slot_items, state.lent = [], []
     if state.slots is not None:
         state.slots.close()
 
@@ -501,6 +504,7 @@ class WorkerPool:
     def _start(self, transform_bytes, sources, prefix, start_timeout_s) -> None:
         state = self._state
         state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.out_row_shape, self.out_dtype, prefix)
+        state.slot_items = state.slots.item_arrays()
         ctx = mp.get_context("spawn")
         child_conns = []
         for w in range(self.workers):
@@ -645,9 +649,40 @@ class WorkerPool:
 
     def slot_view(self, slot: int) -> np.ndarray:
         """The whole output slot (batch_rows, *out_row_shape), a view into shared memory; valid until release()."""
-        if self._state.slots is None or self._state.slots.array is None:
+        if self._state.slots is None or self._state.slots.array is None or not self._state.slot_items:
             raise StreamClosedError("the augment worker pool is closed; open a new stream")
-        return self._state.slots.array[slot]
+        return self._state.slot_items[slot]
+
+    def lend(self, batch: Batch) -> np.ndarray:
+        """Hand ``batch``'s rows to the caller without a copy: a view into its output slot.
+
+        The slot stays out of the ring while anything refers to the view (or
+        to a view of it); :meth:`reclaim` gives it back once nothing does.  So
+        a caller may keep the array as long as it likes, but every array kept
+        holds a slot: lend only while :meth:`lent` is small, and copy
+        otherwise.  Consumer thread only.
+        """
+        view = self.slot_view(batch.slot)[: batch.rows]
+        self._state.lent.append(batch.slot)
+        return view
+
+    def reclaim(self) -> int:
+        """Release every lent slot nothing refers to any more; return how many stay lent.  Consumer thread only."""
+        state = self._state
+        items, still = state.slot_items, []
+        for slot in state.lent:
+            # Only the items list and getrefcount's own argument: no view of this slot is alive.
+            if items and sys.getrefcount(items[slot]) > 2:
+                still.append(slot)
+            elif items:
+                self.release(slot)
+        state.lent = still
+        return len(still)
+
+    @property
+    def lent(self) -> int:
+        """Slots lent to the consumer (see :meth:`lend`) and not reclaimed yet."""
+        return len(self._state.lent)
 
     def release(self, slot: int) -> None:
         """Give a slot obtained from :meth:`get` back to the ring."""
