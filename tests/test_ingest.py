@@ -213,3 +213,28 @@ def test_appends_end_on_block_boundaries():
         for block in (1, 4, 64, 1024):
             n = rows_until_aligned(stored, block, 256)
             assert n >= 256 and (stored + n) % block == 0 and n < 256 + block
+
+
+def test_decode_workers_do_not_rerun_the_callers_main_script(class_src, tmp_path):
+    # spawn would re-run a script in each decode worker (a top-level `import tensorflow` costs seconds and
+    # hundreds of MiB per worker); the workers need package code only.
+    import subprocess
+    import sys
+    import textwrap
+
+    src, expected = class_src
+    script = tmp_path / "ingest_from_script.py"
+    out = tmp_path / "s.h5"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        print("main script ran", file=sys.stderr, flush=True)
+        if __name__ == "__main__":
+            from h5stream.ingest.pack import IngestOptions, ingest
+            r = ingest(IngestOptions(src={str(src)!r}, out={str(out)!r}, size=(16, 16), workers=2,
+                                     progress=False))
+            print(r.ingested)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == read_meta(out).rows == len(expected)
+    assert done.stderr.count("main script ran") == 1, done.stderr

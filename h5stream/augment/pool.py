@@ -27,7 +27,6 @@ sources belong to the caller, who must keep them alive until ``close()``.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -36,7 +35,6 @@ import sys
 import threading
 import time
 import traceback
-import types
 import weakref
 from collections import deque
 from multiprocessing import connection as mp_connection
@@ -44,6 +42,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from h5stream._spawn import main_module_hidden
 from h5stream.augment.shm import SharedArray, SharedSpec, new_prefix
 from h5stream.errors import ConfigError, StreamClosedError, WorkerError
 
@@ -392,28 +391,6 @@ def _shutdown(state: _PoolState) -> None:
         state.slots.close()
 
 
-@contextlib.contextmanager
-def _main_module_hidden(hide: bool):
-    """While starting workers, hide ``__main__`` from spawn's preparation data.
-
-    spawn re-runs the parent's main script in every child so that objects
-    defined there can be unpickled.  A training script that imports
-    tensorflow at top level then costs ~400 MiB and seconds per worker
-    (measured), for nothing when the transform does not live in ``__main__``
-    (``hide`` is computed from its pickle).  The stub is in place only for
-    the few milliseconds of ``Process.start()``.
-    """
-    if not hide:
-        yield
-        return
-    real_main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = real_main
-
-
 class WorkerPool:
     """N spawned processes applying ``transform`` to rows of shared source arrays.
 
@@ -527,7 +504,7 @@ class WorkerPool:
         try:
             started = []
             try:
-                with _main_module_hidden(b"__main__" not in transform_bytes):
+                with main_module_hidden(b"__main__" not in transform_bytes):
                     for proc in state.procs:
                         proc.start()
                         started.append(proc)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from h5stream._spawn import main_module_hidden
 from h5stream.errors import ConfigError, SourceError, StoreExistsError, WorkerError
 from h5stream.ingest.decode import DecodeSpec, decode_task, init_worker
 from h5stream.ingest.discover import Item, Source, discover
@@ -135,10 +136,13 @@ class DecodePool:
         try:
             # ProcessPoolExecutor spawns lazily, one process per submit while none is idle; a worker takes
             # far longer to boot than a submit, so `workers` no-op submits launch them all (checked below).
-            for _ in range(4 * self.workers):
-                self._pool.submit(int)
-                if len(getattr(self._pool, "_processes", None) or ()) >= self.workers:
-                    break
+            # Workers run package code only: the caller's main script (which may import tensorflow) is not
+            # re-run in them.
+            with main_module_hidden():
+                for _ in range(4 * self.workers):
+                    self._pool.submit(int)
+                    if len(getattr(self._pool, "_processes", None) or ()) >= self.workers:
+                        break
         finally:
             if in_main:
                 signal.signal(signal.SIGINT, previous)
