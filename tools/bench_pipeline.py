@@ -6,6 +6,9 @@ fill nearest), on the same images:
 
 1. **keras idg** -- ``ImageDataGenerator(**standard).flow(x, y, batch_size=32)``
    over rows held in memory (one core: scipy / numpy run single-threaded).
+   Also the ``standard`` Augment alone: one core, and 1 vs 2 independent
+   processes (no I/O, no IPC) -- how far two cores of this machine scale
+   pure augmentation, the ceiling for the 2-worker / 1-worker ratio.
 2. **stream wN** -- ``h5stream.open(store, augment=..., workers=N)`` end to end
    (read + shuffle + augment), N = 0, 1, 2, warm page cache.
 3. **cold** -- the same stream with 2 workers while
@@ -377,6 +380,52 @@ def measure_transform(x: np.ndarray, *, repeats: int = 3, batch_size: int = BATC
             "batch_size": batch_size, "images": len(x), "statistic": f"best of {repeats}"}
 
 
+def _spin_transform(x, seconds, batch_size, queue):
+    """In a spawned process: the ``standard`` Augment over ``x`` in batches for ``seconds``; puts images/s."""
+    import h5stream
+
+    aug = h5stream.Augment.preset(PRESET)
+    out = np.empty_like(x[:batch_size])
+    ids = np.arange(len(x))
+    aug(x[:batch_size], seed=0, epoch=0, row_ids=ids[:batch_size], out=out[:len(x[:batch_size])])
+    n, epoch, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for i in range(0, len(x), batch_size):
+            j = min(i + batch_size, len(x))
+            aug(x[i:j], seed=0, epoch=epoch, row_ids=ids[i:j], out=out[:j - i])
+            n += j - i
+        epoch += 1
+    queue.put(n / (time.perf_counter() - t0))
+
+
+def measure_transform_processes(x: np.ndarray, *, procs: int = 2, seconds: float = 3.0, rounds: int = 2,
+                                batch_size: int = BATCH_SIZE) -> dict:
+    """Images/s of the Augment alone in 1 and in ``procs`` independent processes, batch by batch, no I/O or IPC.
+
+    The ratio is what ``procs`` cores of this machine give to pure augmentation
+    (shared caches, memory bandwidth, the hypervisor): the ceiling for the
+    ``workers=procs`` / ``workers=1`` scaling of a stream, which also needs CPU
+    for its reader and consumer.  Medians of ``rounds`` interleaved rounds.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    rates = {1: [], procs: []}
+    for _ in range(rounds):
+        for k in (1, procs):
+            queue = ctx.Queue()
+            ps = [ctx.Process(target=_spin_transform, args=(x, seconds, batch_size, queue)) for _ in range(k)]
+            for p in ps:
+                p.start()
+            total = sum(queue.get(timeout=600) for _ in ps)
+            for p in ps:
+                p.join()
+            rates[k].append(total)
+    one, many = statistics.median(rates[1]), statistics.median(rates[procs])
+    return {"procs": procs, "one_images_per_s": one, "many_images_per_s": many, "scaling": many / one,
+            "rounds": rounds, "seconds": seconds}
+
+
 def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE) -> dict:
     """Images/s of Keras' ``ImageDataGenerator(**standard).flow(x, y, batch_size)``, median of ``repeats`` passes."""
     from keras.src.legacy.preprocessing.image import ImageDataGenerator
@@ -493,6 +542,10 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         log(f"{size}px: Augment alone, one core")
         r["transform_1core"] = measure_transform(read_rows(store, _per_size(cfg["idg_rows"], size))[0],
                                                  repeats=cfg["repeats"])
+        if not quick:
+            log(f"{size}px: Augment alone, 1 and 2 processes")
+            r["transform_processes"] = measure_transform_processes(
+                read_rows(store, _per_size(cfg["idg_rows"], size))[0])
         per_repeat = _per_size(cfg["repeat_images"], size)
         configs = {f"w{w}": {"workers": w} for w in workers_list}
         # Diagnostic: 4x fewer, larger batches separate per-batch costs (IPC, wake-ups) from per-image work.
@@ -621,6 +674,10 @@ def format_table(result: dict) -> str:
             f"{t1['images']} rows in one call, {t1['statistic']}", "1")
         row(f"  same, one call per {t1['batch_size']} rows", t1["batched_images_per_s"],
             "per-batch costs included", "1")
+        tp = r.get("transform_processes")
+        if tp:
+            row(f"  same, {tp['procs']} independent processes", tp["many_images_per_s"],
+                f"{tp['scaling']:.2f}x one process: the ceiling for {tp['procs']} workers here", str(tp["procs"]))
         for w, s in r["stream_warm"].items():
             row(f"h5stream stream, workers {w}, warm", s["images_per_s"], _first_note(s),
                 f"{s['main_process_cores']:.2f} + {s['worker_cores']:.2f}")
@@ -647,9 +704,11 @@ def format_table(result: dict) -> str:
             "+ queue bookkeeping)")
         q = r["ratios"]
         if "w2_vs_w1" in q:
+            ceiling = (r.get("transform_processes") or {}).get("scaling")
             lines.append(f"  scaling: 2 workers / 1 worker {q['w2_vs_w1']:.2f}x with batch 32 "
                          f"(the workers got {q.get('w2_vs_w1_worker_cores', float('nan')):.2f}x the CPU), "
-                         f"{q.get('w2_vs_w1_batch128', float('nan')):.2f}x with batch 128")
+                         f"{q.get('w2_vs_w1_batch128', float('nan')):.2f}x with batch 128"
+                         + (f"; pure augmentation in 2 processes scales {ceiling:.2f}x on this machine" if ceiling else ""))
         lines.append("  targets:")
         for tg in r["targets"]:
             if tg["name"].startswith("consumer"):  # fractions of wall time
