@@ -635,7 +635,7 @@ def targets(r: dict) -> list[dict]:
     s = r["stall"]
     goal = TARGETS["stall_fraction"]
     add("consumer blocked waiting for data (stats wait_s)", s["stats_wait_fraction"], goal, s["stats_wait_fraction"] < goal)
-    add("consumer inside next() (own clock, incl. copy)", s["own_wait_fraction"], goal, s["own_wait_fraction"] < goal)
+    add("consumer inside next() (own clock, incl. hand-off)", s["own_wait_fraction"], goal, s["own_wait_fraction"] < goal)
     return out
 
 
@@ -700,8 +700,8 @@ def format_table(result: dict) -> str:
         lines.append(
             f"         blocked waiting for data {s['stats_wait_fraction']:.2%} of wall time (stats()['wait_s']); "
             f"inside next() {s['own_wait_fraction']:.2%} (own clock: median {s['own_wait_median_ms']:.2f} ms, "
-            f"p99 {s['own_wait_p99_ms']:.2f} ms per batch; the difference is the hand-off: copy out of shared memory "
-            "+ queue bookkeeping)")
+            f"p99 {s['own_wait_p99_ms']:.2f} ms per batch; the difference is the hand-off: "
+            "queue and slot bookkeeping, the reader thread holding the GIL)")
         q = r["ratios"]
         if "w2_vs_w1" in q:
             ceiling = (r.get("transform_processes") or {}).get("scaling")
