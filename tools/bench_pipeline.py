@@ -5,7 +5,8 @@ For each size (128x128x3, then 32x32x3), with ``Augment.preset("standard")``
 fill nearest), on the same images:
 
 1. **keras idg** -- ``ImageDataGenerator(**standard).flow(x, y, batch_size=32)``
-   over rows held in memory (one core: scipy / numpy run single-threaded).
+   over rows held in memory (one core: scipy / numpy run single-threaded),
+   one pass per round of the stream measurements (median).
    Also the ``standard`` Augment alone: one core, and 1 vs 2 independent
    processes (no I/O, no IPC) -- how far two cores of this machine scale
    pure augmentation, the ceiling for the 2-worker / 1-worker ratio.
@@ -30,8 +31,12 @@ pipeline sees the same images; all of it is cached under ``--data``.  Stream
 rates are images/s in the epochs after the first (a training run's steady
 rate); the first batch (start-up) and the first epoch (first touch of every
 buffer) are timed apart and shown in the note column; medians of
-interleaved passes.  TensorFlow is imported only after every
-stream measurement, so its thread pools never share the cores with them.
+interleaved passes.  ImageDataGenerator runs in a subprocess that
+imports TensorFlow before any stream is timed and then makes one pass at
+the start of every round, so it is sampled under the same drift of the
+machine as the streams it is compared with; TensorFlow is imported into this
+process only after every stream measurement (for the tf.data baseline), so
+its thread pools never share the cores with a stream.
 
 Usage::
 
@@ -278,15 +283,19 @@ def merge_runs(runs: list[dict]) -> dict:
 
 
 def measure_interleaved(path: str, configs: dict[str, dict], *, rounds: int, images_per_repeat: int = 0,
-                        warmup_epoch: bool = True) -> dict:
+                        warmup_epoch: bool = True, between=None) -> dict:
     """:func:`measure_stream` for every configuration (name -> keyword arguments), round after round.
 
     Interleaving puts every configuration under the same mix of load from
     other users of the machine, so their ratios hold even when the absolute
-    figures drift.  Returns name -> :func:`merge_runs` of its runs.
+    figures drift.  ``between()``, if given, runs at the start of every round.
+    Returns name -> :func:`merge_runs` of its runs.
     """
     runs: dict[str, list] = {name: [] for name in configs}
     for i in range(rounds):
+        if between is not None:  # another measurement sampled in the same rounds (ImageDataGenerator)
+            log(f"  round {i + 1}/{rounds}: keras idg")
+            between()
         for name, kwargs in configs.items():
             log(f"  round {i + 1}/{rounds}: {name}")
             runs[name].append(measure_stream(path, repeats=1, images_per_repeat=images_per_repeat,
@@ -426,7 +435,8 @@ def measure_transform_processes(x: np.ndarray, *, procs: int = 2, seconds: float
             "rounds": rounds, "seconds": seconds}
 
 
-def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE) -> dict:
+def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE,
+                seed: int = 0) -> dict:
     """Images/s of Keras' ``ImageDataGenerator(**standard).flow(x, y, batch_size)``, median of ``repeats`` passes."""
     from keras.src.legacy.preprocessing.image import ImageDataGenerator
 
@@ -436,7 +446,7 @@ def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: i
     idg = ImageDataGenerator(**params)
     rates = []
     for r in range(repeats):
-        it = idg.flow(x, y, batch_size=batch_size, seed=r)
+        it = idg.flow(x, y, batch_size=batch_size, seed=seed + r)
         t0 = time.perf_counter()
         n = 0
         for _ in range(len(it)):
@@ -445,6 +455,77 @@ def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: i
         rates.append(n / (time.perf_counter() - t0))
     return {"images_per_s": statistics.median(rates), "repeats_images_per_s": rates, "images": len(x),
             "output_dtype": str(xb.dtype)}
+
+
+IDG_SERVER = r"""
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, sys.argv[1])
+import bench_pipeline as bp
+x, y = bp.read_rows(sys.argv[2], int(sys.argv[3]))
+bp.measure_idg(x[:64], y[:64], repeats=1)  # imports keras, scipy; first calls
+print("ready", flush=True)
+k = 0
+for line in sys.stdin:
+    if line.strip() != "go":
+        break
+    r = bp.measure_idg(x, y, repeats=1, seed=k)
+    k += 1
+    print(json.dumps({"images_per_s": r["images_per_s"], "output_dtype": r["output_dtype"]}), flush=True)
+"""
+
+
+class IdgServer:
+    """Keras' ImageDataGenerator in a subprocess, measured on demand between the stream runs.
+
+    The subprocess imports TensorFlow once (before any stream is timed) and
+    then sleeps until asked for one pass, so ImageDataGenerator is sampled in
+    the same rounds as the streams -- under the same drift of a shared
+    machine -- while TensorFlow's threads never run beside a stream.
+    """
+
+    def __init__(self, store: str, rows: int):
+        import subprocess
+
+        self.rows = rows
+        self.rates: list[float] = []
+        self.output_dtype = None
+        self._proc = subprocess.Popen([sys.executable, "-c", IDG_SERVER, HERE, store, str(rows)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._proc.stdout.readline().strip() != "ready":
+            self.close()
+            raise RuntimeError("the ImageDataGenerator subprocess did not start (is keras installed?)")
+
+    def measure(self) -> float:
+        self._proc.stdin.write("go\n")
+        self._proc.stdin.flush()
+        r = json.loads(self._proc.stdout.readline())
+        self.rates.append(r["images_per_s"])
+        self.output_dtype = r["output_dtype"]
+        return r["images_per_s"]
+
+    def result(self) -> dict:
+        return {"images_per_s": statistics.median(self.rates), "repeats_images_per_s": list(self.rates),
+                "images": self.rows, "output_dtype": self.output_dtype,
+                "statistic": f"median of {len(self.rates)} passes interleaved with the streams"}
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self._proc.wait(timeout=60)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait()
+
+
+def keras_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("keras") is not None and importlib.util.find_spec("tensorflow") is not None
 
 
 def tf_augment_layers():
@@ -551,9 +632,19 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         # Diagnostic: 4x fewer, larger batches separate per-batch costs (IPC, wake-ups) from per-image work.
         configs.update({f"w{w}_batch128": {"workers": w, "batch_size": 128} for w in (1, 2)})
         configs["cold_w2"] = {"workers": 2, "cold": True}
+        idg_server = None
+        if keras_available():
+            log(f"{size}px: starting keras ImageDataGenerator (a subprocess, sampled in every round)")
+            idg_server = IdgServer(store, _per_size(cfg["idg_rows"], size))
         log(f"{size}px: streams {', '.join(configs)}")
-        measured = measure_interleaved(store, configs, rounds=cfg["repeats"], images_per_repeat=per_repeat,
-                                       warmup_epoch=not quick)
+        try:
+            measured = measure_interleaved(store, configs, rounds=cfg["repeats"], images_per_repeat=per_repeat,
+                                           warmup_epoch=not quick,
+                                           between=idg_server.measure if idg_server is not None else None)
+        finally:
+            if idg_server is not None:
+                idg_server.close()
+        r["idg"] = idg_server.result() if idg_server is not None else None
         r["stream_warm"] = {str(w): measured[f"w{w}"] for w in workers_list}
         r["stream_warm_batch128"] = {str(w): measured[f"w{w}_batch128"] for w in (1, 2)}
         r["stream_cold"] = measured["cold_w2"]
@@ -564,18 +655,13 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         log(f"{size}px: stall, step {step_s * 1e3:.2f} ms x {batches} batches")
         r["stall"] = measure_stall(store, workers=2, step_s=step_s, batches=batches, cold=True)
         r["stall"]["capacity_images_per_s"] = capacity
-    # Phase 2: Keras / TensorFlow baselines.
+    # Phase 2: tf.data in this process (TensorFlow's thread pools exist from here on).
     for size in sizes:
         folder, store = prepared[size]
         r = result["sizes"][str(size)]
-        try:
-            import keras  # noqa: F401
-        except ImportError:
-            r["idg"] = r["tf_data"] = None
+        if not keras_available():
+            r["tf_data"] = None
             continue
-        log(f"{size}px: keras ImageDataGenerator")
-        x, y = read_rows(store, _per_size(cfg["idg_rows"], size))
-        r["idg"] = measure_idg(x, y, repeats=cfg["repeats"])
         log(f"{size}px: tf.data from the JPEG folder (cold)")
         r["tf_data"] = measure_tf_folder(folder, size, repeats=cfg["tf_repeats"], cold=True)
     for size in sizes:
