@@ -69,6 +69,20 @@ def test_rng_draws_are_uniform_and_keyed():
     assert counts.min() > 4500
 
 
+def test_rng_draws_follow_the_documented_chain():
+    # The reproducibility contract: unit = splitmix64(key ^ splitmix64(stream)) >> 11, scaled by 2**-53,
+    # whether one stream is hashed at a time or all of them together (as Augment.draw does).
+    keys = rng.sample_keys(-1, 3, np.array([0, 1, 2**40, 12345]))
+    for stream in rng.ALL_STREAMS:
+        salt = rng.splitmix64(np.array([stream], dtype=np.uint64))
+        expected = (rng.splitmix64(keys ^ salt) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        np.testing.assert_array_equal(rng.uniform(keys, stream), expected)
+        np.testing.assert_array_equal(rng.units(keys, rng.ALL_STREAMS)[rng.ALL_STREAMS.index(stream)], expected)
+    draws = rng.Draws(keys, rng.ALL_STREAMS)
+    np.testing.assert_array_equal(draws.coin(rng.STREAM_FLIP_H), rng.coin(keys, rng.STREAM_FLIP_H))
+    np.testing.assert_array_equal(draws.integers(rng.STREAM_SHIFT_X, 7), rng.integers(keys, rng.STREAM_SHIFT_X, 7))
+
+
 # ------------------------------------------------------------------ parameters
 
 

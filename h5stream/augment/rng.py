@@ -63,20 +63,54 @@ def sample_keys(seed: int, epoch: int, row_ids) -> np.ndarray:
     return splitmix64(head ^ rows)
 
 
+def units(keys: np.ndarray, streams) -> np.ndarray:
+    """float64 ``(len(streams), n)`` on ``[0, 1)``: row ``i`` is ``uniform(keys, streams[i])``, in one pass.
+
+    The same bits as calling :func:`uniform` per stream (one vectorised hash
+    instead of one per parameter: the per-batch cost of drawing).
+    """
+    salts = splitmix64(np.array([int(s) & _MASK64 for s in streams], dtype=np.uint64))
+    bits = splitmix64(keys[None, :] ^ salts[:, None])
+    return (bits >> _S11).astype(np.float64) * _TO_UNIT
+
+
 def uniform(keys: np.ndarray, stream: int, low=0.0, high=1.0) -> np.ndarray:
     """float64[n] uniform on ``[low, high)``: one draw per key for parameter ``stream``."""
-    bits = splitmix64(keys ^ splitmix64(_u64(stream)))
-    unit = (bits >> _S11).astype(np.float64) * _TO_UNIT
-    return low + (high - low) * unit
+    return Draws(keys, (stream,)).uniform(stream, low, high)
 
 
 def integers(keys: np.ndarray, stream: int, count: int) -> np.ndarray:
     """int64[n] uniform on ``{0, ..., count - 1}`` (``count`` >= 1)."""
-    picks = np.floor(uniform(keys, stream) * count).astype(np.int64)
-    # floor(u * count) < count for u < 1, but guard the float edge anyway.
-    return np.minimum(picks, count - 1)
+    return Draws(keys, (stream,)).integers(stream, count)
 
 
 def coin(keys: np.ndarray, stream: int) -> np.ndarray:
     """bool[n], each True with probability 1/2 (Keras: ``random() < 0.5``)."""
-    return uniform(keys, stream) < 0.5
+    return Draws(keys, (stream,)).coin(stream)
+
+
+class Draws:
+    """The unit draws of several parameter streams for the same keys, hashed together (:func:`units`).
+
+    ``uniform`` / ``integers`` / ``coin`` give exactly what the module
+    functions of those names give for the same keys and stream.
+    """
+
+    def __init__(self, keys: np.ndarray, streams):
+        self._units = dict(zip(streams, units(keys, streams)))
+
+    def uniform(self, stream: int, low=0.0, high=1.0) -> np.ndarray:
+        return low + (high - low) * self._units[stream]
+
+    def integers(self, stream: int, count: int) -> np.ndarray:
+        picks = np.floor(self._units[stream] * count).astype(np.int64)
+        # floor(u * count) < count for u < 1, but guard the float edge anyway.
+        return np.minimum(picks, count - 1)
+
+    def coin(self, stream: int) -> np.ndarray:
+        return self._units[stream] < 0.5
+
+
+ALL_STREAMS = (STREAM_THETA, STREAM_SHIFT_X, STREAM_SHIFT_Y, STREAM_SHEAR, STREAM_ZOOM_X, STREAM_ZOOM_Y,
+               STREAM_FLIP_H, STREAM_FLIP_V, STREAM_CHANNEL_SHIFT, STREAM_BRIGHTNESS, STREAM_SHIFT_X_SIGN,
+               STREAM_SHIFT_Y_SIGN)

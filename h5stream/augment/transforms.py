@@ -105,6 +105,26 @@ def _color_into(cv2, img, shift, brightness):
     cv2.LUT(flat, lut, dst=flat)
 
 
+def _warp_rgba_padded_shift(cv2, images, matrices, scratch, out, shifts):
+    """``_warp_into`` (fill "nearest", RGBA scratch, replicate padding) + ``_color_into`` (shift only) per image."""
+    n, h, w, _ = images.shape
+    pad = scratch.pad
+    mats = matrices.copy()
+    mats[:, :, 2] += pad  # the matrices refer to the unpadded image
+    src4, dst4, padded = scratch.src4, scratch.dst4, scratch.padded
+    size, flags, replicate = (w, h), cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, cv2.BORDER_REPLICATE
+    to4, to3 = cv2.COLOR_RGB2RGBA, cv2.COLOR_RGBA2RGB
+    for i in range(n):
+        dst = out[i]
+        cv2.cvtColor(images[i], to4, dst=src4)
+        cv2.copyMakeBorder(src4, pad, pad, pad, pad, replicate, dst=padded)
+        cv2.warpAffine(padded, mats[i], size, dst=dst4, flags=flags, borderMode=replicate)
+        cv2.cvtColor(dst4, to3, dst=dst)
+        shift = int(shifts[i])
+        if shift:
+            _color_into(cv2, dst, shift, None)
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -164,17 +184,17 @@ def _brightness_spec(value):
     return (lo, hi)
 
 
-def _draw_shift(spec, keys, value_stream, sign_stream, size):
-    """Shift in pixels per sample, drawn as Keras' get_random_transform does."""
+def _draw_shift(spec, draws, value_stream, sign_stream, size):
+    """Shift in pixels per sample, drawn as Keras' get_random_transform does (``draws``: :class:`rng.Draws`)."""
     if isinstance(spec, int):
-        sign = np.where(rng.coin(keys, sign_stream), 1.0, -1.0)
-        return rng.integers(keys, value_stream, spec).astype(np.float64) * sign
+        sign = np.where(draws.coin(sign_stream), 1.0, -1.0)
+        return draws.integers(value_stream, spec).astype(np.float64) * sign
     if isinstance(spec, tuple):
-        sign = np.where(rng.coin(keys, sign_stream), 1.0, -1.0)
+        sign = np.where(draws.coin(sign_stream), 1.0, -1.0)
         values = np.asarray(spec, dtype=np.float64)
-        shift = values[rng.integers(keys, value_stream, len(spec))] * sign
+        shift = values[draws.integers(value_stream, len(spec))] * sign
         return shift * size if values.max() < 1 else shift
-    shift = rng.uniform(keys, value_stream, -spec, spec)
+    shift = draws.uniform(value_stream, -spec, spec)
     return shift * size if spec < 1 else shift
 
 
@@ -355,34 +375,35 @@ class Augment:
         """
         keys = rng.sample_keys(seed, epoch, row_ids)
         n = keys.shape[0]
+        draws = rng.Draws(keys, rng.ALL_STREAMS)  # one hash for every parameter: the same bits as one per stream
         zeros = np.zeros(n)
         p = {}
         r = self.rotation_range
-        p["theta"] = rng.uniform(keys, rng.STREAM_THETA, -r, r) if r else zeros
+        p["theta"] = draws.uniform(rng.STREAM_THETA, -r, r) if r else zeros
         p["tx"] = (
-            _draw_shift(self.width_shift_range, keys, rng.STREAM_SHIFT_X, rng.STREAM_SHIFT_X_SIGN, width)
+            _draw_shift(self.width_shift_range, draws, rng.STREAM_SHIFT_X, rng.STREAM_SHIFT_X_SIGN, width)
             if self.width_shift_range
             else zeros
         )
         p["ty"] = (
-            _draw_shift(self.height_shift_range, keys, rng.STREAM_SHIFT_Y, rng.STREAM_SHIFT_Y_SIGN, height)
+            _draw_shift(self.height_shift_range, draws, rng.STREAM_SHIFT_Y, rng.STREAM_SHIFT_Y_SIGN, height)
             if self.height_shift_range
             else zeros
         )
         s = self.shear_range
-        p["shear"] = rng.uniform(keys, rng.STREAM_SHEAR, -s, s) if s else zeros
+        p["shear"] = draws.uniform(rng.STREAM_SHEAR, -s, s) if s else zeros
         lo, hi = self.zoom_range
         if (lo, hi) == (1.0, 1.0):
             p["zx"] = p["zy"] = np.ones(n)
         else:
-            p["zx"] = rng.uniform(keys, rng.STREAM_ZOOM_X, lo, hi)
-            p["zy"] = rng.uniform(keys, rng.STREAM_ZOOM_Y, lo, hi)
-        p["flip_horizontal"] = rng.coin(keys, rng.STREAM_FLIP_H) & self.horizontal_flip
-        p["flip_vertical"] = rng.coin(keys, rng.STREAM_FLIP_V) & self.vertical_flip
+            p["zx"] = draws.uniform(rng.STREAM_ZOOM_X, lo, hi)
+            p["zy"] = draws.uniform(rng.STREAM_ZOOM_Y, lo, hi)
+        p["flip_horizontal"] = draws.coin(rng.STREAM_FLIP_H) & self.horizontal_flip
+        p["flip_vertical"] = draws.coin(rng.STREAM_FLIP_V) & self.vertical_flip
         c = self.channel_shift_range
-        p["channel_shift_intensity"] = rng.uniform(keys, rng.STREAM_CHANNEL_SHIFT, -c, c) if c else None
+        p["channel_shift_intensity"] = draws.uniform(rng.STREAM_CHANNEL_SHIFT, -c, c) if c else None
         b = self.brightness_range
-        p["brightness"] = rng.uniform(keys, rng.STREAM_BRIGHTNESS, b[0], b[1]) if b is not None else None
+        p["brightness"] = draws.uniform(rng.STREAM_BRIGHTNESS, b[0], b[1]) if b is not None else None
         return p
 
     def __call__(self, images_uint8, *, seed: int, epoch: int, row_ids, out=None) -> np.ndarray:
@@ -446,6 +467,12 @@ class Augment:
         threads = cv2.getNumThreads()
         cv2.setNumThreads(1)  # one worker process = one core
         try:
+            if (matrices is not None and self.fill_mode == "nearest" and scratch.src4 is not None and scratch.pad
+                    and work_f32 is None and bright is None):
+                # The common case (the "standard" preset, uint8 out), with the per-image Python glue hoisted:
+                # the same OpenCV calls as _warp_into's RGBA + padding path, so the same pixels.
+                _warp_rgba_padded_shift(cv2, images, matrices, scratch, out_u8, shifts)
+                return
             for i in range(n):
                 dst = out_u8[i] if out_u8 is not None else staging
                 if matrices is not None:
