@@ -30,6 +30,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import selectors
 import signal
 import sys
 import threading
@@ -37,7 +38,6 @@ import time
 import traceback
 import weakref
 from collections import deque
-from multiprocessing import connection as mp_connection
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -138,8 +138,11 @@ def _worker_main(worker_id, conn, transform_bytes, source_specs, slot_spec, batc
 def _serve(conn, parent_sentinel, transform, src_arrays, out_all, batch_rows) -> None:
     """The worker's task loop; returns on the stop message or when the parent is gone."""
     gather = np.empty((batch_rows,) + src_arrays[0].shape[1:], dtype=src_arrays[0].dtype)
+    watch = selectors.DefaultSelector()  # registered once: one wait per task, not a new selector each time
+    watch.register(conn, selectors.EVENT_READ)
+    watch.register(parent_sentinel, selectors.EVENT_READ)
     while True:
-        if conn not in mp_connection.wait([conn, parent_sentinel]):
+        if conn not in [key.fileobj for key, _ in watch.select()]:
             return  # parent died without close(): nothing left to serve
         msg = conn.recv()
         if msg is None:
@@ -314,39 +317,54 @@ def _collect(state: _PoolState) -> None:
 def _collect_loop(state: _PoolState) -> None:
     conns = {w: c for w, c in enumerate(state.conns)}
     sentinels = {p.sentinel: w for w, p in enumerate(state.procs)}
-    while not state.closed:  # read without the lock: a stale False costs one more wait()
-        waitlist = [state.wake_r, *conns.values(), *sentinels]
-        ready = mp_connection.wait(waitlist)
-        if state.wake_r in ready:
-            return
-        by_conn = {id(c): w for w, c in conns.items()}
-        # Messages first: a worker that reported an error and then died is described by its message.
-        for obj in ready:
-            w = by_conn.get(id(obj))
-            if w is None:
-                continue
-            try:
-                while obj.poll():
-                    msg = obj.recv()
-                    with state.cond:
-                        state.handle(msg)
-            except (EOFError, OSError):
-                del conns[w]  # the sentinel reports the exit
-        for obj in ready:
-            w = sentinels.get(obj) if isinstance(obj, int) else None
-            if w is None:
-                continue
-            del sentinels[obj]
-            conn = conns.pop(w, None)
-            try:
-                while conn is not None and conn.poll():
-                    msg = conn.recv()
-                    with state.cond:
-                        state.handle(msg)
-            except (EOFError, OSError):
-                pass
-            with state.cond:
-                state.worker_exited(w)
+    watch = None  # one selector, rebuilt only when a worker's pipe or process goes away
+    try:
+        while not state.closed:  # read without the lock: a stale False costs one more select()
+            if watch is None:
+                watch = selectors.DefaultSelector()
+                watch.register(state.wake_r, selectors.EVENT_READ, ("wake", None))
+                for w, c in conns.items():
+                    watch.register(c, selectors.EVENT_READ, ("conn", w))
+                for fd, w in sentinels.items():
+                    watch.register(fd, selectors.EVENT_READ, ("exit", w))
+            ready = [key.data for key, _ in watch.select()]
+            if ("wake", None) in ready:
+                return
+            # Messages first: a worker that reported an error and then died is described by its message.
+            # One message per wake-up: the selector is level-triggered, so more waiting data wakes it again.
+            for kind, w in ready:
+                if kind != "conn" or w not in conns:
+                    continue
+                try:
+                    msg = conns[w].recv()
+                except (EOFError, OSError):
+                    del conns[w]  # the sentinel reports the exit
+                    watch.close()
+                    watch = None
+                    continue
+                with state.cond:
+                    state.handle(msg)
+            for kind, w in ready:
+                if kind != "exit":
+                    continue
+                fd = state.procs[w].sentinel
+                sentinels.pop(fd, None)
+                conn = conns.pop(w, None)
+                if watch is not None:
+                    watch.close()
+                    watch = None
+                try:
+                    while conn is not None and conn.poll():
+                        msg = conn.recv()
+                        with state.cond:
+                            state.handle(msg)
+                except (EOFError, OSError):
+                    pass
+                with state.cond:
+                    state.worker_exited(w)
+    finally:
+        if watch is not None:
+            watch.close()
 
 
 def _shutdown(state: _PoolState) -> None:
