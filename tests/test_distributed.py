@@ -1,4 +1,9 @@
-"""Two MultiWorkerMirroredStrategy workers on 127.0.0.1, each streaming its shard: every row exactly once."""
+"""Two MultiWorkerMirroredStrategy workers on 127.0.0.1, each streaming its shard: every row exactly once.
+
+Keras 3's ``fit`` fails under this strategy (keras-team/keras#20585): the first
+test trains a Keras 3 model with a ``strategy.run`` loop and checks the rows;
+the second runs ``tf_keras``' ``model.fit`` over the same input for two epochs.
+"""
 
 from __future__ import annotations
 
@@ -67,13 +72,43 @@ def _free_ports(n):
     return ports
 
 
-def test_two_workers_each_stream_their_shard_and_cover_every_row_once(tmp_path):
+FIT_WORKER = r'''
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+import tf_keras
+from h5stream.adapters.distribute import distributed_dataset
+
+path, out = sys.argv[1], sys.argv[2]
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((4, 4, 1)), tf_keras.layers.Rescaling(1 / 255),
+                                 tf_keras.layers.Flatten(), tf_keras.layers.Dense(1)])
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.01), loss="mse")
+with distributed_dataset(path, strategy, global_batch_size=16, memory_budget="32MiB", seed=4, repeat=True) as dist:
+    steps = dist.steps_per_epoch
+    history = model.fit(dist.dataset, epochs=2, steps_per_epoch=steps, verbose=2)
+    result = {"steps": steps, "batches": len(dist.streams[0]), "loss": history.history["loss"],
+              "weights": [w.tolist() for w in model.get_weights()], "epoch": dist.streams[0].state()["epoch"]}
+with open(out, "w") as fh:
+    json.dump(result, fh)
+'''
+
+
+def _rows_file(tmp_path) -> str:
     path = str(tmp_path / "rows.h5")
     ids = np.arange(ROWS)
     images = np.broadcast_to((ids % 251).astype(np.uint8)[:, None, None, None], (ROWS, 4, 4, 1))
     write_arrays(path, images, ids.astype(np.float32), block_rows=8, storage_order="sorted")  # target = row id
+    return path
+
+
+def _run_two_workers(tmp_path, worker_source: str, path: str) -> tuple[list[dict], list[str]]:
+    """Run ``worker_source`` as workers 0 and 1 of one cluster; their JSON results and logs."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker_source)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
     procs = []
     for index in range(2):
@@ -91,9 +126,14 @@ def test_two_workers_each_stream_their_shard_and_cover_every_row_once(tmp_path):
                 proc.kill()
                 proc.wait()
             log.close()
+    logs = [(tmp_path / f"log{i}.txt").read_text() for i in range(2)]
     for index, (proc, _) in enumerate(procs):
-        assert proc.returncode == 0, (tmp_path / f"log{index}.txt").read_text()[-3000:]
-    results = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
+        assert proc.returncode == 0, logs[index][-3000:]
+    return [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)], logs
+
+
+def test_two_workers_each_stream_their_shard_and_cover_every_row_once(tmp_path):
+    results, _ = _run_two_workers(tmp_path, WORKER, _rows_file(tmp_path))
     for r in results:
         assert r["seen"] == r["order"]  # each worker trained on exactly its shard's epoch order
         assert (r["state"]["epoch"], r["state"]["batch"]) == (1, 0)
@@ -102,4 +142,17 @@ def test_two_workers_each_stream_their_shard_and_cover_every_row_once(tmp_path):
     union = sorted(results[0]["seen"] + results[1]["seen"])
     assert union == list(range(ROWS))  # every row exactly once across the workers
     assert results[0]["losses"] == results[1]["losses"]  # all-reduced: the workers trained one model
+    assert results[0]["weights"] == results[1]["weights"]
+
+
+def test_tf_keras_fit_runs_exact_epochs_on_two_workers(tmp_path):
+    pytest.importorskip("tf_keras")
+    results, logs = _run_two_workers(tmp_path, FIT_WORKER, _rows_file(tmp_path))
+    for r, log in zip(results, logs):
+        assert "ran out of data" not in log
+        assert r["steps"] == r["batches"] == 7  # 50 rows per shard in batches of 8
+        assert len(r["loss"]) == 2 and all(np.isfinite(r["loss"]))
+        assert r["loss"][1] > 0  # the second epoch had data (an epoch that ran dry reports 0)
+        assert r["epoch"] >= 2  # each stream was read through two whole epochs (the prefetch may be ahead)
+    assert results[0]["loss"] == results[1]["loss"]  # all-reduced: one model on both workers
     assert results[0]["weights"] == results[1]["weights"]

@@ -14,6 +14,13 @@ seed-dependent permutation of the blocks.
 
 Each worker reads only its shard's blocks, so the file can sit on a shared
 filesystem or be copied to every node; memory per worker is its own budget.
+
+Training: Keras 3's ``fit`` fails under ``MultiWorkerMirroredStrategy``
+(keras-team/keras#20585), so drive Keras 3 with a ``strategy.run`` loop over
+``.dataset`` (one pass = one epoch), or use ``tf_keras`` (Keras 2), whose
+``fit`` runs a distributed dataset for a given number of steps:
+``distributed_dataset(..., repeat=True)`` and
+``model.fit(dist.dataset, epochs=E, steps_per_epoch=dist.steps_per_epoch)``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,13 @@ class DistributedInput:
         self.dataset = None
         self.streams: list = []
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch of each local stream: the same on every worker (shards are cut to equal length)."""
+        if not self.streams:
+            raise ConfigError("no stream opened yet: the strategy has not built this worker's input pipeline")
+        return len(self.streams[0])
+
     def state(self) -> list[dict]:
         """``state()`` of each local stream (usually one per worker)."""
         return [s.state() for s in self.streams]
@@ -48,7 +62,7 @@ class DistributedInput:
 
 
 def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int = 2, x_dtype: str | None = "float32",
-                        **open_kwargs) -> DistributedInput:
+                        repeat: bool = False, **open_kwargs) -> DistributedInput:
     """Shard ``path`` over ``strategy``'s input pipelines; ``.dataset`` goes to ``model.fit``.
 
     ``global_batch_size`` is split evenly over the replicas in sync; the
@@ -58,6 +72,9 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
     ``x_dtype`` casts the images inside the pipeline (default float32, values
     unchanged): Keras builds a model under a strategy by all-reducing the first
     batch, and collective ops do not take uint8.  None keeps the stream's dtype.
+    ``repeat=True`` makes each pipeline endless, epoch after epoch (each pass
+    reshuffled), for trainers that count steps: ``tf_keras``' ``fit`` with
+    ``steps_per_epoch=out.steps_per_epoch`` then sees exact epochs.
     """
     for key in ("batch_size", "shard"):
         if key in open_kwargs:
@@ -78,7 +95,9 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
         ds = as_tf_dataset(stream, prefetch=0)
         if x_dtype is not None:
             dtype = tf.as_dtype(x_dtype)
-            ds = ds.map(lambda x, y: (tf.cast(x, dtype), y), num_parallel_calls=None, deterministic=True)
+            ds = ds.map(lambda x, y: (tf.cast(x, dtype), y))
+        if repeat:
+            ds = ds.repeat()
         return ds.prefetch(prefetch) if prefetch else ds
 
     out.dataset = strategy.distribute_datasets_from_function(dataset_fn)
