@@ -157,7 +157,10 @@ class _FillJob:
         self.reader.advise(self.runs)
         self.reader.stats["fills"] += 1
         if self.reader.io is not None:
-            self.futures = [self.reader.io.submit(self.reader.read_pixels, self, run) for run in self.runs]
+            # One future per I/O thread, each taking every k-th run: both walk the fill in file order, and
+            # a fill costs k futures instead of one per run.
+            k = self.reader.io_threads
+            self.futures = [self.reader.io.submit(self.reader.read_runs, self, self.runs[i::k]) for i in range(k)]
             self.done = len(self.runs)
 
     def step(self, n_runs: int) -> None:
@@ -426,6 +429,14 @@ class Reader:
         row_bytes = self.meta.row_bytes
         for _dest, _src, n, off in runs:
             os.posix_fadvise(self._fd, off, n * row_bytes, os.POSIX_FADV_WILLNEED)
+
+    @property
+    def io_threads(self) -> int:
+        return self._io_threads
+
+    def read_runs(self, job: _FillJob, runs) -> None:
+        for run in runs:
+            self.read_pixels(job, run)
 
     def read_pixels(self, job: _FillJob, run) -> None:
         """Read one run of rows straight into their batches.  Runs on an I/O thread when there are any."""
