@@ -36,6 +36,7 @@ def open(  # noqa: A001 - the public name mirrors h5py.File / builtins.open on p
     resume: dict | None = None,
     augment=None,
     workers: int = 0,
+    rows_per_fill: int | None = None,
     timeout_s: float = 60.0,
 ) -> Stream:
     """Open a store for streaming.  See :class:`Stream` for what it yields.
@@ -44,11 +45,17 @@ def open(  # noqa: A001 - the public name mirrors h5py.File / builtins.open on p
     stream allocates; ``shard=(index, count)`` streams one of ``count`` disjoint
     parts (data-parallel training); ``resume`` is a dict from :meth:`Stream.state`;
     ``seed=None`` draws a seed (recorded in ``state()``).
+
+    The order of an epoch depends on the seed and on ``rows_per_fill`` (the
+    shuffle window, ``stream.plan.rows_per_fill``), which by default is what the
+    budget leaves after everything else, workers included.  Pass
+    ``rows_per_fill`` to get the same batches with any number of workers or
+    any budget that holds it; ``resume`` takes it from the state.
     """
     return Stream(
         path, batch_size=batch_size, memory_budget=memory_budget, shuffle=shuffle, seed=seed,
         drop_remainder=drop_remainder, shard=shard, resume=resume, augment=augment, workers=workers,
-        timeout_s=timeout_s,
+        rows_per_fill=rows_per_fill, timeout_s=timeout_s,
     )
 
 
@@ -61,7 +68,7 @@ class Stream:
     """
 
     def __init__(self, path, *, batch_size, memory_budget, shuffle, seed, drop_remainder, shard, resume, augment,
-                 workers, timeout_s):
+                 workers, timeout_s, rows_per_fill=None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
@@ -90,7 +97,10 @@ class Stream:
                               "nothing for worker processes to do (reading already runs in its own thread)")
         if self.workers:
             self.augment.ensure_picklable()
-        self.plan: ReadPlan = stream_plan(meta, budget, self.batch_size, augment=self.augment, workers=self.workers)
+        if rows_per_fill is None and isinstance(resume, dict) and "rows_per_fill" in resume:
+            rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
+        self.plan: ReadPlan = stream_plan(meta, budget, self.batch_size, augment=self.augment, workers=self.workers,
+                                          rows_per_fill=rows_per_fill)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             meta.rows, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder,
@@ -179,10 +189,16 @@ class Stream:
             raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version {STATE_VERSION})")
         mine = self._layout_signature()
         for key in _LAYOUT_KEYS:
+            if key == "rows_per_fill" and key in state and int(state[key]) != int(mine[key]):
+                raise ConfigError(
+                    f"cannot resume: the state has rows_per_fill={state[key]} (its shuffle window) but this stream "
+                    f"has {mine[key]} (its budget and workers leave that much); open the stream with "
+                    "h5stream.open(..., resume=state), which takes rows_per_fill from the state"
+                )
             if key in state and int(state[key]) != int(mine[key]):
                 raise ConfigError(
                     f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; "
-                    "reopen with the same file, batch_size, memory_budget, shard, shuffle and drop_remainder"
+                    "reopen with the same file, batch_size, shard, shuffle and drop_remainder"
                 )
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
@@ -257,7 +273,8 @@ class Stream:
         return as_torch(self)
 
 
-def stream_plan(meta: StoreMeta, budget_bytes: int, batch_size: int, *, augment=None, workers: int = 0) -> ReadPlan:
+def stream_plan(meta: StoreMeta, budget_bytes: int, batch_size: int, *, augment=None, workers: int = 0,
+                rows_per_fill: int | None = None) -> ReadPlan:
     """The memory plan a stream over ``meta`` uses (pure; what ``Stream.plan`` holds)."""
     out_row_bytes, worker_bytes = None, 0
     if augment is not None:
@@ -271,6 +288,7 @@ def stream_plan(meta: StoreMeta, budget_bytes: int, batch_size: int, *, augment=
         block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
         n_out_slots=pool_slots(workers) if workers else 0, workers=workers, worker_bytes=worker_bytes,
         unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
+        rows_per_fill=rows_per_fill,
     )
 
 

@@ -60,3 +60,29 @@ def test_workers_and_float_output_take_their_share():
     assert pooled.pool_bytes == 2 * (40 << 20) + 8 * 32 * 4 * ROW
     assert pooled.rows_per_fill < base.rows_per_fill
     assert pooled.total_bytes <= 256 << 20
+
+
+def test_fixed_rows_per_fill_is_kept_whatever_the_workers():
+    kw = dict(rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
+    pooled = plan_read(256 << 20, **kw, out_row_bytes=ROW, n_out_slots=8, workers=2, worker_bytes=40 << 20)
+    inline = plan_read(256 << 20, **kw)
+    assert pooled.rows_per_fill < inline.rows_per_fill  # by default the workers' share shrinks the fill
+    for workers in (0, 2):
+        plan = plan_read(256 << 20, **kw, out_row_bytes=ROW, n_out_slots=8 if workers else 0, workers=workers,
+                         worker_bytes=40 << 20, rows_per_fill=pooled.rows_per_fill + 10)  # rounded down to blocks
+        assert plan.rows_per_fill == pooled.rows_per_fill
+        assert plan.total_bytes <= 256 << 20
+
+
+def test_fixed_rows_per_fill_that_does_not_fit_names_the_limit():
+    kw = dict(rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
+    inline = plan_read(256 << 20, **kw)
+    with pytest.raises(BudgetError, match=r"holds at most \d+ rows per fill") as info:
+        plan_read(256 << 20, **kw, out_row_bytes=ROW, n_out_slots=8, workers=2, worker_bytes=40 << 20,
+                  rows_per_fill=inline.rows_per_fill)
+    most = int(str(info.value).split("holds at most ")[1].split(" ")[0])
+    plan = plan_read(256 << 20, **kw, out_row_bytes=ROW, n_out_slots=8, workers=2, worker_bytes=40 << 20,
+                     rows_per_fill=most)
+    assert plan.rows_per_fill == most and plan.total_bytes <= 256 << 20
+    with pytest.raises(ConfigError, match="rows_per_fill"):
+        plan_read(256 << 20, **kw, rows_per_fill=0)

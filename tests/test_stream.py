@@ -132,6 +132,30 @@ def test_resume_equals_not_stopping_at_every_step(store, budget):
         assert all(np.array_equal(a, b) for a, b in zip(rest, expected))
 
 
+def test_fixed_rows_per_fill_gives_the_same_order_on_any_budget_and_resume_keeps_it(store):
+    with h5stream.open(store, batch_size=64, memory_budget="6.5MiB", seed=2) as small:
+        fill = small.plan.rows_per_fill
+        assert fill < ROWS  # this budget cannot hold the file: the order depends on the fill
+        order = small.epoch_order(1)
+        it = iter(small)
+        next(it)
+        state = small.state()
+        rest = [_ids(x) for x, _ in it]
+    with h5stream.open(store, batch_size=64, memory_budget="1GiB", seed=2) as big:
+        assert big.plan.rows_per_fill > fill and not np.array_equal(big.epoch_order(1), order)
+    with h5stream.open(store, batch_size=64, memory_budget="1GiB", seed=2, rows_per_fill=fill) as pinned:
+        assert pinned.plan.rows_per_fill == fill and np.array_equal(pinned.epoch_order(1), order)
+    with h5stream.open(store, batch_size=64, memory_budget="1GiB", seed=2, resume=state) as resumed:
+        assert resumed.plan.rows_per_fill == fill  # taken from the state
+        got = [_ids(x) for x, _ in resumed]
+    assert len(got) == len(rest) and all(np.array_equal(a, b) for a, b in zip(rest, got))
+    with h5stream.open(store, batch_size=64, memory_budget="1GiB", seed=2) as other:
+        with pytest.raises(ConfigError, match="resume=state"):
+            other.restore(state)
+    with pytest.raises(BudgetError, match="rows_per_fill"):
+        h5stream.open(store, batch_size=64, memory_budget="6.5MiB", seed=2, rows_per_fill=ROWS)
+
+
 def test_restore_in_place_and_mismatched_state(store):
     with h5stream.open(store, batch_size=100, memory_budget="6.5MiB", seed=3) as s:
         it = iter(s)

@@ -7,7 +7,9 @@ import pytest
 
 import h5stream
 from h5stream.errors import ConfigError, WorkerError
+from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
+from h5stream.stream import stream_plan
 
 ROWS = 700
 
@@ -41,6 +43,22 @@ def test_same_seed_same_augmented_batches_with_0_1_2_workers(store):
     plain = _epochs(store, n_epochs=1)
     assert not np.allclose(runs[0][0][0], plain[0][0] / 255)  # augmentation really changed pixels
     assert all(np.array_equal(a[1], b[1]) for a, b in zip(runs[0], plain))  # and labels are untouched
+
+
+def test_pinned_rows_per_fill_gives_the_same_batches_when_the_workers_shrink_the_fill(store):
+    aug = h5stream.Augment(horizontal_flip=True, rotation_range=10)
+    meta = read_meta(store)
+    tight = stream_plan(meta, 1 << 40, 32, augment=aug, workers=2).min_budget_bytes + (1 << 20)
+    pooled_fill = stream_plan(meta, tight, 32, augment=aug, workers=2).rows_per_fill
+    assert pooled_fill < ROWS <= stream_plan(meta, tight, 32, augment=aug, workers=0).rows_per_fill
+    runs = {}
+    for w in (0, 2):
+        with h5stream.open(store, batch_size=32, memory_budget=tight, seed=11, augment=aug, workers=w,
+                           rows_per_fill=pooled_fill) as s:
+            assert s.plan.rows_per_fill == pooled_fill
+            runs[w] = [(x.copy(), y.copy()) for x, y in s]
+    assert len(runs[0]) == len(runs[2])
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(runs[0], runs[2]))
 
 
 def test_resume_with_workers_equals_not_stopping(store):

@@ -15,6 +15,11 @@ The budget is a ceiling on everything a stream allocates:
 :func:`plan_read` gives the shuffle buffers whatever the rest leaves, rounded
 down to whole blocks; a budget that cannot hold one block per buffer and two
 queued batches raises :class:`BudgetError` naming the minimum.
+
+The epoch order depends on ``rows_per_fill``, and what the rest leaves depends
+on the worker count (each worker's footprint comes out of the same budget).  A
+caller that needs the same order whatever the workers (or the budget) fixes
+``rows_per_fill`` instead; the plan then checks that it fits.
 """
 
 from __future__ import annotations
@@ -140,13 +145,16 @@ def plan_read(
     workers: int = 0,
     worker_bytes: int = 0,
     unit_rows: int | None = None,
+    rows_per_fill: int | None = None,
 ) -> ReadPlan:
     """Split ``budget_bytes`` between shuffle buffers, queue and workers for a store of ``rows`` rows.
 
     ``out_row_bytes`` is the size of one output row (differs from ``row_bytes``
     when augmentation emits float32); ``n_out_slots`` output slots of
     ``batch_size`` rows live in shared memory when ``workers > 0``, and each
-    worker costs ``worker_bytes`` on top.
+    worker costs ``worker_bytes`` on top.  ``rows_per_fill`` fixes the fill
+    size (rounded down to whole blocks, at most the file) instead of taking
+    what the budget leaves; :class:`BudgetError` if it does not fit.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -183,8 +191,29 @@ def plan_read(
     left = budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes
     # Two fills are in memory at once: one being handed out, the next being read.
     n_buffers = 2
-    rows_per_fill = (left // (n_buffers * buffered_row_bytes)) // block_rows * block_rows
-    rows_per_fill = max(min_rows, min(rows_per_fill, max(1, n_blocks) * block_rows))
+    all_rows = max(1, n_blocks) * block_rows
+    if rows_per_fill is None:
+        rows_per_fill = (left // (n_buffers * buffered_row_bytes)) // block_rows * block_rows
+        rows_per_fill = max(min_rows, min(rows_per_fill, all_rows))
+    else:
+        if isinstance(rows_per_fill, bool) or int(rows_per_fill) < 1:
+            raise ConfigError(f"rows_per_fill must be a positive number of rows, got {rows_per_fill!r}")
+        wanted = int(rows_per_fill)
+        rows_per_fill = max(min_rows, min(wanted // block_rows * block_rows, all_rows))
+        most = max(0, (budget_bytes - bookkeeping - label_cache - pool - (2 + in_flight) * batch_bytes)
+                   // (n_buffers * buffered_row_bytes) // block_rows * block_rows)
+        if rows_per_fill > most:
+            need = budget_bytes + n_buffers * (rows_per_fill - most) * buffered_row_bytes
+            raise BudgetError(
+                f"rows_per_fill={wanted} needs a memory budget of about {format_bytes(need)}"
+                + (f" with {workers} workers" if workers else "")
+                + f"; this budget ({format_bytes(budget_bytes)}) holds at most {most} rows per fill: "
+                "raise memory_budget or lower rows_per_fill"
+            )
+        # The fill is fixed: the queue gets what is left, between 2 and its usual depth.
+        while queue_depth > 2 and (budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes
+                                   < n_buffers * rows_per_fill * buffered_row_bytes):
+            queue_depth -= 1
     return ReadPlan(
         budget_bytes=int(budget_bytes),
         batch_size=int(batch_size),
