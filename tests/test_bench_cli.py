@@ -141,3 +141,25 @@ def test_info_shuffle_report_text_and_json(sorted_store, capsys):
 def test_info_shuffle_report_bad_budget(sorted_store, capsys):
     assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", "1KiB"]) == 1
     assert "minimum" in capsys.readouterr().err
+
+
+def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store, capsys):
+    from h5stream.store.meta import read_meta
+    from h5stream.stream import stream_plan
+
+    meta = read_meta(sorted_store)
+    tight = str(stream_plan(meta, 1 << 40, 32, workers=2).min_budget_bytes + (1 << 20))
+
+    def report(*extra):
+        assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", tight, "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["shuffle_report"]
+
+    alone, pooled = report(), report("--workers", "2")
+    assert pooled["workers"] == 2 and pooled["plan"]["rows_per_fill"] < alone["plan"]["rows_per_fill"]
+    pinned = report("--rows-per-fill", str(pooled["plan"]["rows_per_fill"]))
+    assert pinned["plan"]["rows_per_fill"] == pooled["plan"]["rows_per_fill"]
+    assert pinned["batch_label_tvd"] == pooled["batch_label_tvd"] and pinned["epoch_order_tau"] == pooled["epoch_order_tau"]
+    assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", tight, "--workers", "2",
+                 "--rows-per-fill", str(alone["plan"]["rows_per_fill"])]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "rows_per_fill" in err and "holds at most" in err and len(err.splitlines()) == 1

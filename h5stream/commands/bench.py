@@ -439,15 +439,20 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
 
 
 # -- shuffle report (used by `h5stream info --shuffle-report`) --------------------------
-def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, seed=0) -> dict:
-    """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels."""
+def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, seed=0, workers=0,
+                        rows_per_fill=None) -> dict:
+    """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels.
+
+    ``workers`` plans as a stream with that many augmenting workers (uint8 output) would: their memory comes out
+    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window as ``h5stream.open`` does.
+    """
     from h5stream.order import quality
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
     from h5stream.stream import layout_function, stream_plan
 
     meta = read_meta(path)
-    plan = stream_plan(meta, parse_bytes(memory_budget), batch_size)
+    plan = stream_plan(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
     layout = layout_function(meta.rows, plan, seed)
     qlabels, n_classes = quality.quality_labels(read_labels(meta), meta.label_kind, meta.class_names)
     report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
@@ -455,6 +460,7 @@ def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, se
     report["plan_text"] = plan.describe()
     report["memory_budget_bytes"] = plan.budget_bytes
     report["seed"] = seed
+    report["workers"] = int(workers)
     report["label_bins"] = "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
     return report
 

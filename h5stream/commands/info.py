@@ -12,6 +12,8 @@ import os
 
 import numpy as np
 
+from h5stream.errors import ConfigError
+
 LABEL_READ_ROWS = 1 << 20
 
 
@@ -120,6 +122,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--memory-budget", default="256MiB", help="budget for --shuffle-report (default 256MiB)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size for --shuffle-report (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="seed for --shuffle-report (default 0)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="--shuffle-report plans as a stream with this many augmenting workers (default 0)")
+    parser.add_argument("--rows-per-fill", type=int, default=None,
+                        help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
 
 
 def run(args) -> int:
@@ -129,8 +135,10 @@ def run(args) -> int:
     if args.shuffle_report:
         from h5stream.commands.bench import file_shuffle_report, format_shuffle_report
 
+        if args.workers < 0:
+            raise ConfigError(f"--workers must be >= 0, got {args.workers}")
         report = file_shuffle_report(args.path, memory_budget=args.memory_budget, batch_size=args.batch_size,
-                                     seed=args.seed)
+                                     seed=args.seed, workers=args.workers, rows_per_fill=args.rows_per_fill)
         info["shuffle_report"] = report
         info.setdefault("sections", {})["shuffle report"] = format_shuffle_report(report)
     if args.json:
