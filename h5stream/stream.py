@@ -68,7 +68,7 @@ class Stream:
     """
 
     def __init__(self, path, *, batch_size, memory_budget, shuffle, seed, drop_remainder, shard, resume, augment,
-                 workers, timeout_s, rows_per_fill=None):
+                 workers, rows_per_fill, timeout_s):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
@@ -189,17 +189,11 @@ class Stream:
             raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version {STATE_VERSION})")
         mine = self._layout_signature()
         for key in _LAYOUT_KEYS:
-            if key == "rows_per_fill" and key in state and int(state[key]) != int(mine[key]):
-                raise ConfigError(
-                    f"cannot resume: the state has rows_per_fill={state[key]} (its shuffle window) but this stream "
-                    f"has {mine[key]} (its budget and workers leave that much); open the stream with "
-                    "h5stream.open(..., resume=state), which takes rows_per_fill from the state"
-                )
             if key in state and int(state[key]) != int(mine[key]):
-                raise ConfigError(
-                    f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; "
-                    "reopen with the same file, batch_size, shard, shuffle and drop_remainder"
-                )
+                fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
+                       "the state" if key == "rows_per_fill" else
+                       "reopen with the same file, batch_size, shard, shuffle and drop_remainder")
+                raise ConfigError(f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
         epoch, batch = int(state["epoch"]), int(state["batch"])

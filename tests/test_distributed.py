@@ -21,17 +21,20 @@ pytest.importorskip("tensorflow")
 from h5stream.store.writer import write_arrays  # noqa: E402
 
 ROWS = 100
-WORKER = r'''
+# Both worker scripts start the same way: one TF thread each, this cluster's strategy, argv = (store, result file).
+PREAMBLE = r'''
 import json, os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-import keras
 from h5stream.adapters.distribute import distributed_dataset
 
 path, out = sys.argv[1], sys.argv[2]
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
+'''
+WORKER = PREAMBLE + r'''
+import keras
 with strategy.scope():
     model = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
                               keras.layers.Dense(1)])
@@ -72,17 +75,8 @@ def _free_ports(n):
     return ports
 
 
-FIT_WORKER = r'''
-import json, os, sys
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import tensorflow as tf
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+FIT_WORKER = PREAMBLE + r'''
 import tf_keras
-from h5stream.adapters.distribute import distributed_dataset
-
-path, out = sys.argv[1], sys.argv[2]
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
 with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((4, 4, 1)), tf_keras.layers.Rescaling(1 / 255),
                                  tf_keras.layers.Flatten(), tf_keras.layers.Dense(1)])

@@ -182,38 +182,37 @@ def plan_read(
     # Labels are tiny next to pixels: keep them all in memory when they take at most 1/16 of the budget.
     label_bytes = rows * label_row_bytes
     label_cache = label_bytes if label_bytes <= budget_bytes // 16 and budget_bytes - label_bytes >= min_budget else 0
-    # Queue: about a tenth of the budget, between 2 and MAX_QUEUE_DEPTH batches.
-    queue_depth = int(max(2, min(MAX_QUEUE_DEPTH, (budget_bytes // 10) // max(1, batch_bytes))))
-    while queue_depth > 2 and budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes < (
-        2 * min_rows * buffered_row_bytes
-    ):
-        queue_depth -= 1
-    left = budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes
     # Two fills are in memory at once: one being handed out, the next being read.
     n_buffers = 2
-    all_rows = max(1, n_blocks) * block_rows
-    if rows_per_fill is None:
-        rows_per_fill = (left // (n_buffers * buffered_row_bytes)) // block_rows * block_rows
-        rows_per_fill = max(min_rows, min(rows_per_fill, all_rows))
-    else:
+    fixed = None
+    if rows_per_fill is not None:
         if isinstance(rows_per_fill, bool) or int(rows_per_fill) < 1:
             raise ConfigError(f"rows_per_fill must be a positive number of rows, got {rows_per_fill!r}")
-        wanted = int(rows_per_fill)
-        rows_per_fill = max(min_rows, min(wanted // block_rows * block_rows, all_rows))
-        most = max(0, (budget_bytes - bookkeeping - label_cache - pool - (2 + in_flight) * batch_bytes)
-                   // (n_buffers * buffered_row_bytes) // block_rows * block_rows)
-        if rows_per_fill > most:
-            need = budget_bytes + n_buffers * (rows_per_fill - most) * buffered_row_bytes
+        fixed = max(min_rows, min(int(rows_per_fill) // block_rows * block_rows, max(1, n_blocks) * block_rows))
+
+    def left_for_fills(depth: int) -> int:
+        return budget_bytes - bookkeeping - label_cache - pool - (depth + in_flight) * batch_bytes
+
+    if fixed is not None:
+        most = max(0, left_for_fills(2) // (n_buffers * buffered_row_bytes) // block_rows * block_rows)
+        if fixed > most:
+            need = budget_bytes + n_buffers * (fixed - most) * buffered_row_bytes
             raise BudgetError(
-                f"rows_per_fill={wanted} needs a memory budget of about {format_bytes(need)}"
+                f"rows_per_fill={rows_per_fill} needs a memory budget of about {format_bytes(need)}"
                 + (f" with {workers} workers" if workers else "")
                 + f"; this budget ({format_bytes(budget_bytes)}) holds at most {most} rows per fill: "
                 "raise memory_budget or lower rows_per_fill"
             )
-        # The fill is fixed: the queue gets what is left, between 2 and its usual depth.
-        while queue_depth > 2 and (budget_bytes - bookkeeping - label_cache - pool - (queue_depth + in_flight) * batch_bytes
-                                   < n_buffers * rows_per_fill * buffered_row_bytes):
-            queue_depth -= 1
+    # Queue: about a tenth of the budget, between 2 and MAX_QUEUE_DEPTH batches, shrunk until the fills fit
+    # (the smallest fill, or the fixed one).
+    queue_depth = int(max(2, min(MAX_QUEUE_DEPTH, (budget_bytes // 10) // max(1, batch_bytes))))
+    while queue_depth > 2 and left_for_fills(queue_depth) < n_buffers * (fixed or min_rows) * buffered_row_bytes:
+        queue_depth -= 1
+    if fixed is not None:
+        rows_per_fill = fixed
+    else:
+        rows_per_fill = (left_for_fills(queue_depth) // (n_buffers * buffered_row_bytes)) // block_rows * block_rows
+        rows_per_fill = max(min_rows, min(rows_per_fill, max(1, n_blocks) * block_rows))
     return ReadPlan(
         budget_bytes=int(budget_bytes),
         batch_size=int(batch_size),
