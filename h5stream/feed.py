@@ -103,7 +103,7 @@ class PooledFeed:
     def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,
                  timeout_s: float):
         from h5stream.augment.pool import WorkerPool
-        from h5stream.augment.shm import SharedArray, new_prefix
+        from h5stream.shm import SharedArray, new_prefix
 
         self.meta, self._layout, self.plan = meta, layout, plan
         self._seed, self._timeout_s = seed, timeout_s

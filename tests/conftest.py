@@ -59,7 +59,7 @@ MY_SEGMENTS = f"h5s_{os.getpid()}_"
 
 
 def _my_segments() -> set[str]:
-    from h5stream.augment.shm import segment_names
+    from h5stream.shm import segment_names
 
     return set(segment_names(MY_SEGMENTS))
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from h5stream.augment.pool import WorkerPool
-from h5stream.augment.shm import SharedArray, new_prefix, segment_names
+from h5stream.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import StreamClosedError, WorkerError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
@@ -148,7 +148,7 @@ SCRIPT = textwrap.dedent(
     import sys
     import numpy as np
     from h5stream.augment.pool import WorkerPool
-    from h5stream.augment.shm import SharedArray, new_prefix
+    from h5stream.shm import SharedArray, new_prefix
 
 
     def copy(images, *, seed, epoch, row_ids, out=None):
@@ -230,7 +230,7 @@ def test_workers_skip_the_main_script_when_the_transform_lives_elsewhere(tmp_pat
                 sys.path.insert(0, {os.path.dirname(__file__)!r})
                 from test_lifecycle import Behave
                 from h5stream.augment.pool import WorkerPool
-                from h5stream.augment.shm import SharedArray, new_prefix
+                from h5stream.shm import SharedArray, new_prefix
                 with SharedArray.create((4, 2, 2, 1), np.uint8, new_prefix()) as src, WorkerPool(
                     Behave(), [src.spec], workers=1, batch_rows=2, n_slots=1
                 ) as pool:

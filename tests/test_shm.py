@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from h5stream.augment.shm import SharedArray, SharedSpec, new_prefix, segment_names
+from h5stream.shm import SharedArray, SharedSpec, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 
 MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
@@ -76,7 +76,7 @@ def test_attach_in_unrelated_process_neither_unlinks_nor_warns():
     # and print a "leaked shared_memory" warning.
     with SharedArray.create((3,), np.uint8, new_prefix()) as arr:
         code = (
-            "import pickle, sys; from h5stream.augment.shm import SharedArray;"
+            "import pickle, sys; from h5stream.shm import SharedArray;"
             "a = SharedArray.attach(pickle.loads(bytes.fromhex(sys.argv[1]))); a.array[:] = [5, 6, 7]"
         )
         done = subprocess.run(

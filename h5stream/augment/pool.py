@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from h5stream._spawn import main_module_hidden
-from h5stream.augment.shm import SharedArray, SharedSpec, new_prefix
+from h5stream.shm import SharedArray, SharedSpec, new_prefix
 from h5stream.errors import ConfigError, StreamClosedError, WorkerError
 
 __all__ = [
