@@ -15,6 +15,7 @@ import pytest
 
 from h5stream.ingest.pack import storage_permutation
 from h5stream.samples import make_class_folder, nearest_class
+from h5stream.shm import segment_names
 from h5stream.store import read_meta
 
 N_CLASSES, PER_CLASS = 3, 400
@@ -61,9 +62,11 @@ def test_sigkill_then_append_gives_exactly_the_full_set(big_src, tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    # Decode workers notice their parent died and exit on their own.
+    # Decode workers notice their parent died and exit on their own; then the resource tracker (also among
+    # the children) unlinks the decode result slots the killed process could not.
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert alive == [], f"orphaned workers: {alive}"
+    assert segment_names(f"h5s_{proc.pid}_") == [], "the killed ingest's shared memory was left in /dev/shm"
 
     total = N_CLASSES * PER_CLASS
     meta = read_meta(out)  # the killed file opens and is consistent up to its committed count
@@ -111,6 +114,7 @@ def test_ctrl_c_commits_exits_130_in_one_line_and_append_finishes(big_src, tmp_p
             proc.wait()
     assert proc.returncode == 130
     assert err.strip() == "h5stream: interrupted", err
+    assert segment_names(f"h5s_{proc.pid}_") == []  # closed on the way out, not left to a tracker
     rows = read_meta(out).rows
     assert 0 < rows < N_CLASSES * PER_CLASS
     resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)

@@ -18,6 +18,8 @@ from h5stream.store import read_meta, schema
 
 from conftest import CLASS_NAMES, REG_N
 
+pytestmark = pytest.mark.usefixtures("no_leaks")  # decode workers and their shared-memory result slots
+
 
 def read_store(path):
     """(images, labels, paths, attrs) of the committed rows, with plain h5py."""
@@ -204,6 +206,38 @@ def test_jpeg_draft_matches_full_decode(tmp_path):
     with Image.open(path) as im:
         full = np.asarray(im.convert("RGB").resize((64, 64), Image.Resampling.BILINEAR), dtype=np.int16)
     assert np.abs(fast - full).mean() < 6
+
+
+def test_resize_is_bilinear_below_2x_and_area_averaged_from_2x(tmp_path):
+    # A horizontal ramp 0..255 over 100 px, 60 px high: bilinear resampling keeps a ramp a ramp, so each output
+    # column is the ramp's value at that output pixel's centre, for a stretch (1.56x) and a crop (the centre
+    # 60 x 60, 1.5x), whose source box starts at x = 20.
+    ramp = np.tile(np.linspace(0, 255, 100), (60, 1)).astype(np.uint8)
+    path = _save(tmp_path, "ramp.png", Image.fromarray(ramp))
+    for mode, size, left, width in (("stretch", (40, 64), 0, 100), ("crop", (40, 40), 20, 60)):
+        got = decode_file(path, DecodeSpec(size=size, channels=1, resize=mode))
+        centres = left + (np.arange(size[1]) + 0.5) * width / size[1] - 0.5
+        np.testing.assert_allclose(got[20, :, 0], np.interp(centres, np.arange(100), ramp[0]), atol=1.5, err_msg=mode)
+    # Stripes 255, 0, 0 shrunk 6x: an area average is a flat 85; point sampling (bilinear) would give 127.5
+    # (between a 0 and a 255 column at every output centre).
+    stripes = np.zeros((96, 96), np.uint8)
+    stripes[:, ::3] = 255
+    got = decode_file(_save(tmp_path, "stripes.png", Image.fromarray(stripes)), DecodeSpec(size=(16, 16), channels=1))
+    assert np.abs(got.astype(int) - 85).max() <= 1
+
+
+def test_crop_and_pad_geometry(tmp_path):
+    # 200 x 100 (w x h): left quarter red, middle half green, right quarter blue.
+    arr = np.zeros((100, 200, 3), np.uint8)
+    arr[:, :50, 0] = arr[:, 50:150, 1] = arr[:, 150:, 2] = 255
+    path = _save(tmp_path, "bands.png", Image.fromarray(arr))
+    crop = decode_file(path, DecodeSpec(size=(20, 20), resize="crop"))  # the centre 100 x 100: all green
+    assert (crop[..., 1] == 255).all() and (crop[..., [0, 2]] == 0).all()
+    pad = decode_file(path, DecodeSpec(size=(40, 40), resize="pad", background=(9, 9, 9)))  # 40 x 20, centred
+    assert (pad[:10] == 9).all() and (pad[30:] == 9).all()
+    np.testing.assert_array_equal(pad[20, 1], [255, 0, 0])
+    np.testing.assert_array_equal(pad[20, 20], [0, 255, 0])
+    np.testing.assert_array_equal(pad[20, 38], [0, 0, 255])
 
 
 def test_appends_end_on_block_boundaries():

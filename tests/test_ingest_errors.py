@@ -17,6 +17,8 @@ from PIL import Image
 from h5stream.ingest.decode import DecodeSpec, decode_file
 from h5stream.store import read_meta, schema
 
+pytestmark = pytest.mark.usefixtures("no_leaks")  # decode workers and their shared-memory result slots
+
 
 def _huge_png(path, width=60000, height=60000):
     """A valid 1x1 PNG whose IHDR is patched to declare width x height (a decompression bomb header)."""

@@ -40,7 +40,7 @@ import numpy as np
 
 from h5stream._spawn import main_module_hidden
 from h5stream.errors import ConfigError, SourceError, StoreExistsError, WorkerError
-from h5stream.ingest.decode import DecodeSpec, decode_task, init_worker
+from h5stream.ingest.decode import DecodeSpec, decode_into_slot, decode_task, init_worker
 from h5stream.ingest.discover import Item, Source, discover
 from h5stream.store import schema
 
@@ -110,21 +110,35 @@ def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
 
 
 class DecodePool:
-    """``workers`` spawned decode processes (0: decode in the calling thread).  Owns the executor.
+    """``workers`` spawned decode processes (0: decode in the calling thread).  Owns the executor and
+    the shared-memory result slots.
 
     Start it early (:meth:`start`) so the workers boot while the caller
-    validates and creates the store; :meth:`imap` yields :func:`decode_task`
-    results in submission order with at most ``4 * workers`` chunks in flight.
-    :meth:`close` is idempotent and cancels what has not started.
+    validates and creates the store; :meth:`imap` yields ``(images, reasons)``
+    per chunk in submission order with at most ``4 * workers`` chunks in
+    flight.  Workers decode straight into one of ``4 * workers + 1`` result
+    slots in shared memory and send back only the skip reasons, so pixels are
+    never pickled or piped (that cost ~110 us of CPU per 128x128 image across
+    both processes, measured, about a tenth of the decode).  The images
+    yielded are a view of the slot, valid until the next item is asked for:
+    copy what you keep.  :meth:`close` is idempotent, cancels what has not
+    started and unlinks the slots.
     """
 
-    def __init__(self, workers: int, timeout_s: float = 600.0):
+    def __init__(self, workers: int, row_shape: tuple[int, ...] = (), rows_per_task: int = 16,
+                 timeout_s: float = 600.0):
         self.workers = workers
         self.timeout_s = timeout_s
         self._pool = None
+        self._slots = None
         if workers > 0:
+            from h5stream.shm import SharedArray, new_prefix
+
+            self._slots = SharedArray.create((4 * workers + 1, rows_per_task, *row_shape), np.uint8,
+                                             new_prefix() + "decode_")
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker)
+            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
+                                             initargs=(self._slots.spec,))
 
     def start(self) -> None:
         """Boot every worker now.  They start with SIGINT ignored (an ignored signal survives exec), so a
@@ -152,15 +166,22 @@ class DecodePool:
             for chunk in chunks:
                 yield decode_task(root, chunk, spec)
             return
+        free = deque(range(self._slots.array.shape[0]))
         pending = deque()
+
+        def submit(chunk):
+            slot = free.popleft()
+            pending.append((slot, self._pool.submit(decode_into_slot, root, chunk, spec, slot)))
+
         it = iter(chunks)
         for chunk in it:
-            pending.append(self._pool.submit(decode_task, root, chunk, spec))
+            submit(chunk)
             if len(pending) >= 4 * self.workers:
                 break
         while pending:
+            slot, future = pending.popleft()
             try:
-                result = pending.popleft().result(timeout=self.timeout_s)
+                reasons = future.result(timeout=self.timeout_s)
             except BrokenProcessPool as exc:
                 raise WorkerError(
                     "a decode worker died (killed, out of memory?); committed rows are kept, "
@@ -172,13 +193,17 @@ class DecodePool:
                 ) from exc
             nxt = next(it, None)
             if nxt is not None:
-                pending.append(self._pool.submit(decode_task, root, nxt, spec))
-            yield result
+                submit(nxt)
+            yield self._slots.array[slot, :reasons.count(None)], reasons
+            free.append(slot)  # the caller has asked for the next item: done with this slot
 
     def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.shutdown(wait=True, cancel_futures=True)
+        if self._slots is not None:
+            slots, self._slots = self._slots, None
+            slots.close()  # unlinks; a view the caller kept stays readable
 
 
 def rows_until_aligned(stored_rows: int, block_rows: int, commit_rows: int) -> int:
@@ -409,7 +434,7 @@ def _write_all(opts, source, plan, pending, rejected, pool, writer, report) -> i
                     labels = np.array([class_index[it.label] for it in kept], dtype=np.int64)
                 else:
                     labels = np.array([it.label for it in kept], dtype=np.float32).reshape((len(kept), *label_tail))
-                buffer.add(images, labels, [it.relpath for it in kept])
+                buffer.add(images.copy(), labels, [it.relpath for it in kept])  # images: a view of a reused slot
                 ingested += len(kept)
             target = rows_until_aligned(writer.images.nrows, block_rows, opts.commit_rows)
             if buffer.rows >= target:
@@ -454,7 +479,7 @@ def ingest(opts: IngestOptions) -> IngestResult:
     pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in plan["stored"]]
     already = len(source.items) - len(pending)
 
-    pool = DecodePool(opts.workers)
+    pool = DecodePool(opts.workers, plan["spec"].shape, FILES_PER_TASK)
     try:
         pool.start()  # workers boot while the store is created
         writer, start_rows = _open_writer(opts, source, plan, appending, len(pending))
