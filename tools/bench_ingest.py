@@ -19,7 +19,9 @@ Usage::
 The cache lives in bench-data/ (git-ignored).  Timings include process start-up
 of the decode workers; they do not include importing TensorFlow.  Each
 measurement is repeated ``--rounds`` times, interleaved, and the best is
-reported (a shared machine only ever adds time).
+reported (a shared machine only ever adds time); the ratios that matter are
+also taken within each round and their median printed (the machine's speed
+drifts between rounds).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -187,13 +190,18 @@ def main(argv=None) -> int:
         "keras": "keras image_dataset_from_directory (tf.data)",
     }
     best: dict[str, tuple[float, float]] = {}  # name -> (wall s, cpu s) of the fastest round
+    per_round: list[dict[str, float]] = []  # wall seconds of every measurement, round by round
 
     def keep(name: str, measured: tuple[float, float] | None) -> None:
-        if measured is not None and measured[0] < best.get(name, (float("inf"), 0.0))[0]:
+        if measured is None:
+            return
+        per_round[-1][name] = measured[0]
+        if measured[0] < best.get(name, (float("inf"), 0.0))[0]:
             best[name] = measured
 
     with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
         for _ in range(args.rounds):
+            per_round.append({})
             keep(names["pillow"], bench_pillow(paths, args.size))
             keep(names["decode"], bench_decode(paths, args.size))
             keep(names["decode2"], bench_decode_parallel(paths, args.size, tmp))
@@ -219,6 +227,16 @@ def main(argv=None) -> int:
         ratios["ingest w1 / decode floor"] = w1 / rates[names["decode"]]
     if w2:
         ratios["ingest w2 / decode floor x2"] = w2 / rates[names["decode2"]]
+    # The same ratios within each round (measured minutes apart at most), then their median: on a shared
+    # machine whose speed drifts, a pair taken together says more than two bests taken at different times.
+    paired = {}
+    for label, (top, bottom) in {
+        "ingest w2 / ingest w1": ("ingest --workers 2", "ingest --workers 1"),
+        "ingest w2 / keras": ("ingest --workers 2", names["keras"]),
+    }.items():
+        pairs = [r[bottom] / r[top] for r in per_round if top in r and bottom in r]
+        if pairs:
+            paired[label] = {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
     result = {
         "images": n, "source": "500x375 JPEG q90", "mean_file_kib": round(mean_kb, 1), "out_size": args.size, "rounds": args.rounds,
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -226,6 +244,7 @@ def main(argv=None) -> int:
         "images_per_s": {k: round(v, 1) for k, v in rates.items()},
         "cpu_ms_per_image": {k: round(v, 3) for k, v in cpu_ms.items()},
         "ratios": {k: round(v, 2) for k, v in ratios.items()},
+        "paired_ratios": {k: {m: round(x, 2) for m, x in v.items()} for k, v in paired.items()},
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -238,6 +257,8 @@ def main(argv=None) -> int:
         print(f"{name:<{width}}  {s:8.2f}  {rates[name]:9.0f}  {cpu_ms[name]:10.2f}")
     for name, r in ratios.items():
         print(f"{name}: {r:.2f}x")
+    for name, v in paired.items():
+        print(f"{name}, same round: median {v['median']:.2f}x (rounds {v['min']:.2f}-{v['max']:.2f}x)")
     return 0
 
 
