@@ -194,12 +194,21 @@ class _PoolState:
 
     Nothing here references the WorkerPool object, so dropping the pool lets
     ``weakref.finalize`` run :func:`_shutdown`.  All fields below ``cond`` are
-    guarded by it.
+    guarded by its lock.  Three conditions share that lock, so a routine event
+    wakes only the side that waits for it: ``for_consumer`` (a result in order,
+    or no task left), ``for_producer`` (an output slot, worker capacity, a
+    source read) and ``cond`` for the rest (start-up).  Close and failures wake
+    all three (:meth:`wake_all`).  Waking a thread for nothing costs a futex
+    round trip and a GIL hand-off per batch, which on two cores showed as the
+    largest single cost of the parent's Python.
     """
 
     def __init__(self, n_workers, n_sources, n_slots, per_worker_cap, close_timeout_s):
         self.owner_pid = os.getpid()
-        self.cond = threading.Condition()
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self.for_consumer = threading.Condition(lock)
+        self.for_producer = threading.Condition(lock)
         self.closed = False
         self.failure: tuple[str, str | None] | None = None
         self.per_worker_cap = per_worker_cap
@@ -230,8 +239,13 @@ class _PoolState:
         if self.failure is not None:
             raise _worker_error(*self.failure)
 
-    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-        """Wait on cond until predicate() holds; raises on close, failure or timeout."""
+    def wake_all(self) -> None:
+        self.cond.notify_all()
+        self.for_consumer.notify_all()
+        self.for_producer.notify_all()
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str, on: threading.Condition | None = None) -> None:
+        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
             self.check()
@@ -240,7 +254,7 @@ class _PoolState:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
-            self.cond.wait(remaining)
+            (on or self.cond).wait(remaining)
 
     def pick_worker(self) -> int | None:
         best = None
@@ -257,6 +271,9 @@ class _PoolState:
             self.source_readers[task.source] -= 1
         self.inflight[task.worker] -= 1
         self.results[seq] = (task.slot, task.rows, error)
+        self.for_producer.notify_all()  # worker capacity (and maybe a source) came free
+        if seq == self.next_deliver or not self.tasks:
+            self.for_consumer.notify_all()  # the batch it waits for, or the last one discard_pending waits for
 
     def handle(self, msg) -> None:
         kind = msg[0]
@@ -265,6 +282,7 @@ class _PoolState:
             if task is not None and not task.read_done:
                 task.read_done = True
                 self.source_readers[task.source] -= 1
+                self.for_producer.notify_all()
         elif kind == "done":
             self.task_finished(msg[1], None)
         elif kind == "error":
@@ -275,7 +293,8 @@ class _PoolState:
         elif kind == "fatal" and self.failure is None and not self.closed:
             last_line = msg[2].strip().splitlines()[-1]
             self.failure = (f"augment worker {msg[1]} failed to start: {last_line}", msg[2])
-        self.cond.notify_all()
+        if kind in ("ready", "fatal"):
+            self.wake_all()
 
     def worker_exited(self, w: int) -> None:
         proc = self.procs[w]
@@ -297,7 +316,7 @@ class _PoolState:
             how = "died during start-up: " + how
             hint = "; its traceback is on stderr above (an import error, or a script without `if __name__ == '__main__':`?)"
         self.failure = (f"augment worker {w} (pid {proc.pid}) {how}{hint}", None)
-        self.cond.notify_all()
+        self.wake_all()
 
 
 def _collect(state: _PoolState) -> None:
@@ -312,7 +331,7 @@ def _collect(state: _PoolState) -> None:
         with state.cond:
             if state.failure is None and not state.closed:
                 state.failure = (f"the pool's collector thread failed: {type(exc).__name__}: {exc}", traceback.format_exc())
-            state.cond.notify_all()
+            state.wake_all()
 
 
 def _collect_loop(state: _PoolState) -> None:
@@ -374,7 +393,7 @@ def _shutdown(state: _PoolState) -> None:
         return  # a forked copy of the owner: the processes and segments are not ours
     with state.cond:
         state.closed = True
-        state.cond.notify_all()
+        state.wake_all()
     try:
         os.write(state.wake_w, b"x")
     except OSError:
@@ -587,6 +606,7 @@ class WorkerPool:
                 lambda: bool(state.free_slots) and state.pick_worker() is not None,
                 timeout_s,
                 "no output slot was released (is the consumer calling release()?)",
+                on=state.for_producer,
             )
             worker = state.pick_worker()
             slot = state.free_slots.popleft()
@@ -613,7 +633,8 @@ class WorkerPool:
         """
         state = self._state
         with state.cond:
-            state.wait(lambda: state.source_readers[source_index] == 0, timeout_s, f"source {source_index} still being read")
+            state.wait(lambda: state.source_readers[source_index] == 0, timeout_s, f"source {source_index} still being read",
+                       on=state.for_producer)
 
     def source_readers(self, source_index: int) -> int:
         """Tasks submitted for ``source_index`` whose rows have not been copied out yet (non-blocking)."""
@@ -637,13 +658,14 @@ class WorkerPool:
                 lambda: state.next_deliver in state.results,
                 timeout_s,
                 f"batch {state.next_deliver} not ready ({len(state.tasks)} in flight, {state.next_submit} submitted)",
+                on=state.for_consumer,
             )
             seq = state.next_deliver
             slot, rows, error = state.results.pop(seq)
             state.next_deliver += 1
             if error is not None:
                 state.free_slots.append(slot)
-                state.cond.notify_all()
+                state.for_producer.notify_all()
                 summary, tb_text = error
                 raise _worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text)
             state.held_slots.add(slot)
@@ -694,7 +716,7 @@ class WorkerPool:
                 raise ConfigError(f"release: slot {slot} is not held by the consumer (released twice?)")
             state.held_slots.remove(slot)
             state.free_slots.append(slot)
-            state.cond.notify_all()
+            state.for_producer.notify_all()
 
     def take(self, timeout_s: float) -> tuple[int, np.ndarray]:
         """``get`` + copy + ``release``: return ``(seq, array)`` with an array the caller owns."""
@@ -713,13 +735,13 @@ class WorkerPool:
         """
         state = self._state
         with state.cond:
-            state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish")
+            state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish", on=state.for_consumer)
             dropped = len(state.results)
             for slot, _rows, _error in state.results.values():
                 state.free_slots.append(slot)
             state.results.clear()
             state.next_deliver = state.next_submit
-            state.cond.notify_all()
+            state.wake_all()
             return dropped
 
     # ------------------------------------------------------------------ introspection and lifecycle
