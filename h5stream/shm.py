@@ -49,7 +49,7 @@ try:  # CPython on POSIX; the module multiprocessing.shared_memory is built on
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_names", "SHM_DIR"]
+__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_names", "shm_free_bytes", "SHM_DIR"]
 
 #: Where Linux exposes POSIX shared memory; used for diagnostics and tests only.
 SHM_DIR = "/dev/shm"
@@ -89,6 +89,15 @@ def segment_names(prefix: str = "h5s_") -> list[str]:
         return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
     except OSError:
         return []
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes an unprivileged process may still allocate in :data:`SHM_DIR`, or None where it is not a mount."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _require_posix() -> None:
@@ -189,6 +198,12 @@ class SharedArray:
         _require_posix()
         shape, dtype = _validate(shape, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        free = shm_free_bytes()
+        if free is not None and nbytes > free:  # refuse before fallocate fills the tmpfs only to fail
+            raise BudgetError(
+                f"cannot reserve {nbytes} bytes of shared memory: {SHM_DIR} has {free} free; "
+                f"free space in {SHM_DIR} or lower memory_budget (Docker: --shm-size)"
+            )
         while True:
             name = f"{prefix}_{next(_counter)}"
             try:

@@ -110,3 +110,15 @@ def test_attach_rejects_spec_larger_than_segment():
     with SharedArray.create((4,), np.uint8, new_prefix()) as arr:
         with pytest.raises(WorkerError, match="has 4 bytes"):
             SharedArray.attach(SharedSpec(arr.name, (8,), "|u1"))
+
+
+def test_more_than_dev_shm_holds_is_refused_before_allocating():
+    from h5stream.errors import BudgetError
+    from h5stream.shm import shm_free_bytes
+
+    free = shm_free_bytes()
+    if free is None:
+        pytest.skip("no /dev/shm mount")
+    with pytest.raises(BudgetError, match="free"):
+        SharedArray.create((free + (1 << 20),), np.uint8, new_prefix())
+    # (no_leaks checks that no segment of this process was left behind)

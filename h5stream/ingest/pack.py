@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream._spawn import main_module_hidden
-from h5stream.errors import ConfigError, SourceError, StoreExistsError, WorkerError
+from h5stream.errors import BudgetError, ConfigError, SourceError, StoreExistsError, WorkerError
 from h5stream.ingest.decode import DecodeSpec, decode_into_slot, decode_task, init_worker
 from h5stream.ingest.discover import Item, Source, discover
 from h5stream.store import schema
@@ -134,8 +134,16 @@ class DecodePool:
         if workers > 0:
             from h5stream.shm import SharedArray, new_prefix
 
-            self._slots = SharedArray.create((4 * workers + 1, rows_per_task, *row_shape), np.uint8,
-                                             new_prefix() + "decode_")
+            shape = (4 * workers + 1, rows_per_task, *row_shape)
+            try:
+                self._slots = SharedArray.create(shape, np.uint8, new_prefix() + "decode_")
+            except BudgetError:
+                need = int(np.prod(shape, dtype=np.int64))
+                raise BudgetError(
+                    f"--workers {workers} needs {need / 2**20:.0f} MiB of shared memory for decoded rows "
+                    f"({shape[0]} slots of {rows_per_task} rows) and /dev/shm has less free; pass fewer --workers, "
+                    "--workers 0 (decode in this process), or free /dev/shm (Docker: --shm-size)"
+                ) from None
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
                                              initargs=(self._slots.spec,))
