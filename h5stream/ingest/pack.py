@@ -131,6 +131,7 @@ class DecodePool:
         self.timeout_s = timeout_s
         self._pool = None
         self._slots = None
+        self._exiting: list = []  # worker processes told to exit by finish(), joined by close()
         if workers > 0:
             from h5stream.shm import SharedArray, new_prefix
 
@@ -205,10 +206,21 @@ class DecodePool:
             yield self._slots.array[slot, :reasons.count(None)], reasons
             free.append(slot)  # the caller has asked for the next item: done with this slot
 
+    def finish(self) -> None:
+        """Let the workers exit without waiting for them, once every result is in: the caller's last writes
+        overlap their interpreter shutdown, and :meth:`close` joins them."""
+        if self._pool is not None:
+            self._exiting = list((getattr(self._pool, "_processes", None) or {}).values())
+            pool, self._pool = self._pool, None
+            pool.shutdown(wait=False, cancel_futures=True)
+
     def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.shutdown(wait=True, cancel_futures=True)
+        for proc in self._exiting:
+            proc.join()
+        self._exiting = []
         if self._slots is not None:
             slots, self._slots = self._slots, None
             slots.close()  # unlinks; a view the caller kept stays readable
@@ -220,27 +232,48 @@ def rows_until_aligned(stored_rows: int, block_rows: int, commit_rows: int) -> i
 
 
 class _RowBuffer:
-    """Decoded rows waiting to be appended in block-aligned runs."""
+    """Decoded rows waiting to be appended in block-aligned runs.
 
-    def __init__(self):
-        self.images, self.labels, self.paths = [], [], []
+    Images are copied in once (out of a decode slot, which is reused) into one
+    growing array; :meth:`take` returns a view of it that stays valid until
+    the next :meth:`add` or :meth:`take`, which first move the rows left over
+    to the front.  So every row is copied once here, once into HDF5.
+    """
+
+    def __init__(self, row_shape: tuple[int, ...]):
+        self._images = np.empty((0, *row_shape), np.uint8)
+        self._taken = 0  # rows at the front handed out by the last take()
+        self.labels, self.paths = [], []
         self.rows = 0
 
+    def _compact(self) -> None:
+        if self._taken:
+            t, self._taken = self._taken, 0
+            self._images[:self.rows] = self._images[t:t + self.rows].copy()  # the few rows left over
+
     def add(self, images: np.ndarray, labels: np.ndarray, paths: list[str]) -> None:
-        self.images.append(images)
+        self._compact()
+        n = len(paths)
+        if self.rows + n > len(self._images):
+            grown = np.empty((max(2 * len(self._images), self.rows + n), *self._images.shape[1:]), np.uint8)
+            grown[:self.rows] = self._images[:self.rows]
+            self._images = grown
+        self._images[self.rows:self.rows + n] = images
         self.labels.append(labels)
         self.paths.extend(paths)
-        self.rows += len(paths)
+        self.rows += n
 
     def take(self, n: int):
         """Remove and return the first ``n`` rows (all if fewer) as (images, labels, paths); None if empty."""
+        self._compact()
         n = min(n, self.rows)
         if n == 0:
             return None
-        images, labels = np.concatenate(self.images), np.concatenate(self.labels)
-        out = images[:n], labels[:n], self.paths[:n]
-        self.images, self.labels, self.paths = [images[n:]], [labels[n:]], self.paths[n:]
+        labels = np.concatenate(self.labels)
+        out = self._images[:n], labels[:n], self.paths[:n]
+        self.labels, self.paths = [labels[n:]], self.paths[n:]
         self.rows -= n
+        self._taken = n
         return out
 
 
@@ -423,7 +456,7 @@ def _write_all(opts, source, plan, pending, rejected, pool, writer, report) -> i
 
     for rel, why in rejected:
         record_skip(rel, why)
-    buffer = _RowBuffer()
+    buffer = _RowBuffer(tuple(writer.images.shape[1:]))
     ingested = 0
     chunks = [[it.relpath for it in pending[i:i + FILES_PER_TASK]] for i in range(0, len(pending), FILES_PER_TASK)]
     bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
@@ -442,12 +475,13 @@ def _write_all(opts, source, plan, pending, rejected, pool, writer, report) -> i
                     labels = np.array([class_index[it.label] for it in kept], dtype=np.int64)
                 else:
                     labels = np.array([it.label for it in kept], dtype=np.float32).reshape((len(kept), *label_tail))
-                buffer.add(images.copy(), labels, [it.relpath for it in kept])  # images: a view of a reused slot
+                buffer.add(images, labels, [it.relpath for it in kept])  # copies out of the (reused) slot
                 ingested += len(kept)
             target = rows_until_aligned(writer.images.nrows, block_rows, opts.commit_rows)
             if buffer.rows >= target:
                 flush(target)
             bar.update(len(reasons))
+        pool.finish()
         flush(buffer.rows)
     finally:
         bar.close()
