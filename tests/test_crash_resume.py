@@ -122,3 +122,36 @@ def test_ctrl_c_commits_exits_130_in_one_line_and_append_finishes(big_src, tmp_p
     with h5py.File(out, "r") as f:
         paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
     assert sorted(paths) == sorted(rel for rel, _ in written)
+
+
+def test_a_killed_decode_worker_is_one_line_keeps_committed_rows_and_append_finishes(big_src, tmp_path):
+    root, written = big_src
+    out = tmp_path / "worker.h5"
+    cmd = [sys.executable, "-m", "h5stream", "ingest", root, str(out), "--size", "64", "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while proc.poll() is None and time.monotonic() < deadline and committed_rows(out) == 0:
+            time.sleep(0.005)  # polling interval, bounded by the deadline
+        assert proc.poll() is None, "ingest ended before a worker could be killed"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        workers = [p for p in children if not any("resource_tracker" in part for part in p.cmdline())]
+        assert len(workers) == 2, children
+        workers[0].send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode not in (0, None)
+    assert err.count("\n") == 1 and "decode worker died" in err and "--append" in err, err
+    _, alive = psutil.wait_procs(children, timeout=30)  # the other worker and the resource tracker end too
+    assert alive == [], alive
+    assert segment_names(f"h5s_{proc.pid}_") == []
+    rows = read_meta(out).rows  # the committed rows are kept and consistent
+    assert 0 < rows < N_CLASSES * PER_CLASS
+    resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and f"already stored {rows}" in resumed.stdout, resumed.stderr
+    with h5py.File(out, "r") as f:
+        paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
+    assert sorted(paths) == sorted(rel for rel, _ in written)

@@ -218,8 +218,11 @@ class DecodePool:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             pool.shutdown(wait=True, cancel_futures=True)
-        for proc in self._exiting:
-            proc.join()
+        for proc in self._exiting:  # idle since every result came in: they exit at once
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
         self._exiting = []
         if self._slots is not None:
             slots, self._slots = self._slots, None
