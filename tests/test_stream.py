@@ -261,3 +261,21 @@ def test_bad_inputs(tmp_path, store):
             h5stream.open(store, **kwargs)
     # Every error is also the builtin it resembles.
     assert issubclass(StoreNotFoundError, FileNotFoundError) and issubclass(ConfigError, ValueError)
+
+
+def test_read_ahead_advice_skips_cached_runs_and_asks_for_evicted_ones(tmp_path):
+    from h5stream.measure import cached_fraction, evict_from_page_cache
+
+    path = tmp_path / "advice.h5"  # 12 MiB: more than the kernel reads ahead when the file is opened
+    images = np.random.default_rng(0).integers(0, 255, (4096, 32, 32, 3), dtype=np.uint8)
+    write_arrays(path, images, np.zeros(4096, np.int64), block_rows=64)
+    with open(path, "rb") as fh:
+        fh.read()  # every page cached
+    with h5stream.open(path, batch_size=32, memory_budget="8MiB", seed=1) as s:
+        rows_warm = sum(len(x) for x, _ in s)
+        assert s.stats()["advised_bytes"] == 0  # nothing to fetch: no WILLNEED walk over cached pages
+    assert evict_from_page_cache(path) and cached_fraction(path) < 0.5
+    with h5stream.open(path, batch_size=32, memory_budget="8MiB", seed=1) as s:
+        rows_cold = sum(len(x) for x, _ in s)
+        assert s.stats()["advised_bytes"] > 0  # the evicted runs were asked for ahead
+    assert rows_warm == rows_cold == 4096

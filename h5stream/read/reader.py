@@ -45,6 +45,8 @@ from h5stream.store.meta import StoreMeta
 POLL_S = 0.1
 """How often blocked queue calls wake up to look at the stop flag."""
 
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux: a read that fails instead of waiting for the disk
+
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
@@ -230,7 +232,8 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
-        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0}
+        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0}
+        self._probe = bytearray(1)  # destination of the one-byte page-cache probes in advise()
         self._fd = None
         self._offsets = None
         self._cache_labels = bool(cache_labels)
@@ -424,11 +427,30 @@ class Reader:
         return [tuple(r) for r in runs]
 
     def advise(self, runs) -> None:
+        """Ask the kernel to fetch a fill's runs ahead (``POSIX_FADV_WILLNEED``), skipping runs already cached.
+
+        On cached data WILLNEED still walks every page of the range (16 us per MiB measured, in the reader
+        thread), while two one-byte ``RWF_NOWAIT`` reads at a run's ends tell in ~2.5 us whether it is
+        there; a run with either end missing is advised as before.
+        """
         if self._fd is None or not hasattr(os, "posix_fadvise"):
             return
         row_bytes = self.meta.row_bytes
         for _dest, _src, n, off in runs:
-            os.posix_fadvise(self._fd, off, n * row_bytes, os.POSIX_FADV_WILLNEED)
+            length = n * row_bytes
+            if self._cached(off) and self._cached(off + length - 1):
+                continue
+            os.posix_fadvise(self._fd, off, length, os.POSIX_FADV_WILLNEED)
+            self.stats["advised_bytes"] += length
+
+    def _cached(self, offset: int) -> bool:
+        """Whether the byte at ``offset`` is in the page cache (a read that must not wait); False when unknown."""
+        if _RWF_NOWAIT is None:
+            return False
+        try:
+            return os.preadv(self._fd, [self._probe], offset, _RWF_NOWAIT) == 1
+        except OSError:  # EAGAIN: not cached; EOPNOTSUPP and the like: cannot tell
+            return False
 
     @property
     def io_threads(self) -> int:
