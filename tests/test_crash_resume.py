@@ -32,6 +32,17 @@ def committed_rows(path) -> int:
         return 0
 
 
+def append_finishes_the_set(cmd, out, written) -> None:
+    """An interrupted ingest kept some committed rows; ``cmd --append`` adds exactly the rest."""
+    rows = read_meta(out).rows
+    assert 0 < rows < N_CLASSES * PER_CLASS
+    resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and f"already stored {rows}" in resumed.stdout, resumed.stderr
+    with h5py.File(out, "r") as f:
+        paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
+    assert sorted(paths) == sorted(rel for rel, _ in written)
+
+
 @pytest.fixture(scope="module")
 def big_src(tmp_path_factory):
     root = tmp_path_factory.mktemp("crash") / "src"
@@ -115,13 +126,7 @@ def test_ctrl_c_commits_exits_130_in_one_line_and_append_finishes(big_src, tmp_p
     assert proc.returncode == 130
     assert err.strip() == "h5stream: interrupted", err
     assert segment_names(f"h5s_{proc.pid}_") == []  # closed on the way out, not left to a tracker
-    rows = read_meta(out).rows
-    assert 0 < rows < N_CLASSES * PER_CLASS
-    resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0 and f"already stored {rows}" in resumed.stdout, resumed.stderr
-    with h5py.File(out, "r") as f:
-        paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
-    assert sorted(paths) == sorted(rel for rel, _ in written)
+    append_finishes_the_set(cmd, out, written)
 
 
 def test_a_killed_decode_worker_is_one_line_keeps_committed_rows_and_append_finishes(big_src, tmp_path):
@@ -148,10 +153,4 @@ def test_a_killed_decode_worker_is_one_line_keeps_committed_rows_and_append_fini
     _, alive = psutil.wait_procs(children, timeout=30)  # the other worker and the resource tracker end too
     assert alive == [], alive
     assert segment_names(f"h5s_{proc.pid}_") == []
-    rows = read_meta(out).rows  # the committed rows are kept and consistent
-    assert 0 < rows < N_CLASSES * PER_CLASS
-    resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0 and f"already stored {rows}" in resumed.stdout, resumed.stderr
-    with h5py.File(out, "r") as f:
-        paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
-    assert sorted(paths) == sorted(rel for rel, _ in written)
+    append_finishes_the_set(cmd, out, written)  # the committed rows were kept and consistent
