@@ -272,3 +272,17 @@ def test_decode_workers_do_not_rerun_the_callers_main_script(class_src, tmp_path
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) == read_meta(out).rows == len(expected)
     assert done.stderr.count("main script ran") == 1, done.stderr
+
+
+def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus_one():
+    from h5stream.ingest.pack import decode_slots
+
+    mib = 1 << 20
+    assert decode_slots(2, mib, None) == 9  # unknown free space: four in flight per worker, one written out
+    assert decode_slots(2, mib, 1 << 40) == 9
+    assert decode_slots(16, 2 * mib, 64 * mib) == 16  # Docker's 64 MiB: half of it, 2 MiB slots
+    assert decode_slots(4, mib, 8 * mib) == 4  # below workers + 1: the pool refuses (see test_ingest_errors)
+    for workers in (1, 2, 8, 64):
+        for free in (0, 3 * mib, 100 * mib, None):
+            n = decode_slots(workers, mib, free)
+            assert n <= 4 * workers + 1 and (free is None or n * mib <= free // 2)

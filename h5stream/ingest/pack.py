@@ -9,9 +9,10 @@
    taken over *all* discovered files and then the ones already stored are
    dropped, so a run killed part-way and finished with ``append`` writes the
    same rows in the same order as a run that was never interrupted.
-3. **Decode** in ``workers`` spawned processes (chunks of files, at most
-   ``4 * workers`` chunks in flight so memory stays bounded when the writer is
-   slower) or in-process when ``workers == 0``.
+3. **Decode** in ``workers`` spawned processes (chunks of files, decoded into
+   a fixed ring of shared-memory slots: at most ``4 * workers`` chunks in
+   flight, fewer where /dev/shm is small, so memory stays bounded when the
+   writer is slower) or in-process when ``workers == 0``.
 4. **Write** in order from this thread only, in runs of at least
    ``commit_rows`` rows that end on a block (chunk) boundary, so every chunk
    is written whole, once; after each run the store is flushed and then
@@ -115,9 +116,9 @@ class DecodePool:
 
     Start it early (:meth:`start`) so the workers boot while the caller
     validates and creates the store; :meth:`imap` yields ``(images, reasons)``
-    per chunk in submission order with at most ``4 * workers`` chunks in
-    flight.  Workers decode straight into one of ``4 * workers + 1`` result
-    slots in shared memory and send back only the skip reasons, so pixels are
+    per chunk in submission order with one chunk in flight per result slot but
+    one.  Workers decode straight into the result slots in shared memory
+    (:func:`decode_slots` says how many) and send back only the skip reasons, so pixels are
     never pickled or piped (that cost ~110 us of CPU per 128x128 image across
     both processes, measured, about a tenth of the decode).  The images
     yielded are a view of the slot, valid until the next item is asked for:
@@ -125,25 +126,28 @@ class DecodePool:
     started and unlinks the slots.
     """
 
-    def __init__(self, workers: int, row_shape: tuple[int, ...] = (), rows_per_task: int = 16,
-                 timeout_s: float = 600.0):
+    def __init__(self, workers: int, row_shape: tuple[int, ...], rows_per_task: int = 16, timeout_s: float = 600.0):
         self.workers = workers
         self.timeout_s = timeout_s
         self._pool = None
         self._slots = None
         self._exiting: list = []  # worker processes told to exit by finish(), joined by close()
         if workers > 0:
-            from h5stream.shm import SharedArray, new_prefix
+            from h5stream.shm import SharedArray, new_prefix, shm_free_bytes
 
-            shape = (4 * workers + 1, rows_per_task, *row_shape)
+            slot_bytes = rows_per_task * int(np.prod(row_shape, dtype=np.int64))
+            n_slots = decode_slots(workers, slot_bytes, shm_free_bytes())
             try:
-                self._slots = SharedArray.create(shape, np.uint8, new_prefix() + "decode_")
+                if n_slots < workers + 1:
+                    raise BudgetError("too little shared memory")
+                self._slots = SharedArray.create((n_slots, rows_per_task, *row_shape), np.uint8,
+                                                 new_prefix() + "decode_")
             except BudgetError:
-                need = int(np.prod(shape, dtype=np.int64))
+                need = (workers + 1) * slot_bytes * 2
                 raise BudgetError(
-                    f"--workers {workers} needs {need / 2**20:.0f} MiB of shared memory for decoded rows "
-                    f"({shape[0]} slots of {rows_per_task} rows) and /dev/shm has less free; pass fewer --workers, "
-                    "--workers 0 (decode in this process), or free /dev/shm (Docker: --shm-size)"
+                    f"--workers {workers} needs at least {need / 2**20:.0f} MiB of shared memory free in /dev/shm "
+                    f"for decoded rows ({workers + 1} slots of {rows_per_task} rows, using at most half of it); pass "
+                    "fewer --workers, --workers 0 (decode in this process), or free /dev/shm (Docker: --shm-size)"
                 ) from None
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
@@ -185,7 +189,7 @@ class DecodePool:
         it = iter(chunks)
         for chunk in it:
             submit(chunk)
-            if len(pending) >= 4 * self.workers:
+            if len(free) <= 1:  # the last free slot is for the result being written out
                 break
         while pending:
             slot, future = pending.popleft()
@@ -227,6 +231,17 @@ class DecodePool:
         if self._slots is not None:
             slots, self._slots = self._slots, None
             slots.close()  # unlinks; a view the caller kept stays readable
+
+
+def decode_slots(workers: int, slot_bytes: int, shm_free: int | None) -> int:
+    """Result slots for ``workers`` decode processes (pure): ``4 * workers + 1`` (four tasks in flight per
+    worker, one being written out), fewer where that would take more than half of ``shm_free`` (bytes free
+    in /dev/shm, None when unknown; Docker's default is 64 MiB), and never fewer than ``workers + 1``: below
+    that the workers would wait on the writer, and the caller should refuse."""
+    wanted = 4 * workers + 1
+    if shm_free is None or slot_bytes <= 0:
+        return wanted
+    return min(wanted, max(0, shm_free // 2 // slot_bytes))
 
 
 def rows_until_aligned(stored_rows: int, block_rows: int, commit_rows: int) -> int:
