@@ -137,18 +137,19 @@ class DecodePool:
 
             slot_bytes = rows_per_task * int(np.prod(row_shape, dtype=np.int64))
             n_slots = decode_slots(workers, slot_bytes, shm_free_bytes())
-            try:
-                if n_slots < workers + 1:
-                    raise BudgetError("too little shared memory")
-                self._slots = SharedArray.create((n_slots, rows_per_task, *row_shape), np.uint8,
-                                                 new_prefix() + "decode_")
-            except BudgetError:
+            if n_slots >= workers + 1:
+                try:
+                    self._slots = SharedArray.create((n_slots, rows_per_task, *row_shape), np.uint8,
+                                                     new_prefix() + "decode_")
+                except BudgetError:
+                    pass  # /dev/shm filled up since it was measured: the same advice as below
+            if self._slots is None:
                 need = (workers + 1) * slot_bytes * 2
                 raise BudgetError(
                     f"--workers {workers} needs at least {need / 2**20:.0f} MiB of shared memory free in /dev/shm "
                     f"for decoded rows ({workers + 1} slots of {rows_per_task} rows, using at most half of it); pass "
                     "fewer --workers, --workers 0 (decode in this process), or free /dev/shm (Docker: --shm-size)"
-                ) from None
+                )
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
                                              initargs=(self._slots.spec,))

@@ -9,8 +9,9 @@ from the page cache into the shuffled batches, so a row is copied once, the
 GIL is released meanwhile, and no separate shuffle buffer or gather pass exists.
 The batches being filled *are* the shuffle buffer; the plan bounds them to two
 fills' worth of rows.  ``POSIX_FADV_WILLNEED`` asks the kernel to fetch a whole
-fill ahead (the runs not already cached).  Compressed stores (no raw chunk access) read each run through h5py
-into a small scratch array and copy rows out.
+fill ahead (the runs not already cached).  Compressed stores (no raw chunk
+access) read each run through h5py into a small scratch array and copy rows
+out.
 
 Reading overlaps handing out batches: while the batches of fill ``f`` go to
 the consumer, fill ``f + 1`` is read -- by the I/O threads, all its runs
