@@ -48,6 +48,8 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from h5stream._spawn import keep_freed_heap
+
 RESIZE_MODES = ("stretch", "crop", "pad")
 DEFAULT_BACKGROUND = (255, 255, 255)
 MAX_PIXELS = 1 << 27
@@ -252,6 +254,7 @@ def init_worker(results_spec=None) -> None:
     global _results
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cv2.setNumThreads(1)  # one decode process = one core
+    keep_freed_heap()  # no page faults for the same few hundred KiB image after image
     if results_spec is not None:
         from h5stream.shm import SharedArray
 
