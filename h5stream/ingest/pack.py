@@ -132,6 +132,7 @@ class DecodePool:
         self._pool = None
         self._slots = None
         self._exiting: list = []  # worker processes told to exit by finish(), joined by close()
+        self._in_flight: deque = deque()
         if workers > 0:
             from h5stream.shm import SharedArray, new_prefix, shm_free_bytes
 
@@ -181,11 +182,14 @@ class DecodePool:
                 yield decode_task(root, chunk, spec)
             return
         free = deque(range(self._slots.array.shape[0]))
-        pending = deque()
+        pending = self._in_flight = deque()  # (slot, future) per chunk submitted and not yet yielded
 
         def submit(chunk):
             slot = free.popleft()
-            pending.append((slot, self._pool.submit(decode_into_slot, root, chunk, spec, slot)))
+            try:
+                pending.append((slot, self._pool.submit(decode_into_slot, root, chunk, spec, slot)))
+            except BrokenProcessPool as exc:  # a worker died between two results: the executor refuses new work
+                raise _worker_died() from exc
 
         it = iter(chunks)
         for chunk in it:
@@ -197,10 +201,7 @@ class DecodePool:
             try:
                 reasons = future.result(timeout=self.timeout_s)
             except BrokenProcessPool as exc:
-                raise WorkerError(
-                    "a decode worker died (killed, out of memory?); committed rows are kept, "
-                    "rerun with --append to continue"
-                ) from exc
+                raise _worker_died() from exc
             except TimeoutError as exc:
                 raise WorkerError(
                     f"a decode worker produced nothing for {self.timeout_s:.0f} s; rerun with --append"
@@ -232,6 +233,12 @@ class DecodePool:
         if self._slots is not None:
             slots, self._slots = self._slots, None
             slots.close()  # unlinks; a view the caller kept stays readable
+
+
+def _worker_died() -> WorkerError:
+    return WorkerError(
+        "a decode worker died (killed, out of memory?); committed rows are kept, rerun with --append to continue"
+    )
 
 
 def decode_slots(workers: int, slot_bytes: int, shm_free: int | None) -> int:
