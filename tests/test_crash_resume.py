@@ -156,6 +156,7 @@ def test_a_killed_decode_worker_is_one_line_keeps_committed_rows_and_append_fini
     append_finishes_the_set(cmd, out, written)  # the committed rows were kept and consistent
 
 
+@pytest.mark.usefixtures("no_leaks")
 def test_a_decode_worker_dying_between_results_is_a_worker_error_not_a_traceback(big_src):
     # The executor can notice the death when the next chunk is submitted rather than when a result is
     # awaited; both must read as the same one-line WorkerError (the CLI test above hits either by timing).
