@@ -72,6 +72,11 @@ def _is_tracker(proc: psutil.Process) -> bool:
         return False
 
 
+def new_children(before: set[int]) -> list[psutil.Process]:
+    """This process's children whose pids are not in ``before``, the resource tracker left out (new workers)."""
+    return [p for p in psutil.Process().children() if p.pid not in before and not _is_tracker(p)]
+
+
 @pytest.fixture
 def no_leaks():
     """Fail a test that leaves a child process or a /dev/shm segment of this process behind.

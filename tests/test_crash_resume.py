@@ -18,6 +18,8 @@ from h5stream.samples import make_class_folder, nearest_class
 from h5stream.shm import segment_names
 from h5stream.store import read_meta
 
+from conftest import new_children
+
 N_CLASSES, PER_CLASS = 3, 400
 DEADLINE_S = 120.0
 
@@ -176,8 +178,7 @@ def test_a_decode_worker_dying_between_results_is_a_worker_error_not_a_traceback
         next(items)
         for _, future in list(pool._in_flight):  # every chunk in flight is decoded: only a submit can fail now
             future.result(timeout=60)
-        (worker,) = [p for p in psutil.Process().children()
-                     if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+        (worker,) = new_children(before)
         worker.kill()
         worker.wait(timeout=30)
         deadline = time.monotonic() + 30

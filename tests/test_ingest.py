@@ -17,7 +17,7 @@ from h5stream.ingest.pack import storage_permutation
 from h5stream.samples import make_class_folder, nearest_class, targets_from_pixels
 from h5stream.store import read_meta, schema
 
-from conftest import CLASS_NAMES, REG_N
+from conftest import CLASS_NAMES, REG_N, new_children
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # decode workers and their shared-memory result slots
 
@@ -318,8 +318,7 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
         pool.start()
         for _, reasons in pool.imap(str(tmp_path), chunks[:6], spec):  # every result slot touched once
             assert reasons == [None] * 16
-        (worker,) = [p for p in psutil.Process().children()
-                     if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+        (worker,) = new_children(before)
         start = _minor_faults(worker.pid)
         for _, reasons in pool.imap(str(tmp_path), chunks[6:], spec):
             assert reasons == [None] * 16

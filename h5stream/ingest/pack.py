@@ -275,7 +275,7 @@ class _RowBuffer:
     def _compact(self) -> None:
         if self._taken:
             t, self._taken = self._taken, 0
-            self._images[:self.rows] = self._images[t:t + self.rows].copy()  # the few rows left over
+            self._images[:self.rows] = self._images[t:t + self.rows]  # rows left over; numpy handles overlap
 
     def add(self, images: np.ndarray, labels: np.ndarray, paths: list[str]) -> None:
         self._compact()
