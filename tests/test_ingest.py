@@ -289,6 +289,41 @@ def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus
             assert n <= 4 * workers + 1 and (free is None or n * mib <= free // 2)
 
 
+def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
+    from h5stream.ingest.pack import decode_layout, decode_slots
+
+    row = 3 * 128 * 128  # 48 KiB
+    mib = 1 << 20
+    assert decode_layout(2, row, None) == (9, 64)  # room: 64-row slots, four tasks in flight per worker
+    # Docker's 64 MiB with 16 workers: 64-row slots (3 MiB) give 10 < 17 slots; 32-row slots (1.5 MiB) give 21
+    assert decode_layout(16, row, 64 * mib) == (21, 32)
+    # 1 MiB rows and 40 MiB free: 64 and 32 rows refused, 16 rows (the floor) give 1 slot: the pool refuses
+    assert decode_layout(2, mib, 40 * mib) == (1, 16)
+    assert decode_layout(1, row, None, max_rows=4) == (5, 4)  # a smaller cap is kept as asked
+    for workers in (1, 2, 8, 64):
+        for free in (0, 5 * mib, 64 * mib, 1 << 40, None):
+            slots, rows = decode_layout(workers, row, free)
+            assert 16 <= rows <= 64 and slots == decode_slots(workers, rows * row, free)
+            if rows > 16:  # shrunk only as far as needed: the next size up did not fit
+                assert rows == 64 or decode_slots(workers, 2 * rows * row, free) < workers + 1
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3, 16])
+@pytest.mark.parametrize("n", [0, 1, 5, 63, 64, 65, 500, 3000, 10007])
+def test_task_sizes_cover_every_file_once_big_first_small_last(n, workers):
+    from h5stream.ingest.pack import task_sizes
+
+    sizes = task_sizes(n, workers, max_files=64, min_files=4)
+    assert sum(sizes) == n and all(0 < k <= 64 for k in sizes)
+    assert sizes == sorted(sizes, reverse=True)  # never a big task after a small one
+    assert all(k >= 4 for k in sizes[:-1])  # only the very last may be a remainder below the floor
+    if n >= 4 * max(workers, 1) * 64:
+        assert sizes[0] == 64  # plenty left: full tasks
+    if n >= 64:
+        # the last task is small: a worker finishing it while the others idle costs at most a few files
+        assert sizes[-1] <= 4
+
+
 
 def _minor_faults(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
