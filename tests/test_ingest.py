@@ -198,6 +198,56 @@ def test_exif_orientation_is_applied(tmp_path):
     assert got[:16, :, 0].mean() > 200 and got[24:, :, 0].mean() < 50  # red on top after rotation
 
 
+@pytest.mark.parametrize("resize", ["stretch", "crop", "pad"])
+def test_opencv_jpeg_path_gives_pillows_pixels_for_every_orientation_scale_and_mode(tmp_path, monkeypatch, resize):
+    # Whole 8-bit JPEGs are decoded by OpenCV; the result must be what the Pillow path gives, for every EXIF
+    # orientation, draft scale (1, 2, 4, 8) and channel count, including a grayscale source.
+    import h5stream.ingest.decode as decode
+    from h5stream.samples import realistic_image
+
+    photo = realistic_image(5)  # 500x375 RGB
+    sources = {"rgb": photo, "gray": photo.convert("L")}
+    paths = []
+    for kind, im in sources.items():
+        for o in range(1, 9):
+            exif = Image.Exif()
+            exif[0x0112] = o
+            paths.append(_save(tmp_path, f"{kind}{o}.jpg", im, exif=exif, quality=90))
+    specs = [DecodeSpec(size=(h, w), resize=resize, channels=c, background=(10, 200, 30))
+             for (h, w) in [(300, 260), (120, 100), (60, 90), (40, 40)] for c in (3, 1)]
+    taken = []
+    real = decode.jpeg_by_opencv
+    monkeypatch.setattr(decode, "jpeg_by_opencv", lambda im, ch: taken.append(real(im, ch) is not None) or real(im, ch))
+    fast = [[decode_file(p, s) for s in specs] for p in paths]
+    assert all(taken) and len(taken) == len(paths) * len(specs)  # every one went through OpenCV
+    monkeypatch.setattr(decode, "jpeg_by_opencv", lambda im, ch: None)
+    for p, row in zip(paths, fast):
+        for s, got in zip(specs, row):
+            want = decode_file(p, s)
+            assert got.shape == want.shape == s.shape, (p, s)
+            assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, (p, s)
+
+
+def test_opencv_jpeg_path_leaves_cut_short_and_cmyk_files_to_pillow(tmp_path):
+    from h5stream.ingest.decode import SkipFile, jpeg_by_opencv
+    from h5stream.samples import realistic_image
+
+    whole = _save(tmp_path, "whole.jpg", realistic_image(1), quality=90)
+    data = open(whole, "rb").read()
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    # Cut short: left to Pillow, which names it (some OpenCV releases pad such a file and return it).
+    with Image.open(cut) as im:
+        assert jpeg_by_opencv(im, 3) is None
+    with pytest.raises(SkipFile, match="truncated"):
+        decode_file(str(cut), DecodeSpec(size=(64, 64)))
+    cmyk = _save(tmp_path, "cmyk.jpg", Image.new("CMYK", (64, 64), (0, 255, 255, 0)))
+    with Image.open(cmyk) as im:
+        assert jpeg_by_opencv(im, 3) is None
+    with Image.open(whole) as im:
+        assert jpeg_by_opencv(im, 3).shape == (375, 500, 3)
+
+
 def test_jpeg_draft_matches_full_decode(tmp_path):
     from h5stream.samples import realistic_image
 
