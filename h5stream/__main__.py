@@ -1,5 +1,5 @@
 import sys
 
-from h5stream.cli import main
+from h5stream.cli import run
 
-sys.exit(main())
+sys.exit(run())

@@ -28,3 +28,45 @@ def test_no_framework_is_imported(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["rc"] == [0, 0]
     assert result["after_import"] == [] and result["after_cli"] == []
+
+
+PIN_SCRIPT = r"""
+import json, os, sys
+import h5stream.cli as cli
+numpy_before = "numpy" in sys.modules  # the pin only works while numpy (and OpenBLAS) is not loaded yet
+seen = {}
+def fake_main():
+    import numpy  # noqa: F401 - what a command does first
+    seen["env"] = os.environ.get("OPENBLAS_NUM_THREADS")
+    return 0
+cli.main = fake_main
+rc = cli.run()
+print(json.dumps({"rc": rc, "numpy_before": numpy_before, "env": seen["env"]}))
+"""
+
+
+def _run_pin(env_value):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if env_value is not None:
+        env["OPENBLAS_NUM_THREADS"] = env_value
+    proc = subprocess.run([sys.executable, "-c", PIN_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_pins_openblas_to_one_thread_before_numpy_loads_unless_the_user_chose():
+    pinned = _run_pin(None)
+    assert pinned == {"rc": 0, "numpy_before": False, "env": "1"}
+    assert _run_pin("3")["env"] == "3"  # the user's choice stands
+
+
+def test_main_in_a_callers_process_leaves_the_environment_alone(tmp_path, monkeypatch):
+    import os
+
+    from h5stream import cli
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert cli.main(["info", str(tmp_path / "missing.h5")]) != 0
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
