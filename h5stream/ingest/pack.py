@@ -49,8 +49,8 @@ ORDERS = ("shuffled", "sorted")
 COMMIT_ROWS = 256
 #: Files per decode task: at most this many (fewer towards the end, see :func:`task_sizes`).  A task of 16
 #: photos is ~7 ms of a worker's time; with that grain the workers idled whenever the writer held the GIL
-#: for a moment (the executor's feeding thread could not run), and 64 made 2-worker ingest 11% faster
-#: (interleaved, 4 rounds; 5% with one worker) at the same CPU per image.
+#: for a moment (the executor's feeding thread could not run).  Up to 64: 2-worker ingest 8-13% faster in
+#: two interleaved 5-round A/Bs, 5% with one worker.
 MAX_FILES_PER_TASK = 64
 #: Result slots never hold fewer rows than this: below it, too little /dev/shm is refused (see DecodePool).
 MIN_SLOT_ROWS = 16
