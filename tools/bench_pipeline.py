@@ -83,6 +83,8 @@ EVICT_INTERVAL_S = 0.25  # as `h5stream bench --cold`
 PRESET = "standard"
 PHOTO_SIZE = (375, 500)  # (height, width) of the 128 table's source JPEGs
 
+#: Issue 4 states its targets for 128x128x3 rows; other sizes are shown against them for reference only.
+TARGET_SIZE = 128
 TARGETS = {
     "per_core_vs_idg": 20.0,
     "w2_vs_w1": 1.7,
@@ -667,7 +669,7 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
     for size in sizes:
         r = result["sizes"][str(size)]
         r["ratios"] = ratios(r)
-        r["targets"] = targets(r)
+        r["targets"] = [{**t, "applies": size == TARGET_SIZE} for t in targets(r)]
     result["cores_available_at_end"] = probe_cores()
     result["seconds"] = time.perf_counter() - t_run
     return result
@@ -795,7 +797,9 @@ def format_table(result: dict) -> str:
                          f"(the workers got {q.get('w2_vs_w1_worker_cores', float('nan')):.2f}x the CPU), "
                          f"{q.get('w2_vs_w1_batch128', float('nan')):.2f}x with batch 128"
                          + (f"; pure augmentation in 2 processes scales {ceiling:.2f}x on this machine" if ceiling else ""))
-        lines.append("  targets:")
+        applies = any(tg.get("applies", True) for tg in r["targets"])
+        lines.append("  targets:" if applies else
+                     f"  targets: stated for {TARGET_SIZE}x{TARGET_SIZE}; the same checks at this size, for reference:")
         for tg in r["targets"]:
             if tg["name"].startswith("consumer"):  # fractions of wall time
                 fig, goal = f"{tg['value']:.2%}", f"< {tg['target']:.0%}"
@@ -803,7 +807,8 @@ def format_table(result: dict) -> str:
                 fig, goal = f"{tg['value']:,.0f}", f">= {tg['target']:,.0f}"
             else:
                 fig, goal = f"{tg['value']:.2f}x", f">= {tg['target']:g}x"
-            lines.append(f"    {'met   ' if tg['met'] else 'MISSED'} {tg['name']:<48} {fig:>9}  (target {goal})")
+            verdict = ("met   " if tg["met"] else "MISSED") if applies else ("ok    " if tg["met"] else "below ")
+            lines.append(f"    {verdict} {tg['name']:<48} {fig:>9}  (target {goal})")
         lines.append("")
     lines.append(f"total {result['seconds']:.0f} s")
     return "\n".join(lines)
