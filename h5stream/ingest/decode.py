@@ -260,10 +260,11 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
             if w * h > spec.max_pixels:
                 raise SkipFile(f"too large: {w}x{h} = {w * h} pixels > limit {spec.max_pixels}")
             orientation = _orientation(im)
+            decoded = None
             if im.format == "JPEG":
                 draft_mode = "L" if spec.channels == 1 and im.mode == "RGB" else None
                 im.draft(draft_mode, _draft_box(spec, orientation))
-            decoded = jpeg_by_opencv(im, spec.channels) if im.format == "JPEG" else None
+                decoded = jpeg_by_opencv(im, spec.channels)
             if decoded is not None:
                 if orientation in _ORIENT_ARRAY:
                     decoded = np.ascontiguousarray(_ORIENT_ARRAY[orientation](decoded))

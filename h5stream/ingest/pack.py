@@ -154,8 +154,7 @@ class DecodePool:
                     self.rows_per_task = rows
                 except BudgetError:
                     pass  # /dev/shm filled up since it was measured: the same advice as below
-            if self._slots is None:
-                rows = min(rows_per_task, MIN_SLOT_ROWS)
+            if self._slots is None:  # `rows`: the slot size decode_layout settled on (its floor when slots ran short)
                 need = (workers + 1) * rows * row_bytes * 2
                 raise BudgetError(
                     f"--workers {workers} needs at least {need / 2**20:.0f} MiB of shared memory free in /dev/shm "
