@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream.errors import ReaderError, StreamClosedError
+from h5stream.errors import ReaderError, StreamClosedError, WorkerError
 from h5stream.read.plan import ReadPlan
-from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped
+from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
 from h5stream.store.meta import StoreMeta
 
 CONSUMER_SETS = 4
@@ -102,7 +102,7 @@ class PooledFeed:
 
     def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,
                  timeout_s: float):
-        from h5stream.augment.pool import WorkerPool
+        from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
         self.meta, self._layout, self.plan = meta, layout, plan
@@ -111,14 +111,21 @@ class PooledFeed:
         n_out = pool_slots(workers)
         self._n_in = fill_batches(plan) + plan.queue_depth + n_out + CONSUMER_SETS
         prefix = new_prefix()
-        self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
+        self.direct = direct_reads(meta.path, meta)
+        self._inputs = None
+        if self.direct:
+            source = FileSource(meta.path, (meta.rows, *meta.image_shape), "uint8")
+        else:
+            self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
+            source = self._inputs.spec
         try:
             self._pool = WorkerPool(
-                augment, [self._inputs.spec], workers=workers, batch_rows=bs, n_slots=n_out,
+                augment, [source], workers=workers, batch_rows=bs, n_slots=n_out,
                 out_dtype=augment.output_dtype(), prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
             )
         except BaseException:
-            self._inputs.close()
+            if self._inputs is not None:
+                self._inputs.close()
             raise
         self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
         self._free: queue.Queue[int] = queue.Queue()
@@ -126,6 +133,9 @@ class PooledFeed:
         self.reader: Reader | None = None
 
     def _allocate(self, n):
+        labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
+        if self.direct:
+            return None, labels, None  # the workers read the pixels
         while True:
             if self._stop.is_set():
                 raise Stopped
@@ -135,17 +145,20 @@ class PooledFeed:
             except queue.Empty:
                 continue
         bs = self.plan.batch_size
-        return self._inputs.array[k * bs:k * bs + n], np.empty((n, *self.meta.label_shape), self.meta.label_dtype), k
+        return self._inputs.array[k * bs:k * bs + n], labels, k
 
     def _submit(self, b: Batch) -> _Submitted:
         bs = self.plan.batch_size
-        positions = np.arange(b.slot * bs, b.slot * bs + len(b.labels))
+        if self.direct:
+            positions, in_place = b.file_offsets, False
+        else:
+            positions, in_place = np.arange(b.slot * bs, b.slot * bs + len(b.labels)), True
         while True:
             if self._stop.is_set():
                 raise Stopped
             try:
                 seq = self._pool.submit(0, positions, b.row_ids, epoch=b.epoch, seed=self._seed, timeout_s=POLL_S,
-                                        in_place=True)  # the input slot is freed only when the result is taken
+                                        in_place=in_place)  # an input slot is freed only when the result is taken
                 return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
             except TimeoutError:
                 continue
@@ -161,7 +174,7 @@ class PooledFeed:
         self._stop = threading.Event()
         self.reader = Reader(
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
-            allocate=self._allocate, on_batch=self._submit, stop=self._stop,
+            allocate=self._allocate, on_batch=self._submit, stop=self._stop, defer_pixels=self.direct,
             cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
         )
 
@@ -173,6 +186,12 @@ class PooledFeed:
             try:
                 done = self._pool.get(timeout_s=POLL_S)
                 break
+            except WorkerError as exc:
+                if exc.stage != "read":
+                    raise
+                # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
+                summary = exc.summary.replace(f"{self.meta.path}: ", "")
+                raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
             except TimeoutError:
                 if time.perf_counter() > deadline:
                     raise ReaderError(
@@ -195,7 +214,8 @@ class PooledFeed:
                 finally:
                     self._pool.release(done.slot)
         finally:
-            self._free.put(item.in_slot)
+            if item.in_slot is not None:
+                self._free.put(item.in_slot)
         return item.epoch, item.index, x, item.labels
 
     def stats(self) -> dict:
@@ -212,7 +232,8 @@ class PooledFeed:
             try:
                 self._pool.close()
             finally:
-                self._inputs.close()
+                if self._inputs is not None:
+                    self._inputs.close()
 
 
 def _reader_stats(reader: Reader | None) -> dict:

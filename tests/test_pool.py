@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from h5stream.augment.pool import Batch, WorkerPool, slot_bytes, worker_buffer_bytes
+from h5stream.augment.pool import Batch, FileSource, WorkerPool, slot_bytes, worker_buffer_bytes
 from h5stream.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 
@@ -291,3 +291,43 @@ def test_in_place_needs_one_contiguous_run(pool):
         pool.submit(0, [1, 3], [1, 3], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
     with pytest.raises(ConfigError, match="contiguous"):
         pool.submit(0, [2, 1], [2, 1], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
+
+
+HEADER = 100  # bytes before the first row in the file source
+
+
+@pytest.fixture(scope="module")
+def row_file(tmp_path_factory, sources):
+    """Source 0's rows written to a plain file after a header: a FileSource addresses them by byte offset."""
+    path = tmp_path_factory.mktemp("rows") / "rows.bin"
+    path.write_bytes(b"h" * HEADER + sources[0].array.tobytes())
+    return str(path)
+
+
+def _offsets(rows):
+    return HEADER + np.asarray(rows, np.int64) * int(np.prod(ROW_SHAPE))
+
+
+def test_file_source_workers_read_rows_at_byte_offsets(sources, row_file):
+    spec = FileSource(row_file, (SOURCE_ROWS,) + ROW_SHAPE, "uint8")
+    with WorkerPool(Scripted(), [spec, sources[1].spec], workers=1, batch_rows=BATCH_ROWS, n_slots=N_SLOTS) as p:
+        # Shuffled rows, a run of adjacent ones (read in one call), a repeated row, a single row.
+        for rows in ([7, 3, 4, 5, 0, 39, 39, 12], [20, 21, 22, 23], [1]):
+            ids = np.arange(len(rows)) + 50
+            p.submit(0, _offsets(rows), ids, epoch=1, seed=PLAIN, timeout_s=60)
+            assert p.source_readers(0) == 0  # nothing of the caller's to hand back
+            _, got = p.take(60)
+            assert np.array_equal(got, add_row_ids(sources[0].array[rows], ids, 1))
+        p.submit(1, [2, 5], [0, 1], epoch=0, seed=PLAIN, timeout_s=60)  # shared sources still work beside it
+        assert np.array_equal(p.take(60)[1], add_row_ids(sources[1].array[[2, 5]], np.arange(2), 0))
+        with pytest.raises(ConfigError, match="byte offsets must be >= 0"):
+            p.submit(0, [-1], [0], epoch=0, seed=PLAIN, timeout_s=1)
+        with pytest.raises(ConfigError, match="in_place"):
+            p.submit(0, _offsets([1, 2]), [0, 1], epoch=0, seed=PLAIN, timeout_s=1, in_place=True)
+        # Past the end of the file: the read fails in the worker, the consumer gets it with its stage; the pool goes on.
+        p.submit(0, _offsets([0, SOURCE_ROWS]), [0, 1], epoch=0, seed=PLAIN, timeout_s=60)
+        with pytest.raises(WorkerError, match="could not read the rows of batch .*unexpected end of file") as info:
+            p.get(60)
+        assert info.value.stage == "read" and "in read" in info.value.worker_traceback
+        p.submit(0, _offsets([3]), [3], epoch=0, seed=PLAIN, timeout_s=60)
+        assert np.array_equal(p.take(60)[1], add_row_ids(sources[0].array[[3]], np.array([3]), 0))

@@ -142,3 +142,60 @@ def test_batches_are_lent_without_copy_and_kept_ones_stay_intact(store):
     for (x, y), (xe, ye) in zip(kept, second):  # nothing kept was overwritten by later batches
         assert np.array_equal(x, xe) and np.array_equal(y, ye)
     assert np.array_equal(kept[0][0], second[0][0])  # a lent view stays readable after close()
+
+
+def _segments():
+    from h5stream.shm import segment_names
+
+    return set(segment_names(f"h5s_{__import__('os').getpid()}_"))
+
+
+def test_workers_read_an_uncompressed_store_themselves(store):
+    """No input slots: the reader hands out byte offsets, the workers read the rows from the file."""
+    aug = h5stream.Augment(horizontal_flip=True)
+    before = _segments()
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=3, augment=aug, workers=2) as s:
+        assert s._feed.direct
+        pooled = [(x.copy(), y.copy()) for x, y in s]
+        made = _segments() - before
+        stats = s.stats()
+    assert [n for n in made if "in_" in n] == [] and [n for n in made if "out_" in n]
+    assert stats["read_bytes"] == 0 and stats["deferred_bytes"] >= ROWS * 24 * 24 * 3
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=3, augment=aug) as s:
+        inline = [(x.copy(), y.copy()) for x, y in s]
+    assert len(pooled) == len(inline)
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(pooled, inline))
+
+
+def test_compressed_store_goes_through_shared_input_slots(tmp_path):
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 255, (300, 16, 16, 3), dtype=np.uint8)
+    path = tmp_path / "z.h5"
+    write_arrays(path, images, np.arange(300) % 3, block_rows=16, compression="zlib")
+    aug = h5stream.Augment(vertical_flip=True, rotation_range=5)
+    runs = {}
+    for w in (0, 1):
+        before = _segments()
+        with h5stream.open(path, batch_size=32, memory_budget="300MiB", seed=8, augment=aug, workers=w) as s:
+            runs[w] = [(x.copy(), y.copy()) for x, y in s]
+            if w:
+                assert not s._feed.direct and [n for n in _segments() - before if "in_" in n]
+    assert len(runs[0]) == len(runs[1])
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(runs[0], runs[1]))
+
+
+def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "t.h5"
+    write_arrays(path, rng.integers(0, 255, (3000, 24, 24, 3), dtype=np.uint8), np.arange(3000) % 5, block_rows=16)
+    s = h5stream.open(path, batch_size=32, memory_budget="300MiB", seed=0,
+                      augment=h5stream.Augment(horizontal_flip=True), workers=1)
+    batches = iter(s)
+    next(batches)  # the reader has the chunk index by now; only the workers touch the pixels from here on
+    with open(path, "r+b") as f:  # cut the file: later chunks are gone
+        f.truncate(200_000)
+    with pytest.raises(h5stream.ReaderError, match="unexpected end of file") as info:
+        for _batch in batches:
+            pass
+    assert isinstance(info.value.__cause__, WorkerError) and info.value.__cause__.stage == "read"
+    s.close()

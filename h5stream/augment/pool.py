@@ -38,6 +38,7 @@ import time
 import traceback
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -78,6 +79,24 @@ class Batch(NamedTuple):
     rows: int
 
 
+@dataclass(frozen=True)
+class FileSource:
+    """Rows of ``row_shape``/``dtype`` stored uncompressed in a file, addressed by byte offset; picklable.
+
+    A task on a file source names each row by its offset; the worker reads the
+    rows itself (``preadv`` from the page cache into its gather buffer), so no
+    pixel passes through the parent at all.
+    """
+
+    path: str
+    shape: tuple[int, ...]  # (rows, *row_shape): rows only bounds nothing, kept for symmetry with SharedSpec
+    dtype: str
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
 def slot_bytes(n_slots: int, batch_rows: int, row_shape: Sequence[int], dtype) -> int:
     """Bytes of shared memory a pool allocates for its output slots (pure)."""
     return int(n_slots) * int(batch_rows) * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -102,9 +121,13 @@ class _RemoteTraceback(Exception):
         return "\n" + self.tb_text
 
 
-def _worker_error(message: str, tb_text: str | None) -> WorkerError:
+def _worker_error(message: str, tb_text: str | None, stage: str | None = None, summary: str | None = None) -> WorkerError:
+    """``stage``: "read" (getting a task's rows failed), "transform", or None (a worker died or failed to start);
+    ``summary``: the worker's one-line account of a read or transform failure."""
     err = WorkerError(message)
     err.worker_traceback = tb_text
+    err.stage = stage
+    err.summary = summary
     if tb_text:
         err.__cause__ = _RemoteTraceback(tb_text)
     return err
@@ -123,21 +146,48 @@ def _worker_main(worker_id, conn, transform_bytes, source_specs, slot_spec, batc
     parent = mp.parent_process()
     try:
         transform = pickle.loads(transform_bytes)
-        sources = [SharedArray.attach(spec) for spec in source_specs]
+        sources = [_FileRows(spec) if isinstance(spec, FileSource) else SharedArray.attach(spec).array
+                   for spec in source_specs]
         slots = SharedArray.attach(slot_spec)
     except BaseException:
         conn.send(("fatal", worker_id, traceback.format_exc()))
         return
     conn.send(("ready", worker_id, os.getpid()))
     try:
-        _serve(conn, parent.sentinel, transform, [s.array for s in sources], slots.array, batch_rows)
+        _serve(conn, parent.sentinel, transform, sources, source_specs[0], slots.array, batch_rows)
     except (EOFError, OSError):
         pass  # the parent went away mid-message; nothing left to serve
 
 
-def _serve(conn, parent_sentinel, transform, src_arrays, out_all, batch_rows) -> None:
+class _FileRows:
+    """A worker's handle on a :class:`FileSource`: reads rows at byte offsets into a buffer."""
+
+    def __init__(self, spec: FileSource):
+        self.path = spec.path
+        self.row_bytes = spec.row_bytes
+        self.fd = os.open(spec.path, os.O_RDONLY)
+
+    def read(self, offsets: np.ndarray, out: np.ndarray) -> None:
+        """Read row ``i`` of ``out`` from byte ``offsets[i]``; rows adjacent in both go in one call."""
+        n, rb = len(offsets), self.row_bytes
+        dest = memoryview(out.reshape(-1)).cast("B")
+        # Runs: places where the next row's offset is not right after this one's.
+        breaks = np.flatnonzero(offsets[1:] != offsets[:-1] + rb) + 1
+        starts = [0, *breaks.tolist()]
+        stops = [*breaks.tolist(), n]
+        firsts = offsets[starts].tolist()
+        for a, b, off in zip(starts, stops, firsts):
+            view, at = dest[a * rb:b * rb], off
+            while len(view):
+                got = os.preadv(self.fd, [view], at)
+                if got == 0:
+                    raise OSError(f"{self.path}: unexpected end of file at byte {at} (file truncated?)")
+                view, at = view[got:], at + got
+
+
+def _serve(conn, parent_sentinel, transform, sources, spec0, out_all, batch_rows) -> None:
     """The worker's task loop; returns on the stop message or when the parent is gone."""
-    gather = np.empty((batch_rows,) + src_arrays[0].shape[1:], dtype=src_arrays[0].dtype)
+    gather = np.empty((batch_rows,) + tuple(spec0.shape[1:]), dtype=np.dtype(spec0.dtype))
     watch = selectors.DefaultSelector()  # registered once: one wait per task, not a new selector each time
     watch.register(conn, selectors.EVENT_READ)
     watch.register(parent_sentinel, selectors.EVENT_READ)
@@ -150,18 +200,27 @@ def _serve(conn, parent_sentinel, transform, src_arrays, out_all, batch_rows) ->
         seq, slot, src, where, row_ids, epoch, seed, in_place = msg
         row_ids = np.frombuffer(row_ids, np.int64)
         n = len(row_ids)
-        if in_place:
+        source = sources[src]
+        if isinstance(source, _FileRows):
+            # The rows' byte offsets in the file: read them here (no "read" message: nothing to free).
+            images = gather[:n]
+            try:
+                source.read(np.frombuffer(where, np.int64), images)
+            except Exception as exc:
+                conn.send(("error", seq, f"{type(exc).__name__}: {exc}", traceback.format_exc(), "read"))
+                continue
+        elif in_place:
             # The rows are one contiguous run the submitter keeps untouched until the result is taken:
             # transform straight from shared memory (no copy, no "read" message; "done" implies it).
-            images = src_arrays[src][where:where + n]
+            images = source[where:where + n]
         else:
             positions = np.frombuffer(where, np.intp)
             images = gather[:n]
             try:
                 # mode="clip" avoids numpy's extra buffered copy; the parent validated the range.
-                np.take(src_arrays[src], positions, axis=0, out=images, mode="clip")
+                np.take(source, positions, axis=0, out=images, mode="clip")
             except Exception as exc:
-                conn.send(("error", seq, f"gathering rows failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
+                conn.send(("error", seq, f"{type(exc).__name__}: {exc}", traceback.format_exc(), "read"))
                 continue
             conn.send(("read", seq))
         try:
@@ -286,7 +345,7 @@ class _PoolState:
         elif kind == "done":
             self.task_finished(msg[1], None)
         elif kind == "error":
-            self.task_finished(msg[1], (msg[2], msg[3]))
+            self.task_finished(msg[1], (msg[2], msg[3], msg[4] if len(msg) > 4 else "transform"))
         elif kind == "ready":
             self.ready.add(msg[1])
             self.pids[msg[1]] = msg[2]
@@ -480,14 +539,14 @@ class WorkerPool:
         for name, value in (("workers", workers), ("batch_rows", batch_rows), ("n_slots", n_slots)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ConfigError(f"WorkerPool: {name} must be an integer >= 1, got {value!r}")
-        if not sources or not all(isinstance(s, SharedSpec) and len(s.shape) >= 2 for s in sources):
-            raise ConfigError("WorkerPool: sources must be a non-empty list of SharedSpec shaped (rows, ...)")
+        if not sources or not all(isinstance(s, (SharedSpec, FileSource)) and len(s.shape) >= 2 for s in sources):
+            raise ConfigError("WorkerPool: sources must be a non-empty list of SharedSpec or FileSource shaped (rows, ...)")
         row_shape, src_dtype = sources[0].shape[1:], np.dtype(sources[0].dtype)
         for s in sources:
             if s.shape[1:] != row_shape or np.dtype(s.dtype) != src_dtype:
                 raise ConfigError(
                     f"WorkerPool: every source must have row shape {row_shape} and dtype {src_dtype}, "
-                    f"got {s.shape[1:]} {s.dtype} for {s.name}"
+                    f"got {s.shape[1:]} {s.dtype} for {getattr(s, 'name', None) or s.path}"
                 )
         if not callable(transform):
             raise ConfigError(f"WorkerPool: transform must be callable, got {type(transform).__name__}")
@@ -505,6 +564,7 @@ class WorkerPool:
         self.out_row_shape = tuple(int(d) for d in (out_row_shape if out_row_shape is not None else row_shape))
         self.out_dtype = np.dtype(out_dtype)
         self._source_rows = [s.shape[0] for s in sources]
+        self._file_sources = {i for i, s in enumerate(sources) if isinstance(s, FileSource)}
         task_bytes = 16 * self.batch_rows + _TASK_OVERHEAD_BYTES
         cap = max(1, min(self.n_slots, _PIPE_BUDGET_BYTES // task_bytes))
         state = _PoolState(self.workers, len(sources), self.n_slots, cap, float(close_timeout_s))
@@ -589,7 +649,14 @@ class WorkerPool:
         rows = self._source_rows[source_index]
         n = positions.shape[0]
         first = int(positions[0])
-        if in_place:
+        from_file = source_index in self._file_sources
+        if from_file:
+            if in_place:
+                raise ConfigError("submit: in_place=True applies to shared-memory sources, not to a FileSource")
+            if int(positions.min()) < 0:
+                raise ConfigError(f"submit: byte offsets must be >= 0 for file source {source_index}")
+            low, high = 0, 0  # whether an offset lies inside the file, the worker's read tells
+        elif in_place:
             if not np.array_equal(positions, np.arange(first, first + n)):
                 raise ConfigError("submit: in_place=True needs positions to be one ascending contiguous run")
             low, high = first, first + n - 1
@@ -598,7 +665,10 @@ class WorkerPool:
         if low < 0 or high >= rows:
             raise ConfigError(f"submit: positions must lie in 0..{rows - 1} for source {source_index}")
         # In place, the run's first row says it all; otherwise the positions go as raw bytes.
-        where = first if in_place else positions.astype(np.intp, copy=False).tobytes()
+        if from_file:
+            where = positions.astype(np.int64, copy=False).tobytes()
+        else:
+            where = first if in_place else positions.astype(np.intp, copy=False).tobytes()
         task_row_ids = row_ids.astype(np.int64, copy=False).tobytes()
         state = self._state
         with state.cond:
@@ -619,9 +689,12 @@ class WorkerPool:
                 # The collector reports how the worker ended; give it a moment to.
                 state.wait(lambda: False, 5.0, f"worker {worker} stopped taking tasks")
             state.next_submit += 1
-            state.tasks[seq] = _Task(slot, source_index, positions.shape[0], worker)
+            task = state.tasks[seq] = _Task(slot, source_index, positions.shape[0], worker)
             state.inflight[worker] += 1
-            state.source_readers[source_index] += 1
+            if from_file:
+                task.read_done = True  # nothing of the caller's to free: the file is not overwritten
+            else:
+                state.source_readers[source_index] += 1
         return seq
 
     def wait_source_free(self, source_index: int, timeout_s: float) -> None:
@@ -666,8 +739,12 @@ class WorkerPool:
             if error is not None:
                 state.free_slots.append(slot)
                 state.for_producer.notify_all()
-                summary, tb_text = error
-                raise _worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text)
+                summary, tb_text, stage = error
+                if stage == "read":
+                    raise _worker_error(f"augment worker could not read the rows of batch {seq}: {summary}", tb_text,
+                                        stage, summary)
+                raise _worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text,
+                                    stage, summary)
             state.held_slots.add(slot)
             return Batch(seq, slot, rows)
 

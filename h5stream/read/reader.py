@@ -68,6 +68,7 @@ class Batch:
     labels: np.ndarray
     row_ids: np.ndarray
     slot: object = None
+    file_offsets: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ class _Pending:
     def __init__(self, batch: Batch, missing: int):
         self.batch = batch
         self.missing = missing
-        self.rows = memoryview(batch.images.reshape(-1)).cast("B") if batch.images.size else None
+        images = batch.images
+        self.rows = memoryview(images.reshape(-1)).cast("B") if images is not None and images.size else None
 
 
 class _FillJob:
@@ -159,7 +161,9 @@ class _FillJob:
             self.targets[int(j)] = self.reader.pending(self.epoch, int(j))
         self.reader.advise(self.runs)
         self.reader.stats["fills"] += 1
-        if self.reader.io is not None:
+        if self.reader.defer_pixels:
+            self.done = len(self.runs)  # the batch's receiver reads the pixels (see Reader)
+        elif self.reader.io is not None:
             # One future per I/O thread, each taking every k-th run: both walk the fill in file order, and
             # a fill costs k futures instead of one per run.
             k = self.reader.io_threads
@@ -180,6 +184,7 @@ class _FillJob:
         self.futures = []
         if self.labels is None:
             self.labels = self.reader.read_labels(self.runs, len(self.row_ids))
+        file_offsets = self.reader.file_offsets(self.runs, len(self.row_ids)) if self.reader.defer_pixels else None
         kept = np.flatnonzero(self.batch >= 0)
         order = kept[np.argsort(self.batch[kept], kind="stable")]
         split = np.flatnonzero(np.diff(self.batch[order])) + 1
@@ -188,6 +193,8 @@ class _FillJob:
             k = self.offset[group]
             t.batch.labels[k] = self.labels[group]
             t.batch.row_ids[k] = self.row_ids[group]
+            if file_offsets is not None:
+                t.batch.file_offsets[k] = file_offsets[group]
             t.missing -= len(group)
         self.targets = {}
 
@@ -204,6 +211,11 @@ class Reader:
     reads every label once up front instead of run by run; ``io_threads``
     threads run the raw pixel reads (``preadv``, GIL released) so reading overlaps
     handing out batches and several reads are in flight on cold storage.
+    ``defer_pixels=True`` (uncompressed stores only, see :func:`direct_reads`)
+    reads no pixels at all: each batch carries ``file_offsets``, the byte offset
+    of every row, for its receiver (the worker processes) to read, and
+    ``allocate`` returns ``None`` for the images.  The reader still asks the
+    kernel to fetch each fill ahead, so the receivers' reads find it cached.
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
     idempotent.
     """
@@ -219,6 +231,7 @@ class Reader:
         timeout_s: float = 60.0,
         cache_labels: bool = False,
         io_threads: int = 2,
+        defer_pixels: bool = False,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
         on_batch: Callable[[Batch], object] | None = None,
         stop: threading.Event | None = None,
@@ -233,12 +246,14 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
-        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0}
+        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
+                      "deferred_bytes": 0}
         self._probe = bytearray(1)  # destination of the one-byte page-cache probes in advise()
         self._fd = None
         self._offsets = None
         self._cache_labels = bool(cache_labels)
-        self._io_threads = int(io_threads)
+        self.defer_pixels = bool(defer_pixels)
+        self._io_threads = 0 if self.defer_pixels else int(io_threads)
         self.io: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self.all_labels: np.ndarray | None = None
@@ -313,6 +328,8 @@ class Reader:
                 self._images = f[schema.IMAGES]
                 self._labels = f[schema.LABELS]
                 self._offsets = _chunk_offsets(self._images, self.meta)
+                if self.defer_pixels and self._offsets is None:
+                    raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
                 if self._cache_labels:
                     self.all_labels = self._labels[0:self.meta.rows]
                 if self._offsets is not None:
@@ -401,7 +418,8 @@ class Reader:
             bounds = self._bounds[epoch]
             n = int(bounds[j + 1] - bounds[j])
             x, y, slot = self._allocate(n)
-            p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot), n)
+            offsets = np.empty(n, np.int64) if self.defer_pixels else None
+            p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets), n)
         return p
 
     # -- I/O -------------------------------------------------------------------------
@@ -488,6 +506,17 @@ class Reader:
             self.stats["read_s"] += time.perf_counter() - t0
             self.stats["read_bytes"] += n * row_bytes
 
+    def file_offsets(self, runs, n: int) -> np.ndarray:
+        """Byte offset in the file of every row of a fill, in buffer order (raw stores)."""
+        dest = np.array([r[0] for r in runs], np.int64)
+        count = np.array([r[2] for r in runs], np.int64)
+        first = np.array([r[3] for r in runs], np.int64)
+        out = np.empty(n, np.int64)
+        within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        out[np.repeat(dest, count) + within] = np.repeat(first, count) + within * self.meta.row_bytes
+        self.stats["deferred_bytes"] += int(count.sum()) * self.meta.row_bytes
+        return out
+
     def read_labels(self, runs, n: int) -> np.ndarray:
         """Labels of a fill in buffer order, run by run (when they are not all cached)."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
@@ -521,6 +550,12 @@ def _preadv_all(fd: int, views: list, offset: int, path: str) -> None:
                 rest.append(v[got:] if got else v)
                 got = 0
         views = rest
+
+
+def direct_reads(path: str, meta: StoreMeta) -> bool:
+    """Whether every row of the store can be read straight from the file (uncompressed, all chunks stored)."""
+    with h5py.File(path, "r", rdcc_nbytes=0, locking=False) as f:
+        return _chunk_offsets(f[schema.IMAGES], meta) is not None
 
 
 def _chunk_offsets(images: h5py.Dataset, meta: StoreMeta) -> np.ndarray | None:
