@@ -2,11 +2,13 @@
 
 A feed delivers ``(epoch, index, images, labels)`` in order and owns every
 resource behind it.  :class:`InlineFeed` runs the transform (if any) in the
-consumer's thread.  :class:`PooledFeed` has the reader assemble batches in
-shared-memory *input slots*, submits one task per batch (indices only) to a
-:class:`~h5stream.augment.pool.WorkerPool`, and lends each finished output
-slot to the consumer as a view (copying only when the consumer already keeps
-:data:`LENT_SLOTS` of them).  Both recycle their output arrays
+consumer's thread.  :class:`PooledFeed` submits one task per batch (indices
+only) to a :class:`~h5stream.augment.pool.WorkerPool` and lends each finished
+output slot to the consumer as a view (copying only when the consumer already
+keeps :data:`LENT_SLOTS` of them).  On an uncompressed store a task names its
+rows by byte offset and the workers read them from the file themselves (the
+reader thread only orders, labels and fetches ahead); on a compressed one the
+reader decodes each batch into a shared-memory *input slot*.  Both recycle their output arrays
 (:class:`~h5stream.read.reader.ArrayArena`).  Used by :mod:`h5stream.stream`.
 """
 
@@ -92,12 +94,20 @@ class _Submitted:
 
 
 class PooledFeed:
-    """Reader thread filling shared-memory input slots + a pool of augmenting worker processes.
+    """Reader thread + a pool of augmenting worker processes that read or receive the pixels.
 
-    Input slots: enough for two fills being assembled, the queue, the pool's
-    tasks and the consumer, so the reader never waits on a slot that only it
-    could free.  A slot returns to the free list when its batch's result is
-    taken by the consumer (the worker has read it by then).
+    ``direct`` (uncompressed store): the reader hands each batch's row byte
+    offsets to the pool, whose workers ``preadv`` the rows into their own
+    buffers.  That moves the one copy of every pixel out of this process,
+    where it was the largest cost (the copy into cold shared slots), into the
+    workers, where it lands in a small warm buffer.  The page cache is the
+    shuffle window: the reader still asks the kernel for each fill ahead.
+
+    Otherwise (compressed: only HDF5 can decode) the reader decodes into
+    shared-memory input slots: enough for two fills being assembled, the
+    queue, the pool's tasks and the consumer, so the reader never waits on a
+    slot that only it could free.  A slot returns to the free list when its
+    batch's result is taken by the consumer (the worker has read it by then).
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,

@@ -1,8 +1,8 @@
 """Numpy arrays in POSIX shared memory, with one owner per segment.
 
-:class:`SharedArray` is how pixels cross process boundaries: the stream's
-shuffle buffers and the worker pool's output slots live in segments created
-here, and worker processes attach to them by :class:`SharedSpec` (a small,
+:class:`SharedArray` is how pixels cross process boundaries: the worker pool's
+output slots (and, for compressed stores, the stream's input slots) live in
+segments created here, and worker processes attach to them by :class:`SharedSpec` (a small,
 picklable ``(name, shape, dtype)``).
 
 Ownership: the process that calls :meth:`SharedArray.create` owns the segment

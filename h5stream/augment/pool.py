@@ -1,12 +1,19 @@
 """A pool of augmenting worker processes that exchange only indices.
 
-Generic: it knows nothing about HDF5.  The owner (the stream) puts rows into
-*source* shared arrays (its shuffle buffers) and submits tasks
-``(source_index, positions, row_ids, epoch, seed)``; a worker gathers
-``source[positions]`` into its private buffer (or, for a contiguous run
-submitted ``in_place``, reads it where it lies), calls the transform writing
-straight into an output *slot* (a ring of shared arrays the pool owns), and
-reports back.  Pixels never go through a pipe.
+Generic: it knows nothing about HDF5.  The owner (the stream) submits tasks
+``(source_index, positions, row_ids, epoch, seed)`` on its *sources*:
+
+* a :class:`~h5stream.shm.SharedSpec`, shared arrays the owner fills (its
+  input slots): a worker gathers ``source[positions]`` into its private buffer,
+  or, for a contiguous run submitted ``in_place``, reads it where it lies;
+* a :class:`FileSource`, fixed-size rows stored uncompressed in a file:
+  ``positions`` are byte offsets, and the worker reads the rows itself
+  (``preadv`` from the page cache into its private buffer), so the owner never
+  copies a pixel.
+
+The worker then calls the transform writing straight into an output *slot* (a
+ring of shared arrays the pool owns), and reports back.  Pixels never go
+through a pipe.
 
 Threads and processes:
 
@@ -49,6 +56,7 @@ from h5stream.errors import ConfigError, StreamClosedError, WorkerError
 
 __all__ = [
     "Batch",
+    "FileSource",
     "WorkerPool",
     "WORKER_OVERHEAD_BYTES",
     "measure_worker_pss",
@@ -89,7 +97,7 @@ class FileSource:
     """
 
     path: str
-    shape: tuple[int, ...]  # (rows, *row_shape): rows only bounds nothing, kept for symmetry with SharedSpec
+    shape: tuple[int, ...]  # (rows, *row_shape) like SharedSpec; tasks address rows by byte offset, not index
     dtype: str
 
     @property
@@ -503,9 +511,10 @@ class WorkerPool:
         ``__main__``; define user functions in an importable module to keep
         a script's heavy imports (tensorflow) out of the workers.
     sources:
-        Specs of the caller's shared arrays, all shaped (rows, *row_shape) with
-        one dtype.  The caller owns them and must not overwrite rows that a
-        submitted task has not yet read (see :meth:`wait_source_free`).
+        Specs of the caller's shared arrays and/or :class:`FileSource` files,
+        all shaped (rows, *row_shape) with one dtype.  The caller owns them and
+        must not overwrite rows that a submitted task has not yet read (see
+        :meth:`wait_source_free`; file sources count as read at once).
     workers, batch_rows, n_slots:
         Process count (>= 1), most rows per task, output slots in the ring.
         At most ``n_slots`` batches are in flight or held by the consumer.
@@ -524,7 +533,7 @@ class WorkerPool:
     def __init__(
         self,
         transform: Callable,
-        sources: Sequence[SharedSpec],
+        sources: Sequence[SharedSpec | FileSource],
         *,
         workers: int,
         batch_rows: int,
@@ -624,7 +633,8 @@ class WorkerPool:
                in_place: bool = False) -> int:
         """Queue one batch ``transform(sources[source_index][positions])``; return its seq number.
 
-        ``positions`` index rows of the source (1-D, 1..batch_rows entries);
+        ``positions`` index rows of the source (1-D, 1..batch_rows entries), or
+        for a :class:`FileSource` are the rows' byte offsets in the file;
         ``row_ids`` (int64, same length) are passed to the transform as the
         rows' identity for per-sample randomness.  Blocks until an output slot
         is free; raises TimeoutError after ``timeout_s``, StreamClosedError if

@@ -1,4 +1,4 @@
-"""The reader thread: the one place that touches the HDF5 file while streaming.
+"""The reader thread: where the stream opens the HDF5 file and decides what is read when.
 
 :class:`Reader` owns a thread and a bounded queue.  The thread opens the file
 itself and walks fills (see :mod:`h5stream.order.epoch`) epoch after epoch.  For
@@ -12,6 +12,10 @@ fills' worth of rows.  ``POSIX_FADV_WILLNEED`` asks the kernel to fetch a whole
 fill ahead (the runs not already cached).  Compressed stores (no raw chunk
 access) read each run through h5py into a small scratch array and copy rows
 out.
+
+With ``defer_pixels`` the thread reads no pixels: each batch carries its rows'
+byte offsets for worker processes to read (see :class:`Reader`); it still
+advises each fill ahead and reads the labels.
 
 Reading overlaps handing out batches: while the batches of fill ``f`` go to
 the consumer, fill ``f + 1`` is read -- by the I/O threads, all its runs
