@@ -199,3 +199,28 @@ def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
             pass
     assert isinstance(info.value.__cause__, WorkerError) and info.value.__cause__.stage == "read"
     s.close()
+
+
+def test_workers_on_a_cold_store_get_their_rows_fetched_ahead(tmp_path):
+    """Evicted runs are read into the page cache by the reader's I/O threads before the workers need them."""
+    from h5stream.measure import cached_fraction, evict_from_page_cache
+
+    path = tmp_path / "cold.h5"  # 12 MiB: more than the kernel reads ahead when the file is opened
+    images = np.random.default_rng(0).integers(0, 255, (4096, 32, 32, 3), dtype=np.uint8)
+    write_arrays(path, images, np.arange(4096) % 7, block_rows=64)
+    aug = h5stream.Augment(horizontal_flip=True)
+    kw = dict(batch_size=32, memory_budget="300MiB", seed=1, augment=aug, rows_per_fill=1024)
+    with open(path, "rb") as fh:
+        fh.read()  # every page cached
+    with h5stream.open(path, workers=1, **kw) as s:
+        warm = [(x.copy(), y.copy()) for x, y in s]
+        assert s.stats()["touched_bytes"] == 0  # nothing to fetch: the workers read from the page cache
+    assert evict_from_page_cache(path) and cached_fraction(path) < 0.5
+    with h5stream.open(path, workers=1, **kw) as s:
+        cold = [(x.copy(), y.copy()) for x, y in s]
+        assert s.stats()["touched_bytes"] > 0 and s.stats()["read_bytes"] == 0
+    with h5stream.open(path, **kw) as s:
+        inline = [(x.copy(), y.copy()) for x, y in s]
+    assert len(warm) == len(cold) == len(inline) == 128
+    for a, b, c in zip(warm, cold, inline):
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[0], c[0]) and np.array_equal(a[1], c[1])

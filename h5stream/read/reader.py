@@ -13,9 +13,9 @@ fill ahead (the runs not already cached).  Compressed stores (no raw chunk
 access) read each run through h5py into a small scratch array and copy rows
 out.
 
-With ``defer_pixels`` the thread reads no pixels: each batch carries its rows'
-byte offsets for worker processes to read (see :class:`Reader`); it still
-advises each fill ahead and reads the labels.
+With ``defer_pixels`` no pixel is copied into a batch: each batch carries its
+rows' byte offsets for worker processes to read (see :class:`Reader`); the
+thread still brings each fill into the page cache ahead and reads the labels.
 
 Reading overlaps handing out batches: while the batches of fill ``f`` go to
 the consumer, fill ``f + 1`` is read -- by the I/O threads, all its runs
@@ -53,6 +53,10 @@ POLL_S = 0.1
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux: a read that fails instead of waiting for the disk
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
+
+
+TOUCH_BYTES = 1 << 20
+"""Scratch buffer of each I/O thread for :meth:`Reader.touch_runs`."""
 
 
 class Stopped(Exception):
@@ -157,16 +161,22 @@ class _FillJob:
         self.done = 0
         self.targets: dict[int, _Pending] = {}
         self.futures: list = []
+        self.missing: list = []  # runs the page cache did not hold when the fill started
 
     def start(self) -> None:
         """Allocate the fill's batches (may block on a bounded allocator), ask the kernel to read ahead,
         and hand the pixel reads to the I/O threads when there are any."""
         for j in np.unique(self.batch[self.batch >= 0]):
             self.targets[int(j)] = self.reader.pending(self.epoch, int(j))
-        self.reader.advise(self.runs)
+        self.missing = self.reader.advise(self.runs)
         self.reader.stats["fills"] += 1
         if self.reader.defer_pixels:
-            self.done = len(self.runs)  # the batch's receiver reads the pixels (see Reader)
+            self.done = len(self.runs)  # the batches' receivers read the pixels (see Reader)
+            if self.reader.io is not None and self.missing:
+                # Cold runs: pull them into the page cache, in file order with reads in flight, before the
+                # batches go out, so the receivers find their rows cached (no copy into batches here).
+                k = self.reader.io_threads
+                self.futures = [self.reader.io.submit(self.reader.touch_runs, self.missing[i::k]) for i in range(k)]
         elif self.reader.io is not None:
             # One future per I/O thread, each taking every k-th run: both walk the fill in file order, and
             # a fill costs k futures instead of one per run.
@@ -216,10 +226,12 @@ class Reader:
     threads run the raw pixel reads (``preadv``, GIL released) so reading overlaps
     handing out batches and several reads are in flight on cold storage.
     ``defer_pixels=True`` (uncompressed stores only, see :func:`direct_reads`)
-    reads no pixels at all: each batch carries ``file_offsets``, the byte offset
-    of every row, for its receiver (the worker processes) to read, and
-    ``allocate`` returns ``None`` for the images.  The reader still asks the
-    kernel to fetch each fill ahead, so the receivers' reads find it cached.
+    reads no pixels into batches: each batch carries ``file_offsets``, the byte
+    offset of every row, for its receivers (the worker processes) to read, and
+    ``allocate`` returns ``None`` for the images.  The reader still fetches each
+    fill ahead: runs the page cache lacks are advised and read by the I/O threads
+    into a scratch buffer (:meth:`touch_runs`) before the fill's batches go out,
+    so the receivers find their rows cached.
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
     idempotent.
     """
@@ -251,13 +263,14 @@ class Reader:
         self._allocate = allocate
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
         self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0}
+                      "deferred_bytes": 0, "touched_bytes": 0}
         self._probe = bytearray(1)  # destination of the one-byte page-cache probes in advise()
         self._fd = None
         self._offsets = None
         self._cache_labels = bool(cache_labels)
         self.defer_pixels = bool(defer_pixels)
-        self._io_threads = 0 if self.defer_pixels else int(io_threads)
+        self._io_threads = int(io_threads)
+        self._touch = threading.local()  # each I/O thread's scratch buffer for touch_runs
         self.io: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self.all_labels: np.ndarray | None = None
@@ -449,22 +462,28 @@ class Reader:
             dest += n
         return [tuple(r) for r in runs]
 
-    def advise(self, runs) -> None:
-        """Ask the kernel to fetch a fill's runs ahead (``POSIX_FADV_WILLNEED``), skipping runs already cached.
+    def advise(self, runs) -> list:
+        """Ask the kernel to fetch a fill's runs ahead (``POSIX_FADV_WILLNEED``), skipping runs already cached;
+        return the runs not known to be cached.
 
         On cached data WILLNEED still walks every page of the range (16 us per MiB measured, in the reader
         thread), while two one-byte ``RWF_NOWAIT`` reads at a run's ends tell in ~2.5 us whether it is
         there; a run with either end missing is advised as before.
         """
-        if self._fd is None or not hasattr(os, "posix_fadvise"):
-            return
+        if self._fd is None:
+            return []
         row_bytes = self.meta.row_bytes
-        for _dest, _src, n, off in runs:
+        missing = []
+        for run in runs:
+            _dest, _src, n, off = run
             length = n * row_bytes
             if self._cached(off) and self._cached(off + length - 1):
                 continue
-            os.posix_fadvise(self._fd, off, length, os.POSIX_FADV_WILLNEED)
-            self.stats["advised_bytes"] += length
+            missing.append(run)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self._fd, off, length, os.POSIX_FADV_WILLNEED)
+                self.stats["advised_bytes"] += length
+        return missing
 
     def _cached(self, offset: int) -> bool:
         """Whether the byte at ``offset`` is in the page cache (a read that must not wait); False when unknown."""
@@ -478,6 +497,29 @@ class Reader:
     @property
     def io_threads(self) -> int:
         return self._io_threads
+
+    def touch_runs(self, runs) -> None:
+        """Read ``runs`` into a small scratch buffer and drop the bytes: brings them into the page cache.
+
+        For deferred pixels on cold storage: the I/O threads then drive the disk
+        as they do when reading pixels (file order, several reads in flight),
+        but copy into one warm MiB instead of the batches.
+        """
+        scratch = getattr(self._touch, "buf", None)
+        if scratch is None:
+            scratch = self._touch.buf = memoryview(bytearray(TOUCH_BYTES))
+        row_bytes = self.meta.row_bytes
+        for _dest, _src, n, off in runs:
+            end = off + n * row_bytes
+            while off < end:
+                if self._stop.is_set():
+                    raise Stopped
+                got = os.preadv(self._fd, [scratch[:min(len(scratch), end - off)]], off)
+                if got == 0:
+                    raise OSError(f"{self.meta.path}: unexpected end of file at byte {off} (file truncated?)")
+                off += got
+        with self._stats_lock:
+            self.stats["touched_bytes"] += sum(r[2] for r in runs) * row_bytes
 
     def read_runs(self, job: _FillJob, runs) -> None:
         for run in runs:
