@@ -5,10 +5,10 @@ resource behind it.  :class:`InlineFeed` runs the transform (if any) in the
 consumer's thread.  :class:`PooledFeed` submits one task per batch (indices
 only) to a :class:`~h5stream.augment.pool.WorkerPool` and lends each finished
 output slot to the consumer as a view (copying only when the consumer already
-keeps :data:`LENT_SLOTS` of them).  On an uncompressed store a task names its
-rows by byte offset and the workers read them from the file themselves (the
-reader thread only orders, labels and fetches ahead); on a compressed one the
-reader decodes each batch into a shared-memory *input slot*.  Both recycle their output arrays
+keeps :data:`LENT_SLOTS` of them).  When a fill of an uncompressed store is
+already in the page cache, its tasks name their rows by byte offset and the
+workers read them from the file themselves; otherwise the reader reads (or,
+compressed, decodes) each batch into a shared-memory *input slot*.  Both recycle their output arrays
 (:class:`~h5stream.read.reader.ArrayArena`).  Used by :mod:`h5stream.stream`.
 """
 
@@ -55,7 +55,7 @@ class InlineFeed:
             self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
         self.reader: Reader | None = None
 
-    def _allocate(self, n):
+    def _allocate(self, n, images=True):
         return self._images(n), np.empty((n, *self.meta.label_shape), self.meta.label_dtype), None
 
     def start(self, epoch: int, batch: int) -> None:
@@ -84,6 +84,10 @@ class InlineFeed:
             self.reader.close()
 
 
+_SLOTS, _FILE = 0, 1
+"""The pool's sources: the shared input slots, and (uncompressed stores) the file itself."""
+
+
 @dataclass(frozen=True)
 class _Submitted:
     epoch: int
@@ -96,18 +100,18 @@ class _Submitted:
 class PooledFeed:
     """Reader thread + a pool of augmenting worker processes that read or receive the pixels.
 
-    ``direct`` (uncompressed store): the reader hands each batch's row byte
-    offsets to the pool, whose workers ``preadv`` the rows into their own
-    buffers.  That moves the one copy of every pixel out of this process,
-    where it was the largest cost (the copy into cold shared slots), into the
-    workers, where it lands in a small warm buffer.  The page cache is the
-    shuffle window: the reader still asks the kernel for each fill ahead.
+    ``direct`` (uncompressed store): a fill that is already in the page cache
+    goes to the pool as byte offsets, and the workers ``preadv`` the rows into
+    their own buffers.  That moves the one copy of every pixel out of this
+    process, where it was the largest cost (the copy into cache-cold shared
+    slots), into the workers, where it lands in a small warm buffer.
 
-    Otherwise (compressed: only HDF5 can decode) the reader decodes into
-    shared-memory input slots: enough for two fills being assembled, the
-    queue, the pool's tasks and the consumer, so the reader never waits on a
-    slot that only it could free.  A slot returns to the free list when its
-    batch's result is taken by the consumer (the worker has read it by then).
+    Otherwise (a fill with rows not cached, or a compressed store, which only
+    HDF5 can decode) the reader reads into shared-memory input slots: enough
+    for two fills being assembled, the queue, the pool's tasks and the
+    consumer, so the reader never waits on a slot that only it could free.  A
+    slot returns to the free list when its batch's result is taken by the
+    consumer (the worker has read it by then).
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,
@@ -122,30 +126,27 @@ class PooledFeed:
         self._n_in = fill_batches(plan) + plan.queue_depth + n_out + CONSUMER_SETS
         prefix = new_prefix()
         self.direct = direct_reads(meta.path, meta)
-        self._inputs = None
+        self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
+        sources = [self._inputs.spec]
         if self.direct:
-            source = FileSource(meta.path, (meta.rows, *meta.image_shape), "uint8")
-        else:
-            self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
-            source = self._inputs.spec
+            sources.append(FileSource(meta.path, (meta.rows, *meta.image_shape), "uint8"))
         try:
             self._pool = WorkerPool(
-                augment, [source], workers=workers, batch_rows=bs, n_slots=n_out,
+                augment, sources, workers=workers, batch_rows=bs, n_slots=n_out,
                 out_dtype=augment.output_dtype(), prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
             )
         except BaseException:
-            if self._inputs is not None:
-                self._inputs.close()
+            self._inputs.close()
             raise
         self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
         self._free: queue.Queue[int] = queue.Queue()
         self._stop: threading.Event | None = None
         self.reader: Reader | None = None
 
-    def _allocate(self, n):
+    def _allocate(self, n, images=True):
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
-        if self.direct:
-            return None, labels, None  # the workers read the pixels
+        if not images:
+            return None, labels, None  # the workers read the pixels from the file
         while True:
             if self._stop.is_set():
                 raise Stopped
@@ -159,16 +160,16 @@ class PooledFeed:
 
     def _submit(self, b: Batch) -> _Submitted:
         bs = self.plan.batch_size
-        if self.direct:
-            positions, in_place = b.file_offsets, False
+        if b.images is None:
+            source, positions, in_place = _FILE, b.file_offsets, False
         else:
-            positions, in_place = np.arange(b.slot * bs, b.slot * bs + len(b.labels)), True
+            source, positions, in_place = _SLOTS, np.arange(b.slot * bs, b.slot * bs + len(b.labels)), True
         while True:
             if self._stop.is_set():
                 raise Stopped
             try:
-                seq = self._pool.submit(0, positions, b.row_ids, epoch=b.epoch, seed=self._seed, timeout_s=POLL_S,
-                                        in_place=in_place)  # an input slot is freed only when the result is taken
+                seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
+                                        timeout_s=POLL_S, in_place=in_place)  # an input slot is freed only when the result is taken
                 return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
             except TimeoutError:
                 continue
@@ -242,8 +243,7 @@ class PooledFeed:
             try:
                 self._pool.close()
             finally:
-                if self._inputs is not None:
-                    self._inputs.close()
+                self._inputs.close()
 
 
 def _reader_stats(reader: Reader | None) -> dict:

@@ -13,9 +13,9 @@ fill ahead (the runs not already cached).  Compressed stores (no raw chunk
 access) read each run through h5py into a small scratch array and copy rows
 out.
 
-With ``defer_pixels`` no pixel is copied into a batch: each batch carries its
-rows' byte offsets for worker processes to read (see :class:`Reader`); the
-thread still brings each fill into the page cache ahead and reads the labels.
+With ``defer_pixels``, a fill already in the page cache is not copied at all:
+its batches carry their rows' byte offsets for worker processes to read (see
+:class:`Reader`).
 
 Reading overlaps handing out batches: while the batches of fill ``f`` go to
 the consumer, fill ``f + 1`` is read -- by the I/O threads, all its runs
@@ -53,10 +53,6 @@ POLL_S = 0.1
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux: a read that fails instead of waiting for the disk
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
-
-
-TOUCH_BYTES = 1 << 20
-"""Scratch buffer of each I/O thread for :meth:`Reader.touch_runs`."""
 
 
 class Stopped(Exception):
@@ -158,47 +154,53 @@ class _FillJob:
         self.row_ids = layout.fill_row_ids(fill)
         self.labels = None if reader.all_labels is None else reader.all_labels[self.row_ids]
         self.runs = reader.plan_runs(layout.fill_segments(fill))
+        self.to_read = self.runs  # runs read into batches (step / the I/O threads)
         self.done = 0
         self.targets: dict[int, _Pending] = {}
         self.futures: list = []
-        self.missing: list = []  # runs the page cache did not hold when the fill started
 
     def start(self) -> None:
-        """Allocate the fill's batches (may block on a bounded allocator), ask the kernel to read ahead,
-        and hand the pixel reads to the I/O threads when there are any."""
+        """Ask the kernel to read ahead, allocate the fill's batches (may block on a bounded allocator),
+        and hand the pixel reads to the I/O threads when there are any.
+
+        With deferred pixels a fill whose runs are all in the page cache gets batches without images (their
+        receivers read the rows); a fill with runs missing is read into batches as usual, since the page
+        cache may drop what it fetches before a receiver gets to it.  A batch shared with the previous fill
+        keeps the kind it was made with: its rows are read here if it has images, else read past.
+        """
+        missing = self.reader.advise(self.runs)
+        deferred = self.reader.defer_pixels and not missing
         for j in np.unique(self.batch[self.batch >= 0]):
-            self.targets[int(j)] = self.reader.pending(self.epoch, int(j))
-        self.missing = self.reader.advise(self.runs)
+            self.targets[int(j)] = self.reader.pending(self.epoch, int(j), images=not deferred)
         self.reader.stats["fills"] += 1
         if self.reader.defer_pixels:
-            self.done = len(self.runs)  # the batches' receivers read the pixels (see Reader)
-            if self.reader.io is not None and self.missing:
-                # Cold runs: pull them into the page cache, in file order with reads in flight, before the
-                # batches go out, so the receivers find their rows cached (no copy into batches here).
-                k = self.reader.io_threads
-                self.futures = [self.reader.io.submit(self.reader.touch_runs, self.missing[i::k]) for i in range(k)]
-        elif self.reader.io is not None:
+            with_images = [j for j, t in self.targets.items() if t.rows is not None]
+            into_batches = np.isin(self.batch, with_images)
+            self.to_read = [r for r in self.runs if into_batches[r[0]:r[0] + r[2]].any()]
+        if self.reader.io is not None:
             # One future per I/O thread, each taking every k-th run: both walk the fill in file order, and
             # a fill costs k futures instead of one per run.
             k = self.reader.io_threads
-            self.futures = [self.reader.io.submit(self.reader.read_runs, self, self.runs[i::k]) for i in range(k)]
-            self.done = len(self.runs)
+            self.futures = [self.reader.io.submit(self.reader.read_runs, self, self.to_read[i::k]) for i in range(k)]
+            self.done = len(self.to_read)
 
     def step(self, n_runs: int) -> None:
         """Read up to ``n_runs`` more runs in this thread (no-op when the I/O threads have them)."""
-        stop = min(len(self.runs), self.done + n_runs)
+        stop = min(len(self.to_read), self.done + n_runs)
         while self.done < stop:
-            self.reader.read_pixels(self, self.runs[self.done])
+            self.reader.read_pixels(self, self.to_read[self.done])
             self.done += 1
 
     def complete(self) -> None:
         """Finish every read of the fill, then count its rows as arrived in their batches."""
-        self.step(len(self.runs))
+        self.step(len(self.to_read))
         self.reader.wait_all(self.futures)
         self.futures = []
         if self.labels is None:
             self.labels = self.reader.read_labels(self.runs, len(self.row_ids))
-        file_offsets = self.reader.file_offsets(self.runs, len(self.row_ids)) if self.reader.defer_pixels else None
+        file_offsets = None
+        if any(t.batch.file_offsets is not None for t in self.targets.values()):
+            file_offsets = self.reader.file_offsets(self.runs, len(self.row_ids))
         kept = np.flatnonzero(self.batch >= 0)
         order = kept[np.argsort(self.batch[kept], kind="stable")]
         split = np.flatnonzero(np.diff(self.batch[order])) + 1
@@ -207,8 +209,9 @@ class _FillJob:
             k = self.offset[group]
             t.batch.labels[k] = self.labels[group]
             t.batch.row_ids[k] = self.row_ids[group]
-            if file_offsets is not None:
+            if t.batch.file_offsets is not None:
                 t.batch.file_offsets[k] = file_offsets[group]
+                self.reader.stats["deferred_bytes"] += len(group) * self.reader.meta.row_bytes
             t.missing -= len(group)
         self.targets = {}
 
@@ -218,20 +221,20 @@ class Reader:
 
     ``layout(epoch) -> EpochLayout`` describes each epoch; reading starts at
     ``(start_epoch, start_batch)`` and goes on epoch after epoch until
-    :meth:`close`.  ``allocate(n)`` returns ``(images, labels, slot)`` for an
-    ``n``-row batch and may block; ``on_batch(batch)`` turns a finished batch
+    :meth:`close`.  ``allocate(n, images)`` returns ``(images, labels, slot)``
+    for an ``n``-row batch (``images`` None when asked for none) and may block; ``on_batch(batch)`` turns a finished batch
     into what is queued (default: the batch itself) and may block; both must
     raise :class:`Stopped` once ``stop`` is set.  ``cache_labels``
     reads every label once up front instead of run by run; ``io_threads``
     threads run the raw pixel reads (``preadv``, GIL released) so reading overlaps
     handing out batches and several reads are in flight on cold storage.
     ``defer_pixels=True`` (uncompressed stores only, see :func:`direct_reads`)
-    reads no pixels into batches: each batch carries ``file_offsets``, the byte
-    offset of every row, for its receivers (the worker processes) to read, and
-    ``allocate`` returns ``None`` for the images.  The reader still fetches each
-    fill ahead: runs the page cache lacks are advised and read by the I/O threads
-    into a scratch buffer (:meth:`touch_runs`) before the fill's batches go out,
-    so the receivers find their rows cached.
+    lets the batches of a fill that is wholly in the page cache go out without
+    images: such a batch carries ``file_offsets``, the byte offset of every row,
+    for its receivers (the worker processes) to read from the page cache.  A
+    fill with runs missing from the page cache is read into batches as usual
+    (the disk then being read in file order, several reads in flight, and
+    nothing left for the page cache to drop before a receiver reads it).
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
     idempotent.
     """
@@ -263,14 +266,13 @@ class Reader:
         self._allocate = allocate
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
         self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0, "touched_bytes": 0}
+                      "deferred_bytes": 0}
         self._probe = bytearray(1)  # destination of the one-byte page-cache probes in advise()
         self._fd = None
         self._offsets = None
         self._cache_labels = bool(cache_labels)
         self.defer_pixels = bool(defer_pixels)
         self._io_threads = int(io_threads)
-        self._touch = threading.local()  # each I/O thread's scratch buffer for touch_runs
         self.io: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         self.all_labels: np.ndarray | None = None
@@ -427,15 +429,15 @@ class Reader:
         p = self._pending.pop(key)
         self.put(p.batch if self._on_batch is None else self._on_batch(p.batch))
 
-    def pending(self, epoch: int, j: int) -> _Pending:
-        """The batch ``(epoch, j)`` being assembled, allocated on first use."""
+    def pending(self, epoch: int, j: int, images: bool = True) -> _Pending:
+        """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images)."""
         key = (epoch, j)
         p = self._pending.get(key)
         if p is None:
             bounds = self._bounds[epoch]
             n = int(bounds[j + 1] - bounds[j])
-            x, y, slot = self._allocate(n)
-            offsets = np.empty(n, np.int64) if self.defer_pixels else None
+            x, y, slot = self._allocate(n, images)
+            offsets = None if images else np.empty(n, np.int64)
             p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets), n)
         return p
 
@@ -498,29 +500,6 @@ class Reader:
     def io_threads(self) -> int:
         return self._io_threads
 
-    def touch_runs(self, runs) -> None:
-        """Read ``runs`` into a small scratch buffer and drop the bytes: brings them into the page cache.
-
-        For deferred pixels on cold storage: the I/O threads then drive the disk
-        as they do when reading pixels (file order, several reads in flight),
-        but copy into one warm MiB instead of the batches.
-        """
-        scratch = getattr(self._touch, "buf", None)
-        if scratch is None:
-            scratch = self._touch.buf = memoryview(bytearray(TOUCH_BYTES))
-        row_bytes = self.meta.row_bytes
-        for _dest, _src, n, off in runs:
-            end = off + n * row_bytes
-            while off < end:
-                if self._stop.is_set():
-                    raise Stopped
-                got = os.preadv(self._fd, [scratch[:min(len(scratch), end - off)]], off)
-                if got == 0:
-                    raise OSError(f"{self.meta.path}: unexpected end of file at byte {off} (file truncated?)")
-                off += got
-        with self._stats_lock:
-            self.stats["touched_bytes"] += sum(r[2] for r in runs) * row_bytes
-
     def read_runs(self, job: _FillJob, runs) -> None:
         for run in runs:
             self.read_pixels(job, run)
@@ -538,7 +517,8 @@ class Reader:
         if off is not None:
             scratch = memoryview(self._scratch)
             views = [
-                targets[b].rows[k * row_bytes:(k + 1) * row_bytes] if b >= 0 else scratch
+                targets[b].rows[k * row_bytes:(k + 1) * row_bytes] if b >= 0 and targets[b].rows is not None
+                else scratch  # not used here: dropped, or (deferred batch) read by the batch's receiver
                 for b, k in zip(batches, offsets)
             ]
             for i in range(0, n, IOV_MAX):
@@ -560,7 +540,6 @@ class Reader:
         out = np.empty(n, np.int64)
         within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
         out[np.repeat(dest, count) + within] = np.repeat(first, count) + within * self.meta.row_bytes
-        self.stats["deferred_bytes"] += int(count.sum()) * self.meta.row_bytes
         return out
 
     def read_labels(self, runs, n: int) -> np.ndarray:
