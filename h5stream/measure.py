@@ -23,7 +23,6 @@ Linux is the target; elsewhere the page-cache and high-water helpers return
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import mmap
 import os
@@ -39,6 +38,7 @@ import numpy as np
 import psutil
 
 from h5stream.errors import ConfigError, StoreNotFoundError
+from h5stream.read.pagecache import mincore_function
 
 CONSUMER = "consumer"
 """Label of the thread that created the sampler (the one iterating the stream)."""
@@ -368,24 +368,9 @@ def evict_from_page_cache(path: str | os.PathLike) -> bool:
     return True
 
 
-_libc = None
-
-
-def _mincore():
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        lib = ctypes.CDLL(name, use_errno=True) if name else None
-        if lib is not None and hasattr(lib, "mincore"):
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-            lib.mincore.restype = ctypes.c_int
-        _libc = lib if lib is not None and hasattr(lib, "mincore") else False
-    return _libc.mincore if _libc else None
-
-
 def cached_pages(path: str | os.PathLike) -> np.ndarray | None:
     """One bool per page of ``path``: is it in the page cache now (``mincore``)?  ``None`` where unsupported."""
-    mincore = _mincore()
+    mincore = mincore_function()
     path = os.fspath(path)
     size = os.path.getsize(path)
     if mincore is None:
