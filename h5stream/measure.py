@@ -22,7 +22,6 @@ Linux is the target; elsewhere the page-cache and high-water helpers return
 
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
@@ -38,7 +37,7 @@ import numpy as np
 import psutil
 
 from h5stream.errors import ConfigError, StoreNotFoundError
-from h5stream.read.pagecache import mincore_function
+from h5stream.read.pagecache import Residency, mincore_function
 
 CONSUMER = "consumer"
 """Label of the thread that created the sampler (the one iterating the stream)."""
@@ -370,30 +369,17 @@ def evict_from_page_cache(path: str | os.PathLike) -> bool:
 
 def cached_pages(path: str | os.PathLike) -> np.ndarray | None:
     """One bool per page of ``path``: is it in the page cache now (``mincore``)?  ``None`` where unsupported."""
-    mincore = mincore_function()
-    path = os.fspath(path)
-    size = os.path.getsize(path)
-    if mincore is None:
-        return None
-    if size == 0:
-        return np.zeros(0, dtype=bool)
-    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-    vec = (ctypes.c_ubyte * pages)()
-    with open(path, "rb") as f:
-        # A private (copy-on-write) mapping is writable, so ctypes can take its
-        # address; mincore of untouched private file pages reports the page cache.
-        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        residency = Residency(fd)
         try:
-            buf = ctypes.c_char.from_buffer(mm)
-            try:
-                rc = mincore(ctypes.addressof(buf), size, vec)
-            finally:
-                del buf
+            if residency.size == 0:
+                return np.zeros(0, dtype=bool) if mincore_function() is not None else None
+            return residency.pages(0, residency.size)
         finally:
-            mm.close()
-    if rc != 0:
-        return None
-    return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)
+            residency.close()
+    finally:
+        os.close(fd)
 
 
 def cached_fraction(path: str | os.PathLike) -> float | None:

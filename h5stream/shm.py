@@ -1,9 +1,10 @@
 """Numpy arrays in POSIX shared memory, with one owner per segment.
 
 :class:`SharedArray` is how pixels cross process boundaries: the worker pool's
-output slots (and, for compressed stores, the stream's input slots) live in
-segments created here, and worker processes attach to them by :class:`SharedSpec` (a small,
-picklable ``(name, shape, dtype)``).
+output slots and the stream's input slots (for fills the workers do not read
+straight from the page cache) live in segments created here, and worker
+processes attach to them by :class:`SharedSpec` (a small, picklable
+``(name, shape, dtype)``).
 
 Ownership: the process that calls :meth:`SharedArray.create` owns the segment
 and is the only one that unlinks it (``close()``, or a ``weakref.finalize``

@@ -51,6 +51,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from h5stream._spawn import main_module_hidden
+from h5stream.read.pagecache import preadv_all
 from h5stream.shm import SharedArray, SharedSpec, new_prefix
 from h5stream.errors import ConfigError, StreamClosedError, WorkerError
 
@@ -185,12 +186,7 @@ class _FileRows:
         stops = [*breaks.tolist(), n]
         firsts = offsets[starts].tolist()
         for a, b, off in zip(starts, stops, firsts):
-            view, at = dest[a * rb:b * rb], off
-            while len(view):
-                got = os.preadv(self.fd, [view], at)
-                if got == 0:
-                    raise OSError(f"{self.path}: unexpected end of file at byte {at} (file truncated?)")
-                view, at = view[got:], at + got
+            preadv_all(self.fd, [dest[a * rb:b * rb]], off, self.path)
 
 
 def _serve(conn, parent_sentinel, transform, sources, spec0, out_all, batch_rows) -> None:

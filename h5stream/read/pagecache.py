@@ -1,11 +1,13 @@
-"""Which pages of a file are in the kernel's page cache (``mincore``), without reading them.
+"""The page cache: which pages of a file it holds (``mincore``), and reading byte ranges out of it.
 
 :class:`Residency` maps a file once (a private mapping that is never touched,
-so it costs no memory) and tells whether a byte range is wholly cached.  The
+so it costs no memory) and tells which pages of a byte range are cached.  The
 reader uses it to decide, fill by fill, whether worker processes may read
 rows straight from the page cache or whether the reader should read them
-itself.  Where ``mincore`` is missing or refuses, nothing counts as cached:
-the safe answer, costing speed, never correctness.
+itself; :mod:`h5stream.measure` uses it to watch a file go cold.  Where
+``mincore`` is missing or refuses, nothing counts as cached: the safe answer,
+costing speed, never correctness.  :func:`preadv_all` is the one read loop the
+reader thread and the workers share.
 """
 
 from __future__ import annotations
@@ -55,17 +57,26 @@ class Residency:
     def available(self) -> bool:
         return self._base is not None
 
-    def cached(self, offset: int, length: int) -> bool:
-        """Whether every page of ``[offset, offset + length)`` is in the page cache; False when unknown."""
+    def pages(self, offset: int, length: int) -> np.ndarray | None:
+        """One bool per page of ``[offset, offset + length)``: in the page cache?  None when unknown."""
         if self._base is None or length <= 0 or offset < 0 or offset + length > self._size:
-            return False
+            return None
         start = offset - offset % mmap.PAGESIZE
         pages = (offset + length - start + mmap.PAGESIZE - 1) // mmap.PAGESIZE
         if len(self._vec) < pages:
             self._vec = (ctypes.c_ubyte * pages)()
         if self._mincore(self._base + start, offset + length - start, self._vec) != 0:
-            return False
-        return bool((np.frombuffer(self._vec, np.uint8, pages) & 1).all())
+            return None
+        return (np.frombuffer(self._vec, np.uint8, pages) & 1).astype(bool)
+
+    def cached(self, offset: int, length: int) -> bool:
+        """Whether every page of ``[offset, offset + length)`` is in the page cache; False when unknown."""
+        pages = self.pages(offset, length)
+        return pages is not None and bool(pages.all())
+
+    @property
+    def size(self) -> int:
+        return self._size
 
     def close(self) -> None:
         if self._mm is not None:
@@ -73,3 +84,20 @@ class Residency:
             del self._buf
             self._mm.close()
             self._mm = None
+
+
+def preadv_all(fd: int, views: list, offset: int, path: str) -> None:
+    """``preadv`` from ``offset`` until every view is full (short reads are legal); end of file first is an error."""
+    while views:
+        got = os.preadv(fd, views, offset)
+        if got == 0:
+            raise OSError(f"{path}: unexpected end of file at byte {offset} (file truncated?)")
+        offset += got
+        rest = []
+        for v in views:
+            if got >= len(v):
+                got -= len(v)
+            else:
+                rest.append(v[got:] if got else v)
+                got = 0
+        views = rest

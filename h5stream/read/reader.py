@@ -44,7 +44,7 @@ import numpy as np
 
 from h5stream.errors import ReaderError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
-from h5stream.read.pagecache import Residency
+from h5stream.read.pagecache import Residency, preadv_all
 from h5stream.store import schema
 from h5stream.store.meta import StoreMeta
 
@@ -537,7 +537,7 @@ class Reader:
                 for b, k in zip(batches, offsets)
             ]
             for i in range(0, n, IOV_MAX):
-                _preadv_all(self._fd, views[i:i + IOV_MAX], off + i * row_bytes, self.meta.path)
+                preadv_all(self._fd, views[i:i + IOV_MAX], off + i * row_bytes, self.meta.path)
         else:  # compressed: HDF5 decodes; only ever called from the reader thread
             rows = self._images[src:src + n]
             for i, (b, k) in enumerate(zip(batches, offsets)):
@@ -573,23 +573,6 @@ class Reader:
             done, pending = concurrent.futures.wait(pending, timeout=POLL_S, return_when="FIRST_EXCEPTION")
             for f in done:
                 f.result()
-
-
-def _preadv_all(fd: int, views: list, offset: int, path: str) -> None:
-    """``preadv`` until every view is full (short reads are legal); end of file first is an error."""
-    while views:
-        got = os.preadv(fd, views, offset)
-        if got == 0:
-            raise OSError(f"{path}: unexpected end of file at byte {offset} (file truncated?)")
-        offset += got
-        rest = []
-        for v in views:
-            if got >= len(v):
-                got -= len(v)
-            else:
-                rest.append(v[got:] if got else v)
-                got = 0
-        views = rest
 
 
 def direct_reads(path: str, meta: StoreMeta) -> bool:
