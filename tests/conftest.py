@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 import psutil
 import pytest
@@ -15,6 +16,12 @@ CLASS_NAMES = ("bird", "cat", "dog")  # sorted: label index = position
 PER_CLASS = (5, 7, 6)
 SRC_SIZE = (30, 40)  # (height, width) of the generated files
 REG_N = 12
+
+# A test run started as a background job of a non-interactive shell (`make test &`) inherits SIGINT ignored, and
+# so would every process it starts: Python then installs no KeyboardInterrupt handler and the Ctrl-C tests would
+# send a signal nobody hears.  Give the suite, and through it its subprocesses, the default a terminal job has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
