@@ -14,6 +14,8 @@ different, decorrelated stream for every (seed, epoch, row, parameter).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 _MASK64 = (1 << 64) - 1
@@ -59,8 +61,15 @@ def sample_keys(seed: int, epoch: int, row_ids) -> np.ndarray:
     batch), so a row keeps its key wherever it appears.
     """
     rows = np.asarray(row_ids, dtype=np.int64).reshape(-1).view(np.uint64)
+    return splitmix64(_head(int(seed), int(epoch)) ^ rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _head(seed: int, epoch: int) -> np.ndarray:
+    """The (seed, epoch) part of every key: the same for a whole epoch's batches, so cached."""
     head = splitmix64(splitmix64(_u64(seed)) ^ _u64(epoch))
-    return splitmix64(head ^ rows)
+    head.flags.writeable = False
+    return head
 
 
 def units(keys: np.ndarray, streams) -> np.ndarray:
@@ -69,9 +78,16 @@ def units(keys: np.ndarray, streams) -> np.ndarray:
     The same bits as calling :func:`uniform` per stream (one vectorised hash
     instead of one per parameter: the per-batch cost of drawing).
     """
-    salts = splitmix64(np.array([int(s) & _MASK64 for s in streams], dtype=np.uint64))
-    bits = splitmix64(keys[None, :] ^ salts[:, None])
+    bits = splitmix64(keys[None, :] ^ _salts(tuple(streams))[:, None])
     return (bits >> _S11).astype(np.float64) * _TO_UNIT
+
+
+@functools.lru_cache(maxsize=64)
+def _salts(streams: tuple) -> np.ndarray:
+    """uint64 salt per stream (constant; cached, as every batch asks for the same streams)."""
+    salts = splitmix64(np.array([int(s) & _MASK64 for s in streams], dtype=np.uint64))
+    salts.flags.writeable = False
+    return salts
 
 
 def uniform(keys: np.ndarray, stream: int, low=0.0, high=1.0) -> np.ndarray:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 
 import numpy as np
 
@@ -70,7 +71,11 @@ def affine_matrices(theta, tx, ty, shear, zx, zy, height, width, flip_h=None, fl
     n = theta.shape[0]
 
     def col(v):
-        return np.broadcast_to(np.asarray(v, dtype=np.float64).reshape(-1), (n,))
+        # (n,) or (1,): the arithmetic below broadcasts (np.broadcast_to costs more than the maths at n = 32).
+        v = np.asarray(v, dtype=np.float64).reshape(-1)
+        if v.shape[0] not in (1, n):
+            raise ConfigError(f"affine_matrices: {v.shape[0]} values for {n} samples; pass one per sample or one")
+        return v
 
     tx, ty, zx, zy = col(tx), col(ty), col(zx), col(zy)
     shear = np.deg2rad(col(shear))
@@ -145,7 +150,11 @@ def _warp_channels(cv2, src, matrix, dst, fill_mode, cval, interp, offset=0):
 
 
 class _Scratch:
-    """Per-batch warp buffers (owned by one call; never shared between threads)."""
+    """Warp buffers for one call (``src4`` / ``dst4``: ``(group, H, W, 4)`` or None; ``padded``: one image or None).
+
+    They come from :func:`_reusable`: owned by the calling thread, valid until
+    its next call, never shared between threads.
+    """
 
     __slots__ = ("pad", "padded", "src4", "dst4")
 
@@ -153,12 +162,37 @@ class _Scratch:
         self.pad, self.padded, self.src4, self.dst4 = pad, padded, src4, dst4
 
 
-def _plan_scratch(matrices, shape, dtype, fill_mode) -> _Scratch:
+_local = threading.local()
+_REUSABLE_MAX = 8  # distinct buffers kept per thread; more (many image sizes) starts the set afresh
+
+
+def _reusable(role: str, shape, dtype) -> np.ndarray:
+    """An uninitialised array of ``shape``/``dtype`` kept for the calling thread's later calls.
+
+    A worker augments batch after batch of the same shape: allocating the
+    scratch afresh each time would page-fault it in again (glibc returns
+    large blocks to the kernel).  Keyed by ``role`` so that two buffers of one
+    call never alias.
+    """
+    cache = getattr(_local, "arrays", None)
+    if cache is None:
+        cache = _local.arrays = {}
+    key = (role, tuple(shape), np.dtype(dtype).str)
+    arr = cache.get(key)
+    if arr is None:
+        if len(cache) >= _REUSABLE_MAX:
+            cache.clear()
+        arr = cache[key] = np.empty(shape, dtype)
+    return arr
+
+
+def _plan_scratch(matrices, shape, dtype, fill_mode, group: int = 1) -> _Scratch:
     """Choose buffers for warping images of ``shape`` (H, W, C) with these (n, 2, 3) matrices.
 
     Two measured speed-ups of OpenCV's bilinear warp (cv2 5.0, one thread, 128x128):
     * 3-channel uint8 goes through RGBA: 4-channel remap is vectorised, 3-channel
-      is not (58 vs 127 us per image), worth it from 64x64 up;
+      is not (58 vs 127 us per image), worth it from 64x64 up; ``group``
+      images are converted per OpenCV call;
     * for replicated edges ("nearest", and "constant", which is replicate plus a
       mask) the source is first padded by the largest overshoot of the batch,
       so that nearly every sample takes the in-bounds fast path instead of the
@@ -170,15 +204,20 @@ def _plan_scratch(matrices, shape, dtype, fill_mode) -> _Scratch:
     four = c == 3 and np.dtype(dtype) == np.uint8 and h * w >= _FAST_PATH_MIN_PIXELS
     channels = 4 if four else c
     pad = 0
+    max_pad = max(8, max(h, w) // 4)
     if fill_mode in ("nearest", "constant") and c <= 4 and h * w >= _FAST_PATH_MIN_PIXELS:
         corners = np.array([[0, w - 1, 0, w - 1], [0, 0, h - 1, h - 1], [1, 1, 1, 1]], dtype=np.float64)
         src = matrices @ corners  # (n, 2, 4); the extreme samples of an affine map are at corners
         over = max(-src[:, 0].min(), src[:, 0].max() - (w - 1), -src[:, 1].min(), src[:, 1].max() - (h - 1))
         if over > 0:
-            pad = min(int(math.ceil(over)) + 2, max(8, max(h, w) // 4))
-    padded = np.empty((h + 2 * pad, w + 2 * pad, channels), dtype) if pad else None
-    src4 = np.empty((h, w, 4), dtype) if four else None
-    dst4 = np.empty((h, w, 4), dtype) if four else None
+            pad = min(int(math.ceil(over)) + 2, max_pad)
+    padded = None
+    if pad:
+        # One buffer at the largest pad, viewed at this batch's: OpenCV takes the strided view as it is.
+        full = _reusable("padded", (h + 2 * max_pad, w + 2 * max_pad, channels), dtype)
+        padded = full[: h + 2 * pad, : w + 2 * pad]
+    src4 = _reusable("src4", (group, h, w, 4), dtype) if four else None
+    dst4 = _reusable("dst4", (group, h, w, 4), dtype) if four else None
     return _Scratch(pad, padded, src4, dst4)
 
 
@@ -194,8 +233,8 @@ def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch
             dst[:, :, lo : lo + 4] = out
         return
     if scratch.src4 is not None:
-        cv2.cvtColor(src, cv2.COLOR_RGB2RGBA, dst=scratch.src4)
-        src, target = scratch.src4, scratch.dst4
+        cv2.cvtColor(src, cv2.COLOR_RGB2RGBA, dst=scratch.src4[0])
+        src, target = scratch.src4[0], scratch.dst4[0]
     else:
         target = dst
     if scratch.pad:
