@@ -28,3 +28,32 @@ def test_a_range_counts_as_cached_only_when_every_page_is(tmp_path):
     finally:
         r.close()
         os.close(fd)
+
+
+def test_whole_range_answer_agrees_with_the_page_by_page_one(tmp_path):
+    """cached() (cachestat where the kernel has it) says True exactly when mincore finds every page."""
+    import numpy as np
+
+    path = tmp_path / "g.bin"
+    pages = 256
+    path.write_bytes(os.urandom(pages * 4096))
+    fd = os.open(path, os.O_RDONLY)
+    r = Residency(fd)
+    try:
+        if r.method != "cachestat":
+            pytest.skip("cachestat is not available here (Linux < 6.5, or filtered)")
+        assert evict_from_page_cache(path)
+        rs = np.random.default_rng(0)
+        for start in rs.integers(0, pages, 12):  # scattered cached islands
+            os.pread(fd, int(rs.integers(1, 16)) * 4096, int(start) * 4096)
+        answers = set()
+        for _ in range(400):
+            offset = int(rs.integers(0, pages * 4096 - 1))
+            length = int(rs.integers(1, min(40 * 4096, pages * 4096 - offset) + 1))
+            want = bool(r.pages(offset, length).all())
+            assert r.cached(offset, length) == want, (offset, length)
+            answers.add(want)
+        assert answers == {True, False}
+    finally:
+        r.close()
+        os.close(fd)

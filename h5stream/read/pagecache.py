@@ -1,7 +1,10 @@
-"""The page cache: which pages of a file it holds (``mincore``), and reading byte ranges out of it.
+"""The page cache: which pages of a file it holds (``cachestat``, ``mincore``), and reading byte ranges out of it.
 
 :class:`Residency` maps a file once (a private mapping that is never touched,
-so it costs no memory) and tells which pages of a byte range are cached.  The
+so it costs no memory) and tells which pages of a byte range are cached:
+whether all are through Linux's ``cachestat`` (6.5+: one count per range,
+about 3x cheaper than ``mincore`` on a 1 MiB run, where the reader spent most
+of its CPU), which page each is through ``mincore``.  The
 reader uses it to decide, fill by fill, whether worker processes may read
 rows straight from the page cache or whether the reader should read them
 itself; :mod:`h5stream.measure` uses it to watch a file go cold.  Where
@@ -16,23 +19,70 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import sys
 
 import numpy as np
 
 _libc = None
 
 
-def mincore_function():
-    """libc's ``mincore`` with its argument types set, or None where there is none (loaded once)."""
+# cachestat(2) has this number on every architecture (syscalls from Linux 5.1 on share one numbering).
+_NR_CACHESTAT = 451
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64)
+                for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+def _libc_handle():
     global _libc
     if _libc is None:
         name = ctypes.util.find_library("c")
-        lib = ctypes.CDLL(name, use_errno=True) if name else None
-        if lib is not None and hasattr(lib, "mincore"):
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-            lib.mincore.restype = ctypes.c_int
-        _libc = lib if lib is not None and hasattr(lib, "mincore") else False
-    return _libc.mincore if _libc else None
+        _libc = ctypes.CDLL(name, use_errno=True) if name else False
+    return _libc or None
+
+
+def mincore_function():
+    """libc's ``mincore`` with its argument types set, or None where there is none (loaded once)."""
+    lib = _libc_handle()
+    if lib is None or not hasattr(lib, "mincore"):
+        return None
+    fn = lib.mincore
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _PagesCached:
+    """``cachestat`` on one file descriptor: how many pages of a byte range are cached (not thread-safe)."""
+
+    def __init__(self, fd: int):
+        lib = _libc_handle()
+        self.fd = fd
+        self._syscall = None
+        if lib is None or not hasattr(lib, "syscall") or not sys.platform.startswith("linux"):
+            return
+        self._syscall = lib.syscall
+        self._syscall.restype = ctypes.c_long
+        self._range, self._stat = _CachestatRange(), _Cachestat()
+        self._args = (ctypes.byref(self._range), ctypes.byref(self._stat))
+        if self(0, 1) is None:  # an older kernel (ENOSYS) or a file it refuses: mincore instead
+            self._syscall = None
+
+    @property
+    def available(self) -> bool:
+        return self._syscall is not None
+
+    def __call__(self, offset: int, length: int) -> int | None:
+        self._range.off, self._range.len = offset, length
+        if self._syscall(_NR_CACHESTAT, self.fd, *self._args, 0) != 0:
+            return None
+        return self._stat.nr_cache
 
 
 class Residency:
@@ -52,10 +102,16 @@ class Residency:
             except (OSError, ValueError, TypeError):
                 self._mm = self._base = None
         self._vec = (ctypes.c_ubyte * 0)()
+        self._count = _PagesCached(fd)
 
     @property
     def available(self) -> bool:
         return self._base is not None
+
+    @property
+    def method(self) -> str | None:
+        """How :meth:`cached` finds out: "cachestat", "mincore", or None (never cached)."""
+        return "cachestat" if self._count.available else "mincore" if self.available else None
 
     def pages(self, offset: int, length: int) -> np.ndarray | None:
         """One bool per page of ``[offset, offset + length)``: in the page cache?  None when unknown."""
@@ -71,6 +127,11 @@ class Residency:
 
     def cached(self, offset: int, length: int) -> bool:
         """Whether every page of ``[offset, offset + length)`` is in the page cache; False when unknown."""
+        if self._count.available:
+            if length <= 0 or offset < 0 or offset + length > self._size:
+                return False
+            first, last = offset // mmap.PAGESIZE, (offset + length - 1) // mmap.PAGESIZE
+            return self._count(offset, length) == last - first + 1
         pages = self.pages(offset, length)
         return pages is not None and bool(pages.all())
 
