@@ -478,7 +478,7 @@ class Reader:
         On cached data WILLNEED still walks every page of the range (16 us per MiB measured, in the reader
         thread), while two one-byte ``RWF_NOWAIT`` reads at a run's ends tell in ~2.5 us whether it is
         there; a run with either end missing is advised as before.  With deferred pixels a run counts as
-        cached only if ``mincore`` finds every page of it (see :meth:`_run_cached`).
+        cached only if every page of it is (``cachestat`` / ``mincore``, see :meth:`_run_cached`).
         """
         if self._fd is None:
             return []
@@ -496,8 +496,8 @@ class Reader:
         return missing
 
     def _run_cached(self, offset: int, length: int) -> bool:
-        """Whether a run is in the page cache: every page of it where ``mincore`` can tell (deferred pixels
-        depend on it), else its two ends (enough to skip advice for runs read whole)."""
+        """Whether a run is in the page cache: every page of it where ``cachestat`` / ``mincore`` can tell
+        (deferred pixels depend on it), else its two ends (enough to skip advice for runs read whole)."""
         if self._residency is not None and self._residency.available:
             return self._residency.cached(offset, length)
         return self._cached(offset) and self._cached(offset + length - 1)
