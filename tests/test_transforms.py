@@ -48,6 +48,18 @@ def test_same_row_same_output_whatever_the_batch(aug):
     np.testing.assert_array_equal(clone(images, seed=7, epoch=3, row_ids=rows), full)
 
 
+def test_same_row_same_output_whatever_the_batch_at_full_size():
+    """The fast path (RGBA groups, per-image edge padding) keeps a row's output independent of its batch."""
+    aug = Augment.preset("standard")
+    images = batch(11, 96, 96)
+    rows = np.arange(500, 511, dtype=np.int64)
+    full = aug(images, seed=3, epoch=1, row_ids=rows)
+    for lo, hi in ((0, 1), (2, 7), (7, 11)):
+        np.testing.assert_array_equal(aug(images[lo:hi], seed=3, epoch=1, row_ids=rows[lo:hi]), full[lo:hi])
+    perm = np.random.default_rng(2).permutation(11)
+    np.testing.assert_array_equal(aug(images[perm], seed=3, epoch=1, row_ids=rows[perm]), full[perm])
+
+
 def test_seed_epoch_and_row_all_matter():
     aug = Augment.preset("standard")
     images = np.repeat(batch(1), 8, axis=0)  # identical pixels: only the keys differ

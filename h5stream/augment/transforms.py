@@ -140,19 +140,24 @@ def _warp_rgba_padded_shift(cv2, images, matrices, scratch, out, shifts):
     a last pass over ``out``.
     """
     n, h, w, c = images.shape
-    pad, padded, src4, dst4 = scratch.pad, scratch.padded, scratch.src4, scratch.dst4
+    src4, dst4 = scratch.src4, scratch.dst4
     group = src4.shape[0]
-    mats = matrices.copy()
-    mats[:, :, 2] += pad  # the matrices refer to the unpadded image
     size, flags, replicate = (w, h), cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, cv2.BORDER_REPLICATE
     to4, to3 = cv2.COLOR_RGB2RGBA, cv2.COLOR_RGBA2RGB
+    pads, full = scratch.pads, scratch.full
+    mats = matrices.copy()
+    mats[:, :, 2] += np.asarray(pads, np.float64)[:, None]  # the matrices refer to the unpadded images
     for start in range(0, n, group):
         stop = min(start + group, n)
         k = stop - start
         cv2.cvtColor(images[start:stop].reshape(k * h, w, c), to4, src4[:k].reshape(k * h, w, 4))
-        for s4, d4, mat in zip(src4[:k], dst4[:k], mats[start:stop]):
-            cv2.copyMakeBorder(s4, pad, pad, pad, pad, replicate, padded)
-            cv2.warpAffine(padded, mat, size, d4, flags, replicate)
+        for s4, d4, mat, pad in zip(src4[:k], dst4[:k], mats[start:stop], pads[start:stop]):
+            if pad:
+                padded = full[: h + 2 * pad, : w + 2 * pad]  # scratch.padded(pad, h, w), inline
+                cv2.copyMakeBorder(s4, pad, pad, pad, pad, replicate, padded)
+                cv2.warpAffine(padded, mat, size, d4, flags, replicate)
+            else:
+                cv2.warpAffine(s4, mat, size, d4, flags, replicate)
         cv2.cvtColor(dst4[:k].reshape(k * h, w, 4), to3, out[start:stop].reshape(k * h, w, c))
     for flat, shift in zip(out.reshape(n, h, w * c), shifts.tolist()):
         if shift:
@@ -503,7 +508,7 @@ class Augment:
         threads = cv2.getNumThreads()
         cv2.setNumThreads(1)  # one worker process = one core
         try:
-            if (matrices is not None and self.fill_mode == "nearest" and scratch.src4 is not None and scratch.pad
+            if (matrices is not None and self.fill_mode == "nearest" and scratch.src4 is not None
                     and work_f32 is None and bright is None):
                 # The common case (the "standard" preset, uint8 out), with the per-image Python glue hoisted:
                 # the same OpenCV calls as _warp_into's RGBA + padding path, so the same pixels.
@@ -512,7 +517,8 @@ class Augment:
             for i in range(n):
                 dst = out_u8[i] if out_u8 is not None else staging
                 if matrices is not None:
-                    _warp_into(cv2, images[i], matrices[i], dst, self.fill_mode, self.cval, cv2.INTER_LINEAR, scratch)
+                    _warp_into(cv2, images[i], matrices[i], dst, self.fill_mode, self.cval, cv2.INTER_LINEAR, scratch,
+                               scratch.pads[i])
                 else:
                     src = images[i]
                     if p["flip_horizontal"][i]:

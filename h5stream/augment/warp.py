@@ -24,6 +24,7 @@ which only differs when H != W.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
@@ -150,16 +151,23 @@ def _warp_channels(cv2, src, matrix, dst, fill_mode, cval, interp, offset=0):
 
 
 class _Scratch:
-    """Warp buffers for one call (``src4`` / ``dst4``: ``(group, H, W, 4)`` or None; ``padded``: one image or None).
+    """Warp buffers for one call: ``src4`` / ``dst4`` ``(group, H, W, 4)`` or None, and each image's edge padding.
 
-    They come from :func:`_reusable`: owned by the calling thread, valid until
-    its next call, never shared between threads.
+    ``pads[i]`` (ints) is how many replicated pixels image ``i`` gets on every
+    side before its warp (0: none); :meth:`padded` is the buffer for it.  The
+    buffers come from :func:`_reusable`: owned by the calling thread, valid
+    until its next call, never shared between threads.
     """
 
-    __slots__ = ("pad", "padded", "src4", "dst4")
+    __slots__ = ("pads", "full", "src4", "dst4")
 
-    def __init__(self, pad, padded, src4, dst4):
-        self.pad, self.padded, self.src4, self.dst4 = pad, padded, src4, dst4
+    def __init__(self, pads, full, src4, dst4):
+        self.pads, self.full, self.src4, self.dst4 = pads, full, src4, dst4
+
+    def padded(self, pad: int, height: int, width: int) -> np.ndarray:
+        """Room for one ``height`` x ``width`` image padded by ``pad`` (> 0): the top-left corner of ``full``,
+        a buffer sized for the largest pad (OpenCV takes the strided view as it is, without a copy)."""
+        return self.full[: height + 2 * pad, : width + 2 * pad]
 
 
 _local = threading.local()
@@ -194,35 +202,40 @@ def _plan_scratch(matrices, shape, dtype, fill_mode, group: int = 1) -> _Scratch
       is not (58 vs 127 us per image), worth it from 64x64 up; ``group``
       images are converted per OpenCV call;
     * for replicated edges ("nearest", and "constant", which is replicate plus a
-      mask) the source is first padded by the largest overshoot of the batch,
-      so that nearly every sample takes the in-bounds fast path instead of the
+      mask) each source is first padded by its own map's largest overshoot, so
+      that nearly every sample takes the in-bounds fast path instead of the
       per-pixel border path (79 -> 64 us per image at 45 degrees).  Replicate
       padding followed by a replicate border is the same extended image, so
-      the result does not change.
+      the result does not change; and since an image's pad depends on its own
+      map alone, neither does it depend on the rest of the batch.
     """
     h, w, c = shape
+    n = matrices.shape[0]
     four = c == 3 and np.dtype(dtype) == np.uint8 and h * w >= _FAST_PATH_MIN_PIXELS
     channels = 4 if four else c
-    pad = 0
     max_pad = max(8, max(h, w) // 4)
+    pads = [0] * n
     if fill_mode in ("nearest", "constant") and c <= 4 and h * w >= _FAST_PATH_MIN_PIXELS:
-        corners = np.array([[0, w - 1, 0, w - 1], [0, 0, h - 1, h - 1], [1, 1, 1, 1]], dtype=np.float64)
-        src = matrices @ corners  # (n, 2, 4); the extreme samples of an affine map are at corners
-        over = max(-src[:, 0].min(), src[:, 0].max() - (w - 1), -src[:, 1].min(), src[:, 1].max() - (h - 1))
-        if over > 0:
-            pad = min(int(math.ceil(over)) + 2, max_pad)
-    padded = None
-    if pad:
-        # One buffer at the largest pad, viewed at this batch's: OpenCV takes the strided view as it is.
-        full = _reusable("padded", (h + 2 * max_pad, w + 2 * max_pad, channels), dtype)
-        padded = full[: h + 2 * pad, : w + 2 * pad]
+        src = matrices @ _corners(h, w)  # (n, 2, 4); the extreme samples of an affine map are at corners
+        over = np.maximum.reduce([-src[:, 0].min(axis=1), src[:, 0].max(axis=1) - (w - 1),
+                                  -src[:, 1].min(axis=1), src[:, 1].max(axis=1) - (h - 1)])
+        pads = np.where(over > 0, np.minimum(np.ceil(over) + 2, max_pad), 0).astype(np.int64).tolist()
+    full = _reusable("padded", (h + 2 * max_pad, w + 2 * max_pad, channels), dtype) if any(pads) else None
     src4 = _reusable("src4", (group, h, w, 4), dtype) if four else None
     dst4 = _reusable("dst4", (group, h, w, 4), dtype) if four else None
-    return _Scratch(pad, padded, src4, dst4)
+    return _Scratch(pads, full, src4, dst4)
 
 
-def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch):
-    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype."""
+@functools.lru_cache(maxsize=16)
+def _corners(h: int, w: int) -> np.ndarray:
+    """Homogeneous (x, y, 1) columns of an h x w image's four corner pixels (read-only)."""
+    corners = np.array([[0, w - 1, 0, w - 1], [0, 0, h - 1, h - 1], [1, 1, 1, 1]], dtype=np.float64)
+    corners.flags.writeable = False
+    return corners
+
+
+def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch, pad: int):
+    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype (``pad``: its scratch.pads)."""
     channels = src.shape[2]
     if channels > 4:
         # OpenCV's remap handles at most 4 channels: go through groups of 4.
@@ -237,10 +250,10 @@ def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch
         src, target = scratch.src4[0], scratch.dst4[0]
     else:
         target = dst
-    if scratch.pad:
-        p = scratch.pad
-        cv2.copyMakeBorder(src, p, p, p, p, cv2.BORDER_REPLICATE, dst=scratch.padded)
-        _warp_channels(cv2, scratch.padded, matrix, target, fill_mode, cval, interp, offset=p)
+    if pad:
+        padded = scratch.padded(pad, *src.shape[:2])
+        cv2.copyMakeBorder(src, pad, pad, pad, pad, cv2.BORDER_REPLICATE, dst=padded)
+        _warp_channels(cv2, padded, matrix, target, fill_mode, cval, interp, offset=pad)
     else:
         _warp_channels(cv2, src, matrix, target, fill_mode, cval, interp)
     if scratch.src4 is not None:
@@ -281,5 +294,5 @@ def apply_affine_transform(x, theta=0, tx=0, ty=0, shear=0, zx=1, zy=1, fill_mod
     dst = np.empty_like(src)
     interp = cv2.INTER_NEAREST if order == 0 else cv2.INTER_LINEAR
     scratch = _plan_scratch(matrix[None], src.shape, src.dtype, fill_mode)  # the same path Augment takes
-    _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch)
+    _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch, scratch.pads[0])
     return dst
