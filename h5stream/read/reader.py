@@ -498,7 +498,7 @@ class Reader:
     def _run_cached(self, offset: int, length: int) -> bool:
         """Whether a run is in the page cache: every page of it where ``cachestat`` / ``mincore`` can tell
         (deferred pixels depend on it), else its two ends (enough to skip advice for runs read whole)."""
-        if self._residency is not None and self._residency.available:
+        if self._residency is not None and self._residency.method is not None:
             return self._residency.cached(offset, length)
         return self._cached(offset) and self._cached(offset + length - 1)
 
