@@ -27,6 +27,7 @@ COMMANDS = {
     "info": "describe a store (rows, shapes, classes, layout)",
     "bench": "measure the stream against its baselines on a store",
     "preview": "write a PNG grid of images as the stream yields them",
+    "verify": "check every committed row against the store's block checksums",
 }
 
 

@@ -39,6 +39,8 @@ class StoreMeta:
     skipped_files: int
     format_version: int
     file_bytes: int
+    checksum: str | None = None
+    """Hash of the stored block checksums (``"xxh3_64"``), ``None`` for a store without them."""
 
     @property
     def row_bytes(self) -> int:
@@ -141,4 +143,5 @@ def read_meta(path: str | os.PathLike) -> StoreMeta:
             skipped_files=int(_attr(attrs, schema.ATTR_SKIPPED, 0)),
             format_version=int(_attr(attrs, schema.ATTR_FORMAT, 0)),
             file_bytes=os.path.getsize(path),
+            checksum=str(_attr(attrs, schema.ATTR_CHECKSUM, "unknown")) if schema.CHECKSUMS in f else None,
         )

@@ -6,6 +6,8 @@ Layout (format version 1)::
     /labels   EArray int64 (N,)            label_kind == "class"
               EArray float32 (N,) / (N, K) label_kind == "regression"
     /paths    EArray of fixed-size UTF-8 bytes (N,): source path relative to SRC
+    /checksums  EArray uint64 (B, 3): per complete block (``block_rows`` rows), the
+              digests of its images, labels and paths (see :mod:`h5stream.store.checksum`)
 
 Root attributes (plain ints and strings; lists are JSON text, so plain h5py
 reads every one of them):
@@ -24,6 +26,11 @@ reads every one of them):
     order_seed        int    seed of the storage permutation (-1 when sorted)
     block_rows        int    HDF5 chunk length along axis 0: the unit of contiguous reads
     skipped_files     int    files skipped over all ingest runs (details in OUT.skipped.csv)
+    checksum          str    hash of /checksums and checksum_tail ("xxh3_64"); absent in
+                             stores written without checksums
+    checksum_tail     str    JSON {"rows": R, "images": hex, "labels": hex, "paths": hex}:
+                             the digests of the last, partial block when the store had R
+                             rows ({"rows": R} alone when R is a multiple of block_rows)
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ FORMAT_VERSION = 1
 IMAGES = "images"
 LABELS = "labels"
 PATHS = "paths"
+CHECKSUMS = "checksums"
 
 ATTR_FORMAT = "h5stream_format"
 ATTR_COMMITTED = "committed_rows"
@@ -48,6 +56,8 @@ ATTR_ORDER = "storage_order"
 ATTR_ORDER_SEED = "order_seed"
 ATTR_BLOCK_ROWS = "block_rows"
 ATTR_SKIPPED = "skipped_files"
+ATTR_CHECKSUM = "checksum"
+ATTR_CHECKSUM_TAIL = "checksum_tail"
 
 LABEL_CLASS = "class"
 LABEL_REGRESSION = "regression"

@@ -6,7 +6,9 @@
 ``committed_rows`` attribute, so a writer killed at any moment leaves a file
 whose first ``committed_rows`` rows are complete in all three arrays.  A crash
 may leave extra, uncommitted rows past that count: readers ignore them and
-:meth:`StoreWriter.open_append` truncates them before writing again.
+:meth:`StoreWriter.open_append` truncates them before writing again.  Each
+commit also records the block checksums of the rows it publishes (see
+:mod:`h5stream.store.checksum`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError
-from h5stream.store import schema
+from h5stream.store import checksum, schema
 from h5stream.store.meta import StoreMeta, read_meta
 
 COMPRESSIONS = (None, "zlib", "blosc")
@@ -50,6 +52,7 @@ class StoreWriter:
         self.labels = root._f_get_child(schema.LABELS)
         self.paths = root._f_get_child(schema.PATHS)
         self.committed_rows = int(root._v_attrs[schema.ATTR_COMMITTED])
+        self._hasher = checksum.resume(h5file, self.committed_rows)  # None: a store without checksums
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -119,6 +122,7 @@ class StoreWriter:
             a[schema.ATTR_ORDER_SEED] = np.int64(order_seed if storage_order == "shuffled" else -1)
             a[schema.ATTR_BLOCK_ROWS] = np.int64(block_rows)
             a[schema.ATTR_SKIPPED] = np.int64(0)
+            checksum.create_nodes(f)
             f.flush()
         except BaseException:
             f.close()
@@ -197,10 +201,14 @@ class StoreWriter:
         self.images.append(images)
         self.labels.append(labels)
         self.paths.append(encoded)
+        if self._hasher is not None:
+            self._hasher.add(images, labels, encoded)
 
     def commit(self) -> int:
         """Flush appended rows, then publish them by raising ``committed_rows``.  Returns the new count."""
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
+        if self._hasher is not None:
+            checksum.stage(self._f, self._hasher)  # block digests travel with the data they cover
         self._f.flush()  # data (and the arrays' new extents) first ...
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
         self._f.flush()  # ... then the count that makes them visible
@@ -220,6 +228,7 @@ class StoreWriter:
         self._f.flush()
         self.committed_rows = rows
         self._truncate_to_committed()
+        self._hasher = checksum.resume(self._f, rows)
 
     def set_attr(self, name: str, value) -> None:
         self.attrs[name] = value

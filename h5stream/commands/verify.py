@@ -1,0 +1,66 @@
+"""`h5stream verify FILE.h5`: read every committed row once and check it against the stored block checksums.
+
+Exit codes: 0 every committed row matched; 1 damage found (a block's bytes
+differ from its checksum, or HDF5 cannot read it), or the file cannot be
+opened as a store; 3 nothing (or not everything) could be checked: the store
+has no checksums, or the last block's digests are for another row count (an
+ingest is writing the file, or a crash interrupted a commit).  The work is :func:`h5stream.store.checksum.verify_store`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_DAMAGED = 1
+EXIT_UNCHECKED = 3
+
+
+def _rows(a: int, b: int) -> str:
+    """Rows ``[a, b)`` as people read them."""
+    return f"row {a}" if b - a == 1 else f"rows {a}-{b - 1}"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from h5stream.store.checksum import verify_store
+
+    # disable=None: a bar only when stderr is a terminal, as ingest's.
+    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="verify", file=sys.stderr,
+               dynamic_ncols=True, disable=None)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        result = verify_store(args.path, progress=progress)
+    finally:
+        bar.close()
+    path = args.path
+    if not result.has_checksums:
+        print(f"h5stream: error: {path}: no checksums stored, nothing verified; re-ingest it "
+              f"(`h5stream ingest SRC NEW.h5`) to get a store that `h5stream verify` can check", file=sys.stderr)
+        return EXIT_UNCHECKED
+    if result.bad:
+        first = result.bad[0]
+        what = ("cannot be read" + (f" ({first.detail})" if first.detail else "") if first.parts == ("unreadable",)
+                else f"do not match their checksum ({', '.join(first.parts)})")
+        print(f"h5stream: error: {path}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
+              f"{result.blocks} blocks damaged; restore the file from a copy or re-ingest it", file=sys.stderr)
+        return EXIT_DAMAGED
+    if result.unchecked:
+        a, b = result.unchecked[0]
+        unchecked = sum(z - y for y, z in result.unchecked)
+        print(f"h5stream: error: {path}: {_rows(a, b)} have no checksum to check ({unchecked} rows: an ingest is "
+              f"writing the file, or a commit was interrupted; `h5stream ingest SRC {path} --append` recomputes "
+              f"it); the other {result.checked_rows} rows match", file=sys.stderr)
+        return EXIT_UNCHECKED
+    rate = result.bytes_read / result.seconds / 1e6 if result.seconds > 0 else float("inf")
+    print(f"{path}: OK, {result.rows} rows in {result.blocks} blocks match their checksums "
+          f"({result.bytes_read / (1 << 20):.1f} MiB in {result.seconds:.2f} s, {rate:.0f} MB/s)")
+    return 0
