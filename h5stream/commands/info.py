@@ -107,7 +107,7 @@ def format_text(info: dict) -> str:
         f"  storage order   {order}",
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
         f"  skipped files   {info['skipped_files']}" + (f" (see {info['skipped_report']})" if info["skipped_report"] else ""),
-        f"  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
+        "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
                                  else "none (re-ingest to add them)"),
     ]
     for key, section in info.get("sections", {}).items():

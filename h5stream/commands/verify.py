@@ -29,18 +29,19 @@ def run(args) -> int:
 
     from h5stream.store.checksum import verify_store
 
-    # disable=None: a bar only when stderr is a terminal, as ingest's.
-    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="verify", file=sys.stderr,
-               dynamic_ncols=True, disable=None)
+    bars = []
 
     def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
+        if not bars:  # disable=None: a bar only when stderr is a terminal, as ingest's
+            bars.append(tqdm(total=total, unit="B", unit_scale=True, desc="verify",
+                             file=sys.stderr, dynamic_ncols=True, disable=None))
+        bars[0].update(done - bars[0].n)
 
     try:
         result = verify_store(args.path, progress=progress)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     path = args.path
     if not result.has_checksums:
         print(f"h5stream: error: {path}: no checksums stored, nothing verified; re-ingest it "
@@ -62,5 +63,5 @@ def run(args) -> int:
         return EXIT_UNCHECKED
     rate = result.bytes_read / result.seconds / 1e6 if result.seconds > 0 else float("inf")
     print(f"{path}: OK, {result.rows} rows in {result.blocks} blocks match their checksums "
-          f"({result.bytes_read / (1 << 20):.1f} MiB in {result.seconds:.2f} s, {rate:.0f} MB/s)")
+          f"({result.bytes_read / 1e6:.1f} MB in {result.seconds:.2f} s, {rate:.0f} MB/s)")
     return 0

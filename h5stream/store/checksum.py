@@ -321,7 +321,12 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
         algorithm = f.attrs.get(schema.ATTR_CHECKSUM)
         algorithm = algorithm.decode() if isinstance(algorithm, bytes) else algorithm
         if algorithm != ALGORITHM:
-            raise StoreFormatError(f"{meta.path}: checksums made with {algorithm!r}; this h5stream checks {ALGORITHM!r}")
+            raise StoreFormatError(
+                f"{meta.path}: checksums made with {algorithm!r}; this h5stream checks {ALGORITHM!r}"
+            )
+        # The count read with the tail it must match: an ingest may have committed more since read_meta.
+        rows = int(f.attrs.get(schema.ATTR_COMMITTED, rows))
+        n_blocks = -(-rows // block_rows)
         expected = _expected(f, rows, block_rows)
         dtypes = {name: (f[name].dtype, f[name].shape[1:]) for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
         via_h5py = _readable_by_h5py(f[schema.IMAGES])
