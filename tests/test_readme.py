@@ -91,3 +91,24 @@ def test_blocks_are_taken_from_the_section_only_and_in_order():
         section_blocks("## Quick start\n```console\n$ h5stream info x\n```\n")
     with pytest.raises(ValueError, match="no '## Quick start'"):
         section_blocks("# nothing here\n")
+
+
+def _module_table(markdown: str) -> list[str]:
+    """First-column paths of the table under ``## Modules``."""
+    section = markdown.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
+
+
+def test_the_module_table_of_the_design_doc_matches_the_package():
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        listed = _module_table(f.read())
+    package = os.path.join(ROOT, "h5stream")
+    modules = set()
+    for folder, _dirs, files in os.walk(package):
+        for name in files:
+            rel = os.path.relpath(os.path.join(folder, name), package).replace(os.sep, "/")
+            if name.endswith(".py") and not (name == "__init__.py" and "/" in rel):  # subpackages' __init__ re-export
+                modules.add(rel)
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    assert sorted(set(listed) - modules) == [], "docs/design.md lists modules that do not exist"
+    assert sorted(modules - set(listed)) == [], "modules missing from the table in docs/design.md"
