@@ -43,8 +43,8 @@ def keras():
     except ImportError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing in ("", "keras"):
-            raise MissingDependencyError(f"stream.keras() needs Keras, which cannot be imported ({exc}): "
-                                         f"{KERAS_FIX}") from exc
+            raise MissingDependencyError(f"stream.keras() and h5stream.keras need Keras, which cannot be imported "
+                                         f"({exc}): {KERAS_FIX}") from exc
         backend = os.environ.get("KERAS_BACKEND", "tensorflow")
         install = TENSORFLOW_FIX if missing == "tensorflow" else f"pip install {missing}"
         raise MissingDependencyError(
