@@ -8,12 +8,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-# tf-keras (Keras 2, for the multi-worker fit test) requires the full `tensorflow` package, so it is installed
-# without dependencies, at the minor version of the tensorflow-cpu just installed.
+# Keras with CPU TensorFlow as its backend ([tf-cpu]) and the test tools ([dev]).  tf-keras (Keras 2, for the
+# multi-worker fit test) requires the full `tensorflow` package, so it is installed without dependencies, at the
+# minor version of the tensorflow-cpu just installed.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[keras,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[tf-cpu,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps "tf-keras==$$($(BIN)/python tools/tf_minor.py).*"
 	touch $(STAMP)
 

@@ -3,7 +3,8 @@
 Public names only.  Importing this package is cheap: it loads the error
 classes, and the rest (h5py, OpenCV, the stream) on first use of a name
 (PEP 562), so the processes that ingest or augment start fast.  It never
-imports keras, tensorflow or torch.
+imports keras, tensorflow or torch: ``h5stream.keras`` is there without an
+import of its own, and imports keras on first use.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from h5stream.errors import (
     BudgetError,
     ConfigError,
     H5StreamError,
+    MissingDependencyError,
     ReaderError,
     SourceError,
     StoreExistsError,
@@ -25,11 +27,12 @@ from h5stream.errors import (
 )
 
 if TYPE_CHECKING:
+    from h5stream import keras
     from h5stream.augment import Augment
     from h5stream.store import StoreMeta, read_meta
     from h5stream.stream import Stream, open  # noqa: A004
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 _LAZY = {
     "Augment": "h5stream.augment",
@@ -38,12 +41,15 @@ _LAZY = {
     "Stream": "h5stream.stream",
     "open": "h5stream.stream",
 }
+#: Submodules reachable as attributes (``h5stream.keras.ResumeCallback``), imported on first access.
+_LAZY_SUBMODULES = ("keras",)
 
 __all__ = [
     "Augment",
     "BudgetError",
     "ConfigError",
     "H5StreamError",
+    "MissingDependencyError",
     "ReaderError",
     "SourceError",
     "StoreExistsError",
@@ -59,6 +65,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"h5stream.{name}")  # the import also sets the attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'h5stream' has no attribute {name!r}")
@@ -68,4 +76,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_LAZY_SUBMODULES))

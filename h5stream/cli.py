@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 
+from h5stream import __version__
 from h5stream.errors import H5StreamError
 
 EXIT_OK = 0
@@ -42,6 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="h5stream", description="Stream image sets far larger than RAM from HDF5.")
+    parser.add_argument("--version", action="store_true", help="print h5stream's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f"h5stream.commands.{name}")
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
+        if args.version:
+            print(f"h5stream {__version__}")
+            return EXIT_OK
         if getattr(args, "_module", None) is None:
             raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
         return int(args._module.run(args) or EXIT_OK)

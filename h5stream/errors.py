@@ -47,3 +47,7 @@ class WorkerError(H5StreamError, RuntimeError):
 
 class StreamClosedError(H5StreamError, RuntimeError):
     """The stream was used after ``close()``."""
+
+
+class MissingDependencyError(H5StreamError, ImportError):
+    """A package h5stream needs here (OpenCV, a framework) cannot be imported; the message names what to install."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 FRAMEWORKS = ("tensorflow", "keras", "torch", "jax")
 
@@ -46,8 +50,6 @@ print(json.dumps({"rc": rc, "numpy_before": numpy_before, "env": seen["env"]}))
 
 
 def _run_pin(env_value):
-    import os
-
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     if env_value is not None:
         env["OPENBLAS_NUM_THREADS"] = env_value
@@ -63,10 +65,106 @@ def test_the_command_pins_openblas_to_one_thread_before_numpy_loads_unless_the_u
 
 
 def test_main_in_a_callers_process_leaves_the_environment_alone(tmp_path, monkeypatch):
-    import os
-
     from h5stream import cli
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     assert cli.main(["info", str(tmp_path / "missing.h5")]) != 0
     assert "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+KERAS_ATTRIBUTE_SCRIPT = r"""
+import json, sys
+import h5stream
+before = sorted(m for m in sys.modules if m.split(".")[0] == "keras")
+weights = h5stream.keras.balanced_class_weight([0, 0, 0, 1])
+print(json.dumps({"before": before, "weights": {str(k): float(v) for k, v in weights.items()},
+                  "same": h5stream.keras is sys.modules["h5stream.keras"]}))
+"""
+
+
+def test_h5stream_keras_is_an_attribute_after_import_h5stream_and_imports_keras_only_when_used():
+    pytest.importorskip("keras")
+    proc = subprocess.run([sys.executable, "-c", KERAS_ATTRIBUTE_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["before"] == []
+    assert result["same"] is True
+    assert result["weights"]["0"] < result["weights"]["1"]
+
+
+# A package made unimportable the way Python documents it (None in sys.modules), in a process of its own.
+MISSING_SCRIPT = r"""
+import json, sys
+blocked = sys.argv[1].split(",")
+for name in blocked:
+    sys.modules[name] = None
+import h5stream
+from h5stream import cli
+what = sys.argv[2]
+if what == "cli":
+    sys.exit(cli.main(sys.argv[3:]))
+with h5stream.open(sys.argv[3], batch_size=2, augment=h5stream.Augment(rotation_range=10)) as stream:
+    try:
+        if what == "augment":
+            next(iter(stream))
+        else:
+            getattr(stream, what)()
+    except h5stream.MissingDependencyError as exc:
+        print(json.dumps({"error": str(exc), "is_import_error": isinstance(exc, ImportError)}))
+"""
+
+
+def _run_missing(blocked, what, *args):
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, "-c", MISSING_SCRIPT, ",".join(blocked), what, *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def _missing_error(blocked, what, store):
+    proc = _run_missing(blocked, what, store)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["is_import_error"] and "\n" not in result["error"]
+    return result["error"]
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    from h5stream import cli
+    from h5stream.samples import make_class_folder
+
+    root = tmp_path_factory.mktemp("missing")
+    make_class_folder(root / "src", classes=2, per_class=3, size=(8, 8))
+    assert cli.main(["ingest", str(root / "src"), str(root / "s.h5"), "--size", "8", "--workers", "0"]) == 0
+    return root
+
+
+def test_ingest_without_opencv_is_one_line_naming_the_package(small_store):
+    out = small_store / "new.h5"
+    proc = _run_missing(["cv2"], "cli", "ingest", small_store / "src", out, "--size", "8")
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("h5stream: error: "), proc.stderr
+    assert "pip install opencv-python-headless" in lines[0]
+    assert "pip install --force-reinstall --no-deps opencv-python-headless" in lines[0]  # the shared-folder case
+    assert not out.exists()
+
+
+def test_augmentation_without_opencv_names_the_package(small_store):
+    assert "pip install opencv-python-headless" in _missing_error(["cv2"], "augment", small_store / "s.h5")
+
+
+def test_adapters_without_their_framework_name_what_to_install(small_store):
+    store = small_store / "s.h5"
+    assert "pip install keras" in _missing_error(["keras"], "keras", store)
+    assert "pip install tensorflow" in _missing_error(["tensorflow"], "tf_dataset", store)
+    assert "pip install torch" in _missing_error(["torch"], "torch", store)
+
+
+def test_keras_without_its_backend_names_the_backend_and_the_alternatives(small_store):
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("keras is not installed")
+    no_backend = _missing_error(["tensorflow"], "keras", small_store / "s.h5")  # keras is there, TensorFlow is not
+    assert "backend 'tensorflow'" in no_backend and "pip install tensorflow" in no_backend
+    assert "KERAS_BACKEND" in no_backend

@@ -25,11 +25,12 @@ Training: Keras 3's ``fit`` fails under ``MultiWorkerMirroredStrategy``
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 import h5stream
+from h5stream import _deps
 from h5stream.adapters.tf import as_tf_dataset
 from h5stream.errors import ConfigError
+
+tf = _deps.tensorflow()
 
 
 class DistributedInput:

@@ -27,11 +27,13 @@ import json
 import os
 import time
 
-import keras
 import numpy as np
 
+from h5stream import _deps
 from h5stream.adapters._feed import feed_for
 from h5stream.errors import ConfigError
+
+keras = _deps.keras()
 
 STATE_FILE = "h5stream_resume.json"
 

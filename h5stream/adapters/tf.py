@@ -17,10 +17,12 @@ batches sit outside the stream's memory budget.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
+from h5stream import _deps
 from h5stream.adapters._feed import feed_for
 from h5stream.errors import ConfigError
+
+tf = _deps.tensorflow()
 
 
 def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec]:

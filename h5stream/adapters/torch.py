@@ -10,11 +10,12 @@ pool, and cannot be copied into DataLoader workers.
 
 from __future__ import annotations
 
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
-
+from h5stream import _deps
 from h5stream.adapters._feed import feed_for
 from h5stream.errors import ConfigError
+
+torch = _deps.torch()
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402 - after the guarded import of torch
 
 
 class StreamIterable(IterableDataset):

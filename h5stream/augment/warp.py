@@ -31,6 +31,7 @@ import threading
 
 import numpy as np
 
+from h5stream import _deps
 from h5stream.errors import ConfigError
 
 FILL_MODES = ("constant", "nearest", "reflect", "wrap")
@@ -43,9 +44,7 @@ _FAST_PATH_MIN_PIXELS = 64 * 64
 
 def _cv2():
     # Imported lazily: `import h5stream` must stay cheap, and workers import it once.
-    import cv2
-
-    return cv2
+    return _deps.cv2()
 
 
 def _check_fill_mode(fill_mode):

@@ -49,11 +49,13 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from h5stream import _deps
 from h5stream._spawn import keep_freed_heap
+
+cv2 = _deps.cv2()
 
 RESIZE_MODES = ("stretch", "crop", "pad")
 DEFAULT_BACKGROUND = (255, 255, 255)

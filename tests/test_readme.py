@@ -1,0 +1,114 @@
+"""The README's quick start runs exactly as written: its shell and Python blocks, in order, in an empty folder.
+
+The blocks are read from README.md (every fenced block between the ``## Quick start`` heading and the next ``##``
+heading) and run unchanged: shell blocks with ``bash -eu -o pipefail``, Python blocks as a script, all in one
+temporary folder, with ``h5stream`` and ``python`` on PATH meaning this checkout and this interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+SECTION = "Quick start"
+SHELL, PYTHON = ("sh", "bash", "shell"), ("python", "py")
+FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def section_blocks(markdown: str, heading: str = SECTION) -> list[tuple[str, str]]:
+    """``[(language, code)]`` of the fenced blocks under the level-2 ``heading``, in order.
+
+    Raises ValueError if the heading is missing or a block's language is not one the test can run.
+    """
+    start = re.search(rf"^##[ \t]+{re.escape(heading)}[ \t]*$", markdown, re.MULTILINE | re.IGNORECASE)
+    if start is None:
+        raise ValueError(f"README.md has no '## {heading}' heading")
+    end = re.search(r"^##[ \t]", markdown[start.end():], re.MULTILINE)
+    body = markdown[start.end(): start.end() + end.start() if end else len(markdown)]
+    blocks = []
+    for match in FENCE.finditer(body):
+        language, code = match.group(1).lower(), match.group(2)
+        if language not in SHELL + PYTHON:
+            raise ValueError(f"the {heading} section has a ```{language} block this test cannot run; use sh or python")
+        blocks.append(("sh" if language in SHELL else "python", code))
+    return blocks
+
+
+def _shims(bin_dir) -> None:
+    """``h5stream`` and ``python`` commands that run this checkout with the interpreter running the tests."""
+    os.makedirs(bin_dir)
+    for name, command in (("python", f'exec "{sys.executable}" "$@"'),
+                          ("h5stream", f'exec "{sys.executable}" -m h5stream "$@"')):
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\n{command}\n")
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+def test_the_quick_start_runs_as_written(tmp_path):
+    with open(README, encoding="utf-8") as f:
+        blocks = section_blocks(f.read())
+    languages = [language for language, _code in blocks]
+    assert "sh" in languages and "python" in languages, f"the quick start should have shell and Python blocks: {languages}"
+
+    work, bin_dir = tmp_path / "work", tmp_path / "bin"
+    work.mkdir()
+    _shims(bin_dir)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+               TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+    for number, (language, code) in enumerate(blocks, 1):
+        if language == "sh":
+            argv = ["bash", "-eu", "-o", "pipefail", "-c", code]
+        else:
+            if re.search(r"^import keras|^from keras", code, re.MULTILINE) and importlib.util.find_spec("keras") is None:
+                pytest.skip("the quick start's Python block needs keras, which is not installed")
+            script = tmp_path / f"block_{number}.py"
+            script.write_text(code, encoding="utf-8")
+            argv = [sys.executable, str(script)]
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
+                              timeout=600)  # a safety net: the whole quick start takes well under a minute
+        assert proc.returncode == 0, (f"quick-start block {number} ({language}) failed:\n{code}\n"
+                                      f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_blocks_are_taken_from_the_section_only_and_in_order():
+    markdown = ("# t\n```python\nnot this\n```\n## Quick start\ntext\n```sh\necho 1\n```\nmore\n"
+                "```python\nprint(2)\n```\n### sub\n```bash\necho 3\n```\n## Next\n```sh\nnot this either\n```\n")
+    assert section_blocks(markdown) == [("sh", "echo 1\n"), ("python", "print(2)\n"), ("sh", "echo 3\n")]
+    with pytest.raises(ValueError, match="cannot run"):
+        section_blocks("## Quick start\n```console\n$ h5stream info x\n```\n")
+    with pytest.raises(ValueError, match="no '## Quick start'"):
+        section_blocks("# nothing here\n")
+
+
+def _module_table(markdown: str) -> list[str]:
+    """First-column paths of the table under ``## Modules``."""
+    section = markdown.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
+
+
+def test_the_module_table_of_the_design_doc_matches_the_package():
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        listed = _module_table(f.read())
+    package = os.path.join(ROOT, "h5stream")
+    modules = set()
+    for folder, _dirs, files in os.walk(package):
+        for name in files:
+            rel = os.path.relpath(os.path.join(folder, name), package).replace(os.sep, "/")
+            if name.endswith(".py") and not (name == "__init__.py" and "/" in rel):  # subpackages' __init__ re-export
+                modules.add(rel)
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    assert sorted(set(listed) - modules) == [], "docs/design.md lists modules that do not exist"
+    assert sorted(modules - set(listed)) == [], "modules missing from the table in docs/design.md"
