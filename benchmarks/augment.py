@@ -50,7 +50,9 @@ from h5stream.augment import PRESETS, Augment  # noqa: E402
 from h5stream.augment.transforms import affine_matrices  # noqa: E402
 
 PRESET = "standard"
+"""The preset every augmentation benchmark applies."""
 BATCH_SIZE = 32
+"""Rows per batch where a benchmark batches (the pipeline's streams and baselines)."""
 
 
 def standard_matrices(aug: Augment, n: int, size: int):

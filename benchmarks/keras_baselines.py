@@ -21,11 +21,9 @@ import time
 
 import numpy as np
 
+from benchmarks.augment import BATCH_SIZE, PRESET
 from benchmarks.data import read_rows
 from benchmarks.harness import child_command, child_env, evict_folder
-
-PRESET = "standard"
-BATCH_SIZE = 32
 
 
 def keras_available() -> bool:

@@ -58,15 +58,13 @@ import time
 
 import numpy as np
 
-from benchmarks.augment import measure_transform, measure_transform_processes
+from benchmarks.augment import BATCH_SIZE, PRESET, measure_transform, measure_transform_processes
 from benchmarks.data import ensure_folder, ensure_store, read_rows
 from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, cores_busy, cpu_seconds,
                                 emit, interleave, kept_cold, log, probe_cores, warm)
 from benchmarks.keras_baselines import IdgServer, keras_available, measure_tf_folder
 
-BATCH_SIZE = 32
 BUDGET = "256MiB"
-PRESET = "standard"
 
 TARGET_SIZE = 128
 """The targets are stated for 128x128x3 rows; other sizes are shown against them for reference only."""
@@ -254,7 +252,7 @@ def config(quick: bool) -> dict:
     if quick:
         return {"images": {128: 64, 32: 64}, "idg_rows": 64, "repeat_images": 0, "repeats": 1,
                 "stall_s": 0.3, "tf_repeats": 1}
-    # About 1.5 s per timed repeat (several epochs of the store), 5 repeats; the whole run ~3 min.
+    # Several epochs of the store per timed repeat, so each lasts seconds; 5 interleaved repeats.
     return {"images": {128: 3000, 32: 6000}, "idg_rows": {128: 512, 32: 2048},
             "repeat_images": {128: 12000, 32: 30000}, "repeats": 5, "stall_s": 4.0, "tf_repeats": 3}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -91,3 +92,26 @@ def test_cached_dir_makes_once_and_remakes_a_half_made_folder(tmp_path):
     harness.cached_dir(root, make)
     assert made == [root, root] and sorted(os.listdir(root)) == sorted([harness.COMPLETE_MARKER, "file"])
 
+
+
+PIN_SCRIPT = r"""
+import os, runpy, sys
+if sys.argv[1] == "run":
+    sys.argv = ["benchmarks.augment", "--help"]
+    try:
+        runpy.run_module("benchmarks.augment", run_name="__main__")
+    except SystemExit:
+        pass
+else:
+    import benchmarks.pipeline  # imports benchmarks.augment as a module
+print(os.environ.get("OPENBLAS_NUM_THREADS"), "numpy" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("how,expected", [("run", "1 True"), ("import", "None True")])
+def test_only_the_augment_program_pins_threads_and_importing_it_changes_no_environment(how, expected):
+    env = {k: v for k, v in harness.child_env().items() if k != "OPENBLAS_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", PIN_SCRIPT, how], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[-2] == expected
