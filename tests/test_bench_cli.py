@@ -1,7 +1,6 @@
 """`h5stream bench` and `h5stream info --shuffle-report` on a tiny real class-sorted store."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -106,14 +105,10 @@ def test_file_shuffle_report_on_sorted_store(sorted_store):
 
 
 def test_bench_file_generator_writes_a_class_sorted_store(tmp_path):
-    import importlib.util
+    from benchmarks.data import make_bench_file, rows_for_gb
 
-    tool = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "make_bench_file.py")
-    spec = importlib.util.spec_from_file_location("make_bench_file", tool)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     out = str(tmp_path / "gen.h5")
-    mod.make_bench_file(out, rows=500, size=32, n_classes=5, progress=False)
+    make_bench_file(out, rows=500, size=32, n_classes=5, progress=False)
     from h5stream.store.meta import read_meta
     import h5py
 
@@ -123,7 +118,7 @@ def test_bench_file_generator_writes_a_class_sorted_store(tmp_path):
         labels, images = f["labels"][:], f["images"][:]
     assert np.all(np.diff(labels) >= 0) and np.array_equal(np.bincount(labels), np.full(5, 100))
     assert images.std() > 10  # not constant
-    assert mod.rows_for_gb(1.0, 128, 3) * 128 * 128 * 3 >= 1e9
+    assert rows_for_gb(1.0, 128, 3) * 128 * 128 * 3 >= 1e9
 
 
 def test_info_shuffle_report_text_and_json(sorted_store, capsys):

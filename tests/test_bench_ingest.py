@@ -1,22 +1,19 @@
-"""Smoke test of tools/bench_ingest.py on a tiny generated folder (its figures and ratios, not speed)."""
+"""Smoke test of the ingest benchmark on a tiny generated folder (its figures and ratios, not speed)."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import bench_ingest  # noqa: E402
+from benchmarks import ingest as bench_ingest
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # decode workers and their shared-memory slots
 
 
 def test_bench_ingest_reports_every_row_and_paired_ratios(tmp_path, capsys):
     assert bench_ingest.main(["--n", "24", "--size", "32", "--rounds", "2", "--no-keras", "--json",
-                              "--cache", str(tmp_path)]) == 0
+                              "--data", str(tmp_path)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["images"] == 24 and result["rounds"] == 2
     rows = result["images_per_s"]

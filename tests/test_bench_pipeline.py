@@ -1,19 +1,17 @@
-"""Smoke test of tools/bench_pipeline.py's measurements on tiny real stores (figures, not speed)."""
+"""Smoke test of the pipeline benchmark's measurements on tiny real stores (figures, not speed)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import h5stream
+from benchmarks import data
+from benchmarks import pipeline as bp
 from h5stream.store.writer import write_arrays
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import bench_pipeline as bp  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # the measurements start worker processes and shared memory
 
@@ -40,7 +38,7 @@ def store(tmp_path_factory):
 
 @pytest.mark.parametrize("workers,cold", [(0, False), (1, True)])
 def test_measure_stream_reports_positive_figures(store, workers, cold):
-    r = bp.measure_stream(store, workers=workers, repeats=2, cold=cold)
+    r = bp.measure_stream_rate(store, workers=workers, repeats=2, cold=cold)
     for key in ("images_per_s", "repeats_images_per_s", "images_per_repeat", "first_batch_s", "main_process_cores",
                 "worker_cores", "cached_fraction_at_open", "output_dtype"):
         assert key in r, key
@@ -71,8 +69,8 @@ def test_stall_collector_measures_a_real_wait(store):
 
 def test_quick_run_end_to_end(tmp_path, capsys):
     pytest.importorskip("keras")
-    data = tmp_path / "data"
-    assert bp.main(["--quick", "--json", "--sizes", "32", "--data", str(data)]) == 0
+    data_dir = tmp_path / "data"
+    assert bp.main(["--quick", "--json", "--sizes", "32", "--data", str(data_dir)]) == 0
     result = json.loads(capsys.readouterr().out)
     r = result["sizes"]["32"]
     assert r["rows"] == 64
@@ -87,9 +85,9 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     assert [t["name"] for t in r["targets"]][-1].startswith("consumer")
     assert all(isinstance(t["met"], bool) for t in r["targets"])
     # The table renders from the JSON object, and the cached store is reused (not ingested again).
-    assert not any(t["applies"] for t in r["targets"])  # issue 4 states its targets for 128x128 only
+    assert not any(t["applies"] for t in r["targets"])  # the targets are stated for 128x128 only
     table = bp.format_table(result)
     assert "targets: stated for 128x128" in table and "MISSED" not in table and "met   " not in table
     mtime = os.path.getmtime(r["store"])
-    assert bp.ensure_store(str(data), r["folder"], 32) == r["store"]
+    assert data.ensure_store(str(data_dir), r["folder"], 32) == r["store"]
     assert os.path.getmtime(r["store"]) == mtime

@@ -1,17 +1,25 @@
-"""Generate a large class-sorted benchmark store quickly (synthetic, but not noise).
+"""The benchmarks' data: a large class-sorted store, cached JPEG folders and their ingested stores, in-memory rows.
 
-    python tools/make_bench_file.py --gb 1 --out bench-data/bench-1g.h5
-    python tools/make_bench_file.py --gb 4 --out bench-data/bench-4g.h5
-    python tools/make_bench_file.py --rows 5000 --size 32 --out /tmp/small.h5
+* :func:`make_bench_file` -- a class-sorted store of synthetic rows that are
+  not noise: per class a bank of smooth random colour fields (bilinear-upsampled
+  low-resolution noise, tinted per class, with a class shape drawn on top), plus
+  per-row fine noise and a flip, so compression and page-cache behaviour look
+  like photos rather than constant or white-noise rows.  Class-sorted (all of
+  class 0, then class 1, ...) is the hard case for a chunked shuffle.  Written
+  with :class:`h5stream.store.writer.StoreWriter`; an existing file with the
+  same rows and shape is kept unless ``overwrite``.
+* :func:`ensure_photos` / :func:`ensure_folder` -- folders of generated JPEGs
+  (photo-like ~500x375, or already at a small size), made once under the data
+  cache; :func:`ensure_store` -- such a folder ingested by h5stream, cached
+  next to it.
+* :func:`read_rows` -- a store's first rows in memory; :func:`smooth_rows` --
+  photo-like uint8 rows made in memory.
 
-Rows are 128x128x3 uint8 (``--size``), ``--classes`` classes stored
-**class-sorted** (all of class 0, then class 1, ...), the hard case for a
-chunked shuffle.  Pixels: per class a bank of smooth random colour fields
-(bilinear-upsampled low-resolution noise, tinted per class, with a class
-shape drawn on top), plus per-row fine noise and a flip -- so compression and
-page-cache behaviour look like photos rather than constant or white-noise
-rows.  Written with :class:`h5stream.store.writer.StoreWriter`; an existing
-file with the same rows and shape is kept unless ``--overwrite``.
+Command line (the store only)::
+
+    python -m benchmarks.data --gb 1 --out bench-data/bench-1g.h5
+    python -m benchmarks.data --gb 4 --out bench-data/bench-4g.h5
+    python -m benchmarks.data --rows 5000 --size 32 --out /tmp/small.h5
 """
 
 from __future__ import annotations
@@ -23,6 +31,11 @@ import sys
 import time
 
 import numpy as np
+
+from benchmarks.harness import COMPLETE_MARKER, DATA_DIR, cached_dir
+
+PHOTO_SIZE = (375, 500)
+"""(height, width) of :func:`ensure_photos`' JPEGs."""
 
 BANK_PER_CLASS = 24
 NOISE_BANK = 64
@@ -52,7 +65,7 @@ def class_bank(n_classes: int, size: int, channels: int, seed: int) -> np.ndarra
     return bank
 
 
-def make_rows(bank: np.ndarray, noise: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def bank_rows(bank: np.ndarray, noise: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Images for ``labels``: a random bank image of the class + a random noise tile, half of them mirrored."""
     base = bank[labels, rng.integers(0, bank.shape[1], labels.size)].astype(np.int16)
     base += noise[rng.integers(0, noise.shape[0], labels.size)]
@@ -84,12 +97,13 @@ def make_bench_file(out: str, *, rows: int, size: int = 128, channels: int = 3, 
     # Class-sorted: class c owns a contiguous run of rows (sizes differ by at most one).
     labels = np.repeat(np.arange(n_classes), np.diff(np.linspace(0, rows, n_classes + 1).round().astype(int)))
     t0 = time.monotonic()
-    with StoreWriter.create(out, image_shape=(size, size, channels), class_names=[f"class{c}" for c in range(n_classes)],
+    with StoreWriter.create(out, image_shape=(size, size, channels),
+                            class_names=[f"class{c}" for c in range(n_classes)],
                             block_rows=block_rows, storage_order="sorted", compression=compression,
                             overwrite=overwrite, expected_rows=rows) as writer:
         for i, start in enumerate(range(0, rows, WRITE_ROWS)):
             y = labels[start:start + WRITE_ROWS]
-            writer.append(make_rows(bank, noise, y, rng), y, [f"synthetic/{start + j}" for j in range(y.size)])
+            writer.append(bank_rows(bank, noise, y, rng), y, [f"synthetic/{start + j}" for j in range(y.size)])
             if (i + 1) % COMMIT_EVERY == 0:
                 writer.commit()
                 if progress:
@@ -107,9 +121,78 @@ def rows_for_gb(gb: float, size: int, channels: int) -> int:
     return math.ceil(gb * 1e9 / (size * size * channels))
 
 
+def ensure_photos(data_dir: str, n: int, seed: int = 0) -> str:
+    """A cached folder of ``n`` photo-like ~500x375 JPEGs in 4 class folders (made by
+    :func:`h5stream.samples.make_realistic_jpegs`)."""
+    from h5stream.samples import make_realistic_jpegs
+
+    return cached_dir(os.path.join(data_dir, f"jpegs-{n}-seed{seed}"),
+                      lambda root: make_realistic_jpegs(root, n, seed=seed))
+
+
+def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0) -> tuple[str, str]:
+    """A cached folder of ``n`` JPEGs in 4 class folders for rows of ``size``; returns (path, what the sources are).
+
+    Size 128 and up uses :func:`ensure_photos`' ~500x375 photos; smaller sizes
+    use JPEGs already at ``size`` (CIFAR-like files, nothing to shrink).
+    """
+    if size >= 128:
+        return ensure_photos(data_dir, n, seed), f"{PHOTO_SIZE[1]}x{PHOTO_SIZE[0]} JPEG"
+    from h5stream.samples import make_realistic_jpegs
+
+    root = cached_dir(os.path.join(data_dir, f"jpegs-{n}-{size}px-seed{seed}"),
+                      lambda root: make_realistic_jpegs(root, n, size=(size, size), seed=seed))
+    return root, f"{size}x{size} JPEG"
+
+
+def ensure_store(data_dir: str, folder: str, size: int) -> str:
+    """``folder`` ingested at ``size`` x ``size`` by h5stream's ingest (cached next to it; made again if incomplete)."""
+    from h5stream.ingest.pack import IngestOptions, default_workers, ingest
+    from h5stream.store.meta import read_meta
+
+    out = os.path.join(data_dir, f"pipeline-{os.path.basename(folder)}-{size}.h5")
+    n_files = sum(1 for _, _, files in os.walk(folder) for name in files if name != COMPLETE_MARKER)
+    if os.path.exists(out):
+        try:
+            if read_meta(out).rows == n_files:
+                return out
+        except Exception:  # a half-written cache from a killed run: make it again
+            pass
+    result = ingest(IngestOptions(src=folder, out=out, size=(size, size), workers=default_workers(),
+                                  overwrite=True, progress=False))
+    if result.skipped:
+        raise SystemExit(f"ingest skipped {result.skipped} files of {folder}; see {result.report_path}")
+    return out
+
+
+def read_rows(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``n`` rows and labels of a store, in memory."""
+    import h5py
+
+    from h5stream.store import schema
+    from h5stream.store.meta import read_meta
+
+    n = min(n, read_meta(path).rows)
+    with h5py.File(path, "r") as f:
+        return f[schema.IMAGES][:n], f[schema.LABELS][:n]
+
+
+def smooth_rows(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """Photo-like uint8 rows (smooth noise), (n, size, size, 3)."""
+    import cv2
+
+    rs = np.random.default_rng(seed)
+    out = np.empty((n, size, size, 3), np.uint8)
+    for i in range(n):
+        small = rs.integers(0, 256, (size // 8 + 2, size // 8 + 2, 3)).astype(np.float32)
+        out[i] = np.clip(cv2.resize(small, (size, size), interpolation=cv2.INTER_CUBIC), 0, 255)
+    return out
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench-data/bench-1g.h5")
+    p = argparse.ArgumentParser(description="Write a large class-sorted benchmark store (synthetic, but not noise).")
+    p.add_argument("--out", default=os.path.join(DATA_DIR, "bench-1g.h5"),
+                   help="the store to write (default bench-data/bench-1g.h5)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--gb", type=float, default=None, help="pixel bytes, in GB (default 1.0)")
     size.add_argument("--rows", type=int, default=None)

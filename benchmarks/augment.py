@@ -1,4 +1,4 @@
-"""Augmentation benchmark, one core: h5stream's Augment vs. the alternatives vs. Keras' ImageDataGenerator.
+"""Augmentation on one core: h5stream's Augment vs. the alternatives vs. Keras' ImageDataGenerator.
 
 All candidates apply the ``standard`` preset's geometry (rotation 45, shifts
 0.1, zoom [0.8, 1], horizontal flip) to the same uint8 rows, one image at a
@@ -15,46 +15,44 @@ Channel shift is applied by h5stream, cv2 plain and keras only (the others
 measure the warp alone, which flatters them).  Figures are images/s, best of
 ``--repeats`` runs; keras runs once.
 
+Also the Augment alone as the pipeline benchmark measures it
+(:func:`measure_transform`, :func:`measure_transform_processes`).
+
 Usage::
 
-    python tools/bench_augment.py                    # 128x128x3 and 32x32x3
-    python tools/bench_augment.py --sizes 128 --json
+    python -m benchmarks.augment                    # 128x128x3 and 32x32x3
+    python -m benchmarks.augment --sizes 128 --json
 """
 
 from __future__ import annotations
 
 import os
 
-# One core per candidate: set before numpy / OpenCV / TensorFlow load their thread pools.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if __name__ == "__main__":
+    # One thread per library, for this program only (a benchmark importing this module keeps its threads):
+    # OpenBLAS, OpenMP, MKL and TensorFlow size their pools from these when they load, so before numpy below.
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                 "TF_NUM_INTEROP_THREADS"):
+        os.environ.setdefault(_var, "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
+from benchmarks.data import smooth_rows  # noqa: E402
+from benchmarks.harness import add_json_option, emit, log  # noqa: E402
 from h5stream.augment import PRESETS, Augment  # noqa: E402
 from h5stream.augment.transforms import affine_matrices  # noqa: E402
 
-
-def make_rows(n: int, size: int, seed: int = 0) -> np.ndarray:
-    """Photo-like uint8 rows (smooth noise), (n, size, size, 3)."""
-    import cv2
-
-    rs = np.random.default_rng(seed)
-    out = np.empty((n, size, size, 3), np.uint8)
-    for i in range(n):
-        small = rs.integers(0, 256, (size // 8 + 2, size // 8 + 2, 3)).astype(np.float32)
-        out[i] = np.clip(cv2.resize(small, (size, size), interpolation=cv2.INTER_CUBIC), 0, 255)
-    return out
+PRESET = "standard"
+"""The preset every augmentation benchmark applies."""
+BATCH_SIZE = 32
+"""Rows per batch where a benchmark batches (the pipeline's streams and baselines)."""
 
 
 def standard_matrices(aug: Augment, n: int, size: int):
@@ -115,7 +113,8 @@ def run_pillow(x, aug, matrices, shifts):
 
     def go():
         for i in range(len(x)):
-            img = Image.fromarray(x[i]).transform((size, size), Image.Transform.AFFINE, coeffs[i], Image.Resampling.BILINEAR)
+            img = Image.fromarray(x[i]).transform((size, size), Image.Transform.AFFINE, coeffs[i],
+                                                  Image.Resampling.BILINEAR)
             out[i] = np.asarray(img)
 
     return go
@@ -148,7 +147,7 @@ def run_numpy(x, aug, matrices, shifts):
 def run_keras(x, aug, matrices, shifts):
     from keras.src.legacy.preprocessing.image import ImageDataGenerator
 
-    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in PRESETS["standard"].items()}
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in PRESETS[PRESET].items()}
     idg = ImageDataGenerator(**params)
 
     def go():
@@ -179,14 +178,105 @@ def measure(make, x, aug, matrices, shifts, repeats):
     return len(x) / best
 
 
+# -- the Augment alone, as the pipeline benchmark measures it ---------------------------------
+def measure_transform(x: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE) -> dict:
+    """Images/s of the ``standard`` Augment alone in this process over rows in memory, best of ``repeats``.
+
+    ``images_per_s`` is this benchmark's ``h5stream`` candidate (all rows in one
+    call): the transform's per-image ceiling.  ``batched_images_per_s`` calls
+    it once per ``batch_size`` rows, as a worker does, so it includes the
+    per-call costs (parameter draw, matrices) a stream pays per batch.  No
+    reading, IPC or copies in either.
+    """
+    aug = Augment.preset(PRESET)
+    aug(x[:2], seed=0, epoch=0, row_ids=np.arange(min(2, len(x))))  # loads OpenCV outside the clock
+
+    def batched(x, aug, matrices, shifts):
+        out = np.empty_like(x)
+
+        def go():
+            for i in range(0, len(x), batch_size):
+                j = min(i + batch_size, len(x))
+                aug(x[i:j], seed=0, epoch=0, row_ids=np.arange(i, j), out=out[i:j])
+
+        return go
+
+    return {"images_per_s": measure(run_h5stream, x, aug, None, None, repeats),
+            "batched_images_per_s": measure(batched, x, aug, None, None, repeats),
+            "batch_size": batch_size, "images": len(x), "statistic": f"best of {repeats}"}
+
+
+def _spin_transform(x, seconds, batch_size, queue):
+    """In a spawned process: the ``standard`` Augment over ``x`` in batches for ``seconds``; puts images/s."""
+    aug = Augment.preset(PRESET)
+    out = np.empty_like(x[:batch_size])
+    ids = np.arange(len(x))
+    aug(x[:batch_size], seed=0, epoch=0, row_ids=ids[:batch_size], out=out[:len(x[:batch_size])])
+    n, epoch, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for i in range(0, len(x), batch_size):
+            j = min(i + batch_size, len(x))
+            aug(x[i:j], seed=0, epoch=epoch, row_ids=ids[i:j], out=out[:j - i])
+            n += j - i
+        epoch += 1
+    queue.put(n / (time.perf_counter() - t0))
+
+
+def measure_transform_processes(x: np.ndarray, *, procs: int = 2, seconds: float = 3.0, rounds: int = 2,
+                                batch_size: int = BATCH_SIZE) -> dict:
+    """Images/s of the Augment alone in 1 and in ``procs`` independent processes, batch by batch, no I/O or IPC.
+
+    The ratio is what ``procs`` cores of this machine give to pure augmentation
+    (shared caches, memory bandwidth, the hypervisor): the ceiling for the
+    ``workers=procs`` / ``workers=1`` scaling of a stream, which also needs CPU
+    for its reader and consumer.  Medians of ``rounds`` interleaved rounds.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    rates = {1: [], procs: []}
+    for _ in range(rounds):
+        for k in (1, procs):
+            queue = ctx.Queue()
+            ps = [ctx.Process(target=_spin_transform, args=(x, seconds, batch_size, queue)) for _ in range(k)]
+            for p in ps:
+                p.start()
+            total = sum(queue.get(timeout=600) for _ in ps)
+            for p in ps:
+                p.join()
+            rates[k].append(total)
+    one, many = statistics.median(rates[1]), statistics.median(rates[procs])
+    return {"procs": procs, "one_images_per_s": one, "many_images_per_s": many, "scaling": many / one,
+            "rounds": rounds, "seconds": seconds}
+
+
+# -- the run --------------------------------------------------------------------------------
+def format_table(result: dict) -> str:
+    names = result["candidates"]
+    lines = [f"one core, preset standard, cv2 {result['cv2']}; images/s (best of {result['repeats']}); "
+             "x = vs keras idg",
+             f"{'size':>9} " + " ".join(f"{name:>13}" for name in names)]
+    for size, row in result["sizes"].items():
+        keras_rate = row.get("keras idg")
+        cells = []
+        for name in names:
+            v = row.get(name)
+            cells.append(f"{'-':>13}" if v is None else f"{v:>13,.0f}")
+        lines.append(f"{size + 'x' + size:>9} " + " ".join(cells))
+        if keras_rate:
+            lines.append(f"{'x keras':>9} " + " ".join(f"{(row[n] or 0) / keras_rate:>12.1f}x" for n in names))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="128,32", help="square image sizes, comma-separated (default 128,32)")
-    parser.add_argument("--n", type=int, default=0, help="images per run (default 512 at 128, scaled by area, max 4096)")
+    parser.add_argument("--n", type=int, default=0,
+                        help="images per run (default 512 at 128, scaled by area, max 4096)")
     parser.add_argument("--keras-n", type=int, default=0, help="images for keras (default: min(n, 512))")
     parser.add_argument("--repeats", type=int, default=3, help="runs per candidate; the best counts (keras: 1)")
     parser.add_argument("--only", default="", help="comma-separated candidates (default all): " + ", ".join(CANDIDATES))
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_json_option(parser)
     args = parser.parse_args(argv)
 
     import cv2
@@ -195,18 +285,20 @@ def main(argv=None) -> int:
     unknown = sorted(set(names) - set(CANDIDATES))
     if unknown:
         parser.error(f"unknown candidate(s) {unknown}; choose from {', '.join(CANDIDATES)}")
-    aug = Augment.preset("standard")
+    aug = Augment.preset(PRESET)
     result = {
-        "preset": {k: v for k, v in PRESETS["standard"].items()},
+        "preset": dict(PRESETS[PRESET]),
         "cpu": platform.processor() or platform.machine(),
         "cv2": cv2.__version__,
         "numpy": np.__version__,
         "cores_used": 1,
+        "repeats": args.repeats,
+        "candidates": names,
         "sizes": {},
     }
     for size in (int(s) for s in args.sizes.split(",")):
         n = args.n or int(min(4096, max(64, 512 * (128 * 128) / (size * size))))
-        x = make_rows(n, size)
+        x = smooth_rows(n, size)
         matrices, shifts = standard_matrices(aug, n, size)
         row = {}
         for name in names:
@@ -220,22 +312,9 @@ def main(argv=None) -> int:
                 row[name] = measure(CANDIDATES[name], x[:kn], aug, matrices[:kn], shifts[:kn], 1)
             else:
                 row[name] = measure(CANDIDATES[name], x, aug, matrices, shifts, args.repeats)
-            print(f"  {size}x{size}: {name:12s} {row[name]:10.0f} img/s", file=sys.stderr)
+            log(f"  {size}x{size}: {name:12s} {row[name]:10.0f} img/s")
         result["sizes"][str(size)] = row
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    print(f"one core, preset standard, cv2 {result['cv2']}; images/s (best of {args.repeats}); x = vs keras idg")
-    print(f"{'size':>9} " + " ".join(f"{name:>13}" for name in names))
-    for size, row in result["sizes"].items():
-        keras_rate = row.get("keras idg")
-        cells = []
-        for name in names:
-            v = row.get(name)
-            cells.append(f"{'-':>13}" if v is None else f"{v:>13,.0f}")
-        print(f"{size + 'x' + size:>9} " + " ".join(cells))
-        if keras_rate:
-            print(f"{'x keras':>9} " + " ".join(f"{(row[n] or 0) / keras_rate:>12.1f}x" for n in names))
+    emit(result, as_json=args.json, format_text=format_table)
     return 0
 
 

@@ -17,7 +17,7 @@ Regimes, each trained from the same initial weights per seed:
 Prints a table (mean and std of test accuracy over seeds) and, with ``--json``,
 writes every figure.  Target: ``h5stream`` within 1 point of ``memory``.
 
-    .venv/bin/python tools/train_quality.py --seeds 0 1 2 --epochs 4 --json quality.json
+    python -m benchmarks.quality --seeds 0 1 2 --epochs 4 --json quality.json
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ import os
 import sys
 import tempfile
 import time
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 
@@ -137,12 +135,14 @@ def run(args) -> dict:
                         model.train_on_batch(xb, yb)
             acc = float(model.evaluate(x_test, y_test, batch_size=256, verbose=0)[1])
             results[regime].append(acc)
-            print(f"  seed {seed} {regime:9s} accuracy {100 * acc:6.2f}%  ({time.perf_counter() - t0:.1f} s)", flush=True)
+            print(f"  seed {seed} {regime:9s} accuracy {100 * acc:6.2f}%  ({time.perf_counter() - t0:.1f} s)",
+                  flush=True)
             keras.backend.clear_session()
     summary = {k: {"accuracy": v, "mean": float(np.mean(v)), "std": float(np.std(v))} for k, v in results.items()}
     print(f"\n{'regime':10s} {'mean acc %':>10s} {'std':>6s}  per seed")
     for k, s in summary.items():
-        print(f"{k:10s} {100 * s['mean']:10.2f} {100 * s['std']:6.2f}  " + " ".join(f"{100 * a:.2f}" for a in s["accuracy"]))
+        print(f"{k:10s} {100 * s['mean']:10.2f} {100 * s['std']:6.2f}  "
+              + " ".join(f"{100 * a:.2f}" for a in s["accuracy"]))
     gap = 100 * (summary["memory"]["mean"] - summary["h5stream"]["mean"])
     side = "below" if gap > 0 else "above"
     print(f"h5stream is {abs(gap):.2f} points {side} the in-memory full shuffle on average "
@@ -171,4 +171,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # TensorFlow reads this when it loads (inside run()): warnings and errors only.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.exit(main())

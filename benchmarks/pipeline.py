@@ -1,4 +1,4 @@
-"""Issue 4's pipeline benchmark: augmenting stream vs. ImageDataGenerator and tf.data, in one run.
+"""Augmenting stream vs. ImageDataGenerator and tf.data, in one run, with the pipeline's targets.
 
 For each size (128x128x3, then 32x32x3), with ``Augment.preset("standard")``
 (rotation 45, shifts 0.1, zoom [0.8, 1], channel shift 20, horizontal flip,
@@ -24,170 +24,56 @@ fill nearest), on the same images:
    wall time it waits for data, from ``stream.stats()["wait_s"]`` and from its
    own clock around ``next()``.
 
-The JPEG folders come from :mod:`h5stream.samples` (photo-like ~500x375 JPEGs
-for the 128 table, shared with tools/bench_ingest.py; 32x32 JPEGs for the
-CIFAR-size table) and are ingested with h5stream's own ingest, so every
-pipeline sees the same images; all of it is cached under ``--data``.  Stream
-rates are images/s in the epochs after the first (a training run's steady
-rate); the first batch (start-up) and the first epoch (first touch of every
-buffer) are timed apart and shown in the note column; medians of
-interleaved passes.  ImageDataGenerator runs in a subprocess that
-imports TensorFlow before any stream is timed and then makes one pass at
-the start of every round, so it is sampled under the same drift of the
-machine as the streams it is compared with; TensorFlow is imported into this
-process only after every stream measurement (for the tf.data baseline), so
-its thread pools never share the cores with a stream.
+The JPEG folders come from :mod:`benchmarks.data` (photo-like ~500x375 JPEGs
+for the 128 table, the ingest benchmark's; 32x32 JPEGs for the CIFAR-size
+table) and are ingested with h5stream's own ingest, so every pipeline sees the
+same images; all of it is cached under ``--data``.  Stream rates are images/s
+in the epochs after the first (a training run's steady rate); the first batch
+(start-up) and the first epoch (first touch of every buffer) are timed apart
+and shown in the note column; medians of interleaved passes.
+ImageDataGenerator runs in a subprocess that imports TensorFlow before any
+stream is timed and then makes one pass at the start of every round, so it is
+sampled under the same drift of the machine as the streams it is compared
+with; TensorFlow is imported into this process only after every stream
+measurement (for the tf.data baseline), so its thread pools never share the
+cores with a stream.  No library is pinned to one thread: the pipelines get
+the machine as a user's would.
 
 Usage::
 
-    python tools/bench_pipeline.py                 # both tables (~4-6 min on 2 cores, first run makes the data)
-    python tools/bench_pipeline.py --json          # one JSON object
-    python tools/bench_pipeline.py --quick         # tiny and fast, for trying it out and the test
+    python -m benchmarks.pipeline                 # both tables (minutes on 2 cores; the first run makes the data)
+    python -m benchmarks.pipeline --json          # one JSON object
+    python -m benchmarks.pipeline --quick         # tiny and fast, for trying it out and the test
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
+import platform
+import statistics
+import sys
+import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+from benchmarks.augment import BATCH_SIZE, PRESET, measure_transform, measure_transform_processes
+from benchmarks.data import ensure_folder, ensure_store, read_rows
+from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, cores_busy, cpu_seconds,
+                                emit, interleave, kept_cold, log, probe_cores, warm)
+from benchmarks.keras_baselines import IdgServer, keras_available, measure_tf_folder
 
-import numpy as np  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-from bench_ingest import ensure_images  # noqa: E402  (the photo-like JPEG cache, shared with the ingest benchmark)
-from bench_stream import warm  # noqa: E402  (one sequential read: page cache warm)
-
-_environ = dict(os.environ)
-import bench_augment  # noqa: E402  (the one-core transform measurement)
-
-# bench_augment pins every library to one thread at import; this benchmark's
-# pipelines (tf.data above all) get the machine as a user would, so undo that.
-os.environ.clear()
-os.environ.update(_environ)
-
-BATCH_SIZE = 32
 BUDGET = "256MiB"
-EVICT_INTERVAL_S = 0.25  # as `h5stream bench --cold`
-PRESET = "standard"
-PHOTO_SIZE = (375, 500)  # (height, width) of the 128 table's source JPEGs
 
-#: Issue 4 states its targets for 128x128x3 rows; other sizes are shown against them for reference only.
 TARGET_SIZE = 128
+"""The targets are stated for 128x128x3 rows; other sizes are shown against them for reference only."""
 TARGETS = {
     "per_core_vs_idg": 20.0,
     "w2_vs_w1": 1.7,
     "cold_vs_tf_data": 10.0,
     "stall_fraction": 0.02,
 }
-
-
-# -- data -------------------------------------------------------------------------------
-def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0) -> tuple[str, str]:
-    """A cached folder of ``n`` JPEGs in 4 class folders; returns (path, description of the sources).
-
-    Size 128 uses the ~500x375 photos tools/bench_ingest.py also uses; smaller
-    sizes use JPEGs already at ``size`` (CIFAR-like files, nothing to shrink).
-    """
-    if size >= 128:
-        return ensure_images(data_dir, n, seed), f"{PHOTO_SIZE[1]}x{PHOTO_SIZE[0]} JPEG"
-    from h5stream.samples import make_realistic_jpegs
-
-    root = os.path.join(data_dir, f"jpegs-{n}-{size}px-seed{seed}")
-    marker = os.path.join(root, ".complete")
-    if not os.path.exists(marker):
-        shutil.rmtree(root, ignore_errors=True)
-        make_realistic_jpegs(root, n, size=(size, size), seed=seed)
-        with open(marker, "w") as fh:
-            fh.write("ok\n")
-    return root, f"{size}x{size} JPEG"
-
-
-def ensure_store(data_dir: str, folder: str, size: int) -> str:
-    """``folder`` ingested at ``size`` x ``size`` with h5stream's ingest (cached next to it)."""
-    from h5stream.ingest.pack import IngestOptions, default_workers, ingest
-    from h5stream.store.meta import read_meta
-
-    out = os.path.join(data_dir, f"pipeline-{os.path.basename(folder)}-{size}.h5")
-    n_files = sum(len(files) for _, _, files in os.walk(folder) if files) - 1  # minus the .complete marker
-    if os.path.exists(out):
-        try:
-            if read_meta(out).rows == n_files:
-                return out
-        except Exception:  # a half-written cache from a killed run: make it again
-            pass
-    result = ingest(IngestOptions(src=folder, out=out, size=(size, size), workers=default_workers(),
-                                  overwrite=True, progress=False))
-    if result.skipped:
-        raise SystemExit(f"ingest skipped {result.skipped} files of {folder}; see {result.report_path}")
-    return out
-
-
-def read_rows(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``n`` rows and labels of a store, in memory (what ImageDataGenerator.flow gets)."""
-    import h5py
-
-    from h5stream.store import schema
-    from h5stream.store.meta import read_meta
-
-    n = min(n, read_meta(path).rows)
-    with h5py.File(path, "r") as f:
-        return f[schema.IMAGES][:n], f[schema.LABELS][:n]
-
-
-def evict_folder(folder: str) -> None:
-    """Drop every file under ``folder`` from the page cache (cold JPEG reads)."""
-    from h5stream.measure import evict_from_page_cache
-
-    for root, _, files in os.walk(folder):
-        for name in files:
-            evict_from_page_cache(os.path.join(root, name))
-
-
-# -- CPU accounting ---------------------------------------------------------------------
-def cpu_seconds(pids) -> dict[int, float]:
-    """User + system CPU seconds of each live pid (gone ones are left out)."""
-    import psutil
-
-    out = {}
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            out[pid] = t.user + t.system
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def _cores(before: dict, after: dict, seconds: float) -> float:
-    return sum(after[p] - before[p] for p in after if p in before) / seconds if seconds > 0 else 0.0
-
-
-SPIN = "import time\nt0, c0 = time.perf_counter(), time.process_time()\nwhile time.perf_counter() - t0 < {s}: pass\nprint(time.process_time() - c0)"
-
-
-def probe_cores(seconds: float = 0.5, procs: int = 2) -> float:
-    """CPU cores this run can get right now: ``procs`` spinning processes' CPU seconds / wall seconds.
-
-    On a machine shared with other users this is below the core count; every
-    figure measured next to a low probe is measured with less CPU.
-    """
-    import subprocess
-
-    running = [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)], stdout=subprocess.PIPE, text=True)
-               for _ in range(procs)]
-    return sum(float(p.communicate()[0]) for p in running) / seconds
 
 
 # -- measurements -----------------------------------------------------------------------
@@ -197,9 +83,9 @@ def endless(stream):
         yield from stream
 
 
-def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repeat: int = 0, cold: bool = False,
-                   batch_size: int = BATCH_SIZE, budget: str = BUDGET, seed: int = 0,
-                   warmup_epoch: bool = True) -> dict:
+def measure_stream_rate(path: str, *, workers: int, repeats: int = 3, images_per_repeat: int = 0,
+                        cold: bool = False, batch_size: int = BATCH_SIZE, budget: str = BUDGET, seed: int = 0,
+                        warmup_epoch: bool = True) -> dict:
     """Images/s of ``h5stream.open(path, augment=standard, workers=workers)``, shuffled, median of ``repeats``.
 
     One stream is opened; the first batch (worker start-up, first fill) is
@@ -212,7 +98,7 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
     consumer, + the transform when ``workers == 0``) and in the workers.
     """
     import h5stream
-    from h5stream.measure import PeriodicEvictor, cached_fraction
+    from h5stream.measure import cached_fraction
 
     meta = h5stream.read_meta(path)
     per_repeat = images_per_repeat or meta.rows
@@ -221,7 +107,7 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
     augment = h5stream.Augment.preset(PRESET)
     rates, main_cores, worker_cores = [], [], []
     with contextlib.ExitStack() as stack:
-        evictor = stack.enter_context(PeriodicEvictor(path, EVICT_INTERVAL_S)) if cold else None
+        evictor = stack.enter_context(kept_cold(path, cold))
         cached_at_open = cached_fraction(path)
         t_open = time.perf_counter()
         stream = stack.enter_context(h5stream.open(path, batch_size=batch_size, memory_budget=budget, shuffle=True,
@@ -250,9 +136,8 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
             seconds = time.perf_counter() - t0
             cpu1 = cpu_seconds([os.getpid(), *worker_pids])
             rates.append(n / seconds)
-            main_cores.append(_cores({os.getpid(): cpu0[os.getpid()]}, {os.getpid(): cpu1[os.getpid()]}, seconds))
-            worker_cores.append(_cores({p: cpu0[p] for p in worker_pids if p in cpu0},
-                                       {p: cpu1[p] for p in worker_pids if p in cpu1}, seconds))
+            main_cores.append(cores_busy(cpu0, cpu1, seconds, [os.getpid()]))
+            worker_cores.append(cores_busy(cpu0, cpu1, seconds, worker_pids))
         del x
         stats = stream.stats()
     return {
@@ -273,7 +158,7 @@ def measure_stream(path: str, *, workers: int, repeats: int = 3, images_per_repe
 
 
 def merge_runs(runs: list[dict]) -> dict:
-    """One figure from several :func:`measure_stream` results of one configuration: medians, all rates kept."""
+    """One figure from several :func:`measure_stream_rate` results of one configuration: medians, all rates kept."""
     out = dict(runs[0])
     out["repeats_images_per_s"] = [v for r in runs for v in r["repeats_images_per_s"]]
     for key in ("images_per_s", "first_batch_s", "main_process_cores", "worker_cores"):
@@ -286,22 +171,23 @@ def merge_runs(runs: list[dict]) -> dict:
 
 def measure_interleaved(path: str, configs: dict[str, dict], *, rounds: int, images_per_repeat: int = 0,
                         warmup_epoch: bool = True, between=None) -> dict:
-    """:func:`measure_stream` for every configuration (name -> keyword arguments), round after round.
+    """:func:`measure_stream_rate` for every configuration (name -> keyword arguments), round after round.
 
     Interleaving puts every configuration under the same mix of load from
     other users of the machine, so their ratios hold even when the absolute
-    figures drift.  ``between()``, if given, runs at the start of every round.
+    figures drift.  ``between()``, if given, runs at the start of every round
+    (another measurement sampled in the same rounds: ImageDataGenerator).
     Returns name -> :func:`merge_runs` of its runs.
     """
-    runs: dict[str, list] = {name: [] for name in configs}
-    for i in range(rounds):
-        if between is not None:  # another measurement sampled in the same rounds (ImageDataGenerator)
+    def before_round(i: int) -> None:
+        if between is not None:
             log(f"  round {i + 1}/{rounds}: keras idg")
             between()
-        for name, kwargs in configs.items():
-            log(f"  round {i + 1}/{rounds}: {name}")
-            runs[name].append(measure_stream(path, repeats=1, images_per_repeat=images_per_repeat,
-                                             warmup_epoch=warmup_epoch, **kwargs))
+
+    measurements = {name: (lambda kwargs=kwargs: measure_stream_rate(
+        path, repeats=1, images_per_repeat=images_per_repeat, warmup_epoch=warmup_epoch, **kwargs))
+        for name, kwargs in configs.items()}
+    runs = by_name(interleave(measurements, rounds, before_round=before_round, progress=True))
     return {name: merge_runs(r) for name, r in runs.items()}
 
 
@@ -317,14 +203,12 @@ def measure_stall(path: str, *, workers: int, step_s: float, batches: int, cold:
     ``augment`` defaults to the ``standard`` preset.
     """
     import h5stream
-    from h5stream.measure import PeriodicEvictor
 
     if augment is None:
         augment = h5stream.Augment.preset(PRESET)
     waits = np.zeros(batches)
     with contextlib.ExitStack() as stack:
-        if cold:
-            stack.enter_context(PeriodicEvictor(path, EVICT_INTERVAL_S))
+        stack.enter_context(kept_cold(path, cold))
         stream = stack.enter_context(h5stream.open(path, batch_size=batch_size, memory_budget=budget, shuffle=True,
                                                    seed=seed, augment=augment, workers=workers))
         it = endless(stream)
@@ -362,238 +246,19 @@ def measure_stall(path: str, *, workers: int, step_s: float, batches: int, cold:
     }
 
 
-def measure_transform(x: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE) -> dict:
-    """Images/s of the ``standard`` Augment alone on one core over rows in memory, best of ``repeats``.
-
-    ``images_per_s`` is tools/bench_augment.py's measurement (all rows in one
-    call): the transform's per-image ceiling.  ``batched_images_per_s`` calls
-    it once per ``batch_size`` rows, as a worker does, so it includes the
-    per-call costs (parameter draw, matrices) a stream pays per batch.  No
-    reading, IPC or copies in either.
-    """
-    import h5stream
-
-    aug = h5stream.Augment.preset(PRESET)
-    aug(x[:2], seed=0, epoch=0, row_ids=np.arange(min(2, len(x))))  # loads OpenCV outside the clock
-
-    def batched(x, aug, matrices, shifts):
-        out = np.empty_like(x)
-
-        def go():
-            for i in range(0, len(x), batch_size):
-                j = min(i + batch_size, len(x))
-                aug(x[i:j], seed=0, epoch=0, row_ids=np.arange(i, j), out=out[i:j])
-
-        return go
-
-    return {"images_per_s": bench_augment.measure(bench_augment.run_h5stream, x, aug, None, None, repeats),
-            "batched_images_per_s": bench_augment.measure(batched, x, aug, None, None, repeats),
-            "batch_size": batch_size, "images": len(x), "statistic": f"best of {repeats}"}
-
-
-def _spin_transform(x, seconds, batch_size, queue):
-    """In a spawned process: the ``standard`` Augment over ``x`` in batches for ``seconds``; puts images/s."""
-    import h5stream
-
-    aug = h5stream.Augment.preset(PRESET)
-    out = np.empty_like(x[:batch_size])
-    ids = np.arange(len(x))
-    aug(x[:batch_size], seed=0, epoch=0, row_ids=ids[:batch_size], out=out[:len(x[:batch_size])])
-    n, epoch, t0 = 0, 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for i in range(0, len(x), batch_size):
-            j = min(i + batch_size, len(x))
-            aug(x[i:j], seed=0, epoch=epoch, row_ids=ids[i:j], out=out[:j - i])
-            n += j - i
-        epoch += 1
-    queue.put(n / (time.perf_counter() - t0))
-
-
-def measure_transform_processes(x: np.ndarray, *, procs: int = 2, seconds: float = 3.0, rounds: int = 2,
-                                batch_size: int = BATCH_SIZE) -> dict:
-    """Images/s of the Augment alone in 1 and in ``procs`` independent processes, batch by batch, no I/O or IPC.
-
-    The ratio is what ``procs`` cores of this machine give to pure augmentation
-    (shared caches, memory bandwidth, the hypervisor): the ceiling for the
-    ``workers=procs`` / ``workers=1`` scaling of a stream, which also needs CPU
-    for its reader and consumer.  Medians of ``rounds`` interleaved rounds.
-    """
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    rates = {1: [], procs: []}
-    for _ in range(rounds):
-        for k in (1, procs):
-            queue = ctx.Queue()
-            ps = [ctx.Process(target=_spin_transform, args=(x, seconds, batch_size, queue)) for _ in range(k)]
-            for p in ps:
-                p.start()
-            total = sum(queue.get(timeout=600) for _ in ps)
-            for p in ps:
-                p.join()
-            rates[k].append(total)
-    one, many = statistics.median(rates[1]), statistics.median(rates[procs])
-    return {"procs": procs, "one_images_per_s": one, "many_images_per_s": many, "scaling": many / one,
-            "rounds": rounds, "seconds": seconds}
-
-
-def measure_idg(x: np.ndarray, y: np.ndarray, *, repeats: int = 3, batch_size: int = BATCH_SIZE,
-                seed: int = 0) -> dict:
-    """Images/s of Keras' ``ImageDataGenerator(**standard).flow(x, y, batch_size)``, median of ``repeats`` passes."""
-    from keras.src.legacy.preprocessing.image import ImageDataGenerator
-
-    from h5stream.augment import PRESETS
-
-    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in PRESETS[PRESET].items()}
-    idg = ImageDataGenerator(**params)
-    rates = []
-    for r in range(repeats):
-        it = idg.flow(x, y, batch_size=batch_size, seed=seed + r)
-        t0 = time.perf_counter()
-        n = 0
-        for _ in range(len(it)):
-            xb, _ = next(it)
-            n += len(xb)
-        rates.append(n / (time.perf_counter() - t0))
-    return {"images_per_s": statistics.median(rates), "repeats_images_per_s": rates, "images": len(x),
-            "output_dtype": str(xb.dtype)}
-
-
-IDG_SERVER = r"""
-import json, os, sys
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, sys.argv[1])
-import bench_pipeline as bp
-x, y = bp.read_rows(sys.argv[2], int(sys.argv[3]))
-bp.measure_idg(x[:64], y[:64], repeats=1)  # imports keras, scipy; first calls
-print("ready", flush=True)
-k = 0
-for line in sys.stdin:
-    if line.strip() != "go":
-        break
-    r = bp.measure_idg(x, y, repeats=1, seed=k)
-    k += 1
-    print(json.dumps({"images_per_s": r["images_per_s"], "output_dtype": r["output_dtype"]}), flush=True)
-"""
-
-
-class IdgServer:
-    """Keras' ImageDataGenerator in a subprocess, measured on demand between the stream runs.
-
-    The subprocess imports TensorFlow once (before any stream is timed) and
-    then sleeps until asked for one pass, so ImageDataGenerator is sampled in
-    the same rounds as the streams -- under the same drift of a shared
-    machine -- while TensorFlow's threads never run beside a stream.
-    """
-
-    def __init__(self, store: str, rows: int):
-        import subprocess
-
-        self.rows = rows
-        self.rates: list[float] = []
-        self.output_dtype = None
-        self._proc = subprocess.Popen([sys.executable, "-c", IDG_SERVER, HERE, store, str(rows)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        if self._proc.stdout.readline().strip() != "ready":
-            self.close()
-            raise RuntimeError("the ImageDataGenerator subprocess did not start (is keras installed?)")
-
-    def measure(self) -> float:
-        self._proc.stdin.write("go\n")
-        self._proc.stdin.flush()
-        r = json.loads(self._proc.stdout.readline())
-        self.rates.append(r["images_per_s"])
-        self.output_dtype = r["output_dtype"]
-        return r["images_per_s"]
-
-    def result(self) -> dict:
-        return {"images_per_s": statistics.median(self.rates), "repeats_images_per_s": list(self.rates),
-                "images": self.rows, "output_dtype": self.output_dtype,
-                "statistic": f"median of {len(self.rates)} passes interleaved with the streams"}
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self._proc.wait(timeout=60)
-            except Exception:
-                self._proc.kill()
-                self._proc.wait()
-
-
-def keras_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("keras") is not None and importlib.util.find_spec("tensorflow") is not None
-
-
-def tf_augment_layers():
-    """Keras' random layers closest to the ``standard`` preset (no channel shift layer exists)."""
-    import keras
-
-    return keras.Sequential([
-        keras.layers.RandomFlip("horizontal"),
-        keras.layers.RandomRotation(45 / 360, fill_mode="nearest"),
-        keras.layers.RandomZoom((-0.2, 0.0), fill_mode="nearest"),
-        keras.layers.RandomTranslation(0.1, 0.1, fill_mode="nearest"),
-    ])
-
-
-def measure_tf_folder(folder: str, size: int, *, repeats: int = 3, cold: bool = True,
-                      batch_size: int = BATCH_SIZE, seed: int = 0) -> dict:
-    """Images/s of tf.data from the JPEG ``folder``: decode + resize + Keras random layers + prefetch.
-
-    Each repeat is a fresh pass over the folder (shuffled file order), with
-    every JPEG evicted from the page cache first when ``cold``.  The first
-    batch (graph tracing, pipeline start) is timed apart.
-    """
-    import keras
-    import tensorflow as tf
-
-    augment = tf_augment_layers()
-    ds = keras.utils.image_dataset_from_directory(folder, image_size=(size, size), batch_size=batch_size,
-                                                  shuffle=True, seed=seed, verbose=False)
-    ds = ds.map(lambda x, y: (augment(x, training=True), y), num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    rates, first = [], []
-    for _ in range(repeats):
-        if cold:
-            evict_folder(folder)
-        t_open = time.perf_counter()
-        it = iter(ds)
-        x, _ = next(it)
-        t0 = time.perf_counter()
-        first.append(t0 - t_open)
-        n = 0
-        for x, _ in it:
-            n += int(x.shape[0])
-        if n:
-            rates.append(n / (time.perf_counter() - t0))
-    return {"images_per_s": statistics.median(rates) if rates else 0.0, "repeats_images_per_s": rates,
-            "first_batch_s": statistics.median(first), "cold": cold, "output_dtype": x.dtype.name,
-            "tensorflow": tf.__version__, "keras": keras.__version__}
-
-
 # -- the run ----------------------------------------------------------------------------
 def config(quick: bool) -> dict:
     """Sizes of the run: images per folder, IDG rows, images per timed repeat, stall length."""
     if quick:
         return {"images": {128: 64, 32: 64}, "idg_rows": 64, "repeat_images": 0, "repeats": 1,
                 "stall_s": 0.3, "tf_repeats": 1}
-    # About 1.5 s per timed repeat (several epochs of the store), 5 repeats; the whole run ~3 min.
+    # Several epochs of the store per timed repeat, so each lasts seconds; 5 interleaved repeats.
     return {"images": {128: 3000, 32: 6000}, "idg_rows": {128: 512, 32: 2048},
             "repeat_images": {128: 12000, 32: 30000}, "repeats": 5, "stall_s": 4.0, "tf_repeats": 3}
 
 
 def _per_size(value, size):
     return value[size] if isinstance(value, dict) else value
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) -> dict:
@@ -605,7 +270,7 @@ def run(sizes, *, data_dir: str, quick: bool = False, workers_list=(0, 1, 2)) ->
         "batch_size": BATCH_SIZE,
         "memory_budget": BUDGET,
         "cpu": platform.processor() or platform.machine(),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores": available_cores(),
         "quick": quick,
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "sizes": {},
@@ -699,7 +364,7 @@ def ratios(r: dict) -> dict:
 
 
 def targets(r: dict) -> list[dict]:
-    """Issue 4's targets: name, figure, target, met."""
+    """The targets: name, figure, target, met."""
     q = r["ratios"]
     out = []
 
@@ -722,8 +387,10 @@ def targets(r: dict) -> list[dict]:
             q["cold_vs_tf_data"] >= TARGETS["cold_vs_tf_data"])
     s = r["stall"]
     goal = TARGETS["stall_fraction"]
-    add("consumer blocked waiting for data (stats wait_s)", s["stats_wait_fraction"], goal, s["stats_wait_fraction"] < goal)
-    add("consumer inside next() (own clock, incl. hand-off)", s["own_wait_fraction"], goal, s["own_wait_fraction"] < goal)
+    add("consumer blocked waiting for data (stats wait_s)", s["stats_wait_fraction"], goal,
+        s["stats_wait_fraction"] < goal)
+    add("consumer inside next() (own clock, incl. hand-off)", s["own_wait_fraction"], goal,
+        s["own_wait_fraction"] < goal)
     return out
 
 
@@ -741,7 +408,8 @@ def format_table(result: dict) -> str:
              + ", ".join(f"{r['cores_available_after_streams']:.2f} after the {k}px streams"
                          for k, r in result["sizes"].items())
              + f", {result['cores_available_at_end']:.2f} at end",
-             "stream rates: medians of interleaved runs, epochs after the first (its rate is in the note); cores busy = CPU seconds / wall seconds of this process "
+             "stream rates: medians of interleaved runs, epochs after the first (its rate is in the note); "
+             "cores busy = CPU seconds / wall seconds of this process "
              "(reader thread + consumer) + the worker processes",
              ""]
     for size, r in result["sizes"].items():
@@ -756,7 +424,8 @@ def format_table(result: dict) -> str:
             lines.append(f"  {name:<44}{rate:>10,.0f}{vs}  {cores:<27}{note}")
 
         if idg:
-            row("keras ImageDataGenerator.flow (in memory)", idg, f"{r['idg']['images']} rows, float32 out", "1 (single-threaded)")
+            row("keras ImageDataGenerator.flow (in memory)", idg, f"{r['idg']['images']} rows, float32 out",
+                "1 (single-threaded)")
         t1 = r["transform_1core"]
         row("h5stream Augment alone, 1 core, no I/O", t1["images_per_s"],
             f"{t1['images']} rows in one call, {t1['statistic']}", "1")
@@ -783,7 +452,8 @@ def format_table(result: dict) -> str:
                 f"first batch {t['first_batch_s']:.2f} s; all cores")
         s = r["stall"]
         lines.append(
-            f"  stall: consumer step {s['step_s'] * 1e3:.2f} ms/batch (half of {s['capacity_images_per_s']:,.0f} img/s, "
+            f"  stall: consumer step {s['step_s'] * 1e3:.2f} ms/batch "
+            f"(half of {s['capacity_images_per_s']:,.0f} img/s, "
             f"cold, 2 workers), {s['batches']} batches in {s['wall_s']:.1f} s:")
         lines.append(
             f"         blocked waiting for data {s['stats_wait_fraction']:.2%} of wall time (stats()['wait_s']); "
@@ -796,7 +466,8 @@ def format_table(result: dict) -> str:
             lines.append(f"  scaling: 2 workers / 1 worker {q['w2_vs_w1']:.2f}x with batch 32 "
                          f"(the workers got {q.get('w2_vs_w1_worker_cores', float('nan')):.2f}x the CPU), "
                          f"{q.get('w2_vs_w1_batch128', float('nan')):.2f}x with batch 128"
-                         + (f"; pure augmentation in 2 processes scales {ceiling:.2f}x on this machine" if ceiling else ""))
+                         + (f"; pure augmentation in 2 processes scales {ceiling:.2f}x on this machine"
+                            if ceiling else ""))
         applies = any(tg.get("applies", True) for tg in r["targets"])
         lines.append("  targets:" if applies else
                      f"  targets: stated for {TARGET_SIZE}x{TARGET_SIZE}; the same checks at this size, for reference:")
@@ -816,11 +487,10 @@ def format_table(result: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join(REPO, "bench-data"),
-                        help="cache for the generated JPEG folders and stores (default bench-data/, git-ignored)")
+    add_data_option(parser)
     parser.add_argument("--sizes", default="128,32", help="square sizes, comma-separated (default 128,32)")
     parser.add_argument("--quick", action="store_true", help="64 images per size, one repeat: seconds, not minutes")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -829,10 +499,12 @@ def main(argv=None) -> int:
     if not sizes or any(s < 8 for s in sizes):
         parser.error(f"--sizes {args.sizes!r}: every size must be >= 8")
     result = run(sizes, data_dir=args.data, quick=args.quick)
-    result["command"] = " ".join(["python tools/bench_pipeline.py", *(argv if argv is not None else sys.argv[1:])])
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    result["command"] = " ".join(["python -m benchmarks.pipeline", *(argv if argv is not None else sys.argv[1:])])
+    emit(result, as_json=args.json, format_text=format_table)
     return 0
 
 
 if __name__ == "__main__":
+    # TensorFlow reads this when it loads (late in this process, for the tf.data baseline): errors only.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.exit(main())

@@ -1,10 +1,10 @@
 """The README's figures: a preview grid and a bench plot, as small PNGs under docs/.
 
-    python tools/make_figures.py                          # the committed docs/*.png
-    python tools/make_figures.py --store demo/train.h5    # the `make demo` store instead
+    python -m benchmarks.figures                          # the committed docs/*.png
+    python -m benchmarks.figures --store demo/train.h5    # the `make demo` store instead
 
 By default it draws from a class-sorted synthetic store made by
-tools/make_bench_file.py (3000 rows of 128x128x3, colour fields with a ring):
+:func:`benchmarks.data.make_bench_file` (3000 rows of 128x128x3, colour fields with a ring):
 unlike the demo's flat-colour 64 px samples, rotation, shift and zoom are
 visible in it, and it has the benchmark's image size.  Then:
 
@@ -27,19 +27,21 @@ import os
 import subprocess
 import sys
 
+from benchmarks.data import make_bench_file
+from benchmarks.harness import DATA_DIR, child_env, log
+
 
 def run(cmd: list[str]) -> str:
-    print("+ h5stream " + " ".join(cmd), file=sys.stderr, flush=True)
-    done = subprocess.run([sys.executable, "-m", "h5stream", *cmd], check=True, capture_output=True, text=True)
+    """``python -m h5stream CMD...`` (printed first); its stdout."""
+    log("+ h5stream " + " ".join(cmd))
+    done = subprocess.run([sys.executable, "-m", "h5stream", *cmd], check=True, capture_output=True, text=True,
+                          env=child_env())
     return done.stdout
 
 
 def demo_store(path: str, *, rows: int, size: int) -> str:
-    """A class-sorted synthetic store (tools/make_bench_file.py: colour fields with a ring, so
-    rotation, shift and zoom show in the preview); kept if it already exists."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from make_bench_file import make_bench_file
-
+    """A class-sorted synthetic store (colour fields with a ring, so rotation, shift and zoom show in the
+    preview); kept if it already exists."""
     return make_bench_file(path, rows=rows, size=size, n_classes=10, progress=False)
 
 
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     store = args.store
     if store is None:
-        store = demo_store(os.path.join("bench-data", "figures-demo.h5"), rows=3000, size=128)
+        store = demo_store(os.path.join(DATA_DIR, "figures-demo.h5"), rows=3000, size=128)
     os.makedirs(args.out, exist_ok=True)
     preview_png = os.path.join(args.out, "preview.png")
     bench_png = os.path.join(args.out, "bench.png")
@@ -81,7 +83,8 @@ def main(argv=None) -> int:
     print(f"{bench_png}: {os.path.getsize(bench_png) / 1e3:.0f} kB; {result['samples_per_s']:,.0f} samples/s "
           f"over {result['rows_streamed']:,} rows, peak {result['peak_mem_bytes'] / 2**20:.0f} MiB of "
           f"{result['memory_budget_bytes'] / 2**20:.0f} MiB, CPU "
-          + ", ".join(f"{k} {v:.0f}%" for k, v in result["mean_cpu_pct"].items() if not k.startswith(("h5stream-sampler", "tqdm"))))
+          + ", ".join(f"{k} {v:.0f}%" for k, v in result["mean_cpu_pct"].items()
+                      if not k.startswith(("h5stream-sampler", "tqdm"))))
     return 0
 
 

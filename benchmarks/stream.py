@@ -1,18 +1,17 @@
-"""Issue 3's benchmark: `h5stream bench` on a >= 1 GB and a 4 GB class-sorted file, cold and warm.
+"""`h5stream bench` on a >= 1 GB and a 4 GB class-sorted file, cold and warm, with the stream's targets.
 
-    python tools/bench_stream.py                       # the README table + target checks
-    python tools/bench_stream.py --json                # one JSON object with every run
-    python tools/bench_stream.py --quick               # 0.2 GB + 0.8 GB, for trying it out
+    python -m benchmarks.stream                 # the tables + target checks
+    python -m benchmarks.stream --json          # one JSON object with every run
+    python -m benchmarks.stream --quick         # 0.2 GB + 0.8 GB, for trying it out
 
-Makes the files with tools/make_bench_file.py when missing (bench-data/ is
-git-ignored), warms the page cache before warm runs (one sequential read), and
-runs every measurement as ``python -m h5stream bench FILE --json`` in a fresh
-process, so each memory baseline starts clean.  Every run is repeated
-``--rounds`` times (default 3), interleaved, because a shared machine drifts
-by 2x between minutes: rates and stream/baseline ratios are medians over the
-rounds, memory the largest peak seen.  The 4 GB file is measured
-for the stream only (its peak memory must match the 1 GB file's at the same
-budget); ``--full-4g`` adds its baselines.
+Makes the files with :func:`benchmarks.data.make_bench_file` when missing,
+warms the page cache before warm runs (one sequential read), and runs every
+measurement as ``python -m h5stream bench FILE --json`` in a fresh process, so
+each memory baseline starts clean.  Every run is repeated ``--rounds`` times
+(default 3), interleaved: rates and stream/baseline ratios are medians over
+the rounds, memory the largest peak seen.  The 4 GB file is measured for the
+stream only (its peak memory must match the 1 GB file's at the same budget);
+``--full-4g`` adds its baselines.
 """
 
 from __future__ import annotations
@@ -21,28 +20,19 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from make_bench_file import make_bench_file, rows_for_gb  # noqa: E402
+from benchmarks.data import make_bench_file, rows_for_gb
+from benchmarks.harness import (add_data_option, add_json_option, by_name, child_env, emit, interleave, log,
+                                median, warm)
 
 SIZE, CHANNELS = 128, 3
 
 
-def warm(path: str, block: int = 64 << 20) -> None:
-    """Read the whole file once so the next pass is served from the page cache."""
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(block)
-        while f.readinto(buf):
-            pass
-
-
 def bench(path: str, *, cold: bool, args, baselines: bool = True) -> dict:
+    """One ``h5stream bench PATH --json`` run in a fresh process (the page cache warmed first unless ``cold``)."""
     cmd = [sys.executable, "-m", "h5stream", "bench", path, "--json", "--batch-size", str(args.batch_size),
            "--memory-budget", args.memory_budget, "--epochs", str(args.epochs),
            "--random-seconds", str(args.random_seconds)]
@@ -52,16 +42,11 @@ def bench(path: str, *, cold: bool, args, baselines: bool = True) -> dict:
         warm(path)
     if not baselines:
         cmd.append("--no-baselines")
-    print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    log("+ " + " ".join(cmd[1:]))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=child_env()).stdout
     result = json.loads(out)
     result["command"] = "h5stream " + " ".join(cmd[3:])
     return result
-
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def combine(results: list[dict]) -> dict:
@@ -76,23 +61,23 @@ def combine(results: list[dict]) -> dict:
     out["rounds"] = len(results)
     out["round_samples_per_s"] = [r["samples_per_s"] for r in results]
     for key in ("samples_per_s", "mb_per_s", "steady_samples_per_s"):
-        out[key] = _median(r.get(key) for r in results)
+        out[key] = median(r.get(key) for r in results)
     if results[0].get("baselines"):
-        out["baselines"] = {k: (_median(r["baselines"][k] for r in results) if isinstance(v, (int, float))
+        out["baselines"] = {k: (median(r["baselines"][k] for r in results) if isinstance(v, (int, float))
                                 and not isinstance(v, bool) else v)
                             for k, v in results[0]["baselines"].items()}
     if results[0].get("ratios"):
-        out["ratios"] = {k: _median(r["ratios"][k] for r in results) for k in results[0]["ratios"]}
+        out["ratios"] = {k: median(r["ratios"][k] for r in results) for k in results[0]["ratios"]}
         steady = [r["steady_samples_per_s"] / r["baselines"]["sequential_samples_per_s"] for r in results
                   if r.get("steady_samples_per_s") and r.get("baselines")]
-        out["ratios"]["steady_vs_sequential"] = _median(steady)
+        out["ratios"]["steady_vs_sequential"] = median(steady)
     out["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in results)
     out["within_budget"] = all(r["within_budget"] for r in results)
     return out
 
 
 def targets(runs: dict) -> list[tuple[str, bool, str]]:
-    """Issue 3's targets as (name, met, figures)."""
+    """The stream's targets as (name, met, figures)."""
     out = []
     cold, warm_ = runs.get("1g_cold"), runs.get("1g_warm")
     if cold and cold.get("ratios"):
@@ -101,7 +86,8 @@ def targets(runs: dict) -> list[tuple[str, bool, str]]:
         out.append(("cold: stream >= 4x one-row random", r["vs_random_row"] >= 4, f"{r['vs_random_row']:.1f}x"))
     if warm_ and warm_.get("ratios"):
         r = warm_["ratios"]
-        out.append(("warm: stream >= 0.8x read_direct ceiling", r["vs_sequential"] >= 0.8, f"{r['vs_sequential']:.2f}x"))
+        out.append(("warm: stream >= 0.8x read_direct ceiling", r["vs_sequential"] >= 0.8,
+                    f"{r['vs_sequential']:.2f}x"))
         ratio = r.get("steady_vs_sequential")
         if ratio:
             out.append(("warm, epochs 2+ (after start-up): stream >= 0.8x read_direct ceiling", ratio >= 0.8,
@@ -114,7 +100,8 @@ def targets(runs: dict) -> list[tuple[str, bool, str]]:
                     f"({s['tvd_ratio_to_random']:.2f}x; single chunk {s['batch_label_tvd_single_chunk']:.3f})"))
         pairs = s.get("epoch_order_tau_pairs", [s["epoch_order_tau"]])
         out.append(("|epoch tau| <= 0.02", abs(s["epoch_order_tau"]) <= 0.02,
-                    f"{s['epoch_order_tau']:+.4f} (epochs 0-1; max |tau| over {len(pairs)} pairs {max(map(abs, pairs)):.4f})"))
+                    f"{s['epoch_order_tau']:+.4f} (epochs 0-1; max |tau| over {len(pairs)} pairs "
+                    f"{max(map(abs, pairs)):.4f})"))
     for key, r in runs.items():
         out.append((f"{key}: peak - baseline <= budget", r["within_budget"],
                     f"{r['peak_mem_bytes'] / 2**20:.1f} of {r['memory_budget_bytes'] / 2**20:.0f} MiB"))
@@ -132,13 +119,14 @@ def _rate(v) -> str:
 
 
 def markdown(runs: dict) -> str:
+    """The throughput and memory table, and the shuffle-quality table, in Markdown."""
     lines = [
         "| file | page cache | h5stream stream | stream, epochs 2+ | sequential `read_direct` (ceiling) | "
         "one row per call, random | single-chunk shuffle | stream / sequential | stream / random | "
         "peak − baseline (budget) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for key, r in runs.items():
+    for r in runs.values():
         b = r.get("baselines") or {}
         ratios = r.get("ratios") or {}
         random_note = ""
@@ -174,9 +162,20 @@ def markdown(runs: dict) -> str:
     return "\n".join(lines)
 
 
+def format_text(result: dict) -> str:
+    """The tables, one PASS/MISS line per target, and the environment."""
+    runs, env = result["runs"], result["environment"]
+    lines = [markdown(runs), ""]
+    lines += [f"{'PASS' if t['met'] else 'MISS'}  {t['name']}: {t['figures']}" for t in result["targets"]]
+    lines.append(f"\n{env['cpus']} CPUs, load average {env['loadavg_1m']:.1f}, Python {env['python']}; "
+                 f"{env['rounds']} interleaved rounds (rates and ratios: medians; memory: the largest peak); "
+                 f"command per run: {next(iter(runs.values()))['command']}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default="bench-data", help="folder for the generated files (default bench-data/)")
+    add_data_option(p)
     p.add_argument("--gb", type=float, nargs=2, default=[1.0, 4.0], metavar=("SMALL", "LARGE"))
     p.add_argument("--quick", action="store_true", help="0.2 GB and 0.8 GB files, short random baseline")
     p.add_argument("--batch-size", type=int, default=32)
@@ -187,7 +186,7 @@ def main(argv=None) -> int:
     p.add_argument("--warm-only", action="store_true")
     p.add_argument("--rounds", type=int, default=3,
                    help="repeat every run, interleaved; rates and ratios are medians, memory the largest (default 3)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    add_json_option(p)
     args = p.parse_args(argv)
     if args.quick:
         args.gb, args.random_seconds = [0.2, 0.8], min(args.random_seconds, 3.0)
@@ -195,28 +194,20 @@ def main(argv=None) -> int:
     for tag, gb in zip(("1g", "4g"), args.gb):
         path = os.path.join(args.data, f"bench-{gb:g}g.h5")
         files[tag] = make_bench_file(path, rows=rows_for_gb(gb, SIZE, CHANNELS), size=SIZE, channels=CHANNELS)
-    rounds: dict[str, list] = {}
+    measurements = {
+        f"{tag}_{mode}": (lambda path=path, mode=mode, tag=tag:
+                          bench(path, cold=mode == "cold", args=args, baselines=tag == "1g" or args.full_4g))
+        for mode in (("warm",) if args.warm_only else ("cold", "warm"))
+        for tag, path in files.items()
+    }
+    rounds = max(1, args.rounds)
     t0 = time.monotonic()
-    for _ in range(max(1, args.rounds)):
-        for mode in (("warm",) if args.warm_only else ("cold", "warm")):
-            for tag, path in files.items():
-                rounds.setdefault(f"{tag}_{mode}", []).append(
-                    bench(path, cold=mode == "cold", args=args, baselines=tag == "1g" or args.full_4g))
-    runs = {key: combine(results) for key, results in rounds.items()}
-    checks = targets(runs)
+    runs = {key: combine(results) for key, results in by_name(interleave(measurements, rounds)).items()}
     env = {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine(),
-           "loadavg_1m": os.getloadavg()[0], "seconds": time.monotonic() - t0}
-    if args.json:
-        print(json.dumps({"runs": runs, "targets": [{"name": n, "met": m, "figures": f} for n, m, f in checks],
-                          "environment": env}))
-    else:
-        print(markdown(runs))
-        print()
-        for name, met, figures in checks:
-            print(f"{'PASS' if met else 'MISS'}  {name}: {figures}")
-        print(f"\n{env['cpus']} CPUs, load average {env['loadavg_1m']:.1f}, Python {env['python']}; "
-              f"{args.rounds} interleaved rounds (rates and ratios: medians; memory: the largest peak); "
-              f"command per run: {next(iter(runs.values()))['command']}")
+           "loadavg_1m": os.getloadavg()[0], "seconds": time.monotonic() - t0, "rounds": rounds}
+    result = {"runs": runs, "targets": [{"name": n, "met": m, "figures": f} for n, m, f in targets(runs)],
+              "environment": env}
+    emit(result, as_json=args.json, format_text=format_text, indent=None)
     return 0
 
 
