@@ -1,8 +1,8 @@
 """`h5stream verify` against a plain sequential h5py read of the same file: warm and cold page cache.
 
-    python tools/bench_verify.py                          # bench-data/bench-1g.h5, made when missing
-    python tools/bench_verify.py --file /tmp/v.h5 --gb 1  # another file (made when missing)
-    python tools/bench_verify.py --json                   # one JSON object
+    python -m benchmarks.verify                        # bench-data/bench-1g.h5, made when missing
+    python -m benchmarks.verify --file /tmp/v.h5 --gb 1  # another file (made when missing)
+    python -m benchmarks.verify --json                   # one JSON object
 
 The baseline reads every committed row of ``/images``, ``/labels`` and
 ``/paths`` with ``read_direct`` in the slices :func:`verify_store` uses, into
@@ -21,26 +21,15 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from make_bench_file import make_bench_file, rows_for_gb  # noqa: E402
+from benchmarks.data import make_bench_file, rows_for_gb
+from benchmarks.harness import DATA_DIR, add_json_option, median, warm
 
 SIZE, CHANNELS = 128, 3
-
-
-def warm(path: str, block: int = 64 << 20) -> None:
-    """Read the whole file once so the next pass is served from the page cache."""
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(block)
-        while f.readinto(buf):
-            pass
 
 
 def sequential_read(path: str) -> float:
@@ -113,10 +102,10 @@ def run(path: str, rounds: int, caches: list[str]) -> dict:
             verifies.append(times["verify"])
             ratios.append(times["verify"] / times["read"])
         out["results"][cache] = {
-            "read_s": statistics.median(reads), "verify_s": statistics.median(verifies),
-            "read_gb_per_s": data_bytes / statistics.median(reads) / 1e9,
-            "verify_gb_per_s": data_bytes / statistics.median(verifies) / 1e9,
-            "ratio": statistics.median(ratios), "round_ratios": ratios,
+            "read_s": median(reads), "verify_s": median(verifies),
+            "read_gb_per_s": data_bytes / median(reads) / 1e9,
+            "verify_gb_per_s": data_bytes / median(verifies) / 1e9,
+            "ratio": median(ratios), "round_ratios": ratios,
             "read_rounds_s": reads, "verify_rounds_s": verifies,
             "cached_after_evict": max(left) if left else None,
         }
@@ -143,11 +132,11 @@ def table(out: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--file", default="bench-data/bench-1g.h5", help="store to measure (made when missing)")
+    p.add_argument("--file", default=os.path.join(DATA_DIR, "bench-1g.h5"), help="store to measure (made when missing)")
     p.add_argument("--gb", type=float, default=1.0, help="pixel GB of the store made when --file is missing")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-cold", action="store_true", help="warm page cache only")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    add_json_option(p)
     args = p.parse_args(argv)
     if not os.path.exists(args.file):
         make_bench_file(args.file, rows=rows_for_gb(args.gb, SIZE, CHANNELS))
