@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from h5stream.errors import ConfigError, StreamClosedError
-from h5stream.feed import InlineFeed, PooledFeed, pool_slots
+from h5stream.feed import InlineFeed, PooledFeed, pool_input_slots, pool_slots
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
@@ -346,16 +346,18 @@ def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, a
         out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
 
     def plan(budget, workers, batch_size, fill=rows_per_fill):
-        worker_bytes = 0
+        worker_bytes = shared_bytes = 0
         if workers:
-            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, worker_buffer_bytes
+            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, WORKER_SHARED_BYTES, worker_buffer_bytes
 
             worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(batch_size, meta.image_shape)
+            shared_bytes = WORKER_SHARED_BYTES
         return plan_read(
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
             block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
             out_label_row_bytes=out_label_row_bytes, n_out_slots=pool_slots(workers) if workers else 0,
-            workers=workers, worker_bytes=worker_bytes,
+            n_in_slots=pool_input_slots(workers) if workers else 0,
+            workers=workers, worker_bytes=worker_bytes, shared_worker_bytes=shared_bytes,
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
             rows_per_fill=fill, epoch_rows=epoch_rows,
         )

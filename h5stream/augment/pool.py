@@ -60,16 +60,20 @@ __all__ = [
     "FileSource",
     "WorkerPool",
     "WORKER_OVERHEAD_BYTES",
+    "WORKER_SHARED_BYTES",
     "measure_worker_pss",
     "slot_bytes",
     "worker_buffer_bytes",
 ]
 
-#: What one worker process costs besides its gather buffer (:func:`worker_buffer_bytes`): the interpreter,
-#: numpy, OpenCV and the h5stream modules it imports, and an augmentation's scratch arrays.  The stream's
-#: plan takes ``workers * (this + gather buffer)`` out of the budget; :meth:`WorkerPool.worker_pss_bytes`
-#: and :func:`measure_worker_pss` measure the live value.
-WORKER_OVERHEAD_BYTES = 32 << 20
+#: Private memory of one worker process besides its gather buffer (:func:`worker_buffer_bytes`): its
+#: interpreter, the heap numpy and the h5stream modules build, its copies of library pages, and an
+#: augmentation's scratch arrays.
+WORKER_OVERHEAD_BYTES = 24 << 20
+
+#: Library code the workers map and a training process usually does not (OpenCV and what it loads):
+#: resident once, shared by every worker.
+WORKER_SHARED_BYTES = 20 << 20
 
 # A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
 # queued per worker keeps a worker's pipe below this many bytes, so send()

@@ -7,8 +7,9 @@ The budget is a ceiling on everything a stream allocates:
   straight into the batches they belong to, so these *are* the shuffle buffer);
 * ``queue_depth`` batches waiting in the queue, plus two more in flight (one
   being built by the reader, one just handed to the consumer);
-* with worker processes, the pool's output slots and each worker's own
-  footprint (interpreter, libraries, transform temporaries);
+* with worker processes, the pool's output slots, each worker's own
+  footprint (interpreter, heap, transform temporaries) and, once, the library
+  code they share;
 * a fixed allowance for bookkeeping (chunk offsets, the epoch's segment table,
   Python objects).
 
@@ -112,7 +113,7 @@ class ReadPlan:
     buffer_bytes: int  # all shuffle buffers together
     batch_bytes: int  # one batch as handed to the consumer
     queue_bytes: int  # queued + in-flight batches
-    pool_bytes: int  # worker output slots + worker footprints
+    pool_bytes: int  # worker input and output slots + worker footprints
     label_cache_bytes: int  # all labels held in memory (0: read with the pixels, run by run)
     bookkeeping_bytes: int
     min_budget_bytes: int
@@ -159,8 +160,10 @@ def plan_read(
     out_row_bytes: int | None = None,
     out_label_row_bytes: int = 0,
     n_out_slots: int = 0,
+    n_in_slots: int = 0,
     workers: int = 0,
     worker_bytes: int = 0,
+    shared_worker_bytes: int = 0,
     unit_rows: int | None = None,
     rows_per_fill: int | None = None,
     epoch_rows: int | None = None,
@@ -172,8 +175,9 @@ def plan_read(
     (differs from ``row_bytes`` when augmentation emits float32);
     ``out_label_row_bytes`` is what a yielded label takes besides the stored
     one (a one-hot row, say); ``n_out_slots`` output slots of ``batch_size``
-    rows live in shared memory when ``workers > 0``, and each worker costs
-    ``worker_bytes`` on top.  ``rows_per_fill`` fixes the fill size (rounded
+    rows live in shared memory when ``workers > 0``, each worker costs
+    ``worker_bytes`` on top, and all of them together ``shared_worker_bytes``
+    once (library code they share).  ``rows_per_fill`` fixes the fill size (rounded
     down to whole blocks, at most the epoch) instead of taking what the budget
     leaves; :class:`BudgetError` if it does not fit.  ``epoch_rows`` (default
     ``rows``) is how many contiguous rows an epoch covers when it streams part
@@ -192,7 +196,8 @@ def plan_read(
     epoch_blocks = n_blocks if epoch_rows >= rows else min(n_blocks, -(-epoch_rows // block_rows) + 1)
     n_units = -(-epoch_rows // unit_rows) + (1 if epoch_rows < rows else 0)
     bookkeeping = BOOKKEEPING_BYTES + n_blocks * 8 + n_units * 48  # chunk offsets; segment table + fill schedule
-    pool = workers * worker_bytes + (n_out_slots * batch_size * out_row_bytes if workers else 0)
+    slots = n_out_slots * batch_size * out_row_bytes + n_in_slots * batch_size * row_bytes
+    pool = workers * worker_bytes + (shared_worker_bytes + slots if workers else 0)
     in_flight = 4  # a straddling batch on each side of the two fills, one being handed out, one held by the consumer
 
     # A fill holds at least one batch, so a batch touches at most two fills in the usual case.
