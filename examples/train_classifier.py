@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="where to put stores and generated images (default: a temporary folder)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--memory-budget", default="64MiB")
+    p.add_argument("--memory-budget", default=None,
+                   help="stream memory budget, e.g. 512MiB (default: h5stream's, 256 MiB plus what --workers need)")
     p.add_argument("--workers", type=int, default=0, help="augmentation processes (0: in the training process)")
     p.add_argument("--size", type=int, default=32, help="image side after ingest (pixels)")
     p.add_argument("--seed", type=int, default=0)
@@ -81,9 +82,9 @@ def main(argv=None) -> int:
            if val_path else None)
     try:
         meta = train.meta
-        print(f"train: {meta.rows} images {meta.image_shape}, classes {list(meta.class_names)}; "
-              f"{len(train)} batches/epoch within {args.memory_budget}")
-        model = build_model(meta.image_shape, len(meta.class_names))
+        print(f"train: {meta.rows} images {meta.image_shape}, classes {train.class_names}; "
+              f"{len(train)} batches/epoch; {train.plan.describe()}")
+        model = build_model(meta.image_shape, len(train.class_names))
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         model.fit(train.keras(), validation_data=val.keras() if val else None, epochs=args.epochs,
                   callbacks=[StallMonitor(train)], verbose=2)

@@ -40,8 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="where to put stores and generated images (default: a temporary folder)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--memory-budget", default="64MiB")
-    p.add_argument("--workers", type=int, default=0, help="augmentation processes (unused: no augmentation here)")
+    p.add_argument("--memory-budget", default=None,
+                   help="stream memory budget, e.g. 512MiB (default: h5stream's, 256 MiB)")
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny data, one epoch (CI)")
@@ -67,8 +67,7 @@ def main(argv=None) -> int:
     import keras
 
     keras.utils.set_random_seed(args.seed)
-    train = h5stream.open(train_path, batch_size=args.batch_size, memory_budget=args.memory_budget, seed=args.seed,
-                          workers=args.workers)
+    train = h5stream.open(train_path, batch_size=args.batch_size, memory_budget=args.memory_budget, seed=args.seed)
     val = (h5stream.open(val_path, batch_size=args.batch_size, memory_budget=args.memory_budget, shuffle=False)
            if val_path else None)
     try:

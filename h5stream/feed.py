@@ -38,6 +38,12 @@ def pool_slots(workers: int) -> int:
     return 2 * workers + 2 + LENT_SLOTS
 
 
+def pool_input_slots(workers: int) -> int:
+    """Input slots of a pooled feed beyond the two fills and the queue a plan counts: one per task the pool
+    can hold (an output slot each), and up to four batches that fills cut at both ends add."""
+    return pool_slots(workers) + 4
+
+
 def fill_batches(plan: ReadPlan) -> int:
     """Batches alive at once while assembling: two fills, each touching one batch more than it fills."""
     return 2 * (-(-plan.rows_per_fill // plan.batch_size) + 1)

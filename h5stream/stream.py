@@ -1,115 +1,142 @@
 """The object users iterate: :func:`open` wires order + read (+ augment) together.
 
-``h5stream.open(path, batch_size=32, memory_budget="256MiB")`` returns a
-:class:`Stream`.  Each ``iter(stream)`` yields one epoch of ``(images, labels)``
-numpy batches; the next ``iter`` is the next epoch, reshuffled.  A reader thread
-starts at ``open`` and keeps reading ahead (across epoch boundaries) within the
-memory budget.  A stream is consumed from one thread at a time.
+``h5stream.open(path, batch_size=32)`` returns a :class:`Stream`.  Each
+``iter(stream)`` yields one epoch of ``(images, labels)`` numpy batches; the
+next ``iter`` is the next epoch, reshuffled.  A reader thread starts at
+``open`` and keeps reading ahead (across epoch boundaries) within the memory
+budget.  A stream is consumed from one thread at a time.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import weakref
 
 import numpy as np
 
 from h5stream.errors import ConfigError, StreamClosedError
-from h5stream.order.epoch import EpochLayout, check_shard, epoch_layout
-from h5stream.read.plan import ReadPlan, parse_bytes, plan_read, unit_rows_for
-from h5stream.feed import InlineFeed, PooledFeed, pool_slots
+from h5stream.feed import InlineFeed, PooledFeed, pool_input_slots, pool_slots
+from h5stream.labels import LabelEncoding, label_encoding
+from h5stream.options import StreamOptions
+from h5stream.order.epoch import EpochLayout, epoch_layout
+from h5stream.order.split import subset_rows
+from h5stream.read.plan import ReadPlan, budget_error, plan_read, unit_rows_for
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
-_LAYOUT_KEYS = ("rows", "batch_size", "rows_per_fill", "unit_rows", "shard_index", "shard_count", "shuffle", "drop_remainder")
+_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shard_index",
+                "shard_count", "shuffle", "drop_remainder")
 
 
-def open(  # noqa: A001 - the public name mirrors h5py.File / builtins.open on purpose
-    path: str | os.PathLike,
-    batch_size: int = 32,
-    memory_budget: int | str = "256MiB",
-    *,
-    shuffle: bool = True,
-    seed: int | None = 0,
-    drop_remainder: bool = False,
-    shard: tuple[int, int] | None = None,
-    resume: dict | None = None,
-    augment=None,
-    workers: int = 0,
-    rows_per_fill: int | None = None,
-    timeout_s: float = 60.0,
-) -> Stream:
-    """Open a store for streaming.  See :class:`Stream` for what it yields.
+def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mirrors h5py.File / builtins.open
+    """Open a store for streaming: ``Stream(path, StreamOptions(...))``.  See :class:`Stream` for what it yields.
+
+    ``batch_size``: rows per batch (the last batches of an epoch may be
+    smaller unless ``drop_remainder=True``).
 
     ``memory_budget`` (bytes, or "512MB" / "1.5GiB") bounds everything the
-    stream allocates; ``shard=(index, count)`` streams one of ``count`` disjoint
-    parts (data-parallel training); ``resume`` is a dict from :meth:`Stream.state`;
-    ``seed=None`` draws a seed (recorded in ``state()``).
+    stream allocates, worker processes included.  None (default): 256 MiB for
+    reading and shuffling (more if one batch needs more) plus what the
+    ``workers`` need on top, so any worker count runs, with the same order;
+    ``stream.plan.describe()`` states the split.  A budget below the minimum
+    raises :class:`~h5stream.BudgetError` naming the budget, worker count or
+    batch size that would fit.
+
+    ``shuffle``: reshuffle every epoch (default: True, False for
+    ``subset="validation"``); ``seed`` fixes the order (None draws one,
+    recorded in ``state()``).
+
+    ``validation_split=f, subset="training" | "validation"`` (Keras'
+    ``image_dataset_from_directory`` convention): the last ``int(f * rows)``
+    rows of the store are the validation subset, the rows before them the
+    training subset.  The same for every seed, disjoint, together every
+    committed row; the store must be in shuffled storage order (see
+    :mod:`h5stream.order.split`).  Open one stream per subset with the same
+    ``validation_split``; the validation stream is unshuffled by default and
+    augmented only if given ``augment``.
+
+    ``label_mode``: ``"int"`` (default; labels as stored), ``"categorical"``
+    (one-hot float32, ``len(class_names)`` wide) or ``"binary"`` (float32
+    ``(n, 1)``, two-class stores); see :mod:`h5stream.labels`.
+
+    ``augment=h5stream.Augment(...)`` transforms every batch, in the consumer's
+    thread or in ``workers`` spawned processes.  ``shard=(index, count)``
+    streams one of ``count`` disjoint parts (data-parallel training).
+    ``resume`` is a dict from :meth:`Stream.state`.  ``timeout_s``: how long
+    to wait for a batch before raising :class:`~h5stream.ReaderError`.
 
     The order of an epoch depends on the seed and on ``rows_per_fill`` (the
-    shuffle window, ``stream.plan.rows_per_fill``), which by default is what the
-    budget leaves after everything else, workers included.  Pass
-    ``rows_per_fill`` to get the same batches with any number of workers or
-    any budget that holds it; ``resume`` takes it from the state.
+    shuffle window, ``stream.plan.rows_per_fill``), which by default is what
+    the budget leaves after everything else.  Pass ``rows_per_fill`` to get the
+    same batches under any budget that holds it; ``resume`` takes it from the
+    state.
     """
-    return Stream(
-        path, batch_size=batch_size, memory_budget=memory_budget, shuffle=shuffle, seed=seed,
-        drop_remainder=drop_remainder, shard=shard, resume=resume, augment=augment, workers=workers,
-        rows_per_fill=rows_per_fill, timeout_s=timeout_s,
-    )
+    return Stream(path, StreamOptions(*args, **kwargs))
+
+
+open.__signature__ = inspect.Signature(
+    [inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     *inspect.signature(StreamOptions).parameters.values()],
+    return_annotation="Stream",
+)
 
 
 class Stream:
-    """An endless, epoch-by-epoch supply of shuffled batches from one store.
+    """An endless, epoch-by-epoch supply of shuffled batches from one store (or one subset of it).
 
-    Owns a reader thread (and, with ``workers > 0``, a worker pool).  ``close()``
-    stops them; it is idempotent, called by ``with`` and, as a last resort, when
-    the stream is garbage-collected.
+    Made by :func:`open`.  Owns a reader thread (and, with ``workers > 0``, a
+    worker pool).  ``close()`` stops them; it is idempotent, called by
+    ``with`` and, as a last resort, when the stream is garbage-collected.
     """
 
-    def __init__(self, path, *, batch_size, memory_budget, shuffle, seed, drop_remainder, shard, resume, augment,
-                 workers, rows_per_fill, timeout_s):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
-            raise ConfigError(f"workers must be an integer >= 0, got {workers!r}")
-        if timeout_s is None or timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
-        budget = parse_bytes(memory_budget)
-        self._shard = check_shard(shard)
+    def __init__(self, path: str | os.PathLike, options: StreamOptions | None = None):
+        options = StreamOptions() if options is None else options
+        if not isinstance(options, StreamOptions):
+            raise ConfigError(f"options must be an h5stream.options.StreamOptions, got {type(options).__name__}")
+        self.options = options
         meta = read_meta(path)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
+        self._shard = options.shard or (0, 1)
+        self.subset = options.subset
+        self._rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
+        self._labels: LabelEncoding = label_encoding(meta, options.label_mode)
+        resume = options.resume
+        seed = options.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         if resume is not None and "seed" in resume:
             seed = int(resume["seed"])
         self.meta: StoreMeta = meta
-        self.batch_size = int(batch_size)
-        self.shuffle = bool(shuffle)
+        self.batch_size = options.batch_size
+        self.shuffle = options.shuffled
         self.seed = int(seed)
-        self.drop_remainder = bool(drop_remainder)
-        self.timeout_s = float(timeout_s)
-        self.augment = self._prepare_augment(augment)
-        self.workers = int(workers)
+        self.drop_remainder = options.drop_remainder
+        self.timeout_s = options.timeout_s
+        self.augment = self._prepare_augment(options.augment)
+        self.workers = options.workers
         if self.workers and self.augment is None:
             raise ConfigError("workers > 0 needs augment=h5stream.Augment(...): without a transform there is "
                               "nothing for worker processes to do (reading already runs in its own thread)")
         if self.workers:
             self.augment.ensure_picklable()
-        if rows_per_fill is None and isinstance(resume, dict) and "rows_per_fill" in resume:
+        rows_per_fill = options.rows_per_fill
+        if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
             rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
-        self.plan: ReadPlan = stream_plan(meta, budget, self.batch_size, augment=self.augment, workers=self.workers,
-                                          rows_per_fill=rows_per_fill)
+        start, stop = self._rows
+        self.plan: ReadPlan = stream_plan(meta, options.memory_budget, self.batch_size, augment=self.augment,
+                                          workers=self.workers, rows_per_fill=rows_per_fill, epoch_rows=stop - start,
+                                          out_label_row_bytes=self._labels.extra_row_bytes)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
-            meta.rows, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder,
+            stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
         )
         first = self._layout(0)
         self._n_batches = first.n_batches
         if self._n_batches == 0:
             raise ConfigError(
-                f"{meta.path}: {meta.rows} rows give no full batch of {batch_size}"
+                f"{meta.path}: {stop - start} rows give no full batch of {self.batch_size}"
                 + (f" per shard ({self._shard[1]} shards)" if self._shard[1] > 1 else "")
                 + " with drop_remainder=True; lower batch_size or set drop_remainder=False"
             )
@@ -132,6 +159,36 @@ class Stream:
         except BaseException:
             self.close()
             raise
+
+    # -- what it yields -------------------------------------------------------------
+    @property
+    def class_names(self) -> list[str] | None:
+        """The store's class names (label ``i`` is ``class_names[i]``), or None for regression targets."""
+        return list(self.meta.class_names) if self.meta.class_names is not None else None
+
+    @property
+    def rows(self) -> int:
+        """Rows one epoch covers, over all shards: the store's committed rows, or its subset's."""
+        return self._rows[1] - self._rows[0]
+
+    @property
+    def image_dtype(self) -> np.dtype:
+        """dtype of the yielded images: uint8 as stored, or the augmentation's output dtype."""
+        return np.dtype(self.augment.output_dtype()) if self.augment is not None else np.dtype(np.uint8)
+
+    @property
+    def label_mode(self) -> str:
+        return self._labels.mode
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """Shape of one yielded label: ``()`` for class indices, ``(n_classes,)`` one-hot, ``(1,)`` binary."""
+        return self._labels.shape
+
+    @property
+    def label_dtype(self) -> np.dtype:
+        """dtype of the yielded labels (int64 class indices, float32 otherwise)."""
+        return self._labels.dtype
 
     # -- layout -------------------------------------------------------------------
     def _layout(self, epoch: int) -> EpochLayout:
@@ -166,19 +223,21 @@ class Stream:
             self._batch += 1
             if self._batch == self._n_batches:
                 self._epoch, self._batch = self._epoch + 1, 0
-            yield x, y
+            yield x, self._labels(y)
 
     # -- resume -------------------------------------------------------------------
     def _layout_signature(self) -> dict:
         return {
-            "rows": self.meta.rows, "batch_size": self.batch_size, "rows_per_fill": self.plan.rows_per_fill,
+            "rows": self.meta.rows, "row_start": self._rows[0], "row_stop": self._rows[1], "subset": self.subset,
+            "batch_size": self.batch_size, "rows_per_fill": self.plan.rows_per_fill,
             "unit_rows": self.plan.unit_rows,
             "shard_index": self._shard[0], "shard_count": self._shard[1], "shuffle": int(self.shuffle),
             "drop_remainder": int(self.drop_remainder),
         }
 
     def state(self) -> dict:
-        """Where the stream stands: a small dict of ints; ``restore`` / ``open(resume=...)`` continue from it."""
+        """Where the stream stands: a small dict of ints (and the subset's name); ``restore`` /
+        ``open(resume=...)`` continue from it, and refuse a state of another subset or layout."""
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
                 **self._layout_signature()}
 
@@ -188,11 +247,16 @@ class Stream:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version {STATE_VERSION})")
         mine = self._layout_signature()
+        if state.get("subset") != self.subset:
+            raise ConfigError(f"cannot resume: the state is of subset={state.get('subset')!r} but this stream is "
+                              f"subset={self.subset!r}; resume each subset from its own state")
+        defaults = {"row_start": 0, "row_stop": state.get("rows", self.meta.rows)}  # states of unsplit streams
+        state = {**defaults, **state}
         for key in _LAYOUT_KEYS:
             if key in state and int(state[key]) != int(mine[key]):
                 fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
                        "the state" if key == "rows_per_fill" else
-                       "reopen with the same file, batch_size, shard, shuffle and drop_remainder")
+                       "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
                 raise ConfigError(f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
@@ -229,7 +293,8 @@ class Stream:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<h5stream.Stream {self.meta.path!r} rows={self.meta.rows} batch_size={self.batch_size} "
+        subset = f" subset={self.subset!r}" if self.subset else ""
+        return (f"<h5stream.Stream {self.meta.path!r}{subset} rows={self.rows} batch_size={self.batch_size} "
                 f"batches={self._n_batches} epoch={self._epoch} {'closed' if self._closed else 'open'}>")
 
     # -- augmentation ---------------------------------------------------------------
@@ -267,31 +332,64 @@ class Stream:
         return as_torch(self)
 
 
-def stream_plan(meta: StoreMeta, budget_bytes: int, batch_size: int, *, augment=None, workers: int = 0,
-                rows_per_fill: int | None = None) -> ReadPlan:
-    """The memory plan a stream over ``meta`` uses (pure; what ``Stream.plan`` holds)."""
-    out_row_bytes, worker_bytes = None, 0
+def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
+                rows_per_fill: int | None = None, epoch_rows: int | None = None,
+                out_label_row_bytes: int = 0) -> ReadPlan:
+    """The memory plan a stream over ``meta`` uses (pure; what ``Stream.plan`` holds).
+
+    ``budget_bytes=None`` is the default budget (see :func:`h5stream.read.plan.plan_read`).  A budget below
+    the minimum raises :class:`BudgetError` naming the budget that fits and, where there is one, the largest
+    worker count and the largest batch size that fit this budget.
+    """
+    out_row_bytes = None
     if augment is not None:
         out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
-    if workers:
-        from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, worker_buffer_bytes
 
-        worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(batch_size, meta.image_shape)
-    return plan_read(
-        budget_bytes, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
-        block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
-        n_out_slots=pool_slots(workers) if workers else 0, workers=workers, worker_bytes=worker_bytes,
-        unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
-        rows_per_fill=rows_per_fill,
-    )
+    def plan(budget, workers, batch_size, fill=rows_per_fill):
+        worker_bytes = shared_bytes = 0
+        if workers:
+            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, WORKER_SHARED_BYTES, worker_buffer_bytes
+
+            worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(batch_size, meta.image_shape)
+            shared_bytes = WORKER_SHARED_BYTES
+        return plan_read(
+            budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
+            block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
+            out_label_row_bytes=out_label_row_bytes, n_out_slots=pool_slots(workers) if workers else 0,
+            n_in_slots=pool_input_slots(workers) if workers else 0,
+            workers=workers, worker_bytes=worker_bytes, shared_worker_bytes=shared_bytes,
+            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
+            rows_per_fill=fill, epoch_rows=epoch_rows,
+        )
+
+    def minimum(workers, batch_size):
+        return plan(None, workers, batch_size, fill=None).min_budget_bytes  # independent of budget and fill
+
+    if budget_bytes is not None and budget_bytes < minimum(workers, batch_size):
+        alternatives = []
+        fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
+        if fewer:
+            w = fewer[-1]
+            alternatives.append(f"use workers={w}" + (" (augment in the training process)" if w == 0 else ""))
+        if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
+            lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
+            alternatives.append(f"lower batch_size to {lo}")
+        raise budget_error(budget_bytes, minimum(workers, batch_size),
+                           f"batch_size={batch_size}, {meta.block_rows}-row blocks"
+                           + (f" and {workers} workers" if workers else ""), tuple(alternatives))
+    return plan(budget_bytes, workers, batch_size)
 
 
 def layout_function(rows: int, plan: ReadPlan, seed: int, shard=None, shuffle: bool = True,
-                    drop_remainder: bool = False):
-    """``epoch -> EpochLayout`` for a stream of ``rows`` rows under ``plan`` (pure; holds no stream)."""
+                    drop_remainder: bool = False, start_row: int = 0):
+    """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)`` under ``plan`` (pure; holds no stream)."""
 
     def layout(epoch: int) -> EpochLayout:
         return epoch_layout(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, seed, epoch, shard=shard,
-                            shuffle=shuffle, drop_remainder=drop_remainder, unit_rows=plan.unit_rows)
+                            shuffle=shuffle, drop_remainder=drop_remainder, unit_rows=plan.unit_rows,
+                            start_row=start_row)
 
     return layout

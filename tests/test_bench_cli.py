@@ -54,6 +54,26 @@ def test_bench_json_has_the_issue_keys_and_sane_values(sorted_store, capsys, tmp
     assert -1.0 <= s["epoch_order_tau"] <= 1.0 and len(s["epoch_order_tau_pairs"]) >= 2
     assert "consumer" in r["mean_cpu_pct"]
     assert plot.stat().st_size > 0 and r["plot"] == str(plot)
+    # Start-up, epoch 1 and epochs 2+ apart; the verdict compares the steady rate with the baselines.
+    assert 0 < r["startup_s"] <= r["first_batch_s"] <= r["first_epoch_s"] and len(r["epoch_seconds"]) == 2
+    assert r["first_epoch_samples_per_s"] == pytest.approx(ROWS / r["first_epoch_s"])
+    assert r["compare_basis"] == "epochs 2+"
+    assert r["compare_samples_per_s"] == r["steady_samples_per_s"] > 0
+    assert r["ratios"]["vs_random_row"] == pytest.approx(
+        r["steady_samples_per_s"] / r["baselines"]["random_row_samples_per_s"])
+
+
+def test_epoch_rates_keep_start_up_out_of_the_comparison():
+    from h5stream.commands.bench import epoch_rates
+
+    r = epoch_rates(100, 1000, [2.0, 3.0, 4.0], open_s=1.0, first_batch_s=1.5)
+    assert (r["startup_s"], r["first_batch_s"], r["first_epoch_s"]) == (1.0, 1.5, 2.0)
+    assert r["first_epoch_samples_per_s"] == 50 and r["first_epoch_after_open_samples_per_s"] == 100
+    assert r["steady_samples_per_s"] == 100 and r["steady_mb_per_s"] == pytest.approx(0.1)
+    assert (r["compare_samples_per_s"], r["compare_basis"]) == (100, "epochs 2+")
+    one = epoch_rates(100, 1000, [2.0], open_s=1.5, first_batch_s=1.8)
+    assert one["steady_samples_per_s"] is None
+    assert (one["compare_samples_per_s"], one["compare_basis"]) == (200, "epoch 1 after open()")
 
 
 def test_bench_cold_and_table(sorted_store, capsys):
@@ -61,8 +81,9 @@ def test_bench_cold_and_table(sorted_store, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "cold page cache" in out
-    for row in ("h5stream stream", "h5py sequential read_direct", "single contiguous chunk shuffle",
-                "h5py one row per call, random", "batch label TVD", "Kendall tau"):
+    for row in ("h5stream stream, epoch 1 after open()", "h5stream stream, epoch 1 ", "start-up included",
+                "h5py sequential read_direct", "single contiguous chunk shuffle", "h5py one row per call, random",
+                "stream is = the stream's rate over epoch 1 after open()", "batch label TVD", "Kendall tau"):
         assert row in out
 
 

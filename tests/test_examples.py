@@ -13,14 +13,15 @@ pytest.importorskip("tensorflow")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("script, expect", [
-    ("train_classifier.py", "validation accuracy:"),
-    ("train_regression.py", "validation MSE:"),
+@pytest.mark.parametrize("script, flags, expect", [
+    ("train_classifier.py", [], "validation accuracy:"),
+    ("train_classifier.py", ["--workers", "2"], "validation accuracy:"),  # as its docstring shows, default budget
+    ("train_regression.py", [], "validation MSE:"),
 ])
-def test_example_runs_quick(script, expect, tmp_path):
+def test_example_runs_quick(script, flags, expect, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", script), "--quick", "--work", str(tmp_path)],
+        [sys.executable, os.path.join(ROOT, "examples", script), "--quick", "--work", str(tmp_path), *flags],
         env=env, capture_output=True, text=True, timeout=300,  # a safety net: a healthy run takes ~20 s
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -15,6 +15,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import h5stream  # noqa: E402
+from h5stream.errors import ConfigError  # noqa: E402
 from h5stream.store.writer import write_arrays  # noqa: E402
 
 try:  # few threads: the box is shared; raises if another test already started TF
@@ -33,6 +34,17 @@ def store(tmp_path_factory):
     ids = np.arange(ROWS)
     images = np.broadcast_to((ids % 251).astype(np.uint8)[:, None, None, None], (ROWS, 4, 4, 1))
     write_arrays(path, images, ids.astype(np.int64), block_rows=8, storage_order="sorted")
+    return path
+
+
+@pytest.fixture(scope="module")
+def class_store(tmp_path_factory):
+    """120 rows of 4x4x1 in shuffled storage order, 3 classes; the class is legible in the pixels."""
+    path = str(tmp_path_factory.mktemp("keras") / "classes.h5")
+    labels = np.random.default_rng(0).integers(0, 3, 120)
+    images = np.broadcast_to((40 + 80 * labels).astype(np.uint8)[:, None, None, None], (120, 4, 4, 1))
+    write_arrays(path, images, labels.astype(np.int64), block_rows=8, storage_order="shuffled",
+                 class_names=["ant", "bee", "cat"])
     return path
 
 
@@ -136,4 +148,33 @@ def test_torch_iterable_yields_tensors_in_stream_order(store):
         loader = torch.utils.data.DataLoader(ds, batch_size=None)
         batches = list(loader)
         assert len(batches) == len(s) and all(isinstance(x, torch.Tensor) for x, _ in batches)
+        np.testing.assert_array_equal(torch.cat([y for _, y in batches]).numpy(), s.epoch_order(0))
+
+
+def test_fit_with_categorical_labels_on_a_validation_split(class_store):
+    kw = dict(batch_size=BATCH, validation_split=0.25, label_mode="categorical", seed=2)
+    with h5stream.open(class_store, subset="training", **kw) as train, \
+            h5stream.open(class_store, subset="validation", **kw) as val:
+        assert train.class_names == val.class_names == ["ant", "bee", "cat"]
+        assert (train.rows, val.rows) == (90, 30) and not val.shuffle
+        x_spec, y_spec = val.tf_dataset().element_spec
+        assert y_spec.shape.as_list() == [None, 3] and y_spec.dtype == tf.float32
+        model = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                                  keras.layers.Dense(3, activation="softmax")])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="categorical_crossentropy", metrics=["accuracy"])
+        counter = CountBatches()
+        history = model.fit(train.keras(), validation_data=val.keras(), epochs=4, verbose=0, callbacks=[counter])
+        assert counter.per_epoch == [len(train)] * 4
+        assert len(history.history["val_loss"]) == 4 and np.isfinite(history.history["val_loss"]).all()
+        assert history.history["loss"][-1] < history.history["loss"][0]  # it learns from one-hot labels
+        assert (val.state()["epoch"], val.state()["batch"]) == (4, 0)
+
+
+def test_torch_dataloader_that_would_batch_again_is_refused(store):
+    torch = pytest.importorskip("torch")
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=9) as s:
+        with pytest.raises(ConfigError, match="batch_size=None"):
+            next(iter(torch.utils.data.DataLoader(s.torch())))  # torch's default batch_size=1
+        batches = list(torch.utils.data.DataLoader(s.torch(), batch_size=None))
+        assert len(batches) == len(s) and batches[0][0].shape == (BATCH, 4, 4, 1)
         np.testing.assert_array_equal(torch.cat([y for _, y in batches]).numpy(), s.epoch_order(0))

@@ -3,7 +3,7 @@
 import pytest
 
 from h5stream.errors import BudgetError, ConfigError
-from h5stream.read.plan import parse_bytes, plan_read
+from h5stream.read.plan import DEFAULT_BUDGET_BYTES, parse_bytes, plan_read
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -51,6 +51,21 @@ def test_budget_too_small_names_the_minimum():
     minimum = int(str(info.value).split("(")[1].split(" ")[0])
     plan = plan_read(minimum, rows=10_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32)
     assert plan.total_bytes <= minimum
+    suggested = str(info.value).split("raise memory_budget to '")[1].split("'")[0]
+    assert 0 <= parse_bytes(suggested) - minimum < 1 << 20
+
+
+def test_no_budget_is_the_default_for_reading_plus_the_workers_share():
+    kw = dict(rows=100_000, row_bytes=ROW, label_row_bytes=8, block_rows=64, batch_size=32, out_row_bytes=ROW)
+    inline = plan_read(None, **kw)
+    pooled = plan_read(None, **kw, n_out_slots=8, workers=2, worker_bytes=40 << 20)
+    assert inline.default_budget and inline.budget_bytes == DEFAULT_BUDGET_BYTES
+    assert pooled.budget_bytes == DEFAULT_BUDGET_BYTES + pooled.pool_bytes and pooled.total_bytes <= pooled.budget_bytes
+    assert (pooled.rows_per_fill, pooled.queue_depth) == (inline.rows_per_fill, inline.queue_depth)
+    assert "default: 256.0 MiB for reading + " in pooled.describe()
+    # A batch that needs more than the default gets its minimum, not an error.
+    big = plan_read(None, rows=1000, row_bytes=4 << 20, label_row_bytes=8, block_rows=1, batch_size=64)
+    assert big.budget_bytes == big.min_budget_bytes > DEFAULT_BUDGET_BYTES and big.total_bytes <= big.budget_bytes
 
 
 def test_workers_and_float_output_take_their_share():

@@ -1,10 +1,11 @@
 """tf.data: ``as_tf_dataset(stream)`` -- a ``tf.data.Dataset`` of the stream's batches.
 
-The element signature is fixed from the store's metadata (no batch is read to
-learn it): ``x`` is ``(None, H, W, C)`` uint8 (or the augmentation's output
-dtype), ``y`` is ``(None,)`` int64 for classes or ``(None, *label_shape)``
-float32 for regression targets; the batch dimension is ``batch_size`` instead
-of None when the stream drops remainders.  The cardinality is ``len(stream)``,
+The element signature is fixed from the stream's public description (no batch
+is read to learn it): ``x`` is ``(None, H, W, C)`` of ``stream.image_dtype``
+(uint8, or the augmentation's output dtype), ``y`` is ``(None,
+*stream.label_shape)`` of ``stream.label_dtype`` (int64 class indices, float32
+one-hot / binary labels or regression targets); the batch dimension is
+``batch_size`` instead of None when the stream drops remainders.  The cardinality is ``len(stream)``,
 so Keras counts epochs without ``steps_per_epoch``.
 
 Every ``iter(dataset)`` is one pass of the stream's shared feed (see
@@ -16,8 +17,6 @@ batches sit outside the stream's memory budget.
 
 from __future__ import annotations
 
-import numpy as np
-
 from h5stream import _deps
 from h5stream.adapters._feed import feed_for
 from h5stream.errors import ConfigError
@@ -27,12 +26,9 @@ tf = _deps.tensorflow()
 
 def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec]:
     """``(x_spec, y_spec)`` of the stream's batches, from metadata only."""
-    meta = stream.meta
     batch = stream.batch_size if stream.drop_remainder else None
-    augment = getattr(stream, "augment", None)
-    x_dtype = np.dtype(augment.output_dtype()) if augment is not None else np.dtype(np.uint8)
-    x_spec = tf.TensorSpec((batch, *meta.image_shape), tf.as_dtype(x_dtype), name="images")
-    y_spec = tf.TensorSpec((batch, *meta.label_shape), tf.as_dtype(np.dtype(meta.label_dtype)), name="labels")
+    x_spec = tf.TensorSpec((batch, *stream.meta.image_shape), tf.as_dtype(stream.image_dtype), name="images")
+    y_spec = tf.TensorSpec((batch, *stream.label_shape), tf.as_dtype(stream.label_dtype), name="labels")
     return x_spec, y_spec
 
 

@@ -3,12 +3,22 @@
 Each ``iter`` is one pass of the stream's shared feed: ``len(stream)``
 batches ``(x, y)`` as tensors sharing memory with the stream's numpy arrays
 (``x`` is ``(n, H, W, C)``, channels last as stored; permute for NCHW models).
-The batches are already made, so wrap it as ``DataLoader(ds, batch_size=None)``
+
+The batches are already made, so a ``DataLoader`` must not batch them again:
+wrap it as ``DataLoader(ds, batch_size=None)`` (or iterate ``ds`` directly),
 and keep ``num_workers=0``: the stream has its own reader thread and worker
-pool, and cannot be copied into DataLoader workers.
+pool, and cannot be copied into DataLoader workers.  ``DataLoader(ds)`` with
+torch's default ``batch_size=1`` would stack each batch into a batch of one
+(5-D images); iterating such a loader raises :class:`~h5stream.ConfigError`
+instead.  It is told apart by the loader's fetcher, the object that calls
+``iter(ds)`` (``torch.utils.data._utils.fetch._IterableDatasetFetcher``, with
+its ``auto_collation`` flag, unchanged since torch 1.2); a torch that
+starts iterations some other way gets no check.
 """
 
 from __future__ import annotations
+
+import sys
 
 from h5stream import _deps
 from h5stream.adapters._feed import feed_for
@@ -16,6 +26,8 @@ from h5stream.errors import ConfigError
 
 torch = _deps.torch()
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402 - after the guarded import of torch
+
+_USE = "DataLoader(ds, batch_size=None, num_workers=0)"
 
 
 class StreamIterable(IterableDataset):
@@ -30,11 +42,21 @@ class StreamIterable(IterableDataset):
         return self._feed.n
 
     def __iter__(self):
+        # Checked here, not in the generator: the caller's frame is the loader's fetcher only at this call.
+        if _loader_batches_again(sys._getframe(1)):
+            raise ConfigError(
+                f"DataLoader(ds) batches the stream's batches again (torch's default batch_size=1 gives 5-D "
+                f"images of shape (1, {self.stream.batch_size}, H, W, C)); the stream already yields batches of "
+                f"batch_size={self.stream.batch_size}: use {_USE}"
+            )
         if get_worker_info() is not None:
             raise ConfigError(
                 "an h5stream torch dataset cannot run in DataLoader worker processes; "
-                "use DataLoader(ds, batch_size=None, num_workers=0) and h5stream.open(..., workers=N)"
+                f"use {_USE} and h5stream.open(..., workers=N)"
             )
+        return self._batches()
+
+    def _batches(self):
         pass_id = self._feed.begin_pass()
         while True:
             batch = self._feed.next_batch(pass_id)
@@ -44,9 +66,19 @@ class StreamIterable(IterableDataset):
             yield torch.from_numpy(x), torch.from_numpy(y)
 
     def __getstate__(self):
-        raise ConfigError("an h5stream torch dataset cannot be pickled; keep DataLoader num_workers=0")
+        raise ConfigError(f"an h5stream torch dataset cannot be pickled; use {_USE}")
+
+
+def _loader_batches_again(frame) -> bool:
+    """Whether ``frame`` is a DataLoader fetcher that collates items into batches (``batch_size`` not None)."""
+    try:
+        from torch.utils.data._utils.fetch import _BaseDatasetFetcher
+    except ImportError:  # a torch without it: no check
+        return False
+    caller = frame.f_locals.get("self") if frame is not None else None
+    return isinstance(caller, _BaseDatasetFetcher) and bool(getattr(caller, "auto_collation", False))
 
 
 def as_torch(stream) -> StreamIterable:
-    """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration."""
+    """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration: ``DataLoader(ds, batch_size=None)``."""
     return StreamIterable(stream)

@@ -60,18 +60,20 @@ __all__ = [
     "FileSource",
     "WorkerPool",
     "WORKER_OVERHEAD_BYTES",
+    "WORKER_SHARED_BYTES",
     "measure_worker_pss",
     "slot_bytes",
     "worker_buffer_bytes",
 ]
 
-#: Estimated PSS of one idle spawned worker that has imported numpy, OpenCV and
-#: h5stream, with headroom.  Measured 49 MiB for ``Augment(**PRESETS["standard"])``
-#: and 31 MiB for a numpy-only transform (Python 3.11, Linux, 2026 package set)
-#: with ``measure_worker_pss``.  The stream's plan subtracts ``workers * this``
-#: from the budget before sizing buffers; ``WorkerPool.worker_pss_bytes()``
-#: measures the live value.
-WORKER_OVERHEAD_BYTES = 64 << 20
+#: Private memory of one worker process besides its gather buffer (:func:`worker_buffer_bytes`): its
+#: interpreter, the heap numpy and the h5stream modules build, its copies of library pages, and an
+#: augmentation's scratch arrays.
+WORKER_OVERHEAD_BYTES = 24 << 20
+
+#: Library code the workers map and a training process usually does not (OpenCV and what it loads):
+#: resident once, shared by every worker.
+WORKER_SHARED_BYTES = 20 << 20
 
 # A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
 # queued per worker keeps a worker's pipe below this many bytes, so send()
@@ -146,7 +148,7 @@ def _worker_error(message: str, tb_text: str | None, stage: str | None = None, s
 
 
 def _worker_main(worker_id, conn, transform_bytes, source_specs, slot_spec, batch_rows):
-    """Entry point of a worker process (spawned; imports only numpy and this package)."""
+    """Entry point of a worker process (spawned; imports numpy and the h5stream modules the transform needs, never h5py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         # The parent blocked SIGINT around start(); a Ctrl-C that arrived during

@@ -4,6 +4,10 @@ Everything here is a pure function of plain values: ``(rows, block_rows, shard,
 seed, epoch, rows_per_fill, batch_size)`` in, integer arrays out.  No I/O, no
 threads; the reader thread and the tests call the same functions.
 
+An epoch covers rows ``[start_row, rows)`` of the file: all of it by default,
+or one part of a validation split (:mod:`h5stream.order.split`).  Blocks are
+the file's blocks; the part's first block may be cut at ``start_row``.
+
 The algorithm, for one epoch of one shard:
 
 1. **Blocks and units.**  The file is cut into blocks of ``block_rows``
@@ -29,7 +33,7 @@ The algorithm, for one epoch of one shard:
    from it, and a batch may straddle two consecutive fills.
 
 With ``shuffle=False`` steps 2-4 keep file order: the epoch is rows
-``0..rows-1`` (of the shard's piece) in order.
+``start_row..rows-1`` (of the shard's piece) in order.
 
 Batches per shard (:func:`batch_sizes`): every shard yields the same number of
 batches.  Without ``drop_remainder``, ``n_batches = ceil(rows / (count *
@@ -68,25 +72,29 @@ def check_shard(shard) -> tuple[int, int]:
 
 
 def shard_segments(rows: int, block_rows: int, seed: int, epoch: int, shard=(0, 1), shuffle: bool = True,
-                   unit_rows: int | None = None) -> np.ndarray:
+                   unit_rows: int | None = None, start_row: int = 0) -> np.ndarray:
     """The shard's segments, sorted by file position: an ``(S, 2)`` int64 array of ``[start, stop)`` row ranges.
 
     Each segment lies inside one *unit*: ``unit_rows`` aligned rows (default: a
     whole block; a divisor of ``block_rows``), the smallest piece that moves
     between fills.  Pieces of the ``count`` shards are disjoint and together
-    cover ``range(rows)``.
+    cover ``range(start_row, rows)``.
     """
     index, count = check_shard(shard)
-    if rows < 0 or block_rows < 1:
-        raise ConfigError(f"need rows >= 0 and block_rows >= 1, got rows={rows}, block_rows={block_rows}")
-    n_blocks = -(-rows // block_rows)
+    if rows < 0 or block_rows < 1 or not 0 <= start_row <= rows:
+        raise ConfigError(f"need 0 <= start_row <= rows and block_rows >= 1, got start_row={start_row}, "
+                          f"rows={rows}, block_rows={block_rows}")
+    first_block = start_row // block_rows
+    n_blocks = -(-rows // block_rows) - first_block if rows > start_row else 0
     blocks = _rng(seed, epoch, _BLOCKS).permutation(n_blocks) if (shuffle and count > 1) else np.arange(n_blocks)
-    starts = blocks.astype(np.int64) * block_rows
+    starts = (blocks.astype(np.int64) + first_block) * block_rows
     stops = np.minimum(starts + block_rows, rows)
+    starts = np.maximum(starts, start_row)
     # Row offsets of each block in the permuted sequence, and this piece's bounds.
+    total = rows - start_row
     seq_end = np.cumsum(stops - starts)
     seq_start = seq_end - (stops - starts)
-    lo, hi = (index * rows) // count, ((index + 1) * rows) // count
+    lo, hi = (index * total) // count, ((index + 1) * total) // count
     keep = (seq_end > lo) & (seq_start < hi)
     s = starts[keep] + np.maximum(0, lo - seq_start[keep])
     e = stops[keep] - np.maximum(0, seq_end[keep] - hi)
@@ -208,16 +216,17 @@ def batch_sizes(shard_rows: int, total_rows: int, batch_size: int, count: int = 
 
 def epoch_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
                  shard=None, shuffle: bool = True, drop_remainder: bool = False,
-                 unit_rows: int | None = None) -> EpochLayout:
-    """Lay out one epoch of one shard.  ``rows_per_fill`` is the shuffle buffer's capacity in rows;
-    ``unit_rows`` (a divisor of ``block_rows``, default the block) is the piece that moves between fills."""
+                 unit_rows: int | None = None, start_row: int = 0) -> EpochLayout:
+    """Lay out one epoch of one shard over rows ``[start_row, rows)``.  ``rows_per_fill`` is the shuffle
+    buffer's capacity in rows; ``unit_rows`` (a divisor of ``block_rows``, default the block) is the piece
+    that moves between fills."""
     index, count = check_shard(shard)
     unit = block_rows if unit_rows is None else int(unit_rows)
     if rows_per_fill < unit:
         raise ConfigError(f"rows_per_fill ({rows_per_fill}) must hold at least one unit ({unit} rows)")
-    segments = shard_segments(rows, block_rows, seed, epoch, (index, count), shuffle, unit)
+    segments = shard_segments(rows, block_rows, seed, epoch, (index, count), shuffle, unit, start_row)
     fills = fill_schedule(len(segments), rows_per_fill // unit, seed, epoch, index, shuffle)
     lengths = segments[:, 1] - segments[:, 0]
     fill_rows = np.array([int(lengths[f].sum()) for f in fills], dtype=np.int64)
-    sizes = batch_sizes(int(lengths.sum()), rows, batch_size, count, drop_remainder)
+    sizes = batch_sizes(int(lengths.sum()), rows - start_row, batch_size, count, drop_remainder)
     return EpochLayout(segments, tuple(fills), fill_rows, sizes, int(seed), int(epoch), index, bool(shuffle))

@@ -1,0 +1,78 @@
+"""Keras' ``label_mode``: how a stream hands out the labels it reads.  Pure.
+
+* ``"int"`` (default): labels as stored -- int64 class indices ``(n,)`` for a
+  class store, float32 targets ``(n,)`` / ``(n, K)`` for a regression store.
+* ``"categorical"``: one-hot float32 ``(n, n_classes)``, ``n_classes`` being
+  the store's ``class_names``; for ``categorical_crossentropy``.
+* ``"binary"``: float32 ``(n, 1)`` of 0.0 / 1.0, for stores of exactly two
+  classes; for ``binary_crossentropy`` with one sigmoid output.
+
+The last two need a class store with ``class_names``; a regression store's
+targets only come as stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from h5stream.errors import ConfigError, StoreFormatError
+from h5stream.store.meta import StoreMeta
+
+LABEL_MODES = ("int", "categorical", "binary")
+
+
+@dataclass(frozen=True)
+class LabelEncoding:
+    """Turns a batch of stored labels into what the stream yields; ``shape``/``dtype`` describe one row of it."""
+
+    mode: str
+    n_classes: int | None
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    path: str = ""
+
+    @property
+    def extra_row_bytes(self) -> int:
+        """Bytes a yielded label row takes besides the stored one (0 when labels go out as stored)."""
+        return 0 if self.mode == "int" else int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __call__(self, labels: np.ndarray) -> np.ndarray:
+        if self.mode == "int":
+            return labels
+        if len(labels) and (labels.min() < 0 or labels.max() >= self.n_classes):
+            bad = labels[(labels < 0) | (labels >= self.n_classes)][0]
+            raise StoreFormatError(f"{self.path}: label {bad} is not a class index 0..{self.n_classes - 1} of the store's "
+                              f"class_names; label_mode={self.mode!r} cannot encode it (use label_mode='int')")
+        if self.mode == "binary":
+            return labels.astype(np.float32).reshape(-1, 1)
+        out = np.zeros((len(labels), self.n_classes), np.float32)
+        out[np.arange(len(labels)), labels] = 1.0
+        return out
+
+
+def label_encoding(meta: StoreMeta, mode: str) -> LabelEncoding:
+    """Check ``mode`` against the store and describe its output; :class:`ConfigError` says what fits instead."""
+    if mode not in LABEL_MODES:
+        raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {mode!r}")
+    if mode == "int":
+        return LabelEncoding(mode, len(meta.class_names) if meta.class_names else None, tuple(meta.label_shape),
+                             np.dtype(meta.label_dtype), meta.path)
+    if meta.label_kind != "class" or not np.issubdtype(meta.label_dtype, np.integer) or meta.label_shape:
+        raise ConfigError(
+            f"{meta.path}: label_mode={mode!r} needs class labels, and this store holds {meta.label_kind} targets "
+            f"({np.dtype(meta.label_dtype).name}, shape {tuple(meta.label_shape)} per row); "
+            "use label_mode='int', which yields them as stored"
+        )
+    if not meta.class_names:
+        raise ConfigError(f"{meta.path}: label_mode={mode!r} needs the number of classes, and this store has no "
+                          "class_names attribute; use label_mode='int' and encode the labels yourself")
+    n = len(meta.class_names)
+    if mode == "binary":
+        if n != 2:
+            raise ConfigError(f"{meta.path}: label_mode='binary' needs exactly 2 classes, and this store has {n} "
+                              f"({', '.join(meta.class_names[:5])}{', ...' if n > 5 else ''}); "
+                              "use label_mode='categorical' or 'int'")
+        return LabelEncoding(mode, 2, (1,), np.dtype(np.float32), meta.path)
+    return LabelEncoding(mode, n, (n,), np.dtype(np.float32), meta.path)

@@ -1,0 +1,73 @@
+"""The parameters of :func:`h5stream.open`, written once: a frozen dataclass, checked when it is made.
+
+``h5stream.open(path, ...)`` is ``Stream(path, StreamOptions(...))``: the
+signature, the defaults and the checks that need no store live here; what
+depends on the store (label modes, the split, the budget's minimum) is
+checked when the stream opens it.  The parameters are documented on
+:func:`h5stream.open`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import KW_ONLY, dataclass
+
+from h5stream.errors import ConfigError
+from h5stream.labels import LABEL_MODES
+from h5stream.order.epoch import check_shard
+from h5stream.order.split import check_split
+from h5stream.read.plan import parse_bytes
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Everything :func:`h5stream.open` takes besides the path (see there); values are normalised
+    (``memory_budget`` to bytes or None, ``shard`` to ``(index, count)``)."""
+
+    batch_size: int = 32
+    memory_budget: int | str | None = None
+    _: KW_ONLY
+    shuffle: bool | None = None
+    seed: int | None = 0
+    drop_remainder: bool = False
+    shard: tuple[int, int] | None = None
+    resume: dict | None = None
+    augment: object = None
+    workers: int = 0
+    rows_per_fill: int | None = None
+    timeout_s: float = 60.0
+    validation_split: float | None = None
+    subset: str | None = None
+    label_mode: str = "int"
+
+    def __post_init__(self):
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not _is_int(self.workers) or self.workers < 0:
+            raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if not isinstance(self.timeout_s, numbers.Real) or isinstance(self.timeout_s, bool) or self.timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be > 0 (seconds), got {self.timeout_s!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ConfigError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.shuffle is not None and not isinstance(self.shuffle, bool):
+            raise ConfigError(f"shuffle must be True, False or None (the subset's default), got {self.shuffle!r}")
+        if self.resume is not None and not isinstance(self.resume, dict):
+            raise ConfigError(f"resume must be a dict from Stream.state(), got {type(self.resume).__name__}")
+        if self.label_mode not in LABEL_MODES:
+            raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
+        split, subset = check_split(self.validation_split, self.subset)
+        budget = None if self.memory_budget is None else parse_bytes(self.memory_budget)
+        for name, value in (("batch_size", int(self.batch_size)), ("workers", int(self.workers)),
+                            ("timeout_s", float(self.timeout_s)), ("drop_remainder", bool(self.drop_remainder)),
+                            ("memory_budget", budget), ("validation_split", split), ("subset", subset),
+                            ("shard", None if self.shard is None else check_shard(self.shard))):
+            object.__setattr__(self, name, value)
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether epochs are shuffled: ``shuffle``, which defaults to True except for the validation subset."""
+        return self.subset != "validation" if self.shuffle is None else self.shuffle

@@ -1,0 +1,66 @@
+"""Keras' ``validation_split`` / ``subset`` for a store: which rows each part streams.  Pure.
+
+``validation_split=f`` holds out the last ``int(f * rows)`` committed rows as
+the ``"validation"`` subset; ``"training"`` is every row before them.  That is
+Keras' rule (``image_dataset_from_directory`` shuffles its file list with the
+seed, then keeps the last ``int(f * n)`` files for validation), with the
+shuffle already done: ingest writes rows in a seeded random order
+(``storage_order == "shuffled"``).  So:
+
+* the split is the same for every ``seed`` of the stream (the stream's seed
+  shuffles within a part, never across the boundary), disjoint, and the two
+  parts together cover every committed row;
+* each part is one contiguous range of rows, read block by block like the
+  whole file (the boundary block is shared);
+* it depends only on the committed row count: appending rows to the store
+  moves the boundary.
+
+A store in any other order (``"sorted"``: the rows of one class together;
+``"unknown"``: written by another tool) is refused: its last rows would be
+whole classes, which is no validation set.  Re-ingest it with ``--order
+shuffled``, or ingest the validation images into a store of their own.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from h5stream.errors import ConfigError
+
+SUBSETS = ("training", "validation")
+
+
+def check_split(validation_split, subset) -> tuple[float | None, str | None]:
+    """Validate the pair as ``h5stream.open`` takes it: both None, or a fraction in (0, 1) and a subset name."""
+    if validation_split is None and subset is None:
+        return None, None
+    if validation_split is None:
+        raise ConfigError(f"subset={subset!r} needs validation_split, e.g. validation_split=0.2")
+    if isinstance(validation_split, bool) or not isinstance(validation_split, numbers.Real) \
+            or not 0 < float(validation_split) < 1:
+        raise ConfigError(f"validation_split must be a fraction between 0 and 1 (exclusive), got {validation_split!r}")
+    if subset not in SUBSETS:
+        raise ConfigError(f"validation_split needs subset='training' or subset='validation', got subset={subset!r}")
+    return float(validation_split), subset
+
+
+def subset_rows(rows: int, validation_split: float | None, subset: str | None, storage_order: str,
+                path: str = "the store") -> tuple[int, int]:
+    """``(start, stop)``: the committed rows ``subset`` streams (``(0, rows)`` without a split)."""
+    validation_split, subset = check_split(validation_split, subset)
+    if validation_split is None:
+        return 0, int(rows)
+    if storage_order != "shuffled":
+        raise ConfigError(
+            f"{path}: validation_split needs a store whose rows are in shuffled order, and this one is "
+            f"{storage_order!r} (its last rows would be whole classes); re-ingest it with --order shuffled, "
+            "or ingest the validation images into a store of their own"
+        )
+    n_val = int(validation_split * rows)  # < rows, since the fraction is below 1
+    if n_val == 0:
+        raise ConfigError(
+            f"{path}: validation_split={validation_split} of {rows} rows holds out int({validation_split} * {rows}) "
+            f"= 0 rows; raise validation_split to at least 1/{rows}"
+        )
+    boundary = int(rows) - n_val
+    return (0, boundary) if subset == "training" else (boundary, int(rows))
