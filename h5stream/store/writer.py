@@ -190,55 +190,32 @@ class StoreWriter:
             raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
         filters = _filters(compression)
         label_shape = tuple(int(d) for d in label_shape)
+        attrs = {
+            schema.ATTR_FORMAT: np.int64(schema.FORMAT_VERSION),
+            schema.ATTR_COMMITTED: np.int64(0),
+            schema.ATTR_LABEL_KIND: label_kind,
+            schema.ATTR_CLASS_NAMES: json.dumps(list(class_names) if class_names is not None else None),
+            schema.ATTR_LABEL_COLUMNS: json.dumps(list(label_columns) if label_columns is not None else None),
+            schema.ATTR_HEIGHT: np.int64(h),
+            schema.ATTR_WIDTH: np.int64(w),
+            schema.ATTR_CHANNELS: np.int64(c),
+            schema.ATTR_RESIZE: resize_mode,
+            schema.ATTR_BACKGROUND: json.dumps([int(v) for v in background]),
+            schema.ATTR_ORDER: storage_order,
+            schema.ATTR_ORDER_SEED: np.int64(order_seed if storage_order == "shuffled" else -1),
+            schema.ATTR_BLOCK_ROWS: np.int64(block_rows),
+            schema.ATTR_SKIPPED: np.int64(0),
+        }
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
             if os.path.exists(path) and not overwrite:  # again, now that no other writer can make it
                 raise StoreExistsError(f"{path}: already exists; pass --append to add to it or --overwrite to replace it")
             tmp = path + ".creating"
-            f = tables.open_file(tmp, mode="w", chunk_cache_size=0)
             try:
-                f.create_earray(
-                    f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, h, w, c),
-                    chunkshape=(block_rows, h, w, c), filters=filters, expectedrows=expected_rows,
-                )
-                label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
-                f.create_earray(
-                    f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
-                    chunkshape=(max(1024, block_rows), *label_shape), expectedrows=expected_rows,
-                )
-                f.create_earray(
-                    f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
-                    chunkshape=(1024,), expectedrows=expected_rows,
-                )
-                a = f.root._v_attrs
-                a[schema.ATTR_FORMAT] = np.int64(schema.FORMAT_VERSION)
-                a[schema.ATTR_COMMITTED] = np.int64(0)
-                a[schema.ATTR_LABEL_KIND] = label_kind
-                a[schema.ATTR_CLASS_NAMES] = json.dumps(list(class_names) if class_names is not None else None)
-                a[schema.ATTR_LABEL_COLUMNS] = json.dumps(list(label_columns) if label_columns is not None else None)
-                a[schema.ATTR_HEIGHT] = np.int64(h)
-                a[schema.ATTR_WIDTH] = np.int64(w)
-                a[schema.ATTR_CHANNELS] = np.int64(c)
-                a[schema.ATTR_RESIZE] = resize_mode
-                a[schema.ATTR_BACKGROUND] = json.dumps([int(v) for v in background])
-                a[schema.ATTR_ORDER] = storage_order
-                a[schema.ATTR_ORDER_SEED] = np.int64(order_seed if storage_order == "shuffled" else -1)
-                a[schema.ATTR_BLOCK_ROWS] = np.int64(block_rows)
-                a[schema.ATTR_SKIPPED] = np.int64(0)
-                staging = cls(f)
-            except BaseException:
-                _cut_off(f)
-                f.close()
-                os.unlink(tmp)
-                raise
-            try:
-                staging._flush()
-                staging._close_file()
-                read_meta(tmp)  # the complete file opens; a close that failed unseen would show here
+                cls._write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, filters, expected_rows, attrs)
                 os.replace(tmp, path)
             except (StoreWriteError, StoreFormatError, OSError) as exc:
-                staging.discard()
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 code = getattr(exc, "errno", None)
@@ -251,6 +228,40 @@ class StoreWriter:
             if owned:
                 lock.release()
             raise
+
+    @classmethod
+    def _write_empty(cls, tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
+                     block_rows: int, filters, expected_rows: int, attrs: dict) -> None:
+        """Lay out an empty store in ``tmp``, durable and verified to open; raises on any failure."""
+        f = tables.open_file(tmp, mode="w", chunk_cache_size=0)
+        try:
+            f.create_earray(
+                f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
+                chunkshape=(block_rows, *image_shape), filters=filters, expectedrows=expected_rows,
+            )
+            label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
+            f.create_earray(
+                f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
+                chunkshape=(max(1024, block_rows), *label_shape), expectedrows=expected_rows,
+            )
+            f.create_earray(
+                f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
+                chunkshape=(1024,), expectedrows=expected_rows,
+            )
+            for name, value in attrs.items():
+                f.root._v_attrs[name] = value
+            staging = cls(f)
+        except BaseException:
+            _cut_off(f)
+            f.close()
+            raise
+        try:
+            staging._flush()
+            staging._close_file()
+        except BaseException:
+            staging.discard()
+            raise
+        read_meta(tmp)  # the complete file opens; a close that failed unseen would show here
 
     @classmethod
     def open_append(cls, path: str | os.PathLike, *, lock: StoreLock | None = None) -> StoreWriter:
