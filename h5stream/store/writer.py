@@ -343,14 +343,13 @@ class StoreWriter:
         if too_long is not None:
             raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
         encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
-        try:
-            self._reserve(self._space_for(n))
+
+        def write() -> None:
             self.images.append(images)
             self.labels.append(labels)
             self.paths.append(encoded)
-            self._check_within_reserve()
-        except (OSError, tables.HDF5ExtError) as exc:
-            raise self._fail(exc, cut_back=True) from exc
+
+        self._write_guarded(self._space_for((self.images, self.labels, self.paths), n), write)
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
@@ -383,11 +382,24 @@ class StoreWriter:
         if self._closed or not self._f.isopen:
             raise ConfigError(f"{self.path}: this writer is closed")
 
-    def _space_for(self, rows: int) -> int:
-        """Most file space HDF5 can take for ``rows`` more rows: every chunk they start (plus the partly
-        filled one a compressed array rewrites elsewhere), with room for compression overhead and index."""
+    def _write_guarded(self, nbytes: int, write) -> None:
+        """Run ``write()`` (appends to this file's arrays taking at most ``nbytes`` of new file space) so that it
+        cannot fail half-way for want of space, and a failure leaves the file as its last commit.  Every write
+        of array data goes through here; StoreWriteError on failure (the writer is closed then)."""
+        self._check_open()
+        try:
+            self._reserve(nbytes)
+            write()
+            self._check_within_reserve()
+        except (OSError, tables.HDF5ExtError) as exc:
+            raise self._fail(exc, cut_back=True) from exc
+
+    @staticmethod
+    def _space_for(arrays, rows: int) -> int:
+        """Most file space HDF5 can take for ``rows`` more rows of ``arrays``: every chunk they start (plus the
+        partly filled one a compressed array rewrites elsewhere), with room for compression overhead and index."""
         total = 0
-        for arr in (self.images, self.labels, self.paths):
+        for arr in arrays:
             per_chunk = int(arr.chunkshape[0])
             chunk_bytes = int(np.prod(arr.chunkshape, dtype=np.int64)) * int(arr.atom.itemsize)
             before, after = arr.nrows, arr.nrows + rows
