@@ -418,3 +418,16 @@ def test_too_many_workers_are_capped_with_a_line_saying_so(class_src, tmp_path, 
     assert code == 0 and "ingested 18" in stdout, err
     assert err == f"h5stream: --workers 1000 is more than this machine can use; decoding with {max_workers()} " \
                   f"(2 per CPU available)\n"
+
+
+def test_a_symlink_to_a_store_shares_its_lock(tmp_path):
+    from h5stream.errors import StoreBusyError
+    from h5stream.store.lock import StoreLock
+
+    real, link = tmp_path / "real.h5", tmp_path / "link.h5"
+    real.write_bytes(b"")
+    link.symlink_to(real)
+    with StoreLock.acquire(real):
+        with pytest.raises(StoreBusyError, match="this process"):
+            StoreLock.acquire(link)
+    assert sorted(os.listdir(tmp_path)) == ["link.h5", "real.h5"]

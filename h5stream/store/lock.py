@@ -27,8 +27,9 @@ PID_WAIT_S = 1.0
 
 
 def lock_path(store_path: str | os.PathLike) -> str:
-    """The sidecar that guards ``store_path``."""
-    return os.fspath(store_path) + LOCK_SUFFIX
+    """The sidecar that guards ``store_path``: next to the file it names, symlinks resolved (two spellings of
+    one store share one lock)."""
+    return os.path.realpath(os.fspath(store_path)) + LOCK_SUFFIX
 
 
 def _holder_pid(fd: int) -> int | None:
