@@ -350,11 +350,12 @@ def test_what_is_left_out_on_purpose_is_counted_and_listed(class_src_copy, tmp_p
     out = tmp_path / "h.h5"
     code, stdout, err = h5cli("ingest", root, out, "--size", "8", "--workers", "0")
     assert code == 0, err
-    assert "ingested 18, skipped 3 (2 hidden, 1 not in a class folder)" in stdout, stdout
+    assert "ingested 18, skipped 0, left out 3 (2 hidden, 1 not in a class folder)" in stdout, stdout
     report = _report(out)
     assert set(report) == {".ipynb_checkpoints/", "cat/.DS_Store", "stray.png"}
-    assert "hidden" in report["cat/.DS_Store"] and "class subfolders" in report["stray.png"]
-    assert read_meta(out).skipped_files == 3
+    assert report["cat/.DS_Store"] == "left out: hidden file (name starts with '.')"
+    assert report["stray.png"].startswith("left out: ") and "class subfolders" in report["stray.png"]
+    assert read_meta(out).skipped_files == 0  # what is left out on purpose is not a skipped file
 
 
 def test_files_the_labels_csv_does_not_list_are_counted_and_listed(regression_src, tmp_path, h5cli):
@@ -365,10 +366,11 @@ def test_files_the_labels_csv_does_not_list_are_counted_and_listed(regression_sr
     out = tmp_path / "r.h5"
     code, stdout, err = h5cli("ingest", root, out, "--labels", part, "--size", "8", "--workers", "0")
     assert code == 0, err
-    assert f"ingested {len(rows) - 2}, skipped 2 (2 not in the labels CSV)" in stdout, stdout
+    assert f"ingested {len(rows) - 2}, skipped 0, left out 2 (2 not in the labels CSV)" in stdout, stdout
     unlisted = {line.split(",")[0] for line in lines[-2:]}
     report = _report(out)
-    assert set(report) == unlisted and all("not listed in part.csv" in why for why in report.values())
+    assert set(report) == unlisted and set(report.values()) == {"left out: image file not listed in part.csv"}
+    assert read_meta(out).skipped_files == 0
 
 
 def _report(out):
@@ -407,6 +409,7 @@ def test_an_unreadable_folder_is_counted_listed_and_the_rest_ingested(class_src_
     assert done.returncode == 0, done.stderr
     assert "ingested 18, skipped 1 (1 unreadable folder)" in done.stdout, done.stdout
     assert _report(out) == {"dog/locked/": "folder not readable (Permission denied); its files were not seen"}
+    assert read_meta(out).skipped_files == 1
     assert strict.returncode == 1 and "dog/locked" in strict.stderr and "--strict" in strict.stderr, strict.stderr
 
 

@@ -3,7 +3,7 @@
 Everything is validated before OUT is created; bad image files are skipped,
 listed in ``OUT.skipped.csv`` and counted, never written as partial rows;
 what is left out on purpose (hidden entries, files the labels CSV does not
-list) is listed there too and counted by kind in the summary.
+list) is listed there too and counted apart, by kind.
 """
 
 from __future__ import annotations
@@ -64,14 +64,13 @@ def _mib(n: int) -> str:
 def summary(result) -> str:
     """The line ``h5stream ingest`` prints when it is done."""
     verb = "created" if result.created else "appended to"
-    skipped = f"skipped {result.skipped}"
+    counts = f"ingested {result.ingested}, skipped {result.skipped}"
+    if result.unreadable_folders:
+        counts += f" ({result.unreadable_folders} unreadable folder{'s' if result.unreadable_folders > 1 else ''})"
     if result.left_out:
-        parts = [f"{n} {kind}" for kind, n in sorted(result.left_out.items())]
-        unusable = result.skipped - sum(result.left_out.values())
-        if unusable:
-            parts.append(f"{unusable} unusable")
-        skipped += f" ({', '.join(parts)})"
-    return (f"{verb} {result.out}: ingested {result.ingested}, {skipped}"
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(result.left_out.items()))
+        counts += f", left out {sum(result.left_out.values())} ({kinds})"
+    return (f"{verb} {result.out}: {counts}"
             + (f", already stored {result.already_stored}" if result.already_stored else "")
             + f"; {result.seconds:.1f} s, {result.images_per_s:.0f} images/s; "
             f"{result.rows} rows, {_mib(result.file_bytes)}")
@@ -99,6 +98,6 @@ def run(args) -> int:
         append=args.append, overwrite=args.overwrite, strict=args.strict,
     ))
     print(summary(result))
-    if result.skipped and result.report_path:
+    if (result.skipped or result.left_out) and result.report_path:
         print(f"skipped files and reasons: {result.report_path}")
     return 0

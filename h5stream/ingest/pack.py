@@ -98,8 +98,9 @@ class IngestOptions:
 
 @dataclass(frozen=True)
 class IngestResult:
-    """What one run did.  ``skipped`` counts every entry of this run's skip report (including the ones
-    ``left_out`` breaks down by kind: hidden, not in the CSV, ...); ``workers`` is the number of decode
+    """What one run did.  ``skipped``: files that could not be ingested (unusable files, and the
+    ``unreadable_folders`` among them); ``left_out``: what was left out on purpose, by kind (hidden, not in
+    the labels CSV, not in a class folder).  Both are listed in the skip report.  ``workers``: the decode
     processes used (``opts.workers`` capped by :func:`max_workers`)."""
 
     out: str
@@ -112,6 +113,7 @@ class IngestResult:
     file_bytes: int
     report_path: str | None
     left_out: dict[str, int] = field(default_factory=dict)
+    unreadable_folders: int = 0
     workers: int = 0
 
     @property
@@ -479,12 +481,17 @@ def schema_background(path: str) -> tuple[int, int, int]:
     return tuple(int(v) for v in json.loads(raw))
 
 
-def _read_report(path: str) -> set[str]:
+#: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
+LEFT_OUT = "left out: "
+
+
+def _read_report(path: str) -> dict[str, str]:
+    """{path: reason} of an existing skip report."""
     if not os.path.exists(path):
-        return set()
+        return {}
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
         rows = list(csv.reader(fh))
-    return {r[0] for r in rows[1:] if r}
+    return {r[0]: (r[1] if len(r) > 1 else "") for r in rows[1:] if r}
 
 
 class _Report:
@@ -495,9 +502,10 @@ class _Report:
     stores them (a name that is not valid UTF-8 keeps its bytes).  Write failures raise StoreWriteError.
     """
 
-    def __init__(self, path: str, paths: set[str]):
+    def __init__(self, path: str, reported: dict[str, str]):
         self.path = path
-        self.paths = set(paths)
+        self.paths = set(reported)
+        self.skipped = sum(not why.startswith(LEFT_OUT) for why in reported.values())  # the skipped_files count
         self._fh = None
         self._csv = None
         self._good_size = 0  # bytes of the report that were durable at the last flush
@@ -522,6 +530,7 @@ class _Report:
         except OSError as exc:
             raise self._failed(exc) from exc
         self.paths.add(rel)
+        self.skipped += not why.startswith(LEFT_OUT)
 
     def flush(self) -> None:
         if self._fh is not None:
@@ -619,7 +628,7 @@ def _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, re
         if rows is not None:
             writer.append(*rows)
         report.flush()  # the report is never behind the count that points to it
-        writer.set_attr(schema.ATTR_SKIPPED, np.int64(len(report.paths)))
+        writer.set_attr(schema.ATTR_SKIPPED, np.int64(report.skipped))
         writer.commit()
 
     for rel, why in rejected:
@@ -628,7 +637,7 @@ def _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, re
         if kind == UNREADABLE:
             record_skip(rel, why)
         else:
-            report.add(rel, why)
+            report.add(rel, LEFT_OUT + why)
     buffer = _RowBuffer(tuple(writer.images.shape[1:]))
     ingested = 0
     starts = np.cumsum([0, *task_sizes(len(pending), pool.workers, pool.rows_per_task)]).tolist()
@@ -688,7 +697,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
     plan = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
 
     report_path = schema.skipped_report_path(opts.out)
-    reported = _read_report(report_path) if appending else set()
+    reported = _read_report(report_path) if appending else {}
     rejected = [(rel, why) for rel, why in source.rejected if rel not in plan["stored"]]
     left_out = [entry for entry in source.left_out if entry[0] not in plan["stored"]]
     if opts.strict:
@@ -736,10 +745,11 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
     kinds: dict[str, int] = {}
     for _, kind, _ in left_out:
         kinds[kind] = kinds.get(kind, 0) + 1
+    unreadable = kinds.pop(UNREADABLE, 0)
     return IngestResult(
         out=opts.out, created=not appending, ingested=ingested,
-        skipped=len(rejected) + len(left_out) + len(pending) - ingested,
+        skipped=len(rejected) + unreadable + len(pending) - ingested,
         already_stored=already, rows=start_rows + ingested, seconds=time.perf_counter() - t0,
         file_bytes=os.path.getsize(opts.out), report_path=report_path if os.path.exists(report_path) else None,
-        left_out=kinds, workers=workers,
+        left_out=kinds, unreadable_folders=unreadable, workers=workers,
     )

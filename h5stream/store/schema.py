@@ -24,8 +24,8 @@ reads every one of them):
     storage_order     str    "shuffled" | "sorted"
     order_seed        int    seed of the storage permutation (-1 when sorted)
     block_rows        int    HDF5 chunk length along axis 0: the unit of contiguous reads
-    skipped_files     int    entries of OUT.skipped.csv: files skipped or left out (hidden, not in
-                             the labels CSV, unreadable folders) over all ingest runs
+    skipped_files     int    files (and unreadable folders) skipped over all ingest runs; details in
+                             OUT.skipped.csv, which also lists what was left out on purpose
 """
 
 from __future__ import annotations
