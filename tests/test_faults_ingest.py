@@ -413,6 +413,31 @@ def test_an_unreadable_folder_is_counted_listed_and_the_rest_ingested(class_src_
     assert strict.returncode == 1 and "dog/locked" in strict.stderr and "--strict" in strict.stderr, strict.stderr
 
 
+@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv: every file is writable")
+def test_a_skip_report_that_cannot_be_written_stops_the_run_keeping_the_last_commit(class_src_copy, tmp_path):
+    root, _ = class_src_copy
+    out = tmp_path / "r.h5"
+    cmd = [sys.executable, "-m", "h5stream", "ingest", root, str(out), "--size", "8", "--workers", "0"]
+    open(os.path.join(root, "cat", "empty.png"), "wb").close()
+    assert run(cmd).returncode == 0
+    before = store_state(out)
+    make_class_folder(tmp_path / "more", classes=["emu"], per_class=3, size=(30, 40), seed=6)
+    shutil.move(str(tmp_path / "more" / "emu"), os.path.join(root, "emu"))
+    open(os.path.join(root, "emu", "empty.png"), "wb").close()  # a new skip: the report must grow
+    report = schema.skipped_report_path(str(out))
+    os.chmod(report, 0o444)
+    try:
+        failed = subprocess.run(_unprivileged() + cmd + ["--append"], capture_output=True, text=True, timeout=300)
+    finally:
+        os.chmod(report, 0o644)
+    err = failed.stderr
+    assert failed.returncode == 1 and err.count("\n") == 1, err
+    assert "cannot write the skip report (Permission denied)" in err and "18 complete rows" in err, err
+    assert_same(store_state(out), before)
+    assert run(cmd + ["--append"]).returncode == 0
+    assert read_meta(out).rows == 21 and len(_report(out)) == 2
+
+
 def test_too_many_workers_are_capped_with_a_line_saying_so(class_src, tmp_path, h5cli):
     from h5stream.ingest.pack import max_workers
 

@@ -99,5 +99,5 @@ def run(args) -> int:
     ))
     print(summary(result))
     if (result.skipped or result.left_out) and result.report_path:
-        print(f"skipped files and reasons: {result.report_path}")
+        print(f"{'skipped files' if result.skipped else 'files left out'} and reasons: {result.report_path}")
     return 0

@@ -489,8 +489,12 @@ def _read_report(path: str) -> dict[str, str]:
     """{path: reason} of an existing skip report."""
     if not os.path.exists(path):
         return {}
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
-        rows = list(csv.reader(fh))
+    try:
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+            rows = list(csv.reader(fh))
+    except OSError as exc:
+        raise StoreWriteError(f"{path}: cannot read the skip report ({exc.strerror})", errno=exc.errno,
+                              strerror=exc.strerror) from exc
     return {r[0]: (r[1] if len(r) > 1 else "") for r in rows[1:] if r}
 
 
@@ -574,6 +578,8 @@ def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
         fix = "lift the file size limit (ulimit -f) or write to a file system that allows larger files"
     elif exc.errno == errno.EIO:
         fix = "check the disk"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable"
     else:
         fix = "fix that"
     return StoreWriteError(f"{exc}; {fix}, then run the same command with --append to continue",
@@ -715,15 +721,24 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
         pool.start()  # workers boot while the store is created
         writer, start_rows = _open_writer(opts, source, plan, appending, len(pending), lock)
         if not appending and os.path.exists(report_path):
-            os.unlink(report_path)  # a report from an older file of this name no longer applies
+            try:
+                os.unlink(report_path)  # a report from an older file of this name no longer applies
+            except OSError as exc:
+                writer.discard()
+                raise StoreWriteError(f"{report_path}: cannot remove the old skip report ({exc.strerror})",
+                                      errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
         report = _Report(report_path, reported)
         try:
             ingested = _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, report)
             report.close()
             writer.close()
-        except StoreWriteError:
+        except StoreWriteError as exc:
             report.discard()  # both as of their last flush: --append continues from there
             writer.discard()
+            if exc.rows_committed is None:  # the report failed: say what the store keeps too
+                raise StoreWriteError(f"{exc}; {opts.out} is as its last commit left it: {writer.committed_rows} "
+                                      "complete rows", errno=exc.errno, strerror=exc.strerror,
+                                      rows_committed=writer.committed_rows) from exc
             raise
         except BaseException:
             try:
