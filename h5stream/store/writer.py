@@ -27,7 +27,10 @@ HDF5 writes:
 On a failure the writer raises :class:`~h5stream.errors.StoreWriteError`,
 points HDF5's file descriptor at /dev/null (nothing HDF5 still buffers can
 reach the file), closes it and cuts the file back to its size at the last
-good flush: the file is its last commit, byte for byte.
+good flush: the file holds its last commit again, the same rows and the same
+structure (a partly filled chunk rewritten in place may hold, past the
+committed rows, bytes of the rows that were being appended; nothing reads
+them).
 """
 
 from __future__ import annotations
