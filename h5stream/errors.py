@@ -51,3 +51,29 @@ class StreamClosedError(H5StreamError, RuntimeError):
 
 class MissingDependencyError(H5StreamError, ImportError):
     """A package h5stream needs here (OpenCV, a framework) cannot be imported; the message names what to install."""
+
+
+class StoreWriteError(H5StreamError, OSError):
+    """Writing a store failed (disk full, file size limit, I/O error).
+
+    The rows committed before the failure are intact and stay readable; ``rows_committed`` says how many
+    (None when the store was never created), ``errno`` is the operating system's error number when known.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None, strerror: str | None = None,
+                 rows_committed: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+        self.strerror = strerror
+        self.rows_committed = rows_committed
+
+    def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
+        return str(self.args[0]) if self.args else ""
+
+
+class StoreBusyError(H5StreamError, BlockingIOError):
+    """Another writer holds the store; ``pid`` is that process when known."""
+
+    def __init__(self, message: str, *, pid: int | None = None):
+        super().__init__(message)
+        self.pid = pid

@@ -168,6 +168,11 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
         "bad resize": ([class_root, "OUT", "--resize", "squash"], "invalid choice"),
         "negative workers": ([class_root, "OUT", "--workers", "-1"], "--workers"),
         "label-columns without labels": ([class_root, "OUT", "--label-columns", "a"], "--labels"),
+        "negative seed": ([class_root, "OUT", "--seed", "-1"], "--seed must be between 0 and"),
+        "seed past int64": ([class_root, "OUT", "--seed", str(2**63)], "--seed must be between 0 and"),
+        "label beyond float32": ([reg_root, "OUT", "--labels", _csv(tmp_path / "f.csv",
+                                  "path,t0\nimages/img_00000.png,0.5\nimages/img_00001.png,1e39\n")],
+                                 "f.csv line 3: column 't0' holds '1e39', beyond the float32 range"),
     }
 
 
@@ -175,7 +180,7 @@ CASES = [
     "missing src", "src is a file", "empty src", "only loose files", "no images", "csv missing file", "csv missing",
     "unknown column", "non-numeric", "no path column", "path outside", "size 0", "size junk", "out is dir",
     "out exists", "out folder missing", "append not a store", "append and overwrite", "bad resize",
-    "negative workers", "label-columns without labels",
+    "negative workers", "label-columns without labels", "negative seed", "seed past int64", "label beyond float32",
 ]
 
 

@@ -1,12 +1,15 @@
 """`h5stream ingest SRC OUT.h5`: decode a folder of images into a store.
 
 Everything is validated before OUT is created; bad image files are skipped,
-listed in ``OUT.skipped.csv`` and counted, never written as partial rows.
+listed in ``OUT.skipped.csv`` and counted, never written as partial rows;
+what is left out on purpose (hidden entries, files the labels CSV does not
+list) is listed there too and counted apart, by kind.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 
 from h5stream.errors import ConfigError
 
@@ -37,7 +40,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resize", choices=("stretch", "crop", "pad"),
                         help="stretch ignores aspect (default); crop keeps the centre; pad fits on white")
     parser.add_argument("--channels", type=int, choices=(3, 1), help="3 = RGB (default), 1 = grayscale")
-    parser.add_argument("--workers", type=int, metavar="N", help="decode processes (default: all cores; 0 = in-process)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="decode processes (default: all cores; 0 = in-process; at most two per core)")
     parser.add_argument("--order", choices=("shuffled", "sorted"),
                         help="row order in the file: seeded random (default) or walk order")
     parser.add_argument("--seed", type=int, metavar="S", help="seed of the shuffled storage order (default 0)")
@@ -57,8 +61,23 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def summary(result) -> str:
+    """The line ``h5stream ingest`` prints when it is done."""
+    verb = "created" if result.created else "appended to"
+    counts = f"ingested {result.ingested}, skipped {result.skipped}"
+    if result.unreadable_folders:
+        counts += f" ({result.unreadable_folders} unreadable folder{'s' if result.unreadable_folders > 1 else ''})"
+    if result.left_out:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(result.left_out.items()))
+        counts += f", left out {sum(result.left_out.values())} ({kinds})"
+    return (f"{verb} {result.out}: {counts}"
+            + (f", already stored {result.already_stored}" if result.already_stored else "")
+            + f"; {result.seconds:.1f} s, {result.images_per_s:.0f} images/s; "
+            f"{result.rows} rows, {_mib(result.file_bytes)}")
+
+
 def run(args) -> int:
-    from h5stream.ingest.pack import IngestOptions, default_workers, ingest
+    from h5stream.ingest.pack import IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
 
     size = parse_size(args.size) if args.size is not None else None
     columns = None
@@ -66,18 +85,19 @@ def run(args) -> int:
         columns = tuple(c.strip() for c in args.label_columns.split(",") if c.strip())
         if not columns:
             raise ConfigError("--label-columns is empty; name one or more CSV columns, e.g. --label-columns steer,throttle")
+    workers = default_workers() if args.workers is None else args.workers
+    if workers > max_workers():
+        print(f"h5stream: --workers {workers} is more than this machine can use; decoding with {max_workers()} "
+              f"({WORKERS_PER_CPU} per CPU available)", file=sys.stderr)
+        workers = max_workers()
     result = ingest(IngestOptions(
         src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns, size=size,
         resize=args.resize, channels=args.channels, order=args.order, seed=args.seed,
-        workers=default_workers() if args.workers is None else args.workers, block_rows=args.block_rows,
+        workers=workers, block_rows=args.block_rows,
         compression=None if args.compression == "none" else args.compression,
         append=args.append, overwrite=args.overwrite, strict=args.strict,
     ))
-    verb = "created" if result.created else "appended to"
-    print(f"{verb} {result.out}: ingested {result.ingested}, skipped {result.skipped}"
-          + (f", already stored {result.already_stored}" if result.already_stored else "")
-          + f"; {result.seconds:.1f} s, {result.images_per_s:.0f} images/s; "
-          f"{result.rows} rows, {_mib(result.file_bytes)}")
-    if result.skipped and result.report_path:
-        print(f"skipped files and reasons: {result.report_path}")
+    print(summary(result))
+    if (result.skipped or result.left_out) and result.report_path:
+        print(f"{'skipped files' if result.skipped else 'files left out'} and reasons: {result.report_path}")
     return 0

@@ -2,9 +2,16 @@
 
 Pure functions over the file system (no decoding).  Each returns a
 :class:`Source`: the items in a deterministic walk order (sorted relative
-paths), the label kind, and the files that can be rejected without opening
-them (unknown extension, path too long).  Every unusable *source* raises a
-one-line :class:`SourceError` naming the folder/file/row and the fix.
+paths), the label kind, the files that can be rejected without opening them
+(unknown extension, path too long), and what is left out with a reason
+(:attr:`Source.left_out`: hidden entries, image files the labels CSV or the
+class layout does not cover, folders that cannot be read), so every file
+under the source gets an answer.  Every unusable *source* raises a one-line
+:class:`SourceError` naming the folder/file/row and the fix.
+
+File names that are not valid UTF-8 are kept as Python reads them (surrogate
+escapes), so they open, and :func:`h5stream.store.schema.encode_path` stores
+their original bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from h5stream.errors import SourceError
 from h5stream.store import schema
 
@@ -21,6 +30,12 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
 )
 PATH_COLUMNS = ("path", "filename")
+
+# Kinds of Source.left_out entries (the ingest summary counts each).
+HIDDEN = "hidden"
+NOT_LISTED = "not in the labels CSV"
+LOOSE = "not in a class folder"
+UNREADABLE = "unreadable folder"
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,7 @@ class Source:
     class_names: tuple[str, ...] | None = None  # sorted; folder mode
     label_columns: tuple[str, ...] | None = None  # CSV mode
     rejected: tuple[tuple[str, str], ...] = field(default=())  # (relpath, reason), never decoded
+    left_out: tuple[tuple[str, str, str], ...] = field(default=())  # (relpath, kind, reason); folders end in "/"
 
 
 def _is_hidden(name: str) -> bool:
@@ -49,7 +65,7 @@ def _reject_reason(relpath: str) -> str | None:
     ext = os.path.splitext(relpath)[1].lower()
     if ext not in IMAGE_EXTENSIONS:
         return f"not an image file extension ({ext or 'none'})"
-    if len(relpath.encode("utf-8")) > schema.PATH_BYTES:
+    if len(schema.encode_path(relpath)) > schema.PATH_BYTES:
         return f"relative path longer than {schema.PATH_BYTES} bytes"
     return None
 
@@ -61,14 +77,52 @@ def _check_root(root: str) -> None:
         raise SourceError(f"{root}: not a folder; give a folder with one subfolder per class, or a folder plus --labels CSV")
 
 
-def _walk_files(folder: str, root: str) -> list[str]:
-    """Relative (POSIX) paths of the non-hidden files under ``folder``, sorted, following no symlinked dirs."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
-        prefix = os.path.relpath(dirpath, root).replace(os.sep, "/") + "/"  # once per folder, not per file
-        found.extend(prefix + name for name in filenames if not _is_hidden(name))
-    return sorted(found)
+class _Walk:
+    """Relative (POSIX) paths of the non-hidden files under some folders, and what the walk left out.
+
+    Symlinked folders are not followed; hidden entries (name starting with '.') are neither listed nor
+    entered, except folders in ``enter_hidden`` (the labels CSV names files inside them).
+    """
+
+    def __init__(self, root: str, enter_hidden: frozenset[str] = frozenset()):
+        self.root = root
+        self.enter_hidden = enter_hidden
+        self.left_out: list[tuple[str, str, str]] = []
+
+    def _rel(self, path: str) -> str:
+        rel = os.path.relpath(path, self.root).replace(os.sep, "/")
+        return "" if rel == "." else rel + "/"
+
+    def hidden(self, rel: str) -> None:
+        what = "folder, not searched" if rel.endswith("/") else "file"
+        self.left_out.append((rel, HIDDEN, f"hidden {what} (name starts with '.')"))
+
+    def files(self, folder: str) -> list[str]:
+        found = []
+
+        def unreadable(exc: OSError) -> None:
+            rel = self._rel(exc.filename) if exc.filename else self._rel(folder)
+            self.left_out.append((rel, UNREADABLE, f"folder not readable ({exc.strerror}); its files were not seen"))
+
+        for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable):
+            prefix = self._rel(dirpath)  # once per folder, not per file
+            keep = []
+            for d in sorted(dirnames):
+                if _is_hidden(d) and prefix + d not in self.enter_hidden:
+                    self.hidden(prefix + d + "/")
+                else:
+                    keep.append(d)
+            dirnames[:] = keep
+            for name in filenames:
+                if _is_hidden(name):
+                    self.hidden(prefix + name)
+                else:
+                    found.append(prefix + name)
+        return sorted(found)
+
+
+def _is_image_name(relpath: str) -> bool:
+    return os.path.splitext(relpath)[1].lower() in IMAGE_EXTENSIONS
 
 
 def discover_class_folders(root: str | os.PathLike) -> Source:
@@ -80,7 +134,16 @@ def discover_class_folders(root: str | os.PathLike) -> Source:
     """
     root = os.fspath(root)
     _check_root(root)
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not _is_hidden(e.name))
+    walk = _Walk(root)
+    classes = []
+    for entry in sorted(_list_root(root), key=lambda e: e.name):
+        if _is_hidden(entry.name):
+            walk.hidden(entry.name + ("/" if entry.is_dir() else ""))
+        elif entry.is_dir():
+            classes.append(entry.name)
+        elif _is_image_name(entry.name):
+            walk.left_out.append((entry.name, LOOSE, "image file directly in the source folder; "
+                                  "only files in class subfolders are ingested"))
     if not classes:
         raise SourceError(
             f"{root}: no class subfolders; put images in one subfolder per class, or pass --labels FILE.csv"
@@ -88,7 +151,7 @@ def discover_class_folders(root: str | os.PathLike) -> Source:
     items: list[Item] = []
     rejected: list[tuple[str, str]] = []
     for name in classes:
-        for rel in _walk_files(os.path.join(root, name), root):
+        for rel in walk.files(os.path.join(root, name)):
             reason = _reject_reason(rel)
             if reason is None:
                 items.append(Item(rel, name))
@@ -99,7 +162,16 @@ def discover_class_folders(root: str | os.PathLike) -> Source:
             f"{root}: no image files in its {len(classes)} class folder(s) "
             f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))})"
         )
-    return Source(root, schema.LABEL_CLASS, tuple(items), class_names=tuple(classes), rejected=tuple(rejected))
+    return Source(root, schema.LABEL_CLASS, tuple(items), class_names=tuple(classes), rejected=tuple(rejected),
+                  left_out=tuple(walk.left_out))
+
+
+def _list_root(root: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(root) as it:
+            return list(it)
+    except OSError as exc:
+        raise SourceError(f"{root}: cannot read this folder ({exc.strerror}); check its permissions") from None
 
 
 def _parse_float(text: str, where: str, column: str) -> float:
@@ -109,6 +181,12 @@ def _parse_float(text: str, where: str, column: str) -> float:
         raise SourceError(f"{where}: column {column!r} holds {text!r}, not a number; label columns must be numeric") from None
     if not math.isfinite(value):
         raise SourceError(f"{where}: column {column!r} holds {text!r}; labels must be finite numbers")
+    with np.errstate(over="ignore"):
+        if np.isinf(np.float32(value)):
+            raise SourceError(
+                f"{where}: column {column!r} holds {text!r}, beyond the float32 range labels are stored in "
+                f"(largest {float(np.finfo(np.float32).max):.6g}); rescale that column"
+            )
     return value
 
 
@@ -176,8 +254,25 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike, label_col
         raise SourceError(f"{csv_path}: no image rows; list one image per row under {path_col!r}")
     items.sort(key=lambda it: it.relpath)
     return Source(
-        root, schema.LABEL_REGRESSION, tuple(items), label_columns=tuple(label_columns), rejected=tuple(rejected)
+        root, schema.LABEL_REGRESSION, tuple(items), label_columns=tuple(label_columns), rejected=tuple(rejected),
+        left_out=_not_listed(root, seen, os.path.basename(csv_path)),
     )
+
+
+def _not_listed(root: str, listed: set[str], csv_name: str) -> tuple[tuple[str, str, str], ...]:
+    """What a walk of ``root`` finds that the CSV does not list: image files, hidden entries, unreadable
+    folders (hidden folders holding listed files are searched)."""
+    enter = frozenset(
+        "/".join(parts[:i]) for rel in listed for parts in [rel.split("/")] for i in range(1, len(parts))
+        if any(_is_hidden(p) for p in parts[:i])
+    )
+    walk = _Walk(root, enter_hidden=enter)
+    unlisted = [
+        (rel, NOT_LISTED, f"image file not listed in {csv_name}")
+        for rel in walk.files(root) if rel not in listed and _is_image_name(rel)
+    ]
+    hidden_listed = {rel for rel, kind, _ in walk.left_out if kind == HIDDEN and rel in listed}
+    return tuple(e for e in walk.left_out if e[0] not in hidden_listed) + tuple(unlisted)
 
 
 def discover(root: str | os.PathLike, labels_csv: str | os.PathLike | None = None,

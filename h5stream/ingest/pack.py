@@ -20,11 +20,21 @@
    With the default 4 MiB blocks a crash loses at most max(256 rows, one
    block) of decoding.  The skip report is flushed before each commit so it
    is never behind the ``skipped_files`` attribute.
+
+One ingest writes a store at a time: :func:`ingest` takes the store's lock
+(:class:`~h5stream.store.lock.StoreLock`) before anything else and refuses at
+once, naming the other writer's pid, when it is held.  A write that fails
+(disk full, file size limit, I/O error) ends the run with a
+:class:`~h5stream.errors.StoreWriteError` that says how many rows are kept
+and how to continue; the store is left as its last commit and the skip
+report as its last flush, so ``--append`` afterwards ends with exactly what
+an uninterrupted run writes.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -35,15 +45,16 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from h5stream._spawn import main_module_hidden
-from h5stream.errors import BudgetError, ConfigError, SourceError, StoreExistsError, WorkerError
+from h5stream.errors import BudgetError, ConfigError, SourceError, StoreExistsError, StoreWriteError, WorkerError
 from h5stream.ingest.decode import DecodeSpec, decode_into_slot, decode_task, init_worker
-from h5stream.ingest.discover import Item, Source, discover
+from h5stream.ingest.discover import UNREADABLE, Item, Source, discover
 from h5stream.store import schema
+from h5stream.store.lock import StoreLock
 
 ORDERS = ("shuffled", "sorted")
 COMMIT_ROWS = 256
@@ -56,6 +67,10 @@ MAX_FILES_PER_TASK = 64
 MIN_SLOT_ROWS = 16
 #: The last tasks shrink to this many files, so no worker finishes long after the others.
 MIN_FILES_PER_TASK = 4
+#: Decode processes per CPU at most: beyond two, more only cost memory (decoding is CPU-bound; a second
+#: process per core covers what waits on slow storage).
+WORKERS_PER_CPU = 2
+MAX_SEED = 2**63 - 1  # the order_seed attribute is an int64
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,11 @@ class IngestOptions:
 
 @dataclass(frozen=True)
 class IngestResult:
+    """What one run did.  ``skipped``: files that could not be ingested (unusable files, and the
+    ``unreadable_folders`` among them); ``left_out``: what was left out on purpose, by kind (hidden, not in
+    the labels CSV, not in a class folder).  Both are listed in the skip report.  ``workers``: the decode
+    processes used (``opts.workers`` capped by :func:`max_workers`)."""
+
     out: str
     created: bool
     ingested: int
@@ -92,6 +112,9 @@ class IngestResult:
     seconds: float
     file_bytes: int
     report_path: str | None
+    left_out: dict[str, int] = field(default_factory=dict)
+    unreadable_folders: int = 0
+    workers: int = 0
 
     @property
     def images_per_s(self) -> float:
@@ -104,6 +127,11 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
+
+
+def max_workers() -> int:
+    """The most decode processes :func:`ingest` starts: :data:`WORKERS_PER_CPU` per CPU this process may use."""
+    return WORKERS_PER_CPU * default_workers()
 
 
 def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
@@ -350,13 +378,30 @@ class _RowBuffer:
 # -- validation ---------------------------------------------------------------------
 
 
-def _resolve_new(opts: IngestOptions, source: Source) -> dict:
+def _check_options(opts: IngestOptions) -> None:
+    """Everything about the options and OUT that can be refused before the store is locked."""
+    if opts.append and opts.overwrite:
+        raise ConfigError("--append and --overwrite contradict each other; pick one")
+    if opts.workers < 0:
+        raise ConfigError(f"--workers must be >= 0, got {opts.workers}")
+    if opts.seed is not None and not 0 <= opts.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {opts.seed}")
+    if opts.block_rows is not None and opts.block_rows < 1:
+        raise ConfigError(f"--block-rows must be >= 1, got {opts.block_rows}")
+    if opts.order is not None and opts.order not in ORDERS:
+        raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
     out = opts.out
     if os.path.isdir(out):
+        if opts.append:
+            raise StoreExistsError(f"{out}: is a directory; give the .h5 file to append to")
         raise StoreExistsError(f"{out}: is a directory; give a file name such as {os.path.join(out, 'train.h5')}")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ConfigError(f"{out}: folder {parent} does not exist; create it first")
+
+
+def _resolve_new(opts: IngestOptions, source: Source) -> dict:
+    out = opts.out
     if os.path.exists(out) and not opts.overwrite:
         raise StoreExistsError(f"{out}: already exists; pass --append to add to it or --overwrite to replace it")
     size = opts.size or (128, 128)
@@ -407,10 +452,11 @@ def _resolve_append(opts: IngestOptions, source: Source) -> dict:
         if tuple(meta.label_columns or ()) != tuple(source.label_columns):
             mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
     stored: set[str] = set()
-    with h5py.File(out, "r") as f:
+    # locking=False: this process holds the store's lock, and HDF5's own would clash with an open reader's.
+    with h5py.File(out, "r", locking=False) as f:
         paths = f[schema.PATHS]
         for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
-            stored.update(p.decode("utf-8") for p in paths[start:min(meta.rows, start + 65536)])
+            stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
     background = schema_background(out)
     return dict(
         spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background),
@@ -427,7 +473,7 @@ def schema_background(path: str) -> tuple[int, int, int]:
 
     import h5py
 
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r", locking=False) as f:
         raw = f.attrs.get(schema.ATTR_BACKGROUND)
     if raw is None:
         return (255, 255, 255)
@@ -435,56 +481,122 @@ def schema_background(path: str) -> tuple[int, int, int]:
     return tuple(int(v) for v in json.loads(raw))
 
 
-def _read_report(path: str) -> set[str]:
+#: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
+LEFT_OUT = "left out: "
+
+
+def _read_report(path: str) -> dict[str, str]:
+    """{path: reason} of an existing skip report."""
     if not os.path.exists(path):
-        return set()
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
-    return {r[0] for r in rows[1:] if r}
+        return {}
+    try:
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+            rows = list(csv.reader(fh))
+    except OSError as exc:
+        raise StoreWriteError(f"{path}: cannot read the skip report ({exc.strerror})", errno=exc.errno,
+                              strerror=exc.strerror) from exc
+    return {r[0]: (r[1] if len(r) > 1 else "") for r in rows[1:] if r}
 
 
 class _Report:
-    """The skip report CSV (``path,reason``), opened on the first new entry; one row per path over all runs."""
+    """The skip report CSV (``path,reason``), opened on the first new entry; one row per path over all runs.
 
-    def __init__(self, path: str, paths: set[str]):
+    :meth:`flush` makes the rows added so far durable; :meth:`discard` drops the ones added since, so a run
+    that fails leaves no half-written line.  Paths are written as :func:`h5stream.store.schema.encode_path`
+    stores them (a name that is not valid UTF-8 keeps its bytes).  Write failures raise StoreWriteError.
+    """
+
+    def __init__(self, path: str, reported: dict[str, str]):
         self.path = path
-        self.paths = set(paths)
+        self.paths = set(reported)
+        self.skipped = sum(not why.startswith(LEFT_OUT) for why in reported.values())  # the skipped_files count
         self._fh = None
         self._csv = None
+        self._good_size = 0  # bytes of the report that were durable at the last flush
+        self._created = False
+
+    def _failed(self, exc: OSError) -> StoreWriteError:
+        return StoreWriteError(f"{self.path}: cannot write the skip report ({exc.strerror or exc})",
+                               errno=exc.errno, strerror=exc.strerror)
 
     def add(self, rel: str, why: str) -> None:
         if rel in self.paths:
             return
-        if self._fh is None:
-            new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
-            self._fh = open(self.path, "a", newline="", encoding="utf-8")
-            self._csv = csv.writer(self._fh)
-            if new:
-                self._csv.writerow(["path", "reason"])
+        try:
+            if self._fh is None:
+                self._created = not os.path.exists(self.path)
+                self._fh = open(self.path, "a", newline="", encoding="utf-8", errors="surrogateescape")
+                self._good_size = self._fh.tell()
+                self._csv = csv.writer(self._fh)
+                if self._good_size == 0:
+                    self._csv.writerow(["path", "reason"])
+            self._csv.writerow([rel, why])
+        except OSError as exc:
+            raise self._failed(exc) from exc
         self.paths.add(rel)
-        self._csv.writerow([rel, why])
+        self.skipped += not why.startswith(LEFT_OUT)
 
     def flush(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            try:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            except OSError as exc:
+                raise self._failed(exc) from exc
+            self._good_size = self._fh.tell()
 
     def close(self) -> None:
         if self._fh is not None:
+            self.flush()
             self._fh.close()
             self._fh = None
+
+    def discard(self) -> None:
+        """Close, cutting the file back to its last flush (removing it if this run created it and nothing
+        of it was flushed)."""
+        if self._fh is None:
+            return
+        fh, self._fh = self._fh, None
+        try:
+            fh.close()  # may fail to write its buffer: what it did write is cut off below
+        except OSError:
+            pass
+        try:
+            if self._created and self._good_size == 0:
+                os.unlink(self.path)
+            elif os.path.getsize(self.path) > self._good_size:
+                os.truncate(self.path, self._good_size)
+        except OSError:
+            pass
+
+
+def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
+    """``exc`` with what to do next: remove the cause, then ``--append`` (which also creates a missing store)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space"
+    elif exc.errno == errno.EFBIG:
+        fix = "lift the file size limit (ulimit -f) or write to a file system that allows larger files"
+    elif exc.errno == errno.EIO:
+        fix = "check the disk"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable"
+    else:
+        fix = "fix that"
+    return StoreWriteError(f"{exc}; {fix}, then run the same command with --append to continue",
+                           errno=exc.errno, strerror=exc.strerror, rows_committed=exc.rows_committed)
 
 
 # -- the job ------------------------------------------------------------------------
 
 
-def _open_writer(opts: IngestOptions, source: Source, plan: dict, appending: bool, n_pending: int):
+def _open_writer(opts: IngestOptions, source: Source, plan: dict, appending: bool, n_pending: int,
+                 lock: StoreLock):
     """The store to write: opened for append (class list extended) or created.  Returns (writer, start rows)."""
     from h5stream.store.writer import StoreWriter
 
     spec: DecodeSpec = plan["spec"]
     if appending:
-        writer = StoreWriter.open_append(opts.out)
+        writer = StoreWriter.open_append(opts.out, lock=lock)
         if source.label_kind == schema.LABEL_CLASS and len(plan["class_names"]) != len(writer.meta["class_names"] or ()):
             import json
 
@@ -498,13 +610,14 @@ def _open_writer(opts: IngestOptions, source: Source, plan: dict, appending: boo
             class_names=plan["class_names"], label_columns=source.label_columns, block_rows=opts.block_rows,
             resize_mode=spec.resize, background=spec.background, storage_order=plan["order"],
             order_seed=plan["seed"], compression=opts.compression, overwrite=opts.overwrite,
-            expected_rows=max(1, n_pending),
+            expected_rows=max(1, n_pending), lock=lock,
         )
     return writer, writer.committed_rows
 
 
-def _write_all(opts, source, plan, pending, rejected, pool, writer, report) -> int:
-    """Decode ``pending`` through ``pool`` and append in order; returns the rows written."""
+def _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, report) -> int:
+    """Decode ``pending`` through ``pool`` and append in order; returns the rows written.  ``rejected`` and
+    ``left_out`` entries go to the report (``--strict`` stops on a rejected file or an unreadable folder)."""
     from tqdm import tqdm
 
     class_index = {n: i for i, n in enumerate(plan["class_names"] or ())}
@@ -521,11 +634,16 @@ def _write_all(opts, source, plan, pending, rejected, pool, writer, report) -> i
         if rows is not None:
             writer.append(*rows)
         report.flush()  # the report is never behind the count that points to it
-        writer.set_attr(schema.ATTR_SKIPPED, np.int64(len(report.paths)))
+        writer.set_attr(schema.ATTR_SKIPPED, np.int64(report.skipped))
         writer.commit()
 
     for rel, why in rejected:
         record_skip(rel, why)
+    for rel, kind, why in left_out:
+        if kind == UNREADABLE:
+            record_skip(rel, why)
+        else:
+            report.add(rel, LEFT_OUT + why)
     buffer = _RowBuffer(tuple(writer.images.shape[1:]))
     ingested = 0
     starts = np.cumsum([0, *task_sizes(len(pending), pool.workers, pool.rows_per_task)]).tolist()
@@ -565,61 +683,88 @@ def ingest(opts: IngestOptions) -> IngestResult:
 
     With ``strict`` the first skipped file raises :class:`SourceError`, and
     whatever this run wrote is removed (new file) or rolled back (append).
+    Raises :class:`~h5stream.errors.StoreBusyError` at once when another
+    writer holds OUT, and :class:`~h5stream.errors.StoreWriteError` when
+    writing fails (the message says what is kept and how to continue).
     """
     t0 = time.perf_counter()
-    if opts.append and opts.overwrite:
-        raise ConfigError("--append and --overwrite contradict each other; pick one")
-    if opts.workers < 0:
-        raise ConfigError(f"--workers must be >= 0, got {opts.workers}")
-    if opts.block_rows is not None and opts.block_rows < 1:
-        raise ConfigError(f"--block-rows must be >= 1, got {opts.block_rows}")
-    if opts.order is not None and opts.order not in ORDERS:
-        raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
+    _check_options(opts)
+    with StoreLock.acquire(opts.out) as lock:
+        try:
+            return _ingest_locked(opts, lock, t0)
+        except StoreWriteError as exc:
+            raise _continue_advice(exc) from exc
+
+
+def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestResult:
+    workers = min(opts.workers, max_workers())
     source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None)
     appending = opts.append and os.path.exists(opts.out)
-    if opts.append and os.path.isdir(opts.out):
-        raise StoreExistsError(f"{opts.out}: is a directory; give the .h5 file to append to")
     plan = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
 
     report_path = schema.skipped_report_path(opts.out)
-    reported = _read_report(report_path) if appending else set()
+    reported = _read_report(report_path) if appending else {}
     rejected = [(rel, why) for rel, why in source.rejected if rel not in plan["stored"]]
-    if opts.strict and rejected:
-        rel, why = rejected[0]
-        raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
+    left_out = [entry for entry in source.left_out if entry[0] not in plan["stored"]]
+    if opts.strict:
+        failing = rejected + [(rel, why) for rel, kind, why in left_out if kind == UNREADABLE]
+        if failing:
+            rel, why = failing[0]
+            raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
 
     order = storage_permutation(len(source.items), plan["order"], plan["seed"])
     pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in plan["stored"]]
     already = len(source.items) - len(pending)
 
-    pool = DecodePool(opts.workers, plan["spec"].shape)
+    pool = DecodePool(workers, plan["spec"].shape)
     try:
         pool.start()  # workers boot while the store is created
-        writer, start_rows = _open_writer(opts, source, plan, appending, len(pending))
+        writer, start_rows = _open_writer(opts, source, plan, appending, len(pending), lock)
         if not appending and os.path.exists(report_path):
-            os.unlink(report_path)  # a report from an older file of this name no longer applies
+            try:
+                os.unlink(report_path)  # a report from an older file of this name no longer applies
+            except OSError as exc:
+                writer.discard()
+                raise StoreWriteError(f"{report_path}: cannot remove the old skip report ({exc.strerror})",
+                                      errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
         report = _Report(report_path, reported)
-        ok = False
-        ingested = 0
         try:
-            ingested = _write_all(opts, source, plan, pending, rejected, pool, writer, report)
-            ok = True
-        finally:
+            ingested = _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, report)
             report.close()
-            if ok or not opts.strict:
-                writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here
-            elif appending:
-                writer.rollback(start_rows)
-                writer.close()
-            else:
-                writer.close()
-                for p in (opts.out, report_path):
-                    if os.path.exists(p):
-                        os.unlink(p)
+            writer.close()
+        except StoreWriteError as exc:
+            report.discard()  # both as of their last flush: --append continues from there
+            writer.discard()
+            if exc.rows_committed is None:  # the report failed: say what the store keeps too
+                raise StoreWriteError(f"{exc}; {opts.out} is as its last commit left it: {writer.committed_rows} "
+                                      "complete rows", errno=exc.errno, strerror=exc.strerror,
+                                      rows_committed=writer.committed_rows) from exc
+            raise
+        except BaseException:
+            try:
+                report.close()
+            finally:
+                if not opts.strict:
+                    writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here
+                elif appending:
+                    writer.rollback(start_rows)
+                    writer.close()
+                else:
+                    writer.close()
+                    for p in (opts.out, report_path):
+                        if os.path.exists(p):
+                            os.unlink(p)
+            raise
     finally:
         pool.close()
+    kinds: dict[str, int] = {}
+    for _, kind, _ in left_out:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    unreadable = kinds.pop(UNREADABLE, 0)
     return IngestResult(
-        out=opts.out, created=not appending, ingested=ingested, skipped=len(rejected) + len(pending) - ingested,
+        out=opts.out, created=not appending, ingested=ingested,
+        skipped=len(rejected) + unreadable + len(pending) - ingested,
         already_stored=already, rows=start_rows + ingested, seconds=time.perf_counter() - t0,
         file_bytes=os.path.getsize(opts.out), report_path=report_path if os.path.exists(report_path) else None,
+        left_out=kinds, unreadable_folders=unreadable, workers=workers,
     )

@@ -102,6 +102,11 @@ class BlockHasher:
                 for h in self._open:
                     h.reset()
 
+    @property
+    def pending_blocks(self) -> int:
+        """Blocks completed and not yet taken by :meth:`take_complete`."""
+        return len(self._complete)
+
     def take_complete(self) -> list[Digests]:
         """Digests of the blocks completed since the last call, in order (and forget them)."""
         done, self._complete = self._complete, []

@@ -5,7 +5,8 @@ Layout (format version 1)::
     /images   EArray uint8 (N, H, W, C), chunked (block_rows, H, W, C)
     /labels   EArray int64 (N,)            label_kind == "class"
               EArray float32 (N,) / (N, K) label_kind == "regression"
-    /paths    EArray of fixed-size UTF-8 bytes (N,): source path relative to SRC
+    /paths    EArray of fixed-size bytes (N,): source path relative to SRC, UTF-8; a file name that is not
+              valid UTF-8 keeps its own bytes (see :func:`encode_path`)
     /checksums  EArray uint64 (B, 3): per complete block (``block_rows`` rows), the
               digests of its images, labels and paths (see :mod:`h5stream.store.checksum`)
 
@@ -25,7 +26,8 @@ reads every one of them):
     storage_order     str    "shuffled" | "sorted"
     order_seed        int    seed of the storage permutation (-1 when sorted)
     block_rows        int    HDF5 chunk length along axis 0: the unit of contiguous reads
-    skipped_files     int    files skipped over all ingest runs (details in OUT.skipped.csv)
+    skipped_files     int    files (and unreadable folders) skipped over all ingest runs; details in
+                             OUT.skipped.csv, which also lists what was left out on purpose
     checksum          str    hash of /checksums and checksum_tail ("xxh3_64"); absent in
                              stores written without checksums
     checksum_tail     str    JSON {"rows": R, "images": hex, "labels": hex, "paths": hex}:
@@ -77,6 +79,17 @@ def default_block_rows(row_bytes: int, target_bytes: int = TARGET_CHUNK_BYTES) -
     while rows < 8192 and rows * 2 * row_bytes <= target_bytes:
         rows *= 2
     return rows
+
+
+def encode_path(relpath: str) -> bytes:
+    """The bytes stored in /paths for ``relpath``: UTF-8, and a name Python read from disk as
+    surrogate escapes (not valid UTF-8) gets back its original bytes, so nothing is lost."""
+    return relpath.encode("utf-8", "surrogateescape")
+
+
+def decode_path(stored: bytes) -> str:
+    """Inverse of :func:`encode_path`: ``decode_path(encode_path(p)) == p``, and the str opens the same file."""
+    return stored.decode("utf-8", "surrogateescape")
 
 
 def skipped_report_path(out_path: str) -> str:

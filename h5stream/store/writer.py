@@ -1,31 +1,65 @@
 """Create and extend a store with PyTables EArrays.
 
-:class:`StoreWriter` owns one PyTables file handle and is used from one thread
-(the ingest writer).  Rows are appended to ``/images``, ``/labels`` and
-``/paths``; :meth:`StoreWriter.commit` flushes them and only then raises the
+:class:`StoreWriter` owns one PyTables file handle and the store's
+:class:`~h5stream.store.lock.StoreLock`, and is used from one thread (the
+ingest writer).  Rows are appended to ``/images``, ``/labels`` and ``/paths``;
+:meth:`StoreWriter.commit` makes them durable and only then raises the
 ``committed_rows`` attribute, so a writer killed at any moment leaves a file
 whose first ``committed_rows`` rows are complete in all three arrays.  A crash
 may leave extra, uncommitted rows past that count: readers ignore them and
 :meth:`StoreWriter.open_append` truncates them before writing again.  Each
 commit also records the block checksums of the rows it publishes (see
 :mod:`h5stream.store.checksum`).
+
+A write that fails (disk full, file size limit, I/O error) never publishes a
+row.  HDF5 reports failed writes late or not at all (PyTables ignores what
+``H5Fflush`` and ``H5Fclose`` return), and a flush that fails half-way can
+leave a file that no longer opens.  So failures are made to happen before
+HDF5 writes:
+
+* the file space HDF5 will take for the rows being appended (their chunks and
+  room for index metadata) is allocated first with ``posix_fallocate``; a full
+  disk or a size limit fails there, with HDF5 untouched;
+* HDF5's chunk cache is off, so pixel, label and path chunks are written
+  inside :meth:`StoreWriter.append` (PyTables checks those writes) into that
+  space, and the end of HDF5's file is checked to lie inside it;
+* :meth:`StoreWriter.commit` flushes, checks again and calls ``fsync`` (an
+  I/O error on write-back surfaces there) before it raises the count.
+
+On a failure the writer raises :class:`~h5stream.errors.StoreWriteError`,
+points HDF5's file descriptor at /dev/null (nothing HDF5 still buffers can
+reach the file), closes it and cuts the file back to its size at the last
+good flush: the file holds its last commit again, the same rows and the same
+structure (a partly filled chunk rewritten in place may hold, past the
+committed rows, bytes of the rows that were being appended; nothing reads
+them).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from collections.abc import Sequence
 
 import numpy as np
 import tables
 
-from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError
+from h5stream.errors import ConfigError, StoreBusyError, StoreExistsError, StoreFormatError, StoreWriteError
 from h5stream.store import checksum, schema
+from h5stream.store.lock import StoreLock
 from h5stream.store.meta import StoreMeta, read_meta
 
 COMPRESSIONS = (None, "zlib", "blosc")
 """zlib (gzip) reads in plain h5py; blosc is PyTables-only (h5py needs the hdf5plugin package)."""
+
+#: Space reserved past the end of HDF5's file at every flush, for the headers and index nodes it may add.
+RESERVE_SLACK_BYTES = 64 << 10
+#: Index (B-tree) growth allowed per new chunk; about 70 bytes measured.
+RESERVE_PER_CHUNK_BYTES = 256
+#: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
+RESERVE_BACK_BYTES = 64 << 10
 
 
 def _filters(compression: str | None, level: int = 4) -> tables.Filters | None:
@@ -38,21 +72,92 @@ def _filters(compression: str | None, level: int = 4) -> tables.Filters | None:
     raise ConfigError(f"unknown compression {compression!r}; choose one of none, zlib, blosc")
 
 
+def _describe(exc: BaseException) -> tuple[int | None, str]:
+    """(errno, the system's words) of a failed write, from an OSError or HDF5's error text."""
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno, exc.strerror or os.strerror(exc.errno)
+    text = str(exc).strip()
+    found = re.search(r"errno = (\d+)", text)
+    if found and int(found.group(1)):
+        code = int(found.group(1))
+        return code, os.strerror(code)
+    return None, (text.splitlines()[0][:200] if text else type(exc).__name__)
+
+
+def _open_for_writing(path: str) -> tables.File:
+    """PyTables handle with the chunk cache off (every chunk write happens, and is checked, in ``append``)."""
+    try:
+        return tables.open_file(path, mode="a", chunk_cache_size=0)
+    except (tables.HDF5ExtError, OSError) as exc:
+        if "unable to lock file" in str(exc):
+            raise StoreBusyError(
+                f"{path}: another program has it open (HDF5's file lock); close it there, then run again"
+            ) from exc
+        code, reason = _describe(exc)
+        raise StoreWriteError(f"{path}: cannot open it for writing ({reason})", errno=code, strerror=reason) from exc
+
+
+def _cut_off(f: tables.File) -> bool:
+    """Point ``f``'s file descriptor at /dev/null, so nothing HDF5 still buffers reaches the file; True if done."""
+    try:
+        fd = f.fileno()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, tables.HDF5ExtError, ValueError):
+        return False
+    try:
+        os.dup2(null, fd, inheritable=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(null)
+
+
+def _fsync_folder(path: str) -> None:
+    """Make a rename in ``path``'s folder durable (some file systems cannot: then nothing to do)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class StoreWriter:
     """Append rows to a store.  Not thread-safe: one writer thread owns it.
 
     Use :meth:`create` for a new file or :meth:`open_append` to extend one;
-    close with :meth:`close` or a ``with`` block (closing commits what was appended).
+    close with :meth:`close` or a ``with`` block (closing commits what was
+    appended), or :meth:`discard` (closing drops it).  Both take the store's
+    lock unless given one (which then stays the caller's) and raise
+    :class:`~h5stream.errors.StoreBusyError` while another writer holds it.
+    Write failures raise :class:`~h5stream.errors.StoreWriteError` and leave
+    the file as its last commit; the writer is closed then.
     """
 
-    def __init__(self, h5file: tables.File):
+    def __init__(self, h5file: tables.File, *, lock: StoreLock | None = None):
         self._f = h5file
+        self._lock = lock  # owned: released by close() / discard()
+        self.path = h5file.filename
         root = h5file.root
         self.images = root._f_get_child(schema.IMAGES)
         self.labels = root._f_get_child(schema.LABELS)
         self.paths = root._f_get_child(schema.PATHS)
         self.committed_rows = int(root._v_attrs[schema.ATTR_COMMITTED])
-        self._hasher = checksum.resume(h5file, self.committed_rows)  # None: a store without checksums
+        try:
+            self._fd: int | None = h5file.fileno()
+        except (tables.HDF5ExtError, OSError, ValueError):
+            self._fd = None  # not a plain POSIX file: writes are checked after the fact only
+        self._can_reserve = self._fd is not None
+        self._reserved_end = 0  # file offset below which posix_fallocate has allocated every block
+        self._good_size = os.path.getsize(self.path)  # the file's size at the last good flush
+        self._closed = False
+        self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
+        self._resume_checksums()
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -73,7 +178,9 @@ class StoreWriter:
         compression: str | None = None,
         overwrite: bool = False,
         expected_rows: int = 10_000,
+        lock: StoreLock | None = None,
     ) -> StoreWriter:
+        """A new, empty store at ``path``; it appears under that name only once it is complete on disk."""
         path = os.fspath(path)
         if os.path.isdir(path):
             raise StoreExistsError(f"{path}: is a directory; give a file name such as {os.path.join(path, 'train.h5')}")
@@ -88,66 +195,103 @@ class StoreWriter:
         block_rows = int(block_rows or schema.default_block_rows(row_bytes))
         if block_rows < 1:
             raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
+        filters = _filters(compression)
         label_shape = tuple(int(d) for d in label_shape)
-        label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
-        tmp = path + ".creating"
-        f = tables.open_file(tmp, mode="w")
+        attrs = {
+            schema.ATTR_FORMAT: np.int64(schema.FORMAT_VERSION),
+            schema.ATTR_COMMITTED: np.int64(0),
+            schema.ATTR_LABEL_KIND: label_kind,
+            schema.ATTR_CLASS_NAMES: json.dumps(list(class_names) if class_names is not None else None),
+            schema.ATTR_LABEL_COLUMNS: json.dumps(list(label_columns) if label_columns is not None else None),
+            schema.ATTR_HEIGHT: np.int64(h),
+            schema.ATTR_WIDTH: np.int64(w),
+            schema.ATTR_CHANNELS: np.int64(c),
+            schema.ATTR_RESIZE: resize_mode,
+            schema.ATTR_BACKGROUND: json.dumps([int(v) for v in background]),
+            schema.ATTR_ORDER: storage_order,
+            schema.ATTR_ORDER_SEED: np.int64(order_seed if storage_order == "shuffled" else -1),
+            schema.ATTR_BLOCK_ROWS: np.int64(block_rows),
+            schema.ATTR_SKIPPED: np.int64(0),
+        }
+        owned = lock is None
+        lock = StoreLock.acquire(path) if owned else lock
         try:
-            filters = _filters(compression)
+            if os.path.exists(path) and not overwrite:  # again, now that no other writer can make it
+                raise StoreExistsError(f"{path}: already exists; pass --append to add to it or --overwrite to replace it")
+            tmp = path + ".creating"
+            try:
+                cls._write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, filters, expected_rows, attrs)
+                os.replace(tmp, path)
+            except (StoreWriteError, StoreFormatError, OSError) as exc:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                code = getattr(exc, "errno", None)
+                reason = getattr(exc, "strerror", None) or str(exc)
+                raise StoreWriteError(f"{path}: cannot create it ({reason}); nothing was written",
+                                      errno=code, strerror=reason, rows_committed=None) from exc
+            _fsync_folder(path)
+            return cls(_open_for_writing(path), lock=lock if owned else None)
+        except BaseException:
+            if owned:
+                lock.release()
+            raise
+
+    @classmethod
+    def _write_empty(cls, tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
+                     block_rows: int, filters, expected_rows: int, attrs: dict) -> None:
+        """Lay out an empty store in ``tmp``, durable and verified to open; raises on any failure."""
+        f = tables.open_file(tmp, mode="w", chunk_cache_size=0)
+        try:
             f.create_earray(
-                f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, h, w, c),
-                chunkshape=(block_rows, h, w, c), filters=filters, expectedrows=expected_rows,
+                f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
+                chunkshape=(block_rows, *image_shape), filters=filters, expectedrows=expected_rows,
             )
-            label_chunk = max(1024, block_rows)
+            label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
             f.create_earray(
                 f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
-                chunkshape=(label_chunk, *label_shape), expectedrows=expected_rows,
+                chunkshape=(max(1024, block_rows), *label_shape), expectedrows=expected_rows,
             )
             f.create_earray(
                 f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
                 chunkshape=(1024,), expectedrows=expected_rows,
             )
-            a = f.root._v_attrs
-            a[schema.ATTR_FORMAT] = np.int64(schema.FORMAT_VERSION)
-            a[schema.ATTR_COMMITTED] = np.int64(0)
-            a[schema.ATTR_LABEL_KIND] = label_kind
-            a[schema.ATTR_CLASS_NAMES] = json.dumps(list(class_names) if class_names is not None else None)
-            a[schema.ATTR_LABEL_COLUMNS] = json.dumps(list(label_columns) if label_columns is not None else None)
-            a[schema.ATTR_HEIGHT] = np.int64(h)
-            a[schema.ATTR_WIDTH] = np.int64(w)
-            a[schema.ATTR_CHANNELS] = np.int64(c)
-            a[schema.ATTR_RESIZE] = resize_mode
-            a[schema.ATTR_BACKGROUND] = json.dumps([int(v) for v in background])
-            a[schema.ATTR_ORDER] = storage_order
-            a[schema.ATTR_ORDER_SEED] = np.int64(order_seed if storage_order == "shuffled" else -1)
-            a[schema.ATTR_BLOCK_ROWS] = np.int64(block_rows)
-            a[schema.ATTR_SKIPPED] = np.int64(0)
+            for name, value in attrs.items():
+                f.root._v_attrs[name] = value
             checksum.create_nodes(f)
-            f.flush()
+            staging = cls(f)
         except BaseException:
+            _cut_off(f)
             f.close()
-            os.unlink(tmp)
             raise
-        f.close()
-        # The empty store appears under its name only once it is complete.
-        os.replace(tmp, path)
-        return cls(tables.open_file(path, mode="a"))
+        try:
+            staging._flush()
+            staging._close_file()
+        except BaseException:
+            staging.discard()
+            raise
+        read_meta(tmp)  # the complete file opens; a close that failed unseen would show here
 
     @classmethod
-    def open_append(cls, path: str | os.PathLike) -> StoreWriter:
+    def open_append(cls, path: str | os.PathLike, *, lock: StoreLock | None = None) -> StoreWriter:
         """Open an existing store for appending, dropping rows past ``committed_rows`` left by a crash."""
-        meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
-        if meta.format_version != schema.FORMAT_VERSION:
-            raise StoreFormatError(
-                f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
-                "ingest into a new file"
-            )
-        f = tables.open_file(os.fspath(path), mode="a")
+        owned = lock is None
+        lock = StoreLock.acquire(path) if owned else lock
         try:
-            writer = cls(f)
+            meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
+            if meta.format_version != schema.FORMAT_VERSION:
+                raise StoreFormatError(
+                    f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
+                    "ingest into a new file"
+                )
+            writer = cls(_open_for_writing(os.fspath(path)), lock=lock if owned else None)
+        except BaseException:
+            if owned:
+                lock.release()
+            raise
+        try:
             writer._truncate_to_committed()
         except BaseException:
-            f.close()
+            writer.discard()
             raise
         return writer
 
@@ -177,17 +321,22 @@ class StoreWriter:
         for arr in (self.images, self.labels, self.paths):
             if arr.nrows > n:
                 arr.truncate(n)
-        self._f.flush()
+        self._flush()
 
     def stored_paths(self) -> list[str]:
         """Relative source paths of the committed rows (for resume/dedup)."""
         n = self.committed_rows
         if n == 0:
             return []
-        return [p.decode("utf-8") for p in self.paths.read(0, n)]
+        return [schema.decode_path(p) for p in self.paths.read(0, n)]
 
     def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str]) -> None:
-        """Append rows (not yet committed).  Shapes must match the store."""
+        """Append rows (not yet committed).  Shapes must match the store.
+
+        The rows' chunks are written here, into file space allocated first; raises
+        :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.
+        """
+        self._check_open()
         images = np.asarray(images)
         labels = np.asarray(labels, dtype=self.labels.atom.dtype.base)
         n = images.shape[0]
@@ -197,21 +346,31 @@ class StoreWriter:
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        encoded = np.array([p.encode("utf-8") for p in paths], dtype=f"S{schema.PATH_BYTES}")
-        self.images.append(images)
-        self.labels.append(labels)
-        self.paths.append(encoded)
+        raw = [schema.encode_path(p) for p in paths]
+        too_long = next((p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES), None)
+        if too_long is not None:
+            raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
+        encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
+
+        def write() -> None:
+            self.images.append(images)
+            self.labels.append(labels)
+            self.paths.append(encoded)
+
+        self._write_guarded(self._space_for((self.images, self.labels, self.paths), n), write)
         if self._hasher is not None:
             self._hasher.add(images, labels, encoded)
 
     def commit(self) -> int:
-        """Flush appended rows, then publish them by raising ``committed_rows``.  Returns the new count."""
+        """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
-        if self._hasher is not None:
-            checksum.stage(self._f, self._hasher)  # block digests travel with the data they cover
-        self._f.flush()  # data (and the arrays' new extents) first ...
+        if self._hasher is not None:  # block digests travel with the data they cover
+            sums = self._f.root._f_get_child(schema.CHECKSUMS)
+            self._write_guarded(self._space_for((sums,), self._hasher.pending_blocks),
+                                lambda: checksum.stage(self._f, self._hasher))
+        self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
-        self._f.flush()  # ... then the count that makes them visible
+        self._flush()  # ... then the count that makes them visible
         self.committed_rows = n
         return n
 
@@ -225,18 +384,175 @@ class StoreWriter:
         if not 0 <= rows <= self.committed_rows:
             raise ConfigError(f"cannot roll back to {rows} rows; {self.committed_rows} are committed")
         self.attrs[schema.ATTR_COMMITTED] = np.int64(rows)
-        self._f.flush()
+        self._flush()
         self.committed_rows = rows
         self._truncate_to_committed()
-        self._hasher = checksum.resume(self._f, rows)
+        self._resume_checksums()
 
     def set_attr(self, name: str, value) -> None:
         self.attrs[name] = value
 
+    def _resume_checksums(self) -> None:
+        """Set up the block hasher for rows appended after ``committed_rows`` (writes the re-hashed tail)."""
+        if schema.CHECKSUMS not in self._f.root:
+            return
+        sums = self._f.root._f_get_child(schema.CHECKSUMS)
+        block_rows = int(self.attrs[schema.ATTR_BLOCK_ROWS])
+        most_new = max(0, self.committed_rows // block_rows - sums.nrows)  # blocks resume() may hash again
+
+        def resume() -> None:
+            self._hasher = checksum.resume(self._f, self.committed_rows)
+
+        self._write_guarded(self._space_for((sums,), most_new), resume)
+
+    # -- the write guard ------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed or not self._f.isopen:
+            raise ConfigError(f"{self.path}: this writer is closed")
+
+    def _write_guarded(self, nbytes: int, write) -> None:
+        """Run ``write()`` (appends to this file's arrays taking at most ``nbytes`` of new file space) so that it
+        cannot fail half-way for want of space, and a failure leaves the file as its last commit.  Every write
+        of array data goes through here; StoreWriteError on failure (the writer is closed then)."""
+        self._check_open()
+        try:
+            self._reserve(nbytes)
+            write()
+            self._check_within_reserve()
+        except (OSError, tables.HDF5ExtError) as exc:
+            raise self._fail(exc, cut_back=True) from exc
+
+    @staticmethod
+    def _space_for(arrays, rows: int) -> int:
+        """Most file space HDF5 can take for ``rows`` more rows of ``arrays``: every chunk they start (plus the
+        partly filled one a compressed array rewrites elsewhere), with room for compression overhead and index."""
+        total = 0
+        for arr in arrays:
+            per_chunk = int(arr.chunkshape[0])
+            chunk_bytes = int(np.prod(arr.chunkshape, dtype=np.int64)) * int(arr.atom.itemsize)
+            before, after = arr.nrows, arr.nrows + rows
+            new = -(-after // per_chunk) - -(-before // per_chunk)
+            filtered = bool(arr.filters.complevel)
+            if filtered and before % per_chunk:
+                new += 1
+            overhead = chunk_bytes // 64 + 4096 if filtered else 0
+            total += new * (chunk_bytes + overhead + RESERVE_PER_CHUNK_BYTES)
+        return total
+
+    def _reserve(self, extra: int) -> None:
+        """Allocate the file up to HDF5's end + ``extra`` + slack, so HDF5's writes there cannot fail for space."""
+        if not self._can_reserve:
+            return
+        end_now = self._f.get_filesize()
+        end = end_now + extra + RESERVE_SLACK_BYTES
+        if end <= self._reserved_end:
+            return
+        start = max(0, end_now - RESERVE_BACK_BYTES)
+        try:
+            os.posix_fallocate(self._fd, start, end - start)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            self._can_reserve = False  # this file system cannot allocate ahead: check sizes after the fact
+            return
+        self._reserved_end = end
+
+    def _check_within_reserve(self) -> None:
+        """Raise OSError unless every byte HDF5 has written lies in space allocated before it wrote."""
+        end = self._f.get_filesize()
+        if self._can_reserve:
+            if end > self._reserved_end:
+                raise OSError(f"HDF5 wrote {end - self._reserved_end} bytes past the space reserved for it")
+        elif self._fd is not None and os.fstat(self._fd).st_size < end:
+            raise OSError(errno.EIO, "some writes did not reach the file (it is shorter than HDF5 wrote)")
+
+    def _flush(self) -> None:
+        """Everything given to HDF5 so far on disk and durable, or StoreWriteError."""
+        self._check_open()
+        try:
+            self._reserve(0)
+        except OSError as exc:
+            raise self._fail(exc, cut_back=True) from exc
+        try:
+            self._f.flush()
+            self._check_within_reserve()
+            if self._fd is not None:
+                os.fsync(self._fd)
+        except (OSError, tables.HDF5ExtError) as exc:
+            # HDF5 may have rewritten its index in place by now: the file is not cut back under it.
+            raise self._fail(exc, cut_back=False) from exc
+        self._good_size = self._f.get_filesize()
+        if self._fd is not None:  # a flush shrinks the file to HDF5's end, freeing what was reserved past it
+            self._reserved_end = min(self._reserved_end, os.fstat(self._fd).st_size)
+
+    def _fail(self, exc: BaseException, *, cut_back: bool) -> StoreWriteError:
+        """Close after a failed write (see :meth:`discard`) and say what failed and what is kept."""
+        code, reason = _describe(exc)
+        kept = self._discard(cut_back=cut_back)
+        n = self.committed_rows
+        if kept:
+            what = f"the file is as its last commit left it: {n} complete rows"
+        else:
+            what = f"{n} rows were committed before it"
+        return StoreWriteError(f"{self.path}: cannot write ({reason}); {what}", errno=code, strerror=reason,
+                               rows_committed=n)
+
+    def _discard(self, *, cut_back: bool) -> bool:
+        """Close without letting anything HDF5 still buffers reach the file; with ``cut_back``, truncate the
+        file to its size at the last good flush.  Returns True if the file is now exactly that flush's."""
+        if self._closed:
+            return False
+        self._closed = True
+        done = False
+        try:
+            if self._f.isopen:
+                cut = _cut_off(self._f)
+                try:
+                    self._f.close()
+                except Exception:
+                    pass  # the descriptor is /dev/null: HDF5 failing to write its buffers is the point
+                if cut and cut_back:
+                    try:
+                        if os.path.getsize(self.path) > self._good_size:
+                            os.truncate(self.path, self._good_size)
+                        done = True
+                    except OSError:
+                        pass
+        finally:
+            self._release_lock()
+        return done
+
+    def _close_file(self) -> None:
+        """Close HDF5's handle after a commit, first trimming what was reserved past its end."""
+        end = self._f.get_filesize()
+        if self._fd is not None and os.fstat(self._fd).st_size > end:
+            os.ftruncate(self._fd, end)
+        self._closed = True
+        self._f.close()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- closing ------------------------------------------------------------------
+    def discard(self) -> None:
+        """Close, dropping the rows appended since the last commit: the file stays as its last commit."""
+        self._discard(cut_back=True)
+
     def close(self) -> None:
-        if self._f.isopen:
-            self.commit()
-            self._f.close()
+        """Commit what was appended, close and release the lock.  Idempotent; after a write failure (or
+        :meth:`discard`) there is nothing left to do."""
+        try:
+            if not self._closed and self._f.isopen:
+                self.commit()
+                self._close_file()
+        except BaseException:
+            self._discard(cut_back=True)  # interrupted half-way: keep the last commit, not half of this one
+            raise
+        finally:
+            self._closed = True
+            self._release_lock()
 
     def __enter__(self) -> StoreWriter:
         return self

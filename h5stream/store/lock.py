@@ -1,0 +1,132 @@
+"""One writer per store: an exclusive lock on the sidecar file ``OUT.lock``, which names its holder.
+
+Why a sidecar and not the store itself: HDF5 ``flock()``s the .h5 while it has it open, PyTables opens and
+closes the .h5 several times during one ingest, and ``--overwrite`` replaces the .h5 by a new file; a lock
+on the .h5 would clash with HDF5's own, or be held on the wrong file.  The sidecar's path never changes,
+readers never touch it (a writer never blocks them), and the kernel drops the lock when its holder dies, so
+a killed writer blocks nobody: its leftover sidecar is taken over, and removed by the next writer.
+
+The lock is ``flock(LOCK_EX | LOCK_NB)``: it belongs to one open file description, so a second writer in the
+same process is refused as well.  The holder writes its pid into the sidecar for the refusal message.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+import weakref
+
+from h5stream.errors import StoreBusyError, StoreWriteError
+
+LOCK_SUFFIX = ".lock"
+#: A refused writer reads the holder's pid; a holder between taking the lock and writing its pid (or one
+#: releasing it) is retried for up to this long before the message says the pid is unknown.
+PID_WAIT_S = 1.0
+
+
+def lock_path(store_path: str | os.PathLike) -> str:
+    """The sidecar that guards ``store_path``: next to the file it names, symlinks resolved (two spellings of
+    one store share one lock)."""
+    return os.path.realpath(os.fspath(store_path)) + LOCK_SUFFIX
+
+
+def _holder_pid(fd: int) -> int | None:
+    """The pid the sidecar names, if it is a live process (None while the holder has not written it yet)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        pid = int(text)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a dead writer's stale pid: the live holder has not written its own yet
+    except PermissionError:
+        pass  # alive, owned by another user
+    return pid
+
+
+def _release(fd: int, sidecar: str) -> None:
+    """Remove the sidecar while still holding it (so nobody can take a file about to vanish), then unlock."""
+    try:
+        if os.fstat(fd).st_ino == os.stat(sidecar).st_ino:
+            os.unlink(sidecar)
+    except OSError:
+        pass  # already gone, or its folder is read-only now: a stale sidecar is harmless
+    os.close(fd)
+
+
+class StoreLock:
+    """Held: only its owner writes ``store_path``.  Not thread-safe; :meth:`release` is idempotent.
+
+    Use :meth:`acquire`; a lock that is never released is released when the object is collected, and by
+    the kernel when the process ends however it ends.
+    """
+
+    def __init__(self, store_path: str, fd: int, sidecar: str):
+        self.store_path = store_path
+        self.sidecar = sidecar
+        self._finalizer = weakref.finalize(self, _release, fd, sidecar)
+
+    @classmethod
+    def acquire(cls, store_path: str | os.PathLike) -> StoreLock:
+        """Take the lock or raise :class:`StoreBusyError` at once, naming the process that holds it.
+
+        Raises :class:`StoreWriteError` when the sidecar cannot be created (read-only folder).
+        """
+        store_path = os.fspath(store_path)
+        sidecar = lock_path(store_path)
+        deadline = time.monotonic() + PID_WAIT_S
+        while True:
+            try:
+                fd = os.open(sidecar, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                fix = ("h5stream needs write access to the store's folder" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                       else "free some space, then run again")
+                raise StoreWriteError(f"{store_path}: cannot create the lock file {sidecar} ({exc.strerror}); {fix}",
+                                      errno=exc.errno, strerror=exc.strerror) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _holder_pid(fd)
+                os.close(fd)
+                if pid is None and time.monotonic() < deadline:
+                    time.sleep(0.001)  # the holder is between taking the lock and writing its pid
+                    continue
+                who = "another process" if pid is None else (
+                    f"this process (pid {pid})" if pid == os.getpid() else f"another process (pid {pid})")
+                raise StoreBusyError(
+                    f"{store_path}: {who} is writing it; wait for it to finish or stop it, then run again",
+                    pid=pid,
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(sidecar).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # the previous holder removed this sidecar after we opened it: take the new one
+                os.close(fd)
+                continue
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                pass  # the lock holds without the note; a refused writer then says "another process"
+            return cls(store_path, fd, sidecar)
+
+    @property
+    def held(self) -> bool:
+        return self._finalizer.alive
+
+    def release(self) -> None:
+        """Unlock and remove the sidecar."""
+        self._finalizer()
+
+    def __enter__(self) -> StoreLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
