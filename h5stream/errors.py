@@ -47,3 +47,11 @@ class WorkerError(H5StreamError, RuntimeError):
 
 class StreamClosedError(H5StreamError, RuntimeError):
     """The stream was used after ``close()``."""
+
+
+class StorePermissionError(H5StreamError, PermissionError):
+    """The store (or a folder on its path) exists but this user may not read it."""
+
+
+class StoreBusyError(H5StreamError, BlockingIOError):
+    """Another process is writing the store and this read cannot be done meanwhile; the message names it."""

@@ -147,12 +147,10 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
 
 def read_labels(meta) -> np.ndarray:
     """The committed rows' labels, read with plain h5py (8 bytes a row: small next to the pixels)."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import read_consistent
 
-    with h5py.File(meta.path, "r") as f:
-        return f[schema.LABELS][: meta.rows]
+    return read_consistent(meta.path, lambda f: f[schema.LABELS][: meta.rows])
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str = "row"):
@@ -249,15 +247,14 @@ def _stats(stream) -> dict:
 
 def measure_sequential(meta, *, cold, progress) -> dict:
     """The ceiling: read every row in file order, ``read_direct`` into one preallocated array."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import open_h5_readonly
 
     slice_rows = max(meta.block_rows, SEQUENTIAL_SLICE_BYTES // meta.row_bytes // meta.block_rows * meta.block_rows)
     slice_rows = min(slice_rows, meta.rows)
     buf = np.empty((slice_rows, *meta.image_shape), dtype=np.uint8)
     bar = _bar(progress, meta.rows, "sequential")
-    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+    with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images = f[schema.IMAGES]
         t0 = time.monotonic()
         for start in range(0, meta.rows, slice_rows):
@@ -272,15 +269,14 @@ def measure_sequential(meta, *, cold, progress) -> dict:
 
 def measure_single_chunk(meta, batch_size, *, seed, cold, progress) -> dict:
     """Read ``100 x batch`` rows in order into a buffer, permute them, cut (copied) batches; whole file."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import open_h5_readonly
 
     chunk_rows = min(meta.rows, CHUNK_SHUFFLE_BATCHES * batch_size)
     buf = np.empty((chunk_rows, *meta.image_shape), dtype=np.uint8)
     rng = np.random.default_rng([seed, 0])
     bar = _bar(progress, meta.rows, "single chunk")
-    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+    with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images, labels = f[schema.IMAGES], f[schema.LABELS]
         t0 = time.monotonic()
         for start in range(0, meta.rows, chunk_rows):
@@ -306,14 +302,13 @@ def measure_random_rows(meta, *, seed, seconds, cold, progress) -> dict:
     Stops after ``seconds`` (or the whole file); the rate is rows read / time
     taken, and the epoch time is extrapolated from it, which the result says.
     """
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import open_h5_readonly
 
     order = np.random.default_rng([seed, 1]).permutation(meta.rows)
     bar = _bar(progress, meta.rows, "random rows")
     done = 0
-    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+    with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images, labels = f[schema.IMAGES], f[schema.LABELS]
         t0 = time.monotonic()
         deadline = t0 + seconds
