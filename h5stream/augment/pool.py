@@ -50,7 +50,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from h5stream._spawn import main_module_hidden
+from h5stream._spawn import spawn_workers, worker_signals
 from h5stream.read.pagecache import preadv_all
 from h5stream.shm import SharedArray, SharedSpec, new_prefix
 from h5stream.errors import ConfigError, StreamClosedError, WorkerError
@@ -145,13 +145,9 @@ def _worker_error(message: str, tb_text: str | None, stage: str | None = None, s
 # --------------------------------------------------------------------------- worker side
 
 
-def _worker_main(worker_id, conn, transform_bytes, source_specs, slot_spec, batch_rows):
+def _worker_main(conn, worker_id, transform_bytes, source_specs, slot_spec, batch_rows):
     """Entry point of a worker process (spawned; imports only numpy and this package)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        # The parent blocked SIGINT around start(); a Ctrl-C that arrived during
-        # interpreter start-up is pending and is discarded here, being ignored.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    worker_signals()
     parent = mp.parent_process()
     try:
         transform = pickle.loads(transform_bytes)
@@ -585,39 +581,9 @@ class WorkerPool:
         state = self._state
         state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.out_row_shape, self.out_dtype, prefix)
         state.slot_items = state.slots.item_arrays()
-        ctx = mp.get_context("spawn")
-        child_conns = []
-        for w in range(self.workers):
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            state.conns.append(parent_conn)
-            child_conns.append(child_conn)
-            state.procs.append(
-                ctx.Process(
-                    target=_worker_main,
-                    args=(w, child_conn, transform_bytes, list(sources), state.slots.spec, self.batch_rows),
-                    name=f"h5stream-augment-{w}",
-                    daemon=True,
-                )
-            )
-        # Children inherit the signal mask: with SIGINT blocked they cannot die of
-        # a Ctrl-C before they install SIG_IGN.  A SIGINT meant for this process
-        # stays pending and is raised when the mask is restored.
-        blocking = hasattr(signal, "pthread_sigmask")
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
-        try:
-            started = []
-            try:
-                with main_module_hidden(b"__main__" not in transform_bytes):
-                    for proc in state.procs:
-                        proc.start()
-                        started.append(proc)
-            finally:
-                state.procs[:] = started
-        finally:
-            if blocking:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        for conn in child_conns:
-            conn.close()  # so a dead worker shows as EOF here
+        args = [(w, transform_bytes, list(sources), state.slots.spec, self.batch_rows) for w in range(self.workers)]
+        state.procs, state.conns = spawn_workers(_worker_main, args, name="h5stream-augment",
+                                                 hide_main=b"__main__" not in transform_bytes)
         state.collector = threading.Thread(target=_collect, args=(state,), name="h5stream-pool-collector", daemon=True)
         state.collector.start()
         with state.cond:
