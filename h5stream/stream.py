@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from h5stream import _interrupt as interrupt
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.order.epoch import EpochLayout, check_shard, epoch_layout
 from h5stream.read.plan import ReadPlan, parse_bytes, plan_read, unit_rows_for
@@ -77,6 +78,9 @@ class Stream:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
         budget = parse_bytes(memory_budget)
         self._shard = check_shard(shard)
+        from h5stream.shm import sweep_stale_segments
+
+        sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
@@ -115,23 +119,28 @@ class Stream:
             )
         self._epoch, self._batch = 0, 0
         self._closed = False
-        if self.workers:
-            self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, workers=self.workers,
-                                    seed=self.seed, timeout_s=self.timeout_s)
-        else:
-            self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                    timeout_s=self.timeout_s)
-        # The feed owns the thread, processes and shared memory; it never refers back to this object,
-        # so garbage collection of an unclosed stream still reaches this finalizer.
-        self._finalizer = weakref.finalize(self, self._feed.close)
+        interrupt.install()
+        interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
-            if resume is not None:
-                self.restore(resume)
+            if self.workers:
+                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment,
+                                        workers=self.workers, seed=self.seed, timeout_s=self.timeout_s)
             else:
-                self._feed.start(0, 0)
-        except BaseException:
-            self.close()
-            raise
+                self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
+                                        timeout_s=self.timeout_s)
+            # The feed owns the thread, processes and shared memory; it never refers back to this object,
+            # so garbage collection of an unclosed stream still reaches this finalizer.
+            self._finalizer = weakref.finalize(self, self._feed.close)
+            try:
+                if resume is not None:
+                    self.restore(resume)
+                else:
+                    self._feed.start(0, 0)
+            except BaseException:
+                self.close()
+                raise
+        finally:
+            interrupt.release()
 
     # -- layout -------------------------------------------------------------------
     def _layout(self, epoch: int) -> EpochLayout:
@@ -159,7 +168,11 @@ class Stream:
     def _iterate(self):
         epoch = self._epoch
         while self._epoch == epoch and not self._closed:
-            got_epoch, index, x, y = self._feed.next()
+            interrupt.hold()  # a Ctrl-C in a wait is raised between its polls (see h5stream._interrupt)
+            try:
+                got_epoch, index, x, y = self._feed.next()
+            finally:
+                interrupt.release()
             if (got_epoch, index) != (self._epoch, self._batch):  # pragma: no cover - internal invariant
                 raise RuntimeError(f"feed out of step: got {(got_epoch, index)}, expected {(self._epoch, self._batch)}")
             # Advance before yielding: state() taken after this batch resumes at the next one.
@@ -212,11 +225,19 @@ class Stream:
             raise StreamClosedError(f"{self.meta.path}: the stream is closed; open it again with h5stream.open(...)")
 
     def close(self) -> None:
-        """Stop the reader (and workers) and free the buffers.  Idempotent."""
+        """Stop the reader (and workers) and free the buffers.  Idempotent.
+
+        A Ctrl-C arriving meanwhile is raised once everything is released (a
+        fraction of a second), not in the middle of it (see :mod:`h5stream._interrupt`).
+        """
         if self._closed:
             return
         self._closed = True
-        self._finalizer()
+        interrupt.hold()
+        try:
+            self._finalizer()
+        finally:
+            interrupt.release()
 
     @property
     def closed(self) -> bool:

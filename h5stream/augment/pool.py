@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from h5stream import _interrupt as interrupt
 from h5stream._spawn import spawn_workers, worker_signals
 from h5stream.read.pagecache import preadv_all
 from h5stream.shm import SharedArray, SharedSpec, new_prefix
@@ -77,6 +78,7 @@ WORKER_OVERHEAD_BYTES = 64 << 20
 # queued per worker keeps a worker's pipe below this many bytes, so send()
 # never blocks even when the worker is stuck in a slow transform.
 _PIPE_BUDGET_BYTES = 64 << 10
+_POLL_S = 0.1  # longest a wait goes without looking for a held-back Ctrl-C
 _TASK_OVERHEAD_BYTES = 512
 
 
@@ -304,16 +306,19 @@ class _PoolState:
         self.for_producer.notify_all()
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str, on: threading.Condition | None = None) -> None:
-        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout."""
+        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout.
+
+        Wakes every :data:`_POLL_S` to run a Ctrl-C held back by :mod:`h5stream._interrupt`."""
         deadline = time.monotonic() + timeout_s
         while True:
             self.check()
             if predicate():
                 return
+            interrupt.raise_pending()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
-            (on or self.cond).wait(remaining)
+            (on or self.cond).wait(min(remaining, _POLL_S))
 
     def pick_worker(self) -> int | None:
         best = None
@@ -460,11 +465,13 @@ def _shutdown(state: _PoolState) -> None:
     collector = state.collector
     if collector is not None and collector is not threading.current_thread():
         collector.join(5.0)
-    for conn in state.conns:
+    for w, conn in enumerate(state.conns):
         try:
             conn.send(None)
         except OSError:
             pass
+        if w not in state.ready and w < len(state.procs):
+            state.procs[w].terminate()  # still starting: nothing to finish, and its imports may take seconds
     deadline = time.monotonic() + state.close_timeout_s
     for proc in state.procs:
         proc.join(max(0.0, deadline - time.monotonic()))

@@ -63,6 +63,8 @@ def run(args) -> int:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
     if args.random_seconds <= 0:
         raise ConfigError(f"--random-seconds must be > 0, got {args.random_seconds}")
+    if args.plot:
+        check_plot_target(args.plot)  # before measuring, so a missing library never costs the run
     from h5stream.commands.preview import augment_from_arg
 
     result, timeline = run_bench(
@@ -90,6 +92,7 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
     meta = read_meta(path)
     budget = parse_bytes(memory_budget)
     labels = read_labels(meta)
+    check_class_labels(meta, labels)
     qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
     result = {
         "file": meta.path, "rows": meta.rows, "image_shape": list(meta.image_shape), "row_bytes": meta.row_bytes,
@@ -151,6 +154,40 @@ def read_labels(meta) -> np.ndarray:
     from h5stream.store.access import read_consistent
 
     return read_consistent(meta.path, lambda f: f[schema.LABELS][: meta.rows])
+
+
+def check_class_labels(meta, labels: np.ndarray) -> None:
+    """Raise :class:`StoreFormatError` unless every class label is an index into the class list (the shuffle
+    figures count rows per class).  Regression labels pass."""
+    from h5stream.errors import StoreFormatError
+    from h5stream.store import schema
+
+    if meta.label_kind != schema.LABEL_CLASS or not labels.size:
+        return
+    n_classes = len(meta.class_names) if meta.class_names else None
+    bad = labels < 0 if n_classes is None else (labels < 0) | (labels >= n_classes)
+    if bad.any():
+        row = int(np.flatnonzero(bad.reshape(len(labels), -1).any(axis=1))[0])
+        allowed = "0 or more" if n_classes is None else f"0..{n_classes - 1} ({n_classes} class names)"
+        raise StoreFormatError(
+            f"{meta.path}: row {row} has class label {labels[row].tolist()}; class labels must be {allowed}, since the "
+            "shuffle figures count rows per class (relabel the file, or store such targets as regression labels)"
+        )
+
+
+def check_plot_target(path: str) -> None:
+    """Raise :class:`ConfigError` if ``--plot PATH`` could not be written: no matplotlib, or no such folder."""
+    import os
+
+    from h5stream.errors import ConfigError
+
+    try:
+        import matplotlib  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise ConfigError(f"--plot {path}: needs matplotlib (pip install matplotlib), or drop --plot") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--plot {path}: folder {folder} does not exist; create it first")
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str = "row"):
@@ -449,7 +486,9 @@ def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, se
     meta = read_meta(path)
     plan = stream_plan(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
     layout = layout_function(meta.rows, plan, seed)
-    qlabels, n_classes = quality.quality_labels(read_labels(meta), meta.label_kind, meta.class_names)
+    labels = read_labels(meta)
+    check_class_labels(meta, labels)
+    qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
     report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
     report["plan"] = plan.as_dict()
     report["plan_text"] = plan.describe()

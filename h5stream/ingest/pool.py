@@ -125,6 +125,9 @@ class DecodePool:
 
     def __init__(self, workers: int, row_shape: tuple[int, ...], rows_per_task: int = MAX_FILES_PER_TASK,
                  timeout_s: float = 600.0):
+        from h5stream.shm import sweep_stale_segments
+
+        sweep_stale_segments()  # every ingest builds a pool first: clear what killed process groups left in /dev/shm
         self.workers = workers
         self.timeout_s = timeout_s
         self.rows_per_task = rows_per_task  # the most files one task may carry (fewer where /dev/shm is short)

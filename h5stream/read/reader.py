@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from h5stream import _interrupt as interrupt
 from h5stream.errors import ReaderError, StoreBusyError, StoreFormatError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.pagecache import Residency, preadv_all
@@ -304,6 +305,7 @@ class Reader:
                 item = self._queue.get(timeout=POLL_S)
                 break
             except queue.Empty:
+                interrupt.raise_pending()
                 if not self._thread.is_alive() and self._queue.empty():
                     raise ReaderError(f"{self.meta.path}: the reader thread stopped without a result") from None
                 if time.perf_counter() - t0 > self._timeout_s:
