@@ -122,6 +122,38 @@ def test_info_runs_while_the_user_holds_a_default_h5py_handle(store, h5cli):
     assert code == 0 and json.loads(out)["rows"] == ROWS, err
 
 
+@pytest.mark.parametrize("kind", ["class", "regression"])
+def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path, kind):
+    from h5stream.read.plan import parse_bytes
+    from h5stream.read.reader import Reader
+    from h5stream.stream import layout_function, stream_plan
+
+    rows = 2500  # labels are chunked by 1024 rows: runs cross chunk boundaries
+    ids = np.arange(rows)
+    labels = ids % 7 if kind == "class" else np.stack([ids * 0.5, -ids], axis=1).astype(np.float32)
+    path = tmp_path / f"{kind}.h5"
+    meta = write_arrays(path, np.broadcast_to(pattern(ids)[:, None, None, None], (rows, 2, 2, 1)), labels,
+                        block_rows=64)
+    plan = stream_plan(meta, parse_bytes("16MiB"), 50)
+    layout = layout_function(meta.rows, plan, seed=5)
+
+    def allocate(n, images=True):
+        return np.empty((n, *meta.image_shape), np.uint8), np.empty((n, *meta.label_shape), meta.label_dtype), None
+
+    reader = Reader(meta, layout, queue_depth=4, allocate=allocate, cache_labels=False)
+    try:
+        seen = []
+        for _ in range(2 * layout(0).n_batches):  # two epochs
+            batch = reader.get()
+            assert np.array_equal(batch.labels, labels[batch.row_ids])
+            assert (batch.images == pattern(batch.row_ids)[:, None, None, None]).all()
+            seen.append(batch.row_ids)
+        assert reader._label_offsets is not None and reader.all_labels is None  # the path under test
+    finally:
+        reader.close()
+    assert sorted(np.concatenate(seen).tolist()) == sorted(2 * ids.tolist())
+
+
 # -- readers while another process writes ------------------------------------------------------------------------
 
 WRITER = textwrap.dedent(
@@ -191,6 +223,51 @@ def test_info_bench_preview_and_open_read_the_committed_rows_while_a_writer_hold
     finally:
         rows = stop_writer(writer)
     assert rows == 80 and read_meta(path).rows == 80
+
+
+# A real `h5stream ingest`, held right after its first commit: PyTables' lock held, the decode workers up.
+HELD_INGEST = textwrap.dedent(
+    """
+    import sys
+    from h5stream.store.writer import StoreWriter
+
+    commit = StoreWriter.commit
+
+    def commit_and_hold(self):
+        rows = commit(self)
+        if rows and not getattr(self, "held", False):
+            self.held = True
+            print("committed", rows, flush=True)
+            sys.stdin.readline()
+        return rows
+
+    StoreWriter.commit = commit_and_hold
+    if __name__ == "__main__":
+        from h5stream import cli
+        sys.exit(cli.main(sys.argv[1:]))
+    """
+)
+
+
+def test_info_and_open_work_while_a_real_ingest_holds_the_file(tmp_path, class_src, h5cli):
+    root, written = class_src
+    out = tmp_path / "ingesting.h5"
+    script = tmp_path / "ingest.py"
+    script.write_text(HELD_INGEST)
+    proc = subprocess.Popen([sys.executable, str(script), "ingest", root, str(out), "--size", "8", "--workers", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rows = int(readline(proc, "committed").split()[1])
+        code, info, err = h5cli("info", out, "--json")
+        assert code == 0 and json.loads(info)["rows"] == rows, err
+        with h5stream.open(out, batch_size=4) as s:
+            assert sum(len(x) for x, _ in s) == rows
+    finally:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        _, err = proc.communicate(timeout=SAFETY_S)
+    assert proc.returncode == 0, err
+    assert read_meta(out).rows == len(written)
 
 
 def test_a_compressed_store_being_written_cannot_be_streamed_and_says_so_in_one_line(tmp_path, h5cli):
