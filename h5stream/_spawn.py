@@ -1,13 +1,25 @@
-"""Starting spawn workers lean: without re-running the parent's main script, one thread each (ingest and augment);
-glibc's heap kept between images in decode workers."""
+"""Spawned worker processes that talk to their parent over pipes, started lean: without re-running the
+parent's main script, one thread each (ingest and augment); glibc's heap kept between images in decode workers.
+
+:func:`spawn_workers` is the start-up both worker pools share: one ``spawn``
+process and one duplex pipe per worker, SIGINT blocked while they start and
+ignored in them from birth (the parent alone handles Ctrl-C and stops them).
+Pipes rather than ``multiprocessing`` queues: a queue's named POSIX semaphores
+(``/dev/shm/sem.mp-*``) outlive a process group killed by SIGKILL, a pipe
+leaves nothing behind.  :func:`worker_signals` is the matching first line of
+a worker.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing as mp
 import os
+import signal
 import sys
 import types
+from collections.abc import Callable, Sequence
 
 #: Thread-pool sizes a spawned worker inherits through its environment unless the user set them.
 #: A worker is one core's worth of work; numpy's OpenBLAS otherwise starts a thread per core at import
@@ -73,3 +85,53 @@ def keep_freed_heap() -> bool:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD_BYTES))
+
+
+def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_main: bool = True) -> tuple[list, list]:
+    """Start one spawned daemon process per entry of ``args``, running ``target(conn, *args[i])``.
+
+    Returns ``(processes, connections)``: the parent's end of each worker's
+    duplex pipe (the child's end is closed here, so a dead worker reads as EOF).
+    Children inherit the signal mask: SIGINT is blocked while they start, so a
+    Ctrl-C cannot kill one before :func:`worker_signals` makes it ignore the
+    signal, and a Ctrl-C meant for this process stays pending until the mask is
+    restored, then raises here as usual.  ``hide_main``: see
+    :func:`main_module_hidden`.  If a start fails, the workers already started
+    are killed and the error propagates.
+    """
+    ctx = mp.get_context("spawn")
+    procs, conns, child_conns = [], [], []
+    for i, extra in enumerate(args):
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        conns.append(parent_conn)
+        child_conns.append(child_conn)
+        procs.append(ctx.Process(target=target, args=(child_conn, *extra), name=f"{name}-{i}", daemon=True))
+    blocking = hasattr(signal, "pthread_sigmask")
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
+    started = []
+    try:
+        with main_module_hidden(hide_main):
+            for proc in procs:
+                proc.start()
+                started.append(proc)
+    except BaseException:
+        for proc in started:
+            proc.kill()
+            proc.join()
+        for conn in conns + child_conns:
+            conn.close()
+        raise
+    finally:
+        if blocking:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for conn in child_conns:
+            conn.close()
+    return procs, conns
+
+
+def worker_signals() -> None:
+    """First thing in a worker: ignore SIGINT (the parent governs shutdown), then unblock it, so a Ctrl-C that
+    arrived while the interpreter started (pending, being blocked by :func:`spawn_workers`) is discarded."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -82,13 +82,44 @@ def main(argv: list[str] | None = None) -> int:
 COMMAND_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 
+#: Exit status of a command whose reader went away (``h5stream info x.h5 | head -1``): what a shell reports
+#: for a unix tool killed by SIGPIPE (128 + 13).
+EXIT_BROKEN_PIPE = 141
+
+
 def run() -> int:
     """Entry point of the ``h5stream`` command and ``python -m h5stream``: :func:`main` in a process of its
     own, with :data:`COMMAND_ENV` set first (numpy is not imported yet).  Callers running the CLI inside
-    their own process use :func:`main`, which leaves the environment alone."""
+    their own process use :func:`main`, which leaves the environment alone.
+
+    When whatever reads the output stops reading (``| head -1``), the command ends quietly with
+    :data:`EXIT_BROKEN_PIPE`, as other unix tools do, instead of printing a traceback."""
     for key, value in COMMAND_ENV.items():
         os.environ.setdefault(key, value)
-    return main()
+    try:
+        code = main()
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe could only print a warning
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        # Point stdout at /dev/null so the interpreter's own flush at exit finds nothing to complain about.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

@@ -72,8 +72,15 @@ class StoreWriteError(H5StreamError, OSError):
 
 
 class StoreBusyError(H5StreamError, BlockingIOError):
-    """Another writer holds the store; ``pid`` is that process when known."""
+    """Another process is writing the store: a second writer is refused, or a read cannot be done meanwhile.
+
+    The message names that process; ``pid`` holds it when known.
+    """
 
     def __init__(self, message: str, *, pid: int | None = None):
         super().__init__(message)
         self.pid = pid
+
+
+class StorePermissionError(H5StreamError, PermissionError):
+    """The store (or a folder on its path) exists but this user may not read it."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from h5stream import _interrupt as interrupt
 from h5stream.errors import ReaderError, StreamClosedError, WorkerError
 from h5stream.read.plan import ReadPlan
 from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
@@ -210,6 +211,7 @@ class PooledFeed:
                 summary = exc.summary.replace(f"{self.meta.path}: ", "")
                 raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
             except TimeoutError:
+                interrupt.raise_pending()
                 if time.perf_counter() > deadline:
                     raise ReaderError(
                         f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.0f} s; "

@@ -12,6 +12,9 @@ safety net at garbage collection / interpreter exit).  The creator also
 registers the name with multiprocessing's resource tracker, so a creator killed
 by SIGKILL still has its segments unlinked once the tracker sees it (and its
 workers) gone.  :meth:`SharedArray.attach` never registers, never unlinks.
+Names carry the creator's pid and start time (:func:`new_prefix`): where the
+tracker died too (a whole process group killed), the next stream or ingest
+unlinks what the dead process left (:func:`sweep_stale_segments`).
 
 Why not ``multiprocessing.shared_memory.SharedMemory`` directly:
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import re
 import secrets
 import weakref
 from dataclasses import dataclass
@@ -50,7 +54,8 @@ try:  # CPython on POSIX; the module multiprocessing.shared_memory is built on
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_names", "shm_free_bytes", "SHM_DIR"]
+__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_names", "shm_free_bytes", "sweep_stale_segments",
+           "SHM_DIR"]
 
 #: Where Linux exposes POSIX shared memory; used for diagnostics and tests only.
 SHM_DIR = "/dev/shm"
@@ -76,12 +81,89 @@ class SharedSpec:
 
 
 def new_prefix() -> str:
-    """A segment-name prefix unique to one stream: ``h5s_<pid>_<8 hex>``.
+    """A segment-name prefix unique to one stream: ``h5s_<pid>_s<start>_<4 hex>``.
 
-    The random part is for uniqueness, not reproducibility: it keeps two
-    streams in one process, or a new run after a crash, from colliding.
+    ``<start>`` is when this process started (hex clock ticks since boot, from
+    ``/proc``), so a segment left by a dead process is recognisable even after
+    its pid has been reused (see :func:`sweep_stale_segments`).  The random
+    part keeps two streams in one process from colliding.  Where the start time
+    is unknown (no ``/proc``): ``h5s_<pid>_<8 hex>``.
     """
-    return f"h5s_{os.getpid()}_{secrets.token_hex(4)}"
+    pid = os.getpid()
+    start = _start_ticks(pid)
+    if start is None:
+        return f"h5s_{pid}_{secrets.token_hex(4)}"
+    return f"h5s_{pid}_s{start:x}_{secrets.token_hex(2)}"
+
+
+#: ``h5s_<pid>_`` then, in names from :func:`new_prefix` that carry it, ``s<start ticks, hex>_``.
+_NAME = re.compile(r"^h5s_(\d+)_(?:s([0-9a-f]+)_)?")
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of ``pid`` from ``/proc``; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) ": state is field 3, starttime 22
+        return fields[0].decode(), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _creator_gone(pid: int, start: int | None) -> bool:
+    """Whether process ``pid``, started at ``start`` ticks (None: unknown), no longer runs.
+
+    A process of another user counts as running; so does a pid whose start
+    time cannot be compared (it may be the creator).  A zombie has exited.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    stat = _proc_stat(pid)
+    if stat is None:
+        return False
+    state, ticks = stat
+    return state == "Z" or (start is not None and ticks != start)
+
+
+def sweep_stale_segments() -> list[str]:
+    """Unlink every h5stream segment in :data:`SHM_DIR` whose creating process is gone; return their names.
+
+    A process killed by SIGKILL together with its resource tracker (a whole
+    process group: a scheduler cancelling a job, a container stop) cannot
+    unlink its segments; every stream :func:`~h5stream.open` and every ingest
+    calls this first, so such leftovers live until the next h5stream command.
+    The creator is recognised by the pid and start time in the name (a reused
+    pid does not keep a dead process's segments alive).  Segments of running
+    processes, of other users, and names this module did not make are left
+    alone.  Linux only; [] elsewhere.
+    """
+    removed = []
+    gone: dict[tuple[int, int | None], bool] = {}
+    for name in segment_names("h5s_"):
+        m = _NAME.match(name)
+        if m is None:
+            continue
+        key = (int(m.group(1)), None if m.group(2) is None else int(m.group(2), 16))
+        if key not in gone:
+            gone[key] = _creator_gone(*key)
+        if not gone[key]:
+            continue
+        try:
+            _posixshmem.shm_unlink("/" + name)
+        except OSError:  # unlinked meanwhile, or not ours to unlink
+            continue
+        removed.append(name)
+    return removed
 
 
 def segment_names(prefix: str = "h5s_") -> list[str]:

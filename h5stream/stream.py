@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from h5stream import _interrupt as interrupt
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.feed import InlineFeed, PooledFeed, pool_input_slots, pool_slots
 from h5stream.labels import LabelEncoding, label_encoding
@@ -95,6 +96,9 @@ class Stream:
         if not isinstance(options, StreamOptions):
             raise ConfigError(f"options must be an h5stream.options.StreamOptions, got {type(options).__name__}")
         self.options = options
+        from h5stream.shm import sweep_stale_segments
+
+        sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
@@ -142,23 +146,28 @@ class Stream:
             )
         self._epoch, self._batch = 0, 0
         self._closed = False
-        if self.workers:
-            self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, workers=self.workers,
-                                    seed=self.seed, timeout_s=self.timeout_s)
-        else:
-            self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                    timeout_s=self.timeout_s)
-        # The feed owns the thread, processes and shared memory; it never refers back to this object,
-        # so garbage collection of an unclosed stream still reaches this finalizer.
-        self._finalizer = weakref.finalize(self, self._feed.close)
+        interrupt.install()
+        interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
-            if resume is not None:
-                self.restore(resume)
+            if self.workers:
+                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment,
+                                        workers=self.workers, seed=self.seed, timeout_s=self.timeout_s)
             else:
-                self._feed.start(0, 0)
-        except BaseException:
-            self.close()
-            raise
+                self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
+                                        timeout_s=self.timeout_s)
+            # The feed owns the thread, processes and shared memory; it never refers back to this object,
+            # so garbage collection of an unclosed stream still reaches this finalizer.
+            self._finalizer = weakref.finalize(self, self._feed.close)
+            try:
+                if resume is not None:
+                    self.restore(resume)
+                else:
+                    self._feed.start(0, 0)
+            except BaseException:
+                self.close()
+                raise
+        finally:
+            interrupt.release()
 
     # -- what it yields -------------------------------------------------------------
     @property
@@ -216,7 +225,11 @@ class Stream:
     def _iterate(self):
         epoch = self._epoch
         while self._epoch == epoch and not self._closed:
-            got_epoch, index, x, y = self._feed.next()
+            interrupt.hold()  # a Ctrl-C in a wait is raised between its polls (see h5stream._interrupt)
+            try:
+                got_epoch, index, x, y = self._feed.next()
+            finally:
+                interrupt.release()
             if (got_epoch, index) != (self._epoch, self._batch):  # pragma: no cover - internal invariant
                 raise RuntimeError(f"feed out of step: got {(got_epoch, index)}, expected {(self._epoch, self._batch)}")
             # Advance before yielding: state() taken after this batch resumes at the next one.
@@ -276,11 +289,19 @@ class Stream:
             raise StreamClosedError(f"{self.meta.path}: the stream is closed; open it again with h5stream.open(...)")
 
     def close(self) -> None:
-        """Stop the reader (and workers) and free the buffers.  Idempotent."""
+        """Stop the reader (and workers) and free the buffers.  Idempotent.
+
+        A Ctrl-C arriving meanwhile is raised once everything is released (a
+        fraction of a second), not in the middle of it (see :mod:`h5stream._interrupt`).
+        """
         if self._closed:
             return
         self._closed = True
-        self._finalizer()
+        interrupt.hold()
+        try:
+            self._finalizer()
+        finally:
+            interrupt.release()
 
     @property
     def closed(self) -> bool:

@@ -122,3 +122,60 @@ def test_more_than_dev_shm_holds_is_refused_before_allocating():
     with pytest.raises(BudgetError, match="free"):
         SharedArray.create((free + (1 << 20),), np.uint8, new_prefix())
     # (no_leaks checks that no segment of this process was left behind)
+
+
+def _raw_segment(name: str) -> None:
+    """A segment made the way a killed process leaves one: named, never registered with our resource tracker."""
+    import _posixshmem
+
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    os.close(fd)
+
+
+def _exited_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=120)
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only():
+    from h5stream.shm import _start_ticks, sweep_stale_segments
+
+    me, mine = os.getpid(), _start_ticks(os.getpid())
+    dead = _exited_pid()
+    names = {
+        f"h5s_{dead}_s{mine:x}_aaaain__0": False,  # creator exited
+        f"h5s_{dead}_0123abcdout__0": False,  # older name without a start time, creator exited
+        f"h5s_{me}_s{mine + 1:x}_bbbbin__0": False,  # this pid, but a process that started at another time
+        f"h5s_{me}_s{mine:x}_ccccin__0": True,  # this very process
+        f"h5s_{me}_0123abcdout__0": True,  # this pid, no start time to tell: kept
+        f"h5s_not_a_pid_{dead}": True,  # not a name h5stream makes
+    }
+    for name in names:
+        _raw_segment(name)
+    try:
+        removed = set(sweep_stale_segments())
+        assert {n for n, kept in names.items() if not kept} <= removed
+        assert not {n for n, kept in names.items() if kept} & removed
+        present = set(segment_names("h5s_"))
+        assert {n for n, kept in names.items() if kept} <= present
+        assert not {n for n, kept in names.items() if not kept} & present
+    finally:
+        import _posixshmem
+
+        for name in names:
+            try:
+                _posixshmem.shm_unlink("/" + name)
+            except FileNotFoundError:
+                pass
+
+
+def test_new_prefix_carries_pid_and_start_time():
+    from h5stream.shm import _NAME, _start_ticks
+
+    prefix = new_prefix()
+    m = _NAME.match(prefix + "in__0")
+    assert m is not None and int(m.group(1)) == os.getpid()
+    start = _start_ticks(os.getpid())
+    assert (m.group(2) is None) if start is None else int(m.group(2), 16) == start

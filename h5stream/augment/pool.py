@@ -50,7 +50,8 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from h5stream._spawn import main_module_hidden
+from h5stream import _interrupt as interrupt
+from h5stream._spawn import spawn_workers, worker_signals
 from h5stream.read.pagecache import preadv_all
 from h5stream.shm import SharedArray, SharedSpec, new_prefix
 from h5stream.errors import ConfigError, StreamClosedError, WorkerError
@@ -79,6 +80,7 @@ WORKER_SHARED_BYTES = 20 << 20
 # queued per worker keeps a worker's pipe below this many bytes, so send()
 # never blocks even when the worker is stuck in a slow transform.
 _PIPE_BUDGET_BYTES = 64 << 10
+_POLL_S = 0.1  # longest a wait goes without looking for a held-back Ctrl-C
 _TASK_OVERHEAD_BYTES = 512
 
 
@@ -147,13 +149,9 @@ def _worker_error(message: str, tb_text: str | None, stage: str | None = None, s
 # --------------------------------------------------------------------------- worker side
 
 
-def _worker_main(worker_id, conn, transform_bytes, source_specs, slot_spec, batch_rows):
+def _worker_main(conn, worker_id, transform_bytes, source_specs, slot_spec, batch_rows):
     """Entry point of a worker process (spawned; imports numpy and the h5stream modules the transform needs, never h5py)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        # The parent blocked SIGINT around start(); a Ctrl-C that arrived during
-        # interpreter start-up is pending and is discarded here, being ignored.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    worker_signals()
     parent = mp.parent_process()
     try:
         transform = pickle.loads(transform_bytes)
@@ -310,16 +308,19 @@ class _PoolState:
         self.for_producer.notify_all()
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str, on: threading.Condition | None = None) -> None:
-        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout."""
+        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout.
+
+        Wakes every :data:`_POLL_S` to run a Ctrl-C held back by :mod:`h5stream._interrupt`."""
         deadline = time.monotonic() + timeout_s
         while True:
             self.check()
             if predicate():
                 return
+            interrupt.raise_pending()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
-            (on or self.cond).wait(remaining)
+            (on or self.cond).wait(min(remaining, _POLL_S))
 
     def pick_worker(self) -> int | None:
         best = None
@@ -466,11 +467,13 @@ def _shutdown(state: _PoolState) -> None:
     collector = state.collector
     if collector is not None and collector is not threading.current_thread():
         collector.join(5.0)
-    for conn in state.conns:
+    for w, conn in enumerate(state.conns):
         try:
             conn.send(None)
         except OSError:
             pass
+        if w not in state.ready and w < len(state.procs):
+            state.procs[w].terminate()  # still starting: nothing to finish, and its imports may take seconds
     deadline = time.monotonic() + state.close_timeout_s
     for proc in state.procs:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -587,39 +590,9 @@ class WorkerPool:
         state = self._state
         state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.out_row_shape, self.out_dtype, prefix)
         state.slot_items = state.slots.item_arrays()
-        ctx = mp.get_context("spawn")
-        child_conns = []
-        for w in range(self.workers):
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            state.conns.append(parent_conn)
-            child_conns.append(child_conn)
-            state.procs.append(
-                ctx.Process(
-                    target=_worker_main,
-                    args=(w, child_conn, transform_bytes, list(sources), state.slots.spec, self.batch_rows),
-                    name=f"h5stream-augment-{w}",
-                    daemon=True,
-                )
-            )
-        # Children inherit the signal mask: with SIGINT blocked they cannot die of
-        # a Ctrl-C before they install SIG_IGN.  A SIGINT meant for this process
-        # stays pending and is raised when the mask is restored.
-        blocking = hasattr(signal, "pthread_sigmask")
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
-        try:
-            started = []
-            try:
-                with main_module_hidden(b"__main__" not in transform_bytes):
-                    for proc in state.procs:
-                        proc.start()
-                        started.append(proc)
-            finally:
-                state.procs[:] = started
-        finally:
-            if blocking:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        for conn in child_conns:
-            conn.close()  # so a dead worker shows as EOF here
+        args = [(w, transform_bytes, list(sources), state.slots.spec, self.batch_rows) for w in range(self.workers)]
+        state.procs, state.conns = spawn_workers(_worker_main, args, name="h5stream-augment",
+                                                 hide_main=b"__main__" not in transform_bytes)
         state.collector = threading.Thread(target=_collect, args=(state,), name="h5stream-pool-collector", daemon=True)
         state.collector.start()
         with state.cond:

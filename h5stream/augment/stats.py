@@ -29,6 +29,7 @@ import h5py
 import numpy as np
 
 from h5stream.store import schema
+from h5stream.store.access import open_h5_readonly
 from h5stream.store.meta import read_meta
 
 ATTR_FEATURE_MEAN = "feature_mean"
@@ -37,7 +38,7 @@ ATTR_FEATURE_ROWS = "feature_stats_rows"
 
 
 def _cached(path: str, rows: int, channels: int):
-    with h5py.File(path, "r") as f:
+    with open_h5_readonly(path) as f:
         attrs = f.attrs
         if ATTR_FEATURE_ROWS not in attrs or int(attrs[ATTR_FEATURE_ROWS]) != rows:
             return None
@@ -90,7 +91,7 @@ def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: boo
         raise ConfigError(f"compute_feature_stats: block_rows={block_rows} must be >= 1")
     counts = np.zeros((channels, 256), dtype=np.int64)
     buf = np.empty((step, h, w, channels), dtype=np.uint8)
-    with h5py.File(path, "r") as f:
+    with open_h5_readonly(path) as f:
         images = f[schema.IMAGES]
         for start in range(0, rows, step):
             stop = min(rows, start + step)

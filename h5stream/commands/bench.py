@@ -70,6 +70,8 @@ def run(args) -> int:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
     if args.random_seconds <= 0:
         raise ConfigError(f"--random-seconds must be > 0, got {args.random_seconds}")
+    if args.plot:
+        check_plot_target(args.plot)  # before measuring, so a missing library never costs the run
     from h5stream.commands.preview import augment_from_arg
 
     result, timeline = run_bench(
@@ -97,6 +99,7 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
     meta = read_meta(path)
     budget = parse_bytes(memory_budget)
     labels = read_labels(meta)
+    check_class_labels(meta, labels)
     qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
     result = {
         "file": meta.path, "rows": meta.rows, "image_shape": list(meta.image_shape), "row_bytes": meta.row_bytes,
@@ -155,12 +158,44 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
 
 def read_labels(meta) -> np.ndarray:
     """The committed rows' labels, read with plain h5py (8 bytes a row: small next to the pixels)."""
-    import h5py
+    from h5stream.store import schema
+    from h5stream.store.access import read_consistent
 
+    return read_consistent(meta.path, lambda f: f[schema.LABELS][: meta.rows])
+
+
+def check_class_labels(meta, labels: np.ndarray) -> None:
+    """Raise :class:`StoreFormatError` unless every class label is an index into the class list (the shuffle
+    figures count rows per class).  Regression labels pass."""
+    from h5stream.errors import StoreFormatError
     from h5stream.store import schema
 
-    with h5py.File(meta.path, "r") as f:
-        return f[schema.LABELS][: meta.rows]
+    if meta.label_kind != schema.LABEL_CLASS or not labels.size:
+        return
+    n_classes = len(meta.class_names) if meta.class_names else None
+    bad = labels < 0 if n_classes is None else (labels < 0) | (labels >= n_classes)
+    if bad.any():
+        row = int(np.flatnonzero(bad.reshape(len(labels), -1).any(axis=1))[0])
+        allowed = "0 or more" if n_classes is None else f"0..{n_classes - 1} ({n_classes} class names)"
+        raise StoreFormatError(
+            f"{meta.path}: row {row} has class label {labels[row].tolist()}; class labels must be {allowed}, since the "
+            "shuffle figures count rows per class (relabel the file, or store such targets as regression labels)"
+        )
+
+
+def check_plot_target(path: str) -> None:
+    """Raise :class:`ConfigError` if ``--plot PATH`` could not be written: no matplotlib, or no such folder."""
+    import os
+
+    from h5stream.errors import ConfigError
+
+    try:
+        import matplotlib  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise ConfigError(f"--plot {path}: needs matplotlib (pip install matplotlib), or drop --plot") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--plot {path}: folder {folder} does not exist; create it first")
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str = "row"):
@@ -287,15 +322,14 @@ def _stats(stream) -> dict:
 
 def measure_sequential(meta, *, cold, progress) -> dict:
     """The ceiling: read every row in file order, ``read_direct`` into one preallocated array."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import open_h5_readonly
 
     slice_rows = max(meta.block_rows, SEQUENTIAL_SLICE_BYTES // meta.row_bytes // meta.block_rows * meta.block_rows)
     slice_rows = min(slice_rows, meta.rows)
     buf = np.empty((slice_rows, *meta.image_shape), dtype=np.uint8)
     bar = _bar(progress, meta.rows, "sequential")
-    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+    with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images = f[schema.IMAGES]
         t0 = time.monotonic()
         for start in range(0, meta.rows, slice_rows):
@@ -310,15 +344,14 @@ def measure_sequential(meta, *, cold, progress) -> dict:
 
 def measure_single_chunk(meta, batch_size, *, seed, cold, progress) -> dict:
     """Read ``100 x batch`` rows in order into a buffer, permute them, cut (copied) batches; whole file."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import open_h5_readonly
 
     chunk_rows = min(meta.rows, CHUNK_SHUFFLE_BATCHES * batch_size)
     buf = np.empty((chunk_rows, *meta.image_shape), dtype=np.uint8)
     rng = np.random.default_rng([seed, 0])
     bar = _bar(progress, meta.rows, "single chunk")
-    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+    with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images, labels = f[schema.IMAGES], f[schema.LABELS]
         t0 = time.monotonic()
         for start in range(0, meta.rows, chunk_rows):
@@ -344,14 +377,13 @@ def measure_random_rows(meta, *, seed, seconds, cold, progress) -> dict:
     Stops after ``seconds`` (or the whole file); the rate is rows read / time
     taken, and the epoch time is extrapolated from it, which the result says.
     """
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import open_h5_readonly
 
     order = np.random.default_rng([seed, 1]).permutation(meta.rows)
     bar = _bar(progress, meta.rows, "random rows")
     done = 0
-    with _cold(meta, cold), h5py.File(meta.path, "r") as f:
+    with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images, labels = f[schema.IMAGES], f[schema.LABELS]
         t0 = time.monotonic()
         deadline = t0 + seconds
@@ -517,7 +549,9 @@ def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, se
     meta = read_meta(path)
     plan = stream_plan(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
     layout = layout_function(meta.rows, plan, seed)
-    qlabels, n_classes = quality.quality_labels(read_labels(meta), meta.label_kind, meta.class_names)
+    labels = read_labels(meta)
+    check_class_labels(meta, labels)
+    qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
     report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
     report["plan"] = plan.as_dict()
     report["plan_text"] = plan.describe()

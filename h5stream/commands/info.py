@@ -19,18 +19,19 @@ LABEL_READ_ROWS = 1 << 20
 
 def class_counts(path: str, rows: int, n_classes: int) -> list[int]:
     """Rows per class index over the committed rows, read in slices of ``LABEL_READ_ROWS``."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import read_consistent
 
-    counts = np.zeros(n_classes, dtype=np.int64)
-    with h5py.File(path, "r") as f:
+    def count(f) -> list[int]:
+        counts = np.zeros(n_classes, dtype=np.int64)
         labels = f[schema.LABELS]
         for start in range(0, rows, LABEL_READ_ROWS):
             chunk = labels[start:min(rows, start + LABEL_READ_ROWS)].astype(np.int64)
             chunk = chunk[(chunk >= 0) & (chunk < n_classes)]
             counts += np.bincount(chunk, minlength=n_classes)[:n_classes]
-    return counts.tolist()
+        return counts.tolist()
+
+    return read_consistent(path, count)
 
 
 def _filter_names(dataset) -> list[str]:
@@ -47,15 +48,12 @@ def _filter_names(dataset) -> list[str]:
 
 def describe(path: str) -> dict:
     """The store's description: the keys of ``info --json`` (see README FORMAT)."""
-    import h5py
-
     from h5stream.store import schema
+    from h5stream.store.access import read_consistent
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
-    with h5py.File(path, "r") as f:
-        chunks = f[schema.IMAGES].chunks
-        filters = _filter_names(f[schema.IMAGES])
+    chunks, filters = read_consistent(path, lambda f: (f[schema.IMAGES].chunks, _filter_names(f[schema.IMAGES])))
     classes = None
     if meta.label_kind == schema.LABEL_CLASS and meta.class_names is not None:
         counts = class_counts(path, meta.rows, len(meta.class_names))

@@ -35,36 +35,22 @@ from __future__ import annotations
 
 import csv
 import errno
-import multiprocessing
-import multiprocessing.connection
 import os
-import signal
 import sys
-import threading
 import time
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from h5stream._spawn import main_module_hidden
-from h5stream.errors import BudgetError, ConfigError, SourceError, StoreExistsError, StoreWriteError, WorkerError
-from h5stream.ingest.decode import DecodeSpec, decode_into_slot, decode_task, init_worker
+from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreWriteError
+from h5stream.ingest.decode import DecodeSpec
 from h5stream.ingest.discover import UNREADABLE, Item, Source, discover
+from h5stream.ingest.pool import MAX_FILES_PER_TASK, MIN_SLOT_ROWS, DecodePool, decode_layout, decode_slots  # noqa: F401
 from h5stream.store import schema
 from h5stream.store.lock import StoreLock
 
 ORDERS = ("shuffled", "sorted")
 COMMIT_ROWS = 256
-#: Files per decode task: at most this many (fewer towards the end, see :func:`task_sizes`).  A task of 16
-#: photos is ~7 ms of a worker's time; with that grain the workers idled whenever the writer held the GIL
-#: for a moment (the executor's feeding thread could not run).  Up to 64: 2-worker ingest 8-13% faster in
-#: two interleaved 5-round A/Bs, 5% with one worker.
-MAX_FILES_PER_TASK = 64
-#: Result slots never hold fewer rows than this: below it, too little /dev/shm is refused (see DecodePool).
-MIN_SLOT_ROWS = 16
 #: The last tasks shrink to this many files, so no worker finishes long after the others.
 MIN_FILES_PER_TASK = 4
 #: Decode processes per CPU at most: beyond two, more only cost memory (decoding is CPU-bound; a second
@@ -143,165 +129,7 @@ def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
     raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
 
 
-# -- worker side --------------------------------------------------------------------
-
-
-class DecodePool:
-    """``workers`` spawned decode processes (0: decode in the calling thread).  Owns the executor and
-    the shared-memory result slots.
-
-    Start it early (:meth:`start`) so the workers boot while the caller
-    validates and creates the store; :meth:`imap` yields ``(images, reasons)``
-    per chunk in submission order with one chunk in flight per result slot but
-    one.  Workers decode straight into the result slots in shared memory
-    (:func:`decode_slots` says how many) and send back only the skip reasons, so pixels are
-    never pickled or piped (that cost ~110 us of CPU per 128x128 image across
-    both processes, measured, about a tenth of the decode).  The images
-    yielded are a view of the slot, valid until the next item is asked for:
-    copy what you keep.  :meth:`close` is idempotent, cancels what has not
-    started and unlinks the slots.
-    """
-
-    def __init__(self, workers: int, row_shape: tuple[int, ...], rows_per_task: int = MAX_FILES_PER_TASK,
-                 timeout_s: float = 600.0):
-        self.workers = workers
-        self.timeout_s = timeout_s
-        self.rows_per_task = rows_per_task  # the most files one task may carry (fewer where /dev/shm is short)
-        self._pool = None
-        self._slots = None
-        self._exiting: list = []  # worker processes told to exit by finish(), joined by close()
-        self._in_flight: deque = deque()
-        if workers > 0:
-            from h5stream.shm import SharedArray, new_prefix, shm_free_bytes
-
-            row_bytes = int(np.prod(row_shape, dtype=np.int64))
-            n_slots, rows = decode_layout(workers, row_bytes, shm_free_bytes(), rows_per_task)
-            if n_slots >= workers + 1:
-                try:
-                    self._slots = SharedArray.create((n_slots, rows, *row_shape), np.uint8, new_prefix() + "decode_")
-                    self.rows_per_task = rows
-                except BudgetError:
-                    pass  # /dev/shm filled up since it was measured: the same advice as below
-            if self._slots is None:  # `rows`: the slot size decode_layout settled on (its floor when slots ran short)
-                need = (workers + 1) * rows * row_bytes * 2
-                raise BudgetError(
-                    f"--workers {workers} needs at least {need / 2**20:.0f} MiB of shared memory free in /dev/shm "
-                    f"for decoded rows ({workers + 1} slots of {rows} rows, using at most half of it); pass "
-                    "fewer --workers, --workers 0 (decode in this process), or free /dev/shm (Docker: --shm-size)"
-                )
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
-                                             initargs=(self._slots.spec,))
-
-    def start(self) -> None:
-        """Boot every worker now.  They start with SIGINT ignored (an ignored signal survives exec), so a
-        Ctrl-C during their import cannot print a traceback; the parent alone handles it."""
-        if self._pool is None:
-            return
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-        try:
-            # ProcessPoolExecutor spawns lazily, one process per submit while none is idle; a worker takes
-            # far longer to boot than a submit, so `workers` no-op submits launch them all (checked below).
-            # Workers run package code only: the caller's main script (which may import tensorflow) is not
-            # re-run in them.
-            with main_module_hidden():
-                for _ in range(4 * self.workers):
-                    self._pool.submit(int)
-                    if len(getattr(self._pool, "_processes", None) or ()) >= self.workers:
-                        break
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, previous)
-
-    def imap(self, root: str, chunks: list[list[str]], spec: DecodeSpec):
-        if self._pool is None:
-            for chunk in chunks:
-                yield decode_task(root, chunk, spec)
-            return
-        free = deque(range(self._slots.array.shape[0]))
-        pending = self._in_flight = deque()  # (slot, future) per chunk submitted and not yet yielded
-
-        def submit(chunk):
-            slot = free.popleft()
-            try:
-                pending.append((slot, self._pool.submit(decode_into_slot, root, chunk, spec, slot)))
-            except BrokenProcessPool as exc:  # a worker died between two results: the executor refuses new work
-                raise _worker_died() from exc
-
-        it = iter(chunks)
-        for chunk in it:
-            submit(chunk)
-            if len(free) <= 1:  # the last free slot is for the result being written out
-                break
-        while pending:
-            slot, future = pending.popleft()
-            try:
-                reasons = future.result(timeout=self.timeout_s)
-            except BrokenProcessPool as exc:
-                raise _worker_died() from exc
-            except TimeoutError as exc:
-                raise WorkerError(
-                    f"a decode worker produced nothing for {self.timeout_s:.0f} s; rerun with --append"
-                ) from exc
-            nxt = next(it, None)
-            if nxt is not None:
-                submit(nxt)
-            yield self._slots.array[slot, :reasons.count(None)], reasons
-            free.append(slot)  # the caller has asked for the next item: done with this slot
-
-    def finish(self) -> None:
-        """Let the workers exit without waiting for them, once every result is in: the caller's last writes
-        overlap their interpreter shutdown, and :meth:`close` joins them."""
-        if self._pool is not None:
-            self._exiting = list((getattr(self._pool, "_processes", None) or {}).values())
-            pool, self._pool = self._pool, None
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            pool.shutdown(wait=True, cancel_futures=True)
-        for proc in self._exiting:  # idle since every result came in: they exit at once
-            proc.join(10.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5.0)
-        self._exiting = []
-        if self._slots is not None:
-            slots, self._slots = self._slots, None
-            slots.close()  # unlinks; a view the caller kept stays readable
-
-
-def _worker_died() -> WorkerError:
-    return WorkerError(
-        "a decode worker died (killed, out of memory?); committed rows are kept, rerun with --append to continue"
-    )
-
-
-def decode_slots(workers: int, slot_bytes: int, shm_free: int | None) -> int:
-    """Result slots for ``workers`` decode processes (pure): ``4 * workers + 1`` (four tasks in flight per
-    worker, one being written out), fewer where that would take more than half of ``shm_free`` (bytes free
-    in /dev/shm, None when unknown; Docker's default is 64 MiB), and never fewer than ``workers + 1``: below
-    that the workers would wait on the writer, and the caller should refuse."""
-    wanted = 4 * workers + 1
-    if shm_free is None or slot_bytes <= 0:
-        return wanted
-    return min(wanted, max(0, shm_free // 2 // slot_bytes))
-
-
-def decode_layout(workers: int, row_bytes: int, shm_free: int | None, max_rows: int = MAX_FILES_PER_TASK,
-                  min_rows: int = MIN_SLOT_ROWS) -> tuple[int, int]:
-    """(result slots, rows per slot) for ``workers`` decode processes (pure): slots of ``max_rows`` rows,
-    halved while :func:`decode_slots` cannot give every worker a slot and one more, but not below
-    ``min_rows`` (nor ``max_rows`` when that is smaller); slots < ``workers + 1`` means refuse."""
-    rows = max(1, max_rows)
-    floor = min(rows, max(1, min_rows))
-    while True:
-        slots = decode_slots(workers, rows * row_bytes, shm_free)
-        if slots >= workers + 1 or rows <= floor:
-            return slots, rows
-        rows = max(floor, rows // 2)
+# -- decode tasks ---------------------------------------------------------------------
 
 
 def task_sizes(n_files: int, workers: int, max_files: int = MAX_FILES_PER_TASK,

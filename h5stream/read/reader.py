@@ -13,6 +13,14 @@ fill ahead (the runs not already cached).  Compressed stores (no raw chunk
 access) read each run through h5py into a small scratch array and copy rows
 out.
 
+The thread starts by reading where every committed row lies (the byte offsets
+of the chunks of ``/images`` and ``/labels``, through
+:func:`~h5stream.store.access.read_consistent`).  From then on an uncompressed
+store is read by byte offset only, pixels and labels alike: their bytes never
+move, so it streams while another process appends to the file.  A compressed
+store is read through HDF5, which relies on metadata a writer rewrites; it is
+refused with :class:`StoreBusyError` while another process writes it.
+
 With ``defer_pixels``, a fill already in the page cache is not copied at all:
 its batches carry their rows' byte offsets for worker processes to read (see
 :class:`Reader`).
@@ -30,6 +38,7 @@ queued and re-raised by the consumer as :class:`ReaderError` with the cause.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import os
 import queue
@@ -42,10 +51,12 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from h5stream.errors import ReaderError, StreamClosedError
+from h5stream import _interrupt as interrupt
+from h5stream.errors import ReaderError, StoreBusyError, StoreFormatError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.pagecache import Residency, preadv_all
 from h5stream.store import schema
+from h5stream.store.access import busy_error, open_h5_readonly, read_consistent, writer_pids
 from h5stream.store.meta import StoreMeta
 
 POLL_S = 0.1
@@ -272,6 +283,7 @@ class Reader:
         self._fd = None
         self._residency: Residency | None = None  # deferred pixels: which fills are wholly cached
         self._offsets = None
+        self._label_offsets = None  # (byte offset of each label chunk, rows per chunk) where stored uncompressed
         self._cache_labels = bool(cache_labels)
         self.defer_pixels = bool(defer_pixels)
         self._io_threads = int(io_threads)
@@ -293,6 +305,7 @@ class Reader:
                 item = self._queue.get(timeout=POLL_S)
                 break
             except queue.Empty:
+                interrupt.raise_pending()
                 if not self._thread.is_alive() and self._queue.empty():
                     raise ReaderError(f"{self.meta.path}: the reader thread stopped without a result") from None
                 if time.perf_counter() - t0 > self._timeout_s:
@@ -302,6 +315,8 @@ class Reader:
                     ) from None
         self.stats["wait_s"] += time.perf_counter() - t0
         if isinstance(item, _Failure):
+            if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
+                raise StoreBusyError(str(item.exc)) from item.exc
             raise ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}") from item.exc
         self.stats["batches"] += 1
         return item
@@ -344,17 +359,27 @@ class Reader:
                 continue
 
     def _run(self) -> None:
+        path = self.meta.path
         try:
-            with h5py.File(self.meta.path, "r", rdcc_nbytes=0, locking=False) as f:
-                self._images = f[schema.IMAGES]
-                self._labels = f[schema.LABELS]
-                self._offsets = _chunk_offsets(self._images, self.meta)
-                if self.defer_pixels and self._offsets is None:
-                    raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
-                if self._cache_labels:
-                    self.all_labels = self._labels[0:self.meta.rows]
+            # Where every committed row's pixels and labels lie, read once; after that an uncompressed store is
+            # read by byte offset only, which stays right while another process appends to the file.
+            snap = read_consistent(path, lambda f: _snapshot(f, self.meta, self._cache_labels), rdcc_nbytes=0)
+            self._offsets, self._label_offsets, self.all_labels = snap
+            if self.defer_pixels and self._offsets is None:
+                raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
+            with contextlib.ExitStack() as stack:
+                if self._offsets is None or (self.all_labels is None and self._label_offsets is None):
+                    # Only HDF5 can read these rows (compressed), and it trusts metadata a writer rewrites.
+                    writers = writer_pids(path)
+                    if writers:
+                        raise busy_error(path, writers, "a compressed store can only be read through HDF5 "
+                                                        "metadata that the writer keeps changing")
+                    f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0))
+                    self._images = f[schema.IMAGES]
+                    self._labels = f[schema.LABELS]
+                self._fd = os.open(path, os.O_RDONLY)
+                stack.callback(self._close_fd)
                 if self._offsets is not None:
-                    self._fd = os.open(self.meta.path, os.O_RDONLY)
                     if self.defer_pixels:
                         self._residency = Residency(self._fd)
                     if self._io_threads > 0:
@@ -369,9 +394,6 @@ class Reader:
                     if self._residency is not None:
                         self._residency.close()
                         self._residency = None
-                    if self._fd is not None:
-                        os.close(self._fd)
-                        self._fd = None
         except Stopped:
             pass
         except BaseException as exc:  # delivered to the consumer, never lost
@@ -379,6 +401,11 @@ class Reader:
                 self.put(_Failure(exc))
             except Stopped:
                 pass
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _jobs(self) -> Iterator[_FillJob]:
         """Fill jobs in reading order, epoch after epoch, from the start position."""
@@ -480,7 +507,7 @@ class Reader:
         there; a run with either end missing is advised as before.  With deferred pixels a run counts as
         cached only if every page of it is (``cachestat`` / ``mincore``, see :meth:`_run_cached`).
         """
-        if self._fd is None:
+        if self._fd is None or self._offsets is None:
             return []
         row_bytes = self.meta.row_bytes
         missing = []
@@ -558,10 +585,23 @@ class Reader:
         return out
 
     def read_labels(self, runs, n: int) -> np.ndarray:
-        """Labels of a fill in buffer order, run by run (when they are not all cached)."""
+        """Labels of a fill in buffer order, run by run (when they are not all cached): by byte offset where
+        the labels are stored uncompressed, else through HDF5."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
+        if self._label_offsets is None:
+            for dest, src, k, _off in runs:
+                self._labels.read_direct(labels, np.s_[src:src + k], np.s_[dest:dest + k])
+            return labels
+        chunk_offsets, chunk_rows = self._label_offsets
+        row_bytes = self.meta.label_row_bytes
+        out = memoryview(labels.reshape(-1).view(np.uint8)) if labels.size else None
         for dest, src, k, _off in runs:
-            self._labels.read_direct(labels, np.s_[src:src + k], np.s_[dest:dest + k])
+            while k > 0:  # a run may span label chunks
+                chunk, within = divmod(src, chunk_rows)
+                m = min(k, chunk_rows - within)
+                preadv_all(self._fd, [out[dest * row_bytes:(dest + m) * row_bytes]],
+                           int(chunk_offsets[chunk]) + within * row_bytes, self.meta.path)
+                dest, src, k = dest + m, src + m, k - m
         return labels
 
     def wait_all(self, futures) -> None:
@@ -577,26 +617,56 @@ class Reader:
 
 def direct_reads(path: str, meta: StoreMeta) -> bool:
     """Whether every row of the store can be read straight from the file (uncompressed, all chunks stored)."""
-    with h5py.File(path, "r", rdcc_nbytes=0, locking=False) as f:
-        return _chunk_offsets(f[schema.IMAGES], meta) is not None
+    return read_consistent(path, lambda f: _chunk_offsets(f[schema.IMAGES], meta.rows, meta.block_rows, path) is not None,
+                           rdcc_nbytes=0)
 
 
-def _chunk_offsets(images: h5py.Dataset, meta: StoreMeta) -> np.ndarray | None:
-    """Byte offset of each block's chunk, or None when direct reads are not possible (compressed, odd layout)."""
-    chunks = images.chunks
-    if chunks is None or images.id.get_create_plist().get_nfilters() > 0:
+def _snapshot(f: h5py.File, meta: StoreMeta, cache_labels: bool):
+    """(image chunk offsets or None, (label chunk offsets, label chunk rows) or None, every label or None)."""
+    images, labels = f[schema.IMAGES], f[schema.LABELS]
+    offsets = _chunk_offsets(images, meta.rows, meta.block_rows, meta.path)
+    label_offsets = None
+    if labels.chunks is not None:
+        chunk_rows = labels.chunks[0]
+        found = _chunk_offsets(labels, meta.rows, chunk_rows, meta.path)
+        label_offsets = None if found is None else (found, chunk_rows)
+    all_labels = None
+    if cache_labels:
+        all_labels = np.empty((meta.rows, *meta.label_shape), meta.label_dtype)
+        if meta.rows:
+            labels.read_direct(all_labels, np.s_[0:meta.rows], np.s_[0:meta.rows])
+    return offsets, label_offsets, all_labels
+
+
+def _chunk_offsets(data: h5py.Dataset, rows: int, chunk_rows: int, path: str) -> np.ndarray | None:
+    """Byte offset of each chunk holding rows ``[0, rows)`` of ``data`` (in the file at ``path``), or None when they cannot be read
+    directly (compressed, chunks not of whole rows, a chunk without storage: HDF5's fill value).
+
+    Raises :class:`StoreFormatError` for a chunk said to lie past the end of the file (metadata caught
+    while a writer rewrites it, or damage), which :func:`read_consistent` judges.
+    """
+    chunks = data.chunks
+    if chunks is None or data.id.get_create_plist().get_nfilters() > 0:
         return None
-    if chunks[0] != meta.block_rows or tuple(chunks[1:]) != tuple(images.shape[1:]):
+    if chunks[0] != chunk_rows or tuple(chunks[1:]) != tuple(data.shape[1:]):
         return None
-    n_blocks = -(-meta.rows // meta.block_rows)
-    offsets = np.full(n_blocks, -1, dtype=np.int64)
+    n_chunks = -(-rows // chunk_rows)
+    offsets = np.full(n_chunks, -1, dtype=np.int64)
 
     def visit(info):
-        b = info.chunk_offset[0] // meta.block_rows
-        if b < n_blocks:
+        b = info.chunk_offset[0] // chunk_rows
+        if b < n_chunks:
             offsets[b] = info.byte_offset
 
-    images.id.chunk_iter(visit)
+    data.id.chunk_iter(visit)
     if (offsets < 0).any():
-        return None  # a chunk without storage: let HDF5 handle it (fill value)
+        return None
+    if n_chunks:
+        row_bytes = int(np.prod(data.shape[1:], dtype=np.int64)) * data.dtype.itemsize
+        rows_in_chunk = np.minimum(chunk_rows, rows - np.arange(n_chunks, dtype=np.int64) * chunk_rows)
+        end = int((offsets + rows_in_chunk * row_bytes).max())
+        size = os.path.getsize(path)
+        if end > size:
+            raise StoreFormatError(f"{path}: a chunk of /{data.name.lstrip('/')} ends at byte {end}, "
+                                   f"past the end of the file ({size} bytes)")
     return offsets

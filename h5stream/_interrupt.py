@@ -1,0 +1,83 @@
+"""Ctrl-C at safe points: a SIGINT that reaches the main thread while it is inside h5stream waits for a safe point.
+
+Python raises ``KeyboardInterrupt`` between any two bytecodes, including the
+instant after a ``threading.Condition`` (or ``queue.Queue``) has taken its lock
+and before the ``with`` block that releases it has begun.  The lock then stays
+taken by the main thread for good, the reader thread or the pool's collector
+blocks on it forever, and closing the stream waits out its timeouts with the
+interrupt in hand.
+
+So :func:`install` (called when a stream opens) puts a handler in front of
+SIGINT's that passes every signal straight on, except while the main thread is
+between :func:`hold` and :func:`release` (waiting for a batch, opening,
+closing): then the signal is only recorded, and the real handler runs at
+:func:`raise_pending`, which the waits call between their polls (where no lock
+is half taken), or at :func:`release` at the latest.  The waits poll every
+:data:`~h5stream.read.reader.POLL_S`, so the interrupt is still raised within a
+fraction of a second; outside h5stream nothing changes.  ``hold`` / ``release``
+are a counter, cheap enough for every batch.
+
+Main thread only (the only thread Python runs signal handlers in); a handler of
+the user's (IPython's, say) is run the same way as the default one.  Where the
+handler is not a Python function (ignored, default action) nothing is installed.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+_main = threading.main_thread().ident
+_depth = 0  # > 0 while the main thread is inside h5stream
+_owed: list = []  # frames of the SIGINTs held back meanwhile
+_next_handler = None  # the handler ours passes signals on to
+
+
+def _handler(signum, frame) -> None:
+    if _depth:
+        _owed.append(frame)
+    elif _next_handler is not None:
+        _next_handler(signum, frame)
+    else:  # cannot happen: installed only over a callable handler
+        raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Put the holding handler in front of SIGINT's current Python handler (main thread; idempotent)."""
+    global _next_handler
+    if threading.get_ident() != _main:
+        return
+    current = signal.getsignal(signal.SIGINT)
+    if current is _handler or not callable(current):
+        return
+    try:
+        signal.signal(signal.SIGINT, _handler)
+    except ValueError:  # not the main interpreter
+        return
+    _next_handler = current
+
+
+def hold() -> None:
+    """Enter h5stream: from now on a SIGINT waits for :func:`raise_pending` or :func:`release`."""
+    global _depth
+    if threading.get_ident() == _main:
+        _depth += 1
+
+
+def release() -> None:
+    """Leave h5stream (pair of :func:`hold`, in a ``finally``); run a SIGINT that arrived meanwhile."""
+    global _depth
+    if threading.get_ident() == _main:
+        _depth -= 1
+        if not _depth:
+            raise_pending()
+
+
+def raise_pending() -> None:
+    """Run SIGINT's handler now if a SIGINT was held back (raising ``KeyboardInterrupt``); call only where no
+    lock is being taken or released."""
+    if _owed and threading.get_ident() == _main:
+        frame = _owed[-1]
+        _owed.clear()
+        if _next_handler is not None:
+            _next_handler(signal.SIGINT, frame)

@@ -1,0 +1,191 @@
+"""Opening a store's file for reading: the one way every reader in h5stream opens it.
+
+:func:`open_h5_readonly` hands h5py a Python file object (``io.FileIO``,
+HDF5's "fileobj" driver) instead of a path.  Such a handle takes no HDF5 file
+lock and is never matched with another handle on the same file, so:
+
+* it opens while an ingest (PyTables, which locks the file) writes the store;
+* a user's plain ``h5py.File(path)`` or ``tables.open_file(path)``, with their
+  default arguments, opens and stays usable in the same process, before or
+  after, whatever locking flags it was given (HDF5 refuses a second open of one
+  file through the default driver with different flags).
+
+Reading a file that another process is writing is safe for committed rows
+only where their bytes never move (uncompressed chunks, labels); the HDF5
+metadata that locates them is rewritten by the writer at every commit and may
+be caught half-written.  :func:`read_consistent` therefore reads such
+metadata with a fresh handle and tries again while a writer holds the file,
+and says so in one line (:class:`StoreBusyError`) if it never settles.  The
+readers read pixels and labels by byte offset after that (see
+:mod:`h5stream.read.reader`), so only compressed stores, whose chunks only
+HDF5 can decode, need the metadata while streaming.
+
+Errors are h5stream's: :class:`StoreNotFoundError`,
+:class:`StorePermissionError`, :class:`StoreFormatError`,
+:class:`StoreBusyError`.  Every function here is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import h5py
+
+from h5stream.errors import StoreBusyError, StoreFormatError, StoreNotFoundError, StorePermissionError
+
+T = TypeVar("T")
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""The superblock signature, at byte 0 or 512, 1024, 2048... of an HDF5 file."""
+
+SETTLE_S = 5.0
+"""How long :func:`read_consistent` keeps trying while another process writes the file."""
+
+PROC_LOCKS = "/proc/locks"
+
+
+def open_readable(path: str | os.PathLike) -> io.FileIO:
+    """``path`` opened for reading (unbuffered), or the h5stream error saying why it cannot be."""
+    path = os.fspath(path)
+    try:
+        return io.FileIO(path, "rb")
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"{path}: no such file; make one with `h5stream ingest SRC {path}`") from None
+    except IsADirectoryError:
+        raise StoreFormatError(f"{path}: is a directory, not an HDF5 file") from None
+    except PermissionError:
+        raise StorePermissionError(
+            f"{path}: permission denied; this user ({_user()}) needs read access to the file and its folders "
+            f"(e.g. chmod a+r {path})"
+        ) from None
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError, AttributeError):
+        return "this user"
+
+
+def has_hdf5_signature(raw: io.RawIOBase) -> bool:
+    """Whether an HDF5 superblock signature is where the format allows one (byte 0, 512, 1024, ...)."""
+    size = os.fstat(raw.fileno()).st_size
+    offset = 0
+    while offset + len(HDF5_SIGNATURE) <= size:
+        if os.pread(raw.fileno(), len(HDF5_SIGNATURE), offset) == HDF5_SIGNATURE:
+            return True
+        offset = 512 if offset == 0 else 2 * offset
+    return False
+
+
+@contextlib.contextmanager
+def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, **h5py_kwargs):
+    """An ``h5py.File`` on ``path``, read-only, taking no HDF5 file lock and sharing nothing with other handles.
+
+    ``h5py_kwargs`` go to ``h5py.File`` (e.g. ``rdcc_nbytes=0``).  Closes the
+    file and its descriptor on exit.  Raises :class:`StoreNotFoundError`,
+    :class:`StorePermissionError`, or :class:`StoreFormatError` when the file is
+    not HDF5; an HDF5 error opening a file that is HDF5 propagates (an
+    ``OSError``) for :func:`read_consistent` to judge.
+
+    ``native_driver=True`` opens the path with HDF5's own POSIX driver instead
+    (``locking=False``): no Python call per HDF5 read (a few microseconds each),
+    which is what the benchmark baselines measure, "plain h5py"; such a handle
+    does clash with another handle of this process opened with locking.
+    """
+    path = os.fspath(path)
+    raw = open_readable(path)
+    try:
+        try:
+            f = h5py.File(path, "r", locking=False, **h5py_kwargs) if native_driver else h5py.File(raw, "r", **h5py_kwargs)
+        except OSError:
+            if not has_hdf5_signature(raw):
+                raise StoreFormatError(
+                    f"{path}: not an HDF5 file; make one with `h5stream ingest SRC {path}`") from None
+            raise
+        with f:
+            yield f
+    finally:
+        raw.close()
+
+
+def writer_pids(path: str | os.PathLike) -> list[int]:
+    """Processes other than this one holding a write lock on ``path`` (HDF5 writers lock the whole file).
+
+    Read from ``/proc/locks`` (Linux), which takes no lock itself, so asking never
+    gets in a writer's way.  [] where that is unavailable or nobody writes.
+    """
+    try:
+        st = os.stat(path)
+        with open(PROC_LOCKS, encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    me = os.getpid()
+    pids = []
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 8786 fe:00:2154971 0 EOF"; waiters carry a "->" and hold nothing.
+        if len(fields) < 6 or fields[1] == "->" or fields[3] != "WRITE":
+            continue
+        try:
+            pid = int(fields[4])
+            major, minor, inode = fields[5].split(":")
+            dev = os.makedev(int(major, 16), int(minor, 16))
+        except ValueError:
+            continue
+        if int(inode) == st.st_ino and dev == st.st_dev and pid != me and pid not in pids:
+            pids.append(pid)
+    return pids
+
+
+def busy_error(path: str, pids: list[int], what: str) -> StoreBusyError:
+    """The one-line error for a read that cannot be done while ``pids`` write ``path``."""
+    who = "process " + ", ".join(str(p) for p in pids) if pids else "another process"
+    return StoreBusyError(
+        f"{path}: {who} is writing this file and {what}; try again when it has finished (its committed rows "
+        "stay readable)"
+    )
+
+
+def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, settle_s: float = SETTLE_S,
+                    **h5py_kwargs) -> T:
+    """``read(f)`` on a fresh read-only handle (:func:`open_h5_readonly`), tried again while the file settles.
+
+    An HDF5 error (``OSError``, ``RuntimeError``, ``KeyError``), or an h5stream
+    :class:`StoreFormatError` from ``read``'s own checks, is retried with a new
+    handle: once in any case (a writer may have just closed the file), then for
+    up to ``settle_s`` seconds while another process holds a write lock on it.
+    If it never succeeds: :class:`StoreBusyError` naming the writer, or, with
+    no writer, the :class:`StoreFormatError` (an HDF5 error becomes one saying
+    the file is damaged).  ``read`` must not keep objects of the file: it is
+    closed when ``read`` returns.
+    """
+    path = os.fspath(path)
+    deadline = time.monotonic() + settle_s
+    delay_s, tries = 0.002, 0
+    while True:
+        tries += 1
+        try:
+            with open_h5_readonly(path, **h5py_kwargs) as f:
+                return read(f)
+        except (StoreNotFoundError, StorePermissionError):
+            raise
+        except (OSError, RuntimeError, KeyError, StoreFormatError) as exc:
+            pids = writer_pids(path)
+            if tries >= 2 and not pids:
+                if isinstance(exc, StoreFormatError):
+                    raise
+                raise StoreFormatError(f"{path}: cannot read as HDF5 ({exc}); the file is damaged") from exc
+            if pids and time.monotonic() > deadline:
+                raise busy_error(path, pids, f"its HDF5 metadata did not settle in {settle_s:g} s") from exc
+        # Back off so a writer between two commits can finish flushing.
+        time.sleep(delay_s)
+        delay_s = min(0.1, delay_s * 2)
