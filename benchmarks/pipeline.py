@@ -417,7 +417,7 @@ def format_table(result: dict) -> str:
         lines.append(f"  {'pipeline':<44}{'images/s':>10}{'vs idg':>9}  {'cores busy (main+workers)':<27}note")
         idg = (r.get("idg") or {}).get("images_per_s")
 
-        def row(name, rate, note="", cores=""):
+        def row(name, rate, note="", cores="", idg=idg):
             vs = f"{rate / idg:>8.1f}x" if idg else f"{'-':>9}"
             if result["quick"] and cores:
                 cores = "- (too short to sample)"

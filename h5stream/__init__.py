@@ -27,7 +27,7 @@ from h5stream.errors import (
 )
 
 if TYPE_CHECKING:
-    from h5stream import keras
+    from h5stream import keras  # noqa: F401 - loaded on first access, see __getattr__
     from h5stream.augment import Augment
     from h5stream.store import StoreMeta, read_meta
     from h5stream.stream import Stream, open  # noqa: A004
