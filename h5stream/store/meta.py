@@ -140,6 +140,6 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         resize_mode=str(_attr(attrs, schema.ATTR_RESIZE, "unknown")),
         skipped_files=int(_attr(attrs, schema.ATTR_SKIPPED, 0)),
         format_version=int(_attr(attrs, schema.ATTR_FORMAT, 0)),
-        file_bytes=os.path.getsize(path),
+        file_bytes=int(f.id.get_filesize()),
         checksum=str(_attr(attrs, schema.ATTR_CHECKSUM, "unknown")) if schema.CHECKSUMS in f else None,
     )
