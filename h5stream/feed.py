@@ -132,7 +132,8 @@ class PooledFeed:
         n_out = pool_slots(workers)
         self._n_in = fill_batches(plan) + plan.queue_depth + n_out + CONSUMER_SETS
         prefix = new_prefix()
-        self.direct = direct_reads(meta.path, meta)
+        # Workers read rows the page cache holds straight from the file: only a local file has one.
+        self.direct = meta.remote is None and direct_reads(meta.path, meta)
         self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
         sources = [self._inputs.spec]
         if self.direct:

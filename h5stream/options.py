@@ -43,6 +43,7 @@ class StreamOptions:
     validation_split: float | None = None
     subset: str | None = None
     label_mode: str = "int"
+    remote: object = None
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -60,6 +61,10 @@ class StreamOptions:
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
         split, subset = check_split(self.validation_split, self.subset)
+        if self.remote is not None:
+            from h5stream.remote.config import remote_options
+
+            object.__setattr__(self, "remote", remote_options(self.remote))
         budget = None if self.memory_budget is None else parse_bytes(self.memory_budget)
         for name, value in (("batch_size", int(self.batch_size)), ("workers", int(self.workers)),
                             ("timeout_s", float(self.timeout_s)), ("drop_remainder", bool(self.drop_remainder)),

@@ -67,6 +67,13 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     ``resume`` is a dict from :meth:`Stream.state`.  ``timeout_s``: how long
     to wait for a batch before raising :class:`~h5stream.ReaderError`.
 
+    ``path`` may be a URL: ``s3://bucket/key`` (credentials, region and
+    endpoint from the usual AWS environment variables and files) or
+    ``http(s)://host/path`` (a server that honours ``Range``).  ``remote``
+    (an :class:`h5stream.RemoteOptions` or a dict of its fields: ``endpoint``,
+    ``region``, ``profile``, ``anonymous``, ``timeout_s``, ``max_in_flight``,
+    ``headers``) says how to reach it.  Every guarantee of a local store holds.
+
     The order of an epoch depends on the seed and on ``rows_per_fill`` (the
     shuffle window, ``stream.plan.rows_per_fill``), which by default is what
     the budget leaves after everything else.  Pass ``rows_per_fill`` to get the
@@ -99,7 +106,7 @@ class Stream:
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_meta(path)
+        meta = read_meta(path, remote=options.remote)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
         self._shard = options.shard or (0, 1)
@@ -329,7 +336,7 @@ class Stream:
         if augment.needs_feature_stats:
             from h5stream.augment.stats import compute_feature_stats
 
-            mean, std = compute_feature_stats(self.meta.path)
+            mean, std = compute_feature_stats(self.meta.path, remote=self.meta.remote)
             augment = augment.with_feature_stats(mean, std)
         return augment
 

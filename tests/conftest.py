@@ -158,6 +158,19 @@ def s3_store(seaweed, remote_store_file):
     return remote_store_file, f"s3://{seaweed.bucket}/fixed/store.h5"
 
 
+@pytest.fixture(params=["s3", "http"])
+def served_store(request, remote_store_file):
+    """``(local path, URL, RemoteOptions)`` of :func:`remote_store_file` on each kind of server in turn."""
+    from h5stream.remote.config import RemoteOptions
+
+    if request.param == "s3":
+        request.getfixturevalue("aws_env")
+        local, url = request.getfixturevalue("s3_store")
+        return local, url, RemoteOptions(timeout_s=10)
+    server = request.getfixturevalue("range_server")
+    return str(server.root / "store.h5"), server.url + "store.h5", RemoteOptions(timeout_s=10)
+
+
 @pytest.fixture
 def range_server(tmp_path, remote_store_file):
     """An HTTP server with Range over a folder holding ``store.h5`` (a copy of :func:`remote_store_file`);

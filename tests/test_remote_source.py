@@ -31,25 +31,14 @@ pytest.importorskip("obstore")
 from h5stream.remote.source import RemoteSource  # noqa: E402 - after the skip without the client
 
 
-@pytest.fixture(params=["s3", "http"])
-def served(request, tmp_path, remote_store_file):
-    """``(local path, url, options)`` of the test store on each kind of server."""
-    if request.param == "s3":
-        request.getfixturevalue("aws_env")
-        local, url = request.getfixturevalue("s3_store")
-        return local, url, RemoteOptions(timeout_s=10)
-    server = request.getfixturevalue("range_server")
-    return str(server.root / "store.h5"), server.url + "store.h5", RemoteOptions(timeout_s=10)
-
-
 def one_line(exc: BaseException) -> str:
     text = str(exc)
     assert text and "\n" not in text, text
     return text
 
 
-def test_random_ranges_read_into_several_buffers_equal_the_local_bytes(served):
-    local, url, options = served
+def test_random_ranges_read_into_several_buffers_equal_the_local_bytes(served_store):
+    local, url, options = served_store
     data = open(local, "rb").read()
     rng = np.random.default_rng(0)
     with RemoteSource(url, options) as source:
@@ -67,8 +56,8 @@ def test_random_ranges_read_into_several_buffers_equal_the_local_bytes(served):
         assert source.requests == 22  # the HEAD, then one GET per read
 
 
-def test_reads_from_many_threads_at_once_each_get_their_own_bytes(served):
-    local, url, options = served
+def test_reads_from_many_threads_at_once_each_get_their_own_bytes(served_store):
+    local, url, options = served_store
     data = open(local, "rb").read()
     offsets = np.random.default_rng(1).integers(0, len(data) - (1 << 20), 32)
     with RemoteSource(url, options) as source:
@@ -81,8 +70,8 @@ def test_reads_from_many_threads_at_once_each_get_their_own_bytes(served):
             assert all(pool.map(read, offsets))
 
 
-def test_a_range_past_the_end_is_refused_before_any_request(served):
-    _, url, options = served
+def test_a_range_past_the_end_is_refused_before_any_request(served_store):
+    _, url, options = served_store
     with RemoteSource(url, options) as source:
         sent = source.requests
         with pytest.raises(StoreFormatError, match="outside the object"):
@@ -92,8 +81,8 @@ def test_a_range_past_the_end_is_refused_before_any_request(served):
         assert source.requests == sent
 
 
-def test_a_missing_object_is_one_line_not_found(served):
-    _, url, options = served
+def test_a_missing_object_is_one_line_not_found(served_store):
+    _, url, options = served_store
     missing = url.replace("store.h5", "missing.h5")
     with pytest.raises(StoreNotFoundError) as info:
         RemoteSource(missing, options)

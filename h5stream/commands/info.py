@@ -50,6 +50,7 @@ def describe(path: str) -> dict:
     """The store's description: the keys of ``info --json`` (see README FORMAT)."""
     from h5stream.store import schema
     from h5stream.store.access import read_consistent
+    from h5stream.remote.config import is_url
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
@@ -60,7 +61,7 @@ def describe(path: str) -> dict:
         classes = dict(zip(meta.class_names, counts))
     report = schema.skipped_report_path(path)
     return {
-        "path": os.path.abspath(path),
+        "path": path if is_url(path) else os.path.abspath(path),
         "rows": meta.rows,
         "image_shape": list(meta.image_shape),
         "dtype": "uint8",

@@ -7,7 +7,8 @@ extras, looked up with ``getattr``: ``cached(offset, length)`` (page-cache
 residency) and ``advise_willneed(offset, length)`` (read-ahead advice).
 
 :class:`LocalFile` is a file on this machine, read with ``preadv`` through
-the page cache.
+the page cache; a URL is read by :class:`h5stream.remote.source.RemoteSource`
+(ranged requests, several in flight).  :func:`open_source` picks one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ class ByteSource(Protocol):
 
     def close(self) -> None:
         """Idempotent."""
+
+
+def open_source(path: str, *, exact_residency: bool = False, remote=None) -> ByteSource:
+    """The byte source for ``path``: a :class:`LocalFile`, or for a URL a remote source with the ``remote``
+    options (see :class:`h5stream.remote.RemoteOptions`)."""
+    from h5stream.remote.config import is_url, remote_options
+
+    if is_url(path):
+        from h5stream.remote.source import RemoteSource
+
+        return RemoteSource(path, remote_options(remote))
+    return LocalFile(path, exact_residency=exact_residency)
 
 
 class LocalFile:

@@ -86,7 +86,7 @@ class RemoteOptions:
     region: str | None = None
     profile: str | None = None
     anonymous: bool = False
-    timeout_s: float = 60.0
+    timeout_s: float = 30.0
     max_in_flight: int = 8
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra HTTP headers sent with every request (e.g. an ``Authorization`` for a private web server)."""
@@ -98,6 +98,22 @@ class RemoteOptions:
             raise ConfigError(f"max_in_flight must be an int from 1 to 256, got {self.max_in_flight!r}")
         if self.endpoint is not None and not re.match(r"^https?://[^/]", str(self.endpoint)):
             raise ConfigError(f"endpoint must be an http(s) URL such as https://s3.example.org, got {self.endpoint!r}")
+
+
+def remote_options(value) -> RemoteOptions:
+    """``value`` (None, a :class:`RemoteOptions`, or a dict of its fields) as a :class:`RemoteOptions`."""
+    if value is None:
+        return RemoteOptions()
+    if isinstance(value, RemoteOptions):
+        return value
+    if isinstance(value, Mapping):
+        known = set(RemoteOptions.__dataclass_fields__)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"remote options {', '.join(map(repr, unknown))} unknown; "
+                              f"valid: {', '.join(sorted(known))}")
+        return RemoteOptions(**value)
+    raise ConfigError(f"remote must be None, a dict or h5stream.RemoteOptions, got {type(value).__name__}")
 
 
 def client_settings(options: RemoteOptions) -> tuple[dict, dict]:

@@ -24,7 +24,10 @@ import h5py
 from h5stream.errors import StoreFormatError
 from h5stream.remote.config import RemoteOptions
 from h5stream.remote.source import RemoteSource, byte_views
-from h5stream.store.access import HDF5_SIGNATURE
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""The superblock signature, at byte 0 or 512, 1024, 2048... of an HDF5 file (as in :mod:`h5stream.store.access`,
+which sits above this package)."""
 
 BLOCK_BYTES = 2 << 20
 """Cache block: large enough that one request brings a store's header metadata, small enough to be cheap."""
