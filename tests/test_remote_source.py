@@ -107,7 +107,7 @@ def test_missing_credentials_are_one_line_and_send_nothing(aws_env, s3_store, mo
 
 
 def test_credentials_from_a_profile_in_the_shared_files(aws_env, s3_store, monkeypatch, tmp_path):
-    from remote_servers import ACCESS_KEY, SECRET_KEY
+    from benchmarks.seaweed import ACCESS_KEY, SECRET_KEY
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
@@ -238,7 +238,7 @@ def _into(future, call):
 
 
 def test_seaweedfs_killed_while_a_store_is_open_is_an_error_within_timeout_s(aws_env, remote_store_file, tmp_path):
-    from remote_servers import SeaweedS3
+    from benchmarks.seaweed import SeaweedS3
 
     server = SeaweedS3(tmp_path / "own")  # this test's own server: it dies halfway
     try:
