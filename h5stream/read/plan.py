@@ -11,7 +11,11 @@ The budget is a ceiling on everything a stream allocates:
   footprint (interpreter, heap, transform temporaries) and, once, the library
   code they share;
 * a fixed allowance for bookkeeping (chunk offsets, the epoch's segment table,
-  Python objects).
+  Python objects);
+* for a remote store, what its client holds (``source_bytes``: the library,
+  connections, pieces of responses in flight), which like the workers' share
+  comes on top of the default budget, so a URL streams the same batches as
+  the local file.
 
 :func:`plan_read` gives the shuffle buffers whatever the rest leaves, rounded
 down to whole blocks; a budget that cannot hold one block per buffer and two
@@ -119,11 +123,12 @@ class ReadPlan:
     min_budget_bytes: int
     workers: int = 0
     default_budget: bool = False  # no budget was given: DEFAULT_BUDGET_BYTES plus the workers' share
+    source_bytes: int = 0  # a remote store's client
 
     @property
     def total_bytes(self) -> int:
         return (self.buffer_bytes + self.queue_bytes + self.pool_bytes + self.bookkeeping_bytes
-                + self.label_cache_bytes)
+                + self.label_cache_bytes + self.source_bytes)
 
     @property
     def blocks_per_fill(self) -> int:
@@ -138,14 +143,18 @@ class ReadPlan:
     def describe(self) -> str:
         budget = format_bytes(self.budget_bytes)
         if self.default_budget:
-            budget += (f" (default: {format_bytes(self.budget_bytes - self.pool_bytes)} for reading"
-                       + (f" + {format_bytes(self.pool_bytes)} for {self.workers} workers)" if self.workers else ")"))
+            reading = self.budget_bytes - self.pool_bytes - self.source_bytes
+            budget += (f" (default: {format_bytes(reading)} for reading"
+                       + (f" + {format_bytes(self.pool_bytes)} for {self.workers} workers" if self.workers else "")
+                       + (f" + {format_bytes(self.source_bytes)} for the remote client" if self.source_bytes else "")
+                       + ")")
         return (
             f"budget {budget}: {self.n_buffers} x {self.rows_per_fill} rows "
             f"({self.rows_per_fill // self.unit_rows} units of {self.unit_rows}) = {format_bytes(self.buffer_bytes)} "
             "shuffle buffer, "
             f"{self.queue_depth} queued batches = {format_bytes(self.queue_bytes)}, "
             f"workers {format_bytes(self.pool_bytes)}, bookkeeping {format_bytes(self.bookkeeping_bytes)}"
+            + (f", remote client {format_bytes(self.source_bytes)}" if self.source_bytes else "")
         )
 
 
@@ -167,6 +176,7 @@ def plan_read(
     unit_rows: int | None = None,
     rows_per_fill: int | None = None,
     epoch_rows: int | None = None,
+    source_bytes: int = 0,
 ) -> ReadPlan:
     """Split ``budget_bytes`` between shuffle buffers, queue and workers for a store of ``rows`` rows.
 
@@ -181,7 +191,8 @@ def plan_read(
     down to whole blocks, at most the epoch) instead of taking what the budget
     leaves; :class:`BudgetError` if it does not fit.  ``epoch_rows`` (default
     ``rows``) is how many contiguous rows an epoch covers when it streams part
-    of the file (a validation split).
+    of the file (a validation split).  ``source_bytes`` is what the byte source holds (a remote client),
+    counted like the pool: on top of the default budget, out of a given one.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -197,7 +208,7 @@ def plan_read(
     n_units = -(-epoch_rows // unit_rows) + (1 if epoch_rows < rows else 0)
     bookkeeping = BOOKKEEPING_BYTES + n_blocks * 8 + n_units * 48  # chunk offsets; segment table + fill schedule
     slots = n_out_slots * batch_size * out_row_bytes + n_in_slots * batch_size * row_bytes
-    pool = workers * worker_bytes + (shared_worker_bytes + slots if workers else 0)
+    pool = workers * worker_bytes + (shared_worker_bytes + slots if workers else 0) + int(source_bytes)
     in_flight = 4  # a straddling batch on each side of the two fills, one being handed out, one held by the consumer
 
     # A fill holds at least one batch, so a batch touches at most two fills in the usual case.
@@ -257,12 +268,13 @@ def plan_read(
         buffer_bytes=int(n_buffers * rows_per_fill * buffered_row_bytes),
         batch_bytes=int(batch_bytes),
         queue_bytes=int((queue_depth + in_flight) * batch_bytes),
-        pool_bytes=int(pool),
+        pool_bytes=int(pool - source_bytes),
         label_cache_bytes=int(label_cache),
         bookkeeping_bytes=int(bookkeeping),
         min_budget_bytes=int(min_budget),
         workers=int(workers),
         default_budget=default,
+        source_bytes=int(source_bytes),
     )
 
 
