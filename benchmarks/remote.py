@@ -16,6 +16,9 @@ requires), for at most ``--fsspec-seconds``; its epoch rate is extrapolated, whi
 (``--rounds``) are interleaved; rates are medians, memory the largest peak.  Server and client share this
 machine's cores: on a small machine the server's CPU is part of what is measured.
 
+The same store is also streamed over plain HTTP from SeaweedFS's filer (which honours Range), the
+``https://`` path; the server's CPU seconds per GB streamed are reported for both.
+
 Targets (the issue's): remote >= 0.8x the local cold stream, >= 10x h5py over fsspec, peak memory <= budget.
 """
 
@@ -171,10 +174,13 @@ def run(args) -> dict:
             np.save(order_path, order)
             stream_args = [args.batch_size, args.memory_budget, args.epochs, args.seed, fill]
 
-            def remote():
+            def remote(target=url):
                 evict_folder(workdir)
+                before = _cpu_s(server.process.pid)
                 with kept_cold_folder(workdir):
-                    return _run(["stream", url, 0, *stream_args], env)
+                    result = _run(["stream", target, 0, *stream_args], env)
+                result["server_cpu_s"] = _cpu_s(server.process.pid) - before
+                return result
 
             def local_cold():
                 evict_from_page_cache(local)
@@ -185,7 +191,7 @@ def run(args) -> dict:
                 with kept_cold_folder(workdir):
                     return _run(["fsspec", url, order_path, args.batch_size, args.fsspec_seconds], env)
 
-            runs = {"remote": remote, "local_cold": local_cold}
+            runs = {"remote": remote, "remote_http": lambda: remote(server.http_url(KEY)), "local_cold": local_cold}
             if not args.no_fsspec:
                 runs["fsspec"] = fsspec
             rounds = interleave(runs, args.rounds)
@@ -207,6 +213,13 @@ def remote_rows_per_fill(local: str, args) -> int:
     return stream_plan(meta, parse_bytes(args.memory_budget), args.batch_size).rows_per_fill
 
 
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def summarize(results: dict, args, **facts) -> dict:
     def med(name, key):
         return median(r.get(key) for r in results.get(name, []))
@@ -224,10 +237,14 @@ def summarize(results: dict, args, **facts) -> dict:
     for name in results:
         out[f"{name}_mb_per_s"] = med(name, "compare_mb_per_s") if name != "fsspec" else med(name, "mb_per_s")
         out[f"{name}_first_batch_s"] = med(name, "first_batch_s")
-    for name in ("remote", "local_cold"):
+    for name in ("remote", "remote_http", "local_cold"):
         if name in results:
             out[f"{name}_peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in results[name])
-    same = [r["first_order_head"] for name in ("remote", "local_cold") for r in results.get(name, [])]
+    for name in ("remote", "remote_http"):
+        if name in results:  # bytes the stream read: the store's pixels, once per epoch
+            gb = out["store_bytes"] * args.epochs / 1e9
+            out[f"{name}_server_cpu_s_per_gb"] = median(r["server_cpu_s"] / gb for r in results[name])
+    same = [r["first_order_head"] for name in ("remote", "remote_http", "local_cold") for r in results.get(name, [])]
     out["same_order"] = all(h == same[0] for h in same)
     remote, cold, fs = out.get("remote_mb_per_s"), out.get("local_cold_mb_per_s"), out.get("fsspec_mb_per_s")
     out["remote_vs_local_cold"] = remote / cold if remote and cold else None
@@ -251,8 +268,8 @@ def format_text(r: dict) -> str:
         "",
         f"{'reader':<28}{'MB/s':>9}{'first batch':>13}{'peak memory':>14}",
     ]
-    names = {"remote": "h5stream, s3:// (cold)", "local_cold": "h5stream, local file (cold)",
-             "fsspec": "h5py over fsspec (s3fs)"}
+    names = {"remote": "h5stream, s3:// (cold)", "remote_http": "h5stream, http:// (cold)",
+             "local_cold": "h5stream, local file (cold)", "fsspec": "h5py over fsspec (s3fs)"}
     for key, label in names.items():
         if f"{key}_mb_per_s" not in r:
             continue
@@ -262,6 +279,9 @@ def format_text(r: dict) -> str:
         lines.append(f"{label:<28}{r[f'{key}_mb_per_s']:>9.0f}{first if first is not None else float('nan'):>12.2f}s"
                      f"{(peak / mib if peak is not None else float('nan')):>11.0f} MiB{extra}")
     lines.append("")
+    for key, label in (("remote", "S3 gateway"), ("remote_http", "filer over HTTP")):
+        if f"{key}_server_cpu_s_per_gb" in r:
+            lines.append(f"server CPU ({label}): {r[f'{key}_server_cpu_s_per_gb']:.1f} s per GB streamed")
     if r["remote_vs_local_cold"] is not None:
         lines.append(f"remote / local cold: {r['remote_vs_local_cold']:.2f}x")
     if r["remote_vs_fsspec"] is not None:

@@ -85,6 +85,10 @@ class SeaweedS3:
             self.stop()
             raise
 
+    def http_url(self, key: str) -> str:
+        """The plain HTTP URL (the filer's, which honours Range) of the object ``key`` of the bucket."""
+        return f"{self._filer}/buckets/{self.bucket}/{key}"
+
     def store(self, **kwargs):
         """An obstore ``S3Store`` on the bucket with the server's credentials (for uploads in tests)."""
         from obstore.store import S3Store
