@@ -3,7 +3,8 @@
 HDF5 reads its metadata (superblock, object headers, attributes, chunk B-trees) a few hundred bytes at a
 time.  Over the network each read would be a round trip, so :class:`RemoteFile` fetches aligned blocks of
 ``block_bytes`` and keeps the last ``max_blocks`` of them (least recently used first out): metadata written
-together is read together.  A read of several missing blocks is one request; a read of at least
+together is read together.  Opening a store and describing it takes 3 requests (the ``HEAD`` included);
+its chunk offsets one more per 64 chunks.  A read of several missing blocks is one request; a read of at least
 ``2 * block_bytes`` (pixels through h5py) bypasses the cache and lands straight in the caller's buffer.
 
 :func:`open_h5_remote` is the remote counterpart of :func:`h5stream.store.access.open_h5_readonly`: an
@@ -29,11 +30,12 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 """The superblock signature, at byte 0 or 512, 1024, 2048... of an HDF5 file (as in :mod:`h5stream.store.access`,
 which sits above this package)."""
 
-BLOCK_BYTES = 2 << 20
-"""Cache block: large enough that one request brings a store's header metadata, small enough to be cheap."""
+BLOCK_BYTES = 128 << 10
+"""Cache block.  A store's header metadata comes in one; the chunk index's nodes lie far apart (one per 64
+chunks, between the chunks they index), so a larger block would bring more bytes, not fewer requests."""
 
-MAX_BLOCKS = 8
-"""Blocks kept; 16 MiB with the default block size."""
+MAX_BLOCKS = 64
+"""Blocks kept; 8 MiB with the default block size."""
 
 
 def block_span(offset: int, length: int, block_bytes: int) -> range:
