@@ -145,3 +145,15 @@ def test_error_summaries_keep_the_status_and_the_servers_words_on_one_line():
                                 "does not match")
     assert reason(CONNECTION_ERROR) == "HTTP error: error sending request (after 10 retries)"
     assert len(reason("x" * 5000)) <= 240
+
+
+def test_the_client_library_loads_only_when_a_url_is_opened():
+    import subprocess
+    import sys
+
+    code = ("import sys, h5stream; h5stream.RemoteOptions(timeout_s=5); "
+            "from h5stream.remote.source import RemoteSource; from h5stream.remote.fileobj import RemoteFile; "
+            "print('obstore' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
