@@ -32,6 +32,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, body: bool):
         self.server.count_request(self.command)
+        required = self.server.required_headers
+        if any(self.headers.get(k) != v for k, v in required.items()):
+            self._status(401)
+            return
         fault = self.server.take_fault()
         if fault is not None and fault[0] == "stall":  # accept the request, never answer it
             self.server.stopping.wait()
@@ -117,6 +121,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.root = Path(root)
         self.url = f"http://127.0.0.1:{self.server_address[1]}/"
         self.requests: dict[str, int] = {}
+        self.required_headers: dict[str, str] = {}  # answered 401 without them
         self._faults: list[tuple] = []
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()

@@ -283,3 +283,13 @@ def test_without_the_client_library_opening_a_url_names_the_extra_to_install():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["import_error"] and "\n" not in result["error"]
     assert "pip install 'h5stream[remote]'" in result["error"]
+
+
+def test_a_web_server_that_wants_a_header_gets_it_from_the_options(range_server):
+    range_server.required_headers["Authorization"] = "Bearer s3cret"
+    url = range_server.url + "store.h5"
+    with pytest.raises(StorePermissionError, match="pass the headers it needs") as info:
+        RemoteSource(url)
+    assert "HTTP 401" in one_line(info.value)
+    with RemoteSource(url, RemoteOptions(headers={"Authorization": "Bearer s3cret"})) as source:
+        assert source.read(0, 4) == b"\x89HDF"
