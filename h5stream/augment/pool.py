@@ -60,21 +60,10 @@ __all__ = [
     "Batch",
     "FileSource",
     "WorkerPool",
-    "WORKER_OVERHEAD_BYTES",
-    "WORKER_SHARED_BYTES",
     "measure_worker_pss",
     "slot_bytes",
     "worker_buffer_bytes",
 ]
-
-#: Private memory of one worker process besides its gather buffer (:func:`worker_buffer_bytes`): its
-#: interpreter, the heap numpy and the h5stream modules build, its copies of library pages, and an
-#: augmentation's scratch arrays.
-WORKER_OVERHEAD_BYTES = 24 << 20
-
-#: Library code the workers map and a training process usually does not (OpenCV and what it loads):
-#: resident once, shared by every worker.
-WORKER_SHARED_BYTES = 20 << 20
 
 # A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
 # queued per worker keeps a worker's pipe below this many bytes, so send()

@@ -544,10 +544,11 @@ def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, se
     from h5stream.order import quality
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
-    from h5stream.stream import layout_function, stream_plan
+    from h5stream.budget import plan_stream
+    from h5stream.stream import layout_function
 
     meta = read_meta(path)
-    plan = stream_plan(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
+    plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
     layout = layout_function(meta.rows, plan, seed)
     labels = read_labels(meta)
     check_class_labels(meta, labels)
