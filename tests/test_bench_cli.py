@@ -115,7 +115,7 @@ def test_bench_missing_file(tmp_path, capsys):
 
 
 def test_file_shuffle_report_on_sorted_store(sorted_store):
-    from h5stream.commands.bench import file_shuffle_report
+    from h5stream.commands._common import file_shuffle_report
 
     r = file_shuffle_report(sorted_store, memory_budget=BUDGET, batch_size=32, seed=0)
     assert r["rows"] == ROWS and r["n_classes"] == N_CLASSES

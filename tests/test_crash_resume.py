@@ -163,7 +163,7 @@ def test_a_decode_worker_dying_between_results_is_a_worker_error_not_a_traceback
     # reads it as the same one-line WorkerError as a death mid-task (the CLI test above hits either by timing).
     from h5stream.errors import WorkerError
     from h5stream.ingest.decode import DecodeSpec
-    from h5stream.ingest.pack import DecodePool
+    from h5stream.ingest.pool import DecodePool
 
     root, _ = big_src
     rels = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)

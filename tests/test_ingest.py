@@ -326,7 +326,7 @@ def test_decode_workers_do_not_rerun_the_callers_main_script(class_src, tmp_path
 
 
 def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus_one():
-    from h5stream.ingest.pack import decode_slots
+    from h5stream.ingest.pool import decode_slots
 
     mib = 1 << 20
     assert decode_slots(2, mib, None) == 9  # unknown free space: four in flight per worker, one written out
@@ -340,7 +340,7 @@ def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus
 
 
 def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
-    from h5stream.ingest.pack import decode_layout, decode_slots
+    from h5stream.ingest.pool import decode_layout, decode_slots
 
     row = 3 * 128 * 128  # 48 KiB
     mib = 1 << 20
@@ -387,7 +387,7 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
     # measured); init_worker pins them (keep_freed_heap).
     import psutil
 
-    from h5stream.ingest.pack import DecodePool
+    from h5stream.ingest.pool import DecodePool
 
     rng = np.random.default_rng(0)
     photo = tmp_path / "0.jpg"

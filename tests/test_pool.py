@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from h5stream.augment.pool import Batch, FileSource, WorkerPool, slot_bytes, worker_buffer_bytes
+from h5stream.augment.pool import FileSource, Result, WorkerPool, slot_bytes, worker_buffer_bytes
 from h5stream.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 
@@ -239,7 +239,7 @@ def test_float_output_slots(sources):
     with WorkerPool(Scripted(), [sources[0].spec], workers=1, batch_rows=2, n_slots=1, out_dtype=np.float32) as p:
         p.submit(0, [0, 1], [3, 4], epoch=1, seed=PLAIN, timeout_s=60)
         batch = p.get(60)
-        assert isinstance(batch, Batch) and batch.rows == 2
+        assert isinstance(batch, Result) and batch.rows == 2
         view = p.slot_view(batch.slot)
         assert view.dtype == np.float32 and view.shape == (2,) + ROW_SHAPE
         assert np.array_equal(view, add_row_ids(sources[0].array[:2], np.array([3, 4]), 1).astype(np.float32))

@@ -114,19 +114,7 @@ def format_text(info: dict) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="OUT.h5", help="store written by `h5stream ingest`")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    # Later flags that add a section (e.g. --shuffle-report) are declared here.
-    parser.add_argument("--shuffle-report", action="store_true",
-                        help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
-    parser.add_argument("--memory-budget", default="256MiB", help="budget for --shuffle-report (default 256MiB)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size for --shuffle-report (default 32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --shuffle-report (default 0)")
-    parser.add_argument("--workers", type=int, default=0,
-                        help="--shuffle-report plans as a stream with this many augmenting workers (default 0)")
-    parser.add_argument("--rows-per-fill", type=int, default=None,
-                        help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
+
 
 
 def run(args) -> int:
@@ -134,7 +122,7 @@ def run(args) -> int:
     # Later flags add their results here: info[<key>] = {...} for --json, and
     # info.setdefault("sections", {})[<title>] = [lines] for the text view.
     if args.shuffle_report:
-        from h5stream.commands.bench import file_shuffle_report, format_shuffle_report
+        from h5stream.commands._common import file_shuffle_report, format_shuffle_report
 
         if args.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {args.workers}")
