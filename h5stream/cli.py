@@ -66,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Set for the ``h5stream`` command's own process unless the user set it: nothing the command runs does linear
-#: algebra, and OpenBLAS otherwise starts a thread per core when numpy is imported, threads that spin for a
-#: while: 0.1 CPU seconds of every invocation on 2 cores (``h5stream info``: 0.28-0.34 -> 0.17-0.23 s user,
-#: measured), more on bigger machines, while the decode workers boot.  OpenMP is left alone (TensorFlow's
-#: baselines in ``h5stream bench`` size their thread pools by it).
+#: algebra, and OpenBLAS otherwise starts a thread per core when numpy is imported, threads that spin for a while
+#: and compete with the decode workers booting.  OpenMP is left alone (TensorFlow's baselines in ``h5stream
+#: bench`` size their thread pools by it).
 COMMAND_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 

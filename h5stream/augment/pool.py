@@ -252,7 +252,7 @@ class WorkerPool:
             slot = state.free_slots.popleft()
             seq = state.next_submit
             try:
-                # Plain ints and bytes: pickling them costs a fifth of pickling the two arrays.
+                # Plain ints and bytes: much cheaper to pickle than the two arrays.
                 state.conns[worker].send((seq, slot, source_index, where, task_row_ids, int(epoch), int(seed), bool(in_place)))
             except OSError:
                 state.free_slots.appendleft(slot)

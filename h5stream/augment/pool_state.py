@@ -68,9 +68,8 @@ class PoolState:
     wakes only the side that waits for it: ``for_consumer`` (a result in order,
     or no task left), ``for_producer`` (an output slot, worker capacity, a
     source read) and ``cond`` for the rest (start-up).  Close and failures wake
-    all three (:meth:`wake_all`).  Waking a thread for nothing costs a futex
-    round trip and a GIL hand-off per batch, which on two cores showed as the
-    largest single cost of the parent's Python.
+    all three (:meth:`wake_all`): waking a thread for nothing costs a futex
+    round trip and a GIL hand-off per batch.
     """
 
     def __init__(self, n_workers, n_sources, n_slots, per_worker_cap, close_timeout_s):

@@ -47,7 +47,7 @@ from h5stream.errors import ConfigError
 
 PRESETS = MappingProxyType(
     {
-        # The parameters of the multiprocess-ImageDataGenerator benchmark (issue 4).
+        # The parameters of the multiprocess ImageDataGenerator article the benchmarks compare with.
         "standard": MappingProxyType(
             dict(
                 rotation_range=45.0,
@@ -73,10 +73,9 @@ _TRUNC = 2  # cv2.THRESH_TRUNC (cv2 itself is imported lazily)
 def _shift_into(cv2, flat, shift):
     """Keras' ``apply_channel_shift`` in place on a 2-D uint8 view: ``clip(x + shift, min(x), max(x))``.
 
-    ``shift`` is a non-zero int.  Each step is one SIMD pass that never leaves
-    [0, 255] (measured at 128x128x3: cv2.threshold TRUNC 2.0 us, numpy add or
-    subtract with a scalar 1.7 us), where cv2.min / cv2.add with a scalar take
-    5 us each and numpy's minimum with a scalar 25 us.
+    ``shift`` is a non-zero int.  Each step (cv2.threshold TRUNC, numpy add or
+    subtract with a scalar) is one SIMD pass that never leaves [0, 255]; cv2.min
+    / cv2.add and numpy's minimum with a scalar are slower.
     """
     lo, hi = cv2.minMaxLoc(flat)[:2]
     lo, hi = int(lo), int(hi)
@@ -120,10 +119,9 @@ def _color_into(cv2, img, shift, brightness):
     cv2.LUT(flat, lut, dst=flat)
 
 
-# Images per RGB <-> RGBA conversion call in the fast path: one call per group instead of two per image
-# (~1 us of call overhead each).  The group's two RGBA buffers stay small enough to share a core's cache with
-# the padded source (one core, 128 px: 64 KiB groups 81 us per image, 256 KiB 77, 1 MiB 75; two workers side by
-# side gain nothing from the larger groups that could be told apart from this machine's noise).
+# Images per RGB <-> RGBA conversion call in the fast path: one call per group instead of two per image saves
+# the call overhead, and the group's two RGBA buffers stay small enough to share a core's cache with the padded
+# source.
 _GROUP_BYTES = 256 << 10
 
 

@@ -4,9 +4,8 @@
 :func:`h5stream._spawn.spawn_workers`), each with one duplex pipe.  A task is
 ``(seq, root, relpaths, spec, slot)``: the worker decodes the files straight
 into result slot ``slot`` (one shared-memory segment the pool owns) and answers
-``("done", seq, reasons)``; pixels are never pickled or piped (that cost ~110 us
-of CPU per 128x128 image across both processes, measured, about a tenth of the
-decode).  Tasks go to the worker with the fewest in flight, at most one per
+``("done", seq, reasons)``; pixels are never pickled or piped (a copy through
+each process that would cost CPU next to the decode).  Tasks go to the worker with the fewest in flight, at most one per
 free result slot but one, and results come back in submission order.
 
 Nothing here uses a ``multiprocessing`` queue or lock, so a process group

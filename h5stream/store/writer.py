@@ -56,7 +56,7 @@ COMPRESSIONS = (None, "zlib", "blosc")
 
 #: Space reserved past the end of HDF5's file at every flush, for the headers and index nodes it may add.
 RESERVE_SLACK_BYTES = 64 << 10
-#: Index (B-tree) growth allowed per new chunk; about 70 bytes measured.
+#: Index (B-tree) growth allowed per new chunk: a few times what HDF5 adds.
 RESERVE_PER_CHUNK_BYTES = 256
 #: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
 RESERVE_BACK_BYTES = 64 << 10
