@@ -152,8 +152,9 @@ class PooledFeed:
             if self._stop.is_set():
                 raise Stopped
             try:
+                # In place: the input slot is freed only once the result is taken.
                 seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
-                                        timeout_s=POLL_S, in_place=in_place)  # an input slot is freed only when the result is taken
+                                        timeout_s=POLL_S, in_place=in_place)
                 return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
             except TimeoutError:
                 continue

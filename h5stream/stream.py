@@ -204,7 +204,8 @@ class Stream:
         return self._layout_fn(epoch)
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).  No I/O."""
+        """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).
+        No I/O."""
         return self._layout(self._epoch if epoch is None else int(epoch)).order()
 
     # -- iteration ----------------------------------------------------------------
@@ -270,7 +271,8 @@ class Stream:
                 fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
                        "the state" if key == "rows_per_fill" else
                        "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
-                raise ConfigError(f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; {fix}")
+                raise ConfigError(f"cannot resume: the state has {key}={state[key]} "
+                                  f"but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
         epoch, batch = int(state["epoch"]), int(state["batch"])

@@ -33,7 +33,8 @@ def test_default_budget_gives_workers_their_share_on_top_and_keeps_the_order(sto
     with h5stream.open(store, batch_size=32, augment=aug, seed=4) as inline:
         expected = [(x.copy(), y) for x, y in inline]
         fill = inline.plan.rows_per_fill
-        assert inline.plan.default_budget and inline.plan.budget_bytes == DEFAULT_BUDGET_BYTES + inline.plan.augment_bytes
+        assert inline.plan.default_budget
+        assert inline.plan.budget_bytes == DEFAULT_BUDGET_BYTES + inline.plan.augment_bytes
     with h5stream.open(store, batch_size=32, augment=aug, seed=4, workers=2) as pooled:
         plan = pooled.plan
         assert plan.default_budget and plan.pool_bytes > 0

@@ -221,7 +221,8 @@ def _imports(module: str, path: str, modules) -> set[str]:
     import ast
 
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    skipped = {id(n) for node in ast.walk(tree)
+               if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                for child in node.body for n in ast.walk(child)}
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     found = set()

@@ -228,8 +228,9 @@ def test_submit_validates_at_the_boundary(pool, args, match):
 
 
 def test_memory_figures(pool):
-    assert pool.slot_nbytes == N_SLOTS * BATCH_ROWS * int(np.prod(ROW_SHAPE)) == slot_bytes(N_SLOTS, BATCH_ROWS, ROW_SHAPE, np.uint8)
-    assert pool.worker_buffer_nbytes == worker_buffer_bytes(BATCH_ROWS, ROW_SHAPE) == BATCH_ROWS * int(np.prod(ROW_SHAPE))
+    row = int(np.prod(ROW_SHAPE))
+    assert pool.slot_nbytes == N_SLOTS * BATCH_ROWS * row == slot_bytes(N_SLOTS, BATCH_ROWS, ROW_SHAPE, np.uint8)
+    assert pool.worker_buffer_nbytes == worker_buffer_bytes(BATCH_ROWS, ROW_SHAPE) == BATCH_ROWS * row
     pss = pool.worker_pss_bytes()
     assert len(pss) == pool.workers and all(p > 0 for p in pss)
     assert slot_bytes(2, 3, (4, 5), np.float32) == 2 * 3 * 4 * 5 * 4

@@ -72,7 +72,8 @@ def as_keras(stream) -> StreamBatches:
 
 
 def balanced_class_weight(labels, n_classes: int | None = None) -> dict[int, float]:
-    """``{class: weight}`` with ``weight = n / (n_classes * count)`` (scikit-learn's "balanced"), for ``fit(class_weight=)``.
+    """``{class: weight}`` with ``weight = n / (n_classes * count)`` (scikit-learn's "balanced"), for
+    ``fit(class_weight=)``.
 
     ``labels`` is every label of the training store (e.g. ``h5py.File(path)["labels"][:rows]``);
     classes absent from it get weight 0.

@@ -80,5 +80,6 @@ def _loader_batches_again(frame) -> bool:
 
 
 def as_torch(stream) -> StreamIterable:
-    """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration: ``DataLoader(ds, batch_size=None)``."""
+    """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration; wrap it as
+    ``DataLoader(ds, batch_size=None)``."""
     return StreamIterable(stream)

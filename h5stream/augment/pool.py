@@ -139,7 +139,8 @@ class WorkerPool:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ConfigError(f"WorkerPool: {name} must be an integer >= 1, got {value!r}")
         if not sources or not all(isinstance(s, (SharedSpec, FileSource)) and len(s.shape) >= 2 for s in sources):
-            raise ConfigError("WorkerPool: sources must be a non-empty list of SharedSpec or FileSource shaped (rows, ...)")
+            raise ConfigError("WorkerPool: sources must be a non-empty list of SharedSpec or FileSource "
+                              "shaped (rows, ...)")
         row_shape, src_dtype = sources[0].shape[1:], np.dtype(sources[0].dtype)
         for s in sources:
             if s.shape[1:] != row_shape or np.dtype(s.dtype) != src_dtype:
@@ -209,9 +210,11 @@ class WorkerPool:
         positions = np.asarray(positions)
         row_ids = np.asarray(row_ids)
         if positions.ndim != 1 or not 1 <= positions.shape[0] <= self.batch_rows:
-            raise ConfigError(f"submit: positions must be 1-D with 1..{self.batch_rows} entries, got shape {positions.shape}")
+            raise ConfigError(f"submit: positions must be 1-D with 1..{self.batch_rows} entries, "
+                              f"got shape {positions.shape}")
         if not (np.issubdtype(positions.dtype, np.integer) and np.issubdtype(row_ids.dtype, np.integer)):
-            raise ConfigError(f"submit: positions and row_ids must be integers, got {positions.dtype} and {row_ids.dtype}")
+            raise ConfigError(f"submit: positions and row_ids must be integers, "
+                              f"got {positions.dtype} and {row_ids.dtype}")
         if row_ids.shape != positions.shape:
             raise ConfigError(f"submit: row_ids shape {row_ids.shape} differs from positions shape {positions.shape}")
         if not 0 <= source_index < len(self._source_rows):
@@ -253,7 +256,8 @@ class WorkerPool:
             seq = state.next_submit
             try:
                 # Plain ints and bytes: much cheaper to pickle than the two arrays.
-                state.conns[worker].send((seq, slot, source_index, where, task_row_ids, int(epoch), int(seed), bool(in_place)))
+                task = (seq, slot, source_index, where, task_row_ids, int(epoch), int(seed), bool(in_place))
+                state.conns[worker].send(task)
             except OSError:
                 state.free_slots.appendleft(slot)
                 # The collector reports how the worker ended; give it a moment to.
@@ -276,7 +280,8 @@ class WorkerPool:
         """
         state = self._state
         with state.cond:
-            state.wait(lambda: state.source_readers[source_index] == 0, timeout_s, f"source {source_index} still being read",
+            state.wait(lambda: state.source_readers[source_index] == 0, timeout_s,
+                       f"source {source_index} still being read",
                        on=state.for_producer)
 
     def source_readers(self, source_index: int) -> int:
@@ -382,7 +387,8 @@ class WorkerPool:
         """
         state = self._state
         with state.cond:
-            state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish", on=state.for_consumer)
+            state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish",
+                       on=state.for_consumer)
             dropped = len(state.results)
             for slot, _rows, _error in state.results.values():
                 state.free_slots.append(slot)
@@ -446,4 +452,5 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.workers} workers"
-        return f"WorkerPool({state}, {self.n_slots} slots x {self.batch_rows} rows {self.out_row_shape} {self.out_dtype})"
+        slots = f"{self.n_slots} slots x {self.batch_rows} rows {self.out_row_shape} {self.out_dtype}"
+        return f"WorkerPool({state}, {slots})"

@@ -39,7 +39,8 @@ class RemoteTraceback(Exception):
         return "\n" + self.tb_text
 
 
-def worker_error(message: str, tb_text: str | None, stage: str | None = None, summary: str | None = None) -> WorkerError:
+def worker_error(message: str, tb_text: str | None, stage: str | None = None,
+                 summary: str | None = None) -> WorkerError:
     """``stage``: "read" (getting a task's rows failed), "transform", or None (a worker died or failed to start);
     ``summary``: the worker's one-line account of a read or transform failure."""
     err = WorkerError(message)
@@ -113,7 +114,8 @@ class PoolState:
         self.for_consumer.notify_all()
         self.for_producer.notify_all()
 
-    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str, on: threading.Condition | None = None) -> None:
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
+             on: threading.Condition | None = None) -> None:
         """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout.
 
         Wakes every :data:`POLL_S` to run a Ctrl-C held back by :mod:`h5stream._interrupt`."""
@@ -186,7 +188,8 @@ class PoolState:
             how, hint = f"exited with code {code}", "; see its output above"
         if not started:
             how = "died during start-up: " + how
-            hint = "; its traceback is on stderr above (an import error, or a script without `if __name__ == '__main__':`?)"
+            hint = ("; its traceback is on stderr above (an import error, or a script without "
+                    "`if __name__ == '__main__':`?)")
         self.failure = (f"augment worker {w} (pid {proc.pid}) {how}{hint}", None)
         self.wake_all()
 
@@ -202,7 +205,8 @@ def collect(state: PoolState) -> None:
     except BaseException as exc:
         with state.cond:
             if state.failure is None and not state.closed:
-                state.failure = (f"the pool's collector thread failed: {type(exc).__name__}: {exc}", traceback.format_exc())
+                state.failure = (f"the pool's collector thread failed: {type(exc).__name__}: {exc}",
+                                 traceback.format_exc())
             state.wake_all()
 
 

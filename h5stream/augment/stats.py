@@ -64,7 +64,8 @@ def histogram_stats(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(var)
 
 
-def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def compute_feature_stats(path, block_rows: int | None = None, *,
+                          use_cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel ``(mean[C], std[C])`` of every committed row of the store at ``path``, in pixel units.
 
     One sequential pass (``block_rows`` rows at a time, default the store's

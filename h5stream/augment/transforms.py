@@ -301,7 +301,8 @@ class Augment:
             try:
                 dtype = np.dtype(dtype)
             except TypeError as exc:
-                raise ConfigError(f"Augment: dtype={dtype!r} is not a dtype; use one of {', '.join(_OUTPUT_DTYPES)}") from exc
+                raise ConfigError(f"Augment: dtype={dtype!r} is not a dtype; "
+                                  f"use one of {', '.join(_OUTPUT_DTYPES)}") from exc
             if dtype.name not in _OUTPUT_DTYPES:
                 raise ConfigError(f"Augment: dtype={dtype} is not supported; use one of {', '.join(_OUTPUT_DTYPES)}")
         featurewise_std_normalization = _flag("featurewise_std_normalization", featurewise_std_normalization)
@@ -354,7 +355,8 @@ class Augment:
         mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         std = np.asarray(std, dtype=np.float64).reshape(-1)
         if mean.shape != std.shape or mean.size == 0 or not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
-            raise ConfigError(f"Augment.with_feature_stats: mean {mean} and std {std} must be finite, one value per channel")
+            raise ConfigError(f"Augment.with_feature_stats: mean {mean} and std {std} must be finite, "
+                              "one value per channel")
         if np.any(std < 0):
             raise ConfigError(f"Augment.with_feature_stats: std {std} must be >= 0")
         new = copy.copy(self)
@@ -470,7 +472,8 @@ class Augment:
         out_dtype = self.output_dtype()
         if out is None:
             out = np.empty(images.shape, dtype=out_dtype)
-        elif out.shape != images.shape or out.dtype != out_dtype or not out.flags.c_contiguous or not out.flags.writeable:
+        elif (out.shape != images.shape or out.dtype != out_dtype or not out.flags.c_contiguous
+              or not out.flags.writeable):
             raise ConfigError(
                 f"Augment: out must be a writeable C-contiguous {out_dtype} array of shape {images.shape}, "
                 f"got {out.dtype} {out.shape}"
@@ -494,7 +497,8 @@ class Augment:
         matrices = None
         if self._has_geometry():
             matrices = affine_matrices(
-                p["theta"], p["tx"], p["ty"], p["shear"], p["zx"], p["zy"], h, w, p["flip_horizontal"], p["flip_vertical"]
+                p["theta"], p["tx"], p["ty"], p["shear"], p["zx"], p["zy"], h, w,
+                p["flip_horizontal"], p["flip_vertical"],
             )
         shifts = p["channel_shift_intensity"]
         shifts = np.rint(shifts).astype(np.int64) if shifts is not None else np.zeros(n, np.int64)
@@ -531,7 +535,8 @@ class Augment:
             cv2.setNumThreads(threads)
 
     def _normalize(self, x):
-        """Keras' ``standardize`` in place on a float32 batch: preprocessing_function, rescale, samplewise, featurewise."""
+        """Keras' ``standardize`` in place on a float32 batch: preprocessing_function, rescale, samplewise,
+        featurewise."""
         fn = self.preprocessing_function
         if fn is not None:
             for i in range(x.shape[0]):

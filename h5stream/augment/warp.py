@@ -232,7 +232,8 @@ def _corners(h: int, w: int) -> np.ndarray:
 
 
 def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch, pad: int):
-    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype (``pad``: its scratch.pads)."""
+    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype (``pad``: its
+    scratch.pads)."""
     channels = src.shape[2]
     if channels > 4:
         # OpenCV's remap handles at most 4 channels: go through groups of 4.
@@ -275,7 +276,8 @@ def apply_affine_transform(x, theta=0, tx=0, ty=0, shear=0, zx=1, zy=1, fill_mod
         raise ConfigError(f"apply_affine_transform: x must be one H x W x C image, got shape {x.shape}")
     if x.dtype.type not in _WARP_DTYPES:
         raise ConfigError(
-            f"apply_affine_transform: dtype {x.dtype} is not supported; use one of uint8, uint16, int16, float32, float64"
+            f"apply_affine_transform: dtype {x.dtype} is not supported; "
+            "use one of uint8, uint16, int16, float32, float64"
         )
     _check_fill_mode(fill_mode)
     if order not in (0, 1):

@@ -39,6 +39,13 @@ def augment_from_arg(text: str | None):
         raise ConfigError(f"--augment: {exc}; see help(h5stream.Augment) for the arguments") from None
 
 
+def label_bins(meta) -> str:
+    """What the shuffle figures count labels by: the classes, or quantile bins of a regression target."""
+    from h5stream.order import quality
+
+    return "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
+
+
 def read_labels(meta) -> np.ndarray:
     """The committed rows' labels, read with plain h5py (8 bytes a row: small next to the pixels)."""
     from h5stream.store import schema
@@ -91,7 +98,7 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     report["memory_budget_bytes"] = plan.budget_bytes
     report["seed"] = seed
     report["workers"] = int(workers)
-    report["label_bins"] = "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
+    report["label_bins"] = label_bins(meta)
     return report
 
 
@@ -102,7 +109,8 @@ def format_shuffle_report(r: dict) -> list[str]:
         f"batch label TVD {r['batch_label_tvd']:.3f} with this budget (batch {r['batch_size']}, {r['label_bins']}); "
         f"full random {r['batch_label_tvd_full_random']:.3f} (expected {r['batch_label_tvd_expected_random']:.3f}); "
         f"ratio {r['tvd_ratio_to_random']:.2f}x",
-        f"                single contiguous chunk of {r['single_chunk_rows']} rows {r['batch_label_tvd_single_chunk']:.3f}; "
+        f"                single contiguous chunk of {r['single_chunk_rows']} rows "
+        f"{r['batch_label_tvd_single_chunk']:.3f}; "
         f"file order {r['batch_label_tvd_file_order']:.3f}  (0 = every batch has the file's label mix)",
         f"epoch tau       {r['epoch_order_tau']:+.4f} between epochs {r['epochs'][0]} and {r['epochs'][1]} "
         "(1 = same order, 0 = independent)",

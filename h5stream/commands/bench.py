@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from h5stream.commands._common import augment_from_arg, check_class_labels, read_labels
+from h5stream.commands._common import augment_from_arg, check_class_labels, label_bins, read_labels
 from h5stream.commands.arguments import BENCH_BUDGET, RANDOM_SECONDS
 
 SEQUENTIAL_SLICE_BYTES = 64 << 20
@@ -120,7 +120,7 @@ def run_bench(path, *, batch_size=32, memory_budget=BENCH_BUDGET, epochs=1, seed
     p_all = np.bincount(in_order, minlength=n_classes) / max(1, n)
     result["shuffle"] = {
         "n_classes": n_classes,
-        "label_bins": "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0",
+        "label_bins": label_bins(meta),
         "batch_label_tvd": quality.batch_label_tvd(in_order, batch_size, n_classes, reference=p_all),
         "batch_label_tvd_full_random": quality.batch_label_tvd(
             in_order[quality.full_random_order(n, seed)], batch_size, n_classes, reference=p_all),
@@ -297,8 +297,8 @@ def measure_sequential(meta, *, cold, progress) -> dict:
             bar.update(m)
         seconds = time.monotonic() - t0
     bar.close()
-    return {"sequential_samples_per_s": meta.rows / seconds, "sequential_mb_per_s": meta.rows * meta.row_bytes / seconds / 1e6,
-            "sequential_slice_rows": slice_rows}
+    return {"sequential_samples_per_s": meta.rows / seconds,
+            "sequential_mb_per_s": meta.rows * meta.row_bytes / seconds / 1e6, "sequential_slice_rows": slice_rows}
 
 
 def measure_single_chunk(meta, batch_size, *, seed, cold, progress) -> dict:
@@ -388,9 +388,10 @@ def format_table(r: dict) -> str:
     b = r.get("baselines") or {}
     if b:
         rows += [
-            ("h5py sequential read_direct", b["sequential_samples_per_s"], b["sequential_mb_per_s"], "ceiling, no shuffle"),
-            ("single contiguous chunk shuffle", b["single_chunk_shuffle_samples_per_s"], b["single_chunk_shuffle_mb_per_s"],
-             f"{b['single_chunk_rows']} rows per chunk"),
+            ("h5py sequential read_direct", b["sequential_samples_per_s"], b["sequential_mb_per_s"],
+             "ceiling, no shuffle"),
+            ("single contiguous chunk shuffle", b["single_chunk_shuffle_samples_per_s"],
+             b["single_chunk_shuffle_mb_per_s"], f"{b['single_chunk_rows']} rows per chunk"),
             ("h5py one row per call, random", b["random_row_samples_per_s"], b["random_row_mb_per_s"],
              (f"extrapolated from {b['random_row_rows_measured']} rows in {b['random_row_seconds_measured']:.1f} s; "
               f"epoch ~{b['random_row_epoch_s_estimated']:.0f} s") if b["random_row_extrapolated"] else "whole file"),
@@ -400,15 +401,17 @@ def format_table(r: dict) -> str:
         ratio = "" if name.startswith("h5stream stream") else f"{compare / rate:.2f}x"
         lines.append(f"  {name:<36}{rate:>11,.0f}{mbs:>9,.0f}{ratio:>11}  {note}")
     if b:
-        lines.append(f"  stream is = the stream's rate over {r['compare_basis']} / the pass's rate (like for like: each "
-                     "baseline times one pass over a file it has opened)")
+        lines.append(f"  stream is = the stream's rate over {r['compare_basis']} / the pass's rate "
+                     "(like for like: each baseline times one pass over a file it has opened)")
     s = r["shuffle"]
     budget_ok = "within budget" if r["within_budget"] else "OVER BUDGET"
     lines += [
         "",
         f"  memory   peak - baseline {_mib(r['peak_mem_bytes'])} of {_mib(r['memory_budget_bytes'])} ({budget_ok}); "
-        f"sum of PSS over the process tree, {r['mem_samples']} samples; RSS high-water delta {_mib(r['peak_rss_delta_bytes'])}",
-        f"  shuffle  batch label TVD: stream {s['batch_label_tvd']:.3f}, full random {s['batch_label_tvd_full_random']:.3f} "
+        f"sum of PSS over the process tree, {r['mem_samples']} samples; "
+        f"RSS high-water delta {_mib(r['peak_rss_delta_bytes'])}",
+        f"  shuffle  batch label TVD: stream {s['batch_label_tvd']:.3f}, "
+        f"full random {s['batch_label_tvd_full_random']:.3f} "
         f"(expected {s['batch_label_tvd_expected_random']:.3f}), single chunk {s['batch_label_tvd_single_chunk']:.3f}, "
         f"file order {s['batch_label_tvd_file_order']:.3f}; stream/random {s['tvd_ratio_to_random']:.2f}x",
         f"           epoch-to-epoch Kendall tau: stream {s['epoch_order_tau']:+.4f} "
@@ -420,7 +423,8 @@ def format_table(r: dict) -> str:
     plan = r.get("plan") or {}
     if plan:
         lines.append(f"  plan     {plan.get('n_buffers')} x {plan.get('rows_per_fill')} rows shuffle buffer "
-                     f"({plan.get('blocks_per_fill')} blocks of {plan.get('block_rows')}), queue {plan.get('queue_depth')} batches")
+                     f"({plan.get('blocks_per_fill')} blocks of {plan.get('block_rows')}), "
+                     f"queue {plan.get('queue_depth')} batches")
     return "\n".join(lines)
 
 

@@ -98,13 +98,15 @@ def format_text(info: dict) -> str:
         for index, (name, count) in enumerate(info["classes"].items()):
             lines.append(f"    {index:>4}  {name:<{width}}  {count}")
     order = info["order"] + (f" (seed {info['order_seed']})" if info["order"] == "shuffled" else "")
+    chunk = tuple(info["chunk_shape"]) if info["chunk_shape"] else "none"
+    report = info["skipped_report"]
     lines += [
-        f"  block rows      {info['block_rows']} (chunk {tuple(info['chunk_shape']) if info['chunk_shape'] else 'none'})",
+        f"  block rows      {info['block_rows']} (chunk {chunk})",
         f"  compression     {info['compression'] or 'none'}"
         + (" (plain h5py needs `pip install hdf5plugin` to read pixels)" if info["compression"] == "blosc" else ""),
         f"  storage order   {order}",
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
-        f"  skipped files   {info['skipped_files']}" + (f" (see {info['skipped_report']})" if info["skipped_report"] else ""),
+        f"  skipped files   {info['skipped_files']}" + (f" (see {report})" if report else ""),
         "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
                                  else "none (re-ingest to add them)"),
     ]

@@ -58,7 +58,8 @@ def run(args) -> int:
     if args.label_columns is not None:
         columns = tuple(c.strip() for c in args.label_columns.split(",") if c.strip())
         if not columns:
-            raise ConfigError("--label-columns is empty; name one or more CSV columns, e.g. --label-columns steer,throttle")
+            raise ConfigError("--label-columns is empty; name one or more CSV columns, "
+                              "e.g. --label-columns steer,throttle")
     workers = default_workers() if args.workers is None else args.workers
     if workers > max_workers():
         print(f"h5stream: --workers {workers} is more than this machine can use; decoding with {max_workers()} "

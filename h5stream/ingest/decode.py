@@ -351,5 +351,6 @@ def decode_into_slot(root: str, relpaths: list[str], spec: DecodeSpec, slot: int
     :func:`init_worker`); only the skip reasons travel back through the pipe, never pixels."""
     out = _results.array[slot]
     if len(relpaths) > out.shape[0] or out.shape[1:] != spec.shape:
-        raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, the task has {len(relpaths)} of {spec.shape}")
+        raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, "
+                         f"the task has {len(relpaths)} of {spec.shape}")
     return decode_each(root, relpaths, spec, out)

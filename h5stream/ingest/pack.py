@@ -266,7 +266,8 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
     out = opts.out
 
     def mismatch(what, theirs, ours, flag):
-        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; drop {flag} or ingest into a new file")
+        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; "
+                          f"drop {flag} or ingest into a new file")
 
     h, w, c = meta.image_shape
     if opts.size is not None and tuple(opts.size) != (h, w):

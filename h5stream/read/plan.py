@@ -34,7 +34,10 @@ def unit_rows_for(block_rows: int, row_bytes: int, compressed: bool) -> int:
 
 
 def parse_bytes(value) -> int:
-    """``1024``, ``"512MB"``, ``"1.5GiB"``, ``"256 MiB"`` -> bytes (int).  Units: B, kB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB."""
+    """``1024``, ``"512MB"``, ``"1.5GiB"``, ``"256 MiB"`` -> bytes (int).
+
+    Units: B, kB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB.
+    """
     if isinstance(value, bool):
         raise ConfigError(f"memory budget must be bytes or a string like '512MiB', got {value!r}")
     if isinstance(value, (int, float)):
