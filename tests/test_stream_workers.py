@@ -102,8 +102,14 @@ def test_budget_counts_the_workers(store):
     aug = h5stream.Augment(horizontal_flip=True)
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug) as inline:
         inline_fill = inline.plan.rows_per_fill
+        # The feed allocates the counts the plan's bytes are counted for.
+        assert inline._feed._images.max_sets == inline.plan.reader_batches
+        assert inline._feed._out.max_sets == inline.plan.consumer_sets
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug, workers=2) as pooled:
-        assert pooled.plan.pool_bytes > 2 * (32 << 20)
+        feed, plan = pooled._feed, pooled.plan
+        assert feed._inputs.array.shape[0] == plan.input_slots * 32 and feed._pool.n_slots == plan.out_slots
+        assert feed._out.max_sets == plan.consumer_sets
+        assert pooled.plan.pool_bytes > 2 * (24 << 20)
         assert pooled.plan.total_bytes <= 300 << 20
         assert pooled.plan.rows_per_fill <= inline_fill
     with pytest.raises(h5stream.BudgetError, match="2 workers"):
