@@ -1,0 +1,98 @@
+"""Run geometry: which contiguous byte ranges a fill reads, and where every row of it lands.  Pure functions.
+
+A *fill* (see :mod:`h5stream.order.epoch`) is a list of segments, row ranges
+of the store laid end to end in *buffer order*.  :func:`plan_runs` coalesces
+them into :class:`Run` s, each one contiguous read; :func:`placement` says,
+for every buffer position, which batch and which row of it the row goes to;
+:func:`row_offsets` gives every row's byte offset in the file (for receivers
+that read rows themselves); :func:`chunk_pieces` cuts a run of rows at chunk
+boundaries (labels, whose chunks are not contiguous with each other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Run(NamedTuple):
+    """``rows`` rows read in one piece: stored rows ``[src, src + rows)`` land at buffer positions
+    ``[dest, dest + rows)``; ``offset`` is the byte offset of row ``src`` in the file, None where the rows
+    can only be read through HDF5 (compressed)."""
+
+    dest: int
+    src: int
+    rows: int
+    offset: int | None
+
+
+def plan_runs(segments, chunk_offsets: np.ndarray | None, block_rows: int, row_bytes: int) -> list[Run]:
+    """Coalesce a fill's ``(k, 2)`` segments (row ranges, in buffer order) into runs.
+
+    ``chunk_offsets[b]`` is the byte offset of block ``b`` (``block_rows`` rows of ``row_bytes`` bytes), or
+    None for a store read through HDF5.  Neighbouring segments merge when their rows follow each other in
+    the store and, for byte-addressed stores, in the file.
+    """
+    runs: list[list] = []
+    dest = 0
+    for start, stop in segments:
+        start, stop = int(start), int(stop)
+        n = stop - start
+        off = None
+        if chunk_offsets is not None:
+            off = int(chunk_offsets[start // block_rows]) + (start % block_rows) * row_bytes
+        if runs:
+            r = runs[-1]
+            same_kind = (off is None) == (r[3] is None)
+            contiguous = r[1] + r[2] == start and (off is None or r[3] + r[2] * row_bytes == off)
+            if same_kind and contiguous:
+                r[2] += n
+                dest += n
+                continue
+        runs.append([dest, start, n, off])
+        dest += n
+    return [Run(*r) for r in runs]
+
+
+def placement(permutation: np.ndarray, fill_start: int, bounds: np.ndarray,
+              first_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where each buffer position of a fill goes: ``(batch, row)`` int64 arrays, -1 where it goes nowhere.
+
+    ``permutation[i]`` is the buffer position yielded ``i``-th in the fill, whose first row is yielded at
+    epoch position ``fill_start``; ``bounds`` are the epoch's batch boundaries (``bounds[j]`` = first epoch
+    position of batch ``j``, ``bounds[-1]`` = rows yielded).  Rows past the last batch (dropped) and rows of
+    batches before ``first_batch`` (a resume point) go nowhere.
+    """
+    n = len(permutation)
+    inv = np.empty(n, np.int64)
+    inv[permutation] = np.arange(n)
+    pos = fill_start + inv
+    batch = np.searchsorted(bounds, pos, side="right") - 1
+    keep = (pos < bounds[-1]) & (batch >= first_batch)
+    row = pos - bounds[np.minimum(batch, len(bounds) - 2)]
+    return np.where(keep, batch, -1), np.where(keep, row, -1)
+
+
+def row_offsets(runs: list[Run], n: int, row_bytes: int) -> np.ndarray:
+    """Byte offset in the file of each of the ``n`` rows of a fill, in buffer order (byte-addressed runs)."""
+    dest = np.array([r.dest for r in runs], np.int64)
+    count = np.array([r.rows for r in runs], np.int64)
+    first = np.array([r.offset for r in runs], np.int64)
+    out = np.empty(n, np.int64)
+    within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    out[np.repeat(dest, count) + within] = np.repeat(first, count) + within * row_bytes
+    return out
+
+
+def chunk_pieces(src: int, rows: int, chunk_rows: int) -> Iterator[tuple[int, int, int, int]]:
+    """Rows ``[src, src + rows)`` cut at chunk boundaries: ``(first row of the piece relative to src, chunk,
+    row within the chunk, rows)`` per piece."""
+    done = 0
+    while done < rows:
+        chunk, within = divmod(src + done, chunk_rows)
+        m = min(rows - done, chunk_rows - within)
+        yield done, chunk, within, m
+        done += m
+
