@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 import types
 from collections.abc import Callable, Sequence
 
@@ -134,3 +135,19 @@ def worker_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def reap_workers(procs: Sequence, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` in all for ``procs`` to exit, then terminate, then kill what is left.
+
+    Call after telling the workers to stop; every process has exited when it returns (a worker stuck in
+    a C call ignores SIGTERM, never SIGKILL).
+    """
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        for stop in (proc.terminate, proc.kill):
+            if proc.exitcode is None:
+                stop()
+                proc.join(1.0)

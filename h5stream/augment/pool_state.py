@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from h5stream import _interrupt as interrupt
+from h5stream._spawn import reap_workers
 from h5stream.errors import StreamClosedError, WorkerError
 from h5stream.shm import SharedArray
 
@@ -284,16 +285,7 @@ def shutdown(state: PoolState) -> None:
             pass
         if w not in state.ready and w < len(state.procs):
             state.procs[w].terminate()  # still starting: nothing to finish, and its imports may take seconds
-    deadline = time.monotonic() + state.close_timeout_s
-    for proc in state.procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in state.procs:
-        if proc.exitcode is None:
-            proc.terminate()
-            proc.join(1.0)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(1.0)
+    reap_workers(state.procs, state.close_timeout_s)
     for conn in state.conns:
         conn.close()
     for fd in (state.wake_r, state.wake_w):

@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from h5stream._spawn import spawn_workers, worker_signals
+from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream.errors import BudgetError, WorkerError
 
 #: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.pack.task_sizes`).
@@ -94,13 +94,7 @@ def _stop(state: _State, timeout_s: float) -> None:
             conn.send(None)
         except (OSError, ValueError):
             pass  # dead, or its pipe already closed
-    if state.procs:
-        multiprocessing.connection.wait([p.sentinel for p in state.procs], timeout=timeout_s)
-    for proc in state.procs:
-        proc.join(0)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(5.0)
+    reap_workers(state.procs, timeout_s)
     for conn in state.conns:
         conn.close()
     state.procs, state.conns = [], []
