@@ -207,10 +207,10 @@ def remote_rows_per_fill(local: str, args) -> int:
     from h5stream.read.plan import parse_bytes
     from h5stream.remote import RemoteOptions
     from h5stream.store.meta import read_meta
-    from h5stream.stream import stream_plan
+    from h5stream.budget import plan_stream
 
     meta = dataclasses.replace(read_meta(local), remote=RemoteOptions())
-    return stream_plan(meta, parse_bytes(args.memory_budget), args.batch_size).rows_per_fill
+    return plan_stream(meta, parse_bytes(args.memory_budget), args.batch_size).rows_per_fill
 
 
 def _cpu_s(pid: int) -> float:

@@ -16,13 +16,13 @@ import weakref
 import numpy as np
 
 from h5stream import _interrupt as interrupt
+from h5stream.budget import StreamPlan, plan_stream
 from h5stream.errors import ConfigError, StreamClosedError
-from h5stream.feed import InlineFeed, PooledFeed, pool_input_slots, pool_slots
+from h5stream.feed import InlineFeed, PooledFeed
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import subset_rows
-from h5stream.read.plan import ReadPlan, budget_error, plan_read, unit_rows_for
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -136,9 +136,9 @@ class Stream:
         if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
             rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
         start, stop = self._rows
-        self.plan: ReadPlan = stream_plan(meta, options.memory_budget, self.batch_size, augment=self.augment,
-                                          workers=self.workers, rows_per_fill=rows_per_fill, epoch_rows=stop - start,
-                                          out_label_row_bytes=self._labels.extra_row_bytes)
+        self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
+                                            workers=self.workers, rows_per_fill=rows_per_fill,
+                                            epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
@@ -157,8 +157,8 @@ class Stream:
         interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
             if self.workers:
-                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment,
-                                        workers=self.workers, seed=self.seed, timeout_s=self.timeout_s)
+                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
+                                        timeout_s=self.timeout_s)
             else:
                 self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
                                         timeout_s=self.timeout_s)
@@ -211,7 +211,8 @@ class Stream:
         return self._layout_fn(epoch)
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).  No I/O."""
+        """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).
+        No I/O."""
         return self._layout(self._epoch if epoch is None else int(epoch)).order()
 
     # -- iteration ----------------------------------------------------------------
@@ -277,7 +278,8 @@ class Stream:
                 fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
                        "the state" if key == "rows_per_fill" else
                        "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
-                raise ConfigError(f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; {fix}")
+                raise ConfigError(f"cannot resume: the state has {key}={state[key]} "
+                                  f"but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
         epoch, batch = int(state["epoch"]), int(state["batch"])
@@ -360,64 +362,7 @@ class Stream:
         return as_torch(self)
 
 
-def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
-                rows_per_fill: int | None = None, epoch_rows: int | None = None,
-                out_label_row_bytes: int = 0) -> ReadPlan:
-    """The memory plan a stream over ``meta`` uses (pure; what ``Stream.plan`` holds).
-
-    ``budget_bytes=None`` is the default budget (see :func:`h5stream.read.plan.plan_read`).  A budget below
-    the minimum raises :class:`BudgetError` naming the budget that fits and, where there is one, the largest
-    worker count and the largest batch size that fit this budget.
-    """
-    out_row_bytes = None
-    if augment is not None:
-        out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
-    source_bytes = 0
-    if meta.remote is not None:
-        from h5stream.remote.config import client_memory_bytes
-
-        source_bytes = client_memory_bytes(meta.remote)
-
-    def plan(budget, workers, batch_size, fill=rows_per_fill):
-        worker_bytes = shared_bytes = 0
-        if workers:
-            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, WORKER_SHARED_BYTES, worker_buffer_bytes
-
-            worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(batch_size, meta.image_shape)
-            shared_bytes = WORKER_SHARED_BYTES
-        return plan_read(
-            budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
-            block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
-            out_label_row_bytes=out_label_row_bytes, n_out_slots=pool_slots(workers) if workers else 0,
-            n_in_slots=pool_input_slots(workers) if workers else 0,
-            workers=workers, worker_bytes=worker_bytes, shared_worker_bytes=shared_bytes,
-            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
-            rows_per_fill=fill, epoch_rows=epoch_rows, source_bytes=source_bytes,
-        )
-
-    def minimum(workers, batch_size):
-        return plan(None, workers, batch_size, fill=None).min_budget_bytes  # independent of budget and fill
-
-    if budget_bytes is not None and budget_bytes < minimum(workers, batch_size):
-        alternatives = []
-        fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
-        if fewer:
-            w = fewer[-1]
-            alternatives.append(f"use workers={w}" + (" (augment in the training process)" if w == 0 else ""))
-        if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
-            lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
-            alternatives.append(f"lower batch_size to {lo}")
-        raise budget_error(budget_bytes, minimum(workers, batch_size),
-                           f"batch_size={batch_size}, {meta.block_rows}-row blocks"
-                           + (f" and {workers} workers" if workers else "")
-                           + (" and the remote client" if source_bytes else ""), tuple(alternatives))
-    return plan(budget_bytes, workers, batch_size)
-
-
-def layout_function(rows: int, plan: ReadPlan, seed: int, shard=None, shuffle: bool = True,
+def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
                     drop_remainder: bool = False, start_row: int = 0):
     """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)`` under ``plan`` (pure; holds no stream)."""
 

@@ -59,7 +59,8 @@ def test_the_quick_start_runs_as_written(tmp_path):
     with open(README, encoding="utf-8") as f:
         blocks = section_blocks(f.read())
     languages = [language for language, _code in blocks]
-    assert "sh" in languages and "python" in languages, f"the quick start should have shell and Python blocks: {languages}"
+    assert "sh" in languages and "python" in languages, \
+        f"the quick start should have shell and Python blocks: {languages}"
 
     work, bin_dir = tmp_path / "work", tmp_path / "bin"
     work.mkdir()
@@ -71,7 +72,8 @@ def test_the_quick_start_runs_as_written(tmp_path):
         if language == "sh":
             argv = ["bash", "-eu", "-o", "pipefail", "-c", code]
         else:
-            if re.search(r"^import keras|^from keras", code, re.MULTILINE) and importlib.util.find_spec("keras") is None:
+            needs_keras = re.search(r"^import keras|^from keras", code, re.MULTILINE)
+            if needs_keras and importlib.util.find_spec("keras") is None:
                 pytest.skip("the quick start's Python block needs keras, which is not installed")
             script = tmp_path / f"block_{number}.py"
             script.write_text(code, encoding="utf-8")

@@ -201,15 +201,15 @@ def test_bench_and_preview_take_a_url(range_server, h5cli, tmp_path):
 def test_the_remote_clients_memory_is_on_top_of_the_default_budget_and_inside_a_given_one(remote_store_file):
     import dataclasses
 
-    from h5stream.stream import stream_plan
+    from h5stream.budget import plan_stream
 
     local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=1_000_000)  # larger than any budget
     remote = dataclasses.replace(local, remote=RemoteOptions(max_in_flight=8))
-    by_default = stream_plan(local, None, 32), stream_plan(remote, None, 32)
-    assert by_default[1].source_bytes > 0 and by_default[0].source_bytes == 0
+    by_default = plan_stream(local, None, 32), plan_stream(remote, None, 32)
+    assert by_default[1].remote_client_bytes > 0 and by_default[0].remote_client_bytes == 0
     assert by_default[1].rows_per_fill == by_default[0].rows_per_fill  # the same batches as the local file
-    assert by_default[1].budget_bytes == by_default[0].budget_bytes + by_default[1].source_bytes
+    assert by_default[1].budget_bytes == by_default[0].budget_bytes + by_default[1].remote_client_bytes
     budget = 256 << 20
-    given = stream_plan(local, budget, 32), stream_plan(remote, budget, 32)
+    given = plan_stream(local, budget, 32), plan_stream(remote, budget, 32)
     assert given[1].total_bytes <= budget and given[1].rows_per_fill < given[0].rows_per_fill
     assert "remote client" in given[1].describe()

@@ -126,7 +126,10 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
     raw = open_readable(path)
     try:
         try:
-            f = h5py.File(path, "r", locking=False, **h5py_kwargs) if native_driver else h5py.File(raw, "r", **h5py_kwargs)
+            if native_driver:
+                f = h5py.File(path, "r", locking=False, **h5py_kwargs)
+            else:
+                f = h5py.File(raw, "r", **h5py_kwargs)
         except OSError:
             if not has_hdf5_signature(raw):
                 raise StoreFormatError(

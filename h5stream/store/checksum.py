@@ -37,8 +37,7 @@ from h5stream.errors import StoreFormatError
 from h5stream.store import schema
 from h5stream.store.meta import read_meta
 
-# xxh3-64: the fastest of the well-kept hashes measured (xxhash, crc32c, google-crc32c, zlib.crc32), and it
-# releases the GIL.
+# xxh3-64: the fastest of the well-kept hashes (xxhash, crc32c, google-crc32c, zlib.crc32), and it releases the GIL.
 ALGORITHM = "xxh3_64"
 PARTS = ("images", "labels", "paths")
 """Column order of ``/checksums`` and keys of ``checksum_tail``."""
