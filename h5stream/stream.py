@@ -165,16 +165,24 @@ class Stream:
             # The feed owns the thread, processes and shared memory; it never refers back to this object,
             # so garbage collection of an unclosed stream still reaches this finalizer.
             self._finalizer = weakref.finalize(self, self._feed.close)
-            try:
-                if resume is not None:
-                    self.restore(resume)
-                else:
-                    self._feed.start(0, 0)
-            except BaseException:
-                self.close()
-                raise
+            if resume is not None:
+                self.restore(resume)
+            else:
+                self._feed.start(0, 0)
+        except BaseException:
+            self._close_started()
+            raise
         finally:
-            interrupt.release()
+            try:
+                interrupt.release()  # a Ctrl-C held while starting is raised here ...
+            except BaseException:
+                self._close_started()  # ... and the caller, who never gets this stream, keeps none of its threads
+                raise
+
+    def _close_started(self) -> None:
+        """Close what ``__init__`` started before it failed (nothing, if it failed before the feed existed)."""
+        if getattr(self, "_finalizer", None) is not None:
+            self.close()
 
     # -- what it yields -------------------------------------------------------------
     @property
