@@ -53,9 +53,10 @@ def fill_batches(plan: ReadPlan) -> int:
 class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread."""
 
-    def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, seed: int, timeout_s: float):
+    def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, seed: int, timeout_s: float,
+                 direct_io: bool = False):
         self.meta, self._layout, self.plan = meta, layout, plan
-        self._augment, self._seed, self._timeout_s = augment, seed, timeout_s
+        self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
         self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, fill_batches(plan) + plan.queue_depth + 2)
         self._out = None
         if augment is not None:
@@ -74,6 +75,7 @@ class InlineFeed:
         self.reader = Reader(
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
             allocate=self._allocate, cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
+            direct_io=self._direct_io,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -122,17 +124,18 @@ class PooledFeed:
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,
-                 timeout_s: float):
+                 timeout_s: float, direct_io: bool = False):
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
         self.meta, self._layout, self.plan = meta, layout, plan
-        self._seed, self._timeout_s = seed, timeout_s
+        self._seed, self._timeout_s, self._direct_io = seed, timeout_s, direct_io
         bs = plan.batch_size
         n_out = pool_slots(workers)
         self._n_in = fill_batches(plan) + plan.queue_depth + n_out + CONSUMER_SETS
         prefix = new_prefix()
-        self.direct = direct_reads(meta.path, meta)
+        # Read past the page cache (direct_io), the workers never find a fill there to read themselves.
+        self.direct = not direct_io and direct_reads(meta.path, meta)
         self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
         sources = [self._inputs.spec]
         if self.direct:
@@ -193,7 +196,7 @@ class PooledFeed:
         self.reader = Reader(
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
             allocate=self._allocate, on_batch=self._submit, stop=self._stop, defer_pixels=self.direct,
-            cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
+            cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s, direct_io=self._direct_io,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:

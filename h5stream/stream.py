@@ -23,6 +23,7 @@ from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import subset_rows
 from h5stream.read.plan import ReadPlan, budget_error, plan_read, unit_rows_for
+from h5stream.read.source import resolve_direct_io
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -66,6 +67,14 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     streams one of ``count`` disjoint parts (data-parallel training).
     ``resume`` is a dict from :meth:`Stream.state`.  ``timeout_s``: how long
     to wait for a batch before raising :class:`~h5stream.ReaderError`.
+
+    ``direct_io``: read the pixels past the page cache (``O_DIRECT``).
+    ``"auto"`` (default) does so for a store larger than the memory the page
+    cache could keep of it (``MemAvailable``): such a store is read from the
+    disk every epoch anyway, and the page cache would only add a kernel copy,
+    read-ahead and reclaim.  ``True`` forces it (a file system that refuses
+    ``O_DIRECT`` raises :class:`~h5stream.ConfigError`), ``False`` never.
+    ``stream.direct_io`` says which applies.
 
     The order of an epoch depends on the seed and on ``rows_per_fill`` (the
     shuffle window, ``stream.plan.rows_per_fill``), which by default is what
@@ -118,6 +127,7 @@ class Stream:
         self.seed = int(seed)
         self.drop_remainder = options.drop_remainder
         self.timeout_s = options.timeout_s
+        self.direct_io: bool = resolve_direct_io(meta.path, options.direct_io)
         self.augment = self._prepare_augment(options.augment)
         self.workers = options.workers
         if self.workers and self.augment is None:
@@ -151,10 +161,11 @@ class Stream:
         try:
             if self.workers:
                 self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment,
-                                        workers=self.workers, seed=self.seed, timeout_s=self.timeout_s)
+                                        workers=self.workers, seed=self.seed, timeout_s=self.timeout_s,
+                                        direct_io=self.direct_io)
             else:
                 self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s)
+                                        timeout_s=self.timeout_s, direct_io=self.direct_io)
             # The feed owns the thread, processes and shared memory; it never refers back to this object,
             # so garbage collection of an unclosed stream still reaches this finalizer.
             self._finalizer = weakref.finalize(self, self._feed.close)

@@ -53,7 +53,7 @@ from h5stream.errors import ReaderError, StoreBusyError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
-from h5stream.read.source import ByteSource, LocalFile
+from h5stream.read.source import ByteSource, open_local
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
@@ -170,7 +170,8 @@ class Reader:
     ``stop`` is set.  ``cache_labels`` reads every label once up front instead
     of run by run.  ``source()`` opens the store's
     :class:`~h5stream.read.source.ByteSource`, in the reader thread (default:
-    the local file); I/O threads keep its ``max_in_flight`` raw reads in
+    the local file, read past the page cache with ``O_DIRECT`` when
+    ``direct_io``); I/O threads keep its ``max_in_flight`` raw reads in
     flight (GIL released), so reading overlaps handing out batches.
     ``defer_pixels=True`` (uncompressed stores only, see :func:`direct_reads`)
     lets the batches of a fill that is wholly in the page cache go out without
@@ -195,6 +196,7 @@ class Reader:
         timeout_s: float = 60.0,
         cache_labels: bool = False,
         defer_pixels: bool = False,
+        direct_io: bool = False,
         source: Callable[[], ByteSource] | None = None,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
         on_batch: Callable[[Batch], object] | None = None,
@@ -204,7 +206,7 @@ class Reader:
         self.meta = meta
         self.defer_pixels = bool(defer_pixels)
         self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0}
+                      "deferred_bytes": 0, "direct_io": 0}
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
@@ -214,7 +216,7 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
-        self._open_source = source or (lambda: LocalFile(meta.path, exact_residency=self.defer_pixels))
+        self._open_source = source or (lambda: open_local(meta.path, direct_io))
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
         self._stats_lock = threading.Lock()
         # Set by the reader thread when it opens the store:
@@ -307,6 +309,7 @@ class Reader:
                     self._labels = f[schema.LABELS]
                 self._source = self._open_source()
                 stack.callback(self._source.close)
+                self.stats["direct_io"] = int(bool(getattr(self._source, "direct", False)))
                 if self._offsets is not None:
                     self._io_threads = max(1, int(self._source.max_in_flight))
                     self._io = concurrent.futures.ThreadPoolExecutor(
