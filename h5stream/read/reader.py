@@ -414,10 +414,11 @@ class Reader:
             into_batches = np.isin(job.batch, with_images)
             job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
         if self._io is not None:
-            # One future per I/O thread, each taking every k-th run: both walk the fill in file order, and
-            # a fill costs k futures instead of one per run.
-            k = self._io_threads
-            job.futures = [self._io.submit(self._read_runs, job, job.to_read[i::k]) for i in range(k)]
+            # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
+            # in file order and finish within one read of each other, so the device's queue stays full to the
+            # end of the fill; a fill costs k futures instead of one per run.
+            runs, lock = iter(job.to_read), threading.Lock()
+            job.futures = [self._io.submit(self._read_runs, job, runs, lock) for _ in range(self._io_threads)]
             job.done = len(job.to_read)
 
     def _step(self, job: _FillJob, n_runs: int) -> None:
@@ -471,8 +472,13 @@ class Reader:
                 self.stats["advised_bytes"] += length
         return missing
 
-    def _read_runs(self, job: _FillJob, runs: list[Run]) -> None:
-        for run in runs:
+    def _read_runs(self, job: _FillJob, runs: Iterator[Run], lock: threading.Lock) -> None:
+        """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left."""
+        while True:
+            with lock:
+                run = next(runs, None)
+            if run is None:
+                return
             self._read_pixels(job, run)
 
     def _read_pixels(self, job: _FillJob, run: Run) -> None:
