@@ -263,6 +263,7 @@ def measurements(large: str, small: str, *, budget: str, warm_s: float, use_fio:
 
 
 def summarize(rounds: list[dict]) -> dict:
+    """Per measurement its medians (memory: the largest peak), the same-round ratios, and each round's rates."""
     runs = {}
     for name, results in by_name(rounds).items():
         keys = [k for k, v in results[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -278,7 +279,8 @@ def summarize(rounds: list[dict]) -> dict:
         "warm_w0_vs_ref": same_round_ratios(rows, "warm_w0", "warm_w0_ref"),
         "warm_aug_w2_vs_ref": same_round_ratios(rows, "warm_aug_w2", "warm_aug_w2_ref"),
     }
-    return {"runs": runs, "ratios": {k: v for k, v in ratios.items() if v is not None}}
+    per_round = [{k: {f: v[f] for f in ("rows_per_s", "mb_per_s") if f in v} for k, v in r.items()} for r in rounds]
+    return {"runs": runs, "ratios": {k: v for k, v in ratios.items() if v is not None}, "rounds": per_round}
 
 
 def targets(result: dict, budget_bytes: int) -> list[dict]:
