@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/python tools/demo.py --out demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -18,7 +18,10 @@ from h5stream.errors import (
     H5StreamError,
     MissingDependencyError,
     ReaderError,
+    RemoteError,
+    RemoteUnavailableError,
     SourceError,
+    StoreChangedError,
     StoreExistsError,
     StoreFormatError,
     StoreNotFoundError,
@@ -29,6 +32,7 @@ from h5stream.errors import (
 if TYPE_CHECKING:
     from h5stream import keras  # noqa: F401 - loaded on first access, see __getattr__
     from h5stream.augment import Augment
+    from h5stream.remote import RemoteOptions
     from h5stream.store import StoreMeta, read_meta
     from h5stream.stream import Stream, open  # noqa: A004
 
@@ -36,6 +40,7 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 
 _LAZY = {
     "Augment": "h5stream.augment",
+    "RemoteOptions": "h5stream.remote",
     "StoreMeta": "h5stream.store",
     "read_meta": "h5stream.store",
     "Stream": "h5stream.stream",
@@ -51,7 +56,11 @@ __all__ = [
     "H5StreamError",
     "MissingDependencyError",
     "ReaderError",
+    "RemoteError",
+    "RemoteOptions",
+    "RemoteUnavailableError",
     "SourceError",
+    "StoreChangedError",
     "StoreExistsError",
     "StoreFormatError",
     "StoreMeta",

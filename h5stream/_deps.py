@@ -21,6 +21,7 @@ CV2_FIX = (
 KERAS_FIX = "pip install keras (Keras 3), plus a backend: tensorflow, jax or torch"
 TENSORFLOW_FIX = "pip install tensorflow (or tensorflow-cpu on a machine without a GPU)"
 TORCH_FIX = "pip install torch"
+OBSTORE_FIX = "pip install 'h5stream[remote]' (or pip install obstore)"
 
 
 def require(module: str, fix: str, *, needed_for: str):
@@ -61,3 +62,8 @@ def tensorflow():
 def torch():
     """PyTorch, for ``stream.torch()``."""
     return require("torch", TORCH_FIX, needed_for="stream.torch()")
+
+
+def obstore():
+    """obstore, the object-store client behind ``s3://`` and ``http(s)://`` stores."""
+    return require("obstore", OBSTORE_FIX, needed_for="reading a store from a URL")

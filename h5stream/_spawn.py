@@ -18,12 +18,13 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 import types
 from collections.abc import Callable, Sequence
 
 #: Thread-pool sizes a spawned worker inherits through its environment unless the user set them.
-#: A worker is one core's worth of work; numpy's OpenBLAS otherwise starts a thread per core at import
-#: (measured: 0.18 -> 0.09 CPU seconds to import numpy + Pillow with one), threads that only compete.
+#: A worker is one core's worth of work; numpy's OpenBLAS otherwise starts a thread per core at import,
+#: threads that only compete.
 SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -33,9 +34,9 @@ def main_module_hidden(hide: bool = True):
 
     spawn re-runs the parent's main script in every child so that objects
     defined there can be unpickled.  A training script that imports
-    tensorflow at top level then costs ~400 MiB and seconds per worker
-    (measured), for nothing when the transform does not live in ``__main__``
-    (``hide`` is computed from its pickle).  The stub is in place only for
+    tensorflow at top level would then load it in every worker, for nothing
+    when the transform does not live in ``__main__`` (``hide`` is computed
+    from its pickle).  The stub is in place only for
     the few milliseconds of ``Process.start()``, and so are the
     :data:`SINGLE_THREAD_ENV` variables the child inherits (those the user
     set are left alone).  Used by the augment pool and by ingest's decode
@@ -68,9 +69,8 @@ def keep_freed_heap() -> bool:
     Decoding one photo allocates a few hundred KiB and frees it again.  With
     glibc's default, dynamic thresholds (128 KiB to map, 256 KiB to trim, raised
     only when a mapped block is freed), a fresh decode worker trims its heap
-    after every photo and faults the same pages back in for the next: ~80
-    minor page faults and ~0.15 ms of kernel time per 500x375 JPEG, measured,
-    a sixth of the decode.  Pinning the thresholds where glibc's
+    after every photo and faults the same pages back in for the next, in
+    kernel time the decode pays per image.  Pinning the thresholds where glibc's
     dynamic rule tops out keeps up to :data:`HEAP_TRIM_THRESHOLD_BYTES` of
     freed heap for reuse; blocks of :data:`HEAP_MMAP_THRESHOLD_BYTES` or more
     are still mapped and unmapped on their own.  Returns False where there is
@@ -135,3 +135,19 @@ def worker_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def reap_workers(procs: Sequence, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` in all for ``procs`` to exit, then terminate, then kill what is left.
+
+    Call after telling the workers to stop; every process has exited when it returns (a worker stuck in
+    a C call ignores SIGTERM, never SIGKILL).
+    """
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        for stop in (proc.terminate, proc.kill):
+            if proc.exitcode is None:
+                stop()
+                proc.join(1.0)

@@ -3,8 +3,9 @@
 :func:`main` takes ``argv`` and returns an exit code, so tests call it
 in-process.  Every expected failure (an :class:`H5StreamError`, bad usage)
 prints one line ``h5stream: error: ...`` on stderr and returns a non-zero
-code; no traceback reaches the user.  Each subcommand lives in
-:mod:`h5stream.commands` and is imported only when it is run, so ``h5stream
+code; no traceback reaches the user.  The parser is built from the light
+:mod:`h5stream.commands.arguments`; a subcommand's module
+(``h5stream.commands.<name>``) is imported only when it runs, so ``h5stream
 info`` never pays for what ``bench`` imports.
 """
 
@@ -16,21 +17,13 @@ import os
 import sys
 
 from h5stream import __version__
+from h5stream.commands.arguments import COMMANDS, add_arguments
 from h5stream.errors import H5StreamError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-COMMANDS = {
-    "ingest": "decode a folder of images into an HDF5 store",
-    "info": "describe a store (rows, shapes, classes, layout)",
-    "bench": "measure the stream against its baselines on a store",
-    "preview": "write a PNG grid of images as the stream yields them",
-    "verify": "check every committed row against the store's block checksums",
-}
-
 
 class UsageError(Exception):
     """Raised by the parser instead of printing usage and exiting."""
@@ -46,10 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print h5stream's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, help_text in COMMANDS.items():
-        module = importlib.import_module(f"h5stream.commands.{name}")
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_module=module)
+        add_arguments(name, sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
@@ -60,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.version:
             print(f"h5stream {__version__}")
             return EXIT_OK
-        if getattr(args, "_module", None) is None:
+        if args.command is None:
             raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
-        return int(args._module.run(args) or EXIT_OK)
+        command = importlib.import_module(f"h5stream.commands.{args.command}")
+        return int(command.run(args) or EXIT_OK)
     except UsageError as exc:
         print(f"h5stream: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -75,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Set for the ``h5stream`` command's own process unless the user set it: nothing the command runs does linear
-#: algebra, and OpenBLAS otherwise starts a thread per core when numpy is imported, threads that spin for a
-#: while: 0.1 CPU seconds of every invocation on 2 cores (``h5stream info``: 0.28-0.34 -> 0.17-0.23 s user,
-#: measured), more on bigger machines, while the decode workers boot.  OpenMP is left alone (TensorFlow's
-#: baselines in ``h5stream bench`` size their thread pools by it).
+#: algebra, and OpenBLAS otherwise starts a thread per core when numpy is imported, threads that spin for a while
+#: and compete with the decode workers booting.  OpenMP is left alone (TensorFlow's baselines in ``h5stream
+#: bench`` size their thread pools by it).
 COMMAND_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 

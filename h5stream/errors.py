@@ -84,3 +84,15 @@ class StoreBusyError(H5StreamError, BlockingIOError):
 
 class StorePermissionError(H5StreamError, PermissionError):
     """The store (or a folder on its path) exists but this user may not read it."""
+
+
+class StoreChangedError(H5StreamError, OSError):
+    """The store was replaced or modified after it was opened (a remote object's ETag or size changed); reopen it."""
+
+
+class RemoteError(H5StreamError, OSError):
+    """A request to a remote store (``s3://``, ``http(s)://``) failed; the message gives the server's reason."""
+
+
+class RemoteUnavailableError(RemoteError, ConnectionError):
+    """A remote store could not be reached, or kept failing, until its ``timeout_s`` ran out (retries included)."""

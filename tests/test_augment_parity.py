@@ -65,7 +65,8 @@ def test_float_input_is_exact_up_to_sampling_precision(fill_mode):
     rs = np.random.default_rng(10)
     x = rs.uniform(0, 255, (40, 40, 3)).astype(np.float32)
     params = random_params(rs)
-    diff = np.abs(apply_affine_transform(x, **params, fill_mode=fill_mode, cval=5.0) - keras_affine(x, **params, fill_mode=fill_mode, cval=5.0))
+    ours = apply_affine_transform(x, **params, fill_mode=fill_mode, cval=5.0)
+    diff = np.abs(ours - keras_affine(x, **params, fill_mode=fill_mode, cval=5.0))
     assert diff.mean() < 0.1 and np.percentile(diff, 99) < 2.0
 
 
@@ -74,7 +75,8 @@ def test_non_square_translation_matches_keras():
     # translations do not depend on the centre, so they must agree.
     x = np.random.default_rng(3).integers(0, 256, (40, 56, 3), np.uint8)
     for mode in FILL_MODES:
-        assert_close(apply_affine_transform(x, tx=5.5, ty=-3.25, fill_mode=mode), keras_affine(x, tx=5.5, ty=-3.25, fill_mode=mode), mode)
+        assert_close(apply_affine_transform(x, tx=5.5, ty=-3.25, fill_mode=mode),
+                     keras_affine(x, tx=5.5, ty=-3.25, fill_mode=mode), mode)
 
 
 def test_order_zero_matches_keras_nearest_neighbour():

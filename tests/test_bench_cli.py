@@ -29,7 +29,7 @@ def bench_json(capsys, *argv):
     return json.loads(out)
 
 
-def test_bench_json_has_the_issue_keys_and_sane_values(sorted_store, capsys, tmp_path):
+def test_bench_json_has_every_figure_with_sane_values(sorted_store, capsys, tmp_path):
     plot = tmp_path / "bench.png"
     r = bench_json(capsys, sorted_store, "--epochs", "2", "--plot", str(plot))
     for key in ("samples_per_s", "peak_mem_bytes", "memory_budget_bytes"):
@@ -42,9 +42,10 @@ def test_bench_json_has_the_issue_keys_and_sane_values(sorted_store, capsys, tmp
     assert r["rows_streamed"] == 2 * ROWS
     assert r["samples_per_s"] > 0 and r["mb_per_s"] > 0
     assert r["order_matches_yield"] is True  # the labels yielded are those of epoch_order(0)
-    # The stream allocates its buffers, so memory rises; within_budget states the comparison.
+    # The stream allocates its buffers, so memory rises, and stays within the budget (measured against the budget
+    # in a fresh process, for workers and augmentation too, by test_memory_budget.py).
     assert r["peak_mem_bytes"] > 0 and r["mem_samples"] >= 2
-    assert r["within_budget"] == (r["peak_mem_bytes"] <= r["memory_budget_bytes"])
+    assert r["within_budget"] is True and r["peak_mem_bytes"] <= r["memory_budget_bytes"]
     assert r["plan"]["budget_bytes"] == 8 << 20
     s = r["shuffle"]
     # The file is class-sorted: in file order a batch is one class; the stream must mix far better.
@@ -114,7 +115,7 @@ def test_bench_missing_file(tmp_path, capsys):
 
 
 def test_file_shuffle_report_on_sorted_store(sorted_store):
-    from h5stream.commands.bench import file_shuffle_report
+    from h5stream.commands._common import file_shuffle_report
 
     r = file_shuffle_report(sorted_store, memory_budget=BUDGET, batch_size=32, seed=0)
     assert r["rows"] == ROWS and r["n_classes"] == N_CLASSES
@@ -160,11 +161,11 @@ def test_info_shuffle_report_bad_budget(sorted_store, capsys):
 
 
 def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store, capsys):
+    from h5stream.budget import plan_stream
     from h5stream.store.meta import read_meta
-    from h5stream.stream import stream_plan
 
     meta = read_meta(sorted_store)
-    tight = str(stream_plan(meta, 1 << 40, 32, workers=2).min_budget_bytes + (1 << 20))
+    tight = str(plan_stream(meta, 1 << 40, 32, workers=2).min_budget_bytes + (1 << 20))
 
     def report(*extra):
         assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", tight, "--json", *extra]) == 0
@@ -174,7 +175,8 @@ def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store,
     assert pooled["workers"] == 2 and pooled["plan"]["rows_per_fill"] < alone["plan"]["rows_per_fill"]
     pinned = report("--rows-per-fill", str(pooled["plan"]["rows_per_fill"]))
     assert pinned["plan"]["rows_per_fill"] == pooled["plan"]["rows_per_fill"]
-    assert pinned["batch_label_tvd"] == pooled["batch_label_tvd"] and pinned["epoch_order_tau"] == pooled["epoch_order_tau"]
+    assert pinned["batch_label_tvd"] == pooled["batch_label_tvd"]
+    assert pinned["epoch_order_tau"] == pooled["epoch_order_tau"]
     assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", tight, "--workers", "2",
                  "--rows-per-fill", str(alone["plan"]["rows_per_fill"])]) == 1
     err = capsys.readouterr().err.strip()

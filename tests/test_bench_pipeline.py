@@ -49,7 +49,7 @@ def test_measure_stream_reports_positive_figures(store, workers, cold):
 
 
 def test_stall_collector_measures_a_real_wait(store):
-    # One worker needs >= 32 * SLOW_IMAGE_S per batch and at most pool_slots(1) batches are ahead of a consumer
+    # One worker needs >= 32 * SLOW_IMAGE_S per batch and at most out_slots(1) batches are ahead of a consumer
     # that never pauses, so most of the remaining batches' production time must show up as waiting.
     batches = 10
     augment = h5stream.Augment(preprocessing_function=slow_identity)
@@ -57,9 +57,9 @@ def test_stall_collector_measures_a_real_wait(store):
     for key in ("wall_s", "stats_wait_s", "own_wait_s", "stats_wait_fraction", "own_wait_fraction", "handoff_s",
                 "own_wait_median_ms", "own_wait_p99_ms", "consumer_images_per_s"):
         assert key in r, key
-    from h5stream.feed import pool_slots
+    from h5stream.budget import out_slots
 
-    must_wait_s = (batches - pool_slots(1)) * 32 * SLOW_IMAGE_S
+    must_wait_s = (batches - out_slots(1)) * 32 * SLOW_IMAGE_S
     assert r["stats_wait_s"] >= 0.5 * must_wait_s
     # The consumer's clock brackets every interval the stream's counter covers.
     assert r["own_wait_s"] >= r["stats_wait_s"]

@@ -9,10 +9,10 @@ import pytest
 
 import h5stream
 from h5stream.errors import BudgetError
-from h5stream.read.plan import DEFAULT_BUDGET_BYTES, parse_bytes
+from h5stream.budget import DEFAULT_BUDGET_BYTES, plan_stream
+from h5stream.read.plan import parse_bytes
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
-from h5stream.stream import stream_plan
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -33,11 +33,12 @@ def test_default_budget_gives_workers_their_share_on_top_and_keeps_the_order(sto
     with h5stream.open(store, batch_size=32, augment=aug, seed=4) as inline:
         expected = [(x.copy(), y) for x, y in inline]
         fill = inline.plan.rows_per_fill
-        assert inline.plan.default_budget and inline.plan.budget_bytes == DEFAULT_BUDGET_BYTES
+        assert inline.plan.default_budget
+        assert inline.plan.budget_bytes == DEFAULT_BUDGET_BYTES + inline.plan.augment_bytes
     with h5stream.open(store, batch_size=32, augment=aug, seed=4, workers=2) as pooled:
         plan = pooled.plan
         assert plan.default_budget and plan.pool_bytes > 0
-        assert plan.budget_bytes == DEFAULT_BUDGET_BYTES + plan.pool_bytes
+        assert plan.budget_bytes == DEFAULT_BUDGET_BYTES + plan.augment_bytes
         assert plan.total_bytes <= plan.budget_bytes and plan.rows_per_fill == fill
         assert "default: 256.0 MiB for reading + " in plan.describe() and "for 2 workers" in plan.describe()
         got = [(x.copy(), y) for x, y in pooled]
@@ -57,7 +58,7 @@ def test_a_budget_too_small_for_the_workers_names_a_budget_and_a_worker_count_th
     aug = h5stream.Augment(horizontal_flip=True)
 
     def minimum(workers, batch_size=32):
-        return stream_plan(meta, None, batch_size, augment=aug, workers=workers).min_budget_bytes
+        return plan_stream(meta, None, batch_size, augment=aug, workers=workers).min_budget_bytes
 
     assert minimum(0) < minimum(1) < minimum(2)
     between = (minimum(1) + minimum(2)) // 2
@@ -65,22 +66,22 @@ def test_a_budget_too_small_for_the_workers_names_a_budget_and_a_worker_count_th
         h5stream.open(store, batch_size=32, memory_budget=between, augment=aug, workers=2)  # before any process
     fixes = _fixes(str(info.value))
     assert fixes["workers"] == "1"
-    assert stream_plan(meta, parse_bytes(fixes["budget"]), 32, augment=aug, workers=2).total_bytes <= \
+    assert plan_stream(meta, parse_bytes(fixes["budget"]), 32, augment=aug, workers=2).total_bytes <= \
         parse_bytes(fixes["budget"])
-    assert stream_plan(meta, between, 32, augment=aug, workers=1).total_bytes <= between
+    assert plan_stream(meta, between, 32, augment=aug, workers=1).total_bytes <= between
     with pytest.raises(BudgetError, match=r"use workers=0 \(augment in the training process\)"):
-        stream_plan(meta, (minimum(0) + minimum(1)) // 2, 32, augment=aug, workers=2)
+        plan_stream(meta, (minimum(0) + minimum(1)) // 2, 32, augment=aug, workers=2)
 
 
 def test_a_budget_too_small_for_the_batch_names_the_largest_batch_size_that_fits(store):
     meta = read_meta(store)
-    budget = stream_plan(meta, None, 64).min_budget_bytes - 1
+    budget = plan_stream(meta, None, 64).min_budget_bytes - 1
     with pytest.raises(BudgetError) as info:
-        stream_plan(meta, budget, 64)
+        plan_stream(meta, budget, 64)
     fixes = _fixes(str(info.value))
     assert "workers" not in fixes
     batch = int(fixes["batch_size"])
-    assert 1 <= batch < 64 and stream_plan(meta, budget, batch).total_bytes <= budget
+    assert 1 <= batch < 64 and plan_stream(meta, budget, batch).total_bytes <= budget
     with pytest.raises(BudgetError):
-        stream_plan(meta, budget, batch + 1)
-    assert stream_plan(meta, parse_bytes(fixes["budget"]), 64).total_bytes <= parse_bytes(fixes["budget"])
+        plan_stream(meta, budget, batch + 1)
+    assert plan_stream(meta, parse_bytes(fixes["budget"]), 64).total_bytes <= parse_bytes(fixes["budget"])

@@ -110,7 +110,8 @@ def test_sigkill_then_append_gives_exactly_the_full_set(big_src, tmp_path):
 def test_ctrl_c_commits_exits_130_in_one_line_and_append_finishes(big_src, tmp_path):
     root, written = big_src
     out = tmp_path / "int.h5"
-    cmd = [sys.executable, "-m", "h5stream", "ingest", root, str(out), "--size", "32", "--block-rows", "64", "--workers", "2"]
+    cmd = [sys.executable, "-m", "h5stream", "ingest", root, str(out), "--size", "32", "--block-rows", "64",
+           "--workers", "2"]
     # Its own process group, like a shell job: Ctrl-C reaches the ingest and its workers together.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -163,7 +164,7 @@ def test_a_decode_worker_dying_between_results_is_a_worker_error_not_a_traceback
     # reads it as the same one-line WorkerError as a death mid-task (the CLI test above hits either by timing).
     from h5stream.errors import WorkerError
     from h5stream.ingest.decode import DecodeSpec
-    from h5stream.ingest.pack import DecodePool
+    from h5stream.ingest.pool import DecodePool
 
     root, _ = big_src
     rels = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)

@@ -124,9 +124,10 @@ def test_info_runs_while_the_user_holds_a_default_h5py_handle(store, h5cli):
 
 @pytest.mark.parametrize("kind", ["class", "regression"])
 def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path, kind):
+    from h5stream.budget import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.read.reader import Reader
-    from h5stream.stream import layout_function, stream_plan
+    from h5stream.stream import layout_function
 
     rows = 2500  # labels are chunked by 1024 rows: runs cross chunk boundaries
     ids = np.arange(rows)
@@ -134,7 +135,7 @@ def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path,
     path = tmp_path / f"{kind}.h5"
     meta = write_arrays(path, np.broadcast_to(pattern(ids)[:, None, None, None], (rows, 2, 2, 1)), labels,
                         block_rows=64)
-    plan = stream_plan(meta, parse_bytes("16MiB"), 50)
+    plan = plan_stream(meta, parse_bytes("16MiB"), 50)
     layout = layout_function(meta.rows, plan, seed=5)
 
     def allocate(n, images=True):

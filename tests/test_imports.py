@@ -1,4 +1,5 @@
-"""`import h5stream`, `h5stream ingest` and `h5stream info` never import a deep-learning framework."""
+"""Imports: `import h5stream`, `h5stream ingest` and `h5stream info` never import a deep-learning framework, the CLI
+imports a subcommand only to run it, and imports point one way over the whole package (parsed with `ast`)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,135 @@ def test_keras_without_its_backend_names_the_backend_and_the_alternatives(small_
     no_backend = _missing_error(["tensorflow"], "keras", small_store / "s.h5")  # keras is there, TensorFlow is not
     assert "backend 'tensorflow'" in no_backend and "pip install tensorflow" in no_backend
     assert "KERAS_BACKEND" in no_backend
+
+
+# -- the direction of imports over the whole package -----------------------------------------------------------------
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "h5stream")
+
+LAYERS = (
+    ("python -m h5stream", ("h5stream.__main__",)),
+    ("cli", ("h5stream.cli",)),
+    ("commands", ("h5stream.commands",)),
+    ("adapters", ("h5stream.adapters", "h5stream.keras")),
+    ("public API", ("h5stream",)),
+    ("stream", ("h5stream.stream",)),
+    ("feed", ("h5stream.feed", "h5stream.options", "h5stream.measure")),
+    ("budget", ("h5stream.budget",)),
+    ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
+    ("order / store", ("h5stream.order", "h5stream.store")),
+    ("remote transport", ("h5stream.remote",)),
+    ("low level", ("h5stream._io", "h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
+                   "h5stream._monitor", "h5stream.samples")),
+    ("errors", ("h5stream.errors",)),
+)
+"""Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first
+two parts of the name: ``h5stream.store.meta`` may import ``h5stream.store.schema``)."""
+
+ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps")
+"""Besides each other, adapters use only the public API (and the one-line import errors)."""
+
+ALLOWED_UPWARD = {
+    # Stream.keras() / tf_dataset() / torch() hand the stream to its adapter, imported only when called.
+    ("h5stream.stream", "h5stream.adapters.keras"),
+    ("h5stream.stream", "h5stream.adapters.tf"),
+    ("h5stream.stream", "h5stream.adapters.torch"),
+}
+
+
+def _modules() -> dict[str, str]:
+    """Every module of the package: dotted name -> file."""
+    found = {}
+    for folder, _dirs, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), os.path.dirname(PACKAGE))[:-3].split(os.sep)
+                found[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = os.path.join(folder, name)
+    return found
+
+
+def _imports(module: str, path: str, modules) -> set[str]:
+    """The package modules ``module`` imports, anywhere in it (top level or inside functions), except under
+    ``if TYPE_CHECKING:``; ``from h5stream import X`` counts as importing ``h5stream.X`` when that is a module."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    skipped = {id(n) for node in ast.walk(tree)
+               if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for child in node.body for n in ast.walk(child)}
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "h5stream")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(parent + ([base] if base else []))
+            if base.split(".")[0] != "h5stream":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+    found.discard(module)
+    return found
+
+
+def _layer(module: str) -> int:
+    best = None
+    for rank, (_name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (rank, len(prefix))
+    assert best is not None, f"{module} is in no layer of tests/test_imports.py: add it"
+    return best[0]
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_imports_point_down_the_layers_over_the_whole_package():
+    modules = _modules()
+    wrong = []
+    for module, path in sorted(modules.items()):
+        for target in sorted(_imports(module, path, modules)):
+            if (module, target) in ALLOWED_UPWARD:
+                continue
+            if _package(module) == "h5stream.adapters" or module == "h5stream.keras":
+                if target not in ADAPTERS_MAY_IMPORT and not target.startswith("h5stream.adapters."):
+                    wrong.append(f"{module} -> {target} (adapters use the public API only)")
+                continue
+            mine, theirs = _layer(module), _layer(target)
+            if theirs < mine or (theirs == mine and _package(module) != _package(target)):
+                wrong.append(f"{module} ({LAYERS[mine][0]}) -> {target} ({LAYERS[theirs][0]})")
+    assert wrong == []
+
+
+def test_subcommands_share_helpers_through_one_module_and_never_import_each_other():
+    modules = _modules()
+    shared = {"h5stream.commands._common", "h5stream.commands.arguments"}
+    for module, path in modules.items():
+        if module.startswith("h5stream.commands."):
+            others = {t for t in _imports(module, path, modules) if t.startswith("h5stream.commands.")}
+            assert others <= shared, f"{module} imports {sorted(others - shared)}"
+    assert _imports("h5stream.commands.arguments", modules["h5stream.commands.arguments"], modules) == set()
+
+
+LAZY_CLI_SCRIPT = r"""
+import json, sys
+from h5stream import cli
+cli.build_parser().parse_args(["bench", "x.h5"])
+print(json.dumps({"numpy": "numpy" in sys.modules,
+                  "commands": sorted(m for m in sys.modules if m.startswith("h5stream.commands."))}))
+"""
+
+
+def test_the_cli_parses_without_importing_any_subcommand():
+    proc = subprocess.run([sys.executable, "-c", LAZY_CLI_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"numpy": False, "commands": ["h5stream.commands.arguments"]}

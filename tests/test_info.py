@@ -48,7 +48,8 @@ def test_text_lists_classes_with_counts(class_store, h5cli):
 def test_regression_store(regression_src, tmp_path, h5cli):
     root, csv_path, _ = regression_src
     out = tmp_path / "r.h5"
-    assert h5cli("ingest", root, out, "--labels", csv_path, "--size", "8", "--order", "sorted", "--workers", "0")[0] == 0
+    code = h5cli("ingest", root, out, "--labels", csv_path, "--size", "8", "--order", "sorted", "--workers", "0")[0]
+    assert code == 0
     info = json.loads(h5cli("info", out, "--json")[1])
     assert info["rows"] == REG_N and info["label_kind"] == "regression" and info["classes"] is None
     assert info["label_shape"] == [2] and info["label_columns"] == ["t0", "t1"] and info["order"] == "sorted"

@@ -54,7 +54,8 @@ def test_sorted_keeps_walk_order_and_shuffled_is_the_seeded_permutation(class_sr
     root, written = class_src
     walk = sorted(rel for rel, _ in written)
     orders = {}
-    for name, extra in [("sorted", ["--order", "sorted"]), ("s0", []), ("s0b", ["--seed", "0"]), ("s7", ["--seed", "7"])]:
+    runs = [("sorted", ["--order", "sorted"]), ("s0", []), ("s0b", ["--seed", "0"]), ("s7", ["--seed", "7"])]
+    for name, extra in runs:
         code, _, err = h5cli("ingest", root, tmp_path / f"{name}.h5", "--size", "8", "--workers", "0", *extra)
         assert code == 0, err
         _, labels, paths, attrs = read_store(tmp_path / f"{name}.h5")
@@ -88,7 +89,8 @@ def test_csv_regression_two_targets(regression_src, tmp_path, h5cli):
 def test_csv_one_column_gives_flat_targets(regression_src, tmp_path, h5cli):
     root, csv_path, rows = regression_src
     out = tmp_path / "r1.h5"
-    code, _, err = h5cli("ingest", root, out, "--labels", csv_path, "--label-columns", "t1", "--size", "8", "--workers", "0")
+    code, _, err = h5cli("ingest", root, out, "--labels", csv_path, "--label-columns", "t1", "--size", "8",
+                         "--workers", "0")
     assert code == 0, err
     _, labels, paths, _ = read_store(out)
     expected = dict(rows)
@@ -99,8 +101,9 @@ def test_csv_one_column_gives_flat_targets(regression_src, tmp_path, h5cli):
 def test_plain_h5py_reads_layout_block_rows_and_zlib(class_src, tmp_path, h5cli):
     root, _ = class_src
     plain, zipped = tmp_path / "plain.h5", tmp_path / "zlib.h5"
-    assert h5cli("ingest", root, plain, "--size", "16", "--block-rows", "8", "--order", "sorted", "--workers", "0")[0] == 0
-    assert h5cli("ingest", root, zipped, "--size", "16", "--compression", "zlib", "--order", "sorted", "--workers", "0")[0] == 0
+    common = ("--size", "16", "--order", "sorted", "--workers", "0")
+    assert h5cli("ingest", root, plain, "--block-rows", "8", *common)[0] == 0
+    assert h5cli("ingest", root, zipped, "--compression", "zlib", *common)[0] == 0
     with h5py.File(plain, "r") as f:
         assert f["images"].chunks == (8, 16, 16, 3) and f["images"].compression is None
         assert f.attrs["block_rows"] == 8 and f.attrs["committed_rows"] == 18
@@ -326,7 +329,7 @@ def test_decode_workers_do_not_rerun_the_callers_main_script(class_src, tmp_path
 
 
 def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus_one():
-    from h5stream.ingest.pack import decode_slots
+    from h5stream.ingest.pool import decode_slots
 
     mib = 1 << 20
     assert decode_slots(2, mib, None) == 9  # unknown free space: four in flight per worker, one written out
@@ -340,7 +343,7 @@ def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus
 
 
 def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
-    from h5stream.ingest.pack import decode_layout, decode_slots
+    from h5stream.ingest.pool import decode_layout, decode_slots
 
     row = 3 * 128 * 128  # 48 KiB
     mib = 1 << 20
@@ -387,7 +390,7 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
     # measured); init_worker pins them (keep_freed_heap).
     import psutil
 
-    from h5stream.ingest.pack import DecodePool
+    from h5stream.ingest.pool import DecodePool
 
     rng = np.random.default_rng(0)
     photo = tmp_path / "0.jpg"

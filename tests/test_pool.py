@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from h5stream.augment.pool import Batch, FileSource, WorkerPool, slot_bytes, worker_buffer_bytes
+from h5stream.augment.pool import FileSource, Result, WorkerPool, slot_bytes, worker_buffer_bytes
 from h5stream.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 
@@ -228,8 +228,9 @@ def test_submit_validates_at_the_boundary(pool, args, match):
 
 
 def test_memory_figures(pool):
-    assert pool.slot_nbytes == N_SLOTS * BATCH_ROWS * int(np.prod(ROW_SHAPE)) == slot_bytes(N_SLOTS, BATCH_ROWS, ROW_SHAPE, np.uint8)
-    assert pool.worker_buffer_nbytes == worker_buffer_bytes(BATCH_ROWS, ROW_SHAPE) == BATCH_ROWS * int(np.prod(ROW_SHAPE))
+    row = int(np.prod(ROW_SHAPE))
+    assert pool.slot_nbytes == N_SLOTS * BATCH_ROWS * row == slot_bytes(N_SLOTS, BATCH_ROWS, ROW_SHAPE, np.uint8)
+    assert pool.worker_buffer_nbytes == worker_buffer_bytes(BATCH_ROWS, ROW_SHAPE) == BATCH_ROWS * row
     pss = pool.worker_pss_bytes()
     assert len(pss) == pool.workers and all(p > 0 for p in pss)
     assert slot_bytes(2, 3, (4, 5), np.float32) == 2 * 3 * 4 * 5 * 4
@@ -239,7 +240,7 @@ def test_float_output_slots(sources):
     with WorkerPool(Scripted(), [sources[0].spec], workers=1, batch_rows=2, n_slots=1, out_dtype=np.float32) as p:
         p.submit(0, [0, 1], [3, 4], epoch=1, seed=PLAIN, timeout_s=60)
         batch = p.get(60)
-        assert isinstance(batch, Batch) and batch.rows == 2
+        assert isinstance(batch, Result) and batch.rows == 2
         view = p.slot_view(batch.slot)
         assert view.dtype == np.float32 and view.shape == (2,) + ROW_SHAPE
         assert np.array_equal(view, add_row_ids(sources[0].array[:2], np.array([3, 4]), 1).astype(np.float32))

@@ -31,7 +31,8 @@ def run_preview(path, out, *extra):
 def test_grid_has_the_documented_pixel_size(store, tmp_path):
     img = run_preview(store, tmp_path / "g.png", "--rows", "2", "--cols", "3")
     scale = -(-preview.MIN_TILE_PX // SIDE)
-    assert img.size == (3 * SIDE * scale + 4 * preview.PAD_PX, 2 * (SIDE * scale + preview.TITLE_PX) + 3 * preview.PAD_PX)
+    pad, title = preview.PAD_PX, preview.TITLE_PX
+    assert img.size == (3 * SIDE * scale + 4 * pad, 2 * (SIDE * scale + title) + 3 * pad)
     assert img.size == preview.grid_size(2, 3, (SIDE, SIDE))[:2]
     assert img.mode == "RGB"
 
@@ -39,7 +40,8 @@ def test_grid_has_the_documented_pixel_size(store, tmp_path):
 def test_tiles_are_the_streams_first_images_in_order(store, tmp_path):
     import h5stream
 
-    img = np.asarray(run_preview(store, tmp_path / "g.png", "--rows", "2", "--cols", "2", "--seed", "5", "--scale", "1"))
+    grid = run_preview(store, tmp_path / "g.png", "--rows", "2", "--cols", "2", "--seed", "5", "--scale", "1")
+    img = np.asarray(grid)
     with h5stream.open(store, batch_size=4, memory_budget=preview.PREVIEW_BUDGET, seed=5) as s:
         x, _ = next(iter(s))
     for i in range(4):

@@ -4,6 +4,7 @@ gives, wherever they start; the page-cache probe judges a run by its own pages; 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 
@@ -134,7 +135,10 @@ def direct_store(direct_dir):
 
 
 def _epochs(path: str, direct_io, epochs: int = 2, **options):
+    # Under a given budget the bounce buffers of direct I/O come out of the fills: a pinned fill size keeps the
+    # epoch order the same with and without.
     options.setdefault("memory_budget", "16MiB")
+    options.setdefault("rows_per_fill", 768)
     with h5stream.open(path, batch_size=50, seed=4, direct_io=direct_io, **options) as s:
         out = [(x.copy(), y.copy()) for _ in range(epochs) for x, y in s]
         return out, s.direct_io, s.stats()
@@ -159,10 +163,11 @@ def test_forced_direct_io_streams_the_same_batches_as_the_page_cache(direct_stor
 
 def test_direct_io_with_labels_read_by_offset_and_augmenting_workers(direct_store):
     path, meta, images, labels = direct_store
+    from h5stream.budget import plan_stream
     from h5stream.read.reader import Reader
-    from h5stream.stream import layout_function, stream_plan
+    from h5stream.stream import layout_function
 
-    plan = stream_plan(meta, 16 << 20, 50)
+    plan = plan_stream(meta, 16 << 20, 50)
     layout = layout_function(meta.rows, plan, seed=5)
 
     def allocate(n, want_images=True):
@@ -195,6 +200,34 @@ def test_direct_io_option_is_checked_and_auto_follows_the_memory_the_cache_could
     assert source.use_direct_io(True, 1, 8 << 30) and not source.use_direct_io(False, 10 << 30, 8 << 30)
     with h5stream.open(path, batch_size=50) as s:  # a small store: auto keeps the page cache
         assert s.direct_io is False
+
+
+def test_direct_io_is_for_local_stores(direct_store, tmp_path):
+    pytest.importorskip("obstore")
+    from remote_servers import RangeServer
+
+    (tmp_path / "www").mkdir()
+    shutil.copyfile(direct_store[0], tmp_path / "www" / "s.h5")
+    server = RangeServer(tmp_path / "www")
+    try:
+        with pytest.raises(ConfigError, match="direct_io=True is for a local store"):
+            h5stream.open(server.url + "s.h5", direct_io=True)
+        with h5stream.open(server.url + "s.h5", batch_size=50) as s:  # auto: never for a URL
+            assert s.direct_io is False and len(next(iter(s))[0]) == 50
+    finally:
+        server.stop()
+
+
+def test_the_plan_counts_the_bounce_buffers_on_top_of_the_default_budget(direct_store):
+    from h5stream.budget import plan_stream
+
+    meta = direct_store[1]
+    plain, direct = plan_stream(meta, None, 50), plan_stream(meta, None, 50, direct_io=True)
+    assert direct.allocations()["direct I/O"] == source.DIRECT_IO_BYTES and plain.allocations()["direct I/O"] == 0
+    assert direct.budget_bytes == plain.budget_bytes + source.DIRECT_IO_BYTES
+    assert direct.rows_per_fill == plain.rows_per_fill  # the default budget: the same epoch order
+    given = plan_stream(meta, 64 << 20, 50, direct_io=True)
+    assert given.total_bytes <= given.budget_bytes and given.direct_io_bytes == source.DIRECT_IO_BYTES
 
 
 def test_a_run_is_cached_only_when_its_own_pages_are(direct_dir):

@@ -172,7 +172,7 @@ def test_restore_in_place_and_mismatched_state(store):
 
 
 def test_breaking_out_of_an_epoch_continues_it(store):
-    with h5stream.open(store, batch_size=500, memory_budget="7MiB", seed=0) as s:
+    with h5stream.open(store, batch_size=500, memory_budget="8MiB", seed=0) as s:
         order = s.epoch_order(0)
         first = [_ids(x) for _, (x, _) in zip(range(2), s)]
         rest = [_ids(x) for x, _ in s]

@@ -6,10 +6,10 @@ import psutil
 import pytest
 
 import h5stream
+from h5stream.budget import plan_stream
 from h5stream.errors import ConfigError, WorkerError
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
-from h5stream.stream import stream_plan
 
 ROWS = 700
 
@@ -48,9 +48,9 @@ def test_same_seed_same_augmented_batches_with_0_1_2_workers(store):
 def test_pinned_rows_per_fill_gives_the_same_batches_when_the_workers_shrink_the_fill(store):
     aug = h5stream.Augment(horizontal_flip=True, rotation_range=10)
     meta = read_meta(store)
-    tight = stream_plan(meta, 1 << 40, 32, augment=aug, workers=2).min_budget_bytes + (1 << 20)
-    pooled_fill = stream_plan(meta, tight, 32, augment=aug, workers=2).rows_per_fill
-    assert pooled_fill < ROWS <= stream_plan(meta, tight, 32, augment=aug, workers=0).rows_per_fill
+    tight = plan_stream(meta, 1 << 40, 32, augment=aug, workers=2).min_budget_bytes + (1 << 20)
+    pooled_fill = plan_stream(meta, tight, 32, augment=aug, workers=2).rows_per_fill
+    assert pooled_fill < ROWS <= plan_stream(meta, tight, 32, augment=aug, workers=0).rows_per_fill
     runs = {}
     for w in (0, 2):
         with h5stream.open(store, batch_size=32, memory_budget=tight, seed=11, augment=aug, workers=w,
@@ -102,8 +102,14 @@ def test_budget_counts_the_workers(store):
     aug = h5stream.Augment(horizontal_flip=True)
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug) as inline:
         inline_fill = inline.plan.rows_per_fill
+        # The feed allocates the counts the plan's bytes are counted for.
+        assert inline._feed._images.max_sets == inline.plan.reader_batches
+        assert inline._feed._out.max_sets == inline.plan.consumer_sets
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug, workers=2) as pooled:
-        assert pooled.plan.pool_bytes > 2 * (32 << 20)
+        feed, plan = pooled._feed, pooled.plan
+        assert feed._inputs.array.shape[0] == plan.input_slots * 32 and feed._pool.n_slots == plan.out_slots
+        assert feed._out.max_sets == plan.consumer_sets
+        assert pooled.plan.pool_bytes > 2 * (24 << 20)
         assert pooled.plan.total_bytes <= 300 << 20
         assert pooled.plan.rows_per_fill <= inline_fill
     with pytest.raises(h5stream.BudgetError, match="2 workers"):
@@ -123,8 +129,6 @@ def _lent(stream, x) -> bool:
 
 
 def test_batches_are_lent_without_copy_and_kept_ones_stay_intact(store):
-    from h5stream.feed import LENT_SLOTS
-
     aug = h5stream.Augment(horizontal_flip=True, rotation_range=20)
     expected = _epochs(store, n_epochs=1, augment=aug, workers=0)
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, augment=aug, workers=1) as s:
@@ -135,8 +139,9 @@ def test_batches_are_lent_without_copy_and_kept_ones_stay_intact(store):
         del x  # the last batch of that epoch would still hold its slot
         kept = list(s)  # a consumer keeping every batch of the next epoch
         flags = [_lent(s, x) for x, _ in kept]
-        assert sum(flags) == LENT_SLOTS and not any(flags[LENT_SLOTS:])  # only the first few are views
-        assert s._feed._pool.lent == LENT_SLOTS
+        lent_slots = s.plan.lent_slots
+        assert sum(flags) == lent_slots and not any(flags[lent_slots:])  # only the first few are views
+        assert s._feed._pool.lent == lent_slots
     second = _epochs(store, n_epochs=2, augment=aug, workers=0)[len(expected):]
     assert len(kept) == len(second)
     for (x, y), (xe, ye) in zip(kept, second):  # nothing kept was overwritten by later batches

@@ -339,7 +339,8 @@ def test_bad_parameters_raise_config_error(kwargs, message):
 
 def test_presets_and_public_names():
     std = Augment.preset("standard")
-    assert (std.rotation_range, std.width_shift_range, std.zoom_range, std.channel_shift_range) == (45.0, 0.1, (0.8, 1.0), 20.0)
+    parameters = (std.rotation_range, std.width_shift_range, std.zoom_range, std.channel_shift_range)
+    assert parameters == (45.0, 0.1, (0.8, 1.0), 20.0)
     assert std.horizontal_flip and std.fill_mode == "nearest" and "standard" in PRESETS
     assert Augment.preset("standard", rescale=1 / 255).rescale == pytest.approx(1 / 255)
     with pytest.raises(ConfigError, match="standard"):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from h5stream.augment.pool import WORKER_OVERHEAD_BYTES, WORKER_SHARED_BYTES
+from h5stream.budget import TRANSFORM_LIBRARY_BYTES, WORKER_OVERHEAD_BYTES
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -60,4 +60,4 @@ def test_an_augment_worker_imports_no_hdf5_and_fits_the_plans_figures(tmp_path):
     assert "cv2" in modules and "numpy" in modules  # what the transform needs
     assert not [m for m in modules if m.split(".")[0] in ("h5py", "tables", "psutil", "tqdm", "PIL")], modules
     assert 0 < figures["private"] <= WORKER_OVERHEAD_BYTES, figures
-    assert 0 < figures["shared_code"] <= WORKER_SHARED_BYTES, figures
+    assert 0 < figures["shared_code"] <= TRANSFORM_LIBRARY_BYTES, figures

@@ -1,7 +1,7 @@
 """Framework adapters: the only modules of h5stream that import keras, tensorflow or torch.
 
 Each adapter takes an open :class:`h5stream.Stream` and uses only its public
-API.  They share one :class:`h5stream.adapters._feed.Feed` per stream, so a
+API.  They share one :class:`h5stream.adapters._passes.Passes` per stream, so a
 stream's batches come out in the same order whichever adapter pulls them.
 
 * :mod:`h5stream.adapters.keras` -- ``as_keras(stream)`` (a ``keras.utils.PyDataset``

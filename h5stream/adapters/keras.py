@@ -7,7 +7,7 @@ Why a ``keras.utils.PyDataset`` (and not a generator or a ``tf.data.Dataset``):
   length by running dry, warns "Your input ran out of data", and a generator
   cannot be restarted for the next epoch);
 * Keras calls its ``on_epoch_begin`` / ``on_epoch_end``, which mark the passes
-  of the shared :class:`~h5stream.adapters._feed.Feed` on the training thread;
+  of the shared :class:`~h5stream.adapters._passes.Passes` on the training thread;
 * it works on every Keras backend (TensorFlow, JAX, torch) without needing
   tensorflow, takes ``class_weight``, and does not trigger fit's "shuffle=True
   will be ignored" warning that every ``tf.data.Dataset`` does;
@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from h5stream import _deps
-from h5stream.adapters._feed import feed_for
+from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
 keras = _deps.keras()
@@ -48,22 +48,22 @@ class StreamBatches(keras.utils.PyDataset):
     def __init__(self, stream):
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=2)
         self.stream = stream
-        self._feed = feed_for(stream)
+        self._passes = passes_for(stream)
 
     def __len__(self) -> int:
-        return self._feed.n
+        return self._passes.n
 
     def __getitem__(self, index):
-        batch = self._feed.next_batch()
+        batch = self._passes.next_batch()
         if batch is None:
-            raise IndexError(f"batch {index}: this epoch already served its {self._feed.n} batches")
+            raise IndexError(f"batch {index}: this epoch already served its {self._passes.n} batches")
         return batch
 
     def on_epoch_begin(self):
-        self._feed.begin_pass()
+        self._passes.begin_pass()
 
     def on_epoch_end(self):
-        self._feed.end_pass()
+        self._passes.end_pass()
 
 
 def as_keras(stream) -> StreamBatches:
@@ -72,7 +72,8 @@ def as_keras(stream) -> StreamBatches:
 
 
 def balanced_class_weight(labels, n_classes: int | None = None) -> dict[int, float]:
-    """``{class: weight}`` with ``weight = n / (n_classes * count)`` (scikit-learn's "balanced"), for ``fit(class_weight=)``.
+    """``{class: weight}`` with ``weight = n / (n_classes * count)`` (scikit-learn's "balanced"), for
+    ``fit(class_weight=)``.
 
     ``labels`` is every label of the training store (e.g. ``h5py.File(path)["labels"][:rows]``);
     classes absent from it get weight 0.
@@ -134,13 +135,13 @@ class ResumeCallback(keras.callbacks.Callback):
         self.stream = stream
         self.save_every = None if save_every is None else int(save_every)
         self.keep_weights = bool(keep_weights)
-        self._feed = feed_for(stream)
-        self._n = self._feed.n
+        self._passes = passes_for(stream)
+        self._n = self._passes.n
         self.saved = load_resume_state(self.directory)
         # Global batch count since training began (uninterrupted run: epoch j = batches [j*n, (j+1)*n)).
         self.batches_done = int(self.saved["batches_done"]) if self.saved else 0
         if self.saved:
-            self._feed.restore(self.saved["stream_state"])
+            self._passes.restore(self.saved["stream_state"])
         self._pass_offset = 0  # batches_done at the start of the current Keras epoch
         self._since_save = 0
         self._set_initial_epoch = False
@@ -188,7 +189,7 @@ class ResumeCallback(keras.callbacks.Callback):
     # -- saving ---------------------------------------------------------------------
     def _save(self, consumed_in_pass: int) -> None:
         self._since_save = 0
-        state, _ = self._feed.record(consumed_in_pass)
+        state, _ = self._passes.record(consumed_in_pass)
         os.makedirs(self.directory, exist_ok=True)
         old = self.saved["weights"] if self.saved else None
         name = f"weights-{self.batches_done}.weights.h5"
@@ -218,7 +219,7 @@ class StallMonitor(keras.callbacks.Callback):
 
     def __init__(self, stream, verbose: bool = True):
         super().__init__()
-        self._feed = feed_for(stream)
+        self._passes = passes_for(stream)
         self.verbose = bool(verbose)
         self.epochs: list[dict] = []
         self._warm = False
@@ -247,7 +248,7 @@ class StallMonitor(keras.callbacks.Callback):
             self._warm = True
             return
         try:
-            _, t_ready = self._feed.record(batch + 1)
+            _, t_ready = self._passes.record(batch + 1)
         except ConfigError:
             t_ready = None
         step = t_end - self._t_begin

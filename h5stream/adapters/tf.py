@@ -8,8 +8,8 @@ one-hot / binary labels or regression targets); the batch dimension is
 ``batch_size`` instead of None when the stream drops remainders.  The cardinality is ``len(stream)``,
 so Keras counts epochs without ``steps_per_epoch``.
 
-Every ``iter(dataset)`` is one pass of the stream's shared feed (see
-:mod:`h5stream.adapters._feed`): the next ``len(stream)`` batches; an iteration
+Every ``iter(dataset)`` is one pass of the stream's shared
+:class:`~h5stream.adapters._passes.Passes`: the next ``len(stream)`` batches; an iteration
 abandoned early is replayed by the next one.  Auto-sharding is off because the
 stream shards itself (``h5stream.open(..., shard=(i, n))``).  The ``prefetch``
 batches sit outside the stream's memory budget.
@@ -18,7 +18,7 @@ batches sit outside the stream's memory budget.
 from __future__ import annotations
 
 from h5stream import _deps
-from h5stream.adapters._feed import feed_for
+from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
 tf = _deps.tensorflow()
@@ -36,18 +36,18 @@ def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches, ``len(stream)`` per iteration, prefetching ``prefetch`` batches."""
     if isinstance(prefetch, bool) or int(prefetch) < 0:
         raise ConfigError(f"prefetch must be an integer >= 0 (batches), got {prefetch!r}")
-    feed = feed_for(stream)
+    passes = passes_for(stream)
 
     def one_pass():
-        pass_id = feed.begin_pass()
+        pass_id = passes.begin_pass()
         while True:
-            batch = feed.next_batch(pass_id)
+            batch = passes.next_batch(pass_id)
             if batch is None:
                 return
             yield batch
 
     ds = tf.data.Dataset.from_generator(one_pass, output_signature=element_spec(stream))
-    ds = ds.apply(tf.data.experimental.assert_cardinality(feed.n))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(passes.n))
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     options.deterministic = True

@@ -1,6 +1,6 @@
 """PyTorch: ``as_torch(stream)`` -- a ``torch.utils.data.IterableDataset`` of tensor batches.
 
-Each ``iter`` is one pass of the stream's shared feed: ``len(stream)``
+Each ``iter`` is one pass (see :mod:`h5stream.adapters._passes`): ``len(stream)``
 batches ``(x, y)`` as tensors sharing memory with the stream's numpy arrays
 (``x`` is ``(n, H, W, C)``, channels last as stored; permute for NCHW models).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 
 from h5stream import _deps
-from h5stream.adapters._feed import feed_for
+from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
 torch = _deps.torch()
@@ -36,10 +36,10 @@ class StreamIterable(IterableDataset):
     def __init__(self, stream):
         super().__init__()
         self.stream = stream
-        self._feed = feed_for(stream)
+        self._passes = passes_for(stream)
 
     def __len__(self) -> int:
-        return self._feed.n
+        return self._passes.n
 
     def __iter__(self):
         # Checked here, not in the generator: the caller's frame is the loader's fetcher only at this call.
@@ -57,9 +57,9 @@ class StreamIterable(IterableDataset):
         return self._batches()
 
     def _batches(self):
-        pass_id = self._feed.begin_pass()
+        pass_id = self._passes.begin_pass()
         while True:
-            batch = self._feed.next_batch(pass_id)
+            batch = self._passes.next_batch(pass_id)
             if batch is None:
                 return
             x, y = batch
@@ -80,5 +80,6 @@ def _loader_batches_again(frame) -> bool:
 
 
 def as_torch(stream) -> StreamIterable:
-    """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration: ``DataLoader(ds, batch_size=None)``."""
+    """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration; wrap it as
+    ``DataLoader(ds, batch_size=None)``."""
     return StreamIterable(stream)

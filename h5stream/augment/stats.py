@@ -37,8 +37,8 @@ ATTR_FEATURE_STD = "feature_std"
 ATTR_FEATURE_ROWS = "feature_stats_rows"
 
 
-def _cached(path: str, rows: int, channels: int):
-    with open_h5_readonly(path) as f:
+def _cached(path: str, rows: int, channels: int, remote=None):
+    with open_h5_readonly(path, remote=remote) as f:
         attrs = f.attrs
         if ATTR_FEATURE_ROWS not in attrs or int(attrs[ATTR_FEATURE_ROWS]) != rows:
             return None
@@ -64,16 +64,18 @@ def histogram_stats(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(var)
 
 
-def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: bool = True,
+                          remote=None) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel ``(mean[C], std[C])`` of every committed row of the store at ``path``, in pixel units.
 
     One sequential pass (``block_rows`` rows at a time, default the store's
     chunk length) unless the file's cache covers the current row count.
     Raises :class:`StoreNotFoundError` / :class:`StoreFormatError` as
-    :func:`read_meta` does, and ``ValueError`` for a store with no rows.
+    :func:`read_meta` does, and ``ValueError`` for a store with no rows.  A URL is read with the ``remote``
+    options, and its statistics are not cached (the object is not written to).
     """
     path = os.fspath(path)
-    meta = read_meta(path)
+    meta = read_meta(path, remote=remote)
     rows = meta.rows
     h, w, channels = meta.image_shape
     if rows == 0:
@@ -81,7 +83,7 @@ def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: boo
 
         raise ConfigError(f"{path}: no committed rows, so featurewise statistics are undefined; ingest images first")
     if use_cache:
-        hit = _cached(path, rows, channels)
+        hit = _cached(path, rows, channels, meta.remote)
         if hit is not None:
             return hit
     step = int(block_rows or meta.block_rows)
@@ -91,7 +93,7 @@ def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: boo
         raise ConfigError(f"compute_feature_stats: block_rows={block_rows} must be >= 1")
     counts = np.zeros((channels, 256), dtype=np.int64)
     buf = np.empty((step, h, w, channels), dtype=np.uint8)
-    with open_h5_readonly(path) as f:
+    with open_h5_readonly(path, remote=meta.remote) as f:
         images = f[schema.IMAGES]
         for start in range(0, rows, step):
             stop = min(rows, start + step)
@@ -101,7 +103,8 @@ def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: boo
             for ch in range(channels):
                 counts[ch] += np.bincount(pixels[:, ch], minlength=256)
     mean, std = histogram_stats(counts)
-    _store_cache(path, rows, mean, std)
+    if meta.remote is None:
+        _store_cache(path, rows, mean, std)
     return mean, std
 
 

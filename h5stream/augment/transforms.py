@@ -47,7 +47,7 @@ from h5stream.errors import ConfigError
 
 PRESETS = MappingProxyType(
     {
-        # The parameters of the multiprocess-ImageDataGenerator benchmark (issue 4).
+        # The parameters of the multiprocess ImageDataGenerator article the benchmarks compare with.
         "standard": MappingProxyType(
             dict(
                 rotation_range=45.0,
@@ -73,10 +73,9 @@ _TRUNC = 2  # cv2.THRESH_TRUNC (cv2 itself is imported lazily)
 def _shift_into(cv2, flat, shift):
     """Keras' ``apply_channel_shift`` in place on a 2-D uint8 view: ``clip(x + shift, min(x), max(x))``.
 
-    ``shift`` is a non-zero int.  Each step is one SIMD pass that never leaves
-    [0, 255] (measured at 128x128x3: cv2.threshold TRUNC 2.0 us, numpy add or
-    subtract with a scalar 1.7 us), where cv2.min / cv2.add with a scalar take
-    5 us each and numpy's minimum with a scalar 25 us.
+    ``shift`` is a non-zero int.  Each step (cv2.threshold TRUNC, numpy add or
+    subtract with a scalar) is one SIMD pass that never leaves [0, 255]; cv2.min
+    / cv2.add and numpy's minimum with a scalar are slower.
     """
     lo, hi = cv2.minMaxLoc(flat)[:2]
     lo, hi = int(lo), int(hi)
@@ -120,10 +119,9 @@ def _color_into(cv2, img, shift, brightness):
     cv2.LUT(flat, lut, dst=flat)
 
 
-# Images per RGB <-> RGBA conversion call in the fast path: one call per group instead of two per image
-# (~1 us of call overhead each).  The group's two RGBA buffers stay small enough to share a core's cache with
-# the padded source (one core, 128 px: 64 KiB groups 81 us per image, 256 KiB 77, 1 MiB 75; two workers side by
-# side gain nothing from the larger groups that could be told apart from this machine's noise).
+# Images per RGB <-> RGBA conversion call in the fast path: one call per group instead of two per image saves
+# the call overhead, and the group's two RGBA buffers stay small enough to share a core's cache with the padded
+# source.
 _GROUP_BYTES = 256 << 10
 
 
@@ -303,7 +301,8 @@ class Augment:
             try:
                 dtype = np.dtype(dtype)
             except TypeError as exc:
-                raise ConfigError(f"Augment: dtype={dtype!r} is not a dtype; use one of {', '.join(_OUTPUT_DTYPES)}") from exc
+                raise ConfigError(f"Augment: dtype={dtype!r} is not a dtype; "
+                                  f"use one of {', '.join(_OUTPUT_DTYPES)}") from exc
             if dtype.name not in _OUTPUT_DTYPES:
                 raise ConfigError(f"Augment: dtype={dtype} is not supported; use one of {', '.join(_OUTPUT_DTYPES)}")
         featurewise_std_normalization = _flag("featurewise_std_normalization", featurewise_std_normalization)
@@ -356,7 +355,8 @@ class Augment:
         mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         std = np.asarray(std, dtype=np.float64).reshape(-1)
         if mean.shape != std.shape or mean.size == 0 or not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
-            raise ConfigError(f"Augment.with_feature_stats: mean {mean} and std {std} must be finite, one value per channel")
+            raise ConfigError(f"Augment.with_feature_stats: mean {mean} and std {std} must be finite, "
+                              "one value per channel")
         if np.any(std < 0):
             raise ConfigError(f"Augment.with_feature_stats: std {std} must be >= 0")
         new = copy.copy(self)
@@ -472,7 +472,8 @@ class Augment:
         out_dtype = self.output_dtype()
         if out is None:
             out = np.empty(images.shape, dtype=out_dtype)
-        elif out.shape != images.shape or out.dtype != out_dtype or not out.flags.c_contiguous or not out.flags.writeable:
+        elif (out.shape != images.shape or out.dtype != out_dtype or not out.flags.c_contiguous
+              or not out.flags.writeable):
             raise ConfigError(
                 f"Augment: out must be a writeable C-contiguous {out_dtype} array of shape {images.shape}, "
                 f"got {out.dtype} {out.shape}"
@@ -496,7 +497,8 @@ class Augment:
         matrices = None
         if self._has_geometry():
             matrices = affine_matrices(
-                p["theta"], p["tx"], p["ty"], p["shear"], p["zx"], p["zy"], h, w, p["flip_horizontal"], p["flip_vertical"]
+                p["theta"], p["tx"], p["ty"], p["shear"], p["zx"], p["zy"], h, w,
+                p["flip_horizontal"], p["flip_vertical"],
             )
         shifts = p["channel_shift_intensity"]
         shifts = np.rint(shifts).astype(np.int64) if shifts is not None else np.zeros(n, np.int64)
@@ -533,7 +535,8 @@ class Augment:
             cv2.setNumThreads(threads)
 
     def _normalize(self, x):
-        """Keras' ``standardize`` in place on a float32 batch: preprocessing_function, rescale, samplewise, featurewise."""
+        """Keras' ``standardize`` in place on a float32 batch: preprocessing_function, rescale, samplewise,
+        featurewise."""
         fn = self.preprocessing_function
         if fn is not None:
             for i in range(x.shape[0]):

@@ -36,10 +36,9 @@ from h5stream.errors import ConfigError
 
 FILL_MODES = ("constant", "nearest", "reflect", "wrap")
 _WARP_DTYPES = (np.uint8, np.uint16, np.int16, np.float32, np.float64)
-# OpenCV's uint8 bilinear warp is about 2x faster per pixel on 4 channels than
-# on 3 (measured: 58 vs 127 us at 128x128, cv2 5.0, one thread), which pays for
-# the RGB->RGBA->RGB conversions on images of at least this many pixels; on
-# 32x32 the conversions cost more than they save.
+# OpenCV's uint8 bilinear warp is vectorised on 4 channels, not on 3, which pays
+# for the RGB->RGBA->RGB conversions on images of at least this many pixels; on
+# smaller ones the conversions cost more than they save.
 _FAST_PATH_MIN_PIXELS = 64 * 64
 
 def _cv2():
@@ -91,7 +90,7 @@ def affine_matrices(theta, tx, ty, shear, zx, zy, height, width, flip_h=None, fl
     m[:, 0, 2] = cos_t * tx - sin_t * ty + ox - (m[:, 0, 0] * ox + m[:, 0, 1] * oy)
     m[:, 1, 2] = sin_t * tx + cos_t * ty + oy - (m[:, 1, 0] * ox + m[:, 1, 1] * oy)
     # A flip of the output, x -> (W-1) - x, folds into column 0 (y into column 1).  np.where rather than
-    # boolean-mask assignment: the same values, at a third of the cost on a batch of 32.
+    # boolean-mask assignment: the same values, cheaper on a batch.
     for flip, axis, size in ((flip_h, 0, width), (flip_v, 1, height)):
         if flip is not None:
             f = np.asarray(flip, dtype=bool).reshape(-1, 1)
@@ -195,14 +194,14 @@ def _reusable(role: str, shape, dtype) -> np.ndarray:
 def _plan_scratch(matrices, shape, dtype, fill_mode, group: int = 1) -> _Scratch:
     """Choose buffers for warping images of ``shape`` (H, W, C) with these (n, 2, 3) matrices.
 
-    Two measured speed-ups of OpenCV's bilinear warp (cv2 5.0, one thread, 128x128):
+    Two speed-ups of OpenCV's bilinear warp:
     * 3-channel uint8 goes through RGBA: 4-channel remap is vectorised, 3-channel
-      is not (58 vs 127 us per image), worth it from 64x64 up; ``group``
-      images are converted per OpenCV call;
+      is not, worth it from 64x64 up; ``group`` images are converted per
+      OpenCV call;
     * for replicated edges ("nearest", and "constant", which is replicate plus a
       mask) each source is first padded by its own map's largest overshoot, so
       that nearly every sample takes the in-bounds fast path instead of the
-      per-pixel border path (79 -> 64 us per image at 45 degrees).  Replicate
+      per-pixel border path.  Replicate
       padding followed by a replicate border is the same extended image, so
       the result does not change; and since an image's pad depends on its own
       map alone, neither does it depend on the rest of the batch.
@@ -233,7 +232,8 @@ def _corners(h: int, w: int) -> np.ndarray:
 
 
 def _warp_into(cv2, src, matrix, dst, fill_mode, cval, interp, scratch: _Scratch, pad: int):
-    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype (``pad``: its scratch.pads)."""
+    """Warp one (H, W, C) image into the C-contiguous ``dst`` of the same shape and dtype (``pad``: its
+    scratch.pads)."""
     channels = src.shape[2]
     if channels > 4:
         # OpenCV's remap handles at most 4 channels: go through groups of 4.
@@ -276,7 +276,8 @@ def apply_affine_transform(x, theta=0, tx=0, ty=0, shear=0, zx=1, zy=1, fill_mod
         raise ConfigError(f"apply_affine_transform: x must be one H x W x C image, got shape {x.shape}")
     if x.dtype.type not in _WARP_DTYPES:
         raise ConfigError(
-            f"apply_affine_transform: dtype {x.dtype} is not supported; use one of uint8, uint16, int16, float32, float64"
+            f"apply_affine_transform: dtype {x.dtype} is not supported; "
+            "use one of uint8, uint16, int16, float32, float64"
         )
     _check_fill_mode(fill_mode)
     if order not in (0, 1):

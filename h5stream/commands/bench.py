@@ -38,29 +38,17 @@ import time
 
 import numpy as np
 
-DEFAULT_BUDGET = "256MiB"
+from h5stream.commands._common import augment_from_arg, check_class_labels, label_bins, read_labels
+from h5stream.commands.arguments import BENCH_BUDGET, RANDOM_SECONDS
+
 SEQUENTIAL_SLICE_BYTES = 64 << 20
 CHUNK_SHUFFLE_BATCHES = 100
-RANDOM_SECONDS = 10.0
 TAU_EPOCH_PAIRS = 5
 SAMPLE_INTERVAL_S = 0.05
 EVICT_INTERVAL_S = 0.25
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
-    parser.add_argument("--batch-size", type=int, default=32, help="rows per batch (default 32)")
-    parser.add_argument("--memory-budget", default=DEFAULT_BUDGET, help=f"stream memory budget (default {DEFAULT_BUDGET})")
-    parser.add_argument("--epochs", type=int, default=1, help="stream epochs to time (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    parser.add_argument("--cold", action="store_true", help="evict the file from the page cache before and during each pass")
-    parser.add_argument("--augment", default=None, metavar="standard|JSON", help="augment in the stream (preset or Augment kwargs)")
-    parser.add_argument("--workers", type=int, default=0, help="augmenting worker processes (default 0)")
-    parser.add_argument("--random-seconds", type=float, default=RANDOM_SECONDS,
-                        help=f"time budget of the one-row-per-call baseline, then extrapolated (default {RANDOM_SECONDS:g})")
-    parser.add_argument("--no-baselines", action="store_true", help="measure the stream and shuffle quality only")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="write a figure of throughput, CPU, queue and memory over time")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
 
 
 def run(args) -> int:
@@ -72,8 +60,6 @@ def run(args) -> int:
         raise ConfigError(f"--random-seconds must be > 0, got {args.random_seconds}")
     if args.plot:
         check_plot_target(args.plot)  # before measuring, so a missing library never costs the run
-    from h5stream.commands.preview import augment_from_arg
-
     result, timeline = run_bench(
         args.path, batch_size=args.batch_size, memory_budget=args.memory_budget, epochs=args.epochs,
         seed=args.seed, cold=args.cold, augment=augment_from_arg(args.augment), augment_spec=args.augment,
@@ -88,7 +74,7 @@ def run(args) -> int:
 
 
 # -- the run --------------------------------------------------------------------------
-def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, seed=0, cold=False, augment=None,
+def run_bench(path, *, batch_size=32, memory_budget=BENCH_BUDGET, epochs=1, seed=0, cold=False, augment=None,
               augment_spec=None, workers=0, random_seconds=RANDOM_SECONDS, baselines=True, progress=True,
               interval_s=SAMPLE_INTERVAL_S):
     """Measure every pass on ``path``; returns ``(result dict, stream Timeline)``.  See the module doc."""
@@ -97,6 +83,13 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
+    if meta.remote is not None:  # a URL: the page cache and the plain-h5py baselines are this machine's
+        if cold:
+            from h5stream.errors import ConfigError
+
+            raise ConfigError(f"{path}: --cold evicts a local file from the page cache; a remote store's cache is "
+                              "the server's: drop --cold")
+        baselines = False
     budget = parse_bytes(memory_budget)
     labels = read_labels(meta)
     check_class_labels(meta, labels)
@@ -134,7 +127,7 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
     p_all = np.bincount(in_order, minlength=n_classes) / max(1, n)
     result["shuffle"] = {
         "n_classes": n_classes,
-        "label_bins": "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0",
+        "label_bins": label_bins(meta),
         "batch_label_tvd": quality.batch_label_tvd(in_order, batch_size, n_classes, reference=p_all),
         "batch_label_tvd_full_random": quality.batch_label_tvd(
             in_order[quality.full_random_order(n, seed)], batch_size, n_classes, reference=p_all),
@@ -154,33 +147,6 @@ def run_bench(path, *, batch_size=32, memory_budget=DEFAULT_BUDGET, epochs=1, se
     s = result["shuffle"]
     s["tvd_ratio_to_random"] = s["batch_label_tvd"] / max(s["batch_label_tvd_full_random"], 1e-12)
     return result, timeline
-
-
-def read_labels(meta) -> np.ndarray:
-    """The committed rows' labels, read with plain h5py (8 bytes a row: small next to the pixels)."""
-    from h5stream.store import schema
-    from h5stream.store.access import read_consistent
-
-    return read_consistent(meta.path, lambda f: f[schema.LABELS][: meta.rows])
-
-
-def check_class_labels(meta, labels: np.ndarray) -> None:
-    """Raise :class:`StoreFormatError` unless every class label is an index into the class list (the shuffle
-    figures count rows per class).  Regression labels pass."""
-    from h5stream.errors import StoreFormatError
-    from h5stream.store import schema
-
-    if meta.label_kind != schema.LABEL_CLASS or not labels.size:
-        return
-    n_classes = len(meta.class_names) if meta.class_names else None
-    bad = labels < 0 if n_classes is None else (labels < 0) | (labels >= n_classes)
-    if bad.any():
-        row = int(np.flatnonzero(bad.reshape(len(labels), -1).any(axis=1))[0])
-        allowed = "0 or more" if n_classes is None else f"0..{n_classes - 1} ({n_classes} class names)"
-        raise StoreFormatError(
-            f"{meta.path}: row {row} has class label {labels[row].tolist()}; class labels must be {allowed}, since the "
-            "shuffle figures count rows per class (relabel the file, or store such targets as regression labels)"
-        )
 
 
 def check_plot_target(path: str) -> None:
@@ -213,7 +179,7 @@ def _cold(meta, cold: bool):
 
 
 def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, workers, progress,
-                   interval_s=SAMPLE_INTERVAL_S):
+                   interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None):
     """Time ``epochs`` epochs of the stream; returns (figures + orders + yielded labels, Timeline)."""
     import h5stream
     import h5stream.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
@@ -229,7 +195,7 @@ def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, wor
         rss_before = peak_rss_bytes()
         t0 = time.monotonic()
         stream = h5stream.open(meta.path, batch_size=batch_size, memory_budget=budget, shuffle=True, seed=seed,
-                               augment=augment, workers=workers)
+                               augment=augment, workers=workers, rows_per_fill=rows_per_fill)
         open_s = time.monotonic() - t0
         stack.callback(stream.close)
         bar.reset(total=epochs * stream.meta.rows)
@@ -338,8 +304,8 @@ def measure_sequential(meta, *, cold, progress) -> dict:
             bar.update(m)
         seconds = time.monotonic() - t0
     bar.close()
-    return {"sequential_samples_per_s": meta.rows / seconds, "sequential_mb_per_s": meta.rows * meta.row_bytes / seconds / 1e6,
-            "sequential_slice_rows": slice_rows}
+    return {"sequential_samples_per_s": meta.rows / seconds,
+            "sequential_mb_per_s": meta.rows * meta.row_bytes / seconds / 1e6, "sequential_slice_rows": slice_rows}
 
 
 def measure_single_chunk(meta, batch_size, *, seed, cold, progress) -> dict:
@@ -407,12 +373,20 @@ def _mib(n) -> str:
     return "n/a" if n is None else f"{n / (1 << 20):.1f} MiB"
 
 
+def _cache_words(r: dict) -> str:
+    from h5stream.remote.config import is_url
+
+    if is_url(r["file"]):
+        return "remote store"
+    return f"{'cold' if r['cold'] else 'warm'} page cache"
+
+
 def format_table(r: dict) -> str:
     """The human-readable report of :func:`run_bench`'s result."""
     h, w, c = r["image_shape"]
     head = (f"h5stream bench {r['file']}: {r['rows']} rows of {h}x{w}x{c} ({r['file_bytes'] / 1e9:.2f} GB, "
             f"{r['storage_order']}), batch {r['batch_size']}, budget {_mib(r['memory_budget_bytes'])}, "
-            f"{'cold' if r['cold'] else 'warm'} page cache, workers {r['workers']}"
+            f"{_cache_words(r)}, workers {r['workers']}"
             + (f", augment {r['augment']}" if r["augment"] else ""))
     compare = r["compare_samples_per_s"]
     mb = r["row_bytes"] / 1e6
@@ -429,9 +403,10 @@ def format_table(r: dict) -> str:
     b = r.get("baselines") or {}
     if b:
         rows += [
-            ("h5py sequential read_direct", b["sequential_samples_per_s"], b["sequential_mb_per_s"], "ceiling, no shuffle"),
-            ("single contiguous chunk shuffle", b["single_chunk_shuffle_samples_per_s"], b["single_chunk_shuffle_mb_per_s"],
-             f"{b['single_chunk_rows']} rows per chunk"),
+            ("h5py sequential read_direct", b["sequential_samples_per_s"], b["sequential_mb_per_s"],
+             "ceiling, no shuffle"),
+            ("single contiguous chunk shuffle", b["single_chunk_shuffle_samples_per_s"],
+             b["single_chunk_shuffle_mb_per_s"], f"{b['single_chunk_rows']} rows per chunk"),
             ("h5py one row per call, random", b["random_row_samples_per_s"], b["random_row_mb_per_s"],
              (f"extrapolated from {b['random_row_rows_measured']} rows in {b['random_row_seconds_measured']:.1f} s; "
               f"epoch ~{b['random_row_epoch_s_estimated']:.0f} s") if b["random_row_extrapolated"] else "whole file"),
@@ -441,15 +416,17 @@ def format_table(r: dict) -> str:
         ratio = "" if name.startswith("h5stream stream") else f"{compare / rate:.2f}x"
         lines.append(f"  {name:<36}{rate:>11,.0f}{mbs:>9,.0f}{ratio:>11}  {note}")
     if b:
-        lines.append(f"  stream is = the stream's rate over {r['compare_basis']} / the pass's rate (like for like: each "
-                     "baseline times one pass over a file it has opened)")
+        lines.append(f"  stream is = the stream's rate over {r['compare_basis']} / the pass's rate "
+                     "(like for like: each baseline times one pass over a file it has opened)")
     s = r["shuffle"]
     budget_ok = "within budget" if r["within_budget"] else "OVER BUDGET"
     lines += [
         "",
         f"  memory   peak - baseline {_mib(r['peak_mem_bytes'])} of {_mib(r['memory_budget_bytes'])} ({budget_ok}); "
-        f"sum of PSS over the process tree, {r['mem_samples']} samples; RSS high-water delta {_mib(r['peak_rss_delta_bytes'])}",
-        f"  shuffle  batch label TVD: stream {s['batch_label_tvd']:.3f}, full random {s['batch_label_tvd_full_random']:.3f} "
+        f"sum of PSS over the process tree, {r['mem_samples']} samples; "
+        f"RSS high-water delta {_mib(r['peak_rss_delta_bytes'])}",
+        f"  shuffle  batch label TVD: stream {s['batch_label_tvd']:.3f}, "
+        f"full random {s['batch_label_tvd_full_random']:.3f} "
         f"(expected {s['batch_label_tvd_expected_random']:.3f}), single chunk {s['batch_label_tvd_single_chunk']:.3f}, "
         f"file order {s['batch_label_tvd_file_order']:.3f}; stream/random {s['tvd_ratio_to_random']:.2f}x",
         f"           epoch-to-epoch Kendall tau: stream {s['epoch_order_tau']:+.4f} "
@@ -461,7 +438,8 @@ def format_table(r: dict) -> str:
     plan = r.get("plan") or {}
     if plan:
         lines.append(f"  plan     {plan.get('n_buffers')} x {plan.get('rows_per_fill')} rows shuffle buffer "
-                     f"({plan.get('blocks_per_fill')} blocks of {plan.get('block_rows')}), queue {plan.get('queue_depth')} batches")
+                     f"({plan.get('blocks_per_fill')} blocks of {plan.get('block_rows')}), "
+                     f"queue {plan.get('queue_depth')} batches")
     return "\n".join(lines)
 
 
@@ -531,46 +509,3 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
     fig.tight_layout()
     fig.savefig(out_path)
     plt.close(fig)
-
-
-# -- shuffle report (used by `h5stream info --shuffle-report`) --------------------------
-def file_shuffle_report(path, *, memory_budget=DEFAULT_BUDGET, batch_size=32, seed=0, workers=0,
-                        rows_per_fill=None) -> dict:
-    """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels.
-
-    ``workers`` plans as a stream with that many augmenting workers (uint8 output) would: their memory comes out
-    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window as ``h5stream.open`` does.
-    """
-    from h5stream.order import quality
-    from h5stream.read.plan import parse_bytes
-    from h5stream.store.meta import read_meta
-    from h5stream.stream import layout_function, stream_plan
-
-    meta = read_meta(path)
-    plan = stream_plan(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
-    layout = layout_function(meta.rows, plan, seed)
-    labels = read_labels(meta)
-    check_class_labels(meta, labels)
-    qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
-    report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
-    report["plan"] = plan.as_dict()
-    report["plan_text"] = plan.describe()
-    report["memory_budget_bytes"] = plan.budget_bytes
-    report["seed"] = seed
-    report["workers"] = int(workers)
-    report["label_bins"] = "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
-    return report
-
-
-def format_shuffle_report(r: dict) -> list[str]:
-    """Text lines of :func:`file_shuffle_report` for ``h5stream info``."""
-    return [
-        f"plan            {r['plan_text']}",
-        f"batch label TVD {r['batch_label_tvd']:.3f} with this budget (batch {r['batch_size']}, {r['label_bins']}); "
-        f"full random {r['batch_label_tvd_full_random']:.3f} (expected {r['batch_label_tvd_expected_random']:.3f}); "
-        f"ratio {r['tvd_ratio_to_random']:.2f}x",
-        f"                single contiguous chunk of {r['single_chunk_rows']} rows {r['batch_label_tvd_single_chunk']:.3f}; "
-        f"file order {r['batch_label_tvd_file_order']:.3f}  (0 = every batch has the file's label mix)",
-        f"epoch tau       {r['epoch_order_tau']:+.4f} between epochs {r['epochs'][0]} and {r['epochs'][1]} "
-        "(1 = same order, 0 = independent)",
-    ]

@@ -50,6 +50,7 @@ def describe(path: str) -> dict:
     """The store's description: the keys of ``info --json`` (see README FORMAT)."""
     from h5stream.store import schema
     from h5stream.store.access import read_consistent
+    from h5stream.remote.config import is_url
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
@@ -60,7 +61,7 @@ def describe(path: str) -> dict:
         classes = dict(zip(meta.class_names, counts))
     report = schema.skipped_report_path(path)
     return {
-        "path": os.path.abspath(path),
+        "path": path if is_url(path) else os.path.abspath(path),
         "rows": meta.rows,
         "image_shape": list(meta.image_shape),
         "dtype": "uint8",
@@ -98,13 +99,15 @@ def format_text(info: dict) -> str:
         for index, (name, count) in enumerate(info["classes"].items()):
             lines.append(f"    {index:>4}  {name:<{width}}  {count}")
     order = info["order"] + (f" (seed {info['order_seed']})" if info["order"] == "shuffled" else "")
+    chunk = tuple(info["chunk_shape"]) if info["chunk_shape"] else "none"
+    report = info["skipped_report"]
     lines += [
-        f"  block rows      {info['block_rows']} (chunk {tuple(info['chunk_shape']) if info['chunk_shape'] else 'none'})",
+        f"  block rows      {info['block_rows']} (chunk {chunk})",
         f"  compression     {info['compression'] or 'none'}"
         + (" (plain h5py needs `pip install hdf5plugin` to read pixels)" if info["compression"] == "blosc" else ""),
         f"  storage order   {order}",
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
-        f"  skipped files   {info['skipped_files']}" + (f" (see {info['skipped_report']})" if info["skipped_report"] else ""),
+        f"  skipped files   {info['skipped_files']}" + (f" (see {report})" if report else ""),
         "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
                                  else "none (re-ingest to add them)"),
     ]
@@ -114,19 +117,7 @@ def format_text(info: dict) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="OUT.h5", help="store written by `h5stream ingest`")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    # Later flags that add a section (e.g. --shuffle-report) are declared here.
-    parser.add_argument("--shuffle-report", action="store_true",
-                        help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
-    parser.add_argument("--memory-budget", default="256MiB", help="budget for --shuffle-report (default 256MiB)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size for --shuffle-report (default 32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --shuffle-report (default 0)")
-    parser.add_argument("--workers", type=int, default=0,
-                        help="--shuffle-report plans as a stream with this many augmenting workers (default 0)")
-    parser.add_argument("--rows-per-fill", type=int, default=None,
-                        help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
+
 
 
 def run(args) -> int:
@@ -134,7 +125,7 @@ def run(args) -> int:
     # Later flags add their results here: info[<key>] = {...} for --json, and
     # info.setdefault("sections", {})[<title>] = [lines] for the text view.
     if args.shuffle_report:
-        from h5stream.commands.bench import file_shuffle_report, format_shuffle_report
+        from h5stream.commands._common import file_shuffle_report, format_shuffle_report
 
         if args.workers < 0:
             raise ConfigError(f"--workers must be >= 0, got {args.workers}")

@@ -28,33 +28,7 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("src", metavar="SRC", help="folder with one subfolder per class, or any folder plus --labels")
-    parser.add_argument("out", metavar="OUT.h5", help="store to create (or extend with --append)")
-    parser.add_argument("--labels", metavar="FILE.csv",
-                        help="CSV with a 'path' or 'filename' column (relative to SRC) and numeric label columns")
-    parser.add_argument("--label-columns", metavar="A,B",
-                        help="label columns to use from --labels (default: every column but path/filename)")
-    parser.add_argument("--size", metavar="N|HxW", help="output size: N (square) or HxW (default 128); with --append, size, resize, channels, "
-                        "order and seed default to the store's and must match it if given")
-    parser.add_argument("--resize", choices=("stretch", "crop", "pad"),
-                        help="stretch ignores aspect (default); crop keeps the centre; pad fits on white")
-    parser.add_argument("--channels", type=int, choices=(3, 1), help="3 = RGB (default), 1 = grayscale")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="decode processes (default: all cores; 0 = in-process; at most two per core)")
-    parser.add_argument("--order", choices=("shuffled", "sorted"),
-                        help="row order in the file: seeded random (default) or walk order")
-    parser.add_argument("--seed", type=int, metavar="S", help="seed of the shuffled storage order (default 0)")
-    parser.add_argument("--block-rows", type=int, metavar="N",
-                        help="HDF5 chunk length in rows (default: largest power of two with a chunk <= 4 MiB)")
-    parser.add_argument("--compression", choices=("none", "zlib", "blosc"), default="none",
-                        help="chunk filter of a new file: none (default); zlib (plain h5py reads it); "
-                        "blosc (faster, but h5py needs the hdf5plugin package)")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--append", action="store_true",
-                      help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")
-    mode.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--strict", action="store_true", help="fail (exit 1) on the first file that would be skipped")
+
 
 
 def _mib(n: int) -> str:
@@ -84,7 +58,8 @@ def run(args) -> int:
     if args.label_columns is not None:
         columns = tuple(c.strip() for c in args.label_columns.split(",") if c.strip())
         if not columns:
-            raise ConfigError("--label-columns is empty; name one or more CSV columns, e.g. --label-columns steer,throttle")
+            raise ConfigError("--label-columns is empty; name one or more CSV columns, "
+                              "e.g. --label-columns steer,throttle")
     workers = default_workers() if args.workers is None else args.workers
     if workers > max_workers():
         print(f"h5stream: --workers {workers} is more than this machine can use; decoding with {max_workers()} "

@@ -7,8 +7,8 @@ same file, seed and augmentation give the same PNG.
 
 Grid geometry (what the tests check): every tile is the image scaled by an
 integer ``scale`` (the smallest that makes it at least ``MIN_TILE_PX`` wide,
-unless ``--scale`` is given) under a ``TITLE_PX`` title strip, with ``PAD_PX``
-between and around tiles::
+unless ``--scale`` is given; see :mod:`h5stream.commands.arguments`) under a
+``TITLE_PX`` title strip, with ``PAD_PX`` between and around tiles::
 
     width  = cols * W * scale + (cols + 1) * PAD_PX
     height = rows * (H * scale + TITLE_PX) + (rows + 1) * PAD_PX
@@ -16,65 +16,16 @@ between and around tiles::
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-MIN_TILE_PX = 96
+from h5stream.commands._common import augment_from_arg
+from h5stream.commands.arguments import MIN_TILE_PX, PREVIEW_BUDGET
+
 TITLE_PX = 14
 PAD_PX = 4
 BACKGROUND = (255, 255, 255)
-PREVIEW_BUDGET = "64MiB"
-
-STANDARD_AUGMENT = {
-    "rotation_range": 45,
-    "width_shift_range": 0.1,
-    "height_shift_range": 0.1,
-    "zoom_range": [0.8, 1.0],
-    "channel_shift_range": 20.0,
-    "horizontal_flip": True,
-    "fill_mode": "nearest",
-}
-"""The ``standard`` preset: the multiprocess ImageDataGenerator article's parameters (issue 4)."""
-
-
-def augment_from_arg(text: str | None):
-    """``None`` -> no augmentation; ``"standard"`` -> :data:`STANDARD_AUGMENT`; else JSON of ``h5stream.Augment`` kwargs."""
-    if text is None or text == "":
-        return None
-    from h5stream.errors import ConfigError
-
-    if text == "standard":
-        kwargs = dict(STANDARD_AUGMENT)
-    else:
-        try:
-            kwargs = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"--augment {text!r}: not 'standard' nor JSON ({exc.msg}); e.g. --augment '{{\"horizontal_flip\": true}}'"
-            ) from None
-        if not isinstance(kwargs, dict):
-            raise ConfigError(f"--augment {text!r}: JSON must be an object of Augment arguments, e.g. '{{\"rotation_range\": 20}}'")
-    try:
-        from h5stream.augment import Augment
-    except ImportError:
-        raise ConfigError("--augment: this h5stream has no augmentation module (h5stream.augment.Augment)") from None
-    try:
-        return Augment(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"--augment: {exc}; see help(h5stream.Augment) for the arguments") from None
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
-    parser.add_argument("--out", required=True, metavar="PNG", help="where to write the grid")
-    parser.add_argument("--augment", default=None, metavar="standard|JSON", help="augment as the stream would (preset or Augment kwargs)")
-    parser.add_argument("--rows", type=int, default=6, help="grid rows (default 6)")
-    parser.add_argument("--cols", type=int, default=6, help="grid columns (default 6)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
-    parser.add_argument("--scale", type=int, default=None, help=f"integer zoom per tile (default: tiles >= {MIN_TILE_PX} px wide)")
-    parser.add_argument("--memory-budget", default=PREVIEW_BUDGET, help=f"stream memory budget (default {PREVIEW_BUDGET})")
 
 
 def run(args) -> int:

@@ -20,8 +20,7 @@ def _rows(a: int, b: int) -> str:
     return f"row {a}" if b - a == 1 else f"rows {a}-{b - 1}"
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+
 
 
 def run(args) -> int:

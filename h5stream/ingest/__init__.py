@@ -1,4 +1,5 @@
-"""Ingest: discover (folders or CSV -> items), decode (Pillow + OpenCV -> resized uint8), pack (parallel, resumable writer).
+"""Ingest: discover (folders or CSV -> items), decode (Pillow + OpenCV -> resized uint8), pack (parallel,
+resumable writer).
 
 Names load on first use, so a decode worker that imports :mod:`h5stream.ingest.decode`
 pulls in numpy, Pillow and OpenCV only.

@@ -9,8 +9,8 @@ with a one-line reason; it never returns a partial image.  Steps:
    result still covers the target (for all resize modes), which is most of
    the speed-up over decoding at full size.  A whole 8-bit RGB or grayscale
    JPEG is then decoded by OpenCV's ``imdecode`` at that same scale (the same
-   libjpeg-turbo work, the same pixels, ~100 us less per 500x375 photo than
-   Pillow's load, which feeds the decoder in blocks and stores RGB as RGBX);
+   libjpeg-turbo work, the same pixels, less CPU than Pillow's load, which
+   feeds the decoder in blocks and stores RGB as RGBX);
    everything else, and any JPEG that does not end in its EOI marker (it may
    be truncated), goes through Pillow, which says what is wrong with it.
 3. EXIF orientation is applied (the target box is rotated first so draft
@@ -32,9 +32,8 @@ with a one-line reason; it never returns a partial image.  Steps:
    ``target_size``), ``crop`` scales to cover and takes the centre, ``pad``
    scales to fit and centres it on ``background``.  What is left to shrink
    after ``draft()`` is under 2x for JPEGs; such steps (and enlarging) are
-   bilinear (OpenCV, ~50 us for 250x188 -> 128x128), which is also closer to a
-   full-resolution Lanczos reference than an area average here (35.1 vs
-   34.0 dB PSNR on the benchmark photos).  Shrinking by 2x or more (PNGs, huge
+   bilinear (OpenCV), which is also closer to a full-resolution Lanczos
+   reference than an area average here.  Shrinking by 2x or more (PNGs, huge
    JPEGs) averages areas (Pillow ``BOX`` after an integer ``reduce``) so
    nothing aliases.
 """
@@ -352,5 +351,6 @@ def decode_into_slot(root: str, relpaths: list[str], spec: DecodeSpec, slot: int
     :func:`init_worker`); only the skip reasons travel back through the pipe, never pixels."""
     out = _results.array[slot]
     if len(relpaths) > out.shape[0] or out.shape[1:] != spec.shape:
-        raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, the task has {len(relpaths)} of {spec.shape}")
+        raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, "
+                         f"the task has {len(relpaths)} of {spec.shape}")
     return decode_each(root, relpaths, spec, out)

@@ -74,7 +74,8 @@ def _check_root(root: str) -> None:
     if not os.path.exists(root):
         raise SourceError(f"{root}: no such folder; give the folder that holds your images")
     if not os.path.isdir(root):
-        raise SourceError(f"{root}: not a folder; give a folder with one subfolder per class, or a folder plus --labels CSV")
+        raise SourceError(f"{root}: not a folder; give a folder with one subfolder per class, "
+                          "or a folder plus --labels CSV")
 
 
 class _Walk:
@@ -178,7 +179,8 @@ def _parse_float(text: str, where: str, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise SourceError(f"{where}: column {column!r} holds {text!r}, not a number; label columns must be numeric") from None
+        raise SourceError(f"{where}: column {column!r} holds {text!r}, not a number; "
+                          "label columns must be numeric") from None
     if not math.isfinite(value):
         raise SourceError(f"{where}: column {column!r} holds {text!r}; labels must be finite numbers")
     with np.errstate(over="ignore"):
@@ -190,7 +192,8 @@ def _parse_float(text: str, where: str, column: str) -> float:
     return value
 
 
-def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike, label_columns: list[str] | None = None) -> Source:
+def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
+                 label_columns: list[str] | None = None) -> Source:
     """CSV mode: a ``path`` or ``filename`` column relative to ``root`` plus numeric label columns.
 
     ``label_columns`` picks the columns (default: every other column).  One
@@ -212,7 +215,8 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike, label_col
     header = [h.strip() for h in rows[0]]
     path_col = next((c for c in PATH_COLUMNS if c in header), None)
     if path_col is None:
-        raise SourceError(f"{csv_path}: no 'path' or 'filename' column in header {header}; add one naming each image relative to {root}")
+        raise SourceError(f"{csv_path}: no 'path' or 'filename' column in header {header}; "
+                          f"add one naming each image relative to {root}")
     if label_columns is None:
         label_columns = [c for c in header if c not in PATH_COLUMNS and c]
         if not label_columns:

@@ -33,7 +33,6 @@ an uninterrupted run writes.
 
 from __future__ import annotations
 
-import csv
 import errno
 import os
 import sys
@@ -45,7 +44,8 @@ import numpy as np
 from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreWriteError
 from h5stream.ingest.decode import DecodeSpec
 from h5stream.ingest.discover import UNREADABLE, Item, Source, discover
-from h5stream.ingest.pool import MAX_FILES_PER_TASK, MIN_SLOT_ROWS, DecodePool, decode_layout, decode_slots  # noqa: F401
+from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
+from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report
 from h5stream.store import schema
 from h5stream.store.lock import StoreLock
 
@@ -80,6 +80,20 @@ class IngestOptions:
     strict: bool = False
     commit_rows: int = COMMIT_ROWS
     progress: bool | None = None  # None: a bar only when stderr is a terminal
+
+
+@dataclass(frozen=True)
+class IngestTarget:
+    """What one run writes, resolved from the options and, on ``--append``, from the store: the decoding, the
+    storage order and its seed, the class list (new classes appended), the relative paths already stored, and the
+    rows the store holds before the run."""
+
+    spec: DecodeSpec
+    order: str
+    seed: int
+    class_names: tuple[str, ...] | None
+    stored: frozenset[str]
+    start_rows: int
 
 
 @dataclass(frozen=True)
@@ -228,22 +242,22 @@ def _check_options(opts: IngestOptions) -> None:
         raise ConfigError(f"{out}: folder {parent} does not exist; create it first")
 
 
-def _resolve_new(opts: IngestOptions, source: Source) -> dict:
+def _resolve_new(opts: IngestOptions, source: Source) -> IngestTarget:
     out = opts.out
     if os.path.exists(out) and not opts.overwrite:
         raise StoreExistsError(f"{out}: already exists; pass --append to add to it or --overwrite to replace it")
     size = opts.size or (128, 128)
-    return dict(
+    return IngestTarget(
         spec=DecodeSpec(size=size, resize=opts.resize or "stretch", channels=opts.channels or 3),
         order=opts.order or "shuffled",
         seed=0 if opts.seed is None else opts.seed,
-        class_names=list(source.class_names) if source.class_names is not None else None,
-        stored=set(),
+        class_names=tuple(source.class_names) if source.class_names is not None else None,
+        stored=frozenset(),
         start_rows=0,
     )
 
 
-def _resolve_append(opts: IngestOptions, source: Source) -> dict:
+def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
     import h5py
 
     from h5stream.store.meta import read_meta
@@ -252,7 +266,8 @@ def _resolve_append(opts: IngestOptions, source: Source) -> dict:
     out = opts.out
 
     def mismatch(what, theirs, ours, flag):
-        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; drop {flag} or ingest into a new file")
+        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; "
+                          f"drop {flag} or ingest into a new file")
 
     h, w, c = meta.image_shape
     if opts.size is not None and tuple(opts.size) != (h, w):
@@ -286,12 +301,12 @@ def _resolve_append(opts: IngestOptions, source: Source) -> dict:
         for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
             stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
     background = schema_background(out)
-    return dict(
+    return IngestTarget(
         spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background),
         order=meta.storage_order,
         seed=max(meta.order_seed, 0),
-        class_names=class_names,
-        stored=stored,
+        class_names=tuple(class_names) if class_names is not None else None,
+        stored=frozenset(stored),
         start_rows=meta.rows,
     )
 
@@ -307,95 +322,6 @@ def schema_background(path: str) -> tuple[int, int, int]:
         return (255, 255, 255)
     raw = raw.decode() if isinstance(raw, bytes) else str(raw)
     return tuple(int(v) for v in json.loads(raw))
-
-
-#: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
-LEFT_OUT = "left out: "
-
-
-def _read_report(path: str) -> dict[str, str]:
-    """{path: reason} of an existing skip report."""
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
-            rows = list(csv.reader(fh))
-    except OSError as exc:
-        raise StoreWriteError(f"{path}: cannot read the skip report ({exc.strerror})", errno=exc.errno,
-                              strerror=exc.strerror) from exc
-    return {r[0]: (r[1] if len(r) > 1 else "") for r in rows[1:] if r}
-
-
-class _Report:
-    """The skip report CSV (``path,reason``), opened on the first new entry; one row per path over all runs.
-
-    :meth:`flush` makes the rows added so far durable; :meth:`discard` drops the ones added since, so a run
-    that fails leaves no half-written line.  Paths are written as :func:`h5stream.store.schema.encode_path`
-    stores them (a name that is not valid UTF-8 keeps its bytes).  Write failures raise StoreWriteError.
-    """
-
-    def __init__(self, path: str, reported: dict[str, str]):
-        self.path = path
-        self.paths = set(reported)
-        self.skipped = sum(not why.startswith(LEFT_OUT) for why in reported.values())  # the skipped_files count
-        self._fh = None
-        self._csv = None
-        self._good_size = 0  # bytes of the report that were durable at the last flush
-        self._created = False
-
-    def _failed(self, exc: OSError) -> StoreWriteError:
-        return StoreWriteError(f"{self.path}: cannot write the skip report ({exc.strerror or exc})",
-                               errno=exc.errno, strerror=exc.strerror)
-
-    def add(self, rel: str, why: str) -> None:
-        if rel in self.paths:
-            return
-        try:
-            if self._fh is None:
-                self._created = not os.path.exists(self.path)
-                self._fh = open(self.path, "a", newline="", encoding="utf-8", errors="surrogateescape")
-                self._good_size = self._fh.tell()
-                self._csv = csv.writer(self._fh)
-                if self._good_size == 0:
-                    self._csv.writerow(["path", "reason"])
-            self._csv.writerow([rel, why])
-        except OSError as exc:
-            raise self._failed(exc) from exc
-        self.paths.add(rel)
-        self.skipped += not why.startswith(LEFT_OUT)
-
-    def flush(self) -> None:
-        if self._fh is not None:
-            try:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-            except OSError as exc:
-                raise self._failed(exc) from exc
-            self._good_size = self._fh.tell()
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self.flush()
-            self._fh.close()
-            self._fh = None
-
-    def discard(self) -> None:
-        """Close, cutting the file back to its last flush (removing it if this run created it and nothing
-        of it was flushed)."""
-        if self._fh is None:
-            return
-        fh, self._fh = self._fh, None
-        try:
-            fh.close()  # may fail to write its buffer: what it did write is cut off below
-        except OSError:
-            pass
-        try:
-            if self._created and self._good_size == 0:
-                os.unlink(self.path)
-            elif os.path.getsize(self.path) > self._good_size:
-                os.truncate(self.path, self._good_size)
-        except OSError:
-            pass
 
 
 def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
@@ -417,38 +343,38 @@ def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
 # -- the job ------------------------------------------------------------------------
 
 
-def _open_writer(opts: IngestOptions, source: Source, plan: dict, appending: bool, n_pending: int,
+def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appending: bool, n_pending: int,
                  lock: StoreLock):
     """The store to write: opened for append (class list extended) or created.  Returns (writer, start rows)."""
     from h5stream.store.writer import StoreWriter
 
-    spec: DecodeSpec = plan["spec"]
+    spec = target.spec
     if appending:
         writer = StoreWriter.open_append(opts.out, lock=lock)
-        if source.label_kind == schema.LABEL_CLASS and len(plan["class_names"]) != len(writer.meta["class_names"] or ()):
+        if source.label_kind == schema.LABEL_CLASS and len(target.class_names) != len(writer.meta["class_names"] or ()):
             import json
 
-            writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(plan["class_names"]))
+            writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(list(target.class_names)))
             writer.commit()
     else:
         label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
             len(source.label_columns),)
         writer = StoreWriter.create(
             opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,
-            class_names=plan["class_names"], label_columns=source.label_columns, block_rows=opts.block_rows,
-            resize_mode=spec.resize, background=spec.background, storage_order=plan["order"],
-            order_seed=plan["seed"], compression=opts.compression, overwrite=opts.overwrite,
+            class_names=target.class_names, label_columns=source.label_columns, block_rows=opts.block_rows,
+            resize_mode=spec.resize, background=spec.background, storage_order=target.order,
+            order_seed=target.seed, compression=opts.compression, overwrite=opts.overwrite,
             expected_rows=max(1, n_pending), lock=lock,
         )
     return writer, writer.committed_rows
 
 
-def _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, report) -> int:
+def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, report) -> int:
     """Decode ``pending`` through ``pool`` and append in order; returns the rows written.  ``rejected`` and
     ``left_out`` entries go to the report (``--strict`` stops on a rejected file or an unreadable folder)."""
     from tqdm import tqdm
 
-    class_index = {n: i for i, n in enumerate(plan["class_names"] or ())}
+    class_index = {n: i for i, n in enumerate(target.class_names or ())}
     block_rows = int(writer.meta["block_rows"])
     label_tail = tuple(writer.labels.shape[1:])
 
@@ -479,7 +405,7 @@ def _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, re
     bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
                disable=None if opts.progress is None else not opts.progress)
     try:
-        for chunk_no, (images, reasons) in enumerate(pool.imap(source.root, chunks, plan["spec"])):
+        for chunk_no, (images, reasons) in enumerate(pool.imap(source.root, chunks, target.spec)):
             items = pending[starts[chunk_no]:starts[chunk_no + 1]]
             kept = []
             for item, why in zip(items, reasons):
@@ -528,26 +454,26 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
     workers = min(opts.workers, max_workers())
     source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None)
     appending = opts.append and os.path.exists(opts.out)
-    plan = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
+    target = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
 
     report_path = schema.skipped_report_path(opts.out)
-    reported = _read_report(report_path) if appending else {}
-    rejected = [(rel, why) for rel, why in source.rejected if rel not in plan["stored"]]
-    left_out = [entry for entry in source.left_out if entry[0] not in plan["stored"]]
+    reported = read_report(report_path) if appending else {}
+    rejected = [(rel, why) for rel, why in source.rejected if rel not in target.stored]
+    left_out = [entry for entry in source.left_out if entry[0] not in target.stored]
     if opts.strict:
         failing = rejected + [(rel, why) for rel, kind, why in left_out if kind == UNREADABLE]
         if failing:
             rel, why = failing[0]
             raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
 
-    order = storage_permutation(len(source.items), plan["order"], plan["seed"])
-    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in plan["stored"]]
+    order = storage_permutation(len(source.items), target.order, target.seed)
+    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in target.stored]
     already = len(source.items) - len(pending)
 
-    pool = DecodePool(workers, plan["spec"].shape)
+    pool = DecodePool(workers, target.spec.shape)
     try:
         pool.start()  # workers boot while the store is created
-        writer, start_rows = _open_writer(opts, source, plan, appending, len(pending), lock)
+        writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
         if not appending and os.path.exists(report_path):
             try:
                 os.unlink(report_path)  # a report from an older file of this name no longer applies
@@ -555,9 +481,9 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
                 writer.discard()
                 raise StoreWriteError(f"{report_path}: cannot remove the old skip report ({exc.strerror})",
                                       errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
-        report = _Report(report_path, reported)
+        report = SkipReport(report_path, reported)
         try:
-            ingested = _write_all(opts, source, plan, pending, rejected, left_out, pool, writer, report)
+            ingested = _write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
             report.close()
             writer.close()
         except StoreWriteError as exc:

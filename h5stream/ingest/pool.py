@@ -4,9 +4,8 @@
 :func:`h5stream._spawn.spawn_workers`), each with one duplex pipe.  A task is
 ``(seq, root, relpaths, spec, slot)``: the worker decodes the files straight
 into result slot ``slot`` (one shared-memory segment the pool owns) and answers
-``("done", seq, reasons)``; pixels are never pickled or piped (that cost ~110 us
-of CPU per 128x128 image across both processes, measured, about a tenth of the
-decode).  Tasks go to the worker with the fewest in flight, at most one per
+``("done", seq, reasons)``; pixels are never pickled or piped (a copy through
+each process that would cost CPU next to the decode).  Tasks go to the worker with the fewest in flight, at most one per
 free result slot but one, and results come back in submission order.
 
 Nothing here uses a ``multiprocessing`` queue or lock, so a process group
@@ -25,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from h5stream._spawn import spawn_workers, worker_signals
+from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream.errors import BudgetError, WorkerError
 
 #: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.pack.task_sizes`).
@@ -95,13 +94,7 @@ def _stop(state: _State, timeout_s: float) -> None:
             conn.send(None)
         except (OSError, ValueError):
             pass  # dead, or its pipe already closed
-    if state.procs:
-        multiprocessing.connection.wait([p.sentinel for p in state.procs], timeout=timeout_s)
-    for proc in state.procs:
-        proc.join(0)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(5.0)
+    reap_workers(state.procs, timeout_s)
     for conn in state.conns:
         conn.close()
     state.procs, state.conns = [], []

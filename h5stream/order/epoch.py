@@ -108,7 +108,8 @@ def shard_segments(rows: int, block_rows: int, seed: int, epoch: int, shard=(0, 
         first = seg[:, 0] // unit
         last = (seg[:, 1] - 1) // unit
         counts = last - first + 1
-        unit_index = np.repeat(first, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        unit_index = np.repeat(first, counts) + within
         starts = np.maximum(unit_index * unit, np.repeat(seg[:, 0], counts))
         stops = np.minimum((unit_index + 1) * unit, np.repeat(seg[:, 1], counts))
         seg = np.stack([starts, stops], axis=1)

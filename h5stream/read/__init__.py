@@ -1,5 +1,5 @@
-"""Reading: memory budget -> plan (pure), and the reader thread with its bounded queue."""
+"""Reading: byte sizes and read units (pure), and the reader thread with its bounded queue."""
 
-from h5stream.read.plan import ReadPlan, format_bytes, parse_bytes, plan_read
+from h5stream.read.plan import format_bytes, parse_bytes
 
-__all__ = ["ReadPlan", "format_bytes", "parse_bytes", "plan_read"]
+__all__ = ["format_bytes", "parse_bytes"]

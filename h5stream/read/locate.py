@@ -9,7 +9,6 @@ reading them stays right while another process appends to the file.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import h5py
@@ -36,7 +35,7 @@ class Locations(NamedTuple):
 
 def locate(meta: StoreMeta, cache_labels: bool) -> Locations:
     """The store's :class:`Locations` (and every label when ``cache_labels``), read consistently."""
-    return read_consistent(meta.path, lambda f: _locations(f, meta, cache_labels), rdcc_nbytes=0)
+    return read_consistent(meta.path, lambda f: _locations(f, meta, cache_labels), rdcc_nbytes=0, remote=meta.remote)
 
 
 def direct_reads(path: str, meta: StoreMeta) -> bool:
@@ -44,7 +43,7 @@ def direct_reads(path: str, meta: StoreMeta) -> bool:
     def readable(f: h5py.File) -> bool:
         return chunk_offsets(f[schema.IMAGES], meta.rows, meta.block_rows, path) is not None
 
-    return read_consistent(path, readable, rdcc_nbytes=0)
+    return read_consistent(path, readable, rdcc_nbytes=0, remote=meta.remote)
 
 
 def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool) -> Locations:
@@ -91,7 +90,7 @@ def chunk_offsets(data: h5py.Dataset, rows: int, chunk_rows: int, path: str) -> 
         row_bytes = int(np.prod(data.shape[1:], dtype=np.int64)) * data.dtype.itemsize
         rows_in_chunk = np.minimum(chunk_rows, rows - np.arange(n_chunks, dtype=np.int64) * chunk_rows)
         end = int((offsets + rows_in_chunk * row_bytes).max())
-        size = os.path.getsize(path)
+        size = int(data.file.id.get_filesize())  # as the driver sees it: a local file or a remote object
         if end > size:
             raise StoreFormatError(f"{path}: a chunk of /{data.name.lstrip('/')} ends at byte {end}, "
                                    f"past the end of the file ({size} bytes)")

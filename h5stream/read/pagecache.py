@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from h5stream._io import preadv_all  # noqa: F401 - re-exported: the reader reads through it
+
 _libc = None
 
 
@@ -145,20 +147,3 @@ class Residency:
             del self._buf
             self._mm.close()
             self._mm = None
-
-
-def preadv_all(fd: int, views: list, offset: int, path: str) -> None:
-    """``preadv`` from ``offset`` until every view is full (short reads are legal); end of file first is an error."""
-    while views:
-        got = os.preadv(fd, views, offset)
-        if got == 0:
-            raise OSError(f"{path}: unexpected end of file at byte {offset} (file truncated?)")
-        offset += got
-        rest = []
-        for v in views:
-            if got >= len(v):
-                got -= len(v)
-            else:
-                rest.append(v[got:] if got else v)
-                got = 0
-        views = rest

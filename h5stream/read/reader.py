@@ -53,7 +53,7 @@ from h5stream.errors import ReaderError, StoreBusyError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
-from h5stream.read.source import ByteSource, open_local
+from h5stream.read.source import ByteSource, open_source
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
@@ -216,7 +216,7 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
-        self._open_source = source or (lambda: open_local(meta.path, direct_io))
+        self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
         self._stats_lock = threading.Lock()
         # Set by the reader thread when it opens the store:

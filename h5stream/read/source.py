@@ -6,7 +6,7 @@ those reads; the reader keeps ``max_in_flight`` of them in flight.  Optional
 extras, looked up with ``getattr``: ``cached(offset, length)`` (page-cache
 residency) and ``advise_willneed(offset, length)`` (read-ahead advice).
 
-Two local sources:
+Three sources; :func:`open_source` picks one:
 
 * :class:`LocalFile` reads with ``preadv`` through the page cache, which
   keeps what it reads for the next epoch.
@@ -18,9 +18,12 @@ Two local sources:
   length and the memory address aligned to the device's block, and a store's
   chunks start anywhere, so each read takes the aligned span around the
   wanted bytes into a page-aligned bounce buffer and copies them out.
+* :class:`h5stream.remote.source.RemoteSource` reads a URL (ranged
+  requests, several in flight).
 
-:func:`use_direct_io` decides between them (``direct_io="auto"``: the store
-is larger than the memory the page cache could use for it).
+:func:`use_direct_io` decides between the two local ones
+(``direct_io="auto"``: the store is larger than the memory the page cache
+could use for it).
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
+from h5stream._io import preadv_all
 from h5stream.errors import ConfigError
-from h5stream.read.pagecache import Residency, preadv_all
+from h5stream.read.pagecache import Residency
 from h5stream.read.runs import aligned_span, inner_ends
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux: a read that fails instead of waiting for the disk
@@ -54,6 +58,12 @@ BOUNCE_BYTES = 1 << 20
 
 DIRECT_IO_SETTINGS = ("auto", True, False)
 
+DIRECT_IN_FLIGHT = 4
+"""Direct reads in flight: there is no kernel read-ahead to keep the device's queue filled."""
+
+DIRECT_IO_BYTES = DIRECT_IN_FLIGHT * BOUNCE_BYTES
+"""Memory a :class:`DirectFile` holds at most: a bounce buffer per read in flight."""
+
 
 class ByteSource(Protocol):
     """Random-access, read-only bytes of one store file.  Reads may be called from several threads at once."""
@@ -69,6 +79,19 @@ class ByteSource(Protocol):
 
     def close(self) -> None:
         """Idempotent."""
+
+
+def open_source(path: str, *, direct_io: bool = False, remote=None) -> ByteSource:
+    """The byte source for ``path``: for a URL a remote source with the ``remote`` options (see
+    :class:`h5stream.remote.RemoteOptions`); else :class:`DirectFile` when ``direct_io``, :class:`LocalFile`
+    when not."""
+    from h5stream.remote.config import is_url, remote_options
+
+    if is_url(path):
+        from h5stream.remote.source import RemoteSource
+
+        return RemoteSource(path, remote_options(remote))
+    return DirectFile(path) if direct_io else LocalFile(path)
 
 
 class LocalFile:
@@ -130,7 +153,7 @@ class DirectFile:
     under :data:`DIRECT_MIN_BYTES` go through the page cache.  ``readinto`` from any thread (each call
     takes a bounce buffer of its own).  Raises OSError where the file system refuses ``O_DIRECT``."""
 
-    max_in_flight = 4
+    max_in_flight = DIRECT_IN_FLIGHT
     direct = True
 
     def __init__(self, path: str):
@@ -312,11 +335,6 @@ def _cgroup_room() -> int | None:
         return max(0, int(limit) - anon)
     except (OSError, ValueError, StopIteration, IndexError):
         return None
-
-
-def open_local(path: str, direct_io: bool) -> LocalFile | DirectFile:
-    """The source for a local store: :class:`DirectFile` when ``direct_io``, else :class:`LocalFile`."""
-    return DirectFile(path) if direct_io else LocalFile(path)
 
 
 def _release(fd: int, residency: Residency) -> None:

@@ -20,6 +20,10 @@ readers read pixels and labels by byte offset after that (see
 :mod:`h5stream.read.reader`), so only compressed stores, whose chunks only
 HDF5 can decode, need the metadata while streaming.
 
+A URL (``s3://``, ``http(s)://``, see :mod:`h5stream.remote`) opens through
+:func:`h5stream.remote.fileobj.open_h5_remote` instead, with the ``remote``
+options; nobody writes a remote object in place, so its metadata is read once.
+
 Errors are h5stream's: :class:`StoreNotFoundError`,
 :class:`StorePermissionError`, :class:`StoreFormatError`,
 :class:`StoreBusyError`.  Every function here is safe to call from any thread.
@@ -36,7 +40,15 @@ from typing import TypeVar
 
 import h5py
 
-from h5stream.errors import StoreBusyError, StoreFormatError, StoreNotFoundError, StorePermissionError
+from h5stream.errors import (
+    RemoteError,
+    StoreBusyError,
+    StoreChangedError,
+    StoreFormatError,
+    StoreNotFoundError,
+    StorePermissionError,
+)
+from h5stream.remote.config import is_url
 
 T = TypeVar("T")
 
@@ -86,8 +98,11 @@ def has_hdf5_signature(raw: io.RawIOBase) -> bool:
 
 
 @contextlib.contextmanager
-def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, **h5py_kwargs):
+def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, remote=None, **h5py_kwargs):
     """An ``h5py.File`` on ``path``, read-only, taking no HDF5 file lock and sharing nothing with other handles.
+
+    A URL opens remotely (:func:`~h5stream.remote.fileobj.open_h5_remote`, with ``remote``: None, a
+    :class:`~h5stream.remote.RemoteOptions` or a dict of its fields); ``native_driver`` is then ignored.
 
     ``h5py_kwargs`` go to ``h5py.File`` (e.g. ``rdcc_nbytes=0``).  Closes the
     file and its descriptor on exit.  Raises :class:`StoreNotFoundError`,
@@ -100,11 +115,21 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, **
     which is what the benchmark baselines measure, "plain h5py"; such a handle
     does clash with another handle of this process opened with locking.
     """
+    if is_url(path):
+        from h5stream.remote.config import remote_options
+        from h5stream.remote.fileobj import open_h5_remote
+
+        with open_h5_remote(path, remote_options(remote), **h5py_kwargs) as f:
+            yield f
+        return
     path = os.fspath(path)
     raw = open_readable(path)
     try:
         try:
-            f = h5py.File(path, "r", locking=False, **h5py_kwargs) if native_driver else h5py.File(raw, "r", **h5py_kwargs)
+            if native_driver:
+                f = h5py.File(path, "r", locking=False, **h5py_kwargs)
+            else:
+                f = h5py.File(raw, "r", **h5py_kwargs)
         except OSError:
             if not has_hdf5_signature(raw):
                 raise StoreFormatError(
@@ -156,7 +181,7 @@ def busy_error(path: str, pids: list[int], what: str) -> StoreBusyError:
 
 
 def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, settle_s: float = SETTLE_S,
-                    **h5py_kwargs) -> T:
+                    remote=None, **h5py_kwargs) -> T:
     """``read(f)`` on a fresh read-only handle (:func:`open_h5_readonly`), tried again while the file settles.
 
     An HDF5 error (``OSError``, ``RuntimeError``, ``KeyError``), or an h5stream
@@ -176,7 +201,7 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
         try:
             with open_h5_readonly(path, **h5py_kwargs) as f:
                 return read(f)
-        except (StoreNotFoundError, StorePermissionError):
+        except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError):
             raise
         except (OSError, RuntimeError, KeyError, StoreFormatError) as exc:
             pids = writer_pids(path)
@@ -189,3 +214,13 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
         # Back off so a writer between two commits can finish flushing.
         time.sleep(delay_s)
         delay_s = min(0.1, delay_s * 2)
+
+
+def _read_remote(url: str, read: Callable[[h5py.File], T], remote, h5py_kwargs) -> T:
+    try:
+        with open_h5_readonly(url, remote=remote, **h5py_kwargs) as f:
+            return read(f)
+    except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError, StoreFormatError):
+        raise
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise StoreFormatError(f"{url}: cannot read as HDF5 ({exc}); the object is damaged or not a store") from exc

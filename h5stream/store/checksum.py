@@ -23,6 +23,7 @@ what ``h5stream verify`` runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -36,8 +37,7 @@ from h5stream.errors import StoreFormatError
 from h5stream.store import schema
 from h5stream.store.meta import read_meta
 
-# xxh3-64: the fastest of the well-kept hashes measured (xxhash, crc32c, google-crc32c, zlib.crc32), and it
-# releases the GIL.
+# xxh3-64: the fastest of the well-kept hashes (xxhash, crc32c, google-crc32c, zlib.crc32), and it releases the GIL.
 ALGORITHM = "xxh3_64"
 PARTS = ("images", "labels", "paths")
 """Column order of ``/checksums`` and keys of ``checksum_tail``."""
@@ -274,17 +274,18 @@ class _H5pyRows:
 
     errors = (OSError,)
 
-    def __init__(self, path: str):
-        import h5py
+    def __init__(self, path: str, remote=None):
+        from h5stream.store.access import open_h5_readonly
 
-        self._f = h5py.File(path, "r", locking=False, rdcc_nbytes=0)
+        self._stack = contextlib.ExitStack()
+        self._f = self._stack.enter_context(open_h5_readonly(path, native_driver=True, remote=remote, rdcc_nbytes=0))
         self._ds = {name: self._f[name] for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
 
     def read(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         self._ds[name].read_direct(out, np.s_[start:stop], np.s_[0:stop - start])
 
     def close(self) -> None:
-        self._f.close()
+        self._stack.close()
 
 
 class _TablesRows(_H5pyRows):
@@ -301,9 +302,12 @@ class _TablesRows(_H5pyRows):
     def read(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         self._ds[name].read(start, stop, out=out[:stop - start])
 
+    def close(self) -> None:
+        self._f.close()
+
 
 def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYTES,
-                 progress: Callable[[int, int], None] | None = None) -> VerifyResult:
+                 progress: Callable[[int, int], None] | None = None, remote=None) -> VerifyResult:
     """Read every committed row of ``path`` once, in order, and check each block against its digests.
 
     Reads slices of about ``slice_bytes`` (whole blocks) into buffers it
@@ -311,15 +315,16 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     slice.  A slice HDF5 cannot read is read again block by block, so one
     damaged chunk marks only its own block.  Raises :class:`StoreNotFoundError`
     / :class:`StoreFormatError` (via :func:`read_meta`) for a missing or foreign
-    file; damage is reported in the result, not raised.  Opens its own handles.
+    file; damage is reported in the result, not raised.  Opens its own handles.  A URL is read with the
+    ``remote`` options (see :func:`read_meta`).
     """
-    import h5py
+    from h5stream.store.access import open_h5_readonly
 
     t0 = time.perf_counter()
-    meta = read_meta(path)
+    meta = read_meta(path, remote=remote)
     rows, block_rows = meta.rows, meta.block_rows
     n_blocks = -(-rows // block_rows)
-    with h5py.File(meta.path, "r", locking=False) as f:
+    with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote) as f:
         if schema.CHECKSUMS not in f:
             return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
                                 time.perf_counter() - t0)
@@ -340,7 +345,10 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     slice_rows = min(slice_rows, max(block_rows, rows))
     bufs = {name: np.empty((slice_rows, *shape), dtype=dt) for name, (dt, shape) in dtypes.items()}
     order = (schema.IMAGES, schema.LABELS, schema.PATHS)
-    source = _H5pyRows(meta.path) if via_h5py else _TablesRows(meta.path)
+    if not via_h5py and meta.remote is not None:
+        raise StoreFormatError(f"{meta.path}: compressed with a filter only PyTables reads, which cannot read a URL; "
+                               "verify a local copy")
+    source = _H5pyRows(meta.path, meta.remote) if via_h5py else _TablesRows(meta.path)
     bad: list[BadBlock] = []
     try:
         for start in range(0, rows, slice_rows):

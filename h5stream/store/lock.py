@@ -85,7 +85,8 @@ class StoreLock:
             try:
                 fd = os.open(sidecar, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                fix = ("h5stream needs write access to the store's folder" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                denied = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                fix = ("h5stream needs write access to the store's folder" if denied
                        else "free some space, then run again")
                 raise StoreWriteError(f"{store_path}: cannot create the lock file {sidecar} ({exc.strerror}); {fix}",
                                       errno=exc.errno, strerror=exc.strerror) from exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import h5py
 import numpy as np
@@ -44,6 +44,8 @@ class StoreMeta:
     file_bytes: int
     checksum: str | None = None
     """Hash of the stored block checksums (``"xxh3_64"``), ``None`` for a store without them."""
+    remote: object = field(default=None, compare=False, repr=False)
+    """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
     @property
     def row_bytes(self) -> int:
@@ -76,8 +78,11 @@ def _json_attr(attrs, name):
     return tuple(value) if value is not None else None
 
 
-def read_meta(path: str | os.PathLike) -> StoreMeta:
+def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
     """Open ``path`` read-only, validate it, and describe it.
+
+    ``path`` may be a URL (``s3://bucket/key``, ``https://host/path``), reached with the ``remote`` options
+    (None, an :class:`h5stream.RemoteOptions`, or a dict of its fields); they are kept in ``StoreMeta.remote``.
 
     Raises :class:`StoreNotFoundError` if the file is missing,
     :class:`StorePermissionError` if it may not be read, :class:`StoreFormatError`
@@ -86,6 +91,11 @@ def read_meta(path: str | os.PathLike) -> StoreMeta:
     :class:`StoreBusyError` if another process writing it never let its metadata
     be read whole.
     """
+    from h5stream.remote.config import is_url, remote_options
+
+    if is_url(path):
+        options = remote_options(remote)
+        return replace(read_consistent(path, lambda f: _describe(path, f), remote=options), remote=options)
     path = os.fspath(path)
     return read_consistent(path, lambda f: _describe(path, f))
 
@@ -140,6 +150,6 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         resize_mode=str(_attr(attrs, schema.ATTR_RESIZE, "unknown")),
         skipped_files=int(_attr(attrs, schema.ATTR_SKIPPED, 0)),
         format_version=int(_attr(attrs, schema.ATTR_FORMAT, 0)),
-        file_bytes=os.path.getsize(path),
+        file_bytes=int(f.id.get_filesize()),
         checksum=str(_attr(attrs, schema.ATTR_CHECKSUM, "unknown")) if schema.CHECKSUMS in f else None,
     )

@@ -56,7 +56,7 @@ COMPRESSIONS = (None, "zlib", "blosc")
 
 #: Space reserved past the end of HDF5's file at every flush, for the headers and index nodes it may add.
 RESERVE_SLACK_BYTES = 64 << 10
-#: Index (B-tree) growth allowed per new chunk; about 70 bytes measured.
+#: Index (B-tree) growth allowed per new chunk: a few times what HDF5 adds.
 RESERVE_PER_CHUNK_BYTES = 256
 #: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
 RESERVE_BACK_BYTES = 64 << 10
@@ -217,7 +217,8 @@ class StoreWriter:
         lock = StoreLock.acquire(path) if owned else lock
         try:
             if os.path.exists(path) and not overwrite:  # again, now that no other writer can make it
-                raise StoreExistsError(f"{path}: already exists; pass --append to add to it or --overwrite to replace it")
+                raise StoreExistsError(f"{path}: already exists; pass --append to add to it "
+                                       "or --overwrite to replace it")
             tmp = path + ".creating"
             try:
                 cls._write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, filters, expected_rows, attrs)
@@ -322,13 +323,6 @@ class StoreWriter:
             if arr.nrows > n:
                 arr.truncate(n)
         self._flush()
-
-    def stored_paths(self) -> list[str]:
-        """Relative source paths of the committed rows (for resume/dedup)."""
-        n = self.committed_rows
-        if n == 0:
-            return []
-        return [schema.decode_path(p) for p in self.paths.read(0, n)]
 
     def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str]) -> None:
         """Append rows (not yet committed).  Shapes must match the store.
@@ -574,7 +568,8 @@ def write_arrays(
     overwrite: bool = False,
     rows_per_write: int = 4096,
 ) -> StoreMeta:
-    """Write in-memory arrays as a store (tests, benchmarks, examples).  ``labels`` int -> class, float -> regression."""
+    """Write in-memory arrays as a store (tests, benchmarks, examples).  ``labels``: int -> class labels,
+    float -> regression targets."""
     images = np.asarray(images, dtype=np.uint8)
     labels = np.asarray(labels)
     if images.ndim == 3:

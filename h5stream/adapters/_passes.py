@@ -5,7 +5,7 @@ then asks for ``len`` batches; ``tf.data`` calls the generator function again
 for every ``iter(dataset)``; torch calls ``iter(dataset)`` per epoch.  They
 also pull from background threads (tf.data's prefetch), peek at batches to
 learn shapes, and abandon passes (a distribution strategy pulls one batch to
-build the model, then starts over).  A :class:`Feed` turns all of that into
+build the model, then starts over).  :class:`Passes` turns all of that into
 the stream's exact sequence of batches:
 
 * a pass serves exactly ``len(stream)`` batches, continuing the stream where
@@ -17,7 +17,7 @@ the stream's exact sequence of batches:
 * batches pulled outside a pass (Keras peeks at one or two to learn the
   element shapes) are kept and served first by the next pass;
 * for each batch of the current pass it records the stream state after that
-  batch and the moment it was handed over (:meth:`Feed.record`), which is
+  batch and the moment it was handed over (:meth:`Passes.record`), which is
   what :class:`h5stream.keras.ResumeCallback` saves and what
   :class:`h5stream.keras.StallMonitor` measures.
 
@@ -37,20 +37,20 @@ from h5stream.errors import ConfigError
 RECORD_WINDOW = 4096
 """Batches of the current pass whose state/time are kept; the model is never this far behind the feed."""
 
-_FEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_FEEDS_LOCK = threading.Lock()
+_PASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PASSES_LOCK = threading.Lock()
 
 
-def feed_for(stream) -> Feed:
-    """The stream's feed, created on first use; every adapter of one stream shares it."""
-    with _FEEDS_LOCK:
-        feed = _FEEDS.get(stream)
-        if feed is None:
-            feed = _FEEDS[stream] = Feed(stream)
-        return feed
+def passes_for(stream) -> Passes:
+    """The stream's :class:`Passes`, created on first use; every adapter of one stream shares it."""
+    with _PASSES_LOCK:
+        passes = _PASSES.get(stream)
+        if passes is None:
+            passes = _PASSES[stream] = Passes(stream)
+        return passes
 
 
-class Feed:
+class Passes:
     """Serve one stream's batches to framework passes.  Holds the stream weakly-by-owner: the caller owns the stream."""
 
     def __init__(self, stream):

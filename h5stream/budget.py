@@ -1,0 +1,380 @@
+"""The memory budget: every allocation a stream makes, counted in one place.  Pure arithmetic, no I/O.
+
+:func:`plan_stream` splits ``memory_budget`` into the parts a
+:class:`StreamPlan` lists, and the feed and the worker pool allocate exactly
+the counts the plan names (``reader_batches``, ``input_slots``,
+``out_slots``, ``lent_slots``, ``consumer_sets``), so the plan is what runs:
+
+* **batches** -- ``reader_batches`` batches of stored rows (pixels, labels,
+  row ids, file offsets): those of two fills (one being handed out while the
+  next is read; a fill touches one batch more than it fills), the queue, and
+  :data:`HANDED_OUT` more.  Rows are read straight into them, so they are the
+  shuffle buffer.  With workers they live in the shared input ring, which
+  has one more slot per output slot (a task keeps its input until its result
+  is taken);
+* **fill index** -- per row of the two fills, where it lands and what it is;
+* **output** -- with augmentation, ``consumer_sets`` arrays of the output
+  dtype recycled on the consumer side (and the encoded labels);
+* **workers** -- each worker's measured fixed cost and its gather buffer,
+  the output slots, the input ring's slots for tasks, and once the library
+  code they load and multiprocessing's resource tracker;
+* **transform** -- augmenting in the training process instead: the library
+  it loads and the heap it grows there;
+* **label cache** -- every label, when they take at most 1/16 of the budget;
+* **bookkeeping** -- a fixed allowance plus the chunk offsets and the
+  epoch's segment table;
+* **remote client** -- for a store read from a URL, what the client holds
+  (its library, connections, pieces of responses in flight);
+* **direct I/O** -- for a store read past the page cache (``direct_io``),
+  the bounce buffers of the reads in flight.
+
+The fill size ``rows_per_fill`` is whatever the budget leaves after
+everything else, in whole blocks; a budget that cannot hold one batch per
+fill and two queued batches raises :class:`BudgetError` naming the minimum.
+
+Without a budget (``None``) the plan takes :data:`DEFAULT_BUDGET_BYTES` for
+reading and shuffling and gives augmentation (workers or the inline
+transform), a remote client and direct I/O their shares on top, so adding
+workers, or reading the same file from a URL or past the page cache, neither
+fails nor changes the epoch order.
+With a budget, those shares come out of it, and the order depends on the
+worker count (and on reading from a URL) through ``rows_per_fill``; a caller that needs
+the same order whatever the workers (or the budget) fixes ``rows_per_fill``
+instead, and the plan checks that it fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from h5stream.errors import BudgetError, ConfigError
+from h5stream.read.plan import budget_error, format_bytes, mib_at_least, unit_rows_for
+
+DEFAULT_BUDGET_BYTES = 256 << 20
+"""Memory for reading and shuffling when no budget is given; augmentation gets its share on top."""
+
+BOOKKEEPING_BYTES = 6 << 20
+"""Fixed allowance for Python objects, thread stacks, HDF5's metadata and small arrays."""
+
+MAX_QUEUE_DEPTH = 16
+
+FILLS = 2
+"""Fills in memory at once: one being handed out, the next being read."""
+
+HANDED_OUT = 2
+"""Reader batches beyond the fills and the queue: one being handed to the consumer, one it still holds."""
+
+FILL_INDEX_ROW_BYTES = 48
+"""Per row of a fill, besides its label: the batch and offset it lands at, its row id and file offset (int64
+each), and the temporaries of laying the fill out."""
+
+BATCH_INDEX_ROW_BYTES = 16
+"""Per row of a batch, besides pixels and label: its row id and file offset (int64 each)."""
+
+CONSUMER_SETS = 4
+"""Output arrays recycled on the consumer side (augmented batches in the consumer's hands)."""
+
+LENT_SLOTS = 2
+"""Output slots a pooled feed hands to the consumer without copying; batches it keeps beyond these are copies."""
+
+WORKER_OVERHEAD_BYTES = 24 << 20
+"""Private memory of one worker process besides its gather buffer: its interpreter, the heap numpy and the
+h5stream modules build, its copies of library pages, and the transform's scratch arrays."""
+
+TRANSFORM_LIBRARY_BYTES = 20 << 20
+"""Library code the transform maps (OpenCV and what it loads): resident once, in the training process when it
+augments there, else shared by every worker."""
+
+TRANSFORM_SCRATCH_BYTES = 8 << 20
+"""Heap the transform grows in the training process when it augments there (OpenCV's state, warp scratch)."""
+
+RESOURCE_TRACKER_BYTES = 8 << 20
+"""multiprocessing's resource tracker, which the first spawned worker of an interpreter starts."""
+
+
+def out_slots(workers: int) -> int:
+    """Output slots of a pool: two tasks per worker (one running, one waiting in its pipe), two finished on
+    their way to the consumer, and the lent ones."""
+    return 2 * workers + 2 + LENT_SLOTS if workers else 0
+
+
+def reader_batches(rows_per_fill: int, batch_size: int, queue_depth: int) -> int:
+    """Batches of stored rows alive at once: those of :data:`FILLS` fills (each touching one batch more than it
+    fills), the queue, and :data:`HANDED_OUT`."""
+    return FILLS * (-(-rows_per_fill // batch_size) + 1) + queue_depth + HANDED_OUT
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """How a stream splits its memory budget: the counts the feed allocates by, and every allocation in bytes.
+
+    ``total_bytes`` is the sum of the ``*_bytes`` parts (:meth:`allocations`) and never exceeds ``budget_bytes``.
+    """
+
+    budget_bytes: int
+    batch_size: int
+    block_rows: int
+    unit_rows: int
+    rows_per_fill: int
+    queue_depth: int
+    workers: int
+    # counts the feed and the pool allocate
+    reader_batches: int  # batch arrays of stored rows (the inline arena; with workers, part of the input ring)
+    input_slots: int  # the pooled feed's shared input ring (0 without workers)
+    out_slots: int  # the pool's shared output slots (0 without workers)
+    lent_slots: int  # output slots lent to the consumer without a copy (0 without workers)
+    consumer_sets: int  # output arrays recycled on the consumer side (0 without augmentation)
+    # bytes
+    batches_bytes: int
+    fill_index_bytes: int
+    output_bytes: int
+    pool_bytes: int  # worker processes, their slots and the library they share
+    transform_bytes: int  # the transform run in the training process (workers=0)
+    label_cache_bytes: int  # all labels held in memory (0: read with the pixels, fill by fill)
+    bookkeeping_bytes: int
+    min_budget_bytes: int
+    default_budget: bool = False  # no budget was given: DEFAULT_BUDGET_BYTES plus the augmentation's share
+    remote_client_bytes: int = 0  # the client of a store read from a URL
+    direct_io_bytes: int = 0  # the bounce buffers of reads past the page cache
+
+    def allocations(self) -> dict[str, int]:
+        """Every part of the plan, in bytes, by name."""
+        return {"batches": self.batches_bytes, "fill index": self.fill_index_bytes, "output": self.output_bytes,
+                "workers": self.pool_bytes, "transform": self.transform_bytes, "label cache": self.label_cache_bytes,
+                "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes,
+                "direct I/O": self.direct_io_bytes}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.allocations().values())
+
+    @property
+    def augment_bytes(self) -> int:
+        """What augmentation takes besides its output arrays: the workers, or the transform run inline."""
+        return self.pool_bytes + self.transform_bytes
+
+    @property
+    def blocks_per_fill(self) -> int:
+        return self.rows_per_fill // self.block_rows
+
+    @property
+    def n_buffers(self) -> int:
+        return FILLS
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(total_bytes=self.total_bytes, blocks_per_fill=self.blocks_per_fill, n_buffers=FILLS)
+        return d
+
+    def describe(self) -> str:
+        budget = format_bytes(self.budget_bytes)
+        if self.default_budget:
+            share = ""
+            if self.workers:
+                share = f" + {format_bytes(self.augment_bytes)} for {self.workers} workers"
+            elif self.transform_bytes:
+                share = f" + {format_bytes(self.augment_bytes)} for augmentation"
+            if self.remote_client_bytes:
+                share += f" + {format_bytes(self.remote_client_bytes)} for the remote client"
+            if self.direct_io_bytes:
+                share += f" + {format_bytes(self.direct_io_bytes)} for direct I/O"
+            reading = self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
+            budget += f" (default: {format_bytes(reading)} for reading{share})"
+        parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in self.allocations().items() if n)
+        return (f"budget {budget}: {FILLS} fills x {self.rows_per_fill} rows "
+                f"({self.rows_per_fill // self.unit_rows} units of {self.unit_rows}), "
+                f"{self.reader_batches} batches of {self.batch_size} in memory ({self.queue_depth} queued); {parts}")
+
+
+def plan_memory(
+    budget_bytes: int | None,
+    *,
+    rows: int,
+    row_bytes: int,
+    label_row_bytes: int,
+    block_rows: int,
+    batch_size: int,
+    out_row_bytes: int | None = None,
+    out_label_row_bytes: int = 0,
+    augment: bool = False,
+    workers: int = 0,
+    unit_rows: int | None = None,
+    rows_per_fill: int | None = None,
+    epoch_rows: int | None = None,
+    remote_client_bytes: int = 0,
+    direct_io_bytes: int = 0,
+) -> StreamPlan:
+    """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
+
+    ``budget_bytes=None``: :data:`DEFAULT_BUDGET_BYTES` plus augmentation's
+    share (see the module doc).  ``augment``: batches are transformed, in
+    the training process or in ``workers`` processes (``workers > 0``
+    implies it); ``out_row_bytes`` is one output row (differs from ``row_bytes`` when
+    augmentation emits float32); ``out_label_row_bytes`` is what a yielded
+    label takes besides the stored one (a one-hot row, say).
+    ``rows_per_fill`` fixes the fill size (rounded down to whole blocks, at
+    most the epoch) instead of taking what the budget leaves;
+    :class:`BudgetError` if it does not fit.  ``epoch_rows`` (default
+    ``rows``) is how many contiguous rows an epoch covers when it streams part
+    of the file (a validation split).  ``remote_client_bytes``: what the client of
+    a store read from a URL holds, on top of the default budget like
+    augmentation's share, out of a given one; ``direct_io_bytes`` likewise, the bounce buffers of reads past
+    the page cache.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    augment = bool(augment or workers)
+    bs = int(batch_size)
+    out_row_bytes = row_bytes if out_row_bytes is None else out_row_bytes
+    epoch_rows = rows if epoch_rows is None else int(epoch_rows)
+    unit_rows = int(unit_rows or block_rows)
+    n_blocks = -(-rows // block_rows) if rows else 0
+    # Blocks one epoch touches: a part of the file that starts inside a block touches one more.
+    epoch_blocks = n_blocks if epoch_rows >= rows else min(n_blocks, -(-epoch_rows // block_rows) + 1)
+    n_units = -(-epoch_rows // unit_rows) + (1 if epoch_rows < rows else 0)
+    bookkeeping = BOOKKEEPING_BYTES + n_blocks * 8 + n_units * 48  # chunk offsets; segment table + fill schedule
+
+    batch_bytes = bs * (row_bytes + label_row_bytes + BATCH_INDEX_ROW_BYTES)
+    fill_row_bytes = label_row_bytes + FILL_INDEX_ROW_BYTES
+    consumer_sets = CONSUMER_SETS if augment or out_label_row_bytes else 0
+    output = consumer_sets * bs * ((out_row_bytes if augment else 0) + out_label_row_bytes)
+    n_out = out_slots(workers)
+    pool = transform = 0
+    if workers:
+        pool = (workers * (WORKER_OVERHEAD_BYTES + bs * row_bytes) + TRANSFORM_LIBRARY_BYTES + RESOURCE_TRACKER_BYTES
+                + n_out * (batch_bytes + bs * out_row_bytes))  # an input slot per output slot, and the output slot
+    elif augment:
+        transform = TRANSFORM_LIBRARY_BYTES + TRANSFORM_SCRATCH_BYTES
+    client = int(remote_client_bytes) + int(direct_io_bytes)  # what the byte source holds
+    fixed = bookkeeping + output + pool + transform + client
+
+    def total(fill_rows: int, depth: int, label_cache: int = 0) -> int:
+        return (fixed + label_cache + reader_batches(fill_rows, bs, depth) * batch_bytes
+                + FILLS * fill_rows * fill_row_bytes)
+
+    min_rows = -(-bs // block_rows) * block_rows  # a fill holds at least one batch
+    most_rows = max(1, epoch_blocks) * block_rows
+    min_budget = total(min_rows, 2)
+    default = budget_bytes is None
+    if default:
+        budget_bytes = max(DEFAULT_BUDGET_BYTES + pool + transform + client, min_budget)
+    if budget_bytes < min_budget:
+        raise budget_error(budget_bytes, min_budget, f"batch_size={bs}, {block_rows}-row blocks"
+                           + (f" and {workers} workers" if workers else ""))
+    # What augmentation leaves is the memory for reading; the queue and the label cache are sized from it.
+    reading = budget_bytes - pool - transform - client
+    label_bytes = rows * label_row_bytes
+    label_cache = label_bytes if label_bytes <= reading // 16 and min_budget + label_bytes <= budget_bytes else 0
+
+    def most_fill(depth: int) -> int:
+        """The largest fill (whole blocks, at least min_rows, at most the epoch's) that fits; min_rows if none."""
+        lo, hi = min_rows // block_rows, most_rows // block_rows
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if total(mid * block_rows, depth, label_cache) <= budget_bytes else (lo, mid - 1)
+        return lo * block_rows
+
+    fixed_fill = None
+    if rows_per_fill is not None:
+        if isinstance(rows_per_fill, bool) or int(rows_per_fill) < 1:
+            raise ConfigError(f"rows_per_fill must be a positive number of rows, got {rows_per_fill!r}")
+        fixed_fill = max(min_rows, min(int(rows_per_fill) // block_rows * block_rows, most_rows))
+        if total(fixed_fill, 2, label_cache) > budget_bytes:
+            most = most_fill(2)
+            need = total(fixed_fill, 2)
+            raise BudgetError(
+                f"rows_per_fill={rows_per_fill} needs a memory budget of about {format_bytes(need)}"
+                + (f" with {workers} workers" if workers else "")
+                + f"; this budget ({format_bytes(budget_bytes)}) holds at most {most} rows per fill: "
+                f"raise memory_budget to {mib_at_least(need)!r} or lower rows_per_fill"
+            )
+    # Queue: about a tenth of the reading memory, between 2 and MAX_QUEUE_DEPTH batches, shrunk until the
+    # smallest fill (or the fixed one) fits.
+    queue_depth = int(max(2, min(MAX_QUEUE_DEPTH, (reading // 10) // max(1, batch_bytes))))
+    while queue_depth > 2 and total(fixed_fill or min_rows, queue_depth, label_cache) > budget_bytes:
+        queue_depth -= 1
+    fill = fixed_fill if fixed_fill is not None else most_fill(queue_depth)
+    n_batches = reader_batches(fill, bs, queue_depth)
+    return StreamPlan(
+        budget_bytes=int(budget_bytes),
+        batch_size=bs,
+        block_rows=int(block_rows),
+        unit_rows=unit_rows,
+        rows_per_fill=int(fill),
+        queue_depth=queue_depth,
+        workers=int(workers),
+        reader_batches=n_batches,
+        input_slots=n_batches + n_out if workers else 0,
+        out_slots=n_out,
+        lent_slots=LENT_SLOTS if workers else 0,
+        consumer_sets=consumer_sets,
+        batches_bytes=int(n_batches * batch_bytes),
+        fill_index_bytes=int(FILLS * fill * fill_row_bytes),
+        output_bytes=int(output),
+        pool_bytes=int(pool),
+        transform_bytes=int(transform),
+        label_cache_bytes=int(label_cache),
+        bookkeeping_bytes=int(bookkeeping),
+        min_budget_bytes=int(min_budget),
+        default_budget=default,
+        remote_client_bytes=int(remote_client_bytes),
+        direct_io_bytes=int(direct_io_bytes),
+    )
+
+
+def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
+                rows_per_fill: int | None = None, epoch_rows: int | None = None,
+                out_label_row_bytes: int = 0, direct_io: bool = False) -> StreamPlan:
+    """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (pure; what
+    ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
+    read past the page cache.
+
+    ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
+    :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
+    largest batch size that fit this budget.
+    """
+    out_row_bytes = None
+    if augment is not None:
+        out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
+    client = 0
+    if getattr(meta, "remote", None) is not None:
+        from h5stream.remote.config import client_memory_bytes
+
+        client = client_memory_bytes(meta.remote)
+    direct = 0
+    if direct_io:
+        from h5stream.read.source import DIRECT_IO_BYTES
+
+        direct = DIRECT_IO_BYTES
+
+    def plan(budget, workers, batch_size, fill=rows_per_fill):
+        return plan_memory(
+            budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
+            block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
+            out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
+            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
+            rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
+        )
+
+    def minimum(workers, batch_size):
+        return plan(None, workers, batch_size, fill=None).min_budget_bytes  # independent of budget and fill
+
+    if budget_bytes is not None and budget_bytes < minimum(workers, batch_size):
+        alternatives = []
+        fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
+        if fewer:
+            w = fewer[-1]
+            alternatives.append(f"use workers={w}" + (" (augment in the training process)" if w == 0 else ""))
+        if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
+            lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
+            alternatives.append(f"lower batch_size to {lo}")
+        raise budget_error(budget_bytes, minimum(workers, batch_size),
+                           f"batch_size={batch_size}, {meta.block_rows}-row blocks"
+                           + (f" and {workers} workers" if workers else "")
+                           + (" and the remote client" if client else ""), tuple(alternatives))
+    return plan(budget_bytes, workers, batch_size)

@@ -1,0 +1,117 @@
+"""What several subcommands share: the ``--augment`` argument, a store's labels, the shuffle report.
+
+``bench`` and ``preview`` take ``--augment``; ``bench`` and ``info
+--shuffle-report`` read every label and compute shuffle-quality figures.
+Subcommands import this module, never each other.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from h5stream.commands.arguments import BENCH_BUDGET
+
+
+def augment_from_arg(text: str | None):
+    """``--augment``: ``None`` -> no augmentation; ``"standard"`` -> ``Augment.preset("standard")``;
+    else JSON of ``h5stream.Augment`` keyword arguments."""
+    if text is None or text == "":
+        return None
+    from h5stream.augment import PRESETS, Augment
+    from h5stream.errors import ConfigError
+
+    if text == "standard":
+        kwargs = dict(PRESETS["standard"])
+    else:
+        try:
+            kwargs = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--augment {text!r}: not 'standard' nor JSON ({exc.msg}); "
+                              "e.g. --augment '{\"horizontal_flip\": true}'") from None
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"--augment {text!r}: JSON must be an object of Augment arguments, "
+                              "e.g. '{\"rotation_range\": 20}'")
+    try:
+        return Augment(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"--augment: {exc}; see help(h5stream.Augment) for the arguments") from None
+
+
+def label_bins(meta) -> str:
+    """What the shuffle figures count labels by: the classes, or quantile bins of a regression target."""
+    from h5stream.order import quality
+
+    return "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
+
+
+def read_labels(meta) -> np.ndarray:
+    """The committed rows' labels, read with plain h5py (8 bytes a row: small next to the pixels)."""
+    from h5stream.store import schema
+    from h5stream.store.access import read_consistent
+
+    return read_consistent(meta.path, lambda f: f[schema.LABELS][: meta.rows])
+
+
+def check_class_labels(meta, labels: np.ndarray) -> None:
+    """Raise :class:`StoreFormatError` unless every class label is an index into the class list (the shuffle
+    figures count rows per class).  Regression labels pass."""
+    from h5stream.errors import StoreFormatError
+    from h5stream.store import schema
+
+    if meta.label_kind != schema.LABEL_CLASS or not labels.size:
+        return
+    n_classes = len(meta.class_names) if meta.class_names else None
+    bad = labels < 0 if n_classes is None else (labels < 0) | (labels >= n_classes)
+    if bad.any():
+        row = int(np.flatnonzero(bad.reshape(len(labels), -1).any(axis=1))[0])
+        allowed = "0 or more" if n_classes is None else f"0..{n_classes - 1} ({n_classes} class names)"
+        raise StoreFormatError(
+            f"{meta.path}: row {row} has class label {labels[row].tolist()}; class labels must be {allowed}, since the "
+            "shuffle figures count rows per class (relabel the file, or store such targets as regression labels)"
+        )
+
+
+def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed=0, workers=0,
+                        rows_per_fill=None) -> dict:
+    """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels.
+
+    ``workers`` plans as a stream with that many augmenting workers (uint8 output) would: their memory comes out
+    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window as ``h5stream.open`` does.
+    """
+    from h5stream.budget import plan_stream
+    from h5stream.order import quality
+    from h5stream.read.plan import parse_bytes
+    from h5stream.store.meta import read_meta
+    from h5stream.stream import layout_function
+
+    meta = read_meta(path)
+    plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
+    layout = layout_function(meta.rows, plan, seed)
+    labels = read_labels(meta)
+    check_class_labels(meta, labels)
+    qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
+    report = quality.shuffle_report(qlabels, n_classes, lambda e: layout(e).order(), batch_size=batch_size, seed=seed)
+    report["plan"] = plan.as_dict()
+    report["plan_text"] = plan.describe()
+    report["memory_budget_bytes"] = plan.budget_bytes
+    report["seed"] = seed
+    report["workers"] = int(workers)
+    report["label_bins"] = label_bins(meta)
+    return report
+
+
+def format_shuffle_report(r: dict) -> list[str]:
+    """Text lines of :func:`file_shuffle_report` for ``h5stream info``."""
+    return [
+        f"plan            {r['plan_text']}",
+        f"batch label TVD {r['batch_label_tvd']:.3f} with this budget (batch {r['batch_size']}, {r['label_bins']}); "
+        f"full random {r['batch_label_tvd_full_random']:.3f} (expected {r['batch_label_tvd_expected_random']:.3f}); "
+        f"ratio {r['tvd_ratio_to_random']:.2f}x",
+        f"                single contiguous chunk of {r['single_chunk_rows']} rows "
+        f"{r['batch_label_tvd_single_chunk']:.3f}; "
+        f"file order {r['batch_label_tvd_file_order']:.3f}  (0 = every batch has the file's label mix)",
+        f"epoch tau       {r['epoch_order_tau']:+.4f} between epochs {r['epochs'][0]} and {r['epochs'][1]} "
+        "(1 = same order, 0 = independent)",
+    ]

@@ -1,0 +1,116 @@
+"""The command line's grammar: every subcommand's arguments, and the defaults its help shows.
+
+Light on purpose (argparse only): :mod:`h5stream.cli` builds its parser from
+here and imports a subcommand's module (:mod:`h5stream.commands.bench` ...)
+only to run it.
+"""
+
+from __future__ import annotations
+
+COMMANDS = {
+    "ingest": "decode a folder of images into an HDF5 store",
+    "info": "describe a store (rows, shapes, classes, layout)",
+    "bench": "measure the stream against its baselines on a store",
+    "preview": "write a PNG grid of images as the stream yields them",
+    "verify": "check every committed row against the store's block checksums",
+}
+"""Subcommand -> one-line help; ``h5stream.commands.<name>`` runs it."""
+
+BENCH_BUDGET = "256MiB"
+"""Memory budget of ``bench`` and of ``info --shuffle-report``."""
+RANDOM_SECONDS = 10.0
+"""How long ``bench`` times the one-row-per-call baseline before extrapolating it."""
+PREVIEW_BUDGET = "64MiB"
+MIN_TILE_PX = 96
+"""``preview`` scales every tile by the smallest integer that makes it at least this wide (unless ``--scale``)."""
+
+
+def add_arguments(name: str, parser) -> None:
+    """Declare the arguments of subcommand ``name`` on ``parser``."""
+    _ARGUMENTS[name](parser)
+
+
+def _ingest(parser) -> None:
+    parser.add_argument("src", metavar="SRC", help="folder with one subfolder per class, or any folder plus --labels")
+    parser.add_argument("out", metavar="OUT.h5", help="store to create (or extend with --append)")
+    parser.add_argument("--labels", metavar="FILE.csv",
+                        help="CSV with a 'path' or 'filename' column (relative to SRC) and numeric label columns")
+    parser.add_argument("--label-columns", metavar="A,B",
+                        help="label columns to use from --labels (default: every column but path/filename)")
+    parser.add_argument("--size", metavar="N|HxW",
+                        help="output size: N (square) or HxW (default 128); with --append, size, resize, channels, "
+                        "order and seed default to the store's and must match it if given")
+    parser.add_argument("--resize", choices=("stretch", "crop", "pad"),
+                        help="stretch ignores aspect (default); crop keeps the centre; pad fits on white")
+    parser.add_argument("--channels", type=int, choices=(3, 1), help="3 = RGB (default), 1 = grayscale")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="decode processes (default: all cores; 0 = in-process; at most two per core)")
+    parser.add_argument("--order", choices=("shuffled", "sorted"),
+                        help="row order in the file: seeded random (default) or walk order")
+    parser.add_argument("--seed", type=int, metavar="S", help="seed of the shuffled storage order (default 0)")
+    parser.add_argument("--block-rows", type=int, metavar="N",
+                        help="HDF5 chunk length in rows (default: largest power of two with a chunk <= 4 MiB)")
+    parser.add_argument("--compression", choices=("none", "zlib", "blosc"), default="none",
+                        help="chunk filter of a new file: none (default); zlib (plain h5py reads it); "
+                        "blosc (faster, but h5py needs the hdf5plugin package)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--append", action="store_true",
+                      help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")
+    mode.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--strict", action="store_true", help="fail (exit 1) on the first file that would be skipped")
+
+
+def _info(parser) -> None:
+    parser.add_argument("path", metavar="OUT.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--shuffle-report", action="store_true",
+                        help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
+    parser.add_argument("--memory-budget", default=BENCH_BUDGET,
+                        help=f"budget for --shuffle-report (default {BENCH_BUDGET})")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size for --shuffle-report (default 32)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --shuffle-report (default 0)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="--shuffle-report plans as a stream with this many augmenting workers (default 0)")
+    parser.add_argument("--rows-per-fill", type=int, default=None,
+                        help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
+
+
+def _bench(parser) -> None:
+    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per batch (default 32)")
+    parser.add_argument("--memory-budget", default=BENCH_BUDGET, help=f"stream memory budget (default {BENCH_BUDGET})")
+    parser.add_argument("--epochs", type=int, default=1, help="stream epochs to time (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    parser.add_argument("--cold", action="store_true",
+                        help="evict the file from the page cache before and during each pass")
+    parser.add_argument("--augment", default=None, metavar="standard|JSON",
+                        help="augment in the stream (preset or Augment kwargs)")
+    parser.add_argument("--workers", type=int, default=0, help="augmenting worker processes (default 0)")
+    parser.add_argument("--random-seconds", type=float, default=RANDOM_SECONDS,
+                        help="time budget of the one-row-per-call baseline, then extrapolated "
+                        f"(default {RANDOM_SECONDS:g})")
+    parser.add_argument("--no-baselines", action="store_true", help="measure the stream and shuffle quality only")
+    parser.add_argument("--plot", default=None, metavar="PNG",
+                        help="write a figure of throughput, CPU, queue and memory over time")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _preview(parser) -> None:
+    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
+    parser.add_argument("--out", required=True, metavar="PNG", help="where to write the grid")
+    parser.add_argument("--augment", default=None, metavar="standard|JSON",
+                        help="augment as the stream would (preset or Augment kwargs)")
+    parser.add_argument("--rows", type=int, default=6, help="grid rows (default 6)")
+    parser.add_argument("--cols", type=int, default=6, help="grid columns (default 6)")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
+    parser.add_argument("--scale", type=int, default=None,
+                        help=f"integer zoom per tile (default: tiles >= {MIN_TILE_PX} px wide)")
+    parser.add_argument("--memory-budget", default=PREVIEW_BUDGET,
+                        help=f"stream memory budget (default {PREVIEW_BUDGET})")
+
+
+def _verify(parser) -> None:
+    parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+
+
+_ARGUMENTS = {"ingest": _ingest, "info": _info, "bench": _bench, "preview": _preview, "verify": _verify}

@@ -1,0 +1,236 @@
+"""From a URL and the environment to client settings: pure functions, no network, no client library.
+
+:func:`parse_url` splits ``s3://bucket/key`` and ``http(s)://host/path``; :class:`RemoteOptions` holds what a
+caller may choose (endpoint, region, profile, anonymous access, timeout, reads in flight); :func:`s3_settings`
+resolves S3 settings the way the AWS command-line tools do, from (in this order) the options, the environment
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_PROFILE``), and the profile in the shared credentials and
+config files (``~/.aws/credentials``, ``~/.aws/config``, or ``AWS_SHARED_CREDENTIALS_FILE``/``AWS_CONFIG_FILE``);
+:func:`client_settings` turns ``timeout_s`` into the client's timeouts and retry schedule.
+"""
+
+from __future__ import annotations
+
+import configparser
+import math
+import os
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from h5stream.errors import ConfigError, StorePermissionError
+
+SCHEMES = ("s3", "http", "https")
+_URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
+
+DEFAULT_REGION = "us-east-1"
+"""What S3 clients assume when no region is configured (non-AWS stores mostly ignore it)."""
+
+CREDENTIAL_ENV = ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                  "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+"""Variables that name a credential source the client resolves itself (web identity, container role)."""
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` is a URL h5stream reads remotely (``s3://``, ``http://``, ``https://``)."""
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where an object lives: ``scheme`` (s3, http, https), ``container`` (the bucket, or ``scheme://host``
+    for HTTP) and ``key`` (the object's path in it, unquoted)."""
+
+    url: str
+    scheme: str
+    container: str
+    key: str
+
+
+def parse_url(url: str) -> Location:
+    """Split a store URL, or raise :class:`ConfigError` saying what is wrong with it."""
+    if not is_url(url):
+        raise ConfigError(f"{url!r}: not a store URL; use s3://bucket/key, https://host/path or a local path")
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{url}: query strings and fragments are not supported; give the object's plain URL")
+    key = urllib.parse.unquote(parts.path.lstrip("/"))
+    if scheme == "s3":
+        if not parts.netloc:
+            raise ConfigError(f"{url}: no bucket; write s3://BUCKET/KEY")
+        if not key or key.endswith("/"):
+            raise ConfigError(f"{url}: no object key after the bucket; write s3://{parts.netloc}/path/to/store.h5")
+        return Location(url, scheme, parts.netloc, key)
+    if not parts.netloc:
+        raise ConfigError(f"{url}: no host; write {scheme}://HOST/path/to/store.h5")
+    if not key or key.endswith("/"):
+        raise ConfigError(f"{url}: the URL names a folder, not a file; give the store's full URL")
+    return Location(url, scheme, f"{scheme}://{parts.netloc}", key)
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How to reach a remote store.  Every field is optional; the defaults suit AWS S3 and public web servers.
+
+    ``endpoint``: the S3 service's URL for stores other than AWS (MinIO, SeaweedFS, Ceph, R2...), overriding
+    ``AWS_ENDPOINT_URL``.  ``region``: the bucket's region, overriding ``AWS_REGION``.  ``profile``: a profile of
+    the shared AWS files, overriding ``AWS_PROFILE``.  ``anonymous``: send unsigned requests (public buckets).
+    ``timeout_s``: the longest one request may take to fail, retries included; a dead or stalled server raises
+    within it.  ``max_in_flight``: how many reads the reader keeps going at once.
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    anonymous: bool = False
+    timeout_s: float = 30.0
+    max_in_flight: int = 8
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Extra HTTP headers sent with every request (e.g. an ``Authorization`` for a private web server)."""
+
+    def __post_init__(self):
+        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+        if not isinstance(self.max_in_flight, int) or not 1 <= self.max_in_flight <= 256:
+            raise ConfigError(f"max_in_flight must be an int from 1 to 256, got {self.max_in_flight!r}")
+        if self.endpoint is not None and not re.match(r"^https?://[^/]", str(self.endpoint)):
+            raise ConfigError(f"endpoint must be an http(s) URL such as https://s3.example.org, got {self.endpoint!r}")
+
+
+def remote_options(value) -> RemoteOptions:
+    """``value`` (None, a :class:`RemoteOptions`, or a dict of its fields) as a :class:`RemoteOptions`."""
+    if value is None:
+        return RemoteOptions()
+    if isinstance(value, RemoteOptions):
+        return value
+    if isinstance(value, Mapping):
+        known = set(RemoteOptions.__dataclass_fields__)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"remote options {', '.join(map(repr, unknown))} unknown; "
+                              f"valid: {', '.join(sorted(known))}")
+        return RemoteOptions(**value)
+    raise ConfigError(f"remote must be None, a dict or h5stream.RemoteOptions, got {type(value).__name__}")
+
+
+def client_settings(options: RemoteOptions) -> tuple[dict, dict]:
+    """``(client_options, retry_config)`` for the client such that one request fails within ``timeout_s``.
+
+    A request is retried (server errors, throttling, dropped connections, timeouts) with exponential backoff
+    while less than 30% of ``timeout_s`` has passed; each attempt may take half of it, and the last wait before
+    an attempt at most a fifth, so the worst case adds up to ``timeout_s``.
+    """
+    t = float(options.timeout_s)
+    attempt = timedelta(seconds=t / 2)
+    client = {
+        "timeout": attempt,
+        "connect_timeout": timedelta(seconds=min(t / 2, 10.0)),
+        "read_timeout": attempt,
+        "allow_http": True,  # whether plain http is acceptable is decided by the URL the user wrote
+        "pool_max_idle_per_host": str(max(2 * options.max_in_flight, 16)),
+    }
+    if options.headers:
+        client["default_headers"] = {str(k): str(v) for k, v in options.headers.items()}
+    retry = {
+        "max_retries": 20,
+        "retry_timeout": timedelta(seconds=0.3 * t),
+        "backoff": {"init_backoff": timedelta(seconds=min(0.1, t / 50)), "max_backoff": timedelta(seconds=0.2 * t),
+                    "base": 2},
+    }
+    return client, retry
+
+
+CLIENT_BASE_BYTES = 12 << 20
+"""What the client holds whatever the traffic: its library's pages, its runtime's threads, a connection pool."""
+
+CLIENT_PER_READ_BYTES = 3 << 20
+"""What the client holds per read in flight: socket and response buffers, the piece being copied."""
+
+
+def client_memory_bytes(options: RemoteOptions) -> int:
+    """The memory a stream's remote client may hold, counted in its budget: measured at about 8.6 MiB after
+    the open plus 2.1 MiB per read in flight (256 KiB pieces, 3 MiB reads), rounded up."""
+    return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
+
+
+def home_aws_files(env: Mapping[str, str]) -> tuple[str, str]:
+    """Paths of the shared credentials and config files, as the AWS tools find them."""
+    home = os.path.expanduser("~")
+    return (env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+            env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"))
+
+
+def read_profile(profile: str, credentials_text: str | None, config_text: str | None) -> dict[str, str] | None:
+    """The settings of ``profile`` from the two files' text (credentials win), or None when neither has it.
+
+    The config file names profiles ``[profile NAME]`` (``[default]`` for the default); the credentials file
+    ``[NAME]``.  Nested per-service settings (``s3 =`` followed by indented lines) are left out.
+    """
+    found = None
+    for text, section in ((config_text, "default" if profile == "default" else f"profile {profile}"),
+                          (credentials_text, profile)):
+        if text is None:
+            continue
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(text)
+        except configparser.Error:
+            continue
+        if parser.has_section(section):
+            found = {**(found or {}), **{k: v.strip() for k, v in parser.items(section) if "\n" not in v}}
+    return found
+
+
+def s3_settings(location: Location, options: RemoteOptions, env: Mapping[str, str],
+                profile_settings: dict[str, str] | None) -> dict:
+    """The client configuration for ``location`` (an ``s3://`` URL): bucket, region, endpoint, credentials.
+
+    ``profile_settings`` is :func:`read_profile`'s result for the profile in use.  Raises
+    :class:`ConfigError` for a profile asked for by name that is not in the files, and
+    :class:`StorePermissionError` when no credentials are found and the instance metadata service is switched
+    off (``AWS_EC2_METADATA_DISABLED``); otherwise missing credentials are left to the client, which asks the
+    web-identity, container or instance metadata sources the way the AWS tools do.
+    """
+    profile = options.profile or env.get("AWS_PROFILE")
+    if profile and profile != "default" and profile_settings is None:
+        creds_file, config_file = home_aws_files(env)
+        raise ConfigError(f"{location.url}: AWS profile {profile!r} is not in {creds_file} or {config_file}; "
+                          "set AWS_PROFILE (or profile=) to a profile that exists")
+    prof = profile_settings or {}
+    config: dict = {"bucket": location.container}
+    config["region"] = (options.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+                        or prof.get("region") or DEFAULT_REGION)
+    endpoint = (options.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+                or prof.get("endpoint_url"))
+    if endpoint:
+        config["endpoint"] = endpoint
+    if options.anonymous:
+        config["skip_signature"] = True
+        return config
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    token = env.get("AWS_SESSION_TOKEN")
+    if not (key and secret):
+        key, secret = prof.get("aws_access_key_id"), prof.get("aws_secret_access_key")
+        token = prof.get("aws_session_token")
+    if key and secret:
+        config["access_key_id"], config["secret_access_key"] = key, secret
+        if token:
+            config["session_token"] = token
+    elif not any(env.get(name) for name in CREDENTIAL_ENV) and _true(env.get("AWS_EC2_METADATA_DISABLED")):
+        raise missing_credentials(location.url)
+    return config
+
+
+def missing_credentials(url: str) -> StorePermissionError:
+    """The one-line error for an ``s3://`` URL opened without any credentials."""
+    return StorePermissionError(
+        f"{url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
+        "~/.aws/credentials (AWS_PROFILE), or open a public bucket with anonymous=True"
+    )
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")

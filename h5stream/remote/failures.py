@@ -1,0 +1,98 @@
+"""The client's exceptions as h5stream's one-line errors: what failed, the server's reason, how to fix it.
+
+The client (obstore) raises classes per cause (not found, permission denied, precondition failed) and a
+generic error carrying the HTTP status and the server's body in its text, followed by a multi-line debug dump.
+:func:`translate` keeps the first line's facts (status, the S3 error code and message) and maps them:
+
+=====================================  ===============================
+404, no such bucket/key                :class:`StoreNotFoundError`
+401, 403, no or wrong credentials      :class:`StorePermissionError`
+412 (ETag no longer matches), 416      :class:`StoreChangedError`
+connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
+5xx and 429 after retries
+anything else                          :class:`RemoteError`
+=====================================  ===============================
+"""
+
+from __future__ import annotations
+
+import re
+
+from h5stream.errors import (
+    RemoteError,
+    RemoteUnavailableError,
+    StoreChangedError,
+    StoreNotFoundError,
+    StorePermissionError,
+)
+
+_STATUS = re.compile(r"status code: (\d{3})(?: ([A-Za-z][A-Za-z ]*[A-Za-z]))?")
+_S3_CODE = re.compile(r"<Code>([^<]*)</Code>")
+_S3_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
+_RETRIES = re.compile(r"after (\d+) retries")
+MAX_REASON = 240
+
+
+def http_status(message: str) -> int | None:
+    """The HTTP status named in a client error's text, or None (a connection error has none)."""
+    m = _STATUS.search(message)
+    return int(m.group(1)) if m else None
+
+
+def reason(message: str) -> str:
+    """A short, one-line account of a client error: the status and the server's own code and message, or the
+    transport error, without the client's debug dump."""
+    head = message.split("\n\nDebug source:")[0]
+    status = _STATUS.search(head)
+    code, text = _S3_CODE.search(head), _S3_MESSAGE.search(head)
+    if status:
+        out = f"HTTP {status.group(1)}" + (f" {status.group(2)}" if status.group(2) else "")
+        if code:
+            out += f", {code.group(1)}" + (f": {text.group(1)}" if text else "")
+    else:
+        first = head.splitlines()[0] if head.strip() else type(message).__name__
+        # "Generic S3 error: Error performing GET URL in 3.5s, after 10 retries, ... - HTTP error: error sending
+        # request": the part after the last " - " is the cause.
+        out = first.rsplit(" - ", 1)[-1].strip() or first
+        retries = _RETRIES.search(head)
+        if retries:
+            out += f" (after {retries.group(1)} retries)"
+    out = " ".join(out.split())
+    return out if len(out) <= MAX_REASON else out[:MAX_REASON - 3] + "..."
+
+
+def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag: str | None = None) -> Exception:
+    """The h5stream error for the client exception ``exc`` raised while reading ``url``."""
+    import obstore.exceptions as oe  # the [remote] extra is installed: a client exception exists
+
+    message = str(exc)
+    status = http_status(message)
+    why = reason(message)
+    if isinstance(exc, oe.NotFoundError) or status == 404:
+        where = "bucket and key" if s3 else "URL"
+        return StoreNotFoundError(f"{url}: not found ({why}); check the {where}")
+    if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or status in (401, 403):
+        if s3:
+            fix = ("check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and "
+                   "~/.aws/credentials) and that they may read this object")
+        else:
+            fix = "the server refuses this request; pass the headers it needs (e.g. Authorization)"
+        return StorePermissionError(f"{url}: access denied ({why}); {fix}")
+    if isinstance(exc, oe.PreconditionError) or status == 412:
+        return changed(url, f"its ETag is no longer {etag}" if etag else why)
+    if status == 416:
+        return changed(url, "it is shorter than when it was opened")
+    if status is None and "credential" in message.lower():
+        from h5stream.remote.config import missing_credentials
+
+        return missing_credentials(url)
+    if status is None or status >= 500 or status in (408, 429):
+        return RemoteUnavailableError(f"{url}: {why}; still failing when timeout_s={timeout_s:g} s ran out, "
+                                      "retries included (check that the server is up and reachable)")
+    return RemoteError(f"{url}: request failed ({why})")
+
+
+def changed(url: str, detail: str) -> StoreChangedError:
+    """The one-line error for an object replaced or modified after it was opened."""
+    return StoreChangedError(f"{url}: the object changed after it was opened ({detail}); reopen it to read the "
+                             "new version, and do not replace a store while it is being read")

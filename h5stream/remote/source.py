@@ -1,0 +1,232 @@
+"""A byte source over one remote object: ranged GETs through obstore, straight into the caller's buffers.
+
+:class:`RemoteSource` implements the reader's byte-source contract (``name``, ``size``, ``max_in_flight``,
+``readinto(offset, buffers)``, ``close()``; see :mod:`h5stream.read.source`) for ``s3://`` and ``http(s)://``
+URLs.  Opening it sends one ``HEAD``: the object's size, ETag and modification time as of open.  Every read
+is then one ranged ``GET`` per :data:`MAX_REQUEST_BYTES` carrying ``If-Match`` with that ETag, so a store
+replaced or rewritten underneath fails with :class:`StoreChangedError` instead of mixing two versions (the
+response's own ETag and size are checked too, for servers that ignore ``If-Match``).  The body is streamed
+in pieces of :data:`STREAM_CHUNK_BYTES` into the buffers (one copy, out of the client's receive buffers),
+so a read holds no temporary copy of the range.
+
+Retries, timeouts and backoff are the client's, configured from ``timeout_s`` (see
+:func:`~h5stream.remote.config.client_settings`): server errors, throttling, dropped connections and stalls
+are retried, and a request that cannot succeed fails within ``timeout_s``.  Failures are h5stream's one-line
+errors (see :mod:`h5stream.remote.failures`).
+
+Thread-safety: ``readinto`` may be called from several threads at once (each call is its own request; the
+client pools connections).  ``close`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+
+from h5stream import _deps
+from h5stream.errors import H5StreamError, RemoteError, StoreFormatError
+from h5stream.remote.config import (
+    Location,
+    RemoteOptions,
+    client_settings,
+    home_aws_files,
+    parse_url,
+    read_profile,
+    s3_settings,
+)
+from h5stream.remote.failures import changed, translate
+
+MAX_REQUEST_BYTES = 64 << 20
+"""Longer reads are split into requests of at most this many bytes, so one attempt's timeout stays ample."""
+
+STREAM_CHUNK_BYTES = 256 << 10
+"""The body arrives in pieces of about this size, each copied into the buffers as it comes."""
+
+
+def make_store(location: Location, options: RemoteOptions, env: Mapping[str, str] | None = None):
+    """The obstore store holding ``location``'s object, configured from ``options`` and the environment."""
+    _deps.obstore()
+    from obstore.store import HTTPStore, S3Store
+
+    client, retry = client_settings(options)
+    if location.scheme != "s3":
+        return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
+    env = os.environ if env is None else env
+    creds_file, config_file = home_aws_files(env)
+    profile = options.profile or env.get("AWS_PROFILE") or "default"
+    settings = s3_settings(location, options, env, read_profile(profile, _text(creds_file), _text(config_file)))
+    bucket = settings.pop("bucket")
+    return S3Store(bucket, config=settings, client_options=client, retry_config=retry)
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class _Scatter:
+    """Copies a stream of byte pieces into consecutive buffers (``preadv`` order)."""
+
+    __slots__ = ("views", "index", "within", "filled")
+
+    def __init__(self, views: list[memoryview]):
+        self.views = views
+        self.index = 0
+        self.within = 0
+        self.filled = 0
+
+    def write(self, piece: memoryview) -> None:
+        pos, n = 0, len(piece)
+        while pos < n:
+            if self.index == len(self.views):
+                raise OverflowError("more bytes than asked for")
+            dst = self.views[self.index]
+            k = min(n - pos, len(dst) - self.within)
+            dst[self.within:self.within + k] = piece[pos:pos + k]
+            pos += k
+            self.within += k
+            self.filled += k
+            if self.within == len(dst):
+                self.index += 1
+                self.within = 0
+
+
+def byte_views(buffers: Sequence) -> list[memoryview]:
+    """Each buffer as a writable, flat memoryview of bytes (a view, not a copy); empty ones left out."""
+    views = []
+    for b in buffers:
+        v = memoryview(b)
+        if v.readonly:
+            raise ValueError("readinto needs writable buffers")
+        if v.format != "B" or v.ndim != 1:
+            v = v.cast("B")
+        if len(v):
+            views.append(v)
+    return views
+
+
+class RemoteSource:
+    """Random-access, read-only bytes of one remote object (an ``s3://`` or ``http(s)://`` URL).
+
+    Raises, at open: :class:`ConfigError` for a malformed URL or options, :class:`StoreNotFoundError`,
+    :class:`StorePermissionError` (no or wrong credentials, refused), :class:`RemoteUnavailableError` (no answer
+    within ``timeout_s``), :class:`MissingDependencyError` without obstore.  ``requests`` counts the requests
+    sent (the ``HEAD`` included, retries not), ``bytes_read`` the bytes received.
+    """
+
+    def __init__(self, url: str, options: RemoteOptions | None = None):
+        self.options = options if options is not None else RemoteOptions()
+        self.location = parse_url(url)
+        self.name = url
+        self.max_in_flight = self.options.max_in_flight
+        self._store = make_store(self.location, self.options)
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.bytes_read = 0
+        import obstore
+
+        self._count(requests=1)
+        try:
+            meta = obstore.head(self._store, self.location.key)
+        except Exception as exc:  # noqa: BLE001 - every client failure becomes an h5stream error
+            raise self._error(exc) from None
+        self.size = int(meta["size"])
+        self.etag: str | None = meta.get("e_tag") or None
+        self.last_modified = meta.get("last_modified")
+        self._conditions = {}
+        if self.etag and not self.etag.startswith("W/"):  # weak ETags never match If-Match
+            self._conditions["if_match"] = self.etag
+        elif self.last_modified is not None:
+            self._conditions["if_unmodified_since"] = self.last_modified
+
+    @property
+    def closed(self) -> bool:
+        return self._store is None
+
+    def close(self) -> None:
+        """Drop the client (its pooled connections close with it).  Idempotent."""
+        self._store = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def readinto(self, offset: int, buffers: Sequence) -> None:
+        """Fill ``buffers`` completely, in order, with the bytes at ``offset`` onward (``preadv`` semantics).
+
+        Raises :class:`StoreFormatError` for a range past the end of the object (as of open),
+        :class:`StoreChangedError` if the object changed since open, :class:`RemoteUnavailableError` when the
+        server does not answer within ``timeout_s``, or another h5stream ``OSError`` naming the cause.
+        Buffers are left partly written when it raises.
+        """
+        views = byte_views(buffers)
+        length = sum(len(v) for v in views)
+        offset = int(offset)
+        if offset < 0 or offset + length > self.size:
+            raise StoreFormatError(f"{self.name}: bytes {offset}..{offset + length} lie outside the object's "
+                                   f"{self.size} bytes; the store's metadata does not match its data")
+        sink = _Scatter(views)
+        start = offset
+        while start < offset + length:
+            end = min(start + MAX_REQUEST_BYTES, offset + length)
+            self._get(start, end, sink)
+            start = end
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` as a new bytes object (for small reads; see :meth:`readinto`)."""
+        out = bytearray(length)
+        self.readinto(offset, [out])
+        return bytes(out)
+
+    def _get(self, start: int, end: int, sink: _Scatter) -> None:
+        import obstore
+
+        store = self._store
+        if store is None:
+            raise RemoteError(f"{self.name}: read after close()")
+        self._count(requests=1)
+        begin = sink.filled
+        try:
+            result = obstore.get(store, self.location.key, options={"range": (start, end), **self._conditions})
+            meta = result.meta
+            if self.etag and meta.get("e_tag") and meta["e_tag"] != self.etag:
+                raise changed(self.name, f"ETag {meta['e_tag']} instead of {self.etag}")
+            if meta.get("size") is not None and int(meta["size"]) != self.size:
+                raise changed(self.name, f"{meta['size']} bytes instead of {self.size}")
+            if tuple(result.range) != (start, end):
+                raise RemoteError(f"{self.name}: asked for bytes {start}..{end} and got {tuple(result.range)}; "
+                                  "the server must honour HTTP Range requests")
+            for piece in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
+                sink.write(memoryview(piece))
+        except H5StreamError:
+            raise
+        except OverflowError:
+            raise RemoteError(f"{self.name}: the server sent more than the {end - start} bytes asked for "
+                              f"at {start}") from None
+        except Exception as exc:  # noqa: BLE001 - the client's own exception classes
+            raise self._error(exc) from None
+        got = sink.filled - begin
+        self._count(nbytes=got)
+        if got != end - start:
+            raise RemoteError(f"{self.name}: short read at byte {start}: {got} of {end - start} bytes; the "
+                              "connection ended early")
+
+    def _count(self, *, requests: int = 0, nbytes: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes_read += nbytes
+
+    def _error(self, exc: BaseException) -> Exception:
+        return translate(exc, self.name, s3=self.location.scheme == "s3", timeout_s=self.options.timeout_s,
+                         etag=getattr(self, "etag", None))
+
+
+def open_source(url: str, options: RemoteOptions | None = None) -> RemoteSource:
+    """A :class:`RemoteSource` on ``url``: one ``HEAD`` request, or the one-line error saying why it failed."""
+    return RemoteSource(url, options)

@@ -1,0 +1,179 @@
+"""An HTTP file server with Range on 127.0.0.1 for the remote-store tests (SeaweedFS's S3 is in
+:mod:`benchmarks.seaweed`).
+
+:class:`RangeServer` serves the files of one folder the way a static web server does (``GET``/``HEAD``, one
+``Range`` per request, ``ETag``/``Last-Modified``, ``If-Match``), and can be told to misbehave: answer the next
+requests with an error status, cut a body short, or never answer, so the client's retries and error paths run
+against real sockets.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.server
+import os
+import re
+import socket
+import threading
+from pathlib import Path
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+    server: RangeServer
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+    def do_HEAD(self):
+        self._serve(body=False)
+
+    def do_GET(self):
+        self._serve(body=True)
+
+    def _serve(self, body: bool):
+        self.server.count_request(self.command)
+        required = self.server.required_headers
+        if any(self.headers.get(k) != v for k, v in required.items()):
+            self._status(401)
+            return
+        fault = self.server.take_fault()
+        if fault is not None and fault[0] == "stall":  # accept the request, never answer it
+            self.server.stopping.wait()
+            self.close_connection = True
+            return
+        if fault is not None and fault[0] != "cut":
+            self._status(fault[0])
+            return
+        path = self.server.root / self.path.lstrip("/").split("?")[0]
+        if not path.is_file():
+            self._status(404)
+            return
+        st = path.stat()
+        etag = f'"{st.st_mtime_ns:x}-{st.st_size:x}"'
+        if_match = self.headers.get("If-Match")
+        if if_match is not None and if_match.strip() not in ("*", etag):
+            self._status(412)
+            return
+        size = st.st_size
+        start, end = 0, size  # end exclusive
+        status = 200
+        requested = self.headers.get("Range")
+        if requested is not None:
+            m = re.fullmatch(r"bytes=(\d*)-(\d*)", requested.strip())
+            if m is None or m.groups() == ("", ""):
+                self._status(416)
+                return
+            if m.group(1) == "":
+                start = max(0, size - int(m.group(2)))
+            else:
+                start = int(m.group(1))
+                end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+            if start >= size or start >= end:
+                self._status(416, {"Content-Range": f"bytes */{size}"})
+                return
+            status = 206
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
+        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        if not body:
+            return
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            remaining = end - start
+            if fault is not None:  # ("cut", n): send n bytes of the body, then drop the connection
+                remaining = min(remaining, fault[1])
+            while remaining:
+                chunk = fh.read(min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                remaining -= len(chunk)
+        if fault is not None:
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _status(self, code: int, headers: dict | None = None):
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+class RangeServer(http.server.ThreadingHTTPServer):
+    """Serves the files under ``root`` on ``http://127.0.0.1:PORT/`` from a thread; :meth:`stop` ends it.
+
+    Faults queued with :meth:`fail_next`, :meth:`cut_next` or :meth:`stall_next` are served to the next
+    requests in order.  ``requests`` counts the requests received, by method.
+    """
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, root: str | os.PathLike):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = Path(root)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/"
+        self.requests: dict[str, int] = {}
+        self.required_headers: dict[str, str] = {}  # answered 401 without them
+        self._faults: list[tuple] = []
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def fail_next(self, n: int, status: int = 503) -> None:
+        """Answer the next ``n`` requests with ``status`` and no body."""
+        with self._lock:
+            self._faults.extend([(status,)] * n)
+
+    def cut_next(self, after_bytes: int) -> None:
+        """Send the next response's headers and ``after_bytes`` of its body, then close the connection."""
+        with self._lock:
+            self._faults.append(("cut", after_bytes))
+
+    def stall_next(self) -> None:
+        """Read the next request and never answer it (until :meth:`stop`)."""
+        with self._lock:
+            self._faults.append(("stall",))
+
+    def take_fault(self):
+        with self._lock:
+            return self._faults.pop(0) if self._faults else None
+
+    def count_request(self, method: str) -> None:
+        with self._lock:
+            self.requests[method] = self.requests.get(method, 0) + 1
+
+    def process_request(self, request, client_address):
+        with self._lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self._lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def stop(self) -> None:
+        """Stop serving, drop every open connection and close the listening socket (idempotent): from then on
+        connections are refused, as from a server that is gone."""
+        self.stopping.set()
+        if self._thread.is_alive():
+            self.shutdown()
+            self._thread.join()
+        self.server_close()
+        with self._lock:
+            open_now = list(self._open)
+        for conn in open_now:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

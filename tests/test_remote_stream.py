@@ -1,0 +1,215 @@
+"""h5stream.open(URL): the guarantees of a local store, over SeaweedFS's S3 and an HTTP server on 127.0.0.1.
+
+The store's label is each row's id, so every property is checked row by row: the same batches as the same
+file read locally (over several epochs), every row exactly once, shards from two processes disjoint and
+complete, resume, and a server that dies mid-epoch failing the stream with a clear error and no leak.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import h5stream
+from h5stream.errors import ReaderError, RemoteUnavailableError, StoreNotFoundError
+from h5stream.remote.config import RemoteOptions
+from h5stream.store.writer import write_arrays
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+pytest.importorskip("obstore")
+
+ROWS = 3000
+OPEN = {"batch_size": 50, "memory_budget": "64MiB", "rows_per_fill": 400, "seed": 11}
+
+
+@pytest.fixture(scope="module")
+def ids_file(tmp_path_factory):
+    """3000 rows of 16x16x3 whose label is the row id (and whose pixels encode it too), in chunks of 64 rows."""
+    path = str(tmp_path_factory.mktemp("ids") / "ids.h5")
+    ids = np.arange(ROWS)
+    images = np.empty((ROWS, 16, 16, 3), np.uint8)
+    images[...] = (ids % 251).astype(np.uint8)[:, None, None, None]
+    images[:, 0, 0, 0] = ids // 256
+    images[:, 0, 0, 1] = ids % 256
+    write_arrays(path, images, ids.astype(np.float32), block_rows=64, storage_order="sorted")
+    return path
+
+
+@pytest.fixture(params=["s3", "http"])
+def ids_url(request, ids_file, tmp_path):
+    """``(local path, URL, remote options)`` of :func:`ids_file` on each server."""
+    if request.param == "s3":
+        seaweed = request.getfixturevalue("aws_env")
+        seaweed.put("ids/ids.h5", ids_file)
+        return ids_file, f"s3://{seaweed.bucket}/ids/ids.h5", RemoteOptions(timeout_s=10)
+    server = request.getfixturevalue("range_server")
+    os.link(ids_file, server.root / "ids.h5")
+    return ids_file, server.url + "ids.h5", {"timeout_s": 10}
+
+
+def epochs(stream, n):
+    return [[(x.copy(), y.copy()) for x, y in stream] for _ in range(n)]
+
+
+def test_a_url_streams_the_same_batches_as_the_local_file_and_every_row_once(ids_url):
+    local, url, options = ids_url
+    with h5stream.open(local, **OPEN) as a, h5stream.open(url, remote=options, **OPEN) as b:
+        assert b.meta.rows == ROWS and b.meta.path == url
+        here, there = epochs(a, 3), epochs(b, 3)
+    for epoch_here, epoch_there in zip(here, there):
+        assert len(epoch_here) == len(epoch_there)
+        for (x1, y1), (x2, y2) in zip(epoch_here, epoch_there):
+            assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+        ids = np.concatenate([y for _, y in epoch_there]).astype(np.int64)
+        assert sorted(ids.tolist()) == list(range(ROWS))  # every row exactly once
+        x = np.concatenate([x for x, _ in epoch_there])
+        assert np.array_equal(x[:, 0, 0, 0].astype(np.int64) * 256 + x[:, 0, 0, 1], ids)  # each row's own pixels
+    assert not np.array_equal(*(np.concatenate([y for _, y in e]) for e in there[:2]))  # reshuffled each epoch
+
+
+def test_read_meta_of_a_url_equals_the_local_description(ids_url):
+    import dataclasses
+
+    local, url, options = ids_url
+    remote = h5stream.read_meta(url, remote=options)
+    assert dataclasses.replace(remote, path=local) == h5stream.read_meta(local)
+
+
+def test_resume_over_a_url_continues_with_the_batches_it_would_have_given(ids_url):
+    _, url, options = ids_url
+    with h5stream.open(url, remote=options, **OPEN) as whole:
+        expected = epochs(whole, 2)
+    with h5stream.open(url, remote=options, **OPEN) as first:
+        it = iter(first)
+        for _ in range(17):
+            next(it)
+        state = first.state()
+    with h5stream.open(url, remote=options, resume=state, **OPEN) as rest:
+        got = [y.copy() for _, y in rest] + [y.copy() for _, y in rest]
+    want = [y for _, y in expected[0][17:]] + [y for _, y in expected[1]]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+SHARD_SCRIPT = r"""
+import json, sys
+import h5stream
+url, index, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ids = []
+with h5stream.open(url, batch_size=50, memory_budget="64MiB", rows_per_fill=400, seed=5, shard=(index, 2),
+                   remote={"timeout_s": 10}) as stream:
+    for epoch in range(2):
+        ids.append([int(v) for _, y in stream for v in y])
+with open(out, "w") as fh:
+    json.dump(ids, fh)
+"""
+
+
+def test_two_processes_streaming_shards_of_a_url_cover_every_row_once(aws_env, ids_file, tmp_path):
+    aws_env.put("ids/shards.h5", ids_file)
+    url = f"s3://{aws_env.bucket}/ids/shards.h5"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    procs = [subprocess.Popen([sys.executable, "-c", SHARD_SCRIPT, url, str(i), str(tmp_path / f"{i}.json")],
+                              env=env, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        errors = [p.communicate(timeout=300)[1] for p in procs]  # a safety net: a healthy run takes seconds
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], errors
+    shard0, shard1 = (json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2))
+    for epoch in range(2):
+        assert not set(shard0[epoch]) & set(shard1[epoch])
+        assert collections.Counter(shard0[epoch] + shard1[epoch]) == collections.Counter(range(ROWS))
+    with h5stream.open(ids_file, batch_size=50, memory_budget="64MiB", rows_per_fill=400, seed=5,
+                       shard=(1, 2)) as local:  # the same shard as the same file read locally
+        assert [int(v) for _, y in local for v in y] == shard1[0]
+
+
+def test_augmenting_workers_give_the_same_batches_for_a_url_as_for_the_local_file(range_server, ids_file):
+    os.link(ids_file, range_server.root / "ids.h5")
+    augment = h5stream.Augment(horizontal_flip=True, brightness_range=(0.8, 1.2))
+    kwargs = dict(OPEN, augment=augment, workers=2, memory_budget=None)
+    with h5stream.open(ids_file, **kwargs) as a, h5stream.open(range_server.url + "ids.h5", **kwargs) as b:
+        for (x1, y1), (x2, y2) in zip(a, b):
+            assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+
+
+def test_a_server_that_dies_mid_epoch_fails_the_stream_in_one_line_and_leaks_nothing(range_server, ids_file):
+    os.link(ids_file, range_server.root / "ids.h5")
+    stream = h5stream.open(range_server.url + "ids.h5", remote={"timeout_s": 1.5}, timeout_s=30, **OPEN)
+    try:
+        it = iter(stream)
+        next(it)
+        range_server.stop()
+        with pytest.raises(ReaderError) as info:
+            for _ in range(4):  # what was read ahead runs out within an epoch or two
+                for _ in it:
+                    pass
+                it = iter(stream)
+        assert "\n" not in str(info.value)
+        assert isinstance(info.value.__cause__, RemoteUnavailableError)
+    finally:
+        stream.close()
+
+
+def test_a_missing_url_fails_at_open_in_one_line(range_server):
+    with pytest.raises(StoreNotFoundError) as info:
+        h5stream.open(range_server.url + "absent.h5")
+    assert "\n" not in str(info.value)
+
+
+def test_info_and_verify_read_a_url(range_server, h5cli):
+    url = range_server.url + "store.h5"
+    code, out, err = h5cli("info", url, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["path"] == url and info["rows"] == 2500 and info["file_bytes"] == (range_server.root /
+                                                                                    "store.h5").stat().st_size
+    code, out, err = h5cli("verify", url)
+    assert code == 0, err
+
+
+def test_the_cli_says_in_one_line_when_credentials_are_wrong(aws_env, s3_store, h5cli, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    code, out, err = h5cli("info", s3_store[1])
+    assert code != 0 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("h5stream: error: ") and "access denied" in lines[0]
+
+
+def test_bench_and_preview_take_a_url(range_server, h5cli, tmp_path):
+    url = range_server.url + "store.h5"
+    code, out, err = h5cli("bench", url, "--json", "--epochs", "1", "--memory-budget", "64MiB")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["file"] == url and result["rows_streamed"] == 2500 and result["baselines"] == {}
+    code, out, err = h5cli("bench", url, "--cold")
+    assert code != 0 and "drop --cold" in err and len(err.strip().splitlines()) == 1
+    code, out, err = h5cli("preview", url, "--out", tmp_path / "p.png")
+    assert code == 0, err
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_remote_clients_memory_is_on_top_of_the_default_budget_and_inside_a_given_one(remote_store_file):
+    import dataclasses
+
+    from h5stream.budget import plan_stream
+
+    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=1_000_000)  # larger than any budget
+    remote = dataclasses.replace(local, remote=RemoteOptions(max_in_flight=8))
+    by_default = plan_stream(local, None, 32), plan_stream(remote, None, 32)
+    assert by_default[1].remote_client_bytes > 0 and by_default[0].remote_client_bytes == 0
+    assert by_default[1].rows_per_fill == by_default[0].rows_per_fill  # the same batches as the local file
+    assert by_default[1].budget_bytes == by_default[0].budget_bytes + by_default[1].remote_client_bytes
+    budget = 256 << 20
+    given = plan_stream(local, budget, 32), plan_stream(remote, budget, 32)
+    assert given[1].total_bytes <= budget and given[1].rows_per_fill < given[0].rows_per_fill
+    assert "remote client" in given[1].describe()
