@@ -1,6 +1,7 @@
 """h5stream's benchmarks: one module per stage, run from the repository root.
 
     python -m benchmarks.stream     # h5stream bench on a 1 GB and a 4 GB class-sorted file, cold and warm
+    python -m benchmarks.cold       # a store larger than RAM: the stream vs. the disk's O_DIRECT limit and h5py
     python -m benchmarks.pipeline   # augmenting stream vs. ImageDataGenerator and tf.data
     python -m benchmarks.augment    # one core: Augment vs. OpenCV, scipy, Pillow, numpy, ImageDataGenerator
     python -m benchmarks.ingest     # h5stream ingest vs. its decode floor and Keras' directory loader

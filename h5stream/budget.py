@@ -24,7 +24,9 @@ the counts the plan names (``reader_batches``, ``input_slots``,
 * **bookkeeping** -- a fixed allowance plus the chunk offsets and the
   epoch's segment table;
 * **remote client** -- for a store read from a URL, what the client holds
-  (its library, connections, pieces of responses in flight).
+  (its library, connections, pieces of responses in flight);
+* **direct I/O** -- for a store read past the page cache (``direct_io``),
+  the bounce buffers of the reads in flight.
 
 The fill size ``rows_per_fill`` is whatever the budget leaves after
 everything else, in whole blocks; a budget that cannot hold one batch per
@@ -32,8 +34,9 @@ fill and two queued batches raises :class:`BudgetError` naming the minimum.
 
 Without a budget (``None``) the plan takes :data:`DEFAULT_BUDGET_BYTES` for
 reading and shuffling and gives augmentation (workers or the inline
-transform) and a remote client their shares on top, so adding workers, or
-reading the same file from a URL, neither fails nor changes the epoch order.
+transform), a remote client and direct I/O their shares on top, so adding
+workers, or reading the same file from a URL or past the page cache, neither
+fails nor changes the epoch order.
 With a budget, those shares come out of it, and the order depends on the
 worker count (and on reading from a URL) through ``rows_per_fill``; a caller that needs
 the same order whatever the workers (or the budget) fixes ``rows_per_fill``
@@ -134,12 +137,14 @@ class StreamPlan:
     min_budget_bytes: int
     default_budget: bool = False  # no budget was given: DEFAULT_BUDGET_BYTES plus the augmentation's share
     remote_client_bytes: int = 0  # the client of a store read from a URL
+    direct_io_bytes: int = 0  # the bounce buffers of reads past the page cache
 
     def allocations(self) -> dict[str, int]:
         """Every part of the plan, in bytes, by name."""
         return {"batches": self.batches_bytes, "fill index": self.fill_index_bytes, "output": self.output_bytes,
                 "workers": self.pool_bytes, "transform": self.transform_bytes, "label cache": self.label_cache_bytes,
-                "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes}
+                "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes,
+                "direct I/O": self.direct_io_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -173,7 +178,9 @@ class StreamPlan:
                 share = f" + {format_bytes(self.augment_bytes)} for augmentation"
             if self.remote_client_bytes:
                 share += f" + {format_bytes(self.remote_client_bytes)} for the remote client"
-            reading = self.budget_bytes - self.augment_bytes - self.remote_client_bytes
+            if self.direct_io_bytes:
+                share += f" + {format_bytes(self.direct_io_bytes)} for direct I/O"
+            reading = self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
             budget += f" (default: {format_bytes(reading)} for reading{share})"
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in self.allocations().items() if n)
         return (f"budget {budget}: {FILLS} fills x {self.rows_per_fill} rows "
@@ -197,6 +204,7 @@ def plan_memory(
     rows_per_fill: int | None = None,
     epoch_rows: int | None = None,
     remote_client_bytes: int = 0,
+    direct_io_bytes: int = 0,
 ) -> StreamPlan:
     """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
 
@@ -212,7 +220,8 @@ def plan_memory(
     ``rows``) is how many contiguous rows an epoch covers when it streams part
     of the file (a validation split).  ``remote_client_bytes``: what the client of
     a store read from a URL holds, on top of the default budget like
-    augmentation's share, out of a given one.
+    augmentation's share, out of a given one; ``direct_io_bytes`` likewise, the bounce buffers of reads past
+    the page cache.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -238,7 +247,7 @@ def plan_memory(
                 + n_out * (batch_bytes + bs * out_row_bytes))  # an input slot per output slot, and the output slot
     elif augment:
         transform = TRANSFORM_LIBRARY_BYTES + TRANSFORM_SCRATCH_BYTES
-    client = int(remote_client_bytes)
+    client = int(remote_client_bytes) + int(direct_io_bytes)  # what the byte source holds
     fixed = bookkeeping + output + pool + transform + client
 
     def total(fill_rows: int, depth: int, label_cache: int = 0) -> int:
@@ -310,15 +319,17 @@ def plan_memory(
         bookkeeping_bytes=int(bookkeeping),
         min_budget_bytes=int(min_budget),
         default_budget=default,
-        remote_client_bytes=client,
+        remote_client_bytes=int(remote_client_bytes),
+        direct_io_bytes=int(direct_io_bytes),
     )
 
 
 def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
                 rows_per_fill: int | None = None, epoch_rows: int | None = None,
-                out_label_row_bytes: int = 0) -> StreamPlan:
+                out_label_row_bytes: int = 0, direct_io: bool = False) -> StreamPlan:
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (pure; what
-    ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None.
+    ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
+    read past the page cache.
 
     ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
     :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
@@ -332,6 +343,11 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         from h5stream.remote.config import client_memory_bytes
 
         client = client_memory_bytes(meta.remote)
+    direct = 0
+    if direct_io:
+        from h5stream.read.source import DIRECT_IO_BYTES
+
+        direct = DIRECT_IO_BYTES
 
     def plan(budget, workers, batch_size, fill=rows_per_fill):
         return plan_memory(
@@ -339,7 +355,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
             block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
             out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
-            rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client,
+            rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
         )
 
     def minimum(workers, batch_size):

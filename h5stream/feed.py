@@ -32,9 +32,10 @@ from h5stream.store.meta import StoreMeta
 class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread."""
 
-    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float):
+    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
+                 direct_io: bool = False):
         self.meta, self._layout, self.plan = meta, layout, plan
-        self._augment, self._seed, self._timeout_s = augment, seed, timeout_s
+        self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
         self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, plan.reader_batches)
         self._out = None
         if augment is not None:
@@ -53,6 +54,7 @@ class InlineFeed:
         self.reader = Reader(
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
             allocate=self._allocate, cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
+            direct_io=self._direct_io,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -100,17 +102,19 @@ class PooledFeed:
     worker has read it by then).
     """
 
-    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float):
+    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
+                 direct_io: bool = False):
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
         self.meta, self._layout, self.plan = meta, layout, plan
-        self._seed, self._timeout_s = seed, timeout_s
+        self._seed, self._timeout_s, self._direct_io = seed, timeout_s, direct_io
         bs = plan.batch_size
         self._n_in = plan.input_slots
         prefix = new_prefix()
-        # Workers read rows the page cache holds straight from the file: only a local file has one.
-        self.direct = meta.remote is None and direct_reads(meta.path, meta)
+        # Workers read rows the page cache holds straight from the file: only a local file read through the
+        # page cache has one.
+        self.direct = meta.remote is None and not direct_io and direct_reads(meta.path, meta)
         self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
         sources = [self._inputs.spec]
         if self.direct:
@@ -172,7 +176,7 @@ class PooledFeed:
         self.reader = Reader(
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
             allocate=self._allocate, on_batch=self._submit, stop=self._stop, defer_pixels=self.direct,
-            cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
+            cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s, direct_io=self._direct_io,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ from h5stream.labels import LABEL_MODES
 from h5stream.order.epoch import check_shard
 from h5stream.order.split import check_split
 from h5stream.read.plan import parse_bytes
+from h5stream.read.source import check_direct_io
 
 
 def _is_int(value) -> bool:
@@ -44,6 +45,7 @@ class StreamOptions:
     subset: str | None = None
     label_mode: str = "int"
     remote: object = None
+    direct_io: bool | str = "auto"
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -60,6 +62,7 @@ class StreamOptions:
             raise ConfigError(f"resume must be a dict from Stream.state(), got {type(self.resume).__name__}")
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
+        check_direct_io(self.direct_io)
         split, subset = check_split(self.validation_split, self.subset)
         if self.remote is not None:
             from h5stream.remote.config import remote_options

@@ -23,6 +23,7 @@ from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import subset_rows
+from h5stream.read.source import resolve_direct_io
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -73,6 +74,15 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     (an :class:`h5stream.RemoteOptions` or a dict of its fields: ``endpoint``,
     ``region``, ``profile``, ``anonymous``, ``timeout_s``, ``max_in_flight``,
     ``headers``) says how to reach it.  Every guarantee of a local store holds.
+
+    ``direct_io`` (local stores): read the pixels past the page cache
+    (``O_DIRECT``).  ``"auto"`` (default) does so for a store larger than the
+    memory the page cache could keep of it (``MemAvailable``): such a store is
+    read from the disk every epoch anyway, and the page cache would only add a
+    kernel copy, read-ahead and reclaim.  ``True`` forces it (a file system
+    that refuses ``O_DIRECT`` raises :class:`~h5stream.ConfigError`), ``False``
+    never.  ``stream.direct_io`` says which applies; its buffers (4 MiB) come
+    on top of the default budget, out of a given one.
 
     The order of an epoch depends on the seed and on ``rows_per_fill`` (the
     shuffle window, ``stream.plan.rows_per_fill``), which by default is what
@@ -125,6 +135,9 @@ class Stream:
         self.seed = int(seed)
         self.drop_remainder = options.drop_remainder
         self.timeout_s = options.timeout_s
+        if meta.remote is not None and options.direct_io is True:
+            raise ConfigError(f"{meta.path}: direct_io=True is for a local store; leave it at 'auto' for a URL")
+        self.direct_io: bool = meta.remote is None and resolve_direct_io(meta.path, options.direct_io)
         self.augment = self._prepare_augment(options.augment)
         self.workers = options.workers
         if self.workers and self.augment is None:
@@ -138,7 +151,8 @@ class Stream:
         start, stop = self._rows
         self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
                                             workers=self.workers, rows_per_fill=rows_per_fill,
-                                            epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes)
+                                            epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
+                                            direct_io=self.direct_io)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
@@ -158,10 +172,10 @@ class Stream:
         try:
             if self.workers:
                 self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s)
+                                        timeout_s=self.timeout_s, direct_io=self.direct_io)
             else:
                 self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s)
+                                        timeout_s=self.timeout_s, direct_io=self.direct_io)
             # The feed owns the thread, processes and shared memory; it never refers back to this object,
             # so garbage collection of an unclosed stream still reaches this finalizer.
             self._finalizer = weakref.finalize(self, self._feed.close)

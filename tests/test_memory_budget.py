@@ -31,13 +31,15 @@ from h5stream.measure import ResourceSampler, evict_from_page_cache
 from h5stream.store.meta import read_meta
 
 path, workers, augmented, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+direct_io = sys.argv[5] == "1" if len(sys.argv) > 5 else "auto"
 augment = h5stream.Augment(**PRESETS["standard"]) if augmented else None
 budget = plan_stream(read_meta(path), None, {batch}, augment=augment, workers=workers).min_budget_bytes + extra
 if workers:
     evict_from_page_cache(path)
 gc.collect()
 with ResourceSampler(0.02) as sampler:
-    with h5stream.open(path, batch_size={batch}, memory_budget=budget, augment=augment, workers=workers) as s:
+    with h5stream.open(path, batch_size={batch}, memory_budget=budget, augment=augment, workers=workers,
+                       direct_io=direct_io) as s:
         plan, rows = s.plan, 0
         for x, _ in s:
             rows += len(x)
@@ -67,6 +69,22 @@ def test_peak_memory_of_the_process_tree_stays_within_the_budget(store, workers,
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["rows"] == ROWS and r["rows_per_fill"] < ROWS  # a whole epoch, over several fills
     assert r["planned"] <= r["budget"]
+    assert 0 < r["peak"] <= r["budget"], (f"peak {r['peak'] / 2**20:.1f} MiB over a budget of "
+                                          f"{r['budget'] / 2**20:.1f} MiB: {r}")
+
+
+@pytest.mark.parametrize("workers,augmented", [(0, False), (2, True)])
+def test_peak_memory_with_direct_io_stays_within_the_budget(store, workers, augmented):
+    """Reading past the page cache adds the direct reads' bounce buffers, which the plan counts."""
+    from h5stream.read.source import _direct_refused
+
+    if (reason := _direct_refused(store)) is not None:
+        pytest.skip(f"this file system refuses O_DIRECT: {reason}")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, store, str(workers), str(int(augmented)), str(8 << 20), "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["rows"] == ROWS and r["rows_per_fill"] < ROWS and r["planned"] <= r["budget"]
     assert 0 < r["peak"] <= r["budget"], (f"peak {r['peak'] / 2**20:.1f} MiB over a budget of "
                                           f"{r['budget'] / 2**20:.1f} MiB: {r}")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from h5stream.order.epoch import epoch_layout
-from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
+from h5stream.read.runs import Run, aligned_span, chunk_pieces, inner_ends, placement, plan_runs, row_offsets
 
 ROW_BYTES = 48
 
@@ -80,3 +80,36 @@ def test_chunk_pieces_cut_a_row_range_at_chunk_boundaries(src, rows, chunk_rows)
     for first, chunk, within, m in pieces:
         assert chunk * chunk_rows + within == src + first
         assert m >= 1 and within + m <= chunk_rows
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2952, 4095, 4096, 8191, 123457])
+@pytest.mark.parametrize("length", [1, 100, 1144, 4096, 5240, 12288, 786432])
+def test_aligned_span_is_the_smallest_block_range_holding_the_bytes(offset, length):
+    start, stop = aligned_span(offset, length, 4096)
+    assert start % 4096 == 0 and stop % 4096 == 0
+    assert start <= offset < offset + length <= stop
+    assert offset - start < 4096 and stop - (offset + length) < 4096
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2952, 4095, 4096, 8191, 123457])
+@pytest.mark.parametrize("length", [1, 100, 1144, 4096, 5240, 8192, 12288, 786432])
+def test_inner_ends_lie_on_pages_the_range_does_not_share(offset, length):
+    page = 4096
+    first, last = inner_ends(offset, length, page)
+    end = offset + length
+    assert offset <= first <= last < end
+    whole = [p for p in range(offset // page, (end - 1) // page + 1) if p * page >= offset and (p + 1) * page <= end]
+    if whole:  # the probed pages are the first and last page wholly inside the range
+        assert first // page == whole[0] and last // page == whole[-1]
+    else:  # no page of its own: its two ends
+        assert (first, last) == (offset, end - 1)
+
+
+def test_inner_ends_of_runs_that_share_a_boundary_page():
+    # Two runs back to back at the chunk offsets an HDF5 store has (2952 mod 4096): the page holding byte
+    # 2952 + 786432 belongs to both, so neither run's probe may look at it.
+    a, b = (2952, 786432), (2952 + 786432, 786432)
+    shared = (a[0] + a[1]) // 4096
+    for run in (a, b):
+        first, last = inner_ends(*run, 4096)
+        assert shared not in (first // 4096, last // 4096)

@@ -170,7 +170,8 @@ class Reader:
     ``stop`` is set.  ``cache_labels`` reads every label once up front instead
     of run by run.  ``source()`` opens the store's
     :class:`~h5stream.read.source.ByteSource`, in the reader thread (default:
-    the local file); I/O threads keep its ``max_in_flight`` raw reads in
+    the local file, read past the page cache with ``O_DIRECT`` when
+    ``direct_io``); I/O threads keep its ``max_in_flight`` raw reads in
     flight (GIL released), so reading overlaps handing out batches.
     ``defer_pixels=True`` (uncompressed stores only, see :func:`direct_reads`)
     lets the batches of a fill that is wholly in the page cache go out without
@@ -195,6 +196,7 @@ class Reader:
         timeout_s: float = 60.0,
         cache_labels: bool = False,
         defer_pixels: bool = False,
+        direct_io: bool = False,
         source: Callable[[], ByteSource] | None = None,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
         on_batch: Callable[[Batch], object] | None = None,
@@ -204,7 +206,7 @@ class Reader:
         self.meta = meta
         self.defer_pixels = bool(defer_pixels)
         self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0}
+                      "deferred_bytes": 0, "direct_io": 0}
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
@@ -214,8 +216,7 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
-        self._open_source = source or (lambda: open_source(meta.path, exact_residency=self.defer_pixels,
-                                                           remote=meta.remote))
+        self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
         self._stats_lock = threading.Lock()
         # Set by the reader thread when it opens the store:
@@ -308,6 +309,7 @@ class Reader:
                     self._labels = f[schema.LABELS]
                 self._source = self._open_source()
                 stack.callback(self._source.close)
+                self.stats["direct_io"] = int(bool(getattr(self._source, "direct", False)))
                 if self._offsets is not None:
                     self._io_threads = max(1, int(self._source.max_in_flight))
                     self._io = concurrent.futures.ThreadPoolExecutor(
@@ -412,10 +414,11 @@ class Reader:
             into_batches = np.isin(job.batch, with_images)
             job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
         if self._io is not None:
-            # One future per I/O thread, each taking every k-th run: both walk the fill in file order, and
-            # a fill costs k futures instead of one per run.
-            k = self._io_threads
-            job.futures = [self._io.submit(self._read_runs, job, job.to_read[i::k]) for i in range(k)]
+            # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
+            # in file order and finish within one read of each other, so the device's queue stays full to the
+            # end of the fill; a fill costs k futures instead of one per run.
+            runs, lock = iter(job.to_read), threading.Lock()
+            job.futures = [self._io.submit(self._read_runs, job, runs, lock) for _ in range(self._io_threads)]
             job.done = len(job.to_read)
 
     def _step(self, job: _FillJob, n_runs: int) -> None:
@@ -469,8 +472,13 @@ class Reader:
                 self.stats["advised_bytes"] += length
         return missing
 
-    def _read_runs(self, job: _FillJob, runs: list[Run]) -> None:
-        for run in runs:
+    def _read_runs(self, job: _FillJob, runs: Iterator[Run], lock: threading.Lock) -> None:
+        """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left."""
+        while True:
+            with lock:
+                run = next(runs, None)
+            if run is None:
+                return
             self._read_pixels(job, run)
 
     def _read_pixels(self, job: _FillJob, run: Run) -> None:

@@ -6,7 +6,9 @@ them into :class:`Run` s, each one contiguous read; :func:`placement` says,
 for every buffer position, which batch and which row of it the row goes to;
 :func:`row_offsets` gives every row's byte offset in the file (for receivers
 that read rows themselves); :func:`chunk_pieces` cuts a run of rows at chunk
-boundaries (labels, whose chunks are not contiguous with each other).
+boundaries (labels, whose chunks are not contiguous with each other);
+:func:`aligned_span` widens a byte range to whole blocks (direct I/O);
+:func:`inner_ends` picks the bytes that tell whether a range is cached.
 """
 
 from __future__ import annotations
@@ -96,3 +98,25 @@ def chunk_pieces(src: int, rows: int, chunk_rows: int) -> Iterator[tuple[int, in
         yield done, chunk, within, m
         done += m
 
+
+
+def aligned_span(offset: int, length: int, align: int) -> tuple[int, int]:
+    """``[start, stop)``: the smallest range of whole ``align``-byte blocks that holds ``[offset, offset + length)``."""
+    start = offset - offset % align
+    stop = -(-(offset + length) // align) * align
+    return start, stop
+
+
+def inner_ends(offset: int, length: int, page: int) -> tuple[int, int]:
+    """The first and last byte of ``[offset, offset + length)`` that lie on pages wholly inside it, or, for a
+    range that holds no whole page at one end, its own first or last byte there.
+
+    A page the range shares with a neighbour may be cached because the neighbour was read; a byte of a page
+    that belongs to the range alone says whether the range itself was.
+    """
+    start, stop = aligned_span(offset, length, page)
+    first = offset if offset == start else start + page
+    last = offset + length - 1 if offset + length == stop else stop - page - 1
+    if first > last:  # less than two whole pages: only the ends themselves are left
+        return offset, offset + length - 1
+    return first, last

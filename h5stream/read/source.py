@@ -6,23 +6,63 @@ those reads; the reader keeps ``max_in_flight`` of them in flight.  Optional
 extras, looked up with ``getattr``: ``cached(offset, length)`` (page-cache
 residency) and ``advise_willneed(offset, length)`` (read-ahead advice).
 
-:class:`LocalFile` is a file on this machine, read with ``preadv`` through
-the page cache; a URL is read by :class:`h5stream.remote.source.RemoteSource`
-(ranged requests, several in flight).  :func:`open_source` picks one.
+Three sources; :func:`open_source` picks one:
+
+* :class:`LocalFile` reads with ``preadv`` through the page cache, which
+  keeps what it reads for the next epoch.
+* :class:`DirectFile` reads with ``O_DIRECT``, past the page cache, for a
+  store the page cache cannot keep (larger than the memory it may use): there
+  the cache only costs -- a kernel copy of every byte, read-ahead, and
+  reclaiming pages to make room, which evicts pages read ahead but not yet
+  used so that they are read twice.  ``O_DIRECT`` needs the file offset, the
+  length and the memory address aligned to the device's block, and a store's
+  chunks start anywhere, so each read takes the aligned span around the
+  wanted bytes into a page-aligned bounce buffer and copies them out.
+* :class:`h5stream.remote.source.RemoteSource` reads a URL (ranged
+  requests, several in flight).
+
+:func:`use_direct_io` decides between the two local ones
+(``direct_io="auto"``: the store is larger than the memory the page cache
+could use for it).
 """
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
-from h5stream.read.pagecache import Residency, preadv_all
+from h5stream._io import preadv_all
+from h5stream.errors import ConfigError
+from h5stream.read.pagecache import Residency
+from h5stream.read.runs import aligned_span, inner_ends
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux: a read that fails instead of waiting for the disk
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
+
+_O_DIRECT = getattr(os, "O_DIRECT", None)
+
+DIRECT_ALIGN = 4096
+"""Alignment of direct reads (offset, length, memory): a multiple of every common device block size."""
+
+DIRECT_MIN_BYTES = 64 << 10
+"""Smaller reads (labels, a few rows) go through the page cache: not worth a bounce buffer."""
+
+BOUNCE_BYTES = 1 << 20
+"""One direct read's bounce buffer: a run of the reader (about a MiB) in one or two reads."""
+
+DIRECT_IO_SETTINGS = ("auto", True, False)
+
+DIRECT_IN_FLIGHT = 4
+"""Direct reads in flight: there is no kernel read-ahead to keep the device's queue filled."""
+
+DIRECT_IO_BYTES = DIRECT_IN_FLIGHT * BOUNCE_BYTES
+"""Memory a :class:`DirectFile` holds at most: a bounce buffer per read in flight."""
 
 
 class ByteSource(Protocol):
@@ -41,34 +81,32 @@ class ByteSource(Protocol):
         """Idempotent."""
 
 
-def open_source(path: str, *, exact_residency: bool = False, remote=None) -> ByteSource:
-    """The byte source for ``path``: a :class:`LocalFile`, or for a URL a remote source with the ``remote``
-    options (see :class:`h5stream.remote.RemoteOptions`)."""
+def open_source(path: str, *, direct_io: bool = False, remote=None) -> ByteSource:
+    """The byte source for ``path``: for a URL a remote source with the ``remote`` options (see
+    :class:`h5stream.remote.RemoteOptions`); else :class:`DirectFile` when ``direct_io``, :class:`LocalFile`
+    when not."""
     from h5stream.remote.config import is_url, remote_options
 
     if is_url(path):
         from h5stream.remote.source import RemoteSource
 
         return RemoteSource(path, remote_options(remote))
-    return LocalFile(path, exact_residency=exact_residency)
+    return DirectFile(path) if direct_io else LocalFile(path)
 
 
 class LocalFile:
     """A local file read through the page cache.  ``readinto`` from any thread; ``cached`` and
-    ``advise_willneed`` from one thread at a time.
-
-    ``exact_residency``: :meth:`cached` looks at every page of a range (``cachestat`` / ``mincore``, see
-    :class:`~h5stream.read.pagecache.Residency`) instead of its two end bytes.
-    """
+    ``advise_willneed`` from one thread at a time."""
 
     max_in_flight = 2
+    direct = False
 
-    def __init__(self, path: str, *, exact_residency: bool = False):
+    def __init__(self, path: str):
         self.name = path
         fd = os.open(path, os.O_RDONLY)
         try:
             self.size = os.fstat(fd).st_size
-            self._residency = Residency(fd) if exact_residency else None
+            self._residency = Residency(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -85,10 +123,12 @@ class LocalFile:
 
     def cached(self, offset: int, length: int) -> bool:
         """Whether ``[offset, offset + length)`` is in the page cache: every page of it where
-        ``cachestat`` / ``mincore`` can tell (``exact_residency``), else its two end bytes."""
-        if self._residency is not None and self._residency.method is not None:
+        ``cachestat`` / ``mincore`` can tell, else one byte of its first and of its last page that it does not
+        share with a neighbour (:func:`~h5stream.read.runs.inner_ends`)."""
+        if self._residency.method is not None:
             return self._residency.cached(offset, length)
-        return self._byte_cached(offset) and self._byte_cached(offset + length - 1)
+        first, last = inner_ends(offset, length, mmap.PAGESIZE)
+        return self._byte_cached(first) and self._byte_cached(last)
 
     def _byte_cached(self, offset: int) -> bool:
         """Whether the byte at ``offset`` is in the page cache (a read that must not wait); False when unknown."""
@@ -108,9 +148,207 @@ class LocalFile:
         self._finalizer()
 
 
-def _release(fd: int, residency: Residency | None) -> None:
+class DirectFile:
+    """A local file read with ``O_DIRECT`` (past the page cache) through aligned bounce buffers; reads
+    under :data:`DIRECT_MIN_BYTES` go through the page cache.  ``readinto`` from any thread (each call
+    takes a bounce buffer of its own).  Raises OSError where the file system refuses ``O_DIRECT``."""
+
+    max_in_flight = DIRECT_IN_FLIGHT
+    direct = True
+
+    def __init__(self, path: str):
+        if _O_DIRECT is None:
+            raise OSError(errno.EINVAL, "O_DIRECT is not available on this platform", path)
+        self.name = path
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            dfd = os.open(path, os.O_RDONLY | _O_DIRECT)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.size = os.fstat(fd).st_size
+        self._fd, self._dfd = fd, dfd
+        self._free: list[mmap.mmap] = []  # bounce buffers not in use
+        self._all: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _release_direct, fd, dfd, self._all)
+
+    def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        total = sum(len(b) for b in buffers)
+        if total < DIRECT_MIN_BYTES:
+            for i in range(0, len(buffers), IOV_MAX):
+                part = list(buffers[i:i + IOV_MAX])
+                preadv_all(self._fd, part, offset, self.name)
+                offset += sum(len(b) for b in part)
+            return
+        bounce = self._take()
+        try:
+            self._read_through(bounce, offset, total, buffers)
+        finally:
+            with self._lock:
+                self._free.append(bounce)
+
+    def _take(self) -> mmap.mmap:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            if not self._finalizer.alive:
+                raise ValueError(f"{self.name}: read from a closed source")
+            bounce = mmap.mmap(-1, BOUNCE_BYTES)  # anonymous, so page-aligned
+            self._all.append(bounce)
+            return bounce
+
+    def _read_through(self, bounce: mmap.mmap, offset: int, total: int, buffers: Sequence[memoryview]) -> None:
+        """Read ``[offset, offset + total)`` aligned span by aligned span into ``bounce`` and copy the wanted
+        bytes into ``buffers`` in order."""
+        view = memoryview(bounce)
+        try:
+            end = offset + total
+            pos, i, within = offset, 0, 0  # next byte wanted; buffer being filled and bytes of it filled
+            while pos < end:
+                start, stop = aligned_span(pos, end - pos, DIRECT_ALIGN)
+                stop = min(stop, start + BOUNCE_BYTES)
+                got = self._read_aligned(view, start, stop - start)
+                have = min(start + got, end)
+                if have <= pos:
+                    raise OSError(f"{self.name}: unexpected end of file at byte {pos} (file truncated?)")
+                k, src = pos - start, have - start
+                while k < src:
+                    b = buffers[i]
+                    m = min(len(b) - within, src - k)
+                    b[within:within + m] = view[k:k + m]
+                    k, within = k + m, within + m
+                    if within == len(b):
+                        i, within = i + 1, 0
+                pos = have
+        finally:
+            view.release()
+
+    def _read_aligned(self, view: memoryview, start: int, length: int) -> int:
+        """Bytes read into ``view[:length]`` from ``start`` with ``O_DIRECT`` (fewer only at the end of the file)."""
+        done = 0
+        while done < length:
+            got = os.preadv(self._dfd, [view[done:length]], start + done)
+            done += got
+            if got == 0 or done % DIRECT_ALIGN:
+                break  # the end of the file: nothing more, or a tail that ends off the alignment
+        return done
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def use_direct_io(setting, file_bytes: int, cacheable_bytes: int | None) -> bool:
+    """Whether to read a store of ``file_bytes`` with ``O_DIRECT``: ``setting`` True or False as given;
+    ``"auto"`` when the store is larger than ``cacheable_bytes``, the memory the page cache could keep of it
+    (None: unknown, so no)."""
+    if setting == "auto":
+        return cacheable_bytes is not None and file_bytes > cacheable_bytes
+    return bool(setting)
+
+
+def cacheable_bytes() -> int | None:
+    """How much the page cache could hold now: the memory available to new pages (``MemAvailable``, which
+    counts cached files as reclaimable), capped by this cgroup's memory limit less its anonymous memory.
+    None where that cannot be read (not Linux)."""
+    available = _meminfo_bytes("MemAvailable")
+    if available is None:
+        return None
+    room = _cgroup_room()
+    return available if room is None else min(available, room)
+
+
+def check_direct_io(setting) -> object:
+    """``setting`` if it is one of :data:`DIRECT_IO_SETTINGS`, else :class:`ConfigError`."""
+    if not any(setting is s or (isinstance(setting, str) and setting == s) for s in DIRECT_IO_SETTINGS):
+        raise ConfigError(f"direct_io must be 'auto', True or False, got {setting!r}")
+    return setting
+
+
+def resolve_direct_io(path: str, setting) -> bool:
+    """Whether a stream of the store at ``path`` reads it with ``O_DIRECT`` (see :func:`use_direct_io`).
+
+    ``True`` on a file system that refuses ``O_DIRECT`` raises :class:`ConfigError` (``"auto"`` falls
+    back to the page cache there).
+    """
+    setting = check_direct_io(setting)
+    if setting is False:
+        return False
+    if setting == "auto" and not use_direct_io("auto", os.path.getsize(path), cacheable_bytes()):
+        return False
+    refused = _direct_refused(path)
+    if refused is None:
+        return True
+    if setting is True:
+        raise ConfigError(f"{path}: direct_io=True, but this file system refuses O_DIRECT reads ({refused}); "
+                          "use direct_io='auto' or False")
+    return False
+
+
+def _direct_refused(path: str) -> str | None:
+    """Why the file at ``path`` cannot be read with ``O_DIRECT``, or None when it can."""
+    if _O_DIRECT is None:
+        return "not available on this platform"
     try:
-        if residency is not None:
-            residency.close()
+        fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        buf = mmap.mmap(-1, DIRECT_ALIGN)
+        try:
+            os.preadv(fd, [buf], 0)
+        finally:
+            buf.close()
+    except OSError as exc:
+        return exc.strerror or str(exc)
     finally:
+        os.close(fd)
+    return None
+
+
+def _meminfo_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                name, _, rest = line.partition(":")
+                if name == key:
+                    return int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """Bytes of this process's cgroup (v2) memory limit not taken by anonymous memory, or None without a limit."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            rel = next((line.strip().split("::", 1)[1] for line in fh if line.startswith("0::")), None)
+        if rel is None:
+            return None
+        base = os.path.join("/sys/fs/cgroup", rel.lstrip("/"))
+        with open(os.path.join(base, "memory.max")) as fh:
+            limit = fh.read().strip()
+        if limit == "max":
+            return None
+        with open(os.path.join(base, "memory.stat")) as fh:
+            anon = next(int(line.split()[1]) for line in fh if line.startswith("anon "))
+        return max(0, int(limit) - anon)
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
+def _release(fd: int, residency: Residency) -> None:
+    try:
+        residency.close()
+    finally:
+        os.close(fd)
+
+
+def _release_direct(fd: int, dfd: int, bounces: list[mmap.mmap]) -> None:
+    try:
+        for b in bounces:
+            b.close()
+        bounces.clear()
+    finally:
+        os.close(dfd)
         os.close(fd)

@@ -1,0 +1,259 @@
+"""Byte sources (h5stream.read.source): O_DIRECT reads through bounce buffers give the bytes a plain read
+gives, wherever they start; the page-cache probe judges a run by its own pages; the stream's direct_io option."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import h5stream
+from h5stream.errors import ConfigError
+from h5stream.measure import evict_from_page_cache
+from h5stream.read import source
+from h5stream.read.locate import locate
+from h5stream.read.runs import plan_runs
+from h5stream.store.meta import read_meta
+from h5stream.store.writer import write_arrays
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+@pytest.fixture(scope="module")
+def direct_dir(tmp_path_factory):
+    """A folder on a file system that takes O_DIRECT reads: pytest's, else /var/tmp; skip where none does."""
+    for parent in (str(tmp_path_factory.mktemp("direct")), "/var/tmp"):
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            continue
+        folder = tempfile.mkdtemp(prefix="h5stream-direct-", dir=parent)
+        probe = os.path.join(folder, "probe")
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 8192)
+        reason = source._direct_refused(probe)
+        os.unlink(probe)
+        if reason is None:
+            yield folder
+            for name in os.listdir(folder):
+                os.unlink(os.path.join(folder, name))
+            os.rmdir(folder)
+            return
+        os.rmdir(folder)
+    pytest.skip(f"no file system here takes O_DIRECT reads (pytest's tmp and /var/tmp refuse: {reason})")
+
+
+@pytest.fixture(scope="module")
+def data_file(direct_dir):
+    """3 MiB and 1234 bytes of random data: the end lies off the 4 KiB alignment."""
+    path = os.path.join(direct_dir, "data.bin")
+    data = np.random.default_rng(0).integers(0, 256, 3 * (1 << 20) + 1234, dtype=np.uint8).tobytes()
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return path, data
+
+
+def _pieces(total: int, rng: np.random.Generator) -> list[int]:
+    """``total`` bytes cut into buffers of random sizes, some empty."""
+    cuts = np.sort(rng.integers(0, total + 1, int(rng.integers(0, 40))))
+    return np.diff(np.concatenate([[0], cuts, [total]])).tolist()
+
+
+def _read(src, offset: int, sizes: list[int]) -> bytes:
+    bufs = [bytearray(n) for n in sizes]
+    src.readinto(offset, [memoryview(b) for b in bufs])
+    return b"".join(bufs)
+
+
+def test_direct_reads_give_the_bytes_at_any_offset_in_any_pieces(data_file):
+    path, data = data_file
+    rng = np.random.default_rng(1)
+    src = source.DirectFile(path)
+    try:
+        cases = [(0, len(data)), (2952, 786432), (2952 + 786432, 786432), (4096, 65536), (1, source.BOUNCE_BYTES + 5),
+                 (len(data) - 70000, 70000), (len(data) - 10, 10), (100, 10)]  # whole file, HDF5-like runs, tail
+        cases += [(int(o), int(rng.integers(1, len(data) - o + 1)))
+                  for o in rng.integers(0, len(data), 40)]
+        for offset, length in cases:
+            assert _read(src, offset, _pieces(length, rng)) == data[offset:offset + length], (offset, length)
+    finally:
+        src.close()
+        src.close()  # idempotent
+
+
+def test_direct_reads_from_several_threads_at_once(data_file):
+    path, data = data_file
+    src = source.DirectFile(path)
+    failures = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            offset = int(rng.integers(0, len(data) - 300000))
+            length = int(rng.integers(source.DIRECT_MIN_BYTES, 300000))
+            if _read(src, offset, _pieces(length, rng)) != data[offset:offset + length]:
+                failures.append((offset, length))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        src.close()
+    assert failures == []
+
+
+def test_a_direct_read_past_the_end_of_the_file_fails(data_file):
+    path, data = data_file
+    src = source.DirectFile(path)
+    try:
+        with pytest.raises(OSError, match="unexpected end of file"):
+            _read(src, len(data) - 100000, [200000])
+    finally:
+        src.close()
+    with pytest.raises(ValueError, match="closed"):
+        _read(src, 0, [source.DIRECT_MIN_BYTES])
+
+
+def _write_store(path: str, rows: int, side: int, block_rows: int):
+    ids = np.arange(rows)
+    images = np.random.default_rng(2).integers(0, 256, (rows, side, side, 3), dtype=np.uint8)
+    write_arrays(path, images, ids % 5, block_rows=block_rows)
+    return read_meta(path), images, ids % 5
+
+
+@pytest.fixture(scope="module")
+def direct_store(direct_dir):
+    """4000 rows of 30x30x3 (2700 bytes: no multiple of 512) in chunks of 256 rows (runs of ~690 KB)."""
+    path = os.path.join(direct_dir, "store.h5")
+    meta, images, labels = _write_store(path, 4000, 30, 256)
+    return path, meta, images, labels
+
+
+def _epochs(path: str, direct_io, epochs: int = 2, **options):
+    # Under a given budget the bounce buffers of direct I/O come out of the fills: a pinned fill size keeps the
+    # epoch order the same with and without.
+    options.setdefault("memory_budget", "16MiB")
+    options.setdefault("rows_per_fill", 768)
+    with h5stream.open(path, batch_size=50, seed=4, direct_io=direct_io, **options) as s:
+        out = [(x.copy(), y.copy()) for _ in range(epochs) for x, y in s]
+        return out, s.direct_io, s.stats()
+
+
+def test_forced_direct_io_streams_the_same_batches_as_the_page_cache(direct_store):
+    path, meta, images, _labels = direct_store
+    where = locate(meta, cache_labels=False)
+    assert (where.image_chunks % source.DIRECT_ALIGN != 0).any()  # chunks start off the alignment, as HDF5 puts them
+    runs = plan_runs(np.array([[0, meta.rows]]), where.image_chunks, meta.block_rows, meta.row_bytes)
+    assert min(r.rows for r in runs) * meta.row_bytes >= source.DIRECT_MIN_BYTES  # the reads do go direct
+    buffered, used_b, stats_b = _epochs(path, False)
+    direct, used_d, stats_d = _epochs(path, True)
+    assert (used_b, stats_b["direct_io"], used_d, stats_d["direct_io"]) == (False, 0, True, 1)
+    assert stats_d["advised_bytes"] == 0  # nothing asked of the page cache
+    assert len(buffered) == len(direct) == 2 * -(-meta.rows // 50)
+    for (xb, yb), (xd, yd) in zip(buffered, direct):
+        assert np.array_equal(xb, xd) and np.array_equal(yb, yd)
+    seen = np.concatenate([x for x, _ in direct[:len(direct) // 2]])
+    assert sorted(map(bytes, seen)) == sorted(map(bytes, images))  # every row once per epoch
+
+
+def test_direct_io_with_labels_read_by_offset_and_augmenting_workers(direct_store):
+    path, meta, images, labels = direct_store
+    from h5stream.budget import plan_stream
+    from h5stream.read.reader import Reader
+    from h5stream.stream import layout_function
+
+    plan = plan_stream(meta, 16 << 20, 50)
+    layout = layout_function(meta.rows, plan, seed=5)
+
+    def allocate(n, want_images=True):
+        return np.empty((n, *meta.image_shape), np.uint8), np.empty((n, *meta.label_shape), meta.label_dtype), None
+
+    reader = Reader(meta, layout, queue_depth=4, allocate=allocate, cache_labels=False, direct_io=True)
+    try:
+        for _ in range(layout(0).n_batches):
+            batch = reader.get()
+            assert np.array_equal(batch.images, images[batch.row_ids])
+            assert np.array_equal(batch.labels, labels[batch.row_ids])
+        assert reader.stats["direct_io"] == 1
+    finally:
+        reader.close()
+    augment = h5stream.Augment(horizontal_flip=True, rotation_range=10)
+    buffered, _, _ = _epochs(path, False, epochs=1, augment=augment, workers=1, memory_budget=None)
+    direct, _, _ = _epochs(path, True, epochs=1, augment=augment, workers=1, memory_budget=None)
+    for (xb, yb), (xd, yd) in zip(buffered, direct, strict=True):
+        assert np.array_equal(xb, xd) and np.array_equal(yb, yd)
+
+
+def test_direct_io_option_is_checked_and_auto_follows_the_memory_the_cache_could_use(direct_store, tmp_path):
+    path = direct_store[0]
+    for bad in ("yes", 1, None, "AUTO"):
+        with pytest.raises(ConfigError, match="direct_io must be 'auto', True or False"):
+            h5stream.open(path, direct_io=bad)
+    assert source.use_direct_io("auto", 10 << 30, 8 << 30)
+    assert not source.use_direct_io("auto", 6 << 30, 8 << 30)
+    assert not source.use_direct_io("auto", 10 << 30, None)  # unknown memory: the page cache
+    assert source.use_direct_io(True, 1, 8 << 30) and not source.use_direct_io(False, 10 << 30, 8 << 30)
+    with h5stream.open(path, batch_size=50) as s:  # a small store: auto keeps the page cache
+        assert s.direct_io is False
+
+
+def test_direct_io_is_for_local_stores(direct_store, tmp_path):
+    pytest.importorskip("obstore")
+    from remote_servers import RangeServer
+
+    (tmp_path / "www").mkdir()
+    shutil.copyfile(direct_store[0], tmp_path / "www" / "s.h5")
+    server = RangeServer(tmp_path / "www")
+    try:
+        with pytest.raises(ConfigError, match="direct_io=True is for a local store"):
+            h5stream.open(server.url + "s.h5", direct_io=True)
+        with h5stream.open(server.url + "s.h5", batch_size=50) as s:  # auto: never for a URL
+            assert s.direct_io is False and len(next(iter(s))[0]) == 50
+    finally:
+        server.stop()
+
+
+def test_the_plan_counts_the_bounce_buffers_on_top_of_the_default_budget(direct_store):
+    from h5stream.budget import plan_stream
+
+    meta = direct_store[1]
+    plain, direct = plan_stream(meta, None, 50), plan_stream(meta, None, 50, direct_io=True)
+    assert direct.allocations()["direct I/O"] == source.DIRECT_IO_BYTES and plain.allocations()["direct I/O"] == 0
+    assert direct.budget_bytes == plain.budget_bytes + source.DIRECT_IO_BYTES
+    assert direct.rows_per_fill == plain.rows_per_fill  # the default budget: the same epoch order
+    given = plan_stream(meta, 64 << 20, 50, direct_io=True)
+    assert given.total_bytes <= given.budget_bytes and given.direct_io_bytes == source.DIRECT_IO_BYTES
+
+
+def test_a_run_is_cached_only_when_its_own_pages_are(direct_dir):
+    """Runs back to back at HDF5's offsets share boundary pages: reading its neighbours on both sides must not
+    make a run look cached (the probe decides which runs get read-ahead advice, and which workers may read)."""
+    path = os.path.join(direct_dir, "runs.bin")
+    run = 786432
+    a, b, c = ((2952 + k * run, run) for k in range(3))
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(2952 + 3 * run + 5000))
+    if not evict_from_page_cache(path):
+        pytest.skip("cannot evict a file from the page cache here")
+    fd = os.open(path, os.O_RDONLY)
+    src = source.LocalFile(path)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: only the pages read get cached
+        if src._residency.method is None:
+            pytest.skip("neither cachestat nor mincore is available here")
+        assert not any(src.cached(*r) for r in (a, b, c))
+        for r in (a, c):  # the neighbours, each with the page it shares with b
+            os.pread(fd, r[1], r[0])
+        assert src.cached(*a) and src.cached(*c)
+        assert src._byte_cached(b[0]) and src._byte_cached(b[0] + b[1] - 1)  # b's two ends are cached...
+        assert not src.cached(*b)  # ...but b is not
+        os.pread(fd, b[1], b[0])
+        assert src.cached(*b)
+    finally:
+        src.close()
+        os.close(fd)
