@@ -83,9 +83,11 @@ WORKER_OVERHEAD_BYTES = 24 << 20
 """Private memory of one worker process besides its gather buffer: its interpreter, the heap numpy and the
 h5stream modules build, its copies of library pages, and the transform's scratch arrays."""
 
-TRANSFORM_LIBRARY_BYTES = 20 << 20
+TRANSFORM_LIBRARY_BYTES = 64 << 20
 """Library code the transform maps (OpenCV and what it loads): resident once, in the training process when it
-augments there, else shared by every worker."""
+augments there, else shared by every worker.  How much of OpenCV's 74 MB library a process maps depends on how
+much of it sits in the page cache (the kernel maps cached neighbours of every page it faults in), so this is
+the most seen, right after the library was installed, with room to spare."""
 
 TRANSFORM_SCRATCH_BYTES = 8 << 20
 """Heap the transform grows in the training process when it augments there (OpenCV's state, warp scratch)."""

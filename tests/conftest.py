@@ -184,3 +184,16 @@ def range_server(tmp_path, remote_store_file):
     server = RangeServer(root)
     yield server
     server.stop()
+
+
+def unprivileged_argv() -> list[str] | None:
+    """argv prefix that runs a command without the right to ignore file modes, or None where that cannot be done.
+
+    For root it drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (``setpriv``) but stays uid 0, so the files it
+    owns, the checkout and its virtual environment included, stay readable while a file of mode 000 is not.
+    """
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]

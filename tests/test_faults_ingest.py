@@ -22,6 +22,7 @@ import psutil
 import pytest
 from PIL import Image
 
+from conftest import unprivileged_argv
 from h5stream.ingest.decode import DecodeSpec, decode_file
 from h5stream.samples import make_class_folder
 from h5stream.store import read_meta, schema
@@ -386,16 +387,7 @@ def _report(out):
         return {r[0]: r[1] for r in list(csv.reader(fh))[1:]}
 
 
-def _unprivileged():
-    """argv prefix that runs a command without the right to ignore file modes (root's CAP_DAC_OVERRIDE), or None."""
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        return None
-    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
-
-
-@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv: every folder is readable")
+@pytest.mark.skipif(unprivileged_argv() is None, reason="running as root without setpriv: every folder is readable")
 def test_an_unreadable_folder_is_counted_listed_and_the_rest_ingested(class_src_copy, tmp_path):
     root, written = class_src_copy
     locked = os.path.join(root, "dog", "locked")
@@ -404,10 +396,10 @@ def test_an_unreadable_folder_is_counted_listed_and_the_rest_ingested(class_src_
     os.chmod(locked, 0)
     out = tmp_path / "p.h5"
     try:
-        done = subprocess.run(_unprivileged() + [sys.executable, "-m", "h5stream", "ingest", root, str(out),
+        done = subprocess.run(unprivileged_argv() + [sys.executable, "-m", "h5stream", "ingest", root, str(out),
                                                  "--size", "8", "--workers", "0"],
                               capture_output=True, text=True, timeout=300)
-        strict = subprocess.run(_unprivileged() + [sys.executable, "-m", "h5stream", "ingest", root,
+        strict = subprocess.run(unprivileged_argv() + [sys.executable, "-m", "h5stream", "ingest", root,
                                                    str(tmp_path / "s.h5"), "--strict", "--workers", "0"],
                                 capture_output=True, text=True, timeout=300)
     finally:
@@ -419,7 +411,7 @@ def test_an_unreadable_folder_is_counted_listed_and_the_rest_ingested(class_src_
     assert strict.returncode == 1 and "dog/locked" in strict.stderr and "--strict" in strict.stderr, strict.stderr
 
 
-@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv: every file is writable")
+@pytest.mark.skipif(unprivileged_argv() is None, reason="running as root without setpriv: every file is writable")
 def test_a_skip_report_that_cannot_be_written_stops_the_run_keeping_the_last_commit(class_src_copy, tmp_path):
     root, _ = class_src_copy
     out = tmp_path / "r.h5"
@@ -433,7 +425,7 @@ def test_a_skip_report_that_cannot_be_written_stops_the_run_keeping_the_last_com
     report = schema.skipped_report_path(str(out))
     os.chmod(report, 0o444)
     try:
-        failed = subprocess.run(_unprivileged() + cmd + ["--append"], capture_output=True, text=True, timeout=300)
+        failed = subprocess.run(unprivileged_argv() + cmd + ["--append"], capture_output=True, text=True, timeout=300)
     finally:
         os.chmod(report, 0o644)
     err = failed.stderr

@@ -60,7 +60,7 @@ def test_the_counts_the_feed_allocates_are_the_ones_the_bytes_are_counted_for():
     assert inline.output_bytes == CONSUMER_SETS * 32 * 4 * ROW and inline.consumer_sets == CONSUMER_SETS
     assert (inline.input_slots, inline.out_slots, inline.lent_slots, inline.pool_bytes) == (0, 0, 0, 0)
     assert inline.transform_bytes > 0
-    pooled = plan_memory(256 << 20, **KW, batch_size=32, workers=3, augment=True, out_row_bytes=4 * ROW)
+    pooled = plan_memory(512 << 20, **KW, batch_size=32, workers=3, augment=True, out_row_bytes=4 * ROW)
     assert pooled.out_slots == out_slots(3) == 2 * 3 + 2 + LENT_SLOTS and pooled.lent_slots == LENT_SLOTS
     assert pooled.input_slots == pooled.reader_batches + pooled.out_slots
     assert pooled.transform_bytes == 0 and pooled.pool_bytes > pooled.out_slots * 32 * (ROW + 4 * ROW)
