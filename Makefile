@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-all clean
 
 # Keras with CPU TensorFlow as its backend ([tf-cpu]) and the test tools ([dev]).  tf-keras (Keras 2, for the
 # multi-worker fit test) requires the full `tensorflow` package, so it is installed without dependencies, at the
@@ -22,6 +22,10 @@ demo: $(STAMP)
 	$(BIN)/python tools/demo.py --out demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

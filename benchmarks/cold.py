@@ -54,7 +54,7 @@ from benchmarks.harness import (REPO, add_data_option, add_json_option, by_name,
 SIZE, CHANNELS = 128, 3
 ROW_BYTES = SIZE * SIZE * CHANNELS
 BUDGET = "256MiB"
-QUICK_BUDGET = "160MiB"
+QUICK_BUDGET = "256MiB"
 BATCH_SIZE = 32
 H5PY_SLICE_ROWS = 3200
 DISK_BLOCK = 1 << 20

@@ -11,6 +11,7 @@ from benchmarks import cold
 pytestmark = pytest.mark.usefixtures("no_leaks")  # the measurements start processes and shared memory
 
 
+@pytest.mark.slow
 def test_quick_run_measures_everything_in_one_round(tmp_path, capsys):
     assert cold.main(["--quick", "--json", "--data", str(tmp_path)]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -67,6 +67,7 @@ def test_stall_collector_measures_a_real_wait(store):
     assert r["images"] == batches * 32
 
 
+@pytest.mark.slow
 def test_quick_run_end_to_end(tmp_path, capsys):
     pytest.importorskip("keras")
     data_dir = tmp_path / "data"

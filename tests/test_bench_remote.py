@@ -8,6 +8,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 pytest.importorskip("obstore")
 
 
+@pytest.mark.slow
 def test_remote_benchmark_streams_the_same_batches_remotely_and_locally(tmp_path, capsys):
     from benchmarks import remote
     from benchmarks.seaweed import weed_binary

@@ -139,6 +139,7 @@ def test_two_workers_each_stream_their_shard_and_cover_every_row_once(tmp_path):
     assert results[0]["weights"] == results[1]["weights"]
 
 
+@pytest.mark.slow
 def test_tf_keras_fit_runs_exact_epochs_on_two_workers(tmp_path):
     pytest.importorskip("tf_keras")
     results, logs = _run_two_workers(tmp_path, FIT_WORKER, _rows_file(tmp_path))

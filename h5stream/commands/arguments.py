@@ -20,7 +20,6 @@ BENCH_BUDGET = "256MiB"
 """Memory budget of ``bench`` and of ``info --shuffle-report``."""
 RANDOM_SECONDS = 10.0
 """How long ``bench`` times the one-row-per-call baseline before extrapolating it."""
-PREVIEW_BUDGET = "64MiB"
 MIN_TILE_PX = 96
 """``preview`` scales every tile by the smallest integer that makes it at least this wide (unless ``--scale``)."""
 
@@ -105,8 +104,8 @@ def _preview(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
     parser.add_argument("--scale", type=int, default=None,
                         help=f"integer zoom per tile (default: tiles >= {MIN_TILE_PX} px wide)")
-    parser.add_argument("--memory-budget", default=PREVIEW_BUDGET,
-                        help=f"stream memory budget (default {PREVIEW_BUDGET})")
+    parser.add_argument("--memory-budget", default=None,
+                        help="stream memory budget (default: h5stream.open's, which fits any --workers)")
 
 
 def _verify(parser) -> None:

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from h5stream.commands._common import augment_from_arg
-from h5stream.commands.arguments import MIN_TILE_PX, PREVIEW_BUDGET
+from h5stream.commands.arguments import MIN_TILE_PX
 
 TITLE_PX = 14
 PAD_PX = 4
@@ -48,7 +48,7 @@ def run(args) -> int:
     return 0
 
 
-def first_images(path, n: int, *, seed: int, augment=None, memory_budget=PREVIEW_BUDGET):
+def first_images(path, n: int, *, seed: int, augment=None, memory_budget=None):
     """The first ``n`` (or all, if fewer) images and labels of epoch 0 of the stream, and the store's meta."""
     import h5stream
 
