@@ -8,10 +8,16 @@ from __future__ import annotations
 import os
 
 
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
+"""The most buffers one ``preadv`` call takes."""
+
+
 def preadv_all(fd: int, views: list, offset: int, path: str) -> None:
-    """``preadv`` from ``offset`` until every view is full (short reads are legal); end of file first is an error."""
+    """``preadv`` from ``offset`` until every view is full (short reads are legal, and any number of views:
+    at most :data:`IOV_MAX` go to each call); end of file first is an error."""
+    views = list(views)
     while views:
-        got = os.preadv(fd, views, offset)
+        got = os.preadv(fd, views[:IOV_MAX], offset)
         if got == 0:
             raise OSError(f"{path}: unexpected end of file at byte {offset} (file truncated?)")
         offset += got

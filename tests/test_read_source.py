@@ -257,3 +257,20 @@ def test_a_run_is_cached_only_when_its_own_pages_are(direct_dir):
     finally:
         src.close()
         os.close(fd)
+
+
+def test_preadv_all_fills_more_buffers_than_one_call_takes(tmp_path):
+    from h5stream._io import IOV_MAX, preadv_all
+
+    data = np.random.default_rng(3).integers(0, 256, 3 * IOV_MAX + 17, dtype=np.uint8).tobytes()
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    n = len(data) - 5
+    out = bytearray(n)
+    views = [memoryview(out)[i:i + 1] for i in range(n)]  # one byte each: far more than IOV_MAX views
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        preadv_all(fd, views, 5, str(path))
+    finally:
+        os.close(fd)
+    assert bytes(out) == data[5:]

@@ -43,7 +43,6 @@ from h5stream.read.runs import aligned_span, inner_ends
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux: a read that fails instead of waiting for the disk
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
 
 _O_DIRECT = getattr(os, "O_DIRECT", None)
 
@@ -115,11 +114,7 @@ class LocalFile:
         self._finalizer = weakref.finalize(self, _release, fd, self._residency)
 
     def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        buffers = list(buffers)
-        for i in range(0, len(buffers), IOV_MAX):
-            part = buffers[i:i + IOV_MAX]
-            preadv_all(self._fd, part, offset, self.name)
-            offset += sum(len(b) for b in part)
+        preadv_all(self._fd, buffers, offset, self.name)
 
     def cached(self, offset: int, length: int) -> bool:
         """Whether ``[offset, offset + length)`` is in the page cache: every page of it where
@@ -176,10 +171,7 @@ class DirectFile:
     def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
         total = sum(len(b) for b in buffers)
         if total < DIRECT_MIN_BYTES:
-            for i in range(0, len(buffers), IOV_MAX):
-                part = list(buffers[i:i + IOV_MAX])
-                preadv_all(self._fd, part, offset, self.name)
-                offset += sum(len(b) for b in part)
+            preadv_all(self._fd, buffers, offset, self.name)
             return
         bounce = self._take()
         try:
