@@ -5,7 +5,10 @@ Low-level: imports nothing from h5stream.
 
 from __future__ import annotations
 
+import mmap
 import os
+
+import numpy as np
 
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
@@ -29,3 +32,12 @@ def preadv_all(fd: int, views: list, offset: int, path: str) -> None:
                 rest.append(v[got:] if got else v)
                 got = 0
         views = rest
+
+
+def aligned_empty(shape, dtype=np.uint8) -> np.ndarray:
+    """An uninitialised array on fresh anonymous memory: it starts on a page boundary, as direct (``O_DIRECT``)
+    reads into it require, and (its memory being no other array's) every view of it has it as ``.base``."""
+    dtype = np.dtype(dtype)
+    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, max(nbytes, 1)))

@@ -1,5 +1,6 @@
-"""Byte sources (h5stream.read.source): O_DIRECT reads through bounce buffers give the bytes a plain read
-gives, wherever they start; the page-cache probe judges a run by its own pages; the stream's direct_io option."""
+"""Byte sources (h5stream.read.source): O_DIRECT reads, in place or through bounce buffers, give the bytes a
+plain read gives, wherever they start; the page-cache probe judges a run by its own pages; the stream's direct_io
+option."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import shutil
 import tempfile
 import threading
 
+import h5py
 import numpy as np
 import pytest
+import tables
 
 import h5stream
 from h5stream.errors import ConfigError
@@ -17,6 +20,7 @@ from h5stream.measure import evict_from_page_cache
 from h5stream.read import source
 from h5stream.read.locate import locate
 from h5stream.read.runs import plan_runs
+from h5stream.store import schema
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
 
@@ -147,13 +151,14 @@ def _epochs(path: str, direct_io, epochs: int = 2, **options):
 def test_forced_direct_io_streams_the_same_batches_as_the_page_cache(direct_store):
     path, meta, images, _labels = direct_store
     where = locate(meta, cache_labels=False)
-    assert (where.image_chunks % source.DIRECT_ALIGN != 0).any()  # chunks start off the alignment, as HDF5 puts them
+    assert meta.row_bytes % source.IN_PLACE_ALIGN  # rows start off the device block: every read bounces
     runs = plan_runs(np.array([[0, meta.rows]]), where.image_chunks, meta.block_rows, meta.row_bytes)
     assert min(r.rows for r in runs) * meta.row_bytes >= source.DIRECT_MIN_BYTES  # the reads do go direct
     buffered, used_b, stats_b = _epochs(path, False)
     direct, used_d, stats_d = _epochs(path, True)
     assert (used_b, stats_b["direct_io"], used_d, stats_d["direct_io"]) == (False, 0, True, 1)
     assert stats_d["advised_bytes"] == 0  # nothing asked of the page cache
+    assert stats_d["in_place_bytes"] == 0
     assert len(buffered) == len(direct) == 2 * -(-meta.rows // 50)
     for (xb, yb), (xd, yd) in zip(buffered, direct):
         assert np.array_equal(xb, xd) and np.array_equal(yb, yd)
@@ -274,3 +279,55 @@ def test_preadv_all_fills_more_buffers_than_one_call_takes(tmp_path):
     finally:
         os.close(fd)
     assert bytes(out) == data[5:]
+
+
+def _unpaged_store(path: str, rows: int, side: int, block_rows: int, monkeypatch):
+    """A store laid out as HDF5 does by default (no page alignment), as stores made before it had: the empty
+    file is created without the paged file-space strategy."""
+    from h5stream.store import writer
+
+    plain = h5py.File
+    with monkeypatch.context() as m:
+        m.setattr(writer.h5py, "File", lambda name, mode, **_ignored: plain(name, mode))
+        return _write_store(path, rows, side, block_rows)
+
+
+def test_a_new_stores_rows_are_read_in_place_and_an_old_layout_still_bounces(direct_dir, monkeypatch):
+    """32x32x3 rows (3072 bytes: 6 device blocks).  Chunks of a new store start on 4 KiB pages, so direct reads
+    land straight in the batches; a store laid out without pages is read through the bounce buffer, the same
+    batches either way."""
+    new, old = os.path.join(direct_dir, "paged.h5"), os.path.join(direct_dir, "unpaged.h5")
+    meta, images, _ = _write_store(new, 3000, 32, 64)
+    _unpaged_store(old, 3000, 32, 64, monkeypatch)
+    new_chunks = locate(meta, cache_labels=False).image_chunks
+    old_chunks = locate(read_meta(old), cache_labels=False).image_chunks
+    assert (new_chunks % schema.PAGE_BYTES == 0).all() and (old_chunks % source.IN_PLACE_ALIGN != 0).any()
+    options = dict(rows_per_fill=512, memory_budget="24MiB")
+    buffered, _, _ = _epochs(new, False, **options)
+    direct_new, _, stats_new = _epochs(new, True, **options)
+    direct_old, _, stats_old = _epochs(old, True, **options)
+    for (xb, yb), (xn, yn), (xo, yo) in zip(buffered, direct_new, direct_old, strict=True):
+        assert np.array_equal(xb, xn) and np.array_equal(yb, yn) and np.array_equal(xb, xo) and np.array_equal(yb, yo)
+    # Runs of at least DIRECT_MIN_BYTES (22 rows) go direct; in the new store those are read in place.
+    assert stats_new["in_place_bytes"] > 0
+    assert stats_old["in_place_bytes"] < stats_new["in_place_bytes"]
+    with h5py.File(new, "r") as f, tables.open_file(new) as t:  # plain h5py and PyTables read the paged store
+        assert np.array_equal(f["images"][:], images) and t.root.images.nrows == 3000
+
+
+def test_a_direct_read_into_a_buffer_off_the_device_block_still_gives_the_bytes(data_file):
+    path, data = data_file
+    from h5stream._io import aligned_empty
+
+    src = source.DirectFile(path)
+    try:
+        n = 8 * 4096 * 4
+        aligned = aligned_empty(n)
+        src.readinto(4096, [memoryview(aligned)])
+        assert aligned.tobytes() == data[4096:4096 + n] and src.in_place_bytes == n
+        off = aligned_empty(n + 512)[16:16 + n]  # 16 bytes past a page: refused where the device wants 512
+        src.readinto(8192, [memoryview(off)])
+        assert off.tobytes() == data[8192:8192 + n]
+        assert src.in_place_bytes in (n, 2 * n)  # in place only where the device takes the address
+    finally:
+        src.close()

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream import _interrupt as interrupt
+from h5stream._io import aligned_empty
 from h5stream.errors import ReaderError, StoreBusyError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, locate
@@ -111,7 +112,7 @@ class ArrayArena:
 
     def __call__(self, n: int) -> np.ndarray:
         if n > self.batch_rows:
-            return np.empty((n, *self.row_shape), self.dtype)
+            return aligned_empty((n, *self.row_shape), self.dtype)
         count = len(self._sets)
         for i in range(count):
             k = (self._next + i) % count
@@ -119,7 +120,7 @@ class ArrayArena:
             if sys.getrefcount(self._sets[k]) <= 2:
                 self._next = (k + 1) % count
                 return self._sets[k][:n]
-        base = np.empty((self.batch_rows, *self.row_shape), self.dtype)
+        base = aligned_empty((self.batch_rows, *self.row_shape), self.dtype)  # direct reads can land in it
         if count < self.max_sets:
             self._sets.append(base)
         return base[:n]
@@ -206,7 +207,7 @@ class Reader:
         self.meta = meta
         self.defer_pixels = bool(defer_pixels)
         self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0, "direct_io": 0}
+                      "deferred_bytes": 0, "direct_io": 0, "in_place_bytes": 0}
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
@@ -217,7 +218,7 @@ class Reader:
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
-        self._scratch = np.empty(meta.row_bytes, np.uint8)  # destination of rows that are read but not used
+        self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         self._stats_lock = threading.Lock()
         # Set by the reader thread when it opens the store:
         self._source: ByteSource | None = None
@@ -451,6 +452,7 @@ class Reader:
                 self.stats["deferred_bytes"] += len(group) * self.meta.row_bytes
             t.missing -= len(group)
         job.targets = {}
+        self.stats["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
 
     # -- I/O -------------------------------------------------------------------------
     def _advise(self, runs: list[Run]) -> list[Run]:

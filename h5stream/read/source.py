@@ -15,9 +15,11 @@ Three sources; :func:`open_source` picks one:
   the cache only costs -- a kernel copy of every byte, read-ahead, and
   reclaiming pages to make room, which evicts pages read ahead but not yet
   used so that they are read twice.  ``O_DIRECT`` needs the file offset, the
-  length and the memory address aligned to the device's block, and a store's
-  chunks start anywhere, so each read takes the aligned span around the
-  wanted bytes into a page-aligned bounce buffer and copies them out.
+  length and the memory address aligned to the device's block.  Rows of a
+  store made with page-aligned chunks (every new store) whose size is a
+  multiple of the block are read in place, straight into the batches; other
+  reads take the aligned span around the wanted bytes into a page-aligned
+  bounce buffer and copy them out.
 * :class:`h5stream.remote.source.RemoteSource` reads a URL (ranged
   requests, several in flight).
 
@@ -48,6 +50,13 @@ _O_DIRECT = getattr(os, "O_DIRECT", None)
 
 DIRECT_ALIGN = 4096
 """Alignment of direct reads (offset, length, memory): a multiple of every common device block size."""
+
+IN_PLACE_ALIGN = 512
+"""Alignment a read must have (offset, every buffer's length) to be tried in place: the smallest device block.
+A device that needs more refuses the read (``EINVAL``, before any I/O) and the bounce buffer takes it."""
+
+IN_PLACE_REFUSALS = 4
+"""Refused in-place reads after which a :class:`DirectFile` stops trying them."""
 
 DIRECT_MIN_BYTES = 64 << 10
 """Smaller reads (labels, a few rows) go through the page cache: not worth a bounce buffer."""
@@ -166,6 +175,8 @@ class DirectFile:
         self._free: list[mmap.mmap] = []  # bounce buffers not in use
         self._all: list[mmap.mmap] = []
         self._lock = threading.Lock()
+        self.in_place_bytes = 0  # bytes read straight into the callers' buffers
+        self._refusals = 0  # in-place reads the device refused
         self._finalizer = weakref.finalize(self, _release_direct, fd, dfd, self._all)
 
     def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
@@ -173,6 +184,20 @@ class DirectFile:
         if total < DIRECT_MIN_BYTES:
             preadv_all(self._fd, buffers, offset, self.name)
             return
+        if self._refusals < IN_PLACE_REFUSALS and offset + total <= self.size and _aligned(offset, buffers):
+            if not self._finalizer.alive:
+                raise ValueError(f"{self.name}: read from a closed source")
+            try:
+                preadv_all(self._dfd, buffers, offset, self.name)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                with self._lock:  # a buffer's address (or this device's block) does not suit: bounce
+                    self._refusals += 1
+            else:
+                with self._lock:
+                    self.in_place_bytes += total
+                return
         bounce = self._take()
         try:
             self._read_through(bounce, offset, total, buffers)
@@ -228,6 +253,12 @@ class DirectFile:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _aligned(offset: int, buffers: Sequence[memoryview]) -> bool:
+    """Whether a read at ``offset`` into ``buffers`` has the offset and lengths an in-place direct read needs
+    (the addresses are the device's to judge)."""
+    return offset % IN_PLACE_ALIGN == 0 and all(len(b) % IN_PLACE_ALIGN == 0 for b in buffers)
 
 
 def use_direct_io(setting, file_bytes: int, cacheable_bytes: int | None) -> bool:

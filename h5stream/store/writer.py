@@ -33,6 +33,12 @@ good flush: the file holds its last commit again, the same rows and the same
 structure (a partly filled chunk rewritten in place may hold, past the
 committed rows, bytes of the rows that were being appended; nothing reads
 them).
+
+A new store is created with HDF5's paged file-space strategy (pages of
+:data:`~h5stream.store.schema.PAGE_BYTES`): chunks start on page boundaries,
+which a direct-I/O reader needs to read rows in place.  PyTables cannot set
+it, so h5py lays out the empty file and PyTables adds the arrays.  HDF5 1.10
+or later reads such a file; stores made without it read as before.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import os
 import re
 from collections.abc import Sequence
 
+import h5py
 import numpy as np
 import tables
 
@@ -56,8 +63,8 @@ COMPRESSIONS = (None, "zlib", "blosc")
 
 #: Space reserved past the end of HDF5's file at every flush, for the headers and index nodes it may add.
 RESERVE_SLACK_BYTES = 64 << 10
-#: Index (B-tree) growth allowed per new chunk: a few times what HDF5 adds.
-RESERVE_PER_CHUNK_BYTES = 256
+#: Per new chunk: index (B-tree) growth, a few times what HDF5 adds, and the padding up to a page boundary.
+RESERVE_PER_CHUNK_BYTES = 256 + schema.PAGE_BYTES
 #: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
 RESERVE_BACK_BYTES = 64 << 10
 
@@ -82,6 +89,16 @@ def _describe(exc: BaseException) -> tuple[int | None, str]:
         code = int(found.group(1))
         return code, os.strerror(code)
     return None, (text.splitlines()[0][:200] if text else type(exc).__name__)
+
+
+def _create_paged(path: str) -> None:
+    """An empty HDF5 file at ``path`` whose space is allocated in pages of :data:`schema.PAGE_BYTES`
+    (a file creation property HDF5 keeps in the file); OSError on failure."""
+    try:
+        h5py.File(path, "w", fs_strategy="page", fs_page_size=schema.PAGE_BYTES).close()
+    except (OSError, RuntimeError) as exc:  # h5py reports a close that could not write as RuntimeError
+        code, reason = _describe(exc)
+        raise OSError(code or errno.EIO, reason) from exc
 
 
 def _open_for_writing(path: str) -> tables.File:
@@ -241,7 +258,8 @@ class StoreWriter:
     def _write_empty(cls, tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
                      block_rows: int, filters, expected_rows: int, attrs: dict) -> None:
         """Lay out an empty store in ``tmp``, durable and verified to open; raises on any failure."""
-        f = tables.open_file(tmp, mode="w", chunk_cache_size=0)
+        _create_paged(tmp)
+        f = tables.open_file(tmp, mode="a", chunk_cache_size=0)
         try:
             f.create_earray(
                 f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
