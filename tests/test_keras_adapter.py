@@ -178,3 +178,27 @@ def test_torch_dataloader_that_would_batch_again_is_refused(store):
         batches = list(torch.utils.data.DataLoader(s.torch(), batch_size=None))
         assert len(batches) == len(s) and batches[0][0].shape == (BATCH, 4, 4, 1)
         np.testing.assert_array_equal(torch.cat([y for _, y in batches]).numpy(), s.epoch_order(0))
+
+
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_fit_and_tf_data_over_a_url_serve_the_local_files_batches(store, kind, request):
+    """The adapters over an ``http://`` (Range) or ``s3://`` (SeaweedFS) store: the same batches as the same file
+    read locally, whole epochs in ``model.fit``, nothing read past the last one."""
+    pytest.importorskip("obstore")
+    if kind == "http":
+        server = request.getfixturevalue("range_server")
+        os.link(store, server.root / "rows.h5")
+        url = server.url + "rows.h5"
+    else:
+        seaweed = request.getfixturevalue("aws_env")
+        seaweed.put("keras/rows.h5", store)
+        url = f"s3://{seaweed.bucket}/keras/rows.h5"
+    kw = dict(batch_size=BATCH, memory_budget="64MiB", rows_per_fill=40, seed=4)
+    with h5stream.open(url, remote={"timeout_s": 10}, **kw) as remote, h5stream.open(store, **kw) as local:
+        got = _labels((x.numpy(), y.numpy()) for x, y in remote.tf_dataset())
+        np.testing.assert_array_equal(got, local.epoch_order(0))
+        np.testing.assert_array_equal(got, _labels(local))
+        counter = CountBatches()
+        history = tiny_model().fit(remote.keras(), epochs=2, verbose=0, callbacks=[counter])
+        assert counter.per_epoch == [len(remote)] * 2 and np.isfinite(history.history["loss"]).all()
+        assert (remote.state()["epoch"], remote.state()["batch"]) == (3, 0)
