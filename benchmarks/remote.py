@@ -9,12 +9,13 @@ Makes the store with :func:`benchmarks.data.make_bench_file` when missing, start
 127.0.0.1 (:class:`benchmarks.seaweed.SeaweedS3`, data under ``--data``), uploads the store, and runs each
 measurement in a fresh process (``h5stream bench``'s :func:`~h5stream.commands.bench.measure_stream` for the
 two streams, so memory is sampled the same way).  Cold means the bytes come from the disk: the local file is
-kept out of the page cache while it is streamed, and so are the server's volume files while the remote store
-is (otherwise the server would answer from memory).  The fsspec baseline opens the object with s3fs's defaults
-and reads each batch of the stream's own first-epoch order with one h5py fancy-index read (rows sorted, as h5py
-requires), for at most ``--fsspec-seconds``; its epoch rate is extrapolated, which the table says.  Rounds
-(``--rounds``) are interleaved; rates are medians, memory the largest peak.  Server and client share this
-machine's cores: on a small machine the server's CPU is part of what is measured.
+read with ``O_DIRECT`` (``direct_io=True``: eviction alone does not keep a file smaller than RAM out of the
+page cache while it is read), and the server's volume files are kept out of the page cache while the remote
+store is streamed (otherwise the server would answer from memory).  The fsspec baseline opens the object with
+s3fs's defaults and reads each batch of the stream's own first-epoch order with one h5py fancy-index read (rows
+sorted, as h5py requires), for at most ``--fsspec-seconds``; its epoch rate is extrapolated, which the table
+says.  Rounds (``--rounds``) are interleaved; rates are medians, memory the largest peak.  Server and client
+share this machine's cores: on a small machine the server's CPU is part of what is measured.
 
 The same store is also streamed over plain HTTP from SeaweedFS's filer (which honours Range), the
 ``https://`` path; the server's CPU seconds per GB streamed are reported for both.
@@ -56,14 +57,14 @@ EVICT_EVERY_S = 0.5
 
 
 def child(argv: list[str]) -> int:
-    """In a fresh process: ``stream URL_OR_PATH cold BATCH BUDGET EPOCHS SEED ROWS_PER_FILL`` or
-    ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
+    """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL`` (COLD: ``no``,
+    ``evict`` or ``direct``) or ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
         from h5stream.commands.bench import measure_stream
         from h5stream.store.meta import read_meta
 
-        path, cold, batch, budget, epochs, seed, fill = argv[1], argv[2] == "1", int(argv[3]), argv[4], \
+        path, cold, batch, budget, epochs, seed, fill = argv[1], argv[2], int(argv[3]), argv[4], \
             int(argv[5]), int(argv[6]), int(argv[7])
         t0 = time.monotonic()
         meta = read_meta(path)
@@ -71,7 +72,8 @@ def child(argv: list[str]) -> int:
         from h5stream.read.plan import parse_bytes
 
         figures, _ = measure_stream(meta, batch_size=batch, budget=parse_bytes(budget), epochs=epochs, seed=seed,
-                                    cold=cold, augment=None, workers=0, progress=False, rows_per_fill=fill)
+                                    cold=cold == "evict", augment=None, workers=0, progress=False,
+                                    rows_per_fill=fill, direct_io=True if cold == "direct" else "auto")
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
                 "mean_cpu_pct")
@@ -178,13 +180,13 @@ def run(args) -> dict:
                 evict_folder(workdir)
                 before = _cpu_s(server.process.pid)
                 with kept_cold_folder(workdir):
-                    result = _run(["stream", target, 0, *stream_args], env)
+                    result = _run(["stream", target, "no", *stream_args], env)
                 result["server_cpu_s"] = _cpu_s(server.process.pid) - before
                 return result
 
-            def local_cold():
+            def local_cold():  # O_DIRECT: every byte from the disk, whatever the page cache holds
                 evict_from_page_cache(local)
-                return _run(["stream", local, 1, *stream_args], env)
+                return _run(["stream", local, "direct", *stream_args], env)
 
             def fsspec():
                 evict_folder(workdir)
