@@ -31,7 +31,7 @@ from h5stream.store.lock import lock_path
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-ARGS = ["--size", "32", "--block-rows", "32", "--workers", "0"]
+ARGS = ["--size", "64", "--block-rows", "32", "--workers", "0"]  # 7.4 MB of pixels: well past the fixed overhead
 DEADLINE_S = 120.0
 LIMITED = (
     "import resource, sys; n = int(sys.argv.pop(1)); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
@@ -97,8 +97,8 @@ def reference(src, tmp_path_factory):
 
 # (limit in bytes or as a fraction of the reference file, what the interrupted run keeps)
 LIMITS = {
-    "in the header": (1000, "nothing"),  # the empty store is ~3 kB: it is never created
-    "first block": (100_000, "no rows"),  # the store is created; its first 256 rows need ~1.3 MB
+    "in the header": (1000, "nothing"),  # the empty store is ~12 kB: it is never created
+    "first block": (100_000, "no rows"),  # the store is created; its first 256 rows need ~4 MB
     "mid-run": (0.7, "some rows"),
     "at the end": (-1, "some rows"),  # one byte short of the uninterrupted file
 }
@@ -171,14 +171,14 @@ def _tmpfs_available() -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not _tmpfs_available(),
                     reason="needs unshare and user namespaces to mount a small tmpfs without root")
 def test_a_full_disk_keeps_the_last_commit_and_append_finishes_identically(src, reference, tmp_path):
-    # A real ENOSPC: the ingest writes into a 1.5 MiB tmpfs mounted in a user namespace of its own; what it left
+    # A real ENOSPC: the ingest writes into a 5 MiB tmpfs mounted in a user namespace of its own; what it left
     # there is copied out, then finished with --append where there is room.
     want, _ = reference
     mnt, saved = tmp_path / "mnt", tmp_path / "saved"
     mnt.mkdir()
     saved.mkdir()
     inner = " ".join(
-        [f"mount -t tmpfs -o size=1536k tmpfs {mnt} &&"]
+        [f"mount -t tmpfs -o size=5m tmpfs {mnt} &&"]
         + [f"'{a}'" for a in ingest_cmd(src, mnt / "o.h5")]
         + [f"2> {tmp_path / 'err'}; echo $? > {tmp_path / 'rc'}; cp -a {mnt}/. {saved}/"]
     )

@@ -20,7 +20,7 @@ from h5stream.measure import evict_from_page_cache
 from h5stream.read import source
 from h5stream.read.locate import locate
 from h5stream.read.runs import plan_runs
-from h5stream.store import schema
+from h5stream.store import layout
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
 
@@ -286,9 +286,8 @@ def _unpaged_store(path: str, rows: int, side: int, block_rows: int, monkeypatch
     file is created without the paged file-space strategy."""
     from h5stream.store import writer
 
-    plain = h5py.File
     with monkeypatch.context() as m:
-        m.setattr(writer.h5py, "File", lambda name, mode, **_ignored: plain(name, mode))
+        m.setattr(writer.layout, "create_empty_file", lambda name: h5py.File(name, "w").close())
         return _write_store(path, rows, side, block_rows)
 
 
@@ -301,7 +300,7 @@ def test_a_new_stores_rows_are_read_in_place_and_an_old_layout_still_bounces(dir
     _unpaged_store(old, 3000, 32, 64, monkeypatch)
     new_chunks = locate(meta, cache_labels=False).image_chunks
     old_chunks = locate(read_meta(old), cache_labels=False).image_chunks
-    assert (new_chunks % schema.PAGE_BYTES == 0).all() and (old_chunks % source.IN_PLACE_ALIGN != 0).any()
+    assert (new_chunks % layout.PAGE_BYTES == 0).all() and (old_chunks % source.IN_PLACE_ALIGN != 0).any()
     options = dict(rows_per_fill=512, memory_budget="24MiB")
     buffered, _, _ = _epochs(new, False, **options)
     direct_new, _, stats_new = _epochs(new, True, **options)

@@ -4,8 +4,10 @@ HDF5 reads its metadata (superblock, object headers, attributes, chunk B-trees) 
 time.  Over the network each read would be a round trip, so :class:`RemoteFile` fetches aligned blocks of
 ``block_bytes`` and keeps the last ``max_blocks`` of them (least recently used first out): metadata written
 together is read together.  Opening a store and describing it takes 3 requests (the ``HEAD`` included);
-its chunk offsets one more per 64 chunks.  A read of several missing blocks is one request; a read of at least
-``2 * block_bytes`` (pixels through h5py) bypasses the cache and lands straight in the caller's buffer.
+its chunk offsets one more per node of its chunk index (2,048 chunks in a store laid out by
+:mod:`h5stream.store.layout`, 64 in HDF5's default layout).  A read of several missing blocks is one request;
+a read of at least ``2 * block_bytes`` (pixels through h5py) bypasses the cache and lands straight in the
+caller's buffer.
 
 :func:`open_h5_remote` is the remote counterpart of :func:`h5stream.store.access.open_h5_readonly`: an
 ``h5py.File`` on a URL, read-only, through HDF5's file-object driver.  An error the source raised inside
@@ -31,8 +33,8 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 which sits above this package)."""
 
 BLOCK_BYTES = 128 << 10
-"""Cache block.  A store's header metadata comes in one; the chunk index's nodes lie far apart (one per 64
-chunks, between the chunks they index), so a larger block would bring more bytes, not fewer requests."""
+"""Cache block.  A store's header metadata comes in one; the chunk index's nodes lie far apart (between the
+chunks they index), so a larger block would bring more bytes, not fewer requests."""
 
 MAX_BLOCKS = 64
 """Blocks kept; 8 MiB with the default block size."""

@@ -67,10 +67,6 @@ LABEL_REGRESSION = "regression"
 PATH_BYTES = 512
 """Item size of /paths; a longer relative path is skipped with a reason."""
 
-PAGE_BYTES = 4096
-"""File-space page of a new store (HDF5's paged aggregation): every chunk of at least this size starts on a
-multiple of it, so a direct (``O_DIRECT``) read of whole rows can land in the caller's buffers."""
-
 TARGET_CHUNK_BYTES = 4 << 20
 """Default chunk target: a block is the largest power of two of rows that fits in 4 MiB."""
 

@@ -34,11 +34,9 @@ structure (a partly filled chunk rewritten in place may hold, past the
 committed rows, bytes of the rows that were being appended; nothing reads
 them).
 
-A new store is created with HDF5's paged file-space strategy (pages of
-:data:`~h5stream.store.schema.PAGE_BYTES`): chunks start on page boundaries,
-which a direct-I/O reader needs to read rows in place.  PyTables cannot set
-it, so h5py lays out the empty file and PyTables adds the arrays.  HDF5 1.10
-or later reads such a file; stores made without it read as before.
+A new store's file is laid out as :mod:`h5stream.store.layout` says (pages,
+chunk-index fanout, label chunk size); stores laid out otherwise are appended
+to as they are.
 """
 
 from __future__ import annotations
@@ -49,22 +47,21 @@ import os
 import re
 from collections.abc import Sequence
 
-import h5py
 import numpy as np
 import tables
 
 from h5stream.errors import ConfigError, StoreBusyError, StoreExistsError, StoreFormatError, StoreWriteError
-from h5stream.store import checksum, schema
+from h5stream.store import checksum, layout, schema
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import StoreMeta, read_meta
 
 COMPRESSIONS = (None, "zlib", "blosc")
 """zlib (gzip) reads in plain h5py; blosc is PyTables-only (h5py needs the hdf5plugin package)."""
 
-#: Space reserved past the end of HDF5's file at every flush, for the headers and index nodes it may add.
+#: Space reserved past the end of HDF5's file at every flush, for the headers it may add.
 RESERVE_SLACK_BYTES = 64 << 10
 #: Per new chunk: index (B-tree) growth, a few times what HDF5 adds, and the padding up to a page boundary.
-RESERVE_PER_CHUNK_BYTES = 256 + schema.PAGE_BYTES
+RESERVE_PER_CHUNK_BYTES = 256 + layout.PAGE_BYTES
 #: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
 RESERVE_BACK_BYTES = 64 << 10
 
@@ -89,16 +86,6 @@ def _describe(exc: BaseException) -> tuple[int | None, str]:
         code = int(found.group(1))
         return code, os.strerror(code)
     return None, (text.splitlines()[0][:200] if text else type(exc).__name__)
-
-
-def _create_paged(path: str) -> None:
-    """An empty HDF5 file at ``path`` whose space is allocated in pages of :data:`schema.PAGE_BYTES`
-    (a file creation property HDF5 keeps in the file); OSError on failure."""
-    try:
-        h5py.File(path, "w", fs_strategy="page", fs_page_size=schema.PAGE_BYTES).close()
-    except (OSError, RuntimeError) as exc:  # h5py reports a close that could not write as RuntimeError
-        code, reason = _describe(exc)
-        raise OSError(code or errno.EIO, reason) from exc
 
 
 def _open_for_writing(path: str) -> tables.File:
@@ -258,7 +245,11 @@ class StoreWriter:
     def _write_empty(cls, tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
                      block_rows: int, filters, expected_rows: int, attrs: dict) -> None:
         """Lay out an empty store in ``tmp``, durable and verified to open; raises on any failure."""
-        _create_paged(tmp)
+        try:
+            layout.create_empty_file(tmp)
+        except RuntimeError as exc:  # h5py reports a close that could not write as RuntimeError
+            code, reason = _describe(exc)
+            raise OSError(code or errno.EIO, reason) from exc
         f = tables.open_file(tmp, mode="a", chunk_cache_size=0)
         try:
             f.create_earray(
@@ -268,7 +259,8 @@ class StoreWriter:
             label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
             f.create_earray(
                 f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
-                chunkshape=(max(1024, block_rows), *label_shape), expectedrows=expected_rows,
+                chunkshape=(layout.label_chunk_rows(label_atom.itemsize * int(np.prod(label_shape)), block_rows),
+                            *label_shape), expectedrows=expected_rows,
             )
             f.create_earray(
                 f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
@@ -448,7 +440,11 @@ class StoreWriter:
             if filtered and before % per_chunk:
                 new += 1
             overhead = chunk_bytes // 64 + 4096 if filtered else 0
+            # Index nodes: the first of an empty index, one per split (at most one per INDEX_K new chunks when
+            # appending), and the root's when it splits.
+            nodes = new // layout.INDEX_K + 2 if new else 0
             total += new * (chunk_bytes + overhead + RESERVE_PER_CHUNK_BYTES)
+            total += nodes * layout.index_node_bytes(arr.ndim)
         return total
 
     def _reserve(self, extra: int) -> None:

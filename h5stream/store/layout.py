@@ -1,0 +1,88 @@
+"""How a new store's file is laid out: file-space pages, chunk-index fanout, label chunk size.
+
+Three choices made when a store is created, each for one reader:
+
+* **Pages** (HDF5's paged file-space strategy, :data:`PAGE_BYTES`): every chunk of at least a page starts on a
+  page boundary, so a direct (``O_DIRECT``) read of whole rows can land straight in the batches.
+* **Chunk-index fanout** (HDF5's ``istore_k``, :data:`INDEX_K`): the B-tree that maps chunks to file offsets
+  gets nodes of up to ``2 * INDEX_K`` chunks instead of 64.  HDF5 writes a node where the chunks it indexes
+  lie, so finding every chunk reads one node per node's worth of chunks: over a network, one request per 64
+  chunks with the default, one per 2,048 here.
+* **Label chunks** of about :data:`LABEL_CHUNK_BYTES`: reading every label (the stream keeps them in memory)
+  costs one read per label chunk, and those lie between the pixel chunks.
+
+All three are plain HDF5 (1.10 or later reads the pages); h5py, PyTables and ``h5dump`` read the file as any
+other.  PyTables cannot set the first two, so :func:`create_empty_file` makes the empty file with h5py and the
+writer adds the arrays with PyTables.  Where h5py's HDF5 library cannot be reached to set the fanout (an
+h5py not installed from its wheel), the file keeps HDF5's default fanout and is otherwise the same.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import h5py
+
+PAGE_BYTES = 4096
+"""File-space page: chunks of at least this size start on a multiple of it."""
+
+INDEX_K = 1024
+"""Half the most chunks one node of the chunk index holds (HDF5's default: 32)."""
+
+LABEL_CHUNK_BYTES = 512 << 10
+"""Target size of a ``/labels`` chunk."""
+
+
+def label_chunk_rows(label_row_bytes: int, block_rows: int) -> int:
+    """Rows per ``/labels`` chunk: about :data:`LABEL_CHUNK_BYTES`, at least 1,024 rows and one image block."""
+    return max(1024, int(block_rows), LABEL_CHUNK_BYTES // max(1, int(label_row_bytes)))
+
+
+def index_node_bytes(rank: int, k: int = INDEX_K) -> int:
+    """File space of one node of the chunk index of a ``rank``-dimensional array: HDF5's version-1 B-tree
+    nodes are allocated whole (a 24-byte header, ``2k`` child addresses, ``2k + 1`` keys of a chunk size, a
+    filter mask and ``rank + 1`` offsets)."""
+    return 24 + 2 * k * 8 + (2 * k + 1) * (8 + 8 * (int(rank) + 1))
+
+
+def create_empty_file(path: str) -> None:
+    """An empty HDF5 file at ``path`` with pages of :data:`PAGE_BYTES` and a chunk-index fanout of
+    :data:`INDEX_K` (where it can be set).  Raises what h5py raises on failure: OSError, or RuntimeError for a
+    close that could not write."""
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_file_space_strategy(h5py.h5f.FSPACE_STRATEGY_PAGE, False, 1)
+    fcpl.set_file_space_page_size(PAGE_BYTES)
+    set_index_k(fcpl, INDEX_K)
+    h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fcpl=fcpl).close()
+
+
+def set_index_k(fcpl, k: int) -> bool:
+    """Set the chunk-index fanout on h5py's file-creation property list ``fcpl``; False where h5py's HDF5
+    library is not found (h5py does not wrap ``H5Pset_istore_k``)."""
+    lib = _h5py_hdf5()
+    if lib is None:
+        return False
+    return lib.H5Pset_istore_k(ctypes.c_int64(fcpl.id), ctypes.c_uint(k)) >= 0
+
+
+_LIB: list = []
+
+
+def _h5py_hdf5():
+    """The HDF5 library h5py's wheel ships (``h5py.libs/libhdf5-*.so*``), loaded once; None elsewhere."""
+    if not _LIB:
+        found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(h5py.__file__)), "h5py.libs",
+                                              "libhdf5-*.so*")))
+        lib = None
+        if len(found) == 1:
+            try:
+                lib = ctypes.CDLL(found[0])  # already loaded by h5py: the same library, the same ids
+                lib.H5Pset_istore_k.restype = ctypes.c_int
+                lib.H5Pset_istore_k.argtypes = [ctypes.c_int64, ctypes.c_uint]
+            except (OSError, AttributeError):
+                lib = None
+        _LIB.append(lib)
+    return _LIB[0]
+
