@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -62,6 +63,8 @@ def child(argv: list[str]) -> int:
     kind = argv[0]
     if kind == "stream":
         from h5stream.commands.bench import measure_stream
+        from h5stream.errors import ConfigError
+        from h5stream.read.source import resolve_direct_io
         from h5stream.store.meta import read_meta
 
         path, cold, batch, budget, epochs, seed, fill = argv[1], argv[2], int(argv[3]), argv[4], \
@@ -69,21 +72,72 @@ def child(argv: list[str]) -> int:
         t0 = time.monotonic()
         meta = read_meta(path)
         meta_s = time.monotonic() - t0
+        # O_DIRECT where the file system takes it; else (tmpfs) evicting the file as it is read
+        try:
+            direct = cold == "direct" and resolve_direct_io(path, True)
+        except ConfigError:
+            direct = False
         from h5stream.read.plan import parse_bytes
 
         figures, _ = measure_stream(meta, batch_size=batch, budget=parse_bytes(budget), epochs=epochs, seed=seed,
-                                    cold=cold == "evict", augment=None, workers=0, progress=False,
-                                    rows_per_fill=fill, direct_io=True if cold == "direct" else "auto")
+                                    cold=cold == "evict" or (cold == "direct" and not direct), augment=None,
+                                    workers=0, progress=False, rows_per_fill=fill,
+                                    direct_io=True if direct else "auto")
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
                 "mean_cpu_pct")
         out = {k: figures[k] for k in keep}
         out["read_meta_s"] = meta_s
+        out["direct_io"] = direct
         out["first_order_head"] = [int(v) for v in figures["orders"][0][:8]]
+    elif kind == "open":
+        out = _open_cost(argv[1])
+    elif kind == "ceiling":
+        out = _ceiling(argv[1])
     else:
         out = _fsspec(argv[1], argv[2], int(argv[3]), float(argv[4]))
     print(json.dumps(out))
     return 0
+
+
+def _ceiling(url: str, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict:
+    """The server's own limit here: the whole object fetched once with plain ranged GETs (obstore, 4 MiB, 8 in
+    flight, bodies dropped), no HDF5 and no stream."""
+    import concurrent.futures
+
+    import obstore
+
+    from h5stream.remote.config import RemoteOptions, parse_url
+    from h5stream.remote.source import make_store
+
+    location = parse_url(url)
+    store = make_store(location, RemoteOptions())
+    size = int(obstore.head(store, location.key)["size"])
+    t0 = time.monotonic()
+
+    def fetch(start):
+        return len(obstore.get_range(store, location.key, start=start, end=min(start + request_bytes, size)))
+
+    with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
+        got = sum(pool.map(fetch, range(0, size, request_bytes)))
+    seconds = time.monotonic() - t0
+    return {"mb_per_s": got / seconds / 1e6, "seconds": seconds, "bytes": got}
+
+
+def _open_cost(url: str) -> dict:
+    """Requests and seconds to learn what a stream needs of a remote store before its first read: the
+    description, every chunk's offset and every label (what the reader's locate step does)."""
+    from h5stream.read.locate import chunk_offsets
+    from h5stream.remote.fileobj import remote_h5
+    from h5stream.store.meta import _describe as describe
+
+    t0 = time.monotonic()
+    with remote_h5(url) as (f, raw):
+        meta = describe(url, f)
+        offsets = chunk_offsets(f["images"], meta.rows, meta.block_rows, url)
+        labels = f["labels"][:meta.rows]
+        return {"open_requests": raw.source.requests, "open_s": time.monotonic() - t0, "chunks": len(offsets),
+                "label_chunks": -(-len(labels) // f["labels"].chunks[0])}
 
 
 def _fsspec(url: str, order_path: str, batch: int, seconds: float) -> dict:
@@ -184,6 +238,11 @@ def run(args) -> dict:
                 result["server_cpu_s"] = _cpu_s(server.process.pid) - before
                 return result
 
+            def ceiling(target):
+                evict_folder(workdir)
+                with kept_cold_folder(workdir):
+                    return _run(["ceiling", target], env)
+
             def local_cold():  # O_DIRECT: every byte from the disk, whatever the page cache holds
                 evict_from_page_cache(local)
                 return _run(["stream", local, "direct", *stream_args], env)
@@ -193,7 +252,10 @@ def run(args) -> dict:
                 with kept_cold_folder(workdir):
                     return _run(["fsspec", url, order_path, args.batch_size, args.fsspec_seconds], env)
 
-            runs = {"remote": remote, "remote_http": lambda: remote(server.http_url(KEY)), "local_cold": local_cold}
+            runs = {"remote": remote, "remote_http": lambda: remote(server.http_url(KEY)), "local_cold": local_cold,
+                    "open": lambda: _run(["open", url], env)}
+            for name, target in (("ceiling", url), ("ceiling_http", server.http_url(KEY))):
+                runs[name] = functools.partial(ceiling, target)
             if not args.no_fsspec:
                 runs["fsspec"] = fsspec
             rounds = interleave(runs, args.rounds)
@@ -236,6 +298,14 @@ def summarize(results: dict, args, **facts) -> dict:
         "upload_mb_per_s": os.path.getsize(facts["local"]) / facts["upload_s"] / 1e6,
         "budget_bytes": parse_bytes(args.memory_budget), "rounds": args.rounds, "runs": results,
     }
+    opens = results.pop("open", [])
+    if opens:
+        out["open_requests"] = max(r["open_requests"] for r in opens)
+        out["open_s"] = median(r["open_s"] for r in opens)
+        out["chunks"], out["label_chunks"] = opens[0]["chunks"], opens[0]["label_chunks"]
+    for name in ("ceiling", "ceiling_http"):
+        if name in results:
+            out[f"{name}_mb_per_s"] = median(r["mb_per_s"] for r in results.pop(name))
     for name in results:
         out[f"{name}_mb_per_s"] = med(name, "compare_mb_per_s") if name != "fsspec" else med(name, "mb_per_s")
         out[f"{name}_first_batch_s"] = med(name, "first_batch_s")
@@ -251,6 +321,9 @@ def summarize(results: dict, args, **facts) -> dict:
     remote, cold, fs = out.get("remote_mb_per_s"), out.get("local_cold_mb_per_s"), out.get("fsspec_mb_per_s")
     out["remote_vs_local_cold"] = remote / cold if remote and cold else None
     out["remote_vs_fsspec"] = remote / fs if remote and fs else None
+    for name, ceil in (("remote", "ceiling"), ("remote_http", "ceiling_http")):
+        if out.get(f"{name}_mb_per_s") and out.get(f"{ceil}_mb_per_s"):
+            out[f"{name}_vs_server_limit"] = out[f"{name}_mb_per_s"] / out[f"{ceil}_mb_per_s"]
     vs_cold, vs_fs = out["remote_vs_local_cold"], out["remote_vs_fsspec"]
     out["targets"] = {
         "remote >= 0.8x local cold": None if vs_cold is None else vs_cold >= 0.8,
@@ -284,6 +357,14 @@ def format_text(r: dict) -> str:
     for key, label in (("remote", "S3 gateway"), ("remote_http", "filer over HTTP")):
         if f"{key}_server_cpu_s_per_gb" in r:
             lines.append(f"server CPU ({label}): {r[f'{key}_server_cpu_s_per_gb']:.1f} s per GB streamed")
+    if "open_requests" in r:
+        lines.append(f"describe the store, list its {r['chunks']} chunks and read its labels ({r['label_chunks']} "
+                     f"chunks): {r['open_requests']} requests, {r['open_s']:.2f} s")
+    for key, label in (("remote", "s3://"), ("remote_http", "http://")):
+        if f"{key}_vs_server_limit" in r:
+            ceil = r["ceiling_mb_per_s" if key == "remote" else "ceiling_http_mb_per_s"]
+            lines.append(f"server limit {label} (plain ranged GETs, 4 MiB, 8 in flight): {ceil:.0f} MB/s; "
+                         f"the stream reaches {r[f'{key}_vs_server_limit']:.2f}x of it")
     if r["remote_vs_local_cold"] is not None:
         lines.append(f"remote / local cold: {r['remote_vs_local_cold']:.2f}x")
     if r["remote_vs_fsspec"] is not None:

@@ -24,5 +24,7 @@ def test_remote_benchmark_streams_the_same_batches_remotely_and_locally(tmp_path
     assert result["same_order"] is True, summary
     assert result["remote_mb_per_s"] > 0 and result["local_cold_mb_per_s"] > 0, summary
     assert result["targets"]["peak <= budget"] is True, summary
+    assert result["ceiling_mb_per_s"] > 0 and result["ceiling_http_mb_per_s"] > 0, summary
+    assert result["open_requests"] >= 3 and result["chunks"] >= 1, summary
     assert "h5stream, s3://" in remote.format_text(result)
     assert not list(tmp_path.glob("seaweed-*"))  # the server's folder is gone with it
