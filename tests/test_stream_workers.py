@@ -192,6 +192,9 @@ def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "t.h5"
     write_arrays(path, rng.integers(0, 255, (3000, 24, 24, 3), dtype=np.uint8), np.arange(3000) % 5, block_rows=16)
+    # Cached fills go to the workers as byte offsets; a fill the page cache does not hold the reader reads ahead
+    # itself (all of them, under this budget).  Reading the file first makes the workers the ones to meet the cut.
+    path.read_bytes()
     s = h5stream.open(path, batch_size=32, memory_budget="300MiB", seed=0,
                       augment=h5stream.Augment(horizontal_flip=True), workers=1)
     batches = iter(s)
