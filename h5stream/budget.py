@@ -328,10 +328,10 @@ def plan_memory(
 
 def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
                 rows_per_fill: int | None = None, epoch_rows: int | None = None,
-                out_label_row_bytes: int = 0, direct_io: bool = False) -> StreamPlan:
+                out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None) -> StreamPlan:
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (pure; what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
-    read past the page cache.
+    read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default about a MiB).
 
     ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
     :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
@@ -356,7 +356,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
             block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
             out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
-            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None),
+            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None, unit_bytes),
             rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
         )
 

@@ -46,6 +46,7 @@ class StreamOptions:
     label_mode: str = "int"
     remote: object = None
     direct_io: bool | str = "auto"
+    read_unit: int | str | None = None
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -69,9 +70,11 @@ class StreamOptions:
 
             object.__setattr__(self, "remote", remote_options(self.remote))
         budget = None if self.memory_budget is None else parse_bytes(self.memory_budget)
+        unit = None if self.read_unit is None else parse_bytes(self.read_unit, what="read_unit")
         for name, value in (("batch_size", int(self.batch_size)), ("workers", int(self.workers)),
                             ("timeout_s", float(self.timeout_s)), ("drop_remainder", bool(self.drop_remainder)),
                             ("memory_budget", budget), ("validation_split", split), ("subset", subset),
+                            ("read_unit", unit),
                             ("shard", None if self.shard is None else check_shard(self.shard))):
             object.__setattr__(self, name, value)
 

@@ -89,6 +89,15 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     the budget leaves after everything else.  Pass ``rows_per_fill`` to get the
     same batches under any budget that holds it; ``resume`` takes it from the
     state.
+
+    ``read_unit`` (bytes or a string like ``"4MiB"``; default about 1 MiB):
+    the contiguous piece rows move between fills in, and so the size of most
+    reads (rounded down to a power-of-two part of a chunk, at most a chunk).
+    Smaller units make two epochs' orders less alike; larger ones mean fewer,
+    larger reads, which an object store serves with far less work per byte
+    (``"4MiB"`` or more there).  It changes the order: give the same value to
+    get the same batches from a URL and from the local file; ``resume`` takes
+    it from the state.
     """
     return Stream(path, StreamOptions(*args, **kwargs))
 
@@ -148,11 +157,14 @@ class Stream:
         rows_per_fill = options.rows_per_fill
         if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
             rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
+        unit_bytes = options.read_unit
+        if unit_bytes is None and resume is not None and "unit_rows" in resume:
+            unit_bytes = int(resume["unit_rows"]) * meta.row_bytes  # likewise
         start, stop = self._rows
         self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
                                             workers=self.workers, rows_per_fill=rows_per_fill,
                                             epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
-                                            direct_io=self.direct_io)
+                                            direct_io=self.direct_io, unit_bytes=unit_bytes)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
@@ -298,7 +310,7 @@ class Stream:
         for key in _LAYOUT_KEYS:
             if key in state and int(state[key]) != int(mine[key]):
                 fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
-                       "the state" if key == "rows_per_fill" else
+                       "the state" if key in ("rows_per_fill", "unit_rows") else
                        "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
                 raise ConfigError(f"cannot resume: the state has {key}={state[key]} "
                                   f"but this stream has {key}={mine[key]}; {fix}")

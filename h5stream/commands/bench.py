@@ -179,7 +179,7 @@ def _cold(meta, cold: bool):
 
 
 def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, workers, progress,
-                   interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None, direct_io="auto"):
+                   interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None, direct_io="auto", read_unit=None):
     """Time ``epochs`` epochs of the stream; returns (figures + orders + yielded labels, Timeline)."""
     import h5stream
     import h5stream.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
@@ -195,7 +195,8 @@ def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, wor
         rss_before = peak_rss_bytes()
         t0 = time.monotonic()
         stream = h5stream.open(meta.path, batch_size=batch_size, memory_budget=budget, shuffle=True, seed=seed,
-                               augment=augment, workers=workers, rows_per_fill=rows_per_fill, direct_io=direct_io)
+                               augment=augment, workers=workers, rows_per_fill=rows_per_fill, direct_io=direct_io,
+                               read_unit=read_unit)
         open_s = time.monotonic() - t0
         stack.callback(stream.close)
         bar.reset(total=epochs * stream.meta.rows)

@@ -20,41 +20,43 @@ UNIT_TARGET_BYTES = 1 << 20
 """Rows move between fills in units of about this size (a contiguous read; smaller units decorrelate epochs)."""
 
 
-def unit_rows_for(block_rows: int, row_bytes: int, compressed: bool) -> int:
-    """Largest power-of-two divisor of ``block_rows`` whose rows fit in ``UNIT_TARGET_BYTES`` (at least 1 row).
+def unit_rows_for(block_rows: int, row_bytes: int, compressed: bool, target_bytes: int | None = None) -> int:
+    """Largest power-of-two divisor of ``block_rows`` whose rows fit in ``target_bytes`` (default
+    :data:`UNIT_TARGET_BYTES`; at least 1 row).
 
     Compressed chunks are decoded whole, so there the unit is the whole block.
     """
     if compressed:
         return int(block_rows)
+    target = UNIT_TARGET_BYTES if target_bytes is None else int(target_bytes)
     unit = 1
-    while block_rows % (unit * 2) == 0 and unit * 2 * row_bytes <= UNIT_TARGET_BYTES:
+    while block_rows % (unit * 2) == 0 and unit * 2 * row_bytes <= target:
         unit *= 2
     return unit
 
 
-def parse_bytes(value) -> int:
-    """``1024``, ``"512MB"``, ``"1.5GiB"``, ``"256 MiB"`` -> bytes (int).
+def parse_bytes(value, what: str = "memory budget") -> int:
+    """``1024``, ``"512MB"``, ``"1.5GiB"``, ``"256 MiB"`` -> bytes (int); ``what`` names the value in errors.
 
     Units: B, kB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB.
     """
     if isinstance(value, bool):
-        raise ConfigError(f"memory budget must be bytes or a string like '512MiB', got {value!r}")
+        raise ConfigError(f"{what} must be bytes or a string like '512MiB', got {value!r}")
     if isinstance(value, (int, float)):
         if value <= 0:
-            raise ConfigError(f"memory budget must be positive, got {value!r}")
+            raise ConfigError(f"{what} must be positive, got {value!r}")
         return int(value)
     if not isinstance(value, str):
-        raise ConfigError(f"memory budget must be bytes or a string like '512MiB', got {value!r}")
+        raise ConfigError(f"{what} must be bytes or a string like '512MiB', got {value!r}")
     m = _BYTES_RE.match(value)
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS:
         raise ConfigError(
-            f"cannot parse memory budget {value!r}; write a number with an optional unit, e.g. '512MB', '1.5GiB'"
+            f"cannot parse {what} {value!r}; write a number with an optional unit, e.g. '512MB', '1.5GiB'"
         )
     n = int(float(m.group(1)) * _UNITS[unit])
     if n <= 0:
-        raise ConfigError(f"memory budget must be positive, got {value!r}")
+        raise ConfigError(f"{what} must be positive, got {value!r}")
     return n
 
 
