@@ -253,6 +253,15 @@ def emit(result: dict, *, as_json: bool, format_text: Callable[[dict], str], ind
     print(json.dumps(result, indent=indent) if as_json else format_text(result))
 
 
+def run_cli(parser, argv, run: Callable, format_text: Callable[[dict], str]) -> int:
+    """Add ``--data`` and ``--json`` to ``parser``, parse ``argv``, print ``run(args)`` as the table or JSON."""
+    add_data_option(parser)
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    emit(run(args), as_json=args.json, format_text=format_text)
+    return 0
+
+
 def log(msg: str) -> None:
     """A progress line on stderr (stdout carries only the table or the JSON)."""
     print(msg, file=sys.stderr, flush=True)

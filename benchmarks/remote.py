@@ -41,16 +41,14 @@ import numpy as np
 
 from benchmarks.data import make_bench_file, rows_for_gb
 from benchmarks.harness import (
-    add_data_option,
-    add_json_option,
     by_name,
     child_command,
     child_env,
-    emit,
     evict_folder,
     interleave,
     log,
     median,
+    run_cli,
 )
 
 KEY = "bench/store.h5"
@@ -392,11 +390,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fsspec-seconds", type=float, default=60.0, help="time limit of the fsspec baseline")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec baseline (needs s3fs)")
-    add_data_option(parser)
-    add_json_option(parser)
-    args = parser.parse_args(argv)
-    emit(run(args), as_json=args.json, format_text=format_text)
-    return 0
+    return run_cli(parser, argv, run, format_text)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from statistics import median
 import numpy as np
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import add_data_option, add_json_option, emit, evict_folder
+from benchmarks.harness import evict_folder, run_cli
 
 SERVER_CHUNK = 4 << 20
 """SeaweedFS's filer stores an object in chunks of this size (its default ``-filer.maxMB``)."""
@@ -104,11 +104,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.remote_patterns", description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.1, help="store size (default 1.1, the remote benchmark's)")
     parser.add_argument("--rounds", type=int, default=2)
-    add_data_option(parser)
-    add_json_option(parser)
-    args = parser.parse_args(argv)
-    emit(run(args), as_json=args.json, format_text=format_text)
-    return 0
+    return run_cli(parser, argv, run, format_text)
 
 
 if __name__ == "__main__":
