@@ -16,6 +16,10 @@ one left there), in this order each round:
 * **disk** -- the device's own limit: ``fio`` reading the whole file with
   ``O_DIRECT``, 1 MiB requests, 4 in flight; without ``fio``, an ``O_DIRECT``
   reader here (4 MiB requests, one at a time).
+* **disk random** (with ``fio``) -- the device for the stream's own pattern: every
+  piece of the stream's read size (its unit, about 1 MiB) once, in random order,
+  4 in flight.  A virtual disk may serve sequential reads faster than any other
+  order (its host reads ahead); this shows how much.
 * **h5py** -- ``read_direct`` of 3,200-row slices in file order, the whole file.
 * **stream** -- ``h5stream.open`` (defaults: ``direct_io="auto"``), no
   augmentation, ``workers=0``, one epoch.
@@ -220,11 +224,25 @@ def disk_limit(path: str, use_fio: bool) -> dict:
     evict_from_page_cache(path)
     if not use_fio:
         return _child("benchmarks.cold:direct_reader_child", path)
-    cmd = ["fio", "--name=disk", f"--filename={path}", "--readonly", "--rw=read", f"--bs={DISK_BLOCK}", "--direct=1",
+    return _fio(path, "read", DISK_BLOCK, "fio O_DIRECT, 1 MiB, 4 in flight")
+
+
+def disk_random(path: str) -> dict:
+    """The disk's rate for the stream's own pattern: every piece of the stream's read size once, in random order
+    (``fio --rw=randread``), 4 in flight."""
+    from h5stream.read.plan import unit_rows_for
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(path)
+    unit = unit_rows_for(meta.block_rows, meta.row_bytes, False) * meta.row_bytes
+    return _fio(path, "randread", unit, f"fio O_DIRECT, random {unit >> 10} KiB, 4 in flight")
+
+
+def _fio(path: str, pattern: str, block: int, tool: str) -> dict:
+    cmd = ["fio", "--name=disk", f"--filename={path}", "--readonly", f"--rw={pattern}", f"--bs={block}", "--direct=1",
            "--ioengine=libaio", "--iodepth=4", "--output-format=json"]
     job = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["jobs"][0]["read"]
-    return {"mb_per_s": job["bw_bytes"] / 1e6, "seconds": job["runtime"] / 1e3,
-            "tool": "fio O_DIRECT, 1 MiB, 4 in flight"}
+    return {"mb_per_s": job["bw_bytes"] / 1e6, "seconds": job["runtime"] / 1e3, "tool": tool}
 
 
 def cold_child(entry: str, path: str, *args) -> dict:
@@ -250,6 +268,7 @@ def measurements(large: str, small: str, *, budget: str, warm_s: float, use_fio:
 
     out = {
         "disk": lambda: disk_limit(large, use_fio),
+        **({"disk_random": lambda: disk_random(large)} if use_fio else {}),
         "h5py": lambda: cold_child("benchmarks.cold:h5py_child", large),
         "stream": lambda: cold(plain),
         "stream_aug_w2": lambda: cold({**plain, **aug2}),
@@ -274,6 +293,7 @@ def summarize(rounds: list[dict]) -> dict:
     rows = [{k: v["rows_per_s"] for k, v in r.items() if "rows_per_s" in v} for r in rounds]
     ratios = {
         "stream_vs_disk": same_round_ratios(mb, "stream", "disk"),
+        "stream_vs_disk_random": same_round_ratios(mb, "stream", "disk_random"),
         "stream_vs_h5py": same_round_ratios(mb, "stream", "h5py"),
         "aug_cold_vs_warm": same_round_ratios(rows, "stream_aug_w2", "warm_aug_w2"),
         "warm_w0_vs_ref": same_round_ratios(rows, "warm_w0", "warm_w0_ref"),
@@ -303,7 +323,8 @@ def targets(result: dict, budget_bytes: int) -> list[dict]:
 
 # -- output ----------------------------------------------------------------------------------------------------------
 LABELS = {
-    "disk": "disk limit", "h5py": "h5py `read_direct`, 3,200-row slices in file order",
+    "disk": "disk limit", "disk_random": "disk, the stream's read size in random order",
+    "h5py": "h5py `read_direct`, 3,200-row slices in file order",
     "stream": "h5stream, workers 0, no augmentation", "stream_aug_w2": "h5stream, `standard` augmentation, 2 workers",
     "warm_aug_w2": "same, small store, warm page cache", "warm_w0": "h5stream, workers 0, small store, warm",
     "warm_aug_w2_ref": "same at the reference commit (augmentation, 2 workers)",
