@@ -64,7 +64,10 @@ def set_index_k(fcpl, k: int) -> bool:
     lib = _h5py_hdf5()
     if lib is None:
         return False
-    return lib.H5Pset_istore_k(ctypes.c_int64(fcpl.id), ctypes.c_uint(k)) >= 0
+    from h5py._objects import phil  # h5py's lock around every HDF5 call: another thread may be in the library
+
+    with phil:
+        return lib.H5Pset_istore_k(ctypes.c_int64(fcpl.id), ctypes.c_uint(k)) >= 0
 
 
 _LIB: list = []
