@@ -181,3 +181,16 @@ def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store,
                  "--rows-per-fill", str(alone["plan"]["rows_per_fill"])]) == 1
     err = capsys.readouterr().err.strip()
     assert "rows_per_fill" in err and "holds at most" in err and len(err.splitlines()) == 1
+
+
+def test_info_shuffle_report_takes_a_read_unit(sorted_store, capsys):
+    def report(*extra):
+        assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", BUDGET, "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["shuffle_report"]
+
+    whole, quarter = report(), report("--read-unit", "3KiB")  # 768-byte rows in blocks of 16: 16 rows, then 4
+    assert (whole["plan"]["unit_rows"], quarter["plan"]["unit_rows"]) == (BLOCK, 4)
+    assert quarter["epoch_order_tau"] != whole["epoch_order_tau"]
+    assert main(["info", sorted_store, "--shuffle-report", "--read-unit", "lots"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "read_unit" in err and len(err.splitlines()) == 1

@@ -74,11 +74,12 @@ def check_class_labels(meta, labels: np.ndarray) -> None:
 
 
 def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed=0, workers=0,
-                        rows_per_fill=None) -> dict:
+                        rows_per_fill=None, read_unit=None) -> dict:
     """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels.
 
     ``workers`` plans as a stream with that many augmenting workers (uint8 output) would: their memory comes out
-    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window as ``h5stream.open`` does.
+    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window and ``read_unit`` sets the unit
+    as ``h5stream.open`` does.
     """
     from h5stream.budget import plan_stream
     from h5stream.order import quality
@@ -87,7 +88,9 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     from h5stream.stream import layout_function
 
     meta = read_meta(path)
-    plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill)
+    unit = None if read_unit is None else parse_bytes(read_unit, what="read_unit")
+    plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill,
+                       unit_bytes=unit)
     layout = layout_function(meta.rows, plan, seed)
     labels = read_labels(meta)
     check_class_labels(meta, labels)

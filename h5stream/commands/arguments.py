@@ -72,6 +72,8 @@ def _info(parser) -> None:
                         help="--shuffle-report plans as a stream with this many augmenting workers (default 0)")
     parser.add_argument("--rows-per-fill", type=int, default=None,
                         help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
+    parser.add_argument("--read-unit", default=None,
+                        help="--shuffle-report with this read_unit (e.g. 4MiB), as h5stream.open(read_unit=) takes")
 
 
 def _bench(parser) -> None:
