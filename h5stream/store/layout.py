@@ -20,6 +20,7 @@ h5py not installed from its wheel), the file keeps HDF5's default fanout and is 
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 
@@ -70,22 +71,16 @@ def set_index_k(fcpl, k: int) -> bool:
         return lib.H5Pset_istore_k(ctypes.c_int64(fcpl.id), ctypes.c_uint(k)) >= 0
 
 
-_LIB: list = []
-
-
+@functools.cache
 def _h5py_hdf5():
     """The HDF5 library h5py's wheel ships (``h5py.libs/libhdf5-*.so*``), loaded once; None elsewhere."""
-    if not _LIB:
-        found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(h5py.__file__)), "h5py.libs",
-                                              "libhdf5-*.so*")))
-        lib = None
-        if len(found) == 1:
-            try:
-                lib = ctypes.CDLL(found[0])  # already loaded by h5py: the same library, the same ids
-                lib.H5Pset_istore_k.restype = ctypes.c_int
-                lib.H5Pset_istore_k.argtypes = [ctypes.c_int64, ctypes.c_uint]
-            except (OSError, AttributeError):
-                lib = None
-        _LIB.append(lib)
-    return _LIB[0]
-
+    found = glob.glob(os.path.join(os.path.dirname(os.path.dirname(h5py.__file__)), "h5py.libs", "libhdf5-*.so*"))
+    if len(found) != 1:
+        return None
+    try:
+        lib = ctypes.CDLL(found[0])  # already loaded by h5py: the same library, the same ids
+        lib.H5Pset_istore_k.restype = ctypes.c_int
+        lib.H5Pset_istore_k.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    except (OSError, AttributeError):
+        return None
+    return lib
