@@ -1,6 +1,11 @@
 """The stream with augmentation: inline and in worker processes, end to end on real files."""
 
 
+import contextlib
+import ctypes
+import mmap
+import os
+
 import numpy as np
 import psutil
 import pytest
@@ -188,22 +193,41 @@ def test_compressed_store_goes_through_shared_input_slots(tmp_path):
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(runs[0], runs[1]))
 
 
+@contextlib.contextmanager
+def pinned_in_page_cache(path):
+    """Keep every page of the file at ``path`` in the page cache (a shared mapping, ``mlock``ed) while the block
+    runs: this machine's kernel may reclaim a file's pages at any time, even right after they were read."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    addr, size = np.frombuffer(mm, np.uint8).ctypes.data, len(mm)
+    if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(size)) != 0:
+        mm.close()
+        pytest.skip(f"cannot mlock {size} bytes here ({os.strerror(ctypes.get_errno())}; ulimit -l)")
+    try:
+        yield
+    finally:
+        libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+        mm.close()
+
+
 def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "t.h5"
     write_arrays(path, rng.integers(0, 255, (3000, 24, 24, 3), dtype=np.uint8), np.arange(3000) % 5, block_rows=16)
-    # Cached fills go to the workers as byte offsets; a fill the page cache does not hold the reader reads ahead
-    # itself (all of them, under this budget).  Reading the file first makes the workers the ones to meet the cut.
-    path.read_bytes()
-    s = h5stream.open(path, batch_size=32, memory_budget="300MiB", seed=0,
-                      augment=h5stream.Augment(horizontal_flip=True), workers=1)
-    batches = iter(s)
-    next(batches)  # the reader has the chunk index by now; only the workers touch the pixels from here on
-    with open(path, "r+b") as f:  # cut the file: later chunks are gone
-        f.truncate(200_000)
-    with pytest.raises(h5stream.ReaderError, match="unexpected end of file") as info:
-        for _batch in batches:
-            pass
+    # Cached fills go to the workers as byte offsets; a fill the page cache does not hold, the reader reads ahead
+    # itself (all of them, under this budget).  Pinned in the cache, the fills are the workers' to read.
+    with pinned_in_page_cache(path):
+        s = h5stream.open(path, batch_size=32, memory_budget="300MiB", seed=0,
+                          augment=h5stream.Augment(horizontal_flip=True), workers=1)
+        batches = iter(s)
+        next(batches)  # the reader has the chunk index by now; only the workers touch the pixels from here on
+        assert s.stats()["deferred_bytes"] > 0
+        with open(path, "r+b") as f:  # cut the file: later chunks are gone
+            f.truncate(200_000)
+        with pytest.raises(h5stream.ReaderError, match="unexpected end of file") as info:
+            for _batch in batches:
+                pass
     assert isinstance(info.value.__cause__, WorkerError) and info.value.__cause__.stage == "read"
     s.close()
 
