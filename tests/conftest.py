@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import os
 import shutil
 import signal
 
+import numpy as np
 import psutil
 import pytest
 
@@ -197,3 +201,22 @@ def unprivileged_argv() -> list[str] | None:
     if shutil.which("setpriv") is None:
         return None
     return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+@contextlib.contextmanager
+def pinned_in_page_cache(path):
+    """Keep every page of the file at ``path`` in the page cache (a shared mapping, ``mlock``ed) while the block
+    runs: a kernel may reclaim a file's pages at any time, even right after they were read (proactive reclaim such as
+    DAMON's pageout does)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    addr, size = np.frombuffer(mm, np.uint8).ctypes.data, len(mm)
+    if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(size)) != 0:
+        mm.close()
+        pytest.skip(f"cannot mlock {size} bytes here ({os.strerror(ctypes.get_errno())}; ulimit -l)")
+    try:
+        yield
+    finally:
+        libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+        mm.close()

@@ -10,6 +10,7 @@ import pytest
 import h5stream
 from h5stream.errors import BudgetError, ConfigError, ReaderError, StoreFormatError, StoreNotFoundError
 from h5stream.store.writer import StoreWriter, write_arrays
+from conftest import pinned_in_page_cache
 
 ROWS = 3000
 
@@ -269,10 +270,8 @@ def test_read_ahead_advice_skips_cached_runs_and_asks_for_evicted_ones(tmp_path)
     path = tmp_path / "advice.h5"  # 12 MiB: more than the kernel reads ahead when the file is opened
     images = np.random.default_rng(0).integers(0, 255, (4096, 32, 32, 3), dtype=np.uint8)
     write_arrays(path, images, np.zeros(4096, np.int64), block_rows=64)
-    with open(path, "rb") as fh:
-        fh.read()  # every page cached
-    with h5stream.open(path, batch_size=32, memory_budget="8MiB", seed=1) as s:
-        rows_warm = sum(len(x) for x, _ in s)
+    with pinned_in_page_cache(path), h5stream.open(path, batch_size=32, memory_budget="8MiB", seed=1) as s:
+        rows_warm = sum(len(x) for x, _ in s)  # every page cached
         assert s.stats()["advised_bytes"] == 0  # nothing to fetch: no WILLNEED walk over cached pages
     assert evict_from_page_cache(path) and cached_fraction(path) < 0.5
     with h5stream.open(path, batch_size=32, memory_budget="8MiB", seed=1) as s:

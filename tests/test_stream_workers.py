@@ -1,11 +1,6 @@
 """The stream with augmentation: inline and in worker processes, end to end on real files."""
 
 
-import contextlib
-import ctypes
-import mmap
-import os
-
 import numpy as np
 import psutil
 import pytest
@@ -15,6 +10,7 @@ from h5stream.budget import plan_stream
 from h5stream.errors import ConfigError, WorkerError
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
+from conftest import pinned_in_page_cache
 
 ROWS = 700
 
@@ -163,10 +159,9 @@ def _segments():
 def test_workers_read_a_cached_store_themselves(store):
     """A fill already in the page cache goes out as byte offsets: the workers read the rows, the reader copies none."""
     aug = h5stream.Augment(horizontal_flip=True)
-    with open(store, "rb") as fh:
-        fh.read()  # every page cached
-    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=3, augment=aug, workers=2) as s:
-        assert s._feed.direct
+    with pinned_in_page_cache(store), \
+            h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=3, augment=aug, workers=2) as s:
+        assert s._feed.direct  # every page cached
         pooled = [(x.copy(), y.copy()) for x, y in s]
         stats = s.stats()
     assert stats["read_bytes"] == 0 and stats["deferred_bytes"] >= ROWS * 24 * 24 * 3
@@ -191,24 +186,6 @@ def test_compressed_store_goes_through_shared_input_slots(tmp_path):
                 assert not s._feed.direct and [n for n in _segments() - before if "in_" in n]
     assert len(runs[0]) == len(runs[1])
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(runs[0], runs[1]))
-
-
-@contextlib.contextmanager
-def pinned_in_page_cache(path):
-    """Keep every page of the file at ``path`` in the page cache (a shared mapping, ``mlock``ed) while the block
-    runs: this machine's kernel may reclaim a file's pages at any time, even right after they were read."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(path, "rb") as fh:
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    addr, size = np.frombuffer(mm, np.uint8).ctypes.data, len(mm)
-    if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(size)) != 0:
-        mm.close()
-        pytest.skip(f"cannot mlock {size} bytes here ({os.strerror(ctypes.get_errno())}; ulimit -l)")
-    try:
-        yield
-    finally:
-        libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-        mm.close()
 
 
 def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
