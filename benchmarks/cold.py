@@ -13,13 +13,15 @@ the room.  Every measurement runs in a fresh process, after the store is
 dropped from the page cache (a measurement must not find what the previous
 one left there), in this order each round:
 
-* **disk** -- the device's own limit: ``fio`` reading the whole file with
-  ``O_DIRECT``, 1 MiB requests, 4 in flight; without ``fio``, an ``O_DIRECT``
-  reader here (4 MiB requests, one at a time).
+* **disk** -- the device's own limit: ``fio`` reading the whole file in order
+  with ``O_DIRECT``, twice: 1 MiB requests with 4 in flight, and 4 MiB requests
+  with 16 in flight (64 MiB in flight: enough for a device whose rate grows
+  with the queue); the better of the two counts.  Without ``fio``, an
+  ``O_DIRECT`` reader here (4 MiB requests, one at a time).
 * **disk random** (with ``fio``) -- the device for the stream's own pattern: every
   piece of the stream's read size (its unit, about 1 MiB) once, in random order,
-  4 in flight.  A virtual disk may serve sequential reads faster than any other
-  order (its host reads ahead); this shows how much.
+  as many in flight as the stream keeps.  A virtual disk may serve sequential
+  reads faster than any other order (its host reads ahead); this shows how much.
 * **h5py** -- ``read_direct`` of 3,200-row slices in file order, the whole file.
 * **stream** -- ``h5stream.open`` (defaults: ``direct_io="auto"``), no
   augmentation, ``workers=0``, one epoch.
@@ -61,7 +63,8 @@ BUDGET = "256MiB"
 QUICK_BUDGET = "256MiB"
 BATCH_SIZE = 32
 H5PY_SLICE_ROWS = 3200
-DISK_BLOCK = 1 << 20
+DISK_TRIES = ((1 << 20, 4), (4 << 20, 16))
+"""The disk limit's ``fio`` runs: (request bytes, requests in flight); the better one counts."""
 TARGETS = {"stream_vs_disk": 0.9, "stream_vs_h5py": 1.0, "aug_cold_vs_warm": 0.85}
 FREE_MARGIN_BYTES = 2 << 30
 """Room left on the disk after the store is built."""
@@ -224,24 +227,29 @@ def disk_limit(path: str, use_fio: bool) -> dict:
     evict_from_page_cache(path)
     if not use_fio:
         return _child("benchmarks.cold:direct_reader_child", path)
-    return _fio(path, "read", DISK_BLOCK, "fio O_DIRECT, 1 MiB, 4 in flight")
+    tries = [_fio(path, "read", block, depth) for block, depth in DISK_TRIES]
+    best = max(tries, key=lambda t: t["mb_per_s"])
+    return {**best, "tries": {t["tool"]: t["mb_per_s"] for t in tries}}
 
 
 def disk_random(path: str) -> dict:
     """The disk's rate for the stream's own pattern: every piece of the stream's read size once, in random order
-    (``fio --rw=randread``), 4 in flight."""
+    (``fio --rw=randread``), as many in flight as the stream keeps."""
     from h5stream.read.plan import unit_rows_for
+    from h5stream.read.source import DIRECT_IN_FLIGHT
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
     unit = unit_rows_for(meta.block_rows, meta.row_bytes, False) * meta.row_bytes
-    return _fio(path, "randread", unit, f"fio O_DIRECT, random {unit >> 10} KiB, 4 in flight")
+    return _fio(path, "randread", unit, DIRECT_IN_FLIGHT)
 
 
-def _fio(path: str, pattern: str, block: int, tool: str) -> dict:
+def _fio(path: str, pattern: str, block: int, depth: int) -> dict:
     cmd = ["fio", "--name=disk", f"--filename={path}", "--readonly", f"--rw={pattern}", f"--bs={block}", "--direct=1",
-           "--ioengine=libaio", "--iodepth=4", "--output-format=json"]
+           "--ioengine=libaio", f"--iodepth={depth}", "--output-format=json"]
     job = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["jobs"][0]["read"]
+    size = f"{block >> 20} MiB" if block % (1 << 20) == 0 else f"{block >> 10} KiB"
+    tool = f"fio O_DIRECT, {'random ' if pattern == 'randread' else ''}{size}, {depth} in flight"
     return {"mb_per_s": job["bw_bytes"] / 1e6, "seconds": job["runtime"] / 1e3, "tool": tool}
 
 
@@ -289,6 +297,8 @@ def summarize(rounds: list[dict]) -> dict:
         runs[name] = {**results[0], **{k: median(r.get(k) for r in results) for k in keys}, "rounds": len(results)}
         if "peak_mem_bytes" in results[0]:
             runs[name]["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in results)
+        if "tries" in results[0]:
+            runs[name]["tries"] = {k: median(r["tries"][k] for r in results) for k in results[0]["tries"]}
     mb = [{k: v["mb_per_s"] for k, v in r.items()} for r in rounds]
     rows = [{k: v["rows_per_s"] for k, v in r.items() if "rows_per_s" in v} for r in rounds]
     ratios = {
@@ -346,6 +356,10 @@ def format_text(result: dict) -> str:
         direct = ("yes" if r["direct_io"] else "no") if "direct_io" in r else "-"
         lines.append(f"| {label} | {rate} | {r['mb_per_s']:,.0f} | {first} | {cpu} | {peak} | {direct} |")
     lines.append("")
+    for key, r in runs.items():
+        if "tries" in r:
+            lines.append(f"{LABELS.get(key, key)}, each try: "
+                         + "; ".join(f"{tool} {mb:,.0f} MB/s" for tool, mb in r["tries"].items()))
     for key, r in result["ratios"].items():
         lines.append(f"ratio {key}: {r['median']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f})")
     lines += [f"{'PASS' if t['met'] else 'MISS'}  {t['name']}: {t['figures']}" for t in result["targets"]]

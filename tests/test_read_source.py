@@ -88,9 +88,12 @@ def test_direct_reads_give_the_bytes_at_any_offset_in_any_pieces(data_file):
 
 
 def test_direct_reads_from_several_threads_at_once(data_file):
+    """More threads than bounce buffers: every read gets its bytes, and no more bounce buffers exist than the
+    budget counts."""
     path, data = data_file
     src = source.DirectFile(path)
     failures = []
+    most = []
 
     def work(seed):
         rng = np.random.default_rng(seed)
@@ -99,8 +102,9 @@ def test_direct_reads_from_several_threads_at_once(data_file):
             length = int(rng.integers(source.DIRECT_MIN_BYTES, 300000))
             if _read(src, offset, _pieces(length, rng)) != data[offset:offset + length]:
                 failures.append((offset, length))
+            most.append(len(src._all))
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3 * source.BOUNCE_BUFFERS)]
     try:
         for t in threads:
             t.start()
@@ -109,6 +113,8 @@ def test_direct_reads_from_several_threads_at_once(data_file):
     finally:
         src.close()
     assert failures == []
+    assert 1 <= max(most) <= source.BOUNCE_BUFFERS
+    assert source.DIRECT_IO_BYTES == source.BOUNCE_BUFFERS * source.BOUNCE_BYTES
 
 
 def test_a_direct_read_past_the_end_of_the_file_fails(data_file):

@@ -66,11 +66,15 @@ BOUNCE_BYTES = 1 << 20
 
 DIRECT_IO_SETTINGS = ("auto", True, False)
 
-DIRECT_IN_FLIGHT = 4
-"""Direct reads in flight: there is no kernel read-ahead to keep the device's queue filled."""
+DIRECT_IN_FLIGHT = 8
+"""Direct reads in flight: there is no kernel read-ahead to keep the device's queue filled.  Reads that land
+in place need no memory of their own, so more of them can be in flight than there are bounce buffers."""
 
-DIRECT_IO_BYTES = DIRECT_IN_FLIGHT * BOUNCE_BYTES
-"""Memory a :class:`DirectFile` holds at most: a bounce buffer per read in flight."""
+BOUNCE_BUFFERS = 4
+"""Bounce buffers a :class:`DirectFile` holds at most; a read that needs one while all are in use waits."""
+
+DIRECT_IO_BYTES = BOUNCE_BUFFERS * BOUNCE_BYTES
+"""Memory a :class:`DirectFile` holds at most: its bounce buffers."""
 
 
 class ByteSource(Protocol):
@@ -175,6 +179,7 @@ class DirectFile:
         self._free: list[mmap.mmap] = []  # bounce buffers not in use
         self._all: list[mmap.mmap] = []
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)  # a bounce buffer came back
         self.in_place_bytes = 0  # bytes read straight into the callers' buffers
         self._refusals = 0  # in-place reads the device refused
         self._finalizer = weakref.finalize(self, _release_direct, fd, dfd, self._all)
@@ -204,16 +209,22 @@ class DirectFile:
         finally:
             with self._lock:
                 self._free.append(bounce)
+                self._returned.notify()
 
     def _take(self) -> mmap.mmap:
+        """A bounce buffer: a free one, a new one while fewer than :data:`BOUNCE_BUFFERS` exist, else the
+        next one another read gives back."""
         with self._lock:
-            if self._free:
-                return self._free.pop()
-            if not self._finalizer.alive:
-                raise ValueError(f"{self.name}: read from a closed source")
-            bounce = mmap.mmap(-1, BOUNCE_BYTES)  # anonymous, so page-aligned
-            self._all.append(bounce)
-            return bounce
+            while True:
+                if not self._finalizer.alive:
+                    raise ValueError(f"{self.name}: read from a closed source")
+                if self._free:
+                    return self._free.pop()
+                if len(self._all) < BOUNCE_BUFFERS:
+                    bounce = mmap.mmap(-1, BOUNCE_BYTES)  # anonymous, so page-aligned
+                    self._all.append(bounce)
+                    return bounce
+                self._returned.wait()
 
     def _read_through(self, bounce: mmap.mmap, offset: int, total: int, buffers: Sequence[memoryview]) -> None:
         """Read ``[offset, offset + total)`` aligned span by aligned span into ``bounce`` and copy the wanted
@@ -253,6 +264,8 @@ class DirectFile:
 
     def close(self) -> None:
         self._finalizer()
+        with self._lock:
+            self._returned.notify_all()  # a read waiting for a bounce buffer fails instead of waiting
 
 
 def _aligned(offset: int, buffers: Sequence[memoryview]) -> bool:
