@@ -13,18 +13,20 @@ the room.  Every measurement runs in a fresh process, after the store is
 dropped from the page cache (a measurement must not find what the previous
 one left there), in this order each round:
 
+* **h5py** -- ``read_direct`` of 3,200-row slices in file order, the whole file.
 * **disk** -- the device's own limit: ``fio`` reading the whole file in order
   with ``O_DIRECT``, twice: 1 MiB requests with 4 in flight, and 4 MiB requests
   with 16 in flight (64 MiB in flight: enough for a device whose rate grows
   with the queue); the better of the two counts.  Without ``fio``, an
   ``O_DIRECT`` reader here (4 MiB requests, one at a time).
+* **stream** -- ``h5stream.open`` (defaults: ``direct_io="auto"``), no
+  augmentation, ``workers=0``, one epoch: right after the disk's limit and
+  right before its random rate, since the disk's rate drifts from minute to
+  minute on a shared host.
 * **disk random** (with ``fio``) -- the device for the stream's own pattern: every
   piece of the stream's read size (its unit, about 1 MiB) once, in random order,
   as many in flight as the stream keeps.  A virtual disk may serve sequential
   reads faster than any other order (its host reads ahead); this shows how much.
-* **h5py** -- ``read_direct`` of 3,200-row slices in file order, the whole file.
-* **stream** -- ``h5stream.open`` (defaults: ``direct_io="auto"``), no
-  augmentation, ``workers=0``, one epoch.
 * **stream aug w2** -- ``Augment.preset("standard")`` and 2 workers, one epoch.
 * **warm aug w2** -- the same on a small store (``--small-gb``, default 1 GB)
   read once first, so it is served from the page cache; the target's reference.
@@ -274,11 +276,11 @@ def measurements(large: str, small: str, *, budget: str, warm_s: float, use_fio:
         return _child("benchmarks.cold:stream_child", small, budget, warm_s, json.dumps(options),
                       h5stream_root=h5stream_root)
 
-    out = {
-        "disk": lambda: disk_limit(large, use_fio),
-        **({"disk_random": lambda: disk_random(large)} if use_fio else {}),
+    out = {  # the disk's two rates right before and after the stream they are compared with
         "h5py": lambda: cold_child("benchmarks.cold:h5py_child", large),
+        "disk": lambda: disk_limit(large, use_fio),
         "stream": lambda: cold(plain),
+        **({"disk_random": lambda: disk_random(large)} if use_fio else {}),
         "stream_aug_w2": lambda: cold({**plain, **aug2}),
         "warm_aug_w2": lambda: warm_stream(aug2),
         "warm_w0": lambda: warm_stream({}),
