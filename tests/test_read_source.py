@@ -117,6 +117,42 @@ def test_direct_reads_from_several_threads_at_once(data_file):
     assert source.DIRECT_IO_BYTES == source.BOUNCE_BUFFERS * source.BOUNCE_BYTES
 
 
+def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
+    """With every bounce buffer in use, a read that needs one waits for one to come back; closing the source
+    ends the wait with an error instead of a hang."""
+    path, data = data_file
+    src = source.DirectFile(path)
+    held = [src._take() for _ in range(source.BOUNCE_BUFFERS)]
+    results = []
+
+    def read():
+        try:
+            results.append(_read(src, 1, [70000]) == data[1:70001])
+        except ValueError as exc:
+            results.append(str(exc))
+
+    def give_back(bounce):
+        with src._lock:
+            src._free.append(bounce)
+            src._returned.notify()
+
+    try:
+        first = threading.Thread(target=read)
+        first.start()
+        give_back(held.pop())
+        first.join(timeout=30)
+        assert not first.is_alive() and results == [True]
+        assert len(src._all) == source.BOUNCE_BUFFERS
+        held.append(src._take())  # every buffer held again: the second read cannot get one
+        second = threading.Thread(target=read)
+        second.start()
+        src.close()
+        second.join(timeout=30)
+        assert not second.is_alive() and "closed" in results[1]
+    finally:
+        src.close()
+
+
 def test_a_direct_read_past_the_end_of_the_file_fails(data_file):
     path, data = data_file
     src = source.DirectFile(path)
