@@ -157,9 +157,10 @@ class LocalFile:
 
 
 class DirectFile:
-    """A local file read with ``O_DIRECT`` (past the page cache) through aligned bounce buffers; reads
-    under :data:`DIRECT_MIN_BYTES` go through the page cache.  ``readinto`` from any thread (each call
-    takes a bounce buffer of its own).  Raises OSError where the file system refuses ``O_DIRECT``."""
+    """A local file read with ``O_DIRECT`` (past the page cache): in place where the read is aligned, else
+    through page-aligned bounce buffers; reads under :data:`DIRECT_MIN_BYTES` go through the page cache.
+    ``readinto`` from any thread (a read that bounces holds one of at most :data:`BOUNCE_BUFFERS` buffers
+    while it runs).  Raises OSError where the file system refuses ``O_DIRECT``."""
 
     max_in_flight = DIRECT_IN_FLIGHT
     direct = True
