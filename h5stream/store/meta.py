@@ -57,25 +57,90 @@ class StoreMeta:
         return int(np.prod(self.label_shape, dtype=np.int64)) * self.label_dtype.itemsize
 
 
-def _attr(attrs, name, default=None):
+MAX_CHUNK_BYTES = (4 << 30) - 1
+"""HDF5's limit on one chunk: a block (``block_rows`` rows) can never be larger."""
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _bad(path: str, name: str, value, want: str) -> StoreFormatError:
+    """The one-line error for root attribute ``name`` holding ``value`` where ``want`` was expected."""
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return StoreFormatError(
+        f"{path}: attribute {name!r} is {shown} but must be {want}; the file is damaged or was not written by "
+        "h5stream (re-ingest it, or fix the attribute with h5py)"
+    )
+
+
+def _attr(attrs, name, default=None, *, path: str = "the store"):
+    """Root attribute ``name`` as a plain Python scalar (bytes decoded as UTF-8), or ``default`` when absent.
+
+    A value that is not one scalar (an array, a compound, text that is not UTF-8) is a :class:`StoreFormatError`.
+    """
     if name not in attrs:
         return default
-    value = attrs[name]
-    if isinstance(value, bytes):
-        value = value.decode("utf-8")
+    try:
+        value = attrs[name]
+    except (OSError, RuntimeError, TypeError, ValueError) as exc:  # a type h5py cannot read back
+        raise _bad(path, name, f"<unreadable: {exc}>", "a plain number or string") from None
+    if isinstance(value, np.ndarray):
+        if value.shape != () and value.size != 1:
+            raise _bad(path, name, value.tolist() if value.size <= 8 else f"an array of shape {value.shape}",
+                       "one value, not an array")
+        value = value.reshape(()).item() if value.dtype.kind not in "OV" else value.reshape(())[()]
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, np.ndarray) and value.shape == ():
-        value = value.item()
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad(path, name, value, "UTF-8 text") from None
+    if not isinstance(value, (str, int, float)):
+        raise _bad(path, name, value, "a plain number or string")
     return value
 
 
-def _json_attr(attrs, name):
-    raw = _attr(attrs, name)
+def _int_attr(attrs, name, default, *, path: str, low: int, high: int = _INT64_MAX, want: str | None = None) -> int:
+    """Integer root attribute ``name`` (``default`` when absent) in ``[low, high]``, else :class:`StoreFormatError`."""
+    value = _attr(attrs, name, default, path=path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and not value.is_integer()):
+        raise _bad(path, name, value, want or f"an integer >= {low}")
+    value = int(value)
+    if not low <= value <= high:
+        raise _bad(path, name, value, want or (f"an integer >= {low}" if high == _INT64_MAX else
+                                               f"an integer in {low}..{high}"))
+    return value
+
+
+def _str_attr(attrs, name, default, *, path: str, choices: tuple[str, ...] | None = None) -> str:
+    """Text root attribute ``name`` (``default`` when absent), one of ``choices`` when given."""
+    value = _attr(attrs, name, default, path=path)
+    if not isinstance(value, str):
+        raise _bad(path, name, value, "text" if choices is None else " or ".join(map(repr, choices)))
+    if choices is not None and value not in choices:
+        raise _bad(path, name, value, " or ".join(map(repr, choices)))
+    return value
+
+
+def _json_attr(attrs, name, *, path: str = "the store"):
+    """A root attribute holding a JSON list of strings (or ``null``): a tuple of str, or None."""
+    raw = _attr(attrs, name, path=path)
     if raw is None:
         return None
-    value = json.loads(raw)
-    return tuple(value) if value is not None else None
+    if not isinstance(raw, str):
+        raise _bad(path, name, raw, "JSON text: a list of names or null")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise _bad(path, name, raw, "JSON text: a list of names or null") from None
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _bad(path, name, raw, "a JSON list of names (strings) or null")
+    return tuple(value)
 
 
 def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
@@ -100,21 +165,38 @@ def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
     return read_consistent(path, lambda f: _describe(path, f))
 
 
+def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5py.Dataset | None:
+    """``f[name]`` if it is a dataset; None if absent and not ``required``; else :class:`StoreFormatError`."""
+    node = f.get(name, getlink=False) if name in f else None
+    if node is None:
+        if not required:
+            return None
+        raise StoreFormatError(f"{path}: no /{name} dataset; is this a file written by `h5stream ingest`?")
+    if not isinstance(node, h5py.Dataset):
+        raise StoreFormatError(f"{path}: /{name} is a {type(node).__name__}, not a dataset; the file is damaged or "
+                               "was not written by h5stream")
+    return node
+
+
 def _describe(path: str, f: h5py.File) -> StoreMeta:
-    if schema.IMAGES not in f:
-        raise StoreFormatError(f"{path}: no /{schema.IMAGES} dataset; is this a file written by `h5stream ingest`?")
-    if schema.LABELS not in f:
-        raise StoreFormatError(f"{path}: no /{schema.LABELS} dataset; is this a file written by `h5stream ingest`?")
-    images, labels = f[schema.IMAGES], f[schema.LABELS]
-    if images.dtype != np.uint8 or images.ndim != 4:
+    """Validate the open file ``f`` against :mod:`h5stream.store.schema` and describe it.
+
+    Every attribute and dataset h5stream reads later is checked here, so one :class:`StoreFormatError` (one line:
+    what, where, how to fix) is all a damaged or foreign file can produce, whatever it holds."""
+    images = _dataset(path, f, schema.IMAGES)
+    labels = _dataset(path, f, schema.LABELS)
+    if images.dtype != np.uint8 or images.ndim != 4 or min(images.shape[1:], default=0) < 1:
         raise StoreFormatError(
-            f"{path}: /{schema.IMAGES} must be uint8 of shape (N, H, W, C), found {images.dtype} {images.shape}"
+            f"{path}: /{schema.IMAGES} must be uint8 of shape (N, H, W, C) with H, W, C >= 1, "
+            f"found {images.dtype} {images.shape}"
         )
-    if labels.ndim not in (1, 2):
-        raise StoreFormatError(f"{path}: /{schema.LABELS} must have shape (N,) or (N, K), found {labels.shape}")
+    if labels.ndim not in (1, 2) or (labels.ndim == 2 and labels.shape[1] < 1) or labels.dtype.kind not in "iuf":
+        raise StoreFormatError(f"{path}: /{schema.LABELS} must be numbers of shape (N,) or (N, K), found "
+                               f"{labels.dtype} {labels.shape}")
     attrs = f.attrs
     stored = min(images.shape[0], labels.shape[0])
-    committed = _attr(attrs, schema.ATTR_COMMITTED)
+    committed = _int_attr(attrs, schema.ATTR_COMMITTED, None, path=path, low=0) \
+        if schema.ATTR_COMMITTED in attrs else None
     if committed is None:
         # A file written by other tools: every row present in both arrays is usable.
         if labels.shape[0] < images.shape[0]:
@@ -123,33 +205,57 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
                 "every image needs a label"
             )
         committed = stored
-    committed = int(committed)
     if committed > stored:
         raise StoreFormatError(
             f"{path}: committed_rows={committed} but only {stored} rows are stored in both "
             f"/{schema.IMAGES} and /{schema.LABELS}; the file is damaged"
         )
-    label_kind = _attr(attrs, schema.ATTR_LABEL_KIND)
-    if label_kind is None:
-        label_kind = schema.LABEL_CLASS if np.issubdtype(labels.dtype, np.integer) else schema.LABEL_REGRESSION
+    label_kind = _str_attr(attrs, schema.ATTR_LABEL_KIND,
+                           schema.LABEL_CLASS if labels.dtype.kind in "iu" else schema.LABEL_REGRESSION,
+                           path=path, choices=(schema.LABEL_CLASS, schema.LABEL_REGRESSION))
+    if label_kind == schema.LABEL_CLASS and labels.dtype.kind not in "iu":
+        raise StoreFormatError(f"{path}: label_kind is 'class' but /{schema.LABELS} holds {labels.dtype}, not "
+                               "integer class indices; the file is damaged or was not written by h5stream")
+    row_bytes = int(np.prod(images.shape[1:], dtype=np.int64))
     chunks = images.chunks
-    block_rows = int(_attr(attrs, schema.ATTR_BLOCK_ROWS, chunks[0] if chunks else min(64, max(1, images.shape[0]))))
+    most_rows = max(1, MAX_CHUNK_BYTES // row_bytes)
+    block_rows = _int_attr(attrs, schema.ATTR_BLOCK_ROWS, chunks[0] if chunks else min(64, max(1, images.shape[0])),
+                           path=path, low=1, high=most_rows,
+                           want=f"the rows of one /{schema.IMAGES} chunk" + (f" ({chunks[0]})" if chunks else ""))
+    if chunks and block_rows != chunks[0]:
+        raise _bad(path, schema.ATTR_BLOCK_ROWS, block_rows, f"the rows of one /{schema.IMAGES} chunk ({chunks[0]})")
+    format_version = _int_attr(attrs, schema.ATTR_FORMAT, 0, path=path, low=0)
+    if format_version > schema.FORMAT_VERSION:
+        raise StoreFormatError(f"{path}: format version {format_version}, and this h5stream reads up to "
+                               f"{schema.FORMAT_VERSION}; upgrade h5stream (pip install -U h5stream)")
+    checksums = _dataset(path, f, schema.CHECKSUMS, required=False)
+    checksum = None
+    if checksums is not None:
+        if checksums.ndim != 2 or checksums.shape[1] != 3 or checksums.dtype.kind not in "iu":
+            raise StoreFormatError(f"{path}: /{schema.CHECKSUMS} must be integers of shape (B, 3), found "
+                                   f"{checksums.dtype} {checksums.shape}; the file is damaged (re-ingest it)")
+        paths = _dataset(path, f, schema.PATHS, required=False)
+        if paths is None or paths.ndim != 1 or paths.dtype.kind != "S" or paths.shape[0] < committed:
+            found = "none" if paths is None else f"{paths.dtype} {paths.shape}"
+            raise StoreFormatError(f"{path}: a store with /{schema.CHECKSUMS} needs /{schema.PATHS}, bytes of shape "
+                                   f"(N,) with N >= {committed}, found {found}; the file is damaged (re-ingest it)")
+        checksum = _str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
     return StoreMeta(
         path=path,
         rows=committed,
         image_shape=tuple(int(d) for d in images.shape[1:]),
-        label_kind=str(label_kind),
+        label_kind=label_kind,
         label_shape=tuple(int(d) for d in labels.shape[1:]),
         label_dtype=np.dtype(labels.dtype),
-        class_names=_json_attr(attrs, schema.ATTR_CLASS_NAMES),
-        label_columns=_json_attr(attrs, schema.ATTR_LABEL_COLUMNS),
+        class_names=_json_attr(attrs, schema.ATTR_CLASS_NAMES, path=path),
+        label_columns=_json_attr(attrs, schema.ATTR_LABEL_COLUMNS, path=path),
         block_rows=block_rows,
         compression=images.compression,
-        storage_order=str(_attr(attrs, schema.ATTR_ORDER, "unknown")),
-        order_seed=int(_attr(attrs, schema.ATTR_ORDER_SEED, -1)),
-        resize_mode=str(_attr(attrs, schema.ATTR_RESIZE, "unknown")),
-        skipped_files=int(_attr(attrs, schema.ATTR_SKIPPED, 0)),
-        format_version=int(_attr(attrs, schema.ATTR_FORMAT, 0)),
+        storage_order=_str_attr(attrs, schema.ATTR_ORDER, "unknown", path=path),
+        order_seed=_int_attr(attrs, schema.ATTR_ORDER_SEED, -1, path=path, low=-1),
+        resize_mode=_str_attr(attrs, schema.ATTR_RESIZE, "unknown", path=path),
+        skipped_files=_int_attr(attrs, schema.ATTR_SKIPPED, 0, path=path, low=0),
+        format_version=format_version,
         file_bytes=int(f.id.get_filesize()),
-        checksum=str(_attr(attrs, schema.ATTR_CHECKSUM, "unknown")) if schema.CHECKSUMS in f else None,
+        checksum=checksum,
     )
