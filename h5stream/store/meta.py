@@ -178,6 +178,15 @@ def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5
     return node
 
 
+def _rows_written(images: h5py.Dataset) -> int:
+    """Rows of ``images`` that have storage in the file (an upper bound: HDF5 hands out its fill value, zeros,
+    for the others).  Counts chunks, not bytes, so it is cheap for any size."""
+    row_elems = int(np.prod(images.shape[1:], dtype=np.int64))
+    if images.chunks is not None:
+        return images.id.get_num_chunks() * int(np.prod(images.chunks, dtype=np.int64)) // row_elems
+    return images.id.get_storage_size() // (row_elems * images.dtype.itemsize)
+
+
 def _describe(path: str, f: h5py.File) -> StoreMeta:
     """Validate the open file ``f`` against :mod:`h5stream.store.schema` and describe it.
 
@@ -209,6 +218,12 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         raise StoreFormatError(
             f"{path}: committed_rows={committed} but only {stored} rows are stored in both "
             f"/{schema.IMAGES} and /{schema.LABELS}; the file is damaged"
+        )
+    written = _rows_written(images)
+    if committed > written:
+        raise StoreFormatError(
+            f"{path}: committed_rows={committed} but only {written} rows of /{schema.IMAGES} were ever written; "
+            "the file is damaged (a truncated copy, or attributes edited by hand): re-ingest it"
         )
     label_kind = _str_attr(attrs, schema.ATTR_LABEL_KIND,
                            schema.LABEL_CLASS if labels.dtype.kind in "iu" else schema.LABEL_REGRESSION,

@@ -1,0 +1,202 @@
+"""Whatever a store file holds, reading it never changes it and a bad one gets one line.
+
+* Every attribute and dataset h5stream reads, set to a wrong type, a wrong shape, a negative, zero, huge or NaN
+  value, bad JSON, or left out: ``h5stream info``, ``h5stream verify`` and ``h5stream.open`` either work or say
+  what is wrong in one line (an :class:`H5StreamError` from the API), and the file's bytes and mtime stay as
+  they were.
+* Featurewise statistics come from the training rows, are never written into the store, and reach workers.
+* Every command sweeps the shared memory a killed stream left behind.
+* A batch that cannot be allocated is a :class:`BudgetError` naming the batch size that fits; an I/O error
+  reading the file says so rather than calling the file damaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+import h5stream
+from h5stream.errors import BudgetError, H5StreamError, StoreFormatError
+from h5stream.store import schema
+from h5stream.store.writer import write_arrays
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+ROWS, BLOCK = 40, 8
+SHAPE = (8, 6, 3)
+
+
+@pytest.fixture(scope="module")
+def base_store(tmp_path_factory):
+    """A valid class store (shuffled order, checksums) that each test copies before changing."""
+    path = tmp_path_factory.mktemp("inputs") / "base.h5"
+    rs = np.random.RandomState(0)
+    write_arrays(path, rs.randint(0, 256, (ROWS, *SHAPE), dtype=np.uint8), rs.randint(0, 3, ROWS),
+                 class_names=["a", "b", "c"], block_rows=BLOCK, storage_order="shuffled")
+    return path
+
+
+def fingerprint(path) -> tuple[str, int, int]:
+    """What "unchanged" means: the same bytes, size and modification time."""
+    st = os.stat(path)
+    return hashlib.sha256(open(path, "rb").read()).hexdigest(), st.st_size, st.st_mtime_ns
+
+
+# -- crafted files ---------------------------------------------------------------------------------------------
+
+def _set(name, value):
+    def change(f):
+        f.attrs[name] = value
+    return change
+
+
+def _delete(name):
+    def change(f):
+        del f.attrs[name]
+    return change
+
+
+def _replace(name, make):
+    def change(f):
+        del f[name]
+        make(f)
+    return change
+
+
+def _remove(name):
+    def change(f):
+        del f[name]
+    return change
+
+
+INT_ATTRS = (schema.ATTR_COMMITTED, schema.ATTR_BLOCK_ROWS, schema.ATTR_ORDER_SEED, schema.ATTR_SKIPPED,
+             schema.ATTR_FORMAT)
+TEXT_ATTRS = (schema.ATTR_LABEL_KIND, schema.ATTR_ORDER, schema.ATTR_RESIZE, schema.ATTR_CHECKSUM,
+              schema.ATTR_CHECKSUM_TAIL)
+JSON_ATTRS = (schema.ATTR_CLASS_NAMES, schema.ATTR_LABEL_COLUMNS)
+VALUES = {
+    "text": "x",
+    "number": 5,
+    "array": np.array([1, 2]),
+    "text array": np.array([b"a", b"b"]),
+    "negative": -5,
+    "zero": 0,
+    "huge": 2 ** 62,
+    "nan": np.float64("nan"),
+    "fraction": 2.5,
+    "bad json": "[bad",
+    "json object": '{"a": 1}',
+    "json numbers": "[1, 2]",
+    "not utf-8": np.bytes_(b"\xff\xfe"),
+}
+ATTR_CASES = {f"{name}={kind}": _set(name, value)
+              for name in INT_ATTRS + TEXT_ATTRS + JSON_ATTRS for kind, value in VALUES.items()}
+ATTR_CASES.update({f"{name} missing": _delete(name) for name in INT_ATTRS + TEXT_ATTRS + JSON_ATTRS})
+
+IMG = "images"
+DATASET_CASES = {
+    "images float": _replace(IMG, lambda f: f.create_dataset(IMG, data=np.zeros((ROWS, *SHAPE), np.float32),
+                                                            chunks=(BLOCK, *SHAPE))),
+    "images 3-d": _replace(IMG, lambda f: f.create_dataset(IMG, data=np.zeros((ROWS, 8, 6), np.uint8),
+                                                          chunks=(BLOCK, 8, 6))),
+    "images zero width": _replace(IMG, lambda f: f.create_dataset(IMG, shape=(ROWS, 8, 0, 3), dtype=np.uint8)),
+    "images short": _replace(IMG, lambda f: f.create_dataset(IMG, data=np.zeros((ROWS // 2, *SHAPE), np.uint8),
+                                                            chunks=(BLOCK, *SHAPE))),
+    "images never written": _replace(IMG, lambda f: f.create_dataset(IMG, shape=(ROWS, *SHAPE), dtype=np.uint8,
+                                                                    chunks=(BLOCK, *SHAPE))),
+    "images huge and empty": _replace(IMG, lambda f: f.create_dataset(IMG, shape=(2 ** 40, *SHAPE), dtype=np.uint8,
+                                                                     chunks=(BLOCK, *SHAPE))),
+    "images a group": _replace(IMG, lambda f: f.create_group(IMG)),
+    "images missing": _remove(IMG),
+    "labels text": _replace("labels", lambda f: f.create_dataset("labels", data=np.array([b"x"] * ROWS))),
+    "labels float in a class store": _replace("labels", lambda f: f.create_dataset("labels",
+                                                                                   data=np.zeros(ROWS, np.float32))),
+    "labels 3-d": _replace("labels", lambda f: f.create_dataset("labels", data=np.zeros((ROWS, 2, 2), np.int64))),
+    "labels no columns": _replace("labels", lambda f: f.create_dataset("labels", shape=(ROWS, 0), dtype=np.int64)),
+    "labels short": _replace("labels", lambda f: f.create_dataset("labels", data=np.zeros(ROWS // 2, np.int64))),
+    "labels out of range": _replace("labels", lambda f: f.create_dataset("labels", data=np.full(ROWS, 7, np.int64))),
+    "labels missing": _remove("labels"),
+    "checksums 2 columns": _replace("checksums", lambda f: f.create_dataset("checksums",
+                                                                            data=np.zeros((5, 2), np.uint64))),
+    "checksums float": _replace("checksums", lambda f: f.create_dataset("checksums",
+                                                                        data=np.zeros((5, 3), np.float32))),
+    "checksums 1-d": _replace("checksums", lambda f: f.create_dataset("checksums", data=np.zeros(5, np.uint64))),
+    "checksums missing": _remove("checksums"),
+    "paths numbers": _replace("paths", lambda f: f.create_dataset("paths", data=np.zeros(ROWS, np.int64))),
+    "paths short": _replace("paths", lambda f: f.create_dataset("paths", data=np.array([b"x"] * 3))),
+    "paths missing": _remove("paths"),
+}
+CASES = {**ATTR_CASES, **DATASET_CASES}
+
+#: Crafted files that are not usable stores: each must be refused (the others may work or be refused).
+MUST_FAIL = (
+    {f"{schema.ATTR_COMMITTED}={kind}" for kind in VALUES if kind not in ("zero", "number")}
+    | {f"{schema.ATTR_BLOCK_ROWS}={kind}" for kind in VALUES}
+    | {f"{name}={kind}" for name in JSON_ATTRS
+       for kind in ("number", "array", "text array", "bad json", "json object", "json numbers", "not utf-8", "text")}
+    | {f"{schema.ATTR_FORMAT}={kind}" for kind in ("huge", "negative", "nan", "text", "array")}
+    | {f"{schema.ATTR_SKIPPED}={kind}" for kind in ("negative", "nan", "text", "array")}
+    | {f"{schema.ATTR_LABEL_KIND}={kind}" for kind in ("text", "number", "array", "not utf-8")}
+    | set(DATASET_CASES) - {"checksums missing", "labels out of range", "images short", "labels short"}
+)
+
+
+@pytest.fixture
+def crafted(base_store, tmp_path, request):
+    name = request.param
+    path = tmp_path / "crafted.h5"
+    shutil.copyfile(base_store, path)
+    with h5py.File(path, "a") as f:
+        CASES[name](f)
+    return name, path
+
+
+def one_line(err: str) -> bool:
+    return err.count("\n") == 1 and err.startswith("h5stream: error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("crafted", list(CASES), indirect=True)
+def test_every_crafted_store_works_or_gets_one_line_and_is_never_changed(crafted, h5cli):
+    name, path = crafted
+    before = fingerprint(path)
+    failed = []
+    for command in ("info", "verify"):
+        code, out, err = h5cli(command, path)
+        if code != 0:
+            # verify's 3 is "nothing (or not everything) could be checked", also one line
+            assert one_line(err), f"{name}: `h5stream {command}` exited {code} with {err!r}"
+            failed.append(command)
+        else:
+            assert err == "" and out, f"{name}: `h5stream {command}` exited 0 with {err!r}"
+    try:
+        with h5stream.open(path, batch_size=16, seed=0, label_mode="categorical") as stream:
+            for _ in stream:
+                pass
+    except H5StreamError as exc:
+        assert "\n" not in str(exc), f"{name}: {exc!r}"
+        failed.append("open")
+    if name in MUST_FAIL:
+        assert failed == ["info", "verify", "open"], f"{name}: only {failed} refused it"
+    assert fingerprint(path) == before, f"{name}: the file changed"
+
+
+@pytest.mark.parametrize("crafted", [f"{schema.ATTR_COMMITTED}=array", f"{schema.ATTR_CLASS_NAMES}=bad json",
+                                     f"{schema.ATTR_BLOCK_ROWS}=zero", f"{schema.ATTR_BLOCK_ROWS}=huge",
+                                     f"{schema.ATTR_COMMITTED}=negative"], indirect=True)
+def test_the_reported_inputs_name_the_attribute(crafted, h5cli):
+    name, path = crafted
+    attribute = name.split("=")[0]
+    for command in ("info", "verify"):
+        code, _out, err = h5cli(command, path)
+        assert code == 1 and one_line(err) and repr(attribute) in err
+    with pytest.raises(StoreFormatError, match=attribute):
+        h5stream.open(path, batch_size=16)
