@@ -65,6 +65,15 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     ``augment=h5stream.Augment(...)`` transforms every batch, in the consumer's
     thread or in ``workers`` spawned processes.  ``shard=(index, count)``
     streams one of ``count`` disjoint parts (data-parallel training).
+    ``featurewise_center`` / ``featurewise_std_normalization`` use the
+    per-channel mean and std of the rows trained on, as Keras'
+    ``ImageDataGenerator.fit`` over the training data: with
+    ``validation_split``, the training subset's, for the validation stream
+    too; else every committed row's; all shards together, so every replica
+    normalises alike.  ``open`` computes them in one pass over those rows
+    (kept in this process's memory for the next stream of the same, unchanged
+    file) and the workers get them with the ``Augment``.  Reading never writes
+    the store.
     ``resume`` is a dict from :meth:`Stream.state`.  ``timeout_s``: how long
     to wait for a batch before raising :class:`~h5stream.ReaderError`.
 
@@ -372,8 +381,14 @@ class Stream:
         if augment.needs_feature_stats:
             from h5stream.augment.stats import compute_feature_stats
 
-            mean, std = compute_feature_stats(self.meta.path, remote=self.meta.remote)
-            augment = augment.with_feature_stats(mean, std)
+            # Keras fits the statistics on the training data and applies them to both subsets: so the training
+            # rows, all shards of them (every replica normalises alike), whichever subset this stream is.
+            options = self.options
+            training = subset_rows(self.meta.rows, options.validation_split,
+                                   "training" if options.validation_split is not None else None,
+                                   self.meta.storage_order, self.meta.path)
+            mean, std = compute_feature_stats(self.meta.path, rows=training, remote=self.meta.remote)
+            augment = augment.with_feature_stats(mean, std)  # workers get them inside the pickled Augment
         return augment
 
     # -- framework adapters (imported only when asked for) -------------------------

@@ -200,3 +200,43 @@ def test_the_reported_inputs_name_the_attribute(crafted, h5cli):
         assert code == 1 and one_line(err) and repr(attribute) in err
     with pytest.raises(StoreFormatError, match=attribute):
         h5stream.open(path, batch_size=16)
+
+
+# -- featurewise statistics ------------------------------------------------------------------------------------
+
+FEATUREWISE = dict(featurewise_center=True, featurewise_std_normalization=True)
+SPLIT = 0.25
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+def test_featurewise_streams_never_change_the_store(base_store, tmp_path, read_only):
+    path = tmp_path / "s.h5"
+    shutil.copyfile(base_store, path)
+    if read_only:
+        os.chmod(path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    before = fingerprint(path)
+    for kwargs in (dict(validation_split=SPLIT, subset="training"), dict(validation_split=SPLIT, subset="validation"),
+                   {}):
+        for augment in (h5stream.Augment(**FEATUREWISE), h5stream.Augment(featurewise_center=True)):
+            with h5stream.open(path, batch_size=16, augment=augment, **kwargs) as stream:
+                for _ in stream:
+                    pass
+    assert fingerprint(path) == before
+    with h5py.File(path, "r") as f:
+        assert not any(name.startswith("feature") for name in f.attrs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_featurewise_statistics_are_the_training_rows_for_both_subsets(base_store, workers):
+    with h5py.File(base_store, "r") as f:
+        images = f["images"][:].astype(np.float64)
+    boundary = ROWS - int(SPLIT * ROWS)
+    train = images[:boundary].reshape(-1, SHAPE[-1])
+    mean, std = train.mean(axis=0), train.std(axis=0)  # Keras' fit: over the training data given
+    for subset in ("training", "validation"):
+        with h5stream.open(base_store, batch_size=16, augment=h5stream.Augment(**FEATUREWISE), seed=3,
+                           validation_split=SPLIT, subset=subset, workers=workers) as stream:
+            order = stream.epoch_order(0)
+            got = np.concatenate([x for x, _ in stream])
+        want = (images[order] - mean) / (std + 1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=subset)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 
 import h5py
@@ -11,7 +10,6 @@ import pytest
 
 import h5stream
 from h5stream.augment import PRESETS, Augment, apply_affine_transform, compute_feature_stats, rng
-from h5stream.augment.stats import ATTR_FEATURE_MEAN, ATTR_FEATURE_ROWS
 from h5stream.errors import ConfigError
 from h5stream.store.writer import StoreWriter, write_arrays
 
@@ -362,21 +360,23 @@ def test_apply_affine_transform_validation():
 # ------------------------------------------------------------------ featurewise statistics
 
 
-def test_compute_feature_stats_streams_and_caches(tmp_path):
+def test_compute_feature_stats_streams_never_writes_and_follows_the_file(tmp_path):
     path = tmp_path / "s.h5"
     images = batch(37, 8, 6, 3, seed=4)
     write_arrays(path, images, np.zeros(37, np.int64), block_rows=8)
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
     mean, std = compute_feature_stats(path, block_rows=5)
     np.testing.assert_allclose(mean, images.reshape(-1, 3).mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(std, images.reshape(-1, 3).std(axis=0), rtol=1e-12)
+    part = compute_feature_stats(path, rows=(3, 20))
+    np.testing.assert_allclose(part[0], images[3:20].reshape(-1, 3).mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(part[1], images[3:20].reshape(-1, 3).std(axis=0), rtol=1e-12)
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before  # reading never writes the store
     with h5py.File(path, "r") as f:
-        assert int(f.attrs[ATTR_FEATURE_ROWS]) == 37
-        np.testing.assert_allclose(json.loads(f.attrs[ATTR_FEATURE_MEAN]), mean)
-    # the cache is used: plant a recognisable value and read it back
-    with h5py.File(path, "a") as f:
-        f.attrs[ATTR_FEATURE_MEAN] = json.dumps([1.0, 2.0, 3.0])
-    np.testing.assert_array_equal(compute_feature_stats(path)[0], [1.0, 2.0, 3.0])
-    # new committed rows invalidate it
+        assert not any(name.startswith("feature") for name in f.attrs)
+    with pytest.raises(ConfigError, match="rows"):
+        compute_feature_stats(path, rows=(20, 20))
+    # new committed rows change the file, so the statistics are computed afresh
     extra = np.full((3, 8, 6, 3), 255, np.uint8)
     with StoreWriter.open_append(path) as w:
         w.append(extra, np.zeros(3, np.int64), ["a", "b", "c"])

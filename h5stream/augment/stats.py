@@ -1,55 +1,40 @@
-"""Featurewise statistics of a store: per-channel mean and std in one streaming pass, cached in the file.
+"""Featurewise statistics of a store's rows: per-channel mean and std in one streaming pass, never written to it.
 
-:func:`compute_feature_stats` reads the committed rows block by block with
+:func:`compute_feature_stats` reads a range of committed rows (by default all
+of them; :func:`h5stream.open` passes the training rows) block by block with
 h5py (memory: one block of ``block_rows`` rows plus 256 counters per channel)
 and builds an exact per-channel histogram of the uint8 pixels, from which mean
-and population std (numpy's ``ddof=0``, what Keras' ``fit`` uses) follow
-without rounding drift.
+and population std (numpy's ``ddof=0``, what Keras' ``ImageDataGenerator.fit``
+uses) follow without rounding drift.
 
-The result is cached as root attributes of the file::
-
-    feature_mean        str  JSON list of C floats (raw pixel units, 0..255)
-    feature_std         str  JSON list of C floats
-    feature_stats_rows  int  committed row count the statistics cover
-
-and reused while ``committed_rows`` is unchanged; appending rows makes the
-next call recompute.  Writing the cache opens the file with h5py in "a"
-(read/write) mode for a moment, so call this before any reader holds the file
-open; if the file cannot be opened for writing (read-only file or filesystem,
-HDF5 lock held by another process) the statistics are still returned, just
-not cached.
+Reading never changes the store: the statistics are kept in this process's
+memory (:data:`CACHE_ENTRIES` results, thread-safe), keyed by the file's
+identity (path, device, inode, size, modification time; for a URL, its address
+and size) and the row range, so opening the training and the validation
+stream of one store in one process reads the training rows once, and any
+change to the file (appended rows, a rewrite) computes afresh.  Stores written
+by earlier versions may carry ``feature_mean`` / ``feature_std`` /
+``feature_stats_rows`` attributes; they are ignored.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import threading
+from collections import OrderedDict
 
-import h5py
 import numpy as np
 
+from h5stream.errors import ConfigError
 from h5stream.store import schema
 from h5stream.store.access import open_h5_readonly
 from h5stream.store.meta import read_meta
 
-ATTR_FEATURE_MEAN = "feature_mean"
-ATTR_FEATURE_STD = "feature_std"
-ATTR_FEATURE_ROWS = "feature_stats_rows"
+CACHE_ENTRIES = 16
+"""Results the in-memory cache keeps (the least recently used goes first)."""
 
-
-def _cached(path: str, rows: int, channels: int, remote=None):
-    with open_h5_readonly(path, remote=remote) as f:
-        attrs = f.attrs
-        if ATTR_FEATURE_ROWS not in attrs or int(attrs[ATTR_FEATURE_ROWS]) != rows:
-            return None
-        try:
-            mean = json.loads(attrs[ATTR_FEATURE_MEAN])
-            std = json.loads(attrs[ATTR_FEATURE_STD])
-        except (KeyError, TypeError, ValueError):
-            return None  # damaged cache: recompute
-        if len(mean) != channels or len(std) != channels:
-            return None
-        return np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+_cache: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_cache_lock = threading.Lock()
 
 
 def histogram_stats(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,56 +49,61 @@ def histogram_stats(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(var)
 
 
-def compute_feature_stats(path, block_rows: int | None = None, *, use_cache: bool = True,
-                          remote=None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel ``(mean[C], std[C])`` of every committed row of the store at ``path``, in pixel units.
+def _identity(meta) -> tuple:
+    """What tells this version of the store from any other: a changed or replaced file gives another key."""
+    if meta.remote is not None:
+        return (meta.path, meta.file_bytes)
+    st = os.stat(meta.path)
+    return (os.path.realpath(meta.path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
-    One sequential pass (``block_rows`` rows at a time, default the store's
-    chunk length) unless the file's cache covers the current row count.
-    Raises :class:`StoreNotFoundError` / :class:`StoreFormatError` as
-    :func:`read_meta` does, and ``ValueError`` for a store with no rows.  A URL is read with the ``remote``
-    options, and its statistics are not cached (the object is not written to).
+
+def compute_feature_stats(path, block_rows: int | None = None, *, rows: tuple[int, int] | None = None,
+                          use_cache: bool = True, remote=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel ``(mean[C], std[C])`` of the store's rows ``[start, stop)``, in pixel units (0..255).
+
+    ``rows``: ``(start, stop)`` within the committed rows (default: all of them).  One sequential pass
+    (``block_rows`` rows at a time, default the store's block) unless this process already computed the same
+    range of the same, unchanged file (``use_cache``).  The file is opened read-only and never written.
+    Raises :class:`StoreNotFoundError` / :class:`StoreFormatError` as :func:`read_meta` does, and
+    :class:`ConfigError` for an empty or out-of-range ``rows``.  A URL is read with the ``remote`` options.
+    Safe to call from any thread.
     """
     path = os.fspath(path)
     meta = read_meta(path, remote=remote)
-    rows = meta.rows
-    h, w, channels = meta.image_shape
-    if rows == 0:
-        from h5stream.errors import ConfigError
-
-        raise ConfigError(f"{path}: no committed rows, so featurewise statistics are undefined; ingest images first")
-    if use_cache:
-        hit = _cached(path, rows, channels, meta.remote)
-        if hit is not None:
-            return hit
-    step = int(block_rows or meta.block_rows)
+    start, stop = (0, meta.rows) if rows is None else (int(rows[0]), int(rows[1]))
+    if not 0 <= start < stop <= meta.rows:
+        what = "no committed rows" if meta.rows == 0 else f"rows {start}..{stop} of its {meta.rows} committed rows"
+        raise ConfigError(f"{path}: featurewise statistics need rows to compute them from, and this is {what}; "
+                          "ingest images first, or pass a non-empty range of committed rows")
+    step = meta.block_rows if block_rows is None else int(block_rows)
     if step < 1:
-        from h5stream.errors import ConfigError
-
         raise ConfigError(f"compute_feature_stats: block_rows={block_rows} must be >= 1")
-    counts = np.zeros((channels, 256), dtype=np.int64)
-    buf = np.empty((step, h, w, channels), dtype=np.uint8)
-    with open_h5_readonly(path, remote=meta.remote) as f:
-        images = f[schema.IMAGES]
-        for start in range(0, rows, step):
-            stop = min(rows, start + step)
-            block = buf[: stop - start]
-            images.read_direct(block, np.s_[start:stop], np.s_[0 : stop - start])
-            pixels = block.reshape(-1, channels)
-            for ch in range(channels):
-                counts[ch] += np.bincount(pixels[:, ch], minlength=256)
-    mean, std = histogram_stats(counts)
-    if meta.remote is None:
-        _store_cache(path, rows, mean, std)
+    key = (*_identity(meta), start, stop)
+    if use_cache:
+        with _cache_lock:
+            hit = _cache.get(key)
+            if hit is not None:
+                _cache.move_to_end(key)
+                return hit[0].copy(), hit[1].copy()
+    mean, std = _histogram_pass(meta, start, stop, step)
+    with _cache_lock:
+        _cache[key] = (mean.copy(), std.copy())
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
     return mean, std
 
 
-def _store_cache(path: str, rows: int, mean: np.ndarray, std: np.ndarray) -> None:
-    try:
-        with h5py.File(path, "a") as f:
-            f.attrs[ATTR_FEATURE_MEAN] = json.dumps([float(v) for v in mean])
-            f.attrs[ATTR_FEATURE_STD] = json.dumps([float(v) for v in std])
-            f.attrs[ATTR_FEATURE_ROWS] = int(rows)
-    except OSError:
-        # Read-only file or an HDF5 lock held elsewhere: the values are right, only uncached.
-        pass
+def _histogram_pass(meta, start: int, stop: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    h, w, channels = meta.image_shape
+    counts = np.zeros((channels, 256), dtype=np.int64)
+    buf = np.empty((min(step, stop - start), h, w, channels), dtype=np.uint8)
+    with open_h5_readonly(meta.path, remote=meta.remote) as f:
+        images = f[schema.IMAGES]
+        for a in range(start, stop, step):
+            b = min(stop, a + step)
+            block = buf[: b - a]
+            images.read_direct(block, np.s_[a:b], np.s_[0 : b - a])
+            pixels = block.reshape(-1, channels)
+            for ch in range(channels):
+                counts[ch] += np.bincount(pixels[:, ch], minlength=256)
+    return histogram_stats(counts)
