@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
         command = importlib.import_module(f"h5stream.commands.{args.command}")
+        _sweep_shared_memory()
         return int(command.run(args) or EXIT_OK)
     except UsageError as exc:
         print(f"h5stream: error: {exc}", file=sys.stderr)
@@ -63,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("h5stream: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _sweep_shared_memory() -> None:
+    """Unlink the /dev/shm segments of h5stream processes killed with their whole process group (SIGKILL of a
+    job), before any command runs: every command clears them, not only those that open a stream or ingest."""
+    from h5stream.shm import sweep_stale_segments
+
+    sweep_stale_segments()
 
 
 #: Set for the ``h5stream`` command's own process unless the user set it: nothing the command runs does linear

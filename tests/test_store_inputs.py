@@ -240,3 +240,53 @@ def test_featurewise_statistics_are_the_training_rows_for_both_subsets(base_stor
             got = np.concatenate([x for x, _ in stream])
         want = (images[order] - mean) / (std + 1e-6)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=subset)
+
+
+# -- every command sweeps what killed streams left in /dev/shm -------------------------------------------------
+
+_KILLED_CREATOR = """
+import sys
+import numpy as np
+from h5stream.shm import SharedArray, new_prefix
+segment = SharedArray.create((4096,), np.uint8, new_prefix())  # registered with this process's resource tracker
+print(segment.name, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def killed_stream_segment() -> str:
+    """A segment left the way a stream killed with its whole process group leaves one: its creator and the
+    creator's resource tracker both SIGKILLed, so nobody unlinked it."""
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_CREATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        name = child.stdout.readline().strip()
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the creator and its resource tracker
+        child.wait(timeout=60)
+        child.stdin.close()
+        child.stdout.close()
+    assert name and os.path.exists(f"/dev/shm/{name}"), "the killed creator left no segment"
+    return name
+
+
+COMMANDS = {
+    "info": lambda store, tmp: ["info", store],
+    "info failing": lambda store, tmp: ["info", tmp / "missing.h5"],
+    "verify": lambda store, tmp: ["verify", store],
+    "preview": lambda store, tmp: ["preview", store, "--out", tmp / "grid.png", "--rows", "2", "--cols", "2"],
+    "bench failing": lambda store, tmp: ["bench", tmp / "missing.h5"],
+    "ingest failing": lambda store, tmp: ["ingest", tmp / "no-such-folder", tmp / "out.h5"],
+}
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_sweeps_segments_of_killed_streams(base_store, tmp_path, h5cli, command):
+    name = killed_stream_segment()
+    try:
+        h5cli(*COMMANDS[command](base_store, tmp_path))
+        assert not os.path.exists(f"/dev/shm/{name}"), f"`h5stream {command}` left {name}"
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
