@@ -326,16 +326,29 @@ def plan_memory(
     )
 
 
+def available_memory_bytes() -> int | None:
+    """Memory this process could allocate now: ``MemAvailable`` capped by its cgroup's limit (None: unknown)."""
+    from h5stream.read.source import cacheable_bytes
+
+    return cacheable_bytes()
+
+
 def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
                 rows_per_fill: int | None = None, epoch_rows: int | None = None,
-                out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None) -> StreamPlan:
-    """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (pure; what
+                out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None,
+                available_bytes: int | None | str = "auto") -> StreamPlan:
+    """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
     read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default about a MiB).
 
     ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
     :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
     largest batch size that fit this budget.
+
+    ``available_bytes``: the memory the plan may take at most, the machine's (:func:`available_memory_bytes`,
+    read once) for ``"auto"``, no limit for None (a plan only reported, never allocated).  A plan that needs
+    more raises :class:`BudgetError` naming the largest batch size (and budget) that fits, instead of a
+    stream that fails allocating, or is killed for memory, later.  Pure apart from that one reading.
     """
     out_row_bytes = None
     if augment is not None:
@@ -379,4 +392,38 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
                            + (" and the remote client" if client else ""), tuple(alternatives))
-    return plan(budget_bytes, workers, batch_size)
+    result = plan(budget_bytes, workers, batch_size)
+    if available_bytes == "auto":
+        available_bytes = available_memory_bytes()
+    if available_bytes is not None and result.total_bytes > available_bytes:
+        raise _unallocatable(result, int(available_bytes), batch_size, workers, budget_bytes,
+                             lambda bs: minimum(workers, bs))
+    return result
+
+
+def _unallocatable(result: StreamPlan, available: int, batch_size: int, workers: int, budget_bytes: int | None,
+                   minimum_for) -> BudgetError:
+    """The error for a plan of ``result.total_bytes`` on a machine with ``available`` bytes free: what to lower.
+
+    ``minimum_for(bs)``: the smallest budget of a stream with batch size ``bs`` (grows with ``bs``)."""
+    fixes = []
+    at_most = f"{max(1, available >> 20)}MiB"
+    if result.min_budget_bytes <= available:  # the batch fits: the budget is what the machine cannot hold
+        fixes.append(f"set memory_budget to {at_most!r} or less")
+    elif batch_size > 1 and minimum_for(1) <= available:
+        lo, hi = 1, batch_size - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if minimum_for(mid) <= available else (lo, mid - 1)
+        fixes.append(f"lower batch_size to {lo}"
+                     + (f" and memory_budget to {at_most!r} or less"
+                        if budget_bytes is not None and budget_bytes > available else ""))
+    if workers:
+        fixes.append("use fewer workers")
+    fixes.append("free memory on this machine")
+    what = f"batch_size={batch_size}" + (f" with {workers} workers" if workers else "")
+    budget = "the default budget" if budget_bytes is None else f"a memory budget of {format_bytes(budget_bytes)}"
+    return BudgetError(
+        f"{what} under {budget} would allocate {format_bytes(result.total_bytes)}, but this machine has only "
+        f"{format_bytes(available)} of memory available: " + ", or ".join(fixes)
+    )

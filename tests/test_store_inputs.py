@@ -290,3 +290,38 @@ def test_every_command_sweeps_segments_of_killed_streams(base_store, tmp_path, h
     finally:
         if os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")
+
+
+# -- what cannot be allocated is refused up front -------------------------------------------------------------
+
+def test_a_batch_this_machine_cannot_hold_is_a_budget_error_naming_a_batch_size_that_fits(base_store):
+    import psutil
+
+    batch = 4 * psutil.virtual_memory().total // int(np.prod(SHAPE))  # one batch array: 4x the machine's memory
+    with pytest.raises(BudgetError, match=r"memory available: lower batch_size to \d+") as caught:
+        with h5stream.open(base_store, batch_size=batch) as stream:
+            next(iter(stream))  # (without the check: a ReaderError from allocating, once reading starts)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_plan_is_refused_beyond_the_available_memory_and_the_named_fixes_fit(base_store):
+    import dataclasses
+    import re
+
+    from h5stream.budget import plan_stream
+    from h5stream.read.plan import parse_bytes
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(base_store)
+    available = 1 << 30
+    with pytest.raises(BudgetError, match="lower batch_size to") as caught:
+        plan_stream(meta, None, 10 ** 8, available_bytes=available)
+    fits = int(re.search(r"lower batch_size to (\d+)", str(caught.value)).group(1))
+    assert plan_stream(meta, None, fits, available_bytes=available).total_bytes <= available
+    # a budget larger than the machine, over a store large enough to fill it
+    big = dataclasses.replace(meta, rows=10 ** 8)
+    with pytest.raises(BudgetError, match="set memory_budget to") as caught:
+        plan_stream(big, 8 << 30, 32, available_bytes=available)
+    budget = parse_bytes(re.search(r"set memory_budget to '(\w+)'", str(caught.value)).group(1))
+    assert plan_stream(big, budget, 32, available_bytes=available).total_bytes <= available
+    assert plan_stream(big, 8 << 30, 32, available_bytes=None).total_bytes > available  # reported, not refused

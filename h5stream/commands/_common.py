@@ -89,8 +89,9 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
 
     meta = read_meta(path)
     unit = None if read_unit is None else parse_bytes(read_unit, what="read_unit")
+    # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.
     plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill,
-                       unit_bytes=unit)
+                       unit_bytes=unit, available_bytes=None)
     layout = layout_function(meta.rows, plan, seed)
     labels = read_labels(meta)
     check_class_labels(meta, labels)
