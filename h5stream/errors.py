@@ -96,3 +96,18 @@ class RemoteError(H5StreamError, OSError):
 
 class RemoteUnavailableError(RemoteError, ConnectionError):
     """A remote store could not be reached, or kept failing, until its ``timeout_s`` ran out (retries included)."""
+
+
+class StoreReadError(H5StreamError, OSError):
+    """The operating system failed to read the store's bytes (an I/O error: a failing disk, a lost network
+    file system), as opposed to bytes that are there but wrong (:class:`StoreFormatError`).
+
+    ``errno`` is the operating system's error number, ``filename`` the store's path."""
+
+    def __init__(self, message: str, *, errno: int | None = None, filename: str | None = None):
+        super().__init__(message)
+        self.errno = errno
+        self.filename = filename
+
+    def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
+        return str(self.args[0]) if self.args else ""

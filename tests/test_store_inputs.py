@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -25,7 +27,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.errors import BudgetError, H5StreamError, StoreFormatError
+from h5stream.errors import BudgetError, H5StreamError, StoreFormatError, StoreReadError
 from h5stream.store import schema
 from h5stream.store.writer import write_arrays
 
@@ -325,3 +327,42 @@ def test_the_plan_is_refused_beyond_the_available_memory_and_the_named_fixes_fit
     budget = parse_bytes(re.search(r"set memory_budget to '(\w+)'", str(caught.value)).group(1))
     assert plan_stream(big, budget, 32, available_bytes=available).total_bytes <= available
     assert plan_stream(big, 8 << 30, 32, available_bytes=None).total_bytes > available  # reported, not refused
+
+
+# -- an I/O error is not damage ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def mount_failing(tmp_path):
+    """``mount_failing(source, bad)``: the path of ``source`` served by a real (FUSE) file system whose reads
+    touching a byte range in ``bad`` fail with EIO."""
+    from faulty_fs import failing_mount, fuse_available
+
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and root to mount a file system that fails reads")
+    with contextlib.ExitStack() as stack:
+        def mount(source, bad):
+            try:
+                return stack.enter_context(failing_mount(tmp_path / "mnt", source, bad))
+            except OSError as exc:
+                pytest.skip(f"cannot mount a FUSE file system here: {exc}")
+        yield mount
+
+
+def test_an_io_error_opening_the_store_is_reported_as_one_not_as_damage(base_store, mount_failing, h5cli):
+    path = mount_failing(base_store, bad=[(0, 4096)])  # the superblock's sector is unreadable
+    for command in ("info", "verify"):
+        code, _out, err = h5cli(command, path)
+        assert code == 1 and one_line(err), err
+        assert "I/O error reading" in err and "check the disk" in err and "damaged" not in err, err
+    with pytest.raises(StoreReadError, match="I/O error reading") as caught:
+        h5stream.open(path, batch_size=16)
+    assert caught.value.errno == errno.EIO and isinstance(caught.value, OSError)
+
+
+def test_an_io_error_reading_the_labels_names_the_byte(base_store, mount_failing, h5cli):
+    with h5py.File(base_store, "r") as f:
+        offset = f["labels"].id.get_chunk_info(0).byte_offset
+    path = mount_failing(base_store, bad=[(offset, offset + 8)])
+    code, _out, err = h5cli("info", path)
+    assert code == 1 and one_line(err), err
+    assert f"I/O error reading the file at byte {offset}" in err and "damaged" not in err, err

@@ -26,12 +26,17 @@ options; nobody writes a remote object in place, so its metadata is read once.
 
 Errors are h5stream's: :class:`StoreNotFoundError`,
 :class:`StorePermissionError`, :class:`StoreFormatError`,
-:class:`StoreBusyError`.  Every function here is safe to call from any thread.
+:class:`StoreBusyError`, and :class:`StoreReadError` when the operating system
+fails a read (EIO and the like, :data:`IO_ERRNOS`): HDF5 reports such a read
+as its own error, so the handle given to h5py remembers the errno and byte
+offset, and a failing disk is never called a damaged file.  Every function
+here is safe to call from any thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import time
@@ -47,6 +52,7 @@ from h5stream.errors import (
     StoreFormatError,
     StoreNotFoundError,
     StorePermissionError,
+    StoreReadError,
 )
 from h5stream.remote.config import is_url
 
@@ -61,11 +67,52 @@ SETTLE_S = 5.0
 PROC_LOCKS = "/proc/locks"
 
 
+IO_ERRNOS = frozenset(getattr(errno, name) for name in ("EIO", "ENXIO", "ENODEV", "ESTALE", "EREMOTEIO", "ENOLINK",
+                                                        "ETIMEDOUT", "EHOSTDOWN", "ECOMM")
+                      if hasattr(errno, name))
+"""Errors of the storage or the network beneath a file rather than of its bytes: the file may be perfectly
+good, so they are reported as what they are (:class:`StoreReadError`), never as damage."""
+
+
+def io_error(path: str, exc: OSError, offset: int | None = None) -> StoreReadError:
+    """The one-line error for an operating-system I/O error ``exc`` while reading ``path`` (at ``offset``)."""
+    code = exc.errno
+    name = errno.errorcode.get(code, str(code))
+    where = f" at byte {offset}" if offset is not None else ""
+    return StoreReadError(
+        f"{path}: I/O error reading the file{where} ({exc.strerror or exc}, {name}); the file may be intact: check "
+        "the disk or the network file system beneath it (dmesg, smartctl) and try again, or read a copy",
+        errno=code, filename=path,
+    )
+
+
+class _RecordingFile(io.FileIO):
+    """A read-only ``io.FileIO`` that remembers the first I/O error (:data:`IO_ERRNOS`) of its reads.
+
+    HDF5 reports a failed read of its "fileobj" driver as its own error, without the errno; this is how
+    :func:`open_h5_readonly` tells a failing disk from a damaged file.  Used by one thread at a time, as
+    the h5py handle over it is."""
+
+    io_failure: tuple[OSError, int] | None = None
+
+    def readinto(self, buffer):
+        try:
+            return super().readinto(buffer)
+        except OSError as exc:
+            if exc.errno in IO_ERRNOS and self.io_failure is None:
+                try:
+                    offset = self.tell()
+                except OSError:
+                    offset = None
+                self.io_failure = (exc, offset)
+            raise
+
+
 def open_readable(path: str | os.PathLike) -> io.FileIO:
     """``path`` opened for reading (unbuffered), or the h5stream error saying why it cannot be."""
     path = os.fspath(path)
     try:
-        return io.FileIO(path, "rb")
+        return _RecordingFile(path, "rb")
     except FileNotFoundError:
         raise StoreNotFoundError(f"{path}: no such file; make one with `h5stream ingest SRC {path}`") from None
     except IsADirectoryError:
@@ -75,6 +122,10 @@ def open_readable(path: str | os.PathLike) -> io.FileIO:
             f"{path}: permission denied; this user ({_user()}) needs read access to the file and its folders "
             f"(e.g. chmod a+r {path})"
         ) from None
+    except OSError as exc:
+        if exc.errno in IO_ERRNOS:
+            raise io_error(path, exc) from None
+        raise
 
 
 def _user() -> str:
@@ -107,8 +158,10 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
     ``h5py_kwargs`` go to ``h5py.File`` (e.g. ``rdcc_nbytes=0``).  Closes the
     file and its descriptor on exit.  Raises :class:`StoreNotFoundError`,
     :class:`StorePermissionError`, or :class:`StoreFormatError` when the file is
-    not HDF5; an HDF5 error opening a file that is HDF5 propagates (an
-    ``OSError``) for :func:`read_consistent` to judge.
+    not HDF5, and :class:`StoreReadError` for an operating-system I/O error
+    reading it (opening, or inside the ``with`` block); another HDF5 error
+    opening a file that is HDF5 propagates (an ``OSError``) for
+    :func:`read_consistent` to judge.
 
     ``native_driver=True`` opens the path with HDF5's own POSIX driver instead
     (``locking=False``): no Python call per HDF5 read (a few microseconds each),
@@ -130,15 +183,35 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
                 f = h5py.File(path, "r", locking=False, **h5py_kwargs)
             else:
                 f = h5py.File(raw, "r", **h5py_kwargs)
-        except OSError:
-            if not has_hdf5_signature(raw):
+        except OSError as exc:
+            _raise_io_failure(path, raw, exc)
+            try:
+                signature = has_hdf5_signature(raw)
+            except OSError as probe:
+                _raise_io_failure(path, raw, probe)
+                raise
+            if not signature:
                 raise StoreFormatError(
                     f"{path}: not an HDF5 file; make one with `h5stream ingest SRC {path}`") from None
             raise
         with f:
-            yield f
+            try:
+                yield f
+            except (OSError, RuntimeError, KeyError) as exc:  # HDF5's errors for a read the disk failed
+                _raise_io_failure(path, raw, exc)
+                raise
     finally:
         raw.close()
+
+
+def _raise_io_failure(path: str, raw: io.FileIO, exc: BaseException) -> None:
+    """Raise :class:`StoreReadError` if ``exc`` is, or HDF5's ``exc`` came from, an operating-system I/O error
+    reading ``raw``; return otherwise."""
+    failure = getattr(raw, "io_failure", None)
+    if failure is not None:
+        raise io_error(path, *failure) from exc
+    if isinstance(exc, OSError) and exc.errno in IO_ERRNOS:
+        raise io_error(path, exc) from exc
 
 
 def writer_pids(path: str | os.PathLike) -> list[int]:
@@ -190,7 +263,8 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
     up to ``settle_s`` seconds while another process holds a write lock on it.
     If it never succeeds: :class:`StoreBusyError` naming the writer, or, with
     no writer, the :class:`StoreFormatError` (an HDF5 error becomes one saying
-    the file is damaged).  ``read`` must not keep objects of the file: it is
+    the file is damaged).  An operating-system I/O error is raised at once as
+    :class:`StoreReadError`, never as damage.  ``read`` must not keep objects of the file: it is
     closed when ``read`` returns.
     """
     path = os.fspath(path)
@@ -201,7 +275,7 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
         try:
             with open_h5_readonly(path, **h5py_kwargs) as f:
                 return read(f)
-        except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError):
+        except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError, StoreReadError):
             raise
         except (OSError, RuntimeError, KeyError, StoreFormatError) as exc:
             pids = writer_pids(path)
@@ -220,7 +294,8 @@ def _read_remote(url: str, read: Callable[[h5py.File], T], remote, h5py_kwargs) 
     try:
         with open_h5_readonly(url, remote=remote, **h5py_kwargs) as f:
             return read(f)
-    except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError, StoreFormatError):
+    except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError, StoreFormatError,
+            StoreReadError):
         raise
     except (OSError, RuntimeError, KeyError) as exc:
         raise StoreFormatError(f"{url}: cannot read as HDF5 ({exc}); the object is damaged or not a store") from exc
