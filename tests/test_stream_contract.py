@@ -173,8 +173,7 @@ def test_an_abandoned_epoch_is_left_and_state_follows_what_is_served(store, work
     kw = dict(augment=h5stream.Augment(dtype="uint8"), workers=1) if workers else {}
     with _open(store, **kw) as s:
         it = iter(s)
-        for _ in range(5):
-            next(it)
+        kept = [next(it) for _ in range(5)]  # still held (with workers: views of the pool's output slots)
         del it
         assert _position(s) == (0, 5)  # the batches served so far
         it = iter(s)
@@ -184,6 +183,7 @@ def test_an_abandoned_epoch_is_left_and_state_follows_what_is_served(store, work
         rows = np.concatenate([first] + [_ids(x) for x, _ in it])
         np.testing.assert_array_equal(rows, s.epoch_order(1))
         assert _position(s) == (2, 0)
+        np.testing.assert_array_equal(np.concatenate([_ids(x) for x, _ in kept]), s.epoch_order(0)[:5 * BATCH])
 
 
 def test_restore_mid_epoch_then_the_first_iter_finishes_that_epoch(store):

@@ -27,10 +27,12 @@ stream itself is only ever touched under that lock, from whichever thread holds 
 
 The stream owns its :class:`Passes` (it lives in the stream's
 ``_adapter_passes``, the one attribute of the stream this package touches) and
-the adapters hold both: nothing global refers to either, so a stream handed to
-adapters and then dropped with them is garbage-collected (the reference cycle
-stream -> Passes -> stream included), and its finalizer stops its reader thread
-and workers and frees its shared memory.
+the adapters hold both: nothing global of h5stream refers to either, so a
+stream handed to adapters and then dropped with them is garbage-collected (the
+reference cycle stream -> Passes -> stream included), and its finalizer stops
+its reader thread and workers and frees its shared memory.  (What a framework
+keeps is its own: see :mod:`h5stream.adapters.tf` and
+:class:`h5stream.adapters.keras.StreamBatches`.)
 """
 
 from __future__ import annotations
