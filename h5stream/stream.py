@@ -299,8 +299,8 @@ class Stream:
         with self._entered("iter(stream)"):
             if self._batch and not self._resumed:
                 # The epoch was left mid-way: its rest is not served; the next one starts at its first batch.
+                self._feed.start(self._epoch + 1, 0)
                 self._epoch, self._batch = self._epoch + 1, 0
-                self._feed.start(self._epoch, 0)
             self._resumed = False
             self._generation += 1
             return _EpochIterator(self, self._generation)

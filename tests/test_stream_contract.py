@@ -253,7 +253,9 @@ def test_a_stream_given_to_tf_data_and_dropped_is_freed(store):
         for _ in ds.take(3):
             pass
         assert isinstance(ds, tf.data.Dataset)
-        return ds
+        it = iter(ds.map(lambda x, y: (tf.cast(x, tf.float32), y)))
+        next(it)  # a pass left mid-way: its generator suspended inside TensorFlow until the iterator goes
+        return ds, it
 
     _handed_over(store, 1, use)
 

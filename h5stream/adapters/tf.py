@@ -50,14 +50,17 @@ def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
     passes_ref = weakref.ref(passes)  # see the module docstring: TensorFlow never frees this function
     del passes
 
-    def one_pass():
+    def live_passes():
         passes = passes_ref()
         if passes is None:  # only reachable through a dataset function kept after its dataset was dropped
             raise StreamClosedError("the h5stream stream behind this tf.data.Dataset was garbage-collected; "
                                     "keep the dataset (or the stream) referenced while it is iterated")
-        pass_id = passes.begin_pass()
+        return passes
+
+    def one_pass():  # no strong reference across a yield: a suspended generator TensorFlow keeps pins nothing
+        pass_id = live_passes().begin_pass()
         while True:
-            batch = passes.next_batch(pass_id)
+            batch = live_passes().next_batch(pass_id)
             if batch is None:
                 return
             yield batch
