@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import platform
 import statistics
@@ -112,8 +113,8 @@ def measure_stream_rate(path: str, *, workers: int, repeats: int = 3, images_per
         t_open = time.perf_counter()
         stream = stack.enter_context(h5stream.open(path, batch_size=batch_size, memory_budget=budget, shuffle=True,
                                                    seed=seed, augment=augment, workers=workers))
-        batches = endless(stream)
-        x, _ = next(batches)
+        epoch0 = iter(stream)
+        x, _ = next(epoch0)
         first_batch_s = time.perf_counter() - t_open
         out_dtype = str(x.dtype)
         worker_pids = list(stream.stats().get("worker_pids", []))
@@ -122,10 +123,10 @@ def measure_stream_rate(path: str, *, workers: int, repeats: int = 3, images_per
         t_first = time.perf_counter()
         n_first = len(x)
         if warmup_epoch:
-            for x, _ in stream:  # the rest of epoch 0 (the endless generator is still inside it)
+            for x, _ in epoch0:  # the rest of epoch 0 (a new iter(stream) would leave it and start epoch 1)
                 n_first += len(x)
         first_epoch_s = time.perf_counter() - t_first + first_batch_s
-        batches = endless(stream) if warmup_epoch else batches
+        batches = endless(stream) if warmup_epoch else itertools.chain(epoch0, endless(stream))
         for _ in range(repeats):
             n = 0
             cpu0 = cpu_seconds([os.getpid(), *worker_pids])

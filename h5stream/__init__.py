@@ -26,6 +26,7 @@ from h5stream.errors import (
     StoreFormatError,
     StoreNotFoundError,
     StreamClosedError,
+    StreamIterationError,
     WorkerError,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "StoreNotFoundError",
     "Stream",
     "StreamClosedError",
+    "StreamIterationError",
     "WorkerError",
     "open",
     "read_meta",

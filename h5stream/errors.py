@@ -49,6 +49,11 @@ class StreamClosedError(H5StreamError, RuntimeError):
     """The stream was used after ``close()``."""
 
 
+class StreamIterationError(H5StreamError, RuntimeError):
+    """A stream was iterated against its contract: from two threads at once, or through an iterator that a newer
+    ``iter(stream)`` (or ``restore``) replaced."""
+
+
 class MissingDependencyError(H5StreamError, ImportError):
     """A package h5stream needs here (OpenCV, a framework) cannot be imported; the message names what to install."""
 

@@ -1,23 +1,26 @@
 """The object users iterate: :func:`open` wires order + read (+ augment) together.
 
 ``h5stream.open(path, batch_size=32)`` returns a :class:`Stream`.  Each
-``iter(stream)`` yields one epoch of ``(images, labels)`` numpy batches; the
-next ``iter`` is the next epoch, reshuffled.  A reader thread starts at
+``iter(stream)`` yields one whole epoch of ``(images, labels)`` numpy batches;
+the next ``iter`` is the next epoch, reshuffled.  A reader thread starts at
 ``open`` and keeps reading ahead (across epoch boundaries) within the memory
-budget.  A stream is consumed from one thread at a time.
+budget.  A stream is consumed from one thread at a time, and that is enforced
+(see :class:`Stream`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import threading
 import weakref
 
 import numpy as np
 
 from h5stream import _interrupt as interrupt
 from h5stream.budget import StreamPlan, plan_stream
-from h5stream.errors import ConfigError, StreamClosedError
+from h5stream.errors import ConfigError, StreamClosedError, StreamIterationError
 from h5stream.feed import InlineFeed, PooledFeed
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
@@ -124,6 +127,28 @@ class Stream:
     Made by :func:`open`.  Owns a reader thread (and, with ``workers > 0``, a
     worker pool).  ``close()`` stops them; it is idempotent, called by
     ``with`` and, as a last resort, when the stream is garbage-collected.
+
+    Iteration contract:
+
+    * every ``iter(stream)`` serves one whole epoch, every row exactly once,
+      and the next ``iter`` the next epoch.  An epoch left mid-way (a ``break``,
+      a peek with ``next(iter(stream))``, an iterator dropped) is not resumed:
+      the next ``iter`` starts the following epoch at its first batch.  Until
+      then ``state()`` names the position after the last batch served (so a
+      stream opened with ``resume=`` that state would finish the left epoch);
+      from that ``iter`` on, the new epoch's first batch;
+    * the one exception: after ``restore(state)`` or ``open(resume=state)``,
+      the first ``iter`` serves the rest of that state's epoch (then whole
+      epochs again), so resuming equals not stopping;
+    * a new ``iter`` (or ``restore``) replaces the live iterator: the old one's
+      ``next()`` raises :class:`~h5stream.StreamIterationError` instead of
+      serving batches of another epoch;
+    * one thread at a time: a ``next()``, ``iter()`` or ``restore()`` while
+      another thread is inside one of them raises
+      :class:`~h5stream.StreamIterationError` at once.  Handing the stream from
+      thread to thread between calls (as ``tf.data`` does) is fine;
+    * after ``close()`` every ``next()`` of a live iterator raises
+      :class:`~h5stream.StreamClosedError` (a ``for`` loop does not just end).
     """
 
     def __init__(self, path: str | os.PathLike, options: StreamOptions | None = None):
@@ -188,6 +213,10 @@ class Stream:
             )
         self._epoch, self._batch = 0, 0
         self._closed = False
+        self._busy = threading.Lock()  # held by the one thread inside next() / iter() / restore(); never waited on
+        self._generation = 0  # bumped by iter() and restore(): iterators of an older one are replaced
+        self._resumed = False  # restore() set the position: the next iter() continues it instead of leaving it
+        self._adapter_passes = None  # the adapters' shared h5stream.adapters._passes.Passes, owned by this stream
         interrupt.install()
         interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
@@ -265,17 +294,36 @@ class Stream:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next batch belongs to."""
+        """The epoch of the position ``state()`` names (an epoch left mid-way: the next ``iter`` starts the next)."""
         return self._epoch
 
-    def __iter__(self):
-        """Yield the rest of the current epoch (all of it, unless a previous iteration stopped early)."""
-        self._check_open()
-        return self._iterate()
+    def __iter__(self) -> _EpochIterator:
+        """An iterator over one whole epoch: the next one, or the rest of a restored state's epoch.
 
-    def _iterate(self):
-        epoch = self._epoch
-        while self._epoch == epoch and not self._closed:
+        Leaves an epoch a previous iterator did not finish (see :class:`Stream`)
+        and replaces any live iterator.  Raises :class:`StreamIterationError`
+        if another thread is inside the stream meanwhile.
+        """
+        self._check_open()
+        with self._entered("iter(stream)"):
+            if self._batch and not self._resumed:
+                # The epoch was left mid-way: its rest is not served; the next one starts at its first batch.
+                self._feed.start(self._epoch + 1, 0)
+                self._epoch, self._batch = self._epoch + 1, 0
+            self._resumed = False
+            self._generation += 1
+            return _EpochIterator(self, self._generation)
+
+    def _next_batch(self, it: _EpochIterator):
+        """The next batch for ``it`` (see :meth:`_EpochIterator.__next__`); in the calling thread."""
+        if it.done:
+            raise StopIteration
+        self._check_open()
+        if it.generation != self._generation:
+            raise StreamIterationError(self._replaced())
+        with self._entered("next()"):
+            if it.generation != self._generation:  # replaced by the thread that was inside until just now
+                raise StreamIterationError(self._replaced())
             interrupt.hold()  # a Ctrl-C in a wait is raised between its polls (see h5stream._interrupt)
             try:
                 got_epoch, index, x, y = self._feed.next()
@@ -283,11 +331,30 @@ class Stream:
                 interrupt.release()
             if (got_epoch, index) != (self._epoch, self._batch):  # pragma: no cover - internal invariant
                 raise RuntimeError(f"feed out of step: got {(got_epoch, index)}, expected {(self._epoch, self._batch)}")
-            # Advance before yielding: state() taken after this batch resumes at the next one.
+            # Advance before handing it over: state() taken after this batch resumes at the next one.
             self._batch += 1
             if self._batch == self._n_batches:
                 self._epoch, self._batch = self._epoch + 1, 0
-            yield x, self._labels(y)
+                it.done = True
+            return x, self._labels(y)
+
+    @contextlib.contextmanager
+    def _entered(self, what: str):
+        """The block of the one thread allowed inside the stream; raises at once if another thread is there."""
+        if not self._busy.acquire(blocking=False):
+            raise StreamIterationError(
+                f"{self.meta.path}: {what} while another thread is inside this stream; a stream is iterated from "
+                "one thread at a time: consume it in one thread (hand batches to others through a queue), or open "
+                "one stream per thread (shard=(i, n) splits the rows)"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _replaced(self) -> str:
+        return (f"{self.meta.path}: this iterator was replaced by a newer iter(stream) or restore(); a stream is "
+                "iterated from one thread at a time, by one iterator: keep using the newest one")
 
     # -- resume -------------------------------------------------------------------
     def _layout_signature(self) -> dict:
@@ -306,7 +373,8 @@ class Stream:
                 **self._layout_signature()}
 
     def restore(self, state: dict) -> None:
-        """Continue with exactly the batches that would have come after ``state`` was taken."""
+        """Continue with exactly the batches that would have come after ``state`` was taken: the next ``iter``
+        serves the rest of the state's epoch.  Replaces any live iterator."""
         self._check_open()
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version {STATE_VERSION})")
@@ -328,8 +396,11 @@ class Stream:
         epoch, batch = int(state["epoch"]), int(state["batch"])
         if epoch < 0 or not 0 <= batch < self._n_batches:
             raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: an epoch has {self._n_batches} batches")
-        self._epoch, self._batch = epoch, batch
-        self._feed.start(epoch, batch)
+        with self._entered("restore()"):
+            self._epoch, self._batch = epoch, batch
+            self._resumed = True
+            self._generation += 1
+            self._feed.start(epoch, batch)
 
     # -- lifecycle ----------------------------------------------------------------
     def stats(self) -> dict:
@@ -409,6 +480,29 @@ class Stream:
         from h5stream.adapters.torch import as_torch
 
         return as_torch(self)
+
+
+class _EpochIterator:
+    """What ``iter(stream)`` returns: the batches of one epoch, pulled from the stream by ``next()``.
+
+    Holds the stream (a ``for x in h5stream.open(...)`` keeps it open).  Not
+    tied to a thread: any thread may call ``next()``, one at a time.
+    """
+
+    __slots__ = ("_stream", "generation", "done")
+
+    def __init__(self, stream: Stream, generation: int):
+        self._stream = stream
+        self.generation = generation
+        self.done = False  # the epoch's last batch was served: StopIteration from now on
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self):
+        """``(images, labels)``; StopIteration after the epoch's last batch; :class:`StreamClosedError` after
+        ``close()``, :class:`StreamIterationError` if replaced or if another thread is inside the stream."""
+        return self._stream._next_batch(self)
 
 
 def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,

@@ -22,14 +22,23 @@ the stream's exact sequence of batches:
   :class:`h5stream.keras.StallMonitor` measures.
 
 Pure Python, no framework imports.  All methods are thread-safe (one lock); the
-stream itself is only ever touched under that lock, from whichever thread holds it.
+stream itself is only ever touched under that lock, from whichever thread holds it
+(the stream takes calls from any thread, one at a time).
+
+The stream owns its :class:`Passes` (it lives in the stream's
+``_adapter_passes``, the one attribute of the stream this package touches) and
+the adapters hold both: nothing global of h5stream refers to either, so a
+stream handed to adapters and then dropped with them is garbage-collected (the
+reference cycle stream -> Passes -> stream included), and its finalizer stops
+its reader thread and workers and frees its shared memory.  (What a framework
+keeps is its own: see :mod:`h5stream.adapters.tf` and
+:class:`h5stream.adapters.keras.StreamBatches`.)
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import deque
 
 from h5stream.errors import ConfigError
@@ -37,27 +46,29 @@ from h5stream.errors import ConfigError
 RECORD_WINDOW = 4096
 """Batches of the current pass whose state/time are kept; the model is never this far behind the feed."""
 
-_PASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PASSES_LOCK = threading.Lock()
 
 
 def passes_for(stream) -> Passes:
-    """The stream's :class:`Passes`, created on first use; every adapter of one stream shares it."""
+    """The stream's :class:`Passes`, created on first use; every adapter of one stream shares it, and the stream
+    owns it."""
     with _PASSES_LOCK:
-        passes = _PASSES.get(stream)
+        passes = stream._adapter_passes
         if passes is None:
-            passes = _PASSES[stream] = Passes(stream)
+            passes = stream._adapter_passes = Passes(stream)
         return passes
 
 
 class Passes:
-    """Serve one stream's batches to framework passes.  Holds the stream weakly-by-owner: the caller owns the stream."""
+    """Serve one stream's batches to framework passes.  Owned by the stream (see :func:`passes_for`)."""
 
     def __init__(self, stream):
         self.stream = stream
         self.n = len(stream)
         self._lock = threading.Lock()
-        self._it = None  # the stream's current epoch iterator
+        # The stream's epoch iterator, taken now: it continues a restored (resumed) state's epoch; after an epoch
+        # left mid-way by some other iterator, it starts the next epoch, and _pos_state below says so.
+        self._it = iter(stream)
         self._pending: deque = deque()  # (x, y, state_after) pulled outside a pass
         self._pass_id = 0
         self._active = False
@@ -138,16 +149,18 @@ class Passes:
 
     # -- internals (lock held) --------------------------------------------------------
     def _rewind(self, state: dict) -> None:
-        self._it = None
         if self._pending or state != self.stream.state():
             self._pending.clear()
+            self._it = None
             self.stream.restore(state)  # restarts the reader: only when the position really moves
+            self._it = iter(self.stream)  # the rest of the restored epoch, then whole epochs
+        # Otherwise the current iterator stands exactly at ``state``: keep it (a new one would leave its epoch).
         self._pos_state = self.stream.state()
 
     def _pull(self):
-        for _ in range(3):  # at most: end of the old epoch, then a fresh one
+        for _ in range(2):  # at most: the end of the current epoch, then the next one
             if self._it is None:
-                self._it = iter(self.stream)
+                self._it = iter(self.stream)  # the stream stands at an epoch's first batch here
             try:
                 x, y = next(self._it)
             except StopIteration:

@@ -43,6 +43,13 @@ class StreamBatches(keras.utils.PyDataset):
 
     Not for Keras' own multiprocessing (the stream cannot be pickled); use the
     stream's ``workers=`` instead.
+
+    It keeps the stream alive; dropping both frees the stream (its finalizer
+    stops the reader thread and workers).  One exception, TensorFlow's: on
+    the TensorFlow backend ``fit`` wraps this object in
+    ``tf.data.Dataset.from_generator``, whose functions TensorFlow keeps for
+    the life of the process, so a stream that went through ``fit`` there is
+    freed by ``close()`` (or ``with``), not by dropping it.
     """
 
     def __init__(self, stream):

@@ -13,13 +13,23 @@ Every ``iter(dataset)`` is one pass of the stream's shared
 abandoned early is replayed by the next one.  Auto-sharding is off because the
 stream shards itself (``h5stream.open(..., shard=(i, n))``).  The ``prefetch``
 batches sit outside the stream's memory budget.
+
+The dataset keeps the stream alive (so do datasets derived from it and their
+iterators); once they and the stream are dropped, the stream is garbage-collected
+and its finalizer stops its thread and workers.  The generator function itself
+refers to the stream only weakly: TensorFlow keeps the functions of every
+``from_generator`` dataset made in eager mode for the life of the process (in
+the global graph's ``_py_funcs_used_in_graph``), and a strong reference there
+would keep the stream, its reader thread and its workers too.
 """
 
 from __future__ import annotations
 
+import weakref
+
 from h5stream import _deps
 from h5stream.adapters._passes import passes_for
-from h5stream.errors import ConfigError
+from h5stream.errors import ConfigError, StreamClosedError
 
 tf = _deps.tensorflow()
 
@@ -37,19 +47,31 @@ def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
     if isinstance(prefetch, bool) or int(prefetch) < 0:
         raise ConfigError(f"prefetch must be an integer >= 0 (batches), got {prefetch!r}")
     passes = passes_for(stream)
+    passes_ref = weakref.ref(passes)  # see the module docstring: TensorFlow never frees this function
+    del passes
 
-    def one_pass():
-        pass_id = passes.begin_pass()
+    def live_passes():
+        passes = passes_ref()
+        if passes is None:  # only reachable through a dataset function kept after its dataset was dropped
+            raise StreamClosedError("the h5stream stream behind this tf.data.Dataset was garbage-collected; "
+                                    "keep the dataset (or the stream) referenced while it is iterated")
+        return passes
+
+    def one_pass():  # no strong reference across a yield: a suspended generator TensorFlow keeps pins nothing
+        pass_id = live_passes().begin_pass()
         while True:
-            batch = passes.next_batch(pass_id)
+            batch = live_passes().next_batch(pass_id)
             if batch is None:
                 return
             yield batch
 
     ds = tf.data.Dataset.from_generator(one_pass, output_signature=element_spec(stream))
-    ds = ds.apply(tf.data.experimental.assert_cardinality(passes.n))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(len(stream)))
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     options.deterministic = True
     ds = ds.with_options(options)
-    return ds.prefetch(int(prefetch)) if prefetch else ds
+    ds = ds.prefetch(int(prefetch)) if prefetch else ds
+    # The strong reference: a dataset holds its input dataset, and an iterator its dataset.
+    ds._h5stream_stream = stream
+    return ds
