@@ -110,7 +110,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
     """Serves the files under ``root`` on ``http://127.0.0.1:PORT/`` from a thread; :meth:`stop` ends it.
 
     Faults queued with :meth:`fail_next`, :meth:`cut_next` or :meth:`stall_next` are served to the next
-    requests in order.  ``requests`` counts the requests received, by method.
+    requests in order; :meth:`cut_every` truncates every response after those.  ``requests`` counts the requests received, by method.
     """
 
     daemon_threads = True
@@ -123,6 +123,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.requests: dict[str, int] = {}
         self.required_headers: dict[str, str] = {}  # answered 401 without them
         self._faults: list[tuple] = []
+        self._always: tuple | None = None  # served once the queue is empty
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self.stopping = threading.Event()
@@ -139,6 +140,12 @@ class RangeServer(http.server.ThreadingHTTPServer):
         with self._lock:
             self._faults.append(("cut", after_bytes))
 
+    def cut_every(self, after_bytes: int) -> None:
+        """From now on, cut every response's body after ``after_bytes`` bytes and close the connection (a proxy or
+        server that truncates everything it sends)."""
+        with self._lock:
+            self._always = ("cut", after_bytes)
+
     def stall_next(self) -> None:
         """Read the next request and never answer it (until :meth:`stop`)."""
         with self._lock:
@@ -146,7 +153,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
 
     def take_fault(self):
         with self._lock:
-            return self._faults.pop(0) if self._faults else None
+            return self._faults.pop(0) if self._faults else self._always
 
     def count_request(self, method: str) -> None:
         with self._lock:

@@ -191,8 +191,11 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
     If it never succeeds: :class:`StoreBusyError` naming the writer, or, with
     no writer, the :class:`StoreFormatError` (an HDF5 error becomes one saying
     the file is damaged).  ``read`` must not keep objects of the file: it is
-    closed when ``read`` returns.
+    closed when ``read`` returns.  A URL is read once, with the ``remote``
+    options (nobody writes a remote object in place).
     """
+    if is_url(path):
+        return _read_remote(path, read, remote, h5py_kwargs)
     path = os.fspath(path)
     deadline = time.monotonic() + settle_s
     delay_s, tries = 0.002, 0
