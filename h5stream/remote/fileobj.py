@@ -28,7 +28,6 @@ import threading
 from collections import OrderedDict
 
 import h5py
-from h5py import h5f, h5i
 
 from h5stream.errors import H5StreamError, StoreFormatError
 from h5stream.remote.config import RemoteOptions
@@ -90,10 +89,6 @@ class RemoteFile(io.RawIOBase):
         self._blocks: OrderedDict[int, bytearray] = OrderedDict()
         self._lock = threading.Lock()
         self.error: BaseException | None = None
-
-    def __repr__(self) -> str:
-        # Unique while the object lives: h5py names the HDF5 file after it (see close_hdf5_files_on).
-        return f"<RemoteFile {self.name} at {id(self):#x}>"
 
     def readable(self) -> bool:
         return True
@@ -206,7 +201,6 @@ def remote_h5(url: str, options: RemoteOptions | None = None, *, block_bytes: in
         if failure is not None:  # the caller went on past HDF5's error: what it read is incomplete
             raise failure
     finally:
-        close_hdf5_files_on(raw)
         raw.close()
 
 
@@ -222,31 +216,8 @@ def _open_h5(raw: RemoteFile, url: str, h5py_kwargs: dict) -> h5py.File:
         return h5py.File(raw, "r", **h5py_kwargs)
     except (OSError, RuntimeError, KeyError) as exc:
         hdf5_error = " ".join(str(exc).split()) or type(exc).__name__
-    close_hdf5_files_on(raw)
     raise raw.failure() or _not_hdf5(raw, url) or StoreFormatError(
         f"{url}: cannot read as HDF5 ({hdf5_error}); the object is damaged or not a store")
-
-
-def close_hdf5_files_on(fileobj) -> int:
-    """Close every HDF5 file still open on the Python file object ``fileobj``; returns how many.
-
-    When ``H5Fopen`` fails after HDF5 has registered the file (a read failing past the superblock), HDF5 1.14
-    keeps the file open with nobody holding its id.  HDF5 then closes it from its own C ``atexit`` handler,
-    after the interpreter has finalised, and h5py's file-object driver, calling back into Python there, crashes
-    the process (SIGSEGV) after the error was reported.  Closing such a file while Python runs ends that.
-    """
-    name = repr(fileobj).encode("ascii", "replace")  # the name h5py gives a file opened on a file object
-    closed = 0
-    for fid in h5f.get_obj_ids(types=h5f.OBJ_FILE):
-        try:
-            if fid.name != name:
-                continue
-            while fid.valid:
-                h5i.dec_ref(fid)
-            closed += 1
-        except (OSError, RuntimeError, ValueError):
-            continue  # an id another thread closed meanwhile
-    return closed
 
 
 def _not_hdf5(raw: RemoteFile, url: str) -> StoreFormatError | None:
