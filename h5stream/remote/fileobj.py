@@ -14,10 +14,11 @@ caller's buffer.
 h5py's read (not found, access denied, changed, unreachable) reaches the caller as that h5stream error rather
 than as HDF5's generic "file read failed".
 
-A failed read is final: every later read of the same :class:`RemoteFile` raises the same error at once, without
-a request, so neither HDF5 (which reads on after an error: the superblock's signature at 512, 1024, 2048...) nor a
-caller that catches HDF5's error and goes on can turn one failure of ``timeout_s`` into one per read; and the
-``with`` block of :func:`open_h5_remote` raises it on exit even when the caller swallowed HDF5's error.
+A failed read is final (the source's retries and ``timeout_s`` are spent): every later read of the same
+:class:`RemoteFile` raises the same error at once, without a request, so a caller that catches HDF5's error and
+reads on (``h5stream verify`` marking blocks unreadable one by one) cannot turn one failure of ``timeout_s``
+into one per read; and the ``with`` block of :func:`open_h5_remote` raises it on exit even when the caller
+swallowed HDF5's error.
 """
 
 from __future__ import annotations
@@ -174,8 +175,9 @@ def open_h5_remote(url: str, options: RemoteOptions | None = None, *, block_byte
     """An ``h5py.File`` on the store at ``url``, read-only, through a block-cached :class:`RemoteFile`.
 
     ``h5py_kwargs`` go to ``h5py.File``.  Raises what :class:`RemoteSource` raises at open, the h5stream
-    error a read raised inside HDF5, or :class:`StoreFormatError` when the object is not HDF5.  Closes the
-    file and its source on exit.  :func:`remote_h5` yields the :class:`RemoteFile` too.
+    error a read raised inside HDF5 (in the block or, if the block swallowed it, on exit), or
+    :class:`StoreFormatError` when the object is not HDF5 or HDF5 cannot open it.  Closes the file and its
+    source on exit.  :func:`remote_h5` yields the :class:`RemoteFile` too.
     """
     with remote_h5(url, options, block_bytes=block_bytes, max_blocks=max_blocks, **h5py_kwargs) as (f, _):
         yield f

@@ -108,7 +108,8 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
     file and its descriptor on exit.  Raises :class:`StoreNotFoundError`,
     :class:`StorePermissionError`, or :class:`StoreFormatError` when the file is
     not HDF5; an HDF5 error opening a file that is HDF5 propagates (an
-    ``OSError``) for :func:`read_consistent` to judge.
+    ``OSError``) for :func:`read_consistent` to judge (for a URL, a
+    :class:`StoreFormatError` or the remote error that caused it).
 
     ``native_driver=True`` opens the path with HDF5's own POSIX driver instead
     (``locking=False``): no Python call per HDF5 read (a few microseconds each),
