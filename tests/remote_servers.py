@@ -1,5 +1,5 @@
 """An HTTP file server with Range on 127.0.0.1 for the remote-store tests (SeaweedFS's S3 is in
-:mod:`benchmarks.seaweed`).
+:mod:`benchmarks.seaweed`), and Python's own ``http.server``, which ignores Range.
 
 :class:`RangeServer` serves the files of one folder the way a static web server does (``GET``/``HEAD``, one
 ``Range`` per request, ``ETag``/``Last-Modified``, ``If-Match``), and can be told to misbehave: answer the next
@@ -14,6 +14,8 @@ import http.server
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -110,7 +112,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
     """Serves the files under ``root`` on ``http://127.0.0.1:PORT/`` from a thread; :meth:`stop` ends it.
 
     Faults queued with :meth:`fail_next`, :meth:`cut_next` or :meth:`stall_next` are served to the next
-    requests in order.  ``requests`` counts the requests received, by method.
+    requests in order; :meth:`cut_every` truncates every response after those.  ``requests`` counts the
+    requests received, by method.
     """
 
     daemon_threads = True
@@ -122,31 +125,38 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.url = f"http://127.0.0.1:{self.server_address[1]}/"
         self.requests: dict[str, int] = {}
         self.required_headers: dict[str, str] = {}  # answered 401 without them
-        self._faults: list[tuple] = []
+        self._faults: list[tuple | None] = []
+        self._always: tuple | None = None  # served once the queue is empty
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
-    def fail_next(self, n: int, status: int = 503) -> None:
-        """Answer the next ``n`` requests with ``status`` and no body."""
+    def fail_next(self, n: int, status: int = 503, *, after: int = 0) -> None:
+        """Serve ``after`` requests normally, then answer the next ``n`` with ``status`` and no body."""
         with self._lock:
-            self._faults.extend([(status,)] * n)
+            self._faults.extend([None] * after + [(status,)] * n)
 
     def cut_next(self, after_bytes: int) -> None:
         """Send the next response's headers and ``after_bytes`` of its body, then close the connection."""
         with self._lock:
             self._faults.append(("cut", after_bytes))
 
-    def stall_next(self) -> None:
-        """Read the next request and never answer it (until :meth:`stop`)."""
+    def cut_every(self, after_bytes: int) -> None:
+        """From now on, cut every response's body after ``after_bytes`` bytes and close the connection (a proxy or
+        server that truncates everything it sends)."""
         with self._lock:
-            self._faults.append(("stall",))
+            self._always = ("cut", after_bytes)
+
+    def stall_next(self, n: int = 1, *, after: int = 0) -> None:
+        """Serve ``after`` requests normally, then read the next ``n`` and never answer them (until :meth:`stop`)."""
+        with self._lock:
+            self._faults.extend([None] * after + [("stall",)] * n)
 
     def take_fault(self):
         with self._lock:
-            return self._faults.pop(0) if self._faults else None
+            return self._faults.pop(0) if self._faults else self._always  # None: serve normally
 
     def count_request(self, method: str) -> None:
         with self._lock:
@@ -177,3 +187,26 @@ class RangeServer(http.server.ThreadingHTTPServer):
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+class PlainHTTPServer:
+    """``python -m http.server`` serving ``root`` on 127.0.0.1, in a process of its own: the first server a user
+    tries, which answers every ranged GET with the whole file.  ``url`` ends with a slash; :meth:`stop` ends
+    the process and reaps it (idempotent)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.process = subprocess.Popen(
+            [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(root)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+        line = self.process.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N ...", printed once it listens
+        m = re.search(r" port (\d+)", line)
+        if m is None:
+            self.stop()
+            raise RuntimeError(f"python -m http.server did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{m.group(1)}/"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()

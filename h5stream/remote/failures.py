@@ -8,6 +8,7 @@ generic error carrying the HTTP status and the server's body in its text, follow
 404, no such bucket/key                :class:`StoreNotFoundError`
 401, 403, no or wrong credentials      :class:`StorePermissionError`
 412 (ETag no longer matches), 416      :class:`StoreChangedError`
+a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
 connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
 5xx and 429 after retries
 anything else                          :class:`RemoteError`
@@ -82,6 +83,8 @@ def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag:
         return changed(url, f"its ETag is no longer {etag}" if etag else why)
     if status == 416:
         return changed(url, "it is shorter than when it was opened")
+    if isinstance(exc, oe.NotSupportedError) and "range" in message.lower():
+        return no_range(url)
     if status is None and "credential" in message.lower():
         from h5stream.remote.config import missing_credentials
 
@@ -96,3 +99,11 @@ def changed(url: str, detail: str) -> StoreChangedError:
     """The one-line error for an object replaced or modified after it was opened."""
     return StoreChangedError(f"{url}: the object changed after it was opened ({detail}); reopen it to read the "
                              "new version, and do not replace a store while it is being read")
+
+
+def no_range(url: str) -> RemoteError:
+    """The one-line error for a web server that answers a ranged GET with the whole file (no ``Range`` support,
+    as ``python -m http.server``): retrying cannot help, so it is raised at once."""
+    return RemoteError(f"{url}: this server ignores Range requests: serve the file with a server that supports "
+                       "them, e.g. nginx, Apache, `caddy file-server` or an S3 store (`python -m http.server` "
+                       "does not)")

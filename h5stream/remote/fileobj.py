@@ -13,6 +13,12 @@ caller's buffer.
 ``h5py.File`` on a URL, read-only, through HDF5's file-object driver.  An error the source raised inside
 h5py's read (not found, access denied, changed, unreachable) reaches the caller as that h5stream error rather
 than as HDF5's generic "file read failed".
+
+A failed read is final (the source's retries and ``timeout_s`` are spent): every later read of the same
+:class:`RemoteFile` raises the same error at once, without a request, so a caller that catches HDF5's error and
+reads on (``h5stream verify`` marking blocks unreadable one by one) cannot turn one failure of ``timeout_s``
+into one per read; and the ``with`` block of :func:`open_h5_remote` raises it on exit even when the caller
+swallowed HDF5's error.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections import OrderedDict
 
 import h5py
 
-from h5stream.errors import StoreFormatError
+from h5stream.errors import H5StreamError, StoreFormatError
 from h5stream.remote.config import RemoteOptions
 from h5stream.remote.source import RemoteSource, byte_views
 
@@ -64,8 +70,9 @@ class RemoteFile(io.RawIOBase):
     """A read-only, seekable, unbuffered file over ``source`` with an LRU cache of ``max_blocks`` blocks.
 
     ``source`` is a :class:`RemoteSource` (or any byte source); the file does not own it unless
-    ``owns_source``.  ``error`` keeps the last h5stream error a read raised (see :func:`open_h5_remote`).
-    Safe to use from several threads (reads are serialised).
+    ``owns_source``.  ``error`` keeps the h5stream error a read raised (see :func:`open_h5_remote`); from then
+    on every read raises a copy of it (:meth:`failure`) without asking the source.  Safe to use from several
+    threads (reads are serialised).
     """
 
     def __init__(self, source: RemoteSource, *, block_bytes: int = BLOCK_BYTES, max_blocks: int = MAX_BLOCKS,
@@ -112,15 +119,23 @@ class RemoteFile(io.RawIOBase):
             raise ValueError("I/O operation on closed file")
         (view,) = byte_views([buffer]) or [memoryview(bytearray())]
         with self._lock:
+            failure = self.failure()
+            if failure is not None:
+                raise failure
             n = max(0, min(len(view), self._size - self._pos))
             if n:
                 try:
                     self._read(self._pos, view[:n])
-                except Exception as exc:
-                    self.error = exc
+                except H5StreamError as exc:  # the source's retries and timeout_s are spent: final
+                    # A copy: the original will pass through h5py's frames, which hold HDF5 objects.
+                    self.error = type(exc)(*exc.args)
                     raise
             self._pos += n
             return n
+
+    def failure(self) -> BaseException | None:
+        """A new instance of the error that ended this file's reads (no traceback, no chain), or None."""
+        return None if self.error is None else type(self.error)(*self.error.args)
 
     def _read(self, offset: int, out: memoryview) -> None:
         n = len(out)
@@ -160,8 +175,9 @@ def open_h5_remote(url: str, options: RemoteOptions | None = None, *, block_byte
     """An ``h5py.File`` on the store at ``url``, read-only, through a block-cached :class:`RemoteFile`.
 
     ``h5py_kwargs`` go to ``h5py.File``.  Raises what :class:`RemoteSource` raises at open, the h5stream
-    error a read raised inside HDF5, or :class:`StoreFormatError` when the object is not HDF5.  Closes the
-    file and its source on exit.  :func:`remote_h5` yields the :class:`RemoteFile` too.
+    error a read raised inside HDF5 (in the block or, if the block swallowed it, on exit), or
+    :class:`StoreFormatError` when the object is not HDF5 or HDF5 cannot open it.  Closes the file and its
+    source on exit.  :func:`remote_h5` yields the :class:`RemoteFile` too.
     """
     with remote_h5(url, options, block_bytes=block_bytes, max_blocks=max_blocks, **h5py_kwargs) as (f, _):
         yield f
@@ -174,28 +190,40 @@ def remote_h5(url: str, options: RemoteOptions | None = None, *, block_bytes: in
     source = RemoteSource(url, options)
     raw = RemoteFile(source, block_bytes=block_bytes, max_blocks=max_blocks, owns_source=True)
     try:
-        try:
-            f = h5py.File(raw, "r", **h5py_kwargs)
-        except (OSError, RuntimeError, KeyError) as exc:
-            failure = _h5_failure(raw, url)
-            if failure is None:
-                raise
-            raise failure from exc
+        f = _open_h5(raw, url, h5py_kwargs)
         with f:
             try:
                 yield f, raw
             except (OSError, RuntimeError, KeyError) as exc:
-                if raw.error is not None and raw.error is not exc:
-                    raise raw.error from exc
+                failure = raw.failure()
+                if failure is not None:
+                    raise failure from exc
                 raise
+        failure = raw.failure()
+        if failure is not None:  # the caller went on past HDF5's error: what it read is incomplete
+            raise failure
     finally:
         raw.close()
 
 
-def _h5_failure(raw: RemoteFile, url: str) -> BaseException | None:
-    """Why h5py could not open ``raw``: the source's own error, or "not HDF5"; None lets HDF5's error stand."""
-    if raw.error is not None:
-        return raw.error
+def _open_h5(raw: RemoteFile, url: str, h5py_kwargs: dict) -> h5py.File:
+    """``h5py.File`` on ``raw``, or the one-line error saying why not: the source's, "not HDF5", or HDF5's.
+
+    The error is a new one, raised outside the ``except`` and not chained to h5py's: the frames of h5py's
+    exception hold the file-access property list whose driver calls back into Python, and an exception kept
+    until exit (an uncaught one stays in ``sys.last_value``) would leave HDF5 to free that list after the
+    interpreter is gone, a crash (SIGSEGV) at exit.
+    """
+    try:
+        return h5py.File(raw, "r", **h5py_kwargs)
+    except (OSError, RuntimeError, KeyError) as exc:
+        hdf5_error = " ".join(str(exc).split()) or type(exc).__name__
+    raise raw.failure() or _not_hdf5(raw, url) or StoreFormatError(
+        f"{url}: cannot read as HDF5 ({hdf5_error}); the object is damaged or not a store")
+
+
+def _not_hdf5(raw: RemoteFile, url: str) -> StoreFormatError | None:
+    """"Not HDF5" when no HDF5 signature is where one may be, else None."""
     offset = 0
     while offset + len(HDF5_SIGNATURE) <= raw.source.size:
         raw.seek(offset)

@@ -35,7 +35,7 @@ from h5stream.remote.config import (
     read_profile,
     s3_settings,
 )
-from h5stream.remote.failures import changed, translate
+from h5stream.remote.failures import changed, no_range, translate
 
 MAX_REQUEST_BYTES = 64 << 20
 """Longer reads are split into requests of at most this many bytes, so one attempt's timeout stays ample."""
@@ -200,8 +200,7 @@ class RemoteSource:
             if meta.get("size") is not None and int(meta["size"]) != self.size:
                 raise changed(self.name, f"{meta['size']} bytes instead of {self.size}")
             if tuple(result.range) != (start, end):
-                raise RemoteError(f"{self.name}: asked for bytes {start}..{end} and got {tuple(result.range)}; "
-                                  "the server must honour HTTP Range requests")
+                raise no_range(self.name)
             for piece in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
                 sink.write(memoryview(piece))
         except H5StreamError:

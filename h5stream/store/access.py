@@ -161,7 +161,8 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
     not HDF5, and :class:`StoreReadError` for an operating-system I/O error
     reading it (opening, or inside the ``with`` block); another HDF5 error
     opening a file that is HDF5 propagates (an ``OSError``) for
-    :func:`read_consistent` to judge.
+    :func:`read_consistent` to judge (for a URL, a :class:`StoreFormatError` or
+    the remote error that caused it).
 
     ``native_driver=True`` opens the path with HDF5's own POSIX driver instead
     (``locking=False``): no Python call per HDF5 read (a few microseconds each),
@@ -265,8 +266,11 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
     no writer, the :class:`StoreFormatError` (an HDF5 error becomes one saying
     the file is damaged).  An operating-system I/O error is raised at once as
     :class:`StoreReadError`, never as damage.  ``read`` must not keep objects of the file: it is
-    closed when ``read`` returns.
+    closed when ``read`` returns.  A URL is read once, with the ``remote``
+    options (nobody writes a remote object in place).
     """
+    if is_url(path):
+        return _read_remote(path, read, remote, h5py_kwargs)
     path = os.fspath(path)
     deadline = time.monotonic() + settle_s
     delay_s, tries = 0.002, 0
