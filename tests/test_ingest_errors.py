@@ -244,3 +244,51 @@ def test_too_little_shared_memory_for_the_decode_slots_is_one_line(class_src, tm
     assert code != 0 and stdout == ""
     assert err.count("\n") == 1 and "shared memory" in err and "--workers 0" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("mode", [[], ["--append"]])
+def test_an_ingest_where_every_file_is_skipped_is_an_error_and_leaves_no_store(tmp_path, h5cli, mode):
+    # Files that look like images but none decodes: no store of 0 rows presented as a success.
+    root = tmp_path / "src"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "a.png").write_bytes(b"not a png")
+    (root / "cat" / "b.jpg").write_bytes(b"")
+    out = tmp_path / "o.h5"
+    code, stdout, err = h5cli("ingest", root, out, "--workers", "0", *mode)
+    assert code == 1 and stdout == "", stdout
+    assert err.count("\n") == 1 and err.startswith("h5stream: error: ") and "Traceback" not in err, err
+    report = schema.skipped_report_path(str(out))
+    assert f"{out}: not created" in err and "2 files" in err and str(root) in err and report in err, err
+    assert ".png" in err  # what it expects
+    assert sorted(os.listdir(tmp_path)) == ["o.h5.skipped.csv", "src"]  # no store, no temporary file, no lock
+    assert set(read_report(out)) == {"cat/a.png", "cat/b.jpg"}
+
+
+def test_skip_report_cells_cannot_run_as_spreadsheet_formulas(tmp_path, h5cli):
+    # File names are chosen by whoever made the images: a cell starting with = + - @ (or tab, CR) would be a formula
+    # in a spreadsheet.  The report quotes them (OWASP), reads them back exactly, and --append adds no duplicates.
+    root = tmp_path / "src"
+    (root / "images").mkdir(parents=True)
+    Image.new("RGB", (9, 9), (10, 20, 30)).save(root / "images" / "good.png")
+    hostile = ["=cmd|' -C calc'!A0.png", "+1.png", "-2.png", "@SUM(A1).png", "'quoted.png"]
+    for name in hostile:
+        (root / name).write_bytes(b"not an image")  # unreadable: skipped, so listed in the report
+    labels = tmp_path / "labels.csv"
+    with open(labels, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "t"])
+        for i, name in enumerate(["images/good.png", *hostile]):
+            writer.writerow([name, i])
+    out = tmp_path / "o.h5"
+    code, stdout, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 0 and "ingested 1, skipped 5" in stdout, err
+    with open(schema.skipped_report_path(str(out)), newline="") as fh:
+        cells = [row[0] for row in list(csv.reader(fh))[1:]]
+    assert sorted(cells) == sorted("'" + name for name in hostile)  # every one starts with a quote now
+    from h5stream.ingest.report import read_report as read_back
+
+    assert set(read_back(schema.skipped_report_path(str(out)))) == set(hostile)  # exactly the names
+    code, stdout, err = h5cli("ingest", root, out, "--labels", labels, "--append", "--workers", "0")
+    assert code == 0 and "ingested 0, skipped 5" in stdout, err
+    with open(schema.skipped_report_path(str(out)), newline="") as fh:
+        assert len(list(csv.reader(fh))) == 1 + len(hostile)
