@@ -16,6 +16,7 @@ from PIL import Image
 
 from h5stream.ingest.decode import DecodeSpec, decode_file
 from h5stream.store import read_meta, schema
+from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # decode workers and their shared-memory result slots
 
@@ -145,6 +146,10 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
     Image.new("RGB", (4, 4)).save(loose / "a.png")
     existing = tmp_path / "exists.h5"
     existing.write_bytes(b"x")
+    damaged = tmp_path / "damaged.h5"  # an HDF5 file cut short: no tool opens it
+    write_arrays(damaged, np.zeros((64, 8, 8, 3), np.uint8), np.zeros(64, np.int64))
+    with open(damaged, "r+b") as fh:
+        fh.truncate(8192)
     missing_row = _csv(tmp_path / "m.csv", "filename,t0\nimages/img_00000.png,0.5\nimages/nope.png,0.1\n")
     return {
         "missing src": ([tmp_path / "nope", "OUT"], "no such folder"),
@@ -167,6 +172,7 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
         "out exists": ([class_root, existing], "already exists"),
         "out folder missing": ([class_root, tmp_path / "no" / "such" / "o.h5"], "does not exist"),
         "append not a store": ([class_root, existing, "--append"], "not an HDF5 file"),
+        "append damaged store": ([class_root, damaged, "--append"], "move"),
         "append and overwrite": ([class_root, "OUT", "--append", "--overwrite"], "not allowed with"),
         "bad resize": ([class_root, "OUT", "--resize", "squash"], "invalid choice"),
         "negative workers": ([class_root, "OUT", "--workers", "-1"], "--workers"),
@@ -182,7 +188,8 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
 CASES = [
     "missing src", "src is a file", "empty src", "only loose files", "no images", "csv missing file", "csv missing",
     "unknown column", "non-numeric", "no path column", "path outside", "size 0", "size junk", "out is dir",
-    "out exists", "out folder missing", "append not a store", "append and overwrite", "bad resize",
+    "out exists", "out folder missing", "append not a store", "append damaged store", "append and overwrite",
+    "bad resize",
     "negative workers", "label-columns without labels", "negative seed", "seed past int64", "label beyond float32",
 ]
 
@@ -193,12 +200,15 @@ def test_usage_errors_are_one_line_and_write_nothing(class_src, regression_src, 
     args, expected = usage_cases(tmp_path, class_src[0], reg_root, reg_csv)[case]
     out = tmp_path / "out.h5"
     args = [out if a == "OUT" else a for a in args]
-    before = sorted(os.listdir(tmp_path))
+    before = {name: (tmp_path / name).read_bytes() if (tmp_path / name).is_file() else None
+              for name in os.listdir(tmp_path)}
     code, stdout, err = h5cli("ingest", *args, "--workers", "0") if "--workers" not in args else h5cli("ingest", *args)
     assert code != 0
     assert err.count("\n") == 1 and err.startswith("h5stream: error: ") and expected in err, err
     assert "Traceback" not in err and stdout == ""
-    assert sorted(os.listdir(tmp_path)) == before  # nothing written: no OUT, no report, no temp file
+    after = {name: (tmp_path / name).read_bytes() if (tmp_path / name).is_file() else None
+             for name in os.listdir(tmp_path)}
+    assert after == before  # nothing written: no OUT, no report, no temp file; a file that was there untouched
 
 
 def test_append_mismatch_is_a_clear_error(class_src, regression_src, tmp_path, h5cli):

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from h5stream.errors import ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreWriteError
+from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
+                             StoreWriteError)
 from h5stream.ingest.decode import FD_LIMIT_ERRNOS, DecodeSpec
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
@@ -267,8 +268,12 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
 
     from h5stream.store.meta import read_meta
 
-    meta = read_meta(opts.out)
     out = opts.out
+    try:
+        meta = read_meta(out)
+    except StoreFormatError as exc:  # not ours to judge: a file we cannot read is never removed
+        raise StoreFormatError(f"{exc}; --append only adds to a store it can read: move {out} away "
+                               "(it is left as it is) and run without --append to start a new one") from exc
 
     def mismatch(what, theirs, ours, flag):
         raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; "
