@@ -550,7 +550,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
             try:
                 report.close()
             finally:
-                if not opts.strict and not writer.published and not writer.images.nrows:
+                if not opts.strict and not writer.published and not writer.rows:
                     writer.discard()  # stopped before its first row: no empty store is left
                 elif not opts.strict:
                     writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here

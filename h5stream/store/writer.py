@@ -344,6 +344,11 @@ class StoreWriter:
         return self._publish_to is None
 
     @property
+    def rows(self) -> int:
+        """Rows appended so far, committed or not (the committed count once closed)."""
+        return self.committed_rows if self._closed or not self._f.isopen else int(self.images.nrows)
+
+    @property
     def attrs(self):
         return self._f.root._v_attrs
 
@@ -571,15 +576,15 @@ class StoreWriter:
                     self._f.close()
                 except Exception:
                     pass  # the descriptor is /dev/null: HDF5 failing to write its buffers is the point
-                if not self.published:
-                    _remove(self._file)
-                elif cut and cut_back:
+                if cut and cut_back and self.published:
                     try:
                         if os.path.getsize(self._file) > self._good_size:
                             os.truncate(self._file, self._good_size)
                         done = True
                     except OSError:
                         pass
+            if not self.published:
+                _remove(self._file)
         finally:
             self._release_lock()
         return done
