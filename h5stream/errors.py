@@ -87,6 +87,18 @@ class StoreBusyError(H5StreamError, BlockingIOError):
         self.pid = pid
 
 
+class ResourceLimitError(H5StreamError, OSError):
+    """A limit of this process stopped the job (too many open files, ``ulimit -n``); the message names the
+    limit and how to raise it.  ``errno`` is the operating system's error number."""
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class StorePermissionError(H5StreamError, PermissionError):
     """The store (or a folder on its path) exists but this user may not read it."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,3 +184,96 @@ def test_a_decode_worker_dying_between_results_is_a_worker_error_not_a_traceback
                 pass
     finally:
         pool.close()
+
+
+# -- a kill at every step of creating a store ------------------------------------------------------------------
+
+SHIM_SOURCE = os.path.join(os.path.dirname(__file__), "kill_after_op.c")
+
+
+@pytest.fixture(scope="module")
+def kill_shim(tmp_path_factory):
+    """The LD_PRELOAD library that SIGKILLs a process right after its K-th change to a file (see its source)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not sys.platform.startswith("linux") or cc is None:
+        pytest.skip("needs Linux and a C compiler to build the LD_PRELOAD kill shim")
+    lib = tmp_path_factory.mktemp("shim") / "kill_after_op.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), SHIM_SOURCE, "-ldl"], check=True,
+                   capture_output=True, timeout=120)
+    return str(lib)
+
+
+def _store_state(out):
+    """Committed rows, every stored row (no junk past the count) and the skip report's bytes."""
+    with h5py.File(out, "r", locking=False) as f:
+        n = int(f.attrs["committed_rows"])
+        state = {"rows": n, "images": f["images"][:], "labels": f["labels"][:], "paths": f["paths"][:],
+                 "skipped": int(f.attrs["skipped_files"])}
+    report = str(out) + ".skipped.csv"
+    state["report"] = open(report, "rb").read() if os.path.exists(report) else None
+    return state
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill_shim, tmp_path, h5cli):
+    # A real ingest process SIGKILLs itself right after each of its changes to files in OUT's folder in turn (HDF5's
+    # writes one by one, truncations, fallocates, fsyncs, renames, the lock and the skip report): every state a kill
+    # can leave while a store is created and gets its first rows.  OUT must be absent or a store `h5stream info`
+    # opens, holding a prefix of the full run; `--append` must finish it exactly, leaving no temporary file.
+    # (HDF5 rewrites headers in place and the superblock last: a store visible under its name during its first
+    # flush of rows could be left unreadable, "addr overflow ... eoa = 8192".)
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=10, size=(20, 24), fmt="png", seed=3)
+    (src / "class_0" / "broken.png").write_bytes(b"not a png")  # the skip report is written too
+    args = ["--size", "8", "--workers", "0"]
+
+    def killed_run(folder, after, log=None):
+        env = dict(os.environ, LD_PRELOAD=kill_shim, KILL_DIR=str(folder), KILL_AFTER=str(after))
+        if log is not None:
+            env["KILL_LOG"] = str(log)
+        cmd = [sys.executable, "-m", "h5stream", "ingest", str(src), str(folder / "o.h5"), *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    ref, log = tmp_path / "ref", tmp_path / "steps.log"
+    ref.mkdir()
+    whole = killed_run(ref, 0, log)
+    assert whole.returncode == 0, whole.stderr
+    steps = log.read_text().splitlines()
+    assert any(" pwrite " in s and s.endswith("o.h5") for s in steps), steps  # the shim sees HDF5's own writes
+    want = _store_state(ref / "o.h5")
+    assert want["rows"] == 20
+
+    for k, step in enumerate(steps, start=1):
+        folder = tmp_path / f"k{k}"
+        folder.mkdir()
+        out = folder / "o.h5"
+        killed = killed_run(folder, k)
+        assert killed.returncode == -signal.SIGKILL, (step, killed.stderr)
+        if out.exists():
+            code, stdout, err = h5cli("info", out)
+            assert code == 0, f"killed after step {step}: `h5stream info` fails: {err}"
+            kept = _store_state(out)
+            n = kept["rows"]
+            for key in ("images", "labels", "paths"):
+                assert np.array_equal(kept[key][:n], want[key][:n]), (step, key)
+        code, stdout, err = h5cli("ingest", src, out, *args, "--append")
+        assert code == 0, f"killed after step {step}: --append fails: {err}"
+        got = _store_state(out)
+        for key in ("images", "labels", "paths"):
+            assert np.array_equal(got[key], want[key]), (step, key)
+        assert [got[k] for k in ("rows", "skipped", "report")] == [want[k] for k in ("rows", "skipped", "report")], step
+        assert sorted(os.listdir(folder)) == ["o.h5", "o.h5.skipped.csv"], (step, os.listdir(folder))
+
+
+def test_append_removes_what_a_killed_overwrite_left_beside_a_store(class_src, tmp_path, h5cli):
+    # `--overwrite` writes the new store under a temporary name; killed there, the old store stays whole and
+    # the next writer removes the leftover (the store's lock makes it ours).
+    root, _ = class_src
+    out = tmp_path / "o.h5"
+    assert h5cli("ingest", root, out, "--size", "8", "--workers", "0")[0] == 0
+    leftover = str(out) + ".creating"
+    with open(leftover, "wb") as fh:
+        fh.write(b"\x89HDF\r\n\x1a\n" + bytes(100))  # what a kill inside HDF5's first writes leaves
+    code, stdout, err = h5cli("ingest", root, out, "--append", "--workers", "0")
+    assert code == 0 and "already stored 18" in stdout, err
+    assert not os.path.exists(leftover) and read_meta(out).rows == 18

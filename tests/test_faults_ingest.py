@@ -98,7 +98,8 @@ def reference(src, tmp_path_factory):
 # (limit in bytes or as a fraction of the reference file, what the interrupted run keeps)
 LIMITS = {
     "in the header": (1000, "nothing"),  # the empty store is ~12 kB: it is never created
-    "first block": (100_000, "no rows"),  # the store is created; its first 256 rows need ~4 MB
+    # The empty store fits, its first 256 rows (~4 MB) do not: a new store takes its name with its first rows.
+    "first block": (100_000, "nothing"),
     "mid-run": (0.7, "some rows"),
     "at the end": (-1, "some rows"),  # one byte short of the uninterrupted file
 }
@@ -123,7 +124,7 @@ def test_a_file_size_limit_anywhere_keeps_the_last_commit_and_append_finishes_id
     else:
         kept = store_state(out)  # opens, and is exactly a prefix of the uninterrupted store: no junk rows
         n = kept["rows"]
-        assert (n == 0) == (keeps == "no rows") and n < want["rows"], n
+        assert 0 < n < want["rows"], n
         assert f"{n} complete rows" in err, err
         for key in ("images", "labels", "paths"):
             assert len(kept[key]) == n and np.array_equal(kept[key], want[key][:n]), key
@@ -158,7 +159,7 @@ def test_an_ingest_that_fits_no_row_is_an_error_not_a_success(tmp_path):
     failed = run([sys.executable, "-c", LIMITED, "200000", "ingest", str(root), str(out), "--size", "8",
                   "--workers", "0"])
     assert failed.returncode == 1 and failed.stdout == "" and "cannot write" in failed.stderr, failed.stderr
-    assert read_meta(out).rows == 0
+    assert "nothing was written" in failed.stderr and not out.exists()  # no store that holds no row
 
 
 def _tmpfs_available() -> bool:
@@ -457,3 +458,69 @@ def test_a_symlink_to_a_store_shares_its_lock(tmp_path):
         with pytest.raises(StoreBusyError, match="this process"):
             StoreLock.acquire(link)
     assert sorted(os.listdir(tmp_path)) == ["link.h5", "real.h5"]
+
+
+# -- process limits --------------------------------------------------------------------
+
+
+def _open_files_limit(n):
+    """preexec_fn: at most ``n`` file descriptors in the child (``ulimit -n n``)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+
+
+def test_too_many_open_files_is_one_line_and_keeps_what_was_committed(src, reference, tmp_path):
+    # `ulimit -n 16` with decode workers: their pipes cannot all be opened.  One line naming the limit and the two
+    # ways out, the store exactly as before, and `--append` with room finishes it.
+    want, full_size = reference
+    out = tmp_path / "o.h5"
+    cmd = ingest_cmd(src, out)
+    assert run(ingest_cmd(src, out, limit=int(0.6 * full_size))).returncode == 1  # a store holding some rows
+    before = store_state(out)
+    assert 0 < before["rows"] < want["rows"]
+    failed = subprocess.run(cmd + ["--append", "--workers", "4"], capture_output=True, text=True, timeout=300,
+                            preexec_fn=_open_files_limit(16))
+    err = failed.stderr
+    assert failed.returncode == 1 and failed.stdout == "", err
+    assert err.count("\n") == 1 and err.startswith("h5stream: error: ") and "Traceback" not in err, err
+    assert "too many open files" in err and "ulimit -n is 16" in err and "--workers" in err and "--append" in err
+    assert_same(store_state(out), before)
+    assert not os.path.exists(lock_path(out))
+    resumed = run(cmd + ["--append"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same(store_state(out), want)
+
+
+DECODE_WITHOUT_DESCRIPTORS = r"""
+import os, sys
+from h5stream.ingest.decode import DecodeSpec, SkipFile, decode_file
+spec = DecodeSpec(size=(8, 8))
+decode_file(sys.argv[1], spec)  # Pillow's plugins are loaded: nothing left to import
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass  # every descriptor the limit allows is taken
+try:
+    decode_file(sys.argv[1], spec)
+except SkipFile as exc:
+    print("skipped:", exc)
+except OSError as exc:
+    print("raised:", exc.errno)
+"""
+
+
+def test_running_out_of_descriptors_is_not_a_bad_image(src):
+    # A good image that cannot be opened because the process has no descriptor left is not skipped (it would be
+    # reported bad and the run would succeed without it): the OSError goes up to become the one-line error.
+    import errno
+
+    image = next(os.path.join(src, d, f) for d in sorted(os.listdir(src)) for f in sorted(os.listdir(src / d))
+                 if f.endswith(".png") and f != "broken.png")
+    done = subprocess.run([sys.executable, "-c", DECODE_WITHOUT_DESCRIPTORS, image], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_open_files_limit(64))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"raised: {errno.EMFILE}", done.stdout

@@ -16,6 +16,7 @@ from PIL import Image
 
 from h5stream.ingest.decode import DecodeSpec, decode_file
 from h5stream.store import read_meta, schema
+from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # decode workers and their shared-memory result slots
 
@@ -145,6 +146,10 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
     Image.new("RGB", (4, 4)).save(loose / "a.png")
     existing = tmp_path / "exists.h5"
     existing.write_bytes(b"x")
+    damaged = tmp_path / "damaged.h5"  # an HDF5 file cut short: no tool opens it
+    write_arrays(damaged, np.zeros((64, 8, 8, 3), np.uint8), np.zeros(64, np.int64))
+    with open(damaged, "r+b") as fh:
+        fh.truncate(8192)
     missing_row = _csv(tmp_path / "m.csv", "filename,t0\nimages/img_00000.png,0.5\nimages/nope.png,0.1\n")
     return {
         "missing src": ([tmp_path / "nope", "OUT"], "no such folder"),
@@ -167,6 +172,7 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
         "out exists": ([class_root, existing], "already exists"),
         "out folder missing": ([class_root, tmp_path / "no" / "such" / "o.h5"], "does not exist"),
         "append not a store": ([class_root, existing, "--append"], "not an HDF5 file"),
+        "append damaged store": ([class_root, damaged, "--append"], "move"),
         "append and overwrite": ([class_root, "OUT", "--append", "--overwrite"], "not allowed with"),
         "bad resize": ([class_root, "OUT", "--resize", "squash"], "invalid choice"),
         "negative workers": ([class_root, "OUT", "--workers", "-1"], "--workers"),
@@ -182,7 +188,8 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
 CASES = [
     "missing src", "src is a file", "empty src", "only loose files", "no images", "csv missing file", "csv missing",
     "unknown column", "non-numeric", "no path column", "path outside", "size 0", "size junk", "out is dir",
-    "out exists", "out folder missing", "append not a store", "append and overwrite", "bad resize",
+    "out exists", "out folder missing", "append not a store", "append damaged store", "append and overwrite",
+    "bad resize",
     "negative workers", "label-columns without labels", "negative seed", "seed past int64", "label beyond float32",
 ]
 
@@ -193,12 +200,15 @@ def test_usage_errors_are_one_line_and_write_nothing(class_src, regression_src, 
     args, expected = usage_cases(tmp_path, class_src[0], reg_root, reg_csv)[case]
     out = tmp_path / "out.h5"
     args = [out if a == "OUT" else a for a in args]
-    before = sorted(os.listdir(tmp_path))
+    before = {name: (tmp_path / name).read_bytes() if (tmp_path / name).is_file() else None
+              for name in os.listdir(tmp_path)}
     code, stdout, err = h5cli("ingest", *args, "--workers", "0") if "--workers" not in args else h5cli("ingest", *args)
     assert code != 0
     assert err.count("\n") == 1 and err.startswith("h5stream: error: ") and expected in err, err
     assert "Traceback" not in err and stdout == ""
-    assert sorted(os.listdir(tmp_path)) == before  # nothing written: no OUT, no report, no temp file
+    after = {name: (tmp_path / name).read_bytes() if (tmp_path / name).is_file() else None
+             for name in os.listdir(tmp_path)}
+    assert after == before  # nothing written: no OUT, no report, no temp file; a file that was there untouched
 
 
 def test_append_mismatch_is_a_clear_error(class_src, regression_src, tmp_path, h5cli):
@@ -244,3 +254,51 @@ def test_too_little_shared_memory_for_the_decode_slots_is_one_line(class_src, tm
     assert code != 0 and stdout == ""
     assert err.count("\n") == 1 and "shared memory" in err and "--workers 0" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("mode", [[], ["--append"]])
+def test_an_ingest_where_every_file_is_skipped_is_an_error_and_leaves_no_store(tmp_path, h5cli, mode):
+    # Files that look like images but none decodes: no store of 0 rows presented as a success.
+    root = tmp_path / "src"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "a.png").write_bytes(b"not a png")
+    (root / "cat" / "b.jpg").write_bytes(b"")
+    out = tmp_path / "o.h5"
+    code, stdout, err = h5cli("ingest", root, out, "--workers", "0", *mode)
+    assert code == 1 and stdout == "", stdout
+    assert err.count("\n") == 1 and err.startswith("h5stream: error: ") and "Traceback" not in err, err
+    report = schema.skipped_report_path(str(out))
+    assert f"{out}: not created" in err and "2 files" in err and str(root) in err and report in err, err
+    assert ".png" in err  # what it expects
+    assert sorted(os.listdir(tmp_path)) == ["o.h5.skipped.csv", "src"]  # no store, no temporary file, no lock
+    assert set(read_report(out)) == {"cat/a.png", "cat/b.jpg"}
+
+
+def test_skip_report_cells_cannot_run_as_spreadsheet_formulas(tmp_path, h5cli):
+    # File names are chosen by whoever made the images: a cell starting with = + - @ (or tab, CR) would be a formula
+    # in a spreadsheet.  The report quotes them (OWASP), reads them back exactly, and --append adds no duplicates.
+    root = tmp_path / "src"
+    (root / "images").mkdir(parents=True)
+    Image.new("RGB", (9, 9), (10, 20, 30)).save(root / "images" / "good.png")
+    hostile = ["=cmd|' -C calc'!A0.png", "+1.png", "-2.png", "@SUM(A1).png", "'quoted.png"]
+    for name in hostile:
+        (root / name).write_bytes(b"not an image")  # unreadable: skipped, so listed in the report
+    labels = tmp_path / "labels.csv"
+    with open(labels, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "t"])
+        for i, name in enumerate(["images/good.png", *hostile]):
+            writer.writerow([name, i])
+    out = tmp_path / "o.h5"
+    code, stdout, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 0 and "ingested 1, skipped 5" in stdout, err
+    with open(schema.skipped_report_path(str(out)), newline="") as fh:
+        cells = [row[0] for row in list(csv.reader(fh))[1:]]
+    assert sorted(cells) == sorted("'" + name for name in hostile)  # every one starts with a quote now
+    from h5stream.ingest.report import read_report as read_back
+
+    assert set(read_back(schema.skipped_report_path(str(out)))) == set(hostile)  # exactly the names
+    code, stdout, err = h5cli("ingest", root, out, "--labels", labels, "--append", "--workers", "0")
+    assert code == 0 and "ingested 0, skipped 5" in stdout, err
+    with open(schema.skipped_report_path(str(out)), newline="") as fh:
+        assert len(list(csv.reader(fh))) == 1 + len(hostile)

@@ -40,6 +40,7 @@ with a one-line reason; it never returns a partial image.  Steps:
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -59,6 +60,9 @@ cv2 = _deps.cv2()
 RESIZE_MODES = ("stretch", "crop", "pad")
 DEFAULT_BACKGROUND = (255, 255, 255)
 MAX_PIXELS = 1 << 27
+#: Failures to open a file that say nothing about the file (this process or the system has too many open):
+#: raised, never a skip, so a good image is not reported bad.
+FD_LIMIT_ERRNOS = (errno.EMFILE, errno.ENFILE)
 """Files whose header declares more pixels (~134 megapixels) are skipped as absurdly large."""
 
 _SHRINK = Image.Resampling.BOX  # area averaging for reductions of 2x or more: antialiased
@@ -233,7 +237,8 @@ def resize(arr: np.ndarray, size: tuple[int, int], mode: str, background: tuple[
 
 
 def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
-    """Decode ``path`` to a ``spec.shape`` uint8 array, or raise :class:`SkipFile` with the reason."""
+    """Decode ``path`` to a ``spec.shape`` uint8 array, or raise :class:`SkipFile` with the reason.  Running out
+    of file descriptors (:data:`FD_LIMIT_ERRNOS`) raises that OSError: it is not the file's fault."""
     try:
         if os.path.getsize(path) == 0:
             raise SkipFile("empty file (0 bytes)")
@@ -248,6 +253,8 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
     except Image.DecompressionBombError as exc:
         raise SkipFile(f"too large: {exc}") from None
     except OSError as exc:
+        if exc.errno in FD_LIMIT_ERRNOS:
+            raise
         if exc.errno is not None:  # the OS refused (permissions, I/O error, dangling link)
             raise SkipFile(f"unreadable: {exc.strerror or exc}") from None
         raise SkipFile(f"truncated or corrupt: {exc}") from None  # Pillow's own OSError: bad bytes

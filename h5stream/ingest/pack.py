@@ -28,7 +28,12 @@ once, naming the other writer's pid, when it is held.  A write that fails
 :class:`~h5stream.errors.StoreWriteError` that says how many rows are kept
 and how to continue; the store is left as its last commit and the skip
 report as its last flush, so ``--append`` afterwards ends with exactly what
-an uninterrupted run writes.
+an uninterrupted run writes.  A new store takes its name only with its first
+commit of rows (see :class:`~h5stream.store.writer.StoreWriter`): a run that
+ends before that, killed or failed, leaves no store, and a run in which every
+file was skipped is an error that leaves none.  Running out of file
+descriptors is a one-line :class:`~h5stream.errors.ResourceLimitError`
+naming ``ulimit -n``; what was committed is kept.
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreWriteError
-from h5stream.ingest.decode import DecodeSpec
-from h5stream.ingest.discover import UNREADABLE, Item, Source, discover
+from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
+                             StoreWriteError)
+from h5stream.ingest.decode import FD_LIMIT_ERRNOS, DecodeSpec
+from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
 from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report
 from h5stream.store import schema
@@ -262,8 +268,12 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
 
     from h5stream.store.meta import read_meta
 
-    meta = read_meta(opts.out)
     out = opts.out
+    try:
+        meta = read_meta(out)
+    except StoreFormatError as exc:  # not ours to judge: a file we cannot read is never removed
+        raise StoreFormatError(f"{exc}; --append only adds to a store it can read: move {out} away "
+                               "(it is left as it is) and run without --append to start a new one") from exc
 
     def mismatch(what, theirs, ours, flag):
         raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; "
@@ -338,6 +348,34 @@ def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
         fix = "fix that"
     return StoreWriteError(f"{exc}; {fix}, then run the same command with --append to continue",
                            errno=exc.errno, strerror=exc.strerror, rows_committed=exc.rows_committed)
+
+
+def _out_of_descriptors(exc: OSError, workers: int) -> ResourceLimitError:
+    """The one line for EMFILE / ENFILE: which limit, how to raise it, and that committed rows are kept."""
+    import resource
+
+    if exc.errno == errno.EMFILE:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        what = f"too many open files for this process (ulimit -n is {limit})"
+        fix = "raise it (e.g. ulimit -n 4096)"
+    else:
+        what, fix = "too many open files on this system", "close other programs or raise fs.file-max"
+    if workers:
+        fix += f" or lower --workers (now {workers}; --workers 0 opens the fewest)"
+    return ResourceLimitError(f"{what}; {fix}; rows already committed are kept: run the same command with "
+                              "--append to continue", errno=exc.errno)
+
+
+def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_path: str) -> SourceError:
+    """The one line for a new store that would hold no row: every file found was skipped."""
+    where = (f"the files {opts.labels_csv} lists under {source.root}" if opts.labels_csv
+             else f"the class folders of {source.root}")
+    return SourceError(
+        f"{opts.out}: not created: every one of the {skipped} files found in {where} was skipped "
+        f"(reasons in {report_path}); it needs image files Pillow can read "
+        f"({', '.join(sorted(IMAGE_EXTENSIONS))})"
+    )
 
 
 # -- the job ------------------------------------------------------------------------
@@ -443,11 +481,18 @@ def ingest(opts: IngestOptions) -> IngestResult:
     """
     t0 = time.perf_counter()
     _check_options(opts)
-    with StoreLock.acquire(opts.out) as lock:
-        try:
-            return _ingest_locked(opts, lock, t0)
-        except StoreWriteError as exc:
-            raise _continue_advice(exc) from exc
+    try:
+        with StoreLock.acquire(opts.out) as lock:
+            try:
+                return _ingest_locked(opts, lock, t0)
+            except StoreWriteError as exc:
+                if exc.errno in FD_LIMIT_ERRNOS:
+                    raise
+                raise _continue_advice(exc) from exc
+    except OSError as exc:  # the lock, the store, the report, a decode worker or starting one
+        if exc.errno in FD_LIMIT_ERRNOS:
+            raise _out_of_descriptors(exc, min(opts.workers, max_workers())) from exc
+        raise
 
 
 def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestResult:
@@ -474,43 +519,55 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
     try:
         pool.start()  # workers boot while the store is created
         writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
-        if not appending and os.path.exists(report_path):
+        # A report from an older file of this name no longer applies; --overwrite drops that file with it, so
+        # no store is ever paired with another run's report.
+        for old in ([] if appending else [report_path] + ([opts.out] if opts.overwrite else [])):
             try:
-                os.unlink(report_path)  # a report from an older file of this name no longer applies
+                if os.path.exists(old):
+                    os.unlink(old)
             except OSError as exc:
                 writer.discard()
-                raise StoreWriteError(f"{report_path}: cannot remove the old skip report ({exc.strerror})",
+                raise StoreWriteError(f"{old}: cannot remove it ({exc.strerror}); nothing was written",
                                       errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
         report = SkipReport(report_path, reported)
         try:
             ingested = _write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
             report.close()
-            writer.close()
+            if ingested or writer.published:
+                writer.close()
+            else:
+                writer.discard()  # a new store with no row is not left behind (the error is raised below)
         except StoreWriteError as exc:
             report.discard()  # both as of their last flush: --append continues from there
             writer.discard()
             if exc.rows_committed is None:  # the report failed: say what the store keeps too
-                raise StoreWriteError(f"{exc}; {opts.out} is as its last commit left it: {writer.committed_rows} "
-                                      "complete rows", errno=exc.errno, strerror=exc.strerror,
+                kept = (f"{opts.out} is as its last commit left it: {writer.committed_rows} complete rows"
+                        if writer.published else f"{opts.out} was not created")
+                raise StoreWriteError(f"{exc}; {kept}", errno=exc.errno, strerror=exc.strerror,
                                       rows_committed=writer.committed_rows) from exc
             raise
         except BaseException:
             try:
                 report.close()
             finally:
-                if not opts.strict:
+                if not opts.strict and not writer.published and not writer.rows:
+                    writer.discard()  # stopped before its first row: no empty store is left
+                elif not opts.strict:
                     writer.close()  # commits what was appended (also on Ctrl-C), so --append resumes from here
                 elif appending:
                     writer.rollback(start_rows)
                     writer.close()
                 else:
-                    writer.close()
-                    for p in (opts.out, report_path):
+                    was_published = writer.published
+                    writer.discard()  # not yet published: nothing is left
+                    for p in ([opts.out] if was_published else []) + [report_path]:
                         if os.path.exists(p):
                             os.unlink(p)
             raise
     finally:
         pool.close()
+    if not appending and not ingested:
+        raise _nothing_ingested(opts, source, len(rejected) + len(pending), report_path)
     kinds: dict[str, int] = {}
     for _, kind, _ in left_out:
         kinds[kind] = kinds.get(kind, 0) + 1

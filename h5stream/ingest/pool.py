@@ -26,6 +26,7 @@ import numpy as np
 
 from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream.errors import BudgetError, WorkerError
+from h5stream.ingest.decode import FD_LIMIT_ERRNOS
 
 #: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.pack.task_sizes`).
 #: Tasks of ~64 photos keep each message's cost small next to the work it carries.
@@ -46,6 +47,9 @@ def _decode_worker(conn, results_spec) -> None:
 
     try:
         init_worker(results_spec)
+    except OSError as exc:
+        conn.send(_os_failure("fatal", None, exc))
+        return
     except BaseException:
         conn.send(("fatal", None, traceback.format_exc()))
         return
@@ -59,6 +63,8 @@ def _decode_worker(conn, results_spec) -> None:
         seq, root, relpaths, spec, slot = msg
         try:
             reasons = decode_into_slot(root, relpaths, spec, slot)
+        except OSError as exc:  # decode_file skips what is the file's fault: this is the process's
+            reply = _os_failure("error", seq, exc)
         except Exception:
             reply = ("error", seq, traceback.format_exc())
         else:
@@ -67,6 +73,11 @@ def _decode_worker(conn, results_spec) -> None:
             conn.send(reply)
         except (EOFError, OSError):
             return
+
+
+def _os_failure(kind: str, seq, exc: OSError) -> tuple:
+    """A worker's reply for an OSError: its errno travels, so the parent can name a process limit."""
+    return ("oserror", seq, (exc.errno, exc.strerror or str(exc), kind))
 
 
 # -- parent side ------------------------------------------------------------------------
@@ -225,6 +236,12 @@ class DecodePool:
             if kind == "done":
                 results[seq] = payload
                 per_worker[task_worker.pop(seq)] -= 1
+            elif kind == "oserror":
+                code, reason, stage = payload
+                if code in FD_LIMIT_ERRNOS:
+                    raise OSError(code, reason)  # the caller names the limit
+                what = "failed to start" if stage == "fatal" else "failed"
+                raise WorkerError(f"a decode worker {what}: {reason}; committed rows are kept, rerun with --append")
             else:
                 last = payload.strip().splitlines()[-1]
                 what = "failed to start" if kind == "fatal" else "failed"

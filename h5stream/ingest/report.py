@@ -3,6 +3,12 @@
 Files that could not be ingested are counted as skipped (the store's
 ``skipped_files`` attribute); what was left out on purpose has a reason
 starting with :data:`LEFT_OUT` and is listed without being counted.
+
+The report is opened in spreadsheets, and file names are chosen by whoever
+made the images: a cell that starts with ``=``, ``+``, ``-``, ``@``, a tab or a
+carriage return would run as a formula (CSV injection), so it is written with
+a single quote in front, as OWASP advises; a cell that starts with a quote
+gets one more, so :func:`read_report` gives back every name exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +20,18 @@ from h5stream.errors import StoreWriteError
 
 #: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
 LEFT_OUT = "left out: "
+#: First characters that make a spreadsheet read a cell as a formula (OWASP, CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def escape_cell(text: str) -> str:
+    """``text`` as written to the report: a quote in front of a formula start or of a quote (pure)."""
+    return "'" + text if text.startswith(FORMULA_STARTS + ("'",)) else text
+
+
+def unescape_cell(text: str) -> str:
+    """Inverse of :func:`escape_cell` (pure)."""
+    return text[1:] if text.startswith("'") else text
 
 
 def read_report(path: str) -> dict[str, str]:
@@ -26,11 +44,12 @@ def read_report(path: str) -> dict[str, str]:
     except OSError as exc:
         raise StoreWriteError(f"{path}: cannot read the skip report ({exc.strerror})", errno=exc.errno,
                               strerror=exc.strerror) from exc
-    return {r[0]: (r[1] if len(r) > 1 else "") for r in rows[1:] if r}
+    return {unescape_cell(r[0]): (unescape_cell(r[1]) if len(r) > 1 else "") for r in rows[1:] if r}
 
 
 class SkipReport:
-    """The skip report CSV (``path,reason``), opened on the first new entry; one row per path over all runs.
+    """The skip report CSV (``path,reason``), opened on the first new entry; one row per path over all runs,
+    cells escaped against formula injection (:func:`escape_cell`).
 
     :meth:`flush` makes the rows added so far durable; :meth:`discard` drops the ones added since, so a run
     that fails leaves no half-written line.  Paths are written as :func:`h5stream.store.schema.encode_path`
@@ -61,7 +80,7 @@ class SkipReport:
                 self._csv = csv.writer(self._fh)
                 if self._good_size == 0:
                     self._csv.writerow(["path", "reason"])
-            self._csv.writerow([rel, why])
+            self._csv.writerow([escape_cell(rel), escape_cell(why)])
         except OSError as exc:
             raise self._failed(exc) from exc
         self.paths.add(rel)

@@ -34,6 +34,16 @@ structure (a partly filled chunk rewritten in place may hold, past the
 committed rows, bytes of the rows that were being appended; nothing reads
 them).
 
+A new store is written under a temporary name, ``OUT`` + :data:`CREATING_SUFFIX`,
+next to ``OUT``, and renamed to ``OUT`` (then the folder synced) once its first
+commit of rows is durable, or when it is closed.  HDF5 updates its headers in
+place, several writes per flush and the superblock last, so a process killed
+inside the first flush that adds rows can leave a file no tool opens; under the
+temporary name such a file is never taken for the store.  The temporary name
+is the writer's alone while it holds the store's lock: the next create reuses
+it, and :meth:`StoreWriter.open_append` removes one left beside a store.  A
+writer that fails or is discarded before the rename removes it.
+
 A new store's file is laid out as :mod:`h5stream.store.layout` says (pages,
 chunk-index fanout, label chunk size); stores laid out otherwise are appended
 to as they are.
@@ -64,6 +74,13 @@ RESERVE_SLACK_BYTES = 64 << 10
 RESERVE_PER_CHUNK_BYTES = 256 + layout.PAGE_BYTES
 #: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
 RESERVE_BACK_BYTES = 64 << 10
+#: A new store is written as ``OUT`` + this until its first commit of rows (see the module docstring).
+CREATING_SUFFIX = ".creating"
+
+
+def creating_path(path: str | os.PathLike) -> str:
+    """Where a new store at ``path`` is written before it takes its name."""
+    return os.fspath(path) + CREATING_SUFFIX
 
 
 def _filters(compression: str | None, level: int = 4) -> tables.Filters | None:
@@ -117,6 +134,14 @@ def _cut_off(f: tables.File) -> bool:
         os.close(null)
 
 
+def _remove(path: str) -> None:
+    """Remove ``path`` if it is there (a temporary file of ours)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def _fsync_folder(path: str) -> None:
     """Make a rename in ``path``'s folder durable (some file systems cannot: then nothing to do)."""
     try:
@@ -140,13 +165,18 @@ class StoreWriter:
     lock unless given one (which then stays the caller's) and raise
     :class:`~h5stream.errors.StoreBusyError` while another writer holds it.
     Write failures raise :class:`~h5stream.errors.StoreWriteError` and leave
-    the file as its last commit; the writer is closed then.
+    the file as its last commit; the writer is closed then.  A store made by
+    :meth:`create` takes its name at its first commit of rows or at
+    :meth:`close` (:attr:`published`); failing or discarded before that, it
+    leaves nothing.
     """
 
     def __init__(self, h5file: tables.File, *, lock: StoreLock | None = None):
         self._f = h5file
         self._lock = lock  # owned: released by close() / discard()
-        self.path = h5file.filename
+        self.path = h5file.filename  # the store's name, in messages
+        self._file = h5file.filename  # where it is on disk: the temporary name until published
+        self._publish_to: str | None = None  # a new store's name, while it is written under the temporary one
         root = h5file.root
         self.images = root._f_get_child(schema.IMAGES)
         self.labels = root._f_get_child(schema.LABELS)
@@ -158,7 +188,7 @@ class StoreWriter:
             self._fd = None  # not a plain POSIX file: writes are checked after the fact only
         self._can_reserve = self._fd is not None
         self._reserved_end = 0  # file offset below which posix_fallocate has allocated every block
-        self._good_size = os.path.getsize(self.path)  # the file's size at the last good flush
+        self._good_size = os.path.getsize(self._file)  # the file's size at the last good flush
         self._closed = False
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
         self._resume_checksums()
@@ -184,7 +214,8 @@ class StoreWriter:
         expected_rows: int = 10_000,
         lock: StoreLock | None = None,
     ) -> StoreWriter:
-        """A new, empty store at ``path``; it appears under that name only once it is complete on disk."""
+        """A new, empty store for ``path``, written under :func:`creating_path` until its first commit of
+        rows (or :meth:`close`) renames it to ``path`` (replacing the file there with ``overwrite``)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             raise StoreExistsError(f"{path}: is a directory; give a file name such as {os.path.join(path, 'train.h5')}")
@@ -223,19 +254,18 @@ class StoreWriter:
             if os.path.exists(path) and not overwrite:  # again, now that no other writer can make it
                 raise StoreExistsError(f"{path}: already exists; pass --append to add to it "
                                        "or --overwrite to replace it")
-            tmp = path + ".creating"
+            tmp = creating_path(path)  # a leftover of a killed run is ours (we hold the lock): overwritten
             try:
                 cls._write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, filters, expected_rows, attrs)
-                os.replace(tmp, path)
+                writer = cls(_open_for_writing(tmp), lock=lock if owned else None)
             except (StoreWriteError, StoreFormatError, OSError) as exc:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+                _remove(tmp)
                 code = getattr(exc, "errno", None)
                 reason = getattr(exc, "strerror", None) or str(exc)
                 raise StoreWriteError(f"{path}: cannot create it ({reason}); nothing was written",
                                       errno=code, strerror=reason, rows_committed=None) from exc
-            _fsync_folder(path)
-            return cls(_open_for_writing(path), lock=lock if owned else None)
+            writer.path, writer._publish_to = path, path
+            return writer
         except BaseException:
             if owned:
                 lock.release()
@@ -288,6 +318,7 @@ class StoreWriter:
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
+            _remove(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
             if meta.format_version != schema.FORMAT_VERSION:
                 raise StoreFormatError(
@@ -307,6 +338,16 @@ class StoreWriter:
         return writer
 
     # -- writing ------------------------------------------------------------------
+    @property
+    def published(self) -> bool:
+        """Whether the store is under its name (False for a new one before its first commit of rows)."""
+        return self._publish_to is None
+
+    @property
+    def rows(self) -> int:
+        """Rows appended so far, committed or not (the committed count once closed)."""
+        return self.committed_rows if self._closed or not self._f.isopen else int(self.images.nrows)
+
     @property
     def attrs(self):
         return self._f.root._v_attrs
@@ -376,7 +417,18 @@ class StoreWriter:
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
         self._flush()  # ... then the count that makes them visible
         self.committed_rows = n
+        if n and not self.published:
+            self._publish()
         return n
+
+    def _publish(self) -> None:
+        """Give a new store its name: rename the temporary file (committed, durable), then sync the folder."""
+        try:
+            os.replace(self._file, self._publish_to)
+        except OSError as exc:
+            raise self._fail(exc, cut_back=False) from exc
+        self._file, self._publish_to = self._publish_to, None
+        _fsync_folder(self._file)
 
     def rollback(self, rows: int) -> None:
         """Drop every row past ``rows``, committed or not (``--strict`` undoing its own append).
@@ -496,8 +548,12 @@ class StoreWriter:
     def _fail(self, exc: BaseException, *, cut_back: bool) -> StoreWriteError:
         """Close after a failed write (see :meth:`discard`) and say what failed and what is kept."""
         code, reason = _describe(exc)
+        published = self.published
         kept = self._discard(cut_back=cut_back)
         n = self.committed_rows
+        if not published:
+            return StoreWriteError(f"{self.path}: cannot write ({reason}); nothing was written", errno=code,
+                                   strerror=reason, rows_committed=0)
         if kept:
             what = f"the file is as its last commit left it: {n} complete rows"
         else:
@@ -507,7 +563,8 @@ class StoreWriter:
 
     def _discard(self, *, cut_back: bool) -> bool:
         """Close without letting anything HDF5 still buffers reach the file; with ``cut_back``, truncate the
-        file to its size at the last good flush.  Returns True if the file is now exactly that flush's."""
+        file to its size at the last good flush.  Returns True if the file is now exactly that flush's.  A
+        store not yet published is removed."""
         if self._closed:
             return False
         self._closed = True
@@ -519,13 +576,15 @@ class StoreWriter:
                     self._f.close()
                 except Exception:
                     pass  # the descriptor is /dev/null: HDF5 failing to write its buffers is the point
-                if cut and cut_back:
+                if cut and cut_back and self.published:
                     try:
-                        if os.path.getsize(self.path) > self._good_size:
-                            os.truncate(self.path, self._good_size)
+                        if os.path.getsize(self._file) > self._good_size:
+                            os.truncate(self._file, self._good_size)
                         done = True
                     except OSError:
                         pass
+            if not self.published:
+                _remove(self._file)
         finally:
             self._release_lock()
         return done
@@ -545,15 +604,18 @@ class StoreWriter:
 
     # -- closing ------------------------------------------------------------------
     def discard(self) -> None:
-        """Close, dropping the rows appended since the last commit: the file stays as its last commit."""
+        """Close, dropping the rows appended since the last commit: the file stays as its last commit (a new
+        store not yet published is removed)."""
         self._discard(cut_back=True)
 
     def close(self) -> None:
-        """Commit what was appended, close and release the lock.  Idempotent; after a write failure (or
-        :meth:`discard`) there is nothing left to do."""
+        """Commit what was appended, close, publish a new store (even with no rows) and release the lock.
+        Idempotent; after a write failure (or :meth:`discard`) there is nothing left to do."""
         try:
             if not self._closed and self._f.isopen:
                 self.commit()
+                if not self.published:  # no rows: an empty store, published all the same
+                    self._publish()
                 self._close_file()
         except BaseException:
             self._discard(cut_back=True)  # interrupted half-way: keep the last commit, not half of this one
