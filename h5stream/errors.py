@@ -41,6 +41,11 @@ class ReaderError(H5StreamError, RuntimeError):
     """The reader thread failed (I/O error, file vanished, corrupt chunk); ``__cause__`` holds the original."""
 
 
+class ChecksumError(ReaderError):
+    """Bytes read from a store do not match the store's block checksums (the file is damaged: bit rot, a bad
+    copy, a chunk index pointing at the wrong bytes); the message names the file, the rows and what to do."""
+
+
 class WorkerError(H5StreamError, RuntimeError):
     """An augmenting worker raised or died; the message carries the worker's traceback or exit signal."""
 
