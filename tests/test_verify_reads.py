@@ -280,13 +280,13 @@ def test_rows_that_change_after_their_block_was_checked_raise(store):
     n = len(reference) // 2
     with h5stream.open(store, **KW) as s:
         for i, (x, y) in enumerate(s):
-            assert np.array_equal(x, reference[i][0])
+            assert np.array_equal(x, reference[i][0]) and np.array_equal(y, reference[i][1])
         assert s.stats()["verify_learn_bytes"] > 0
         invert_every_block(store, ROWS // BLOCK)
         served = 0
         with pytest.raises(ChecksumError, match="the images read from the file do not match"):
             for x, y in s:  # a fill or two was read ahead before the damage: those are clean
-                assert np.array_equal(x, reference[n + served][0])
+                assert np.array_equal(x, reference[n + served][0]) and np.array_equal(y, reference[n + served][1])
                 served += 1
     assert served < n
 
@@ -298,13 +298,13 @@ def test_workers_reading_rows_themselves_check_them(store):
     with pinned_in_page_cache(store), h5stream.open(store, workers=2, augment=AUG, **KW) as s:
         assert s._feed.direct
         for i, (x, y) in enumerate(s):
-            assert np.array_equal(x, reference[i][0])
+            assert np.array_equal(x, reference[i][0]) and np.array_equal(y, reference[i][1])
         assert s.stats()["deferred_bytes"] > 0
         invert_every_block(store, ROWS // BLOCK)
         served = 0
         with pytest.raises(ChecksumError, match="the images read from the file do not match") as info:
             for x, y in s:
-                assert np.array_equal(x, reference[n + served][0])
+                assert np.array_equal(x, reference[n + served][0]) and np.array_equal(y, reference[n + served][1])
                 served += 1
     assert served < n
     assert isinstance(info.value.__cause__, WorkerError) and info.value.__cause__.stage == "read"

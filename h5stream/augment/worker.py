@@ -30,10 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream._io import preadv_all
+from h5stream._io import first_mismatch, preadv_all
 from h5stream._spawn import worker_signals
 from h5stream.errors import ChecksumError
-from h5stream.read.verify import first_mismatch, mismatch_message
 from h5stream.shm import SharedArray
 
 
@@ -99,7 +98,7 @@ class _FileRows:
         bad = first_mismatch(rows, np.frombuffer(digests, np.uint64), np.frombuffer(checked, bool))
         if bad >= 0:
             row = int(row_ids[bad])
-            raise ChecksumError(mismatch_message(self.path, row, row, "images"))
+            raise ChecksumError.for_rows(self.path, row, row, "images")
 
 
 def _serve(conn, parent_sentinel, transform, sources, spec0, out_all, batch_rows) -> None:

@@ -13,7 +13,7 @@ xxh3 of a block cannot be put together from digests of its parts.  So:
   has just put it), checks it against its stored digest and keeps the xxh3
   of each of its rows (8 bytes a row).  Every read from then on -- any rows,
   by any I/O thread or worker process -- is checked row by row against those
-  (:func:`first_mismatch`), right after it lands, while the rows are still in
+  (:func:`~h5stream._io.first_mismatch`), right after it lands, while the rows are still in
   the CPU's cache.  A read that holds a whole block learns it from its own
   rows and reads nothing again.
 * **Labels** are small (8 bytes a row): each label read is widened to whole
@@ -24,8 +24,8 @@ block whose digests are for another row count) are not checked.  A mismatch
 raises :class:`~h5stream.errors.ChecksumError` before any row of the read is
 handed out.
 
-Imports numpy and xxhash only: worker processes use :func:`first_mismatch`
-and :func:`mismatch_message`.
+Worker processes check rows with the same :func:`h5stream._io.first_mismatch`
+and :meth:`ChecksumError.for_rows <h5stream.errors.ChecksumError.for_rows>`.
 """
 
 from __future__ import annotations
@@ -37,35 +37,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import xxhash
 
-from h5stream._io import aligned_empty
+from h5stream._io import aligned_empty, first_mismatch
 from h5stream.errors import ChecksumError
 
 ReadBlock = Callable[[int, int, memoryview], None]
 """``read_block(start, stop, out)``: read the image bytes of rows ``[start, stop)`` (one block) into ``out``."""
-
-
-def rows_text(first: int, last: int) -> str:
-    """Rows ``first..last`` (inclusive) as people read them."""
-    return f"row {first}" if first == last else f"rows {first}-{last}"
-
-
-def mismatch_message(path: str, first: int, last: int, what: str, block: int | None = None) -> str:
-    """The one-line error for rows ``first..last`` whose ``what`` ("images", "labels") do not match."""
-    where = rows_text(first, last) + ("" if block is None else f" (block {block})")
-    return (f"{path}: {where}: the {what} read from the file do not match the store's checksum, the file is damaged "
-            f"(bit rot, a bad copy); run `h5stream verify {path}` to list every damaged block, then restore the "
-            "file from a copy or re-ingest it (verify_reads=False streams it unchecked)")
-
-
-def first_mismatch(rows: Sequence, digests: np.ndarray, checked: np.ndarray | None = None) -> int:
-    """Index of the first row (a buffer of its bytes) whose xxh3-64 differs from ``digests[i]``, among those
-    with ``checked[i]`` (all when None); -1 when every one matches."""
-    want = digests.tolist()
-    check = [True] * len(want) if checked is None else checked.tolist()
-    for i, (row, expected, on) in enumerate(zip(rows, want, check)):
-        if on and xxhash.xxh3_64_intdigest(row) != expected:
-            return i
-    return -1
 
 
 class BlockCheck:
@@ -175,12 +151,12 @@ class BlockCheck:
             bad = first_mismatch([mine[i] for i in served], self.row_digests[[a + i for i in served]])
             if bad >= 0:
                 row = a + served[bad]
-                raise ChecksumError(mismatch_message(self.path, row, row, "images", block))
+                raise ChecksumError.for_rows(self.path, row, row, "images", block)
 
     def _record(self, block: int, rows: Sequence, block_digest: int) -> None:
         start, stop = self.span(block)
         if block_digest != int(self._images[block]):
-            raise ChecksumError(mismatch_message(self.path, start, stop - 1, "images", block))
+            raise ChecksumError.for_rows(self.path, start, stop - 1, "images", block)
         self.row_digests[start:stop] = [xxhash.xxh3_64_intdigest(r) for r in rows]
         self._learned[block] = True
 
@@ -217,4 +193,4 @@ class BlockCheck:
                 continue
             a, b = self.span(block)
             if xxhash.xxh3_64_intdigest(np.ascontiguousarray(labels[a - start:b - start])) != int(self._labels[block]):
-                raise ChecksumError(mismatch_message(self.path, a, b - 1, "labels", block))
+                raise ChecksumError.for_rows(self.path, a, b - 1, "labels", block)
