@@ -116,8 +116,7 @@ class BlockCheck:
             with self._lock:
                 self.learned_bytes += nbytes
             rb = self.row_bytes
-            self._record(block, [view[i * rb:(i + 1) * rb] for i in range(stop - start)],
-                         xxhash.xxh3_64_intdigest(view))
+            self._record(block, [view[i * rb:(i + 1) * rb] for i in range(stop - start)])
         finally:
             self._buffers.put(buf)
 
@@ -137,27 +136,32 @@ class BlockCheck:
             start, stop = self.span(block)
             a, b = max(src, start), min(src + n, stop)
             mine = views[a - src:b - src]
+            whole = all(v is not None for v in mine)
             if not self._learned[block]:
-                if (a, b) == (start, stop) and all(v is not None for v in mine):
-                    h = xxhash.xxh3_64()
-                    for v in mine:
-                        h.update(v)
-                    self._record(block, mine, h.intdigest())
+                if (a, b) == (start, stop) and whole:
+                    self._record(block, mine)
                     continue  # checked whole against the stored digest
                 self.learn(block, read_block)
-            served = [i for i, v in enumerate(mine) if v is not None]
-            if not served:
-                continue
-            bad = first_mismatch([mine[i] for i in served], self.row_digests[[a + i for i in served]])
+            if not whole:
+                served = [i for i, v in enumerate(mine) if v is not None]
+                bad = first_mismatch([mine[i] for i in served], self.row_digests[[a + i for i in served]])
+                bad = served[bad] if bad >= 0 else -1
+            else:
+                bad = first_mismatch(mine, self.row_digests[a:b])
             if bad >= 0:
-                row = a + served[bad]
-                raise ChecksumError.for_rows(self.path, row, row, "images", block)
+                raise ChecksumError.for_rows(self.path, a + bad, a + bad, "images", block)
 
-    def _record(self, block: int, rows: Sequence, block_digest: int) -> None:
+    def _record(self, block: int, rows: Sequence) -> None:
+        """Check ``rows`` (the whole block, in order) against the block's digest; keep each row's digest."""
         start, stop = self.span(block)
-        if block_digest != int(self._images[block]):
+        whole = xxhash.xxh3_64()
+        digests = []
+        for r in rows:  # row by row, so the second hash of a row finds it in the CPU's cache
+            whole.update(r)
+            digests.append(xxhash.xxh3_64_intdigest(r))
+        if whole.intdigest() != int(self._images[block]):
             raise ChecksumError.for_rows(self.path, start, stop - 1, "images", block)
-        self.row_digests[start:stop] = [xxhash.xxh3_64_intdigest(r) for r in rows]
+        self.row_digests[start:stop] = digests
         self._learned[block] = True
 
     def expected(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
