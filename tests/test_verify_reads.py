@@ -31,11 +31,11 @@ KW = dict(batch_size=16, seed=3, read_unit=4 * ROW_BYTES, rows_per_fill=64)
 AUG = h5stream.Augment(horizontal_flip=True)
 
 
-def make(path, rows=ROWS, side=SIDE, block_rows=BLOCK, compression=None, seed=0):
+def make(path, rows=ROWS, side=SIDE, block_rows=BLOCK, compression=None, seed=0, storage_order="sorted"):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (rows, side, side, 3), dtype=np.uint8)
     labels = rng.integers(0, 7, rows)
-    write_arrays(path, images, labels, block_rows=block_rows, compression=compression)
+    write_arrays(path, images, labels, block_rows=block_rows, compression=compression, storage_order=storage_order)
     return path
 
 
@@ -108,6 +108,29 @@ def test_a_clean_store_streams_the_same_batches_checked_or_not(store, workers):
         list(s)
         # Reads hold quarter blocks: blocks were read whole once more to be checked, each once.
         assert 0 < s.stats()["verify_learn_bytes"] <= ROWS * ROW_BYTES
+
+
+@pytest.mark.parametrize("options", [dict(shard=(1, 3)), dict(validation_split=0.3, subset="training"),
+                                     dict(validation_split=0.3, subset="validation")])
+def test_parts_of_a_store_that_cut_blocks_stream_the_same_checked_or_not(tmp_path, options):
+    """A shard or a split owns part of a block at its edges: that block is learned from all its rows, its own ones
+    are served."""
+    path = make(tmp_path / "p.h5", rows=650, storage_order="shuffled")  # 40 blocks and a partial one
+    checked = batches(path, epochs=2, **options)
+    unchecked = batches(path, epochs=2, verify_reads=False, **options)
+    assert len(checked) == len(unchecked) > 0
+    for (x1, y1), (x2, y2) in zip(checked, unchecked):
+        assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+
+
+def test_damage_in_the_partial_last_block_raises(tmp_path):
+    """The last block, partial, is checked against the digests the store keeps for it (checksum_tail)."""
+    path = make(tmp_path / "t.h5", rows=650)
+    reference = batches(path)
+    overwrite(path, chunk(path, "images", 40)[0] + 5 * ROW_BYTES + 7, 4)  # row 645
+    served, err = served_until_error(path, reference)
+    assert served < len(reference)
+    assert_names_the_fix(err, path, "rows 640-649 (block 40)")
 
 
 def test_a_store_without_checksums_streams_unchecked(store):
