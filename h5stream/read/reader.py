@@ -29,6 +29,11 @@ the consumer, fill ``f + 1`` is read -- by I/O threads keeping the source's
 (compressed stores, read through HDF5 in this thread) a few runs between
 batches, so the queue keeps moving.
 
+Every run of rows and every label read is checked against the store's block
+checksums where it has them (:mod:`h5stream.read.verify`), right after it
+lands and before any batch holding it goes out; receivers that read rows
+themselves get their rows' digests with the batch.
+
 Every blocking queue call uses a short timeout and checks the stop flag, so
 :meth:`Reader.close` always returns promptly.  An exception in the thread is
 queued and re-raised by the consumer as :class:`ReaderError` with the cause.
