@@ -33,7 +33,7 @@ class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread."""
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False, verify: bool = True):
+                 direct_io: bool = False, verify: bool | str = True):
         self.meta, self._layout, self.plan = meta, layout, plan
         self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
         self._verify = verify
@@ -104,7 +104,7 @@ class PooledFeed:
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False, verify: bool = True):
+                 direct_io: bool = False, verify: bool | str = True):
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 

@@ -106,8 +106,11 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     :class:`~h5stream.ReaderError`) naming the file and the rows before a batch
     holding a damaged row goes out.  The first read of each block reads that
     block whole once more; from then on each read is checked row by row (8
-    bytes a row kept).  A store without checksums streams unchecked.  False
-    streams a damaged file as it is.
+    bytes a row kept), which costs a hash of every byte read.  ``"once"``
+    checks each block only the first time this stream reads it (and labels
+    always): damage already in the file is caught in the first epoch at no
+    cost after it, bytes that change on disk later are not.  A store without
+    checksums streams unchecked.  False streams a damaged file as it is.
     """
     return Stream(path, StreamOptions(*args, **kwargs))
 

@@ -144,9 +144,10 @@ def test_a_store_without_checksums_streams_unchecked(store):
     assert any(not np.array_equal(a[0], b[0]) for a, b in zip(got, reference))  # nothing to check it against
 
 
-def test_verify_reads_must_be_a_bool(store):
-    with pytest.raises(h5stream.ConfigError, match="verify_reads must be True or False"):
-        h5stream.open(store, verify_reads="yes")
+def test_verify_reads_is_checked(store):
+    for bad in ("yes", 1, None, "ONCE"):
+        with pytest.raises(h5stream.ConfigError, match="verify_reads must be True, 'once' or False"):
+            h5stream.open(store, verify_reads=bad)
 
 
 # -- damage before the stream opens ------------------------------------------------------
@@ -333,3 +334,25 @@ def test_workers_reading_rows_themselves_check_them(store):
     assert isinstance(info.value.__cause__, WorkerError) and info.value.__cause__.stage == "read"
     assert isinstance(info.value, ReaderError)
     assert_names_the_fix(info.value, store, "row ")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_once_checks_each_block_on_its_first_read_only(store, workers):
+    """verify_reads="once": damage already in the file is caught on the first read of its block; rows that change
+    after their block was checked are served as read (the per-read check is what catches those)."""
+    aug = AUG if workers else None
+    reference = batches(store, epochs=2, workers=workers, augment=aug)
+    n = len(reference) // 2
+    damaged = tmp_copy = store.with_name("once.h5")
+    shutil.copyfile(store, tmp_copy)
+    overwrite(damaged, chunk(damaged, "images", 5)[0] + 3 * ROW_BYTES + 10, 8)  # row 83
+    served, err = served_until_error(damaged, reference, workers=workers, augment=aug, verify_reads="once")
+    assert served < n
+    assert_names_the_fix(err, damaged, "rows 80-95 (block 5)")
+    with pinned_in_page_cache(store), h5stream.open(store, workers=workers, augment=aug, verify_reads="once",
+                                                    **KW) as s:
+        first = [(x.copy(), y.copy()) for x, y in s]
+        invert_every_block(store, ROWS // BLOCK)
+        second = [(x.copy(), y.copy()) for x, y in s]
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(first, reference[:n]))
+    assert len(second) == n and any(not np.array_equal(a[0], b[0]) for a, b in zip(second, reference[n:]))

@@ -196,7 +196,8 @@ class Reader:
     checksums where it has them (see :mod:`h5stream.read.verify`); a
     mismatch ends the thread with :class:`~h5stream.errors.ChecksumError`
     before any batch holding those rows goes out, and deferred batches carry
-    their rows' digests for the receivers to check.
+    their rows' digests for the receivers to check.  ``verify="once"``
+    checks the rows of each block on its first read only (labels always).
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
     idempotent.
     """
@@ -213,7 +214,7 @@ class Reader:
         cache_labels: bool = False,
         defer_pixels: bool = False,
         direct_io: bool = False,
-        verify: bool = True,
+        verify: bool | str = True,
         source: Callable[[], ByteSource] | None = None,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
         on_batch: Callable[[Batch], object] | None = None,
@@ -233,7 +234,7 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
-        self._verify = bool(verify)
+        self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
@@ -334,6 +335,7 @@ class Reader:
                 self._check = BlockCheck.from_digests(
                     path, self.meta.rows, self.meta.block_rows, self.meta.row_bytes, where.digests,
                     max_buffers=min(4, max(2, int(getattr(self._source, "max_in_flight", 2)))),
+                    every_read=self._verify is True,
                 )
                 if self._check is not None and self.all_labels is not None:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start
@@ -418,7 +420,9 @@ class Reader:
             n = int(bounds[j + 1] - bounds[j])
             x, y, slot = self._allocate(n, images)
             offsets = None if images else np.empty(n, np.int64)
-            checks = None if images or self._check is None else (np.zeros(n, np.uint64), np.zeros(n, bool))
+            checks = None
+            if not images and self._check is not None and self._check.every_read:
+                checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
             p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
         return p
 

@@ -50,14 +50,17 @@ class BlockCheck:
     ``image_digests`` / ``label_digests``: uint64 per block; ``trusted``: bool
     per block, False where the store has no digest to trust.  Keeps at most
     ``max_buffers`` block-sized buffers for :meth:`learn`, made on first use.
+    ``every_read=False`` checks the images of a block on its first read only
+    (the read that learns it); labels are checked on every read either way.
 
-    Thread-safety: every method may run on several I/O threads at once.  Two
-    threads learning one block at once both read and hash it and write the
-    same digests; a block counts as learned only once its row digests are in.
+    Thread-safety: every method may run on several I/O threads at once.  A
+    thread that needs a block another thread is learning waits for that read
+    (which ends, failed or not, within the source's own timeouts) instead of
+    reading it again; a block counts as learned only once its row digests are in.
     """
 
     def __init__(self, path: str, rows: int, block_rows: int, row_bytes: int, image_digests: np.ndarray,
-                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2):
+                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2, every_read: bool = True):
         self.path = path
         self.rows = int(rows)
         self.block_rows = int(block_rows)
@@ -65,12 +68,14 @@ class BlockCheck:
         self._images = np.asarray(image_digests, np.uint64)
         self._labels = np.asarray(label_digests, np.uint64)
         self.trusted = np.asarray(trusted, bool)
+        self.every_read = bool(every_read)
         self.row_digests = np.zeros(self.rows, np.uint64)  # pages untouched until their blocks are learned
         self._learned = np.zeros(len(self.trusted), bool)
         self._buffers: queue.Queue = queue.Queue()
         self._made = 0
         self._max_buffers = max(1, int(max_buffers))
         self._lock = threading.Lock()
+        self._learning: dict[int, threading.Event] = {}  # block -> set when the thread learning it is done
         self.learned_bytes = 0  # bytes read again to learn blocks
 
     @classmethod
@@ -105,8 +110,26 @@ class BlockCheck:
     def learn(self, block: int, read_block: ReadBlock) -> None:
         """Read ``block`` whole with ``read_block``, check it against its digest and keep its rows' digests.
         No-op for a block learned before or not trusted.  Raises :class:`ChecksumError` on a mismatch."""
-        if not self.trusted[block] or self._learned[block]:
-            return
+        while True:
+            if not self.trusted[block] or self._learned[block]:
+                return
+            with self._lock:
+                if self._learned[block]:  # learned since the look above (flag set before the event goes)
+                    return
+                busy = self._learning.get(block)
+                if busy is None:
+                    mine = self._learning[block] = threading.Event()
+            if busy is None:
+                break
+            busy.wait()  # then learned, or that read failed and this thread reads the block itself
+        try:
+            self._learn(block, read_block)
+        finally:
+            with self._lock:
+                del self._learning[block]
+            mine.set()
+
+    def _learn(self, block: int, read_block: ReadBlock) -> None:
         start, stop = self.span(block)
         nbytes = (stop - start) * self.row_bytes
         buf = self._take()
@@ -136,12 +159,15 @@ class BlockCheck:
             start, stop = self.span(block)
             a, b = max(src, start), min(src + n, stop)
             mine = views[a - src:b - src]
-            whole = all(v is not None for v in mine)
-            if not self._learned[block]:
-                if (a, b) == (start, stop) and whole:
-                    self._record(block, mine)
-                    continue  # checked whole against the stored digest
+            if self._learned[block]:
+                if not self.every_read:
+                    continue
+            elif (a, b) == (start, stop) and all(v is not None for v in mine):
+                self._record(block, mine)
+                continue  # checked whole against the stored digest
+            else:
                 self.learn(block, read_block)
+            whole = all(v is not None for v in mine)
             if not whole:
                 served = [i for i, v in enumerate(mine) if v is not None]
                 bad = first_mismatch([mine[i] for i in served], self.row_digests[[a + i for i in served]])
