@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from h5stream.errors import (
     BudgetError,
+    ChecksumError,
     ConfigError,
     H5StreamError,
     MissingDependencyError,
@@ -53,6 +54,7 @@ _LAZY_SUBMODULES = ("keras",)
 __all__ = [
     "Augment",
     "BudgetError",
+    "ChecksumError",
     "ConfigError",
     "H5StreamError",
     "MissingDependencyError",

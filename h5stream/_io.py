@@ -1,4 +1,5 @@
-"""Reading byte ranges of a file: the one ``preadv`` loop the reader thread and the augment workers share.
+"""Reading byte ranges of a file: the one ``preadv`` loop the reader thread and the augment workers share,
+and the one check of rows read against their digests (:func:`first_mismatch`).
 
 Low-level: imports nothing from h5stream.
 """
@@ -9,6 +10,7 @@ import mmap
 import os
 
 import numpy as np
+import xxhash
 
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 1024
@@ -41,3 +43,14 @@ def aligned_empty(shape, dtype=np.uint8) -> np.ndarray:
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, max(nbytes, 1)))
+
+
+def first_mismatch(rows, digests: np.ndarray, checked: np.ndarray | None = None) -> int:
+    """Index of the first row (a buffer of its bytes) whose xxh3-64 differs from ``digests[i]``, among those
+    with ``checked[i]`` (all when None); -1 when every one matches."""
+    want = digests.tolist()
+    check = [True] * len(want) if checked is None else checked.tolist()
+    for i, (row, expected, on) in enumerate(zip(rows, want, check)):
+        if on and xxhash.xxh3_64_intdigest(row) != expected:
+            return i
+    return -1

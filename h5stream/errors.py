@@ -41,6 +41,20 @@ class ReaderError(H5StreamError, RuntimeError):
     """The reader thread failed (I/O error, file vanished, corrupt chunk); ``__cause__`` holds the original."""
 
 
+class ChecksumError(ReaderError):
+    """Bytes read from a store do not match the store's block checksums (the file is damaged: bit rot, a bad
+    copy, a chunk index pointing at the wrong bytes); the message names the file, the rows and what to do."""
+
+    @classmethod
+    def for_rows(cls, path: str, first: int, last: int, what: str, block: int | None = None) -> ChecksumError:
+        """The error for rows ``first..last`` (inclusive) of ``path`` whose ``what`` ("images", "labels") differ."""
+        where = (f"row {first}" if first == last else f"rows {first}-{last}") + ("" if block is None else
+                                                                                 f" (block {block})")
+        return cls(f"{path}: {where}: the {what} read from the file do not match the store's checksum, the file is "
+                   f"damaged (bit rot, a bad copy); run `h5stream verify {path}` to list every damaged block, then "
+                   "restore the file from a copy or re-ingest it (verify_reads=False streams it unchecked)")
+
+
 class WorkerError(H5StreamError, RuntimeError):
     """An augmenting worker raised or died; the message carries the worker's traceback or exit signal."""
 

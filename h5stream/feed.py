@@ -25,7 +25,7 @@ import numpy as np
 
 from h5stream import _interrupt as interrupt
 from h5stream.budget import StreamPlan
-from h5stream.errors import ReaderError, WorkerError
+from h5stream.errors import ChecksumError, ReaderError, WorkerError
 from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
 from h5stream.store.meta import StoreMeta
 
@@ -33,9 +33,10 @@ class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread."""
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False):
+                 direct_io: bool = False, verify: bool | str = True):
         self.meta, self._layout, self.plan = meta, layout, plan
         self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
+        self._verify = verify
         self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, plan.reader_batches)
         self._out = None
         if augment is not None:
@@ -54,7 +55,7 @@ class InlineFeed:
         self.reader = Reader(
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
             allocate=self._allocate, cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
-            direct_io=self._direct_io,
+            direct_io=self._direct_io, verify=self._verify,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -103,12 +104,12 @@ class PooledFeed:
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False):
+                 direct_io: bool = False, verify: bool | str = True):
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
         self.meta, self._layout, self.plan = meta, layout, plan
-        self._seed, self._timeout_s, self._direct_io = seed, timeout_s, direct_io
+        self._seed, self._timeout_s, self._direct_io, self._verify = seed, timeout_s, direct_io, verify
         bs = plan.batch_size
         self._n_in = plan.input_slots
         prefix = new_prefix()
@@ -149,8 +150,9 @@ class PooledFeed:
 
     def _submit(self, b: Batch) -> _Submitted:
         bs = self.plan.batch_size
+        checks = None
         if b.images is None:
-            source, positions, in_place = _FILE, b.file_offsets, False
+            source, positions, in_place, checks = _FILE, b.file_offsets, False, b.checks
         else:
             source, positions, in_place = _SLOTS, np.arange(b.slot * bs, b.slot * bs + len(b.labels)), True
         while True:
@@ -159,7 +161,7 @@ class PooledFeed:
             try:
                 # In place: the input slot is freed only once the result is taken.
                 seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
-                                        timeout_s=POLL_S, in_place=in_place)
+                                        timeout_s=POLL_S, in_place=in_place, checks=checks)
                 return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
             except TimeoutError:
                 continue
@@ -177,6 +179,7 @@ class PooledFeed:
             self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
             allocate=self._allocate, on_batch=self._submit, stop=self._stop, defer_pixels=self.direct,
             cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s, direct_io=self._direct_io,
+            verify=self._verify,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -191,6 +194,8 @@ class PooledFeed:
                 if exc.stage != "read":
                     raise
                 # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
+                if exc.summary.startswith(f"{ChecksumError.__name__}: "):  # already says what to do
+                    raise ChecksumError(exc.summary.split(": ", 1)[1]) from exc
                 summary = exc.summary.replace(f"{self.meta.path}: ", "")
                 raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
             except TimeoutError:

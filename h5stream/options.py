@@ -47,6 +47,7 @@ class StreamOptions:
     remote: object = None
     direct_io: bool | str = "auto"
     read_unit: int | str | None = None
+    verify_reads: bool | str = True
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -64,6 +65,8 @@ class StreamOptions:
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
         check_direct_io(self.direct_io)
+        if not (isinstance(self.verify_reads, bool) or self.verify_reads == "once"):
+            raise ConfigError(f"verify_reads must be True, 'once' or False, got {self.verify_reads!r}")
         split, subset = check_split(self.validation_split, self.subset)
         if self.remote is not None:
             from h5stream.remote.config import remote_options

@@ -110,6 +110,19 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     (``"4MiB"`` or more there).  It changes the order: give the same value to
     get the same batches from a URL and from the local file; ``resume`` takes
     it from the state.
+
+    ``verify_reads`` (default True): check every row and label read against
+    the store's block checksums (``h5stream verify`` checks the same ones),
+    on every read path -- local, ``O_DIRECT``, a URL, worker processes reading
+    rows themselves -- and raise :class:`~h5stream.ChecksumError` (a
+    :class:`~h5stream.ReaderError`) naming the file and the rows before a batch
+    holding a damaged row goes out.  The first read of each block reads that
+    block whole once more; from then on each read is checked row by row (8
+    bytes a row kept), which costs a hash of every byte read.  ``"once"``
+    checks each block only the first time this stream reads it (and labels
+    always): damage already in the file is caught in the first epoch at no
+    cost after it, bytes that change on disk later are not.  A store without
+    checksums streams unchecked.  False streams a damaged file as it is.
     """
     return Stream(path, StreamOptions(*args, **kwargs))
 
@@ -222,10 +235,12 @@ class Stream:
         try:
             if self.workers:
                 self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s, direct_io=self.direct_io)
+                                        timeout_s=self.timeout_s, direct_io=self.direct_io,
+                                        verify=options.verify_reads)
             else:
                 self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s, direct_io=self.direct_io)
+                                        timeout_s=self.timeout_s, direct_io=self.direct_io,
+                                        verify=options.verify_reads)
             # The feed owns the thread, processes and shared memory; it never refers back to this object,
             # so garbage collection of an unclosed stream still reaches this finalizer.
             self._finalizer = weakref.finalize(self, self._feed.close)

@@ -191,7 +191,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ producer side
 
     def submit(self, source_index: int, positions, row_ids, *, epoch: int, seed: int, timeout_s: float,
-               in_place: bool = False) -> int:
+               in_place: bool = False, checks: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """Queue one batch ``transform(sources[source_index][positions])``; return its seq number.
 
         ``positions`` index rows of the source (1-D, 1..batch_rows entries), or
@@ -206,6 +206,10 @@ class WorkerPool:
         the worker transform the rows where they lie instead of copying them
         out first; the caller promises not to overwrite them until the result
         is taken, and the source counts as read only when the task is done.
+
+        ``checks=(digests, checked)`` (a :class:`FileSource` only): the worker
+        checks the xxh3-64 of each row it reads where ``checked``, and fails
+        the task (stage ``"read"``, a ``ChecksumError`` summary) on a mismatch.
         """
         positions = np.asarray(positions)
         row_ids = np.asarray(row_ids)
@@ -243,6 +247,9 @@ class WorkerPool:
         else:
             where = first if in_place else positions.astype(np.intp, copy=False).tobytes()
         task_row_ids = row_ids.astype(np.int64, copy=False).tobytes()
+        task_checks = None
+        if checks is not None and from_file and np.asarray(checks[1]).any():
+            task_checks = (np.asarray(checks[0], np.uint64).tobytes(), np.asarray(checks[1], bool).tobytes())
         state = self._state
         with state.cond:
             state.wait(
@@ -256,7 +263,8 @@ class WorkerPool:
             seq = state.next_submit
             try:
                 # Plain ints and bytes: much cheaper to pickle than the two arrays.
-                task = (seq, slot, source_index, where, task_row_ids, int(epoch), int(seed), bool(in_place))
+                task = (seq, slot, source_index, where, task_row_ids, int(epoch), int(seed), bool(in_place),
+                        task_checks)
                 state.conns[worker].send(task)
             except OSError:
                 state.free_slots.appendleft(slot)

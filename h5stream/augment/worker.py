@@ -4,9 +4,11 @@ A worker attaches the pool's sources and output slots, then serves tasks
 from its pipe until told to stop or its parent is gone.  The messages:
 
 * task (parent -> worker): ``(seq, slot, source_index, where, row_ids, epoch,
-  seed, in_place)``, plain ints and bytes; ``where`` is the first row of an
+  seed, in_place, checks)``, plain ints and bytes; ``where`` is the first row of an
   in-place run, the rows' positions (``intp`` bytes), or for a
-  :class:`FileSource` their byte offsets (``int64`` bytes); ``None`` stops
+  :class:`FileSource` their byte offsets (``int64`` bytes); ``checks`` is None
+  or, for a :class:`FileSource`, ``(digests, checked)`` (``uint64`` and
+  ``bool`` bytes): the rows' xxh3-64 to check them against; ``None`` stops
   the worker;
 * replies: ``("ready", worker_id, pid)`` once attached, ``("fatal",
   worker_id, traceback)`` if that failed; per task ``("read", seq)`` once its
@@ -28,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream._io import preadv_all
+from h5stream._io import first_mismatch, preadv_all
 from h5stream._spawn import worker_signals
+from h5stream.errors import ChecksumError
 from h5stream.shm import SharedArray
 
 
@@ -90,6 +93,13 @@ class _FileRows:
         for a, b, off in zip(starts, stops, firsts):
             preadv_all(self.fd, [dest[a * rb:b * rb]], off, self.path)
 
+    def check(self, rows: np.ndarray, row_ids: np.ndarray, digests: bytes, checked: bytes) -> None:
+        """Raise :class:`ChecksumError` naming the first row whose bytes differ from its digest (where checked)."""
+        bad = first_mismatch(rows, np.frombuffer(digests, np.uint64), np.frombuffer(checked, bool))
+        if bad >= 0:
+            row = int(row_ids[bad])
+            raise ChecksumError.for_rows(self.path, row, row, "images")
+
 
 def _serve(conn, parent_sentinel, transform, sources, spec0, out_all, batch_rows) -> None:
     """The worker's task loop; returns on the stop message or when the parent is gone."""
@@ -103,7 +113,7 @@ def _serve(conn, parent_sentinel, transform, sources, spec0, out_all, batch_rows
         msg = conn.recv()
         if msg is None:
             return
-        seq, slot, src, where, row_ids, epoch, seed, in_place = msg
+        seq, slot, src, where, row_ids, epoch, seed, in_place, checks = msg
         row_ids = np.frombuffer(row_ids, np.int64)
         n = len(row_ids)
         source = sources[src]
@@ -112,6 +122,8 @@ def _serve(conn, parent_sentinel, transform, sources, spec0, out_all, batch_rows
             images = gather[:n]
             try:
                 source.read(np.frombuffer(where, np.int64), images)
+                if checks is not None:
+                    source.check(images, row_ids, *checks)
             except Exception as exc:
                 conn.send(("error", seq, f"{type(exc).__name__}: {exc}", traceback.format_exc(), "read"))
                 continue

@@ -17,6 +17,7 @@ import numpy as np
 from h5stream.errors import StoreFormatError
 from h5stream.store import schema
 from h5stream.store.access import read_consistent
+from h5stream.store.checksum import trusted_digests
 from h5stream.store.meta import StoreMeta
 
 
@@ -25,17 +26,22 @@ class Locations(NamedTuple):
 
     ``image_chunks``: byte offset of each ``/images`` chunk, None when the pixels can only be read through HDF5;
     ``label_chunks``: ``(byte offset of each /labels chunk, rows per chunk)``, None likewise;
-    ``labels``: every label in memory when asked for, else None.
+    ``labels``: every label in memory when asked for, else None;
+    ``digests``: when asked for, the trusted block digests (see
+    :func:`h5stream.store.checksum.trusted_digests`; None for a store without checksums).
     """
 
     image_chunks: np.ndarray | None
     label_chunks: tuple[np.ndarray, int] | None
     labels: np.ndarray | None
+    digests: list | None = None
 
 
-def locate(meta: StoreMeta, cache_labels: bool) -> Locations:
-    """The store's :class:`Locations` (and every label when ``cache_labels``), read consistently."""
-    return read_consistent(meta.path, lambda f: _locations(f, meta, cache_labels), rdcc_nbytes=0, remote=meta.remote)
+def locate(meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locations:
+    """The store's :class:`Locations` (and every label when ``cache_labels``, the block digests when
+    ``digests``), read consistently."""
+    return read_consistent(meta.path, lambda f: _locations(f, meta, cache_labels, digests), rdcc_nbytes=0,
+                           remote=meta.remote)
 
 
 def direct_reads(path: str, meta: StoreMeta) -> bool:
@@ -46,7 +52,7 @@ def direct_reads(path: str, meta: StoreMeta) -> bool:
     return read_consistent(path, readable, rdcc_nbytes=0, remote=meta.remote)
 
 
-def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool) -> Locations:
+def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locations:
     images, labels = f[schema.IMAGES], f[schema.LABELS]
     offsets = chunk_offsets(images, meta.rows, meta.block_rows, meta.path)
     label_chunks = None
@@ -59,7 +65,8 @@ def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool) -> Locations:
         all_labels = np.empty((meta.rows, *meta.label_shape), meta.label_dtype)
         if meta.rows:
             labels.read_direct(all_labels, np.s_[0:meta.rows], np.s_[0:meta.rows])
-    return Locations(offsets, label_chunks, all_labels)
+    trusted = trusted_digests(f, meta.rows, meta.block_rows, meta.path) if digests else None
+    return Locations(offsets, label_chunks, all_labels, trusted)
 
 
 def chunk_offsets(data: h5py.Dataset, rows: int, chunk_rows: int, path: str) -> np.ndarray | None:

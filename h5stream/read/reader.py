@@ -29,6 +29,11 @@ the consumer, fill ``f + 1`` is read -- by I/O threads keeping the source's
 (compressed stores, read through HDF5 in this thread) a few runs between
 batches, so the queue keeps moving.
 
+Every run of rows and every label read is checked against the store's block
+checksums where it has them (:mod:`h5stream.read.verify`), right after it
+lands and before any batch holding it goes out; receivers that read rows
+themselves get their rows' digests with the batch.
+
 Every blocking queue call uses a short timeout and checks the stop flag, so
 :meth:`Reader.close` always returns promptly.  An exception in the thread is
 queued and re-raised by the consumer as :class:`ReaderError` with the cause.
@@ -50,11 +55,12 @@ import numpy as np
 
 from h5stream import _interrupt as interrupt
 from h5stream._io import aligned_empty
-from h5stream.errors import ReaderError, StoreBusyError, StreamClosedError
+from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, open_source
+from h5stream.read.verify import BlockCheck
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
@@ -74,6 +80,9 @@ class Batch:
     """A batch as the reader hands it on.  ``images``/``labels``/``row_ids`` belong to the receiver.
 
     ``slot`` is whatever the allocator attached (e.g. a shared-memory slot index), else None.
+    A batch without images carries ``file_offsets`` (every row's byte offset) and, where the reads are
+    checked, ``checks``: ``(digests, checked)``, every row's xxh3-64 and whether it is to be checked (see
+    :meth:`h5stream.read.verify.BlockCheck.expected`), for the receiver that reads the rows.
     """
 
     epoch: int
@@ -83,6 +92,7 @@ class Batch:
     row_ids: np.ndarray
     slot: object = None
     file_offsets: np.ndarray | None = None
+    checks: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,12 @@ class Reader:
     is read into batches as usual (the disk then being read in file order,
     several reads in flight, and nothing left for the page cache to drop
     before a receiver reads it).
+    ``verify`` checks every row and label read against the store's block
+    checksums where it has them (see :mod:`h5stream.read.verify`); a
+    mismatch ends the thread with :class:`~h5stream.errors.ChecksumError`
+    before any batch holding those rows goes out, and deferred batches carry
+    their rows' digests for the receivers to check.  ``verify="once"``
+    checks the rows of each block on its first read only (labels always).
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
     idempotent.
     """
@@ -198,6 +214,7 @@ class Reader:
         cache_labels: bool = False,
         defer_pixels: bool = False,
         direct_io: bool = False,
+        verify: bool | str = True,
         source: Callable[[], ByteSource] | None = None,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
         on_batch: Callable[[Batch], object] | None = None,
@@ -207,7 +224,7 @@ class Reader:
         self.meta = meta
         self.defer_pixels = bool(defer_pixels)
         self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0, "direct_io": 0, "in_place_bytes": 0}
+                      "deferred_bytes": 0, "direct_io": 0, "in_place_bytes": 0, "verify_learn_bytes": 0}
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
@@ -217,6 +234,8 @@ class Reader:
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
+        self._verify = verify if verify == "once" else bool(verify)
+        self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         self._stats_lock = threading.Lock()
@@ -258,6 +277,8 @@ class Reader:
         if isinstance(item, _Failure):
             if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
                 raise StoreBusyError(str(item.exc)) from item.exc
+            if isinstance(item.exc, ChecksumError):  # likewise
+                raise ChecksumError(str(item.exc)) from item.exc
             raise ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}") from item.exc
         self.stats["batches"] += 1
         return item
@@ -294,8 +315,8 @@ class Reader:
     def _run(self) -> None:
         path = self.meta.path
         try:
-            where = locate(self.meta, self._cache_labels)
-            self._offsets, self._label_offsets, self.all_labels = where
+            where = locate(self.meta, self._cache_labels, digests=self._verify)
+            self._offsets, self._label_offsets, self.all_labels = where.image_chunks, where.label_chunks, where.labels
             if self.defer_pixels and self._offsets is None:
                 raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
             with contextlib.ExitStack() as stack:
@@ -311,6 +332,13 @@ class Reader:
                 self._source = self._open_source()
                 stack.callback(self._source.close)
                 self.stats["direct_io"] = int(bool(getattr(self._source, "direct", False)))
+                self._check = BlockCheck.from_digests(
+                    path, self.meta.rows, self.meta.block_rows, self.meta.row_bytes, where.digests,
+                    max_buffers=min(4, max(2, int(getattr(self._source, "max_in_flight", 2)))),
+                    every_read=self._verify is True,
+                )
+                if self._check is not None and self.all_labels is not None:
+                    self._check.labels(0, self.all_labels)  # every label, read once at the start
                 if self._offsets is not None:
                     self._io_threads = max(1, int(self._source.max_in_flight))
                     self._io = concurrent.futures.ThreadPoolExecutor(
@@ -392,7 +420,10 @@ class Reader:
             n = int(bounds[j + 1] - bounds[j])
             x, y, slot = self._allocate(n, images)
             offsets = None if images else np.empty(n, np.int64)
-            p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets), n)
+            checks = None
+            if not images and self._check is not None and self._check.every_read:
+                checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
+            p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
         return p
 
     # -- one fill ------------------------------------------------------------------
@@ -439,6 +470,9 @@ class Reader:
         file_offsets = None
         if any(t.batch.file_offsets is not None for t in job.targets.values()):
             file_offsets = row_offsets(job.runs, len(job.row_ids), self.meta.row_bytes)
+            if self._check is not None:  # the receivers check rows against their digests: learn them first
+                for run in job.runs:
+                    self._check.learn_rows(run.src, run.rows, self._read_block)
         kept = np.flatnonzero(job.batch >= 0)
         order = kept[np.argsort(job.batch[kept], kind="stable")]
         split = np.flatnonzero(np.diff(job.batch[order])) + 1
@@ -449,10 +483,16 @@ class Reader:
             t.batch.row_ids[k] = job.row_ids[group]
             if t.batch.file_offsets is not None:
                 t.batch.file_offsets[k] = file_offsets[group]
+                if t.batch.checks is not None:
+                    digests, checked = self._check.expected(job.row_ids[group])
+                    t.batch.checks[0][k] = digests
+                    t.batch.checks[1][k] = checked
                 self.stats["deferred_bytes"] += len(group) * self.meta.row_bytes
             t.missing -= len(group)
         job.targets = {}
         self.stats["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
+        if self._check is not None:
+            self.stats["verify_learn_bytes"] = self._check.learned_bytes
 
     # -- I/O -------------------------------------------------------------------------
     def _advise(self, runs: list[Run]) -> list[Run]:
@@ -501,8 +541,13 @@ class Reader:
                 for b, k in zip(batches, offsets)
             ]
             self._source.readinto(off, views)
+            if self._check is not None:
+                self._check.images(src, [None if v is scratch else v for v in views], self._read_block)
         else:  # compressed: HDF5 decodes; only ever called from the reader thread
             rows = self._images[src:src + n]
+            if self._check is not None:
+                self._check.images(src, [rows[i] if b >= 0 else None for i, b in enumerate(batches)],
+                                   self._read_block)
             for i, (b, k) in enumerate(zip(batches, offsets)):
                 if b >= 0:
                     targets[b].batch.images[k] = rows[i]
@@ -510,22 +555,48 @@ class Reader:
             self.stats["read_s"] += time.perf_counter() - t0
             self.stats["read_bytes"] += n * row_bytes
 
+    def _read_block(self, start: int, stop: int, out: memoryview) -> None:
+        """Read the image bytes of rows ``[start, stop)``, which lie in one block, into ``out``: by byte
+        offset, or (compressed) through HDF5, then only from the reader thread.  What :class:`BlockCheck`
+        learns a block with."""
+        if self._offsets is not None:
+            block = start // self.meta.block_rows
+            offset = int(self._offsets[block]) + (start - block * self.meta.block_rows) * self.meta.row_bytes
+            self._source.readinto(offset, [out])
+        else:
+            rows = np.frombuffer(out, np.uint8).reshape(stop - start, *self.meta.image_shape)
+            self._images.read_direct(rows, np.s_[start:stop], np.s_[0:stop - start])
+
     def _read_labels(self, runs: list[Run], n: int) -> np.ndarray:
-        """Labels of a fill in buffer order, run by run (when they are not all cached): by byte offset where
-        the labels are stored uncompressed, else through HDF5."""
+        """Labels of a fill in buffer order, run by run (when they are not all cached).  Checked reads take
+        the whole blocks around each run, checked against their digests."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
+        for dest, src, k, _off in runs:
+            span = None if self._check is None else self._check.widen(src, k)
+            if span is None:
+                self._read_label_rows(src, src + k, labels[dest:dest + k])
+                continue
+            a, b = span
+            rows = np.empty((b - a, *self.meta.label_shape), self.meta.label_dtype)
+            self._read_label_rows(a, b, rows)
+            self._check.labels(a, rows)
+            labels[dest:dest + k] = rows[src - a:src - a + k]
+        return labels
+
+    def _read_label_rows(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Labels of rows ``[start, stop)`` into ``out``: by byte offset where the labels are stored
+        uncompressed, else through HDF5."""
+        if stop <= start:
+            return
         if self._label_offsets is None:
-            for dest, src, k, _off in runs:
-                self._labels.read_direct(labels, np.s_[src:src + k], np.s_[dest:dest + k])
-            return labels
+            self._labels.read_direct(out, np.s_[start:stop], np.s_[0:stop - start])
+            return
         chunk_offsets, chunk_rows = self._label_offsets
         row_bytes = self.meta.label_row_bytes
-        out = memoryview(labels.reshape(-1).view(np.uint8)) if labels.size else None
-        for dest, src, k, _off in runs:
-            for first, chunk, within, m in chunk_pieces(src, k, chunk_rows):  # a run may span label chunks
-                a = (dest + first) * row_bytes
-                self._source.readinto(int(chunk_offsets[chunk]) + within * row_bytes, [out[a:a + m * row_bytes]])
-        return labels
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        for first, chunk, within, m in chunk_pieces(start, stop - start, chunk_rows):  # may span label chunks
+            a = first * row_bytes
+            self._source.readinto(int(chunk_offsets[chunk]) + within * row_bytes, [view[a:a + m * row_bytes]])
 
     def _wait_all(self, futures) -> None:
         """Wait for I/O futures, waking to honour the stop flag; re-raise the first failure."""

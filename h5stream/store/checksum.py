@@ -262,6 +262,19 @@ def _expected(f, rows: int, block_rows: int) -> list[Digests | None]:
     return expected
 
 
+def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | None] | None:
+    """Per committed block, the digests a reader may trust (``None`` where there are none), from an open h5py
+    file; ``None`` for a store without checksums.  Raises :class:`StoreFormatError` for another algorithm."""
+    if schema.CHECKSUMS not in f:
+        return None
+    algorithm = f.attrs.get(schema.ATTR_CHECKSUM)
+    algorithm = algorithm.decode() if isinstance(algorithm, bytes) else algorithm
+    if algorithm != ALGORITHM:
+        raise StoreFormatError(f"{path}: checksums made with {algorithm!r}; this h5stream checks {ALGORITHM!r} "
+                               "(open it with verify_reads=False to stream it unchecked)")
+    return _expected(f, rows, block_rows)
+
+
 def _readable_by_h5py(dataset) -> bool:
     import h5py
 

@@ -1,0 +1,226 @@
+"""Checking what the stream reads against the store's block checksums, on every read path.
+
+The store keeps xxh3-64 digests per *block* (``block_rows`` rows, the chunk
+of ``/images``) of its image bytes and of its labels (see
+:mod:`h5stream.store.checksum`).  The stream reads smaller pieces: units of
+about a MiB (a quarter of a default 4 MiB block), which the shuffle spreads
+over different fills on purpose, and a shard or a validation split may own
+only part of a block.  A read therefore seldom holds a whole block, and the
+xxh3 of a block cannot be put together from digests of its parts.  So:
+
+* **Images.**  The first read that touches a block has the whole block read
+  once more (:meth:`BlockCheck.learn`; from the page cache, where that read
+  has just put it), checks it against its stored digest and keeps the xxh3
+  of each of its rows (8 bytes a row).  Every read from then on -- any rows,
+  by any I/O thread or worker process -- is checked row by row against those
+  (:func:`~h5stream._io.first_mismatch`), right after it lands, while the rows are still in
+  the CPU's cache.  A read that holds a whole block learns it from its own
+  rows and reads nothing again.
+* **Labels** are small (8 bytes a row): each label read is widened to whole
+  blocks and every block checked against its digest (:meth:`BlockCheck.labels`).
+
+Blocks without a trusted digest (a store written without checksums, a last
+block whose digests are for another row count) are not checked.  A mismatch
+raises :class:`~h5stream.errors.ChecksumError` before any row of the read is
+handed out.
+
+Worker processes check rows with the same :func:`h5stream._io.first_mismatch`
+and :meth:`ChecksumError.for_rows <h5stream.errors.ChecksumError.for_rows>`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import xxhash
+
+from h5stream._io import aligned_empty, first_mismatch
+from h5stream.errors import ChecksumError
+
+ReadBlock = Callable[[int, int, memoryview], None]
+"""``read_block(start, stop, out)``: read the image bytes of rows ``[start, stop)`` (one block) into ``out``."""
+
+
+class BlockCheck:
+    """A store's trusted block digests, the row digests of the blocks learned so far, and the checks of reads.
+
+    ``image_digests`` / ``label_digests``: uint64 per block; ``trusted``: bool
+    per block, False where the store has no digest to trust.  Keeps at most
+    ``max_buffers`` block-sized buffers for :meth:`learn`, made on first use.
+    ``every_read=False`` checks the images of a block on its first read only
+    (the read that learns it); labels are checked on every read either way.
+
+    Thread-safety: every method may run on several I/O threads at once.  A
+    thread that needs a block another thread is learning waits for that read
+    (which ends, failed or not, within the source's own timeouts) instead of
+    reading it again; a block counts as learned only once its row digests are in.
+    """
+
+    def __init__(self, path: str, rows: int, block_rows: int, row_bytes: int, image_digests: np.ndarray,
+                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2, every_read: bool = True):
+        self.path = path
+        self.rows = int(rows)
+        self.block_rows = int(block_rows)
+        self.row_bytes = int(row_bytes)
+        self._images = np.asarray(image_digests, np.uint64)
+        self._labels = np.asarray(label_digests, np.uint64)
+        self.trusted = np.asarray(trusted, bool)
+        self.every_read = bool(every_read)
+        self.row_digests = np.zeros(self.rows, np.uint64)  # pages untouched until their blocks are learned
+        self._learned = np.zeros(len(self.trusted), bool)
+        self._buffers: queue.Queue = queue.Queue()
+        self._made = 0
+        self._max_buffers = max(1, int(max_buffers))
+        self._lock = threading.Lock()
+        self._learning: dict[int, threading.Event] = {}  # block -> set when the thread learning it is done
+        self.learned_bytes = 0  # bytes read again to learn blocks
+
+    @classmethod
+    def from_digests(cls, path: str, rows: int, block_rows: int, row_bytes: int, digests, **kw) -> BlockCheck | None:
+        """From :func:`h5stream.store.checksum.trusted_digests`' list (``None`` per untrusted block); None when
+        there is nothing to check (no checksums, or none trusted)."""
+        if not digests or all(d is None for d in digests):
+            return None
+        trusted = np.array([d is not None for d in digests], bool)
+        images = np.array([0 if d is None else d[0] for d in digests], np.uint64)
+        labels = np.array([0 if d is None else d[1] for d in digests], np.uint64)
+        return cls(path, rows, block_rows, row_bytes, images, labels, trusted, **kw)
+
+    # -- geometry --------------------------------------------------------------------
+    def span(self, block: int) -> tuple[int, int]:
+        """Rows ``[start, stop)`` of ``block``."""
+        start = block * self.block_rows
+        return start, min(self.rows, start + self.block_rows)
+
+    def blocks(self, src: int, n: int) -> range:
+        """The blocks rows ``[src, src + n)`` touch."""
+        return range(src // self.block_rows, (src + n - 1) // self.block_rows + 1) if n > 0 else range(0)
+
+    def widen(self, src: int, n: int) -> tuple[int, int] | None:
+        """Rows ``[src, src + n)`` widened to whole blocks, or None when no block of them is trusted."""
+        blocks = self.blocks(src, n)
+        if not self.trusted[blocks.start:blocks.stop].any():
+            return None
+        return self.span(blocks.start)[0], self.span(blocks.stop - 1)[1]
+
+    # -- images ----------------------------------------------------------------------
+    def learn(self, block: int, read_block: ReadBlock) -> None:
+        """Read ``block`` whole with ``read_block``, check it against its digest and keep its rows' digests.
+        No-op for a block learned before or not trusted.  Raises :class:`ChecksumError` on a mismatch."""
+        while True:
+            if not self.trusted[block] or self._learned[block]:
+                return
+            with self._lock:
+                if self._learned[block]:  # learned since the look above (flag set before the event goes)
+                    return
+                busy = self._learning.get(block)
+                if busy is None:
+                    mine = self._learning[block] = threading.Event()
+            if busy is None:
+                break
+            busy.wait()  # then learned, or that read failed and this thread reads the block itself
+        try:
+            self._learn(block, read_block)
+        finally:
+            with self._lock:
+                del self._learning[block]
+            mine.set()
+
+    def _learn(self, block: int, read_block: ReadBlock) -> None:
+        start, stop = self.span(block)
+        nbytes = (stop - start) * self.row_bytes
+        buf = self._take()
+        try:
+            view = memoryview(buf)[:nbytes]
+            read_block(start, stop, view)
+            with self._lock:
+                self.learned_bytes += nbytes
+            rb = self.row_bytes
+            self._record(block, [view[i * rb:(i + 1) * rb] for i in range(stop - start)])
+        finally:
+            self._buffers.put(buf)
+
+    def learn_rows(self, src: int, n: int, read_block: ReadBlock) -> None:
+        """:meth:`learn` every block rows ``[src, src + n)`` touch."""
+        for block in self.blocks(src, n):
+            self.learn(block, read_block)
+
+    def images(self, src: int, views: Sequence, read_block: ReadBlock) -> None:
+        """Check rows ``src, src + 1, ...`` just read: ``views[i]`` holds the bytes of row ``src + i``, or is
+        None for a row read but not used (not checked).  Blocks not learned yet are learned first (from these
+        views where they hold the whole block).  Raises :class:`ChecksumError` naming the first bad rows."""
+        n = len(views)
+        for block in self.blocks(src, n):
+            if not self.trusted[block]:
+                continue
+            start, stop = self.span(block)
+            a, b = max(src, start), min(src + n, stop)
+            mine = views[a - src:b - src]
+            if self._learned[block]:
+                if not self.every_read:
+                    continue
+            elif (a, b) == (start, stop) and all(v is not None for v in mine):
+                self._record(block, mine)
+                continue  # checked whole against the stored digest
+            else:
+                self.learn(block, read_block)
+            whole = all(v is not None for v in mine)
+            if not whole:
+                served = [i for i, v in enumerate(mine) if v is not None]
+                bad = first_mismatch([mine[i] for i in served], self.row_digests[[a + i for i in served]])
+                bad = served[bad] if bad >= 0 else -1
+            else:
+                bad = first_mismatch(mine, self.row_digests[a:b])
+            if bad >= 0:
+                raise ChecksumError.for_rows(self.path, a + bad, a + bad, "images", block)
+
+    def _record(self, block: int, rows: Sequence) -> None:
+        """Check ``rows`` (the whole block, in order) against the block's digest; keep each row's digest."""
+        start, stop = self.span(block)
+        whole = xxhash.xxh3_64()
+        digests = []
+        for r in rows:  # row by row, so the second hash of a row finds it in the CPU's cache
+            whole.update(r)
+            digests.append(xxhash.xxh3_64_intdigest(r))
+        if whole.intdigest() != int(self._images[block]):
+            raise ChecksumError.for_rows(self.path, start, stop - 1, "images", block)
+        self.row_digests[start:stop] = digests
+        self._learned[block] = True
+
+    def expected(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(digests, checked)`` of rows ``row_ids``, for a reader elsewhere (a worker process): the rows of
+        trusted blocks must have been learned (see :meth:`learn_rows`)."""
+        row_ids = np.asarray(row_ids, np.int64)
+        checked = self.trusted[row_ids // self.block_rows]
+        return self.row_digests[row_ids], checked
+
+    def _take(self) -> np.ndarray:
+        """A block buffer: a free one, a new one while fewer than ``max_buffers`` exist, else wait for one
+        (a learning read in another thread gives it back when it ends, failed or not)."""
+        try:
+            return self._buffers.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            make = self._made < self._max_buffers
+            self._made += make
+        if make:
+            return aligned_empty(self.block_rows * self.row_bytes)  # page-aligned: O_DIRECT reads land in place
+        return self._buffers.get()
+
+    # -- labels ----------------------------------------------------------------------
+    def labels(self, start: int, labels: np.ndarray) -> None:
+        """Check labels of rows ``[start, start + len(labels))``, whole blocks (as :meth:`widen` gives), in the
+        store's dtype.  Raises :class:`ChecksumError` for the first block that differs."""
+        labels = np.asarray(labels)
+        if labels.dtype.byteorder == ">":
+            labels = labels.astype(labels.dtype.newbyteorder("<"))
+        for block in self.blocks(start, len(labels)):
+            if not self.trusted[block]:
+                continue
+            a, b = self.span(block)
+            if xxhash.xxh3_64_intdigest(np.ascontiguousarray(labels[a - start:b - start])) != int(self._labels[block]):
+                raise ChecksumError.for_rows(self.path, a, b - 1, "labels", block)
