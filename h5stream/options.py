@@ -47,7 +47,7 @@ class StreamOptions:
     remote: object = None
     direct_io: bool | str = "auto"
     read_unit: int | str | None = None
-    verify_reads: bool | str = True
+    verify_reads: bool | str = "once"
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:

@@ -111,17 +111,17 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     get the same batches from a URL and from the local file; ``resume`` takes
     it from the state.
 
-    ``verify_reads`` (default True): check every row and label read against
-    the store's block checksums (``h5stream verify`` checks the same ones),
-    on every read path -- local, ``O_DIRECT``, a URL, worker processes reading
-    rows themselves -- and raise :class:`~h5stream.ChecksumError` (a
+    ``verify_reads`` (default ``"once"``): check the rows and labels read
+    against the store's block checksums (``h5stream verify`` checks the same
+    ones), on every read path -- local, ``O_DIRECT``, a URL, worker processes
+    reading rows themselves -- and raise :class:`~h5stream.ChecksumError` (a
     :class:`~h5stream.ReaderError`) naming the file and the rows before a batch
-    holding a damaged row goes out.  The first read of each block reads that
-    block whole once more; from then on each read is checked row by row (8
-    bytes a row kept), which costs a hash of every byte read.  ``"once"``
-    checks each block only the first time this stream reads it (and labels
-    always): damage already in the file is caught in the first epoch at no
-    cost after it, bytes that change on disk later are not.  A store without
+    holding a damaged row goes out.  ``"once"`` checks each block the first
+    time this stream reads it (reading it whole once more unless a read already
+    holds all of it) and labels always: damage in the file is caught in the
+    first epoch, at no cost after it.  ``True`` also checks every later read row
+    by row (8 bytes a row kept), which catches bytes that change on disk while
+    training, at the cost of a hash of every byte read.  A store without
     checksums streams unchecked.  False streams a damaged file as it is.
     """
     return Stream(path, StreamOptions(*args, **kwargs))

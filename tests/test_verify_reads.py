@@ -302,7 +302,7 @@ def test_rows_that_change_after_their_block_was_checked_raise(store):
     """Each read is checked, not just the first of a block: rows read again (next epoch) are checked row by row."""
     reference = batches(store, epochs=2)
     n = len(reference) // 2
-    with h5stream.open(store, **KW) as s:
+    with h5stream.open(store, verify_reads=True, **KW) as s:
         for i, (x, y) in enumerate(s):
             assert np.array_equal(x, reference[i][0]) and np.array_equal(y, reference[i][1])
         assert s.stats()["verify_learn_bytes"] > 0
@@ -319,7 +319,8 @@ def test_workers_reading_rows_themselves_check_them(store):
     """Pooled, with the store in the page cache: the workers read the rows by byte offset and check each one."""
     reference = batches(store, epochs=2, workers=2, augment=AUG)
     n = len(reference) // 2
-    with pinned_in_page_cache(store), h5stream.open(store, workers=2, augment=AUG, **KW) as s:
+    with pinned_in_page_cache(store), h5stream.open(store, workers=2, augment=AUG, verify_reads=True,
+                                                    **KW) as s:
         assert s._feed.direct
         for i, (x, y) in enumerate(s):
             assert np.array_equal(x, reference[i][0]) and np.array_equal(y, reference[i][1])
