@@ -26,7 +26,10 @@ the counts the plan names (``reader_batches``, ``input_slots``,
 * **remote client** -- for a store read from a URL, what the client holds
   (its library, connections, pieces of responses in flight);
 * **direct I/O** -- for a store read past the page cache (``direct_io``),
-  the bounce buffers of the reads in flight.
+  the bounce buffers of the reads in flight;
+* **checksums** -- with ``verify_reads`` on a store that has checksums, a
+  digest per row and the block buffers of the check
+  (:func:`h5stream.read.verify.check_memory_bytes`).
 
 The fill size ``rows_per_fill`` is whatever the budget leaves after
 everything else, in whole blocks; a budget that cannot hold one batch per
@@ -34,7 +37,7 @@ fill and two queued batches raises :class:`BudgetError` naming the minimum.
 
 Without a budget (``None``) the plan takes :data:`DEFAULT_BUDGET_BYTES` for
 reading and shuffling and gives augmentation (workers or the inline
-transform), a remote client and direct I/O their shares on top, so adding
+transform), a remote client, direct I/O and the checksums their shares on top, so adding
 workers, or reading the same file from a URL or past the page cache, neither
 fails nor changes the epoch order.
 With a budget, those shares come out of it, and the order depends on the
@@ -140,13 +143,14 @@ class StreamPlan:
     default_budget: bool = False  # no budget was given: DEFAULT_BUDGET_BYTES plus the augmentation's share
     remote_client_bytes: int = 0  # the client of a store read from a URL
     direct_io_bytes: int = 0  # the bounce buffers of reads past the page cache
+    verify_bytes: int = 0  # row digests and block buffers of verify_reads
 
     def allocations(self) -> dict[str, int]:
         """Every part of the plan, in bytes, by name."""
         return {"batches": self.batches_bytes, "fill index": self.fill_index_bytes, "output": self.output_bytes,
                 "workers": self.pool_bytes, "transform": self.transform_bytes, "label cache": self.label_cache_bytes,
                 "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes,
-                "direct I/O": self.direct_io_bytes}
+                "direct I/O": self.direct_io_bytes, "checksums": self.verify_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -182,7 +186,10 @@ class StreamPlan:
                 share += f" + {format_bytes(self.remote_client_bytes)} for the remote client"
             if self.direct_io_bytes:
                 share += f" + {format_bytes(self.direct_io_bytes)} for direct I/O"
-            reading = self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
+            if self.verify_bytes:
+                share += f" + {format_bytes(self.verify_bytes)} for checksums"
+            reading = (self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
+                       - self.verify_bytes)
             budget += f" (default: {format_bytes(reading)} for reading{share})"
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in self.allocations().items() if n)
         return (f"budget {budget}: {FILLS} fills x {self.rows_per_fill} rows "
@@ -207,6 +214,7 @@ def plan_memory(
     epoch_rows: int | None = None,
     remote_client_bytes: int = 0,
     direct_io_bytes: int = 0,
+    verify_bytes: int = 0,
 ) -> StreamPlan:
     """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
 
@@ -223,7 +231,7 @@ def plan_memory(
     of the file (a validation split).  ``remote_client_bytes``: what the client of
     a store read from a URL holds, on top of the default budget like
     augmentation's share, out of a given one; ``direct_io_bytes`` likewise, the bounce buffers of reads past
-    the page cache.
+    the page cache, and ``verify_bytes``, what checking reads against the block checksums holds.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -249,7 +257,7 @@ def plan_memory(
                 + n_out * (batch_bytes + bs * out_row_bytes))  # an input slot per output slot, and the output slot
     elif augment:
         transform = TRANSFORM_LIBRARY_BYTES + TRANSFORM_SCRATCH_BYTES
-    client = int(remote_client_bytes) + int(direct_io_bytes)  # what the byte source holds
+    client = int(remote_client_bytes) + int(direct_io_bytes) + int(verify_bytes)  # what the byte source holds
     fixed = bookkeeping + output + pool + transform + client
 
     def total(fill_rows: int, depth: int, label_cache: int = 0) -> int:
@@ -323,6 +331,7 @@ def plan_memory(
         default_budget=default,
         remote_client_bytes=int(remote_client_bytes),
         direct_io_bytes=int(direct_io_bytes),
+        verify_bytes=int(verify_bytes),
     )
 
 
@@ -336,10 +345,11 @@ def available_memory_bytes() -> int | None:
 def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
                 rows_per_fill: int | None = None, epoch_rows: int | None = None,
                 out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None,
-                available_bytes: int | None | str = "auto") -> StreamPlan:
+                available_bytes: int | None | str = "auto", verify_reads: bool | str = False) -> StreamPlan:
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
-    read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default about a MiB).
+    read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default about a MiB);
+    ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums).
 
     ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
     :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
@@ -363,6 +373,15 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         from h5stream.read.source import DIRECT_IO_BYTES
 
         direct = DIRECT_IO_BYTES
+    verify = 0
+    if verify_reads and getattr(meta, "checksum", None) is not None:
+        from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
+        from h5stream.read.verify import check_memory_bytes
+
+        remote = getattr(meta, "remote", None)
+        in_flight = (remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io
+                     else LocalFile.max_in_flight)
+        verify = check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight)
 
     def plan(budget, workers, batch_size, fill=rows_per_fill):
         return plan_memory(
@@ -371,6 +390,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
             out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None, unit_bytes),
             rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
+            verify_bytes=verify,
         )
 
     def minimum(workers, batch_size):

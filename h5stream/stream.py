@@ -211,7 +211,8 @@ class Stream:
         self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
                                             workers=self.workers, rows_per_fill=rows_per_fill,
                                             epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
-                                            direct_io=self.direct_io, unit_bytes=unit_bytes)
+                                            direct_io=self.direct_io, unit_bytes=unit_bytes,
+                                            verify_reads=options.verify_reads)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,

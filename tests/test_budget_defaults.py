@@ -34,11 +34,11 @@ def test_default_budget_gives_workers_their_share_on_top_and_keeps_the_order(sto
         expected = [(x.copy(), y) for x, y in inline]
         fill = inline.plan.rows_per_fill
         assert inline.plan.default_budget
-        assert inline.plan.budget_bytes == DEFAULT_BUDGET_BYTES + inline.plan.augment_bytes
+        assert inline.plan.budget_bytes == DEFAULT_BUDGET_BYTES + inline.plan.augment_bytes + inline.plan.verify_bytes
     with h5stream.open(store, batch_size=32, augment=aug, seed=4, workers=2) as pooled:
         plan = pooled.plan
         assert plan.default_budget and plan.pool_bytes > 0
-        assert plan.budget_bytes == DEFAULT_BUDGET_BYTES + plan.augment_bytes
+        assert plan.budget_bytes == DEFAULT_BUDGET_BYTES + plan.augment_bytes + plan.verify_bytes
         assert plan.total_bytes <= plan.budget_bytes and plan.rows_per_fill == fill
         assert "default: 256.0 MiB for reading + " in plan.describe() and "for 2 workers" in plan.describe()
         got = [(x.copy(), y) for x, y in pooled]

@@ -220,7 +220,7 @@ def test_a_larger_read_unit_reads_a_url_in_fewer_larger_requests_with_the_local_
     read_unit="4MiB" it is the whole chunk, so an epoch's pixels take a quarter of the GETs (3 instead of 10;
     the metadata's come on top), and the local file opened with the same read_unit gives the same batches."""
     url, local = range_server.url + "store.h5", str(range_server.root / "store.h5")
-    kw = dict(batch_size=100, memory_budget="64MiB", rows_per_fill=2048, seed=3)
+    kw = dict(batch_size=100, memory_budget="96MiB", rows_per_fill=2048, seed=3)
 
     def gets(**extra):
         before = range_server.requests.get("GET", 0)

@@ -357,3 +357,26 @@ def test_once_checks_each_block_on_its_first_read_only(store, workers):
         second = [(x.copy(), y.copy()) for x, y in s]
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(first, reference[:n]))
     assert len(second) == n and any(not np.array_equal(a[0], b[0]) for a, b in zip(second, reference[n:]))
+
+
+def test_the_checks_memory_is_counted_in_the_budget(store):
+    """The row digests and block buffers of the check are a share of the plan: on top of the default budget
+    (the order does not change), out of a given one; nothing when the check is off or there is nothing to check."""
+    from h5stream.read.verify import check_memory_bytes
+
+    with h5stream.open(store, **KW) as on, h5stream.open(store, verify_reads=False, **KW) as off:
+        assert on.plan.verify_bytes == check_memory_bytes(ROWS, BLOCK, ROW_BYTES, 2) > ROWS * 8
+        assert off.plan.verify_bytes == 0
+        assert on.plan.budget_bytes == off.plan.budget_bytes + on.plan.verify_bytes
+        assert "for checksums" in on.plan.describe() and "checksums" in on.plan.allocations()
+        assert on.epoch_order(0).tolist() == off.epoch_order(0).tolist()
+    given = {**KW, "memory_budget": "8MiB"}
+    del given["rows_per_fill"]
+    with h5stream.open(store, **given) as on, h5stream.open(store, verify_reads=False, **given) as off:
+        assert on.plan.total_bytes <= on.plan.budget_bytes == off.plan.budget_bytes
+        assert on.plan.verify_bytes > 0 and off.plan.verify_bytes == 0
+    with h5py.File(store, "r+") as f:
+        del f["checksums"]
+        del f.attrs["checksum"], f.attrs["checksum_tail"]
+    with h5stream.open(store, **KW) as s:
+        assert s.plan.verify_bytes == 0

@@ -60,7 +60,7 @@ from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, open_source
-from h5stream.read.verify import BlockCheck
+from h5stream.read.verify import BlockCheck, check_buffers
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
@@ -334,7 +334,7 @@ class Reader:
                 self.stats["direct_io"] = int(bool(getattr(self._source, "direct", False)))
                 self._check = BlockCheck.from_digests(
                     path, self.meta.rows, self.meta.block_rows, self.meta.row_bytes, where.digests,
-                    max_buffers=min(4, max(2, int(getattr(self._source, "max_in_flight", 2)))),
+                    max_buffers=check_buffers(getattr(self._source, "max_in_flight", 2)),
                     every_read=self._verify is True,
                 )
                 if self._check is not None and self.all_labels is not None:

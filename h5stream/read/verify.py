@@ -44,6 +44,22 @@ ReadBlock = Callable[[int, int, memoryview], None]
 """``read_block(start, stop, out)``: read the image bytes of rows ``[start, stop)`` (one block) into ``out``."""
 
 
+MAX_BUFFERS = 4
+"""Block-sized buffers a :class:`BlockCheck` makes at most (one per read in flight that learns a block)."""
+
+
+def check_buffers(max_in_flight: int) -> int:
+    """Block-sized buffers a :class:`BlockCheck` may make for a source keeping ``max_in_flight`` reads going."""
+    return min(MAX_BUFFERS, max(2, int(max_in_flight)))
+
+
+def check_memory_bytes(rows: int, block_rows: int, row_bytes: int, max_in_flight: int) -> int:
+    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): a digest per row, three
+    small per-block arrays and :func:`check_buffers` block-sized buffers (page-aligned, so a page more each)."""
+    n_blocks = -(-int(rows) // int(block_rows)) if rows else 0
+    return int(rows) * 8 + n_blocks * 18 + check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+
+
 class BlockCheck:
     """A store's trusted block digests, the row digests of the blocks learned so far, and the checks of reads.
 
