@@ -32,8 +32,10 @@ Errors are h5stream's: :class:`StoreNotFoundError`,
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -61,11 +63,32 @@ SETTLE_S = 5.0
 PROC_LOCKS = "/proc/locks"
 
 
-def open_readable(path: str | os.PathLike) -> io.FileIO:
-    """``path`` opened for reading (unbuffered), or the h5stream error saying why it cannot be."""
+class StoppableFile(io.FileIO):
+    """A file read through HDF5 that fails every read once ``stop`` is set.
+
+    HDF5 reads a compressed chunk, or a band of chunks, in one call that makes
+    many reads; a thread inside it cannot look at a stop flag, and one left
+    inside HDF5 when the interpreter exits deadlocks HDF5's own clean-up.  With
+    this file the call fails at its next read (``ECANCELED``) and the thread
+    gets out.  Safe to read from one thread and stop from another.
+    """
+
+    def __init__(self, path: str, stop: threading.Event):
+        super().__init__(path, "rb")
+        self.stop = stop
+
+    def readinto(self, buffer):
+        if self.stop.is_set():
+            raise OSError(errno.ECANCELED, f"{self.name}: read cancelled, the reader is stopping")
+        return super().readinto(buffer)
+
+
+def open_readable(path: str | os.PathLike, stop: threading.Event | None = None) -> io.FileIO:
+    """``path`` opened for reading (unbuffered), or the h5stream error saying why it cannot be; with ``stop``,
+    a :class:`StoppableFile`."""
     path = os.fspath(path)
     try:
-        return io.FileIO(path, "rb")
+        return io.FileIO(path, "rb") if stop is None else StoppableFile(path, stop)
     except FileNotFoundError:
         raise StoreNotFoundError(f"{path}: no such file; make one with `h5stream ingest SRC {path}`") from None
     except IsADirectoryError:
@@ -98,7 +121,8 @@ def has_hdf5_signature(raw: io.RawIOBase) -> bool:
 
 
 @contextlib.contextmanager
-def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, remote=None, **h5py_kwargs):
+def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, remote=None,
+                     stop: threading.Event | None = None, **h5py_kwargs):
     """An ``h5py.File`` on ``path``, read-only, taking no HDF5 file lock and sharing nothing with other handles.
 
     A URL opens remotely (:func:`~h5stream.remote.fileobj.open_h5_remote`, with ``remote``: None, a
@@ -114,6 +138,9 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
     (``locking=False``): no Python call per HDF5 read (a few microseconds each),
     which is what the benchmark baselines measure, "plain h5py"; such a handle
     does clash with another handle of this process opened with locking.
+
+    ``stop`` (a local file through the file-object driver): once set, every
+    read fails, so an HDF5 call in progress ends (see :class:`StoppableFile`).
     """
     if is_url(path):
         from h5stream.remote.config import remote_options
@@ -123,7 +150,7 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
             yield f
         return
     path = os.fspath(path)
-    raw = open_readable(path)
+    raw = open_readable(path, stop)
     try:
         try:
             if native_driver:
