@@ -35,6 +35,7 @@ import contextlib
 import errno
 import io
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -62,25 +63,72 @@ SETTLE_S = 5.0
 
 PROC_LOCKS = "/proc/locks"
 
+STOP_POLL_S = 0.1
+"""How often a :class:`StoppableFile` read in progress looks at its stop flag."""
+
 
 class StoppableFile(io.FileIO):
-    """A file read through HDF5 that fails every read once ``stop`` is set.
+    """A file read through HDF5 whose reads give up once ``stop`` is set, even a read that never returns.
 
-    HDF5 reads a compressed chunk, or a band of chunks, in one call that makes
-    many reads; a thread inside it cannot look at a stop flag, and one left
-    inside HDF5 when the interpreter exits deadlocks HDF5's own clean-up.  With
-    this file the call fails at its next read (``ECANCELED``) and the thread
-    gets out.  Safe to read from one thread and stop from another.
+    h5py holds its global lock through every HDF5 call, and the interpreter
+    takes that lock again when it exits (to free h5py's objects).  A thread
+    left inside HDF5 on a read that hangs (a hung disk or network file
+    system) would so keep the process from ever exiting.  Here each read runs
+    on a helper thread while the caller waits, looking at ``stop`` every
+    :data:`STOP_POLL_S`: once it is set the read fails (``ECANCELED``), HDF5
+    returns, and only the helper, a daemon holding no lock, stays behind on
+    the read.  The helper reads into a buffer of its own, copied into HDF5's
+    when the read is done, so an abandoned read writes into nobody's memory.
+    Read from one thread; ``stop`` may be set from any.
     """
 
     def __init__(self, path: str, stop: threading.Event):
         super().__init__(path, "rb")
         self.stop = stop
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._helper: threading.Thread | None = None
 
-    def readinto(self, buffer):
+    def _cancelled(self) -> OSError:
+        return OSError(errno.ECANCELED, f"{self.name}: read cancelled, the reader is stopping")
+
+    def readinto(self, buffer) -> int:
         if self.stop.is_set():
-            raise OSError(errno.ECANCELED, f"{self.name}: read cancelled, the reader is stopping")
-        return super().readinto(buffer)
+            raise self._cancelled()
+        out = memoryview(buffer).cast("B")
+        if not len(out):
+            return 0
+        if self._helper is None:
+            self._helper = threading.Thread(target=self._serve, args=(self.fileno(), self._calls),
+                                            name="h5stream-hdf5-read", daemon=True)
+            self._helper.start()
+        position, own, done, result = self.tell(), bytearray(len(out)), threading.Event(), []
+        self._calls.put((position, own, done, result))
+        while not done.wait(STOP_POLL_S):
+            if self.stop.is_set():
+                raise self._cancelled()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        n = result[0]
+        out[:n] = own[:n]
+        self.seek(position + n)
+        return n
+
+    @staticmethod
+    def _serve(fd: int, calls: queue.SimpleQueue) -> None:
+        """The helper thread: pread each call's bytes into its own buffer until told to stop (None)."""
+        while (call := calls.get()) is not None:
+            position, own, done, result = call
+            try:
+                result.append(os.preadv(fd, [own], position))
+            except BaseException as exc:  # handed to the waiting reader
+                result.append(exc)
+            done.set()
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._calls.put(None)  # a helper stuck on a read ends when the read returns
+            self._helper = None
+        super().close()
 
 
 def open_readable(path: str | os.PathLike, stop: threading.Event | None = None) -> io.FileIO:
