@@ -36,7 +36,7 @@ queued and re-raised by the consumer as :class:`ReaderError` with the cause.
 No thread of a reader keeps the process alive: the reader thread and its I/O
 threads are daemon threads that nothing joins at exit (a read stuck on a hung
 disk or network file system cannot be interrupted, so waiting for it would
-wait for good), and a read through HDF5 fails at once when the stop flag is
+wait for good), and a read through HDF5 gives up when the stop flag is
 set (:class:`~h5stream.store.access.StoppableFile`), so no thread is left
 inside HDF5 when the interpreter exits.  Once :meth:`Reader.get` has raised,
 the reader is stopped and every later ``get`` raises the same error.
