@@ -26,6 +26,7 @@ import numpy as np
 from h5stream import _interrupt as interrupt
 from h5stream.budget import StreamPlan
 from h5stream.errors import ChecksumError, ReaderError, WorkerError
+from h5stream.read.locate import check_chunks
 from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
 from h5stream.store.meta import StoreMeta
 
@@ -34,6 +35,7 @@ class InlineFeed:
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
                  direct_io: bool = False, verify: bool | str = True):
+        check_chunks(meta)
         self.meta, self._layout, self.plan = meta, layout, plan
         self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
         self._verify = verify
@@ -108,6 +110,7 @@ class PooledFeed:
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
+        check_chunks(meta)
         self.meta, self._layout, self.plan = meta, layout, plan
         self._seed, self._timeout_s, self._direct_io, self._verify = seed, timeout_s, direct_io, verify
         bs = plan.batch_size
@@ -131,6 +134,7 @@ class PooledFeed:
         self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
         self._free: queue.Queue[int] = queue.Queue()
         self._stop: threading.Event | None = None
+        self._error: ReaderError | None = None  # a batch did not come in time: the order is lost, raised again
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
@@ -171,6 +175,7 @@ class PooledFeed:
         if self.reader is not None:
             self.reader.close()
             self._pool.discard_pending(self._timeout_s)
+        self._error = None
         self._free = queue.Queue()
         for k in range(self._n_in):
             self._free.put(k)
@@ -183,9 +188,19 @@ class PooledFeed:
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
-        item: _Submitted = self.reader.get()
-        deadline = time.perf_counter() + self._timeout_s
-        t0 = time.perf_counter()
+        """The next batch, or :class:`ReaderError` within ``timeout_s`` (reading and transforming together),
+        naming the worker that has the batch when one has it; after that error every call raises it again."""
+        if self._error is not None:
+            raise self._error
+        t0 = time.monotonic()
+        deadline = t0 + self._timeout_s
+        try:
+            item: _Submitted = self.reader.get(deadline)
+        except ReaderError as exc:
+            late = self._late_worker(t0)  # the reader waits for a slot that a stuck worker holds
+            if late is None:
+                raise
+            raise self._fail(late) from exc
         while True:
             try:
                 done = self._pool.get(timeout_s=POLL_S)
@@ -200,12 +215,12 @@ class PooledFeed:
                 raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
             except TimeoutError:
                 interrupt.raise_pending()
-                if time.perf_counter() > deadline:
-                    raise ReaderError(
-                        f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.0f} s; "
+                if time.monotonic() >= deadline:
+                    raise self._fail(self._late_worker(t0) or ReaderError(
+                        f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.3g} s; "
                         "raise timeout_s if the transform is that slow"
-                    ) from None
-        self.reader.stats["wait_s"] += time.perf_counter() - t0
+                    )) from None
+        self.reader.stats["wait_s"] += time.monotonic() - t0
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
         # Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
@@ -224,6 +239,32 @@ class PooledFeed:
             if item.in_slot is not None:
                 self._free.put(item.in_slot)
         return item.epoch, item.index, x, item.labels
+
+    def _late_worker(self, t0: float) -> ReaderError | None:
+        """The error naming the worker that has the next batch in order, if one has it."""
+        from h5stream.augment.pool_state import stopped
+
+        waiting = self._pool.waiting_on()
+        if waiting is None:
+            return None
+        seq, w, pid = waiting
+        waited = f"{time.monotonic() - t0:.3g} s"
+        if stopped(pid):
+            return ReaderError(
+                f"{self.meta.path}: augment worker {w} (pid {pid}) is stopped (SIGSTOP or Ctrl-Z) with a batch the "
+                f"stream has waited {waited} for; resume it (kill -CONT {pid}), then go on from the stream's "
+                "state() (restore it, or open(..., resume=state))"
+            )
+        return ReaderError(
+            f"{self.meta.path}: augment worker {w} (pid {pid}) has not finished its batch in {waited}; "
+            "raise timeout_s if the transform is that slow"
+        )
+
+    def _fail(self, error: ReaderError) -> ReaderError:
+        """Stop reading and keep ``error`` for every later call: the batches after a late one are out of step."""
+        self._error = error
+        self._stop.set()
+        return error
 
     def stats(self) -> dict:
         s = _reader_stats(self.reader)

@@ -74,6 +74,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._status(416, {"Content-Range": f"bytes */{size}"})
                 return
             status = 206
+        if body and self.server.stalls(start, end):  # a read of bytes that hang: accept it, never answer
+            self.server.stopping.wait()
+            self.close_connection = True
+            return
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
@@ -130,6 +134,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self.stopping = threading.Event()
+        self.stalled = threading.Event()  # set when the first read of the bytes given to stall_bytes arrives
+        self._stall_span: tuple[int, int] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
@@ -153,6 +159,21 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Serve ``after`` requests normally, then read the next ``n`` and never answer them (until :meth:`stop`)."""
         with self._lock:
             self._faults.extend([None] * after + [("stall",)] * n)
+
+    def stall_bytes(self, start: int, stop: int) -> None:
+        """From now on, never answer a GET of a range that overlaps bytes ``[start, stop)`` (until :meth:`stop`),
+        as a hung disk never returns a read; :attr:`stalled` is set when the first such request arrives."""
+        with self._lock:
+            self._stall_span = (int(start), int(stop))
+
+    def stalls(self, start: int, end: int) -> bool:
+        """Whether a read of bytes ``[start, end)`` hangs (see :meth:`stall_bytes`); notes that one did."""
+        with self._lock:
+            span = self._stall_span
+        if span is None or end <= span[0] or start >= span[1]:
+            return False
+        self.stalled.set()
+        return True
 
     def take_fault(self):
         with self._lock:

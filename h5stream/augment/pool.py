@@ -386,6 +386,16 @@ class WorkerPool:
         finally:
             self.release(batch.slot)
 
+    def waiting_on(self) -> tuple[int, int, int | None] | None:
+        """``(seq, worker, pid)`` of the next batch in order while a worker still has it; None when it is done,
+        or not submitted yet.  Any thread; for saying which worker a late batch waits for."""
+        state = self._state
+        with state.cond:
+            task = state.tasks.get(state.next_deliver)
+            if task is None:
+                return None
+            return state.next_deliver, task.worker, state.pids[task.worker]
+
     def discard_pending(self, timeout_s: float) -> int:
         """Wait for every submitted task to finish and drop the undelivered results.
 

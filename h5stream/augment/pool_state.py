@@ -19,6 +19,7 @@ from collections import deque
 from typing import Callable
 
 import numpy as np
+import psutil
 
 from h5stream import _interrupt as interrupt
 from h5stream._spawn import reap_workers
@@ -195,6 +196,16 @@ class PoolState:
         self.wake_all()
 
 
+def stopped(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, Ctrl-Z, a debugger): it runs nothing until SIGCONT."""
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def collect(state: PoolState) -> None:
     """Collector thread: route worker messages into state, notice dead workers.
 
@@ -283,7 +294,11 @@ def shutdown(state: PoolState) -> None:
             conn.send(None)
         except OSError:
             pass
-        if w not in state.ready and w < len(state.procs):
+        if w >= len(state.procs):
+            continue
+        if stopped(state.procs[w].pid):
+            state.procs[w].kill()  # stopped (SIGSTOP): it reads no message, and acts on no signal but SIGKILL
+        elif w not in state.ready:
             state.procs[w].terminate()  # still starting: nothing to finish, and its imports may take seconds
     reap_workers(state.procs, state.close_timeout_s)
     for conn in state.conns:

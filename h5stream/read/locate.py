@@ -20,6 +20,9 @@ from h5stream.store.access import read_consistent
 from h5stream.store.checksum import trusted_digests
 from h5stream.store.meta import StoreMeta
 
+BAND_CACHE_MAX_BYTES = 64 << 20
+"""Largest band of chunks (see :func:`band_bytes`) a stream caches to read a store whose chunks split images."""
+
 
 class Locations(NamedTuple):
     """What the reader learns about a store at open.
@@ -50,6 +53,66 @@ def direct_reads(path: str, meta: StoreMeta) -> bool:
         return chunk_offsets(f[schema.IMAGES], meta.rows, meta.block_rows, path) is not None
 
     return read_consistent(path, readable, rdcc_nbytes=0, remote=meta.remote)
+
+
+def band_bytes(chunks: tuple[int, ...] | None, shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of the chunks that rows ``[k * chunks[0], (k + 1) * chunks[0])`` lie in, a *band*: 0 where a chunk
+    holds whole rows (pure).
+
+    h5py's ``chunks=True`` cuts every image into pieces that each span many rows (``(250, 16, 16, 1)`` for
+    128x128x3 images): reading any one row then means reading its whole band, and reading it through HDF5
+    without a cache that holds the band reads byte by byte.
+    """
+    if chunks is None or tuple(chunks[1:]) == tuple(shape[1:]):
+        return 0
+    per_band = 1
+    for size, chunk in zip(shape[1:], chunks[1:]):
+        per_band *= -(-int(size) // int(chunk))
+    return per_band * int(np.prod(chunks, dtype=np.int64)) * int(itemsize)
+
+
+def chunk_cache(chunks: tuple[int, ...] | None, shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """``(bytes, slots)`` of the HDF5 chunk cache that reads a band (:func:`band_bytes`) once, not byte by byte;
+    ``(0, 0)``: no cache needed (pure)."""
+    band = band_bytes(chunks, shape, itemsize)
+    if not band:
+        return 0, 0
+    n_chunks = band // (int(np.prod(chunks, dtype=np.int64)) * int(itemsize))
+    slots = 20 * n_chunks + 1  # HDF5 hashes chunks into slots: a prime well above the chunk count avoids evictions
+    while any(slots % d == 0 for d in range(2, int(slots ** 0.5) + 1)):
+        slots += 2
+    return band + band // 4, slots  # a cache filled to the last byte evicts: HDF5 counts more than the chunks
+
+
+def check_chunks(meta: StoreMeta) -> None:
+    """Refuse, in one line that says how to fix it, a store whose image chunks only stream by reading far more
+    than the rows asked for: chunks that split images into bands larger than :data:`BAND_CACHE_MAX_BYTES`."""
+    def shape_of(f: h5py.File):
+        images = f[schema.IMAGES]
+        return images.chunks, images.shape, images.dtype.itemsize
+
+    chunks, shape, itemsize = read_consistent(meta.path, shape_of, rdcc_nbytes=0, remote=meta.remote)
+    band = band_bytes(chunks, shape, itemsize)
+    if band > BAND_CACHE_MAX_BYTES:
+        whole = "x".join(str(d) for d in (meta.block_rows, *shape[1:]))
+        raise StoreFormatError(
+            f"{meta.path}: /{schema.IMAGES} is stored in chunks of {chunks}, which cut every image into pieces "
+            f"spanning {chunks[0]} images, so reading one image reads {band / 2**20:.0f} MiB; store whole images "
+            f"per chunk: `h5repack -l {schema.IMAGES}:CHUNK={whole} IN.h5 OUT.h5`, or ingest the images again "
+            "with `h5stream ingest`"
+        )
+
+
+def images_dataset(f: h5py.File) -> h5py.Dataset:
+    """``/images`` of ``f`` with the chunk cache :func:`chunk_cache` asks for (the file's own, none, otherwise)."""
+    images = f[schema.IMAGES]
+    nbytes, slots = chunk_cache(images.chunks, images.shape, images.dtype.itemsize)
+    if not nbytes:
+        return images
+    del images  # HDF5 hands out the dataset already open, with its cache, to a second open: close it first
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    dapl.set_chunk_cache(slots, nbytes, 1.0)  # w0=1: a chunk read whole is evicted first
+    return h5py.Dataset(h5py.h5d.open(f.id, schema.IMAGES.encode(), dapl=dapl))
 
 
 def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locations:

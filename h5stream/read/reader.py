@@ -37,6 +37,14 @@ themselves get their rows' digests with the batch.
 Every blocking queue call uses a short timeout and checks the stop flag, so
 :meth:`Reader.close` always returns promptly.  An exception in the thread is
 queued and re-raised by the consumer as :class:`ReaderError` with the cause.
+
+No thread of a reader keeps the process alive: the reader thread and its I/O
+threads are daemon threads that nothing joins at exit (a read stuck on a hung
+disk or network file system cannot be interrupted, so waiting for it would
+wait for good), and a read through HDF5 gives up when the stop flag is
+set (:class:`~h5stream.store.access.StoppableFile`), so no thread is left
+inside HDF5 when the interpreter exits.  Once :meth:`Reader.get` has raised,
+the reader is stopped and every later ``get`` raises the same error.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ from h5stream import _interrupt as interrupt
 from h5stream._io import aligned_empty
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
-from h5stream.read.locate import direct_reads, locate
+from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, open_source
 from h5stream.read.verify import BlockCheck, check_buffers
@@ -69,6 +77,9 @@ __all__ = ["POLL_S", "ArrayArena", "Batch", "Reader", "Stopped", "direct_reads"]
 
 POLL_S = 0.1
 """How often blocked queue calls wake up to look at the stop flag."""
+
+CLOSE_WAIT_S = 0.5
+"""Longest :meth:`Reader.close` waits for the thread to end (it ends within :data:`POLL_S` unless a read hangs)."""
 
 
 class Stopped(Exception):
@@ -169,6 +180,49 @@ class _FillJob:
         self.futures: list = []
 
 
+class _IOThreads:
+    """A fixed set of daemon threads running submitted calls: ``concurrent.futures.ThreadPoolExecutor`` without
+    its join at interpreter exit, which would wait for good on a read that hangs.  Created, used and shut down
+    by the reader thread."""
+
+    def __init__(self, n: int, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # Stopped included: the waiter re-raises it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def shutdown(self) -> None:
+        """Cancel the calls not started, let the running ones finish, end the threads."""
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                call[0].cancel()
+        for _ in self._threads:
+            self._calls.put(None)
+        for t in self._threads:
+            t.join()
+
+
 class Reader:
     """Owns the reader thread, its byte source and HDF5 handle, and the batch queue.
 
@@ -199,7 +253,8 @@ class Reader:
     their rows' digests for the receivers to check.  ``verify="once"``
     checks the rows of each block on its first read only (labels always).
     Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
-    idempotent.
+    idempotent.  The threads are daemons, and stop within :data:`POLL_S` once
+    ``stop`` is set unless a read hangs (see the module doc).
     """
 
     def __init__(
@@ -244,7 +299,7 @@ class Reader:
         self._offsets: np.ndarray | None = None  # byte offset of each image chunk; None: read through HDF5
         self._label_offsets = None  # (byte offset of each label chunk, rows per chunk) where stored uncompressed
         self._images = self._labels = None  # HDF5 datasets, for what only HDF5 can read
-        self._io: concurrent.futures.ThreadPoolExecutor | None = None
+        self._io: _IOThreads | None = None
         self._io_threads = 0
         # Batches being assembled and handed out, owned by the reader thread:
         self._pending: dict[tuple[int, int], _Pending] = {}
@@ -252,48 +307,76 @@ class Reader:
         self._next_emit: tuple[int, int] | None = None  # the next batch to hand out
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
+        self._error: BaseException | None = None  # what get raised; the reader is stopped from then on
         self._thread.start()
 
     # -- consumer side -----------------------------------------------------------
-    def get(self) -> Batch:
-        """Next batch in order.  Raises :class:`ReaderError` if the thread failed or went quiet."""
+    def get(self, deadline: float | None = None) -> Batch:
+        """Next batch in order.  Consumer thread.
+
+        Waits until ``deadline`` (a ``time.monotonic()`` value; default: ``timeout_s`` from now), running a
+        Ctrl-C held back meanwhile (see :mod:`h5stream._interrupt`) within :data:`POLL_S`.  Raises
+        :class:`ReaderError` if the thread failed, ended or went quiet; the reader is then stopped and every
+        later call raises the same error.
+        """
         if self._closed:
             raise StreamClosedError("the stream is closed; open it again with h5stream.open(...)")
-        t0 = time.perf_counter()
+        if self._error is not None:
+            raise self._error
+        t0 = time.monotonic()
+        if deadline is None:
+            deadline = t0 + self._timeout_s
         while True:
             try:
-                item = self._queue.get(timeout=POLL_S)
+                item = self._queue.get(timeout=min(POLL_S, max(deadline - time.monotonic(), 0.001)))
                 break
             except queue.Empty:
                 interrupt.raise_pending()
                 if not self._thread.is_alive() and self._queue.empty():
-                    raise ReaderError(f"{self.meta.path}: the reader thread stopped without a result") from None
-                if time.perf_counter() - t0 > self._timeout_s:
-                    raise ReaderError(
-                        f"{self.meta.path}: no batch from the reader in {self._timeout_s:.0f} s "
+                    self._fail(ReaderError(f"{self.meta.path}: the reader thread stopped without a result"))
+                if time.monotonic() >= deadline:
+                    self._fail(ReaderError(
+                        f"{self.meta.path}: no batch from the reader in {deadline - t0:.3g} s "
                         "(storage too slow or stuck?); raise timeout_s if this is expected"
-                    ) from None
-        self.stats["wait_s"] += time.perf_counter() - t0
+                    ))
+        self.stats["wait_s"] += time.monotonic() - t0
         if isinstance(item, _Failure):
             if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
-                raise StoreBusyError(str(item.exc)) from item.exc
+                self._fail(StoreBusyError(str(item.exc)), item.exc)
             if isinstance(item.exc, ChecksumError):  # likewise
-                raise ChecksumError(str(item.exc)) from item.exc
-            raise ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}") from item.exc
+                self._fail(ChecksumError(str(item.exc)), item.exc)
+            self._fail(ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}"), item.exc)
         self.stats["batches"] += 1
         return item
+
+    def _fail(self, error: BaseException, cause: BaseException | None = None):
+        """Stop the thread and raise ``error`` (from ``cause``), now and at every later :meth:`get`."""
+        error.__cause__ = cause
+        error.__suppress_context__ = True
+        self._error = error
+        self._stop.set()
+        raise error
 
     @property
     def queue_fill(self) -> tuple[int, int]:
         return self._queue.qsize(), self._queue.maxsize
 
+    @property
+    def alive(self) -> bool:
+        """Whether the reader thread is still running (it ends soon after :meth:`close` or a failed :meth:`get`)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
-        """Stop the thread and drop queued batches.  Idempotent; returns once the thread has ended."""
+        """Stop the thread and drop queued batches.  Idempotent; any thread.
+
+        Returns once the thread has ended, or after :data:`CLOSE_WAIT_S` where a read hangs: the thread then
+        ends (closing the file) when that read returns, and, a daemon, never keeps the process alive.
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.set()
-        self._thread.join(timeout=self._timeout_s)
+        self._thread.join(timeout=min(self._timeout_s, CLOSE_WAIT_S))
         while True:
             try:
                 self._queue.get_nowait()
@@ -326,8 +409,8 @@ class Reader:
                     if writers:
                         raise busy_error(path, writers, "a compressed store can only be read through HDF5 "
                                                         "metadata that the writer keeps changing")
-                    f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0))
-                    self._images = f[schema.IMAGES]
+                    f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
+                    self._images = images_dataset(f)
                     self._labels = f[schema.LABELS]
                 self._source = self._open_source()
                 stack.callback(self._source.close)
@@ -341,10 +424,8 @@ class Reader:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start
                 if self._offsets is not None:
                     self._io_threads = max(1, int(self._source.max_in_flight))
-                    self._io = concurrent.futures.ThreadPoolExecutor(
-                        self._io_threads, thread_name_prefix=self._thread.name + "-io"
-                    )
-                    stack.callback(self._io.shutdown, wait=True, cancel_futures=True)
+                    self._io = _IOThreads(self._io_threads, self._thread.name + "-io")
+                    stack.callback(self._io.shutdown)
                 self._pump()
         except Stopped:
             pass

@@ -39,6 +39,8 @@ import contextlib
 import errno
 import io
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -66,6 +68,8 @@ SETTLE_S = 5.0
 
 PROC_LOCKS = "/proc/locks"
 
+STOP_POLL_S = 0.1
+"""How often a :class:`StoppableFile` read in progress looks at its stop flag."""
 
 IO_ERRNOS = frozenset(getattr(errno, name) for name in ("EIO", "ENXIO", "ENODEV", "ESTALE", "EREMOTEIO", "ENOLINK",
                                                         "ETIMEDOUT", "EHOSTDOWN", "ECOMM")
@@ -95,24 +99,96 @@ class _RecordingFile(io.FileIO):
 
     io_failure: tuple[OSError, int] | None = None
 
+    def record(self, exc: OSError, offset: int | None) -> None:
+        """Keep ``exc`` (at ``offset``) if it is the first I/O error of this file's reads."""
+        if exc.errno in IO_ERRNOS and self.io_failure is None:
+            self.io_failure = (exc, offset)
+
     def readinto(self, buffer):
         try:
             return super().readinto(buffer)
         except OSError as exc:
-            if exc.errno in IO_ERRNOS and self.io_failure is None:
-                try:
-                    offset = self.tell()
-                except OSError:
-                    offset = None
-                self.io_failure = (exc, offset)
+            try:
+                offset = self.tell()
+            except OSError:
+                offset = None
+            self.record(exc, offset)
             raise
 
 
-def open_readable(path: str | os.PathLike) -> io.FileIO:
-    """``path`` opened for reading (unbuffered), or the h5stream error saying why it cannot be."""
+
+class StoppableFile(_RecordingFile):
+    """A file read through HDF5 whose reads give up once ``stop`` is set, even a read that never returns.
+
+    h5py holds its global lock through every HDF5 call, and the interpreter
+    takes that lock again when it exits (to free h5py's objects).  A thread
+    left inside HDF5 on a read that hangs (a hung disk or network file
+    system) would so keep the process from ever exiting.  Here each read runs
+    on a helper thread while the caller waits, looking at ``stop`` every
+    :data:`STOP_POLL_S`: once it is set the read fails (``ECANCELED``), HDF5
+    returns, and only the helper, a daemon holding no lock, stays behind on
+    the read.  The helper reads into a buffer of its own, copied into HDF5's
+    when the read is done, so an abandoned read writes into nobody's memory.
+    Read from one thread; ``stop`` may be set from any.
+    """
+
+    def __init__(self, path: str, stop: threading.Event):
+        super().__init__(path, "rb")
+        self.stop = stop
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._helper: threading.Thread | None = None
+
+    def _cancelled(self) -> OSError:
+        return OSError(errno.ECANCELED, f"{self.name}: read cancelled, the reader is stopping")
+
+    def readinto(self, buffer) -> int:
+        if self.stop.is_set():
+            raise self._cancelled()
+        out = memoryview(buffer).cast("B")
+        if not len(out):
+            return 0
+        if self._helper is None:
+            self._helper = threading.Thread(target=self._serve, args=(self.fileno(), self._calls),
+                                            name="h5stream-hdf5-read", daemon=True)
+            self._helper.start()
+        position, own, done, result = self.tell(), bytearray(len(out)), threading.Event(), []
+        self._calls.put((position, own, done, result))
+        while not done.wait(STOP_POLL_S):
+            if self.stop.is_set():
+                raise self._cancelled()
+        if isinstance(result[0], BaseException):
+            if isinstance(result[0], OSError):
+                self.record(result[0], position)
+            raise result[0]
+        n = result[0]
+        out[:n] = own[:n]
+        self.seek(position + n)
+        return n
+
+    @staticmethod
+    def _serve(fd: int, calls: queue.SimpleQueue) -> None:
+        """The helper thread: pread each call's bytes into its own buffer until told to stop (None)."""
+        while (call := calls.get()) is not None:
+            position, own, done, result = call
+            try:
+                result.append(os.preadv(fd, [own], position))
+            except BaseException as exc:  # handed to the waiting reader
+                result.append(exc)
+            done.set()
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._calls.put(None)  # a helper stuck on a read ends when the read returns
+            self._helper = None
+        super().close()
+
+
+def open_readable(path: str | os.PathLike, stop: threading.Event | None = None) -> io.FileIO:
+    """``path`` opened for reading (unbuffered), or the h5stream error saying why it cannot be; with ``stop``,
+    a :class:`StoppableFile`."""
     path = os.fspath(path)
     try:
-        return _RecordingFile(path, "rb")
+        return _RecordingFile(path, "rb") if stop is None else StoppableFile(path, stop)
     except FileNotFoundError:
         raise StoreNotFoundError(f"{path}: no such file; make one with `h5stream ingest SRC {path}`") from None
     except IsADirectoryError:
@@ -149,7 +225,8 @@ def has_hdf5_signature(raw: io.RawIOBase) -> bool:
 
 
 @contextlib.contextmanager
-def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, remote=None, **h5py_kwargs):
+def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, remote=None,
+                     stop: threading.Event | None = None, **h5py_kwargs):
     """An ``h5py.File`` on ``path``, read-only, taking no HDF5 file lock and sharing nothing with other handles.
 
     A URL opens remotely (:func:`~h5stream.remote.fileobj.open_h5_remote`, with ``remote``: None, a
@@ -168,6 +245,9 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
     (``locking=False``): no Python call per HDF5 read (a few microseconds each),
     which is what the benchmark baselines measure, "plain h5py"; such a handle
     does clash with another handle of this process opened with locking.
+
+    ``stop`` (a local file through the file-object driver): once set, every
+    read fails, so an HDF5 call in progress ends (see :class:`StoppableFile`).
     """
     if is_url(path):
         from h5stream.remote.config import remote_options
@@ -177,7 +257,7 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
             yield f
         return
     path = os.fspath(path)
-    raw = open_readable(path)
+    raw = open_readable(path, stop)
     try:
         try:
             if native_driver:
