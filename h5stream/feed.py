@@ -171,10 +171,18 @@ class PooledFeed:
                 continue
 
     def start(self, epoch: int, batch: int) -> None:
-        """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped."""
+        """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped.  A task
+        that does not finish within ``timeout_s`` (a stopped worker) raises the error :meth:`next` keeps, or the
+        one naming that worker, and the feed stays as it was."""
         if self.reader is not None:
             self.reader.close()
-            self._pool.discard_pending(self._timeout_s)
+            t0 = time.monotonic()
+            try:
+                self._pool.discard_pending(self._timeout_s)
+            except TimeoutError as exc:
+                raise (self._error or self._fail(self._late_worker(t0) or ReaderError(
+                    f"{self.meta.path}: the augment workers did not finish their batches in {self._timeout_s:.3g} s; "
+                    "raise timeout_s if the transform is that slow"))) from exc
         self._error = None
         self._free = queue.Queue()
         for k in range(self._n_in):

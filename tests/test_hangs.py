@@ -107,8 +107,13 @@ def test_a_store_whose_chunks_would_make_every_row_cost_a_huge_read_is_refused_a
         for k, v in s.attrs.items():
             d.attrs[k] = v
         # 64 images of 1024x1024x3 in chunks of (64, 8, 8, 1): reading any image reads 192 MiB of chunks.
-        # Never written, so the file stays small; the layout alone decides.
-        d.create_dataset("images", shape=(64, 1024, 1024, 3), dtype=np.uint8, chunks=(64, 8, 8, 1))
+        # Every chunk allocated at creation but never written (a sparse file that stays small on disk), so all
+        # 64 rows have storage; the layout alone decides.
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((64, 8, 8, 1))
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        h5py.h5d.create(d.id, b"images", h5py.h5t.STD_U8LE, h5py.h5s.create_simple((64, 1024, 1024, 3)), dcpl=dcpl)
         d.create_dataset("labels", data=s["labels"][:])
     with pytest.raises(StoreFormatError) as info:
         h5stream.open(path, batch_size=8, timeout_s=5)
