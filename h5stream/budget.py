@@ -29,7 +29,9 @@ the counts the plan names (``reader_batches``, ``input_slots``,
   the bounce buffers of the reads in flight;
 * **checksums** -- with ``verify_reads`` on a store that has checksums, a
   digest per row and the block buffers of the check
-  (:func:`h5stream.read.verify.check_memory_bytes`).
+  (:func:`h5stream.read.verify.check_memory_bytes`);
+* **chunk cache** -- for a store whose chunks split images (laid out by
+  another tool), the HDF5 chunk cache that reads each band of chunks once.
 
 The fill size ``rows_per_fill`` is whatever the budget leaves after
 everything else, in whole blocks; a budget that cannot hold one batch per
@@ -144,13 +146,15 @@ class StreamPlan:
     remote_client_bytes: int = 0  # the client of a store read from a URL
     direct_io_bytes: int = 0  # the bounce buffers of reads past the page cache
     verify_bytes: int = 0  # row digests and block buffers of verify_reads
+    chunk_cache_bytes: int = 0  # HDF5's chunk cache, for a store whose chunks split images
 
     def allocations(self) -> dict[str, int]:
         """Every part of the plan, in bytes, by name."""
         return {"batches": self.batches_bytes, "fill index": self.fill_index_bytes, "output": self.output_bytes,
                 "workers": self.pool_bytes, "transform": self.transform_bytes, "label cache": self.label_cache_bytes,
                 "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes,
-                "direct I/O": self.direct_io_bytes, "checksums": self.verify_bytes}
+                "direct I/O": self.direct_io_bytes, "checksums": self.verify_bytes,
+                "chunk cache": self.chunk_cache_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -188,8 +192,10 @@ class StreamPlan:
                 share += f" + {format_bytes(self.direct_io_bytes)} for direct I/O"
             if self.verify_bytes:
                 share += f" + {format_bytes(self.verify_bytes)} for checksums"
+            if self.chunk_cache_bytes:
+                share += f" + {format_bytes(self.chunk_cache_bytes)} for HDF5's chunk cache"
             reading = (self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
-                       - self.verify_bytes)
+                       - self.verify_bytes - self.chunk_cache_bytes)
             budget += f" (default: {format_bytes(reading)} for reading{share})"
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in self.allocations().items() if n)
         return (f"budget {budget}: {FILLS} fills x {self.rows_per_fill} rows "
@@ -215,6 +221,7 @@ def plan_memory(
     remote_client_bytes: int = 0,
     direct_io_bytes: int = 0,
     verify_bytes: int = 0,
+    chunk_cache_bytes: int = 0,
 ) -> StreamPlan:
     """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
 
@@ -231,7 +238,8 @@ def plan_memory(
     of the file (a validation split).  ``remote_client_bytes``: what the client of
     a store read from a URL holds, on top of the default budget like
     augmentation's share, out of a given one; ``direct_io_bytes`` likewise, the bounce buffers of reads past
-    the page cache, and ``verify_bytes``, what checking reads against the block checksums holds.
+    the page cache, ``verify_bytes``, what checking reads against the block checksums holds, and
+    ``chunk_cache_bytes``, HDF5's chunk cache for a store whose chunks split images.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -257,7 +265,8 @@ def plan_memory(
                 + n_out * (batch_bytes + bs * out_row_bytes))  # an input slot per output slot, and the output slot
     elif augment:
         transform = TRANSFORM_LIBRARY_BYTES + TRANSFORM_SCRATCH_BYTES
-    client = int(remote_client_bytes) + int(direct_io_bytes) + int(verify_bytes)  # what the byte source holds
+    client = (int(remote_client_bytes) + int(direct_io_bytes) + int(verify_bytes)
+              + int(chunk_cache_bytes))  # what the byte source holds
     fixed = bookkeeping + output + pool + transform + client
 
     def total(fill_rows: int, depth: int, label_cache: int = 0) -> int:
@@ -332,6 +341,7 @@ def plan_memory(
         remote_client_bytes=int(remote_client_bytes),
         direct_io_bytes=int(direct_io_bytes),
         verify_bytes=int(verify_bytes),
+        chunk_cache_bytes=int(chunk_cache_bytes),
     )
 
 
@@ -345,11 +355,13 @@ def available_memory_bytes() -> int | None:
 def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
                 rows_per_fill: int | None = None, epoch_rows: int | None = None,
                 out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None,
-                available_bytes: int | None | str = "auto", verify_reads: bool | str = False) -> StreamPlan:
+                available_bytes: int | None | str = "auto", verify_reads: bool | str = False,
+                chunk_cache_bytes: int = 0) -> StreamPlan:
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
     read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default about a MiB);
-    ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums).
+    ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums);
+    ``chunk_cache_bytes``: HDF5's chunk cache for a store whose chunks split images.
 
     ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
     :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
@@ -390,7 +402,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
             out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None, unit_bytes),
             rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
-            verify_bytes=verify,
+            verify_bytes=verify, chunk_cache_bytes=chunk_cache_bytes,
         )
 
     def minimum(workers, batch_size):

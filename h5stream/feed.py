@@ -26,7 +26,6 @@ import numpy as np
 from h5stream import _interrupt as interrupt
 from h5stream.budget import StreamPlan
 from h5stream.errors import ChecksumError, ReaderError, WorkerError
-from h5stream.read.locate import check_chunks
 from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
 from h5stream.store.meta import StoreMeta
 
@@ -35,7 +34,6 @@ class InlineFeed:
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
                  direct_io: bool = False, verify: bool | str = True):
-        check_chunks(meta)
         self.meta, self._layout, self.plan = meta, layout, plan
         self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
         self._verify = verify
@@ -110,7 +108,6 @@ class PooledFeed:
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
-        check_chunks(meta)
         self.meta, self._layout, self.plan = meta, layout, plan
         self._seed, self._timeout_s, self._direct_io, self._verify = seed, timeout_s, direct_io, verify
         bs = plan.batch_size

@@ -208,11 +208,14 @@ class Stream:
         if unit_bytes is None and resume is not None and "unit_rows" in resume:
             unit_bytes = int(resume["unit_rows"]) * meta.row_bytes  # likewise
         start, stop = self._rows
+        from h5stream.read.locate import check_chunks
+
+        chunk_cache = check_chunks(meta)  # one line for a layout that cannot stream; else the cache it needs
         self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
                                             workers=self.workers, rows_per_fill=rows_per_fill,
                                             epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
                                             direct_io=self.direct_io, unit_bytes=unit_bytes,
-                                            verify_reads=options.verify_reads)
+                                            verify_reads=options.verify_reads, chunk_cache_bytes=chunk_cache)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,

@@ -96,8 +96,12 @@ def test_a_store_copied_by_plain_h5py_with_guessed_chunks_streams_every_row_once
     chunks = copy_with_h5py(src, str(tmp_path / "copy.h5"))
     assert chunks[1:] != (64, 64, 3)  # the chunks really do split images
     with h5stream.open(str(tmp_path / "copy.h5"), batch_size=16, timeout_s=5) as stream:
+        assert stream.plan.chunk_cache_bytes > 0  # the band cache is part of the budget
+        assert stream.plan.total_bytes <= stream.plan.budget_bytes
         check_epoch(stream)
         check_epoch(stream)
+    with h5stream.open(src, batch_size=16) as stream:
+        assert stream.plan.chunk_cache_bytes == 0  # h5stream's own chunks hold whole images
 
 
 def test_a_store_whose_chunks_would_make_every_row_cost_a_huge_read_is_refused_at_open_in_one_line(tmp_path):

@@ -84,9 +84,11 @@ def chunk_cache(chunks: tuple[int, ...] | None, shape: tuple[int, ...], itemsize
     return band + band // 4, slots  # a cache filled to the last byte evicts: HDF5 counts more than the chunks
 
 
-def check_chunks(meta: StoreMeta) -> None:
-    """Refuse, in one line that says how to fix it, a store whose image chunks only stream by reading far more
-    than the rows asked for: chunks that split images into bands larger than :data:`BAND_CACHE_MAX_BYTES`."""
+def check_chunks(meta: StoreMeta) -> int:
+    """The bytes of the HDF5 chunk cache the reader will hold for the store ``meta`` (:func:`chunk_cache`; 0 for
+    a store whose chunks hold whole images, as h5stream lays them out).  Refuses, in one line that says how to
+    fix it, a store whose image chunks only stream by reading far more than the rows asked for: chunks that
+    split images into bands larger than :data:`BAND_CACHE_MAX_BYTES`."""
     def shape_of(f: h5py.File):
         images = f[schema.IMAGES]
         return images.chunks, images.shape, images.dtype.itemsize
@@ -101,6 +103,7 @@ def check_chunks(meta: StoreMeta) -> None:
             f"per chunk: `h5repack -l {schema.IMAGES}:CHUNK={whole} IN.h5 OUT.h5`, or ingest the images again "
             "with `h5stream ingest`"
         )
+    return chunk_cache(chunks, shape, itemsize)[0]
 
 
 def images_dataset(f: h5py.File) -> h5py.Dataset:
