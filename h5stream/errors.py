@@ -113,6 +113,20 @@ class ResourceLimitError(H5StreamError, OSError):
         return str(self.args[0]) if self.args else ""
 
 
+def descriptor_limit(code: int | None) -> tuple[str, str] | None:
+    """``(what, how to fix)`` for running out of file descriptors (EMFILE, ENFILE), None for another errno."""
+    import errno
+    import resource
+
+    if code == errno.EMFILE:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        return f"too many open files for this process (ulimit -n is {limit})", "raise it (e.g. ulimit -n 4096)"
+    if code == errno.ENFILE:
+        return "too many open files on this system", "close other programs or raise fs.file-max"
+    return None
+
+
 class StorePermissionError(H5StreamError, PermissionError):
     """The store (or a folder on its path) exists but this user may not read it."""
 

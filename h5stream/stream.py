@@ -20,7 +20,8 @@ import numpy as np
 
 from h5stream import _interrupt as interrupt
 from h5stream.budget import StreamPlan, plan_stream
-from h5stream.errors import ConfigError, StreamClosedError, StreamIterationError
+from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
+                             descriptor_limit)
 from h5stream.feed import InlineFeed, PooledFeed
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
@@ -252,6 +253,16 @@ class Stream:
                 self.restore(resume)
             else:
                 self._feed.start(0, 0)
+        except OSError as exc:
+            self._close_started()
+            limit = descriptor_limit(exc.errno)
+            if limit is None or isinstance(exc, H5StreamError):
+                raise
+            what, fix = limit
+            raise ResourceLimitError(
+                f"{meta.path}: {what} while starting the stream; {fix}"
+                + (f" or lower workers (now {self.workers}; workers=0 opens the fewest)" if self.workers else ""),
+                errno=exc.errno) from exc
         except BaseException:
             self._close_started()
             raise

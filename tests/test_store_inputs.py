@@ -366,3 +366,27 @@ def test_an_io_error_reading_the_labels_names_the_byte(base_store, mount_failing
     code, _out, err = h5cli("info", path)
     assert code == 1 and one_line(err), err
     assert f"I/O error reading the file at byte {offset}" in err and "damaged" not in err, err
+
+
+_FEW_FILES = """
+import resource, sys
+import h5stream
+resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+with h5stream.open(sys.argv[1], batch_size=32, workers=2, augment=h5stream.Augment(horizontal_flip=True)) as s:
+    print(sum(len(x) for x, _ in s))
+"""
+
+
+def test_a_stream_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path):
+    """``ulimit -n 16`` leaves too few descriptors for two workers' pipes: a ResourceLimitError naming the limit,
+    the fix and the worker count, not an OSError from deep inside multiprocessing; nothing left behind."""
+    path = tmp_path / "s.h5"
+    rng = np.random.default_rng(0)
+    write_arrays(path, rng.integers(0, 255, (256, 16, 16, 3), dtype=np.uint8), np.arange(256) % 3, block_rows=16)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(h5stream.__file__))}
+    done = subprocess.run([sys.executable, "-c", _FEW_FILES, str(path)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("h5stream.errors.ResourceLimitError: ") and "ulimit -n is 16" in last, done.stderr
+    assert "workers=0" in last and "raise it" in last

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
-                             StoreWriteError)
+                             StoreWriteError, descriptor_limit)
 from h5stream.ingest.decode import FD_LIMIT_ERRNOS, DecodeSpec
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
@@ -352,15 +352,7 @@ def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
 
 def _out_of_descriptors(exc: OSError, workers: int) -> ResourceLimitError:
     """The one line for EMFILE / ENFILE: which limit, how to raise it, and that committed rows are kept."""
-    import resource
-
-    if exc.errno == errno.EMFILE:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-        what = f"too many open files for this process (ulimit -n is {limit})"
-        fix = "raise it (e.g. ulimit -n 4096)"
-    else:
-        what, fix = "too many open files on this system", "close other programs or raise fs.file-max"
+    what, fix = descriptor_limit(exc.errno) or descriptor_limit(errno.ENFILE)
     if workers:
         fix += f" or lower --workers (now {workers}; --workers 0 opens the fewest)"
     return ResourceLimitError(f"{what}; {fix}; rows already committed are kept: run the same command with "

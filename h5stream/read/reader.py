@@ -63,7 +63,7 @@ import numpy as np
 
 from h5stream import _interrupt as interrupt
 from h5stream._io import aligned_empty
-from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError
+from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets
@@ -345,6 +345,9 @@ class Reader:
                 self._fail(StoreBusyError(str(item.exc)), item.exc)
             if isinstance(item.exc, ChecksumError):  # likewise
                 self._fail(ChecksumError(str(item.exc)), item.exc)
+            limit = descriptor_limit(getattr(item.exc, "errno", None))
+            if limit is not None:
+                self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"), item.exc)
             self._fail(ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}"), item.exc)
         self.stats["batches"] += 1
         return item
