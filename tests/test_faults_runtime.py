@@ -53,11 +53,12 @@ def store(tmp_path_factory):
 
 
 def check_epoch(stream) -> int:
-    """Stream the rest of the current epoch; every batch holds the rows ``epoch_order`` names, with their pixels
-    and labels.  Returns the rows of the whole epoch."""
+    """Stream one ``iter(stream)`` (the rest of a restored epoch, else a whole one); every batch holds the rows
+    ``epoch_order`` names, with their pixels and labels.  Returns the rows of the whole epoch."""
+    it = iter(stream)  # from here on state() and epoch_order() describe what this iterator serves
     order = stream.epoch_order()
     seen = stream.state()["batch"] * stream.batch_size
-    for x, y in stream:
+    for x, y in it:
         ids = order[seen:seen + len(x)]
         assert (x == pattern(ids)[:, None, None, None]).all()
         assert np.array_equal(y, ids % 3)
@@ -113,7 +114,7 @@ def test_default_h5py_and_pytables_handles_work_beside_an_open_stream(store, lib
             next(iter(s))
             with _user_open(lib, store) as handle:
                 assert np.array_equal(_user_labels(lib, handle), np.arange(5) % 3)
-                check_epoch(s)  # the rest of the epoch, then a whole one
+                check_epoch(s)  # after the peek, a whole epoch (the next one), then another
                 check_epoch(s)
 
 
