@@ -357,6 +357,12 @@ def test_an_io_error_opening_the_store_is_reported_as_one_not_as_damage(base_sto
     with pytest.raises(StoreReadError, match="I/O error reading") as caught:
         h5stream.open(path, batch_size=16)
     assert caught.value.errno == errno.EIO and isinstance(caught.value, OSError)
+    # Left uncaught (kept as sys.last_value to the end), the error must not hold HDF5 objects that HDF5's exit
+    # handler would free after the interpreter is gone: one line and exit 1, not a crash at exit.
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(h5stream.__file__))}
+    done = subprocess.run([sys.executable, "-c", f"import h5stream; h5stream.open({path!r})"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 1 and "StoreReadError" in done.stderr.strip().splitlines()[-1], done
 
 
 def test_an_io_error_reading_the_labels_names_the_byte(base_store, mount_failing, h5cli):

@@ -265,6 +265,10 @@ def open_h5_readonly(path: str | os.PathLike, *, native_driver: bool = False, re
             else:
                 f = h5py.File(raw, "r", **h5py_kwargs)
         except OSError as exc:
+            # h5py's frames in the traceback hold the file-access property list of our file object; kept alive
+            # (by a caller keeping the error, or sys.last_value) it is freed by HDF5's exit handler after the
+            # interpreter is gone, whose callback into Python then crashes the process.  The message is enough.
+            exc.__traceback__ = None
             _raise_io_failure(path, raw, exc)
             try:
                 signature = has_hdf5_signature(raw)
