@@ -245,6 +245,19 @@ def test_follow_links_enters_linked_folders_and_lists_loops(linked, tmp_path, h5
     assert report["cat/loop/"].startswith("left out: symlink to ") and "a folder it lies in" in report["cat/loop/"]
 
 
+def test_csv_mode_lists_the_symlinked_folders_it_does_not_enter(linked, tmp_path, h5cli):
+    root, base, _ = linked
+    real = {rel: k for rel, k in base.items() if not rel.startswith("dog/")}
+    labels_csv = write_csv(tmp_path / "l.csv", ["path", "label"], [(rel, ANIMALS[k]) for rel, k in real.items()])
+    out = tmp_path / "o.h5"
+    code, _, err = h5cli("ingest", root, out, "--labels", labels_csv, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    assert sorted(read_store(out)[2]) == sorted(real)
+    hint = ("left out: symlinked folder, not entered; l.csv lists no file in it "
+            "(--follow-links lists the images it holds)")
+    assert read_report(out) == {"dog/": hint, "cat/more/": hint, "cat/loop/": hint}
+
+
 def _keras_dataset_utils():
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     try:

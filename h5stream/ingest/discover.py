@@ -99,16 +99,18 @@ def _check_root(root: str) -> None:
 class _Walk:
     """Relative (POSIX) paths of the non-hidden files under some folders, and what the walk left out.
 
-    Symlinked folders below the walked folder are entered only with ``follow_links``, never one that leads
-    back to a folder it lies in (a loop); either way they are listed in :attr:`left_out`.  Hidden entries
-    (name starting with '.') are neither listed nor entered, except folders in ``enter_hidden`` (the labels
-    CSV names files inside them).
+    Symlinked folders below the walked folder are entered only with ``follow_links`` or when in ``enter``,
+    never one that leads back to a folder it lies in (a loop); one not entered is listed in :attr:`left_out`
+    with ``link_hint``.  Hidden entries (name starting with '.') are neither listed nor entered, except
+    folders in ``enter`` (relative paths: the labels CSV names files inside them).
     """
 
-    def __init__(self, root: str, enter_hidden: frozenset[str] = frozenset(), follow_links: bool = False):
+    def __init__(self, root: str, enter: frozenset[str] = frozenset(), follow_links: bool = False,
+                 link_hint: str = "use --follow-links to ingest what it holds"):
         self.root = root
-        self.enter_hidden = enter_hidden
+        self.enter = enter
         self.follow_links = follow_links
+        self.link_hint = link_hint
         self.left_out: list[tuple[str, str, str]] = []
 
     def _rel(self, path: str) -> str:
@@ -129,20 +131,21 @@ class _Walk:
         # Real paths of the folders each walked folder lies in (itself included): a followed link to one of
         # them would walk forever.
         inside = {folder: {os.path.realpath(self.root), os.path.realpath(folder)}}
-        for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=self.follow_links):
+        # followlinks=True: which links to enter is decided below, per folder.
+        for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=True):
             prefix = self._rel(dirpath)  # once per folder, not per file
             above = inside.pop(dirpath, set())
             keep = []
             for d in sorted(dirnames):
-                if _is_hidden(d) and prefix + d not in self.enter_hidden:
+                if _is_hidden(d) and prefix + d not in self.enter:
                     self.hidden(prefix + d + "/")
                     continue
                 full = os.path.join(dirpath, d)
                 if os.path.islink(full):
                     real = os.path.realpath(full)
-                    if not self.follow_links:
-                        self.left_out.append((prefix + d + "/", SYMLINK, "symlinked folder, not entered; "
-                                              "use --follow-links to ingest what it holds"))
+                    if not self.follow_links and prefix + d not in self.enter:
+                        self.left_out.append((prefix + d + "/", SYMLINK,
+                                              f"symlinked folder, not entered; {self.link_hint}"))
                         continue
                     if real in above:
                         self.left_out.append((prefix + d + "/", LOOP, f"symlink to {real}, a folder it lies in; "
@@ -150,7 +153,7 @@ class _Walk:
                         continue
                     inside[full] = above | {real}
                 else:
-                    inside[full] = above | {os.path.realpath(full)} if self.follow_links else above
+                    inside[full] = above | {os.path.realpath(full)}
                 keep.append(d)
             dirnames[:] = keep
             for name in filenames:
@@ -309,7 +312,7 @@ def class_order(values, classes: tuple[str, ...] | None) -> tuple[str, ...]:
 
 def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
                  label_columns: list[str] | None = None, label_kind: str | None = None,
-                 classes: list[str] | tuple[str, ...] | None = None) -> Source:
+                 classes: list[str] | tuple[str, ...] | None = None, follow_links: bool = False) -> Source:
     """CSV mode: a ``path`` or ``filename`` column relative to ``root`` plus label columns.
 
     ``label_columns`` picks the columns (default: every other column).  The
@@ -408,18 +411,20 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
     class_names = (chosen or in_csv) if kind == schema.LABEL_CLASS else None
     return Source(
         root, kind, tuple(items), class_names=class_names, label_columns=tuple(label_columns),
-        rejected=tuple(rejected), left_out=tuple(left_out) + _not_listed(root, seen, csv_name),
+        rejected=tuple(rejected), left_out=tuple(left_out) + _not_listed(root, seen, csv_name, follow_links),
     )
 
 
-def _not_listed(root: str, listed: set[str], csv_name: str) -> tuple[tuple[str, str, str], ...]:
-    """What a walk of ``root`` finds that the CSV does not list: image files, hidden entries, unreadable
-    folders (hidden folders holding listed files are searched)."""
+def _not_listed(root: str, listed: set[str], csv_name: str,
+                follow_links: bool = False) -> tuple[tuple[str, str, str], ...]:
+    """What a walk of ``root`` finds that the CSV does not list: image files, hidden entries, symlinked folders
+    not entered, unreadable folders (hidden or symlinked folders holding listed files are searched; every
+    symlinked folder with ``follow_links``)."""
     enter = frozenset(
         "/".join(parts[:i]) for rel in listed for parts in [rel.split("/")] for i in range(1, len(parts))
-        if any(_is_hidden(p) for p in parts[:i])
     )
-    walk = _Walk(root, enter_hidden=enter)
+    walk = _Walk(root, enter=enter, follow_links=follow_links,
+                 link_hint=f"{csv_name} lists no file in it (--follow-links lists the images it holds)")
     unlisted = [
         (rel, NOT_LISTED, f"image file not listed in {csv_name}")
         for rel in walk.files(root) if rel not in listed and _is_image_name(rel)
@@ -431,8 +436,8 @@ def _not_listed(root: str, listed: set[str], csv_name: str) -> tuple[tuple[str, 
 def discover(root: str | os.PathLike, labels_csv: str | os.PathLike | None = None,
              label_columns: list[str] | None = None, *, classes: list[str] | tuple[str, ...] | None = None,
              label_kind: str | None = None, follow_links: bool = False) -> Source:
-    """Folder mode when ``labels_csv`` is None, CSV mode otherwise (``follow_links`` applies to folder mode;
-    the CSV names its files)."""
+    """Folder mode when ``labels_csv`` is None, CSV mode otherwise (where the CSV names the files, and
+    ``follow_links`` only makes the walk for files it does not list enter every symlinked folder)."""
     if labels_csv is None:
         if label_columns:
             raise SourceError("--label-columns needs --labels FILE.csv")
@@ -440,4 +445,4 @@ def discover(root: str | os.PathLike, labels_csv: str | os.PathLike | None = Non
             raise SourceError("--label-kind regression needs --labels FILE.csv with numeric columns; "
                               "class folders give class labels")
         return discover_class_folders(root, classes, follow_links)
-    return discover_csv(root, labels_csv, label_columns, label_kind, classes)
+    return discover_csv(root, labels_csv, label_columns, label_kind, classes, follow_links)
