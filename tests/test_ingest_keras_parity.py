@@ -293,3 +293,17 @@ def test_pad_fills_black_as_keras_and_pad_fill_chooses_and_is_kept_on_append(ani
     assert code == 1 and "store has pad fill 255,255,255, this run asks for 0,0,0" in err
     code, _, err = h5cli("ingest", root, tmp_path / "bad.h5", "--pad-fill", "300")
     assert code == 1 and "--pad-fill '300'" in err
+
+
+def test_a_store_written_before_pad_fill_keeps_its_white_padding_on_append(animals, tmp_path, h5cli):
+    root, _, _ = animals
+    out = tmp_path / "old.h5"
+    code, _, err = h5cli("ingest", root, out, "--size", "20", "--resize", "pad", "--pad-fill", "255",
+                         "--classes", "bird", "--workers", "0")
+    assert code == 0, err
+    with h5py.File(out, "r+") as f:  # as older versions wrote it: padded with the alpha background, no pad_fill
+        del f.attrs[schema.ATTR_PAD_FILL]
+    code, _, err = h5cli("ingest", root, out, "--append", "--workers", "0")
+    assert code == 0, err
+    images, labels, _, _ = read_store(out)
+    assert len(labels) == 12 and (images[:, :2] == 255).all() and (images[:, -2:] == 255).all()

@@ -110,7 +110,7 @@ class IngestTarget:
 class IngestResult:
     """What one run did.  ``skipped``: files that could not be ingested (unusable files, and the
     ``unreadable_folders`` among them); ``left_out``: what was left out on purpose, by kind (hidden, not in
-    the labels CSV, not in a class folder).  Both are listed in the skip report.  ``workers``: the decode
+    the labels CSV, not in a class folder, class not chosen, symlink not followed, symlink loop).  Both are listed in the skip report.  ``workers``: the decode
     processes used (``opts.workers`` capped by :func:`max_workers`)."""
 
     out: str
