@@ -148,8 +148,8 @@ def test_resize_modes_and_grayscale(class_src, tmp_path, h5cli, resize):
     assert images.shape == (18, 20, 20, 1) and attrs[schema.ATTR_RESIZE] == resize
     for image, label in zip(images, labels):
         assert nearest_class(image, len(CLASS_NAMES)) == label
-    if resize == "pad":  # 30x40 source fits as 15x20, centred: white bands above and below
-        assert (images[:, :2] == 255).all() and (images[:, -2:] == 255).all()
+    if resize == "pad":  # 30x40 source fits as 15x20, centred: black bands above and below (as Keras pads)
+        assert (images[:, :2] == 0).all() and (images[:, -2:] == 0).all()
 
 
 # -- decoding: every mode, alpha, EXIF, draft --------------------------------------------
@@ -287,7 +287,7 @@ def test_crop_and_pad_geometry(tmp_path):
     path = _save(tmp_path, "bands.png", Image.fromarray(arr))
     crop = decode_file(path, DecodeSpec(size=(20, 20), resize="crop"))  # the centre 100 x 100: all green
     assert (crop[..., 1] == 255).all() and (crop[..., [0, 2]] == 0).all()
-    pad = decode_file(path, DecodeSpec(size=(40, 40), resize="pad", background=(9, 9, 9)))  # 40 x 20, centred
+    pad = decode_file(path, DecodeSpec(size=(40, 40), resize="pad", pad_fill=(9, 9, 9)))  # 40 x 20, centred
     assert (pad[:10] == 9).all() and (pad[30:] == 9).all()
     np.testing.assert_array_equal(pad[20, 1], [255, 0, 0])
     np.testing.assert_array_equal(pad[20, 20], [0, 255, 0])

@@ -33,14 +33,26 @@ def _ingest(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="folder with one subfolder per class, or any folder plus --labels")
     parser.add_argument("out", metavar="OUT.h5", help="store to create (or extend with --append)")
     parser.add_argument("--labels", metavar="FILE.csv",
-                        help="CSV with a 'path' or 'filename' column (relative to SRC) and numeric label columns")
+                        help="CSV with a 'path' or 'filename' column (relative to SRC) and label columns: "
+                        "a column of names gives classes, numeric columns regression targets")
     parser.add_argument("--label-columns", metavar="A,B",
                         help="label columns to use from --labels (default: every column but path/filename)")
+    parser.add_argument("--label-kind", choices=("class", "regression"),
+                        help="how to read the --labels column: class names, or numbers (default: class when a "
+                        "value is not a number, so 0/1 stay regression targets unless you pass class)")
+    parser.add_argument("--classes", metavar="A,B",
+                        help="classes to keep, in label order (default: all, sorted); other class folders or "
+                        "CSV rows are left out")
+    parser.add_argument("--follow-links", action="store_true",
+                        help="enter symlinked folders inside class folders (symlinked class folders are always "
+                        "classes, as in Keras); loops are detected")
     parser.add_argument("--size", metavar="N|HxW",
                         help="output size: N (square) or HxW (default 128); with --append, size, resize, channels, "
                         "order and seed default to the store's and must match it if given")
     parser.add_argument("--resize", choices=("stretch", "crop", "pad"),
-                        help="stretch ignores aspect (default); crop keeps the centre; pad fits on white")
+                        help="stretch ignores aspect (default); crop keeps the centre; pad fits on --pad-fill")
+    parser.add_argument("--pad-fill", metavar="V|R,G,B",
+                        help="colour around a --resize pad image: 0..255 or R,G,B (default 0, black, as Keras)")
     parser.add_argument("--channels", type=int, choices=(3, 1), help="3 = RGB (default), 1 = grayscale")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="decode processes (default: all cores; 0 = in-process; at most two per core)")

@@ -84,6 +84,16 @@ def describe(path: str) -> dict:
     }
 
 
+def label_kind_text(info: dict) -> str:
+    """What the labels are, in words: class indices into ``classes`` (from folders or a CSV column of names) or
+    regression targets (numeric CSV columns)."""
+    columns = info["label_columns"] or []
+    if info["label_kind"] == "class":
+        where = f"CSV column {columns[0]}" if columns else "class folders"
+        return f"class (index into the class names, from the {where})"
+    return f"regression (float targets from CSV column{'s' if len(columns) > 1 else ''} {', '.join(columns)})"
+
+
 def format_text(info: dict) -> str:
     h, w, c = info["image_shape"]
     lines = [
@@ -92,6 +102,7 @@ def format_text(info: dict) -> str:
         f"  images          {h}x{w}x{c} {info['dtype']} (resize: {info['resize']})",
         f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
         + (f" columns {', '.join(info['label_columns'])}" if info["label_columns"] else ""),
+        f"  label kind      {label_kind_text(info)}",
     ]
     if info["classes"] is not None:
         lines.append(f"  classes         {len(info['classes'])}")

@@ -28,7 +28,23 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
+def parse_pad_fill(text: str) -> tuple[int, int, int]:
+    """``"0"`` -> (0, 0, 0); ``"255,128,0"`` -> (255, 128, 0)."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) in (1, 3) and all(p.isdigit() and int(p) <= 255 for p in parts):
+        values = tuple(int(p) for p in parts)
+        return values * 3 if len(values) == 1 else values
+    raise ConfigError(f"--pad-fill {text!r}: use one value 0..255 (gray) or R,G,B, e.g. 0 or 255,255,255")
 
+
+def parse_names(text: str | None, flag: str) -> tuple[str, ...] | None:
+    """``"a, b"`` -> ("a", "b"); None stays None; an empty list is refused."""
+    if text is None:
+        return None
+    names = tuple(c.strip() for c in text.split(",") if c.strip())
+    if not names:
+        raise ConfigError(f"{flag} is empty; name one or more, comma-separated, e.g. {flag} a,b")
+    return names
 
 
 def _mib(n: int) -> str:
@@ -54,19 +70,16 @@ def run(args) -> int:
     from h5stream.ingest.pack import IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
 
     size = parse_size(args.size) if args.size is not None else None
-    columns = None
-    if args.label_columns is not None:
-        columns = tuple(c.strip() for c in args.label_columns.split(",") if c.strip())
-        if not columns:
-            raise ConfigError("--label-columns is empty; name one or more CSV columns, "
-                              "e.g. --label-columns steer,throttle")
+    columns = parse_names(args.label_columns, "--label-columns")
     workers = default_workers() if args.workers is None else args.workers
     if workers > max_workers():
         print(f"h5stream: --workers {workers} is more than this machine can use; decoding with {max_workers()} "
               f"({WORKERS_PER_CPU} per CPU available)", file=sys.stderr)
         workers = max_workers()
     result = ingest(IngestOptions(
-        src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns, size=size,
+        src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns,
+        classes=parse_names(args.classes, "--classes"), label_kind=args.label_kind, follow_links=args.follow_links,
+        pad_fill=parse_pad_fill(args.pad_fill) if args.pad_fill is not None else None, size=size,
         resize=args.resize, channels=args.channels, order=args.order, seed=args.seed,
         workers=workers, block_rows=args.block_rows,
         compression=None if args.compression == "none" else args.compression,

@@ -30,7 +30,8 @@ with a one-line reason; it never returns a partial image.  Steps:
    ``channels=1`` converts RGB to L with ITU-R 601 luma (Pillow's ``L``).
 5. Resize to ``size`` = (height, width): ``stretch`` ignores aspect (Keras
    ``target_size``), ``crop`` scales to cover and takes the centre, ``pad``
-   scales to fit and centres it on ``background``.  What is left to shrink
+   scales to fit and centres it on ``pad_fill`` (default black, 0, as Keras'
+   ``pad_to_aspect_ratio`` / ``tf.image.resize_with_pad``).  What is left to shrink
    after ``draft()`` is under 2x for JPEGs; such steps (and enlarging) are
    bilinear (OpenCV), which is also closer to a full-resolution Lanczos
    reference than an area average here.  Shrinking by 2x or more (PNGs, huge
@@ -59,6 +60,7 @@ cv2 = _deps.cv2()
 
 RESIZE_MODES = ("stretch", "crop", "pad")
 DEFAULT_BACKGROUND = (255, 255, 255)
+DEFAULT_PAD_FILL = (0, 0, 0)
 MAX_PIXELS = 1 << 27
 #: Failures to open a file that say nothing about the file (this process or the system has too many open):
 #: raised, never a skip, so a good image is not reported bad.
@@ -120,12 +122,14 @@ class SkipFile(Exception):
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    """How every file of one ingest is decoded.  ``size`` is (height, width)."""
+    """How every file of one ingest is decoded.  ``size`` is (height, width); ``background`` is what alpha is
+    composited on, ``pad_fill`` what ``pad`` fills around the image."""
 
     size: tuple[int, int]
     resize: str = "stretch"
     channels: int = 3
     background: tuple[int, int, int] = DEFAULT_BACKGROUND
+    pad_fill: tuple[int, int, int] = DEFAULT_PAD_FILL
     max_pixels: int = MAX_PIXELS
 
     @property
@@ -210,8 +214,9 @@ def to_rgb_or_l(im: Image.Image, channels: int, background: tuple[int, int, int]
     return im if im.mode == "RGB" else im.convert("RGB")
 
 
-def resize(arr: np.ndarray, size: tuple[int, int], mode: str, background: tuple[int, int, int]) -> np.ndarray:
-    """Resize ``arr`` (H x W x C uint8, C = 1 or 3) to ``size`` = (height, width) by ``mode`` (stretch | crop | pad)."""
+def resize(arr: np.ndarray, size: tuple[int, int], mode: str, pad_fill: tuple[int, int, int]) -> np.ndarray:
+    """Resize ``arr`` (H x W x C uint8, C = 1 or 3) to ``size`` = (height, width) by ``mode`` (stretch | crop | pad);
+    ``pad`` fills around the image with ``pad_fill`` (its luma for one channel)."""
     th, tw = size
     h, w = arr.shape[:2]
     if arr.ndim == 3 and arr.shape[2] == 1:
@@ -226,7 +231,7 @@ def resize(arr: np.ndarray, size: tuple[int, int], mode: str, background: tuple[
     elif mode == "pad":
         scale = min(tw / w, th / h)
         nw, nh = max(1, min(tw, round(w * scale))), max(1, min(th, round(h * scale)))
-        fill = background if arr.ndim == 3 else int(round(np.dot(background, (0.299, 0.587, 0.114))))
+        fill = pad_fill if arr.ndim == 3 else int(round(np.dot(pad_fill, (0.299, 0.587, 0.114))))
         out = np.empty((th, tw) + arr.shape[2:], np.uint8)
         out[...] = fill
         top, left = (th - nh) // 2, (tw - nw) // 2
@@ -285,7 +290,7 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
                     out = out.transpose(_ORIENT_TRANSPOSE[orientation])
                 out = to_rgb_or_l(out, spec.channels, spec.background)
                 decoded = np.asarray(out, dtype=np.uint8)
-            arr = resize(decoded, spec.size, spec.resize, spec.background)
+            arr = resize(decoded, spec.size, spec.resize, spec.pad_fill)
         except SkipFile:
             raise
         except Image.DecompressionBombError as exc:

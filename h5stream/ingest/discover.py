@@ -5,8 +5,23 @@ Pure functions over the file system (no decoding).  Each returns a
 paths), the label kind, the files that can be rejected without opening them
 (unknown extension, path too long), and what is left out with a reason
 (:attr:`Source.left_out`: hidden entries, image files the labels CSV or the
-class layout does not cover, folders that cannot be read), so every file
-under the source gets an answer.  Every unusable *source* raises a one-line
+class layout does not cover, classes not chosen with ``classes``, symlinked
+folders not followed, folders that cannot be read), so every file under the
+source gets an answer.
+
+Symlinks follow Keras (``image_dataset_from_directory``): a symlinked class
+folder directly under the source is a class (Keras lists classes with
+``isdir``, which follows links), symlinked files are ingested, and symlinked
+folders deeper down are entered only with ``follow_links`` (Keras'
+``follow_links``, off by default); one not entered is listed, and with
+``follow_links`` a link back to a folder it lies in (a loop) is listed
+instead of entered.
+
+Labels CSV: a label column holding any value that is not a number is a class
+column (as Keras' ``flow_from_dataframe`` takes string ``y_col`` values as
+classes); an all-numeric column stays a regression target (Keras needs
+``class_mode="raw"`` for numbers, and refuses them as classes), unless
+``label_kind="class"`` says otherwise.  Every unusable *source* raises a one-line
 :class:`SourceError` naming the folder/file/row and the fix.
 
 File names that are not valid UTF-8 are kept as Python reads them (surrogate
@@ -36,6 +51,9 @@ HIDDEN = "hidden"
 NOT_LISTED = "not in the labels CSV"
 LOOSE = "not in a class folder"
 UNREADABLE = "unreadable folder"
+SYMLINK = "symlink not followed"
+LOOP = "symlink loop"
+NOT_CHOSEN = "class not chosen"
 
 
 @dataclass(frozen=True)
@@ -51,8 +69,8 @@ class Source:
     root: str
     label_kind: str  # schema.LABEL_CLASS | schema.LABEL_REGRESSION
     items: tuple[Item, ...]
-    class_names: tuple[str, ...] | None = None  # sorted; folder mode
-    label_columns: tuple[str, ...] | None = None  # CSV mode
+    class_names: tuple[str, ...] | None = None  # index order: sorted, or as given by ``classes``
+    label_columns: tuple[str, ...] | None = None  # CSV mode (the one class column, or the regression targets)
     rejected: tuple[tuple[str, str], ...] = field(default=())  # (relpath, reason), never decoded
     left_out: tuple[tuple[str, str, str], ...] = field(default=())  # (relpath, kind, reason); folders end in "/"
 
@@ -81,13 +99,18 @@ def _check_root(root: str) -> None:
 class _Walk:
     """Relative (POSIX) paths of the non-hidden files under some folders, and what the walk left out.
 
-    Symlinked folders are not followed; hidden entries (name starting with '.') are neither listed nor
-    entered, except folders in ``enter_hidden`` (the labels CSV names files inside them).
+    Symlinked folders below the walked folder are entered only with ``follow_links`` or when in ``enter``,
+    never one that leads back to a folder it lies in (a loop); one not entered is listed in :attr:`left_out`
+    with ``link_hint``.  Hidden entries (name starting with '.') are neither listed nor entered, except
+    folders in ``enter`` (relative paths: the labels CSV names files inside them).
     """
 
-    def __init__(self, root: str, enter_hidden: frozenset[str] = frozenset()):
+    def __init__(self, root: str, enter: frozenset[str] = frozenset(), follow_links: bool = False,
+                 link_hint: str = "use --follow-links to ingest what it holds"):
         self.root = root
-        self.enter_hidden = enter_hidden
+        self.enter = enter
+        self.follow_links = follow_links
+        self.link_hint = link_hint
         self.left_out: list[tuple[str, str, str]] = []
 
     def _rel(self, path: str) -> str:
@@ -105,14 +128,33 @@ class _Walk:
             rel = self._rel(exc.filename) if exc.filename else self._rel(folder)
             self.left_out.append((rel, UNREADABLE, f"folder not readable ({exc.strerror}); its files were not seen"))
 
-        for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable):
+        # Real paths of the folders each walked folder lies in (itself included): a followed link to one of
+        # them would walk forever.
+        inside = {folder: {os.path.realpath(self.root), os.path.realpath(folder)}}
+        # followlinks=True: which links to enter is decided below, per folder.
+        for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=True):
             prefix = self._rel(dirpath)  # once per folder, not per file
+            above = inside.pop(dirpath, set())
             keep = []
             for d in sorted(dirnames):
-                if _is_hidden(d) and prefix + d not in self.enter_hidden:
+                if _is_hidden(d) and prefix + d not in self.enter:
                     self.hidden(prefix + d + "/")
+                    continue
+                full = os.path.join(dirpath, d)
+                if os.path.islink(full):
+                    real = os.path.realpath(full)
+                    if not self.follow_links and prefix + d not in self.enter:
+                        self.left_out.append((prefix + d + "/", SYMLINK,
+                                              f"symlinked folder, not entered; {self.link_hint}"))
+                        continue
+                    if real in above:
+                        self.left_out.append((prefix + d + "/", LOOP, f"symlink to {real}, a folder it lies in; "
+                                              "not entered, it would repeat forever"))
+                        continue
+                    inside[full] = above | {real}
                 else:
-                    keep.append(d)
+                    inside[full] = above | {os.path.realpath(full)}
+                keep.append(d)
             dirnames[:] = keep
             for name in filenames:
                 if _is_hidden(name):
@@ -126,32 +168,69 @@ def _is_image_name(relpath: str) -> bool:
     return os.path.splitext(relpath)[1].lower() in IMAGE_EXTENSIONS
 
 
-def discover_class_folders(root: str | os.PathLike) -> Source:
+def check_classes(classes, flag: str = "--classes") -> tuple[str, ...] | None:
+    """``classes`` as a tuple, refused when empty or repeating a name (pure)."""
+    if classes is None:
+        return None
+    classes = tuple(str(c) for c in classes)
+    if not classes or not all(classes):
+        raise SourceError(f"{flag} is empty; name the classes to keep, in label order, e.g. {flag} cat,dog")
+    repeated = sorted({c for c in classes if classes.count(c) > 1})
+    if repeated:
+        raise SourceError(f"{flag} names {', '.join(map(repr, repeated))} twice; name each class once")
+    return classes
+
+
+def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[str, ...] | None = None,
+                           follow_links: bool = False) -> Source:
     """Folder mode: each non-hidden subfolder of ``root`` is a class; label index = sorted-name order.
 
+    ``classes`` chooses the classes and their label order (Keras' ``classes=`` /
+    ``class_names=``): each must be a subfolder, the other subfolders are left
+    out.  A symlinked subfolder of ``root`` is a class, as in Keras (see the
+    module docstring); ``follow_links`` enters symlinked folders below it.
     Files directly in ``root`` are ignored (as in Keras).  Files under a class
     folder (recursively) with an image extension become items; any other
     non-hidden file is rejected with a reason (it shows up in the skip report).
     """
     root = os.fspath(root)
     _check_root(root)
-    walk = _Walk(root)
-    classes = []
+    chosen = check_classes(classes)
+    walk = _Walk(root, follow_links=follow_links)
+    found = []
+    root_real = os.path.realpath(root)
     for entry in sorted(_list_root(root), key=lambda e: e.name):
         if _is_hidden(entry.name):
             walk.hidden(entry.name + ("/" if entry.is_dir() else ""))
         elif entry.is_dir():
-            classes.append(entry.name)
+            real = os.path.realpath(entry.path)
+            if entry.is_symlink() and (real == root_real or root_real.startswith(real + os.sep)):
+                walk.left_out.append((entry.name + "/", LOOP, f"symlink to {real}, a folder the source lies in; "
+                                      "not a class folder"))
+            else:
+                found.append(entry.name)
+        elif entry.is_symlink() and not os.path.exists(entry.path):
+            walk.left_out.append((entry.name, SYMLINK, "broken symlink (its target does not exist)"))
         elif _is_image_name(entry.name):
             walk.left_out.append((entry.name, LOOSE, "image file directly in the source folder; "
                                   "only files in class subfolders are ingested"))
-    if not classes:
+    if not found:
         raise SourceError(
             f"{root}: no class subfolders; put images in one subfolder per class, or pass --labels FILE.csv"
         )
+    if chosen is None:
+        classes = found
+    else:
+        unknown = [c for c in chosen if c not in found]
+        if unknown:
+            raise SourceError(f"--classes: {root} has no class folder {', '.join(map(repr, unknown))}; "
+                              f"its class folders are {', '.join(found)}")
+        classes = list(chosen)
+        walk.left_out += [(name + "/", NOT_CHOSEN, "class folder not in --classes; not searched")
+                          for name in found if name not in chosen]
     items: list[Item] = []
     rejected: list[tuple[str, str]] = []
-    for name in classes:
+    for name in (n for n in found if n in classes):  # walk order, whatever order --classes gives
         for rel in walk.files(os.path.join(root, name)):
             reason = _reject_reason(rel)
             if reason is None:
@@ -175,12 +254,23 @@ def _list_root(root: str) -> list[os.DirEntry]:
         raise SourceError(f"{root}: cannot read this folder ({exc.strerror}); check its permissions") from None
 
 
+LABEL_KINDS = (schema.LABEL_CLASS, schema.LABEL_REGRESSION)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse_float(text: str, where: str, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise SourceError(f"{where}: column {column!r} holds {text!r}, not a number; "
-                          "label columns must be numeric") from None
+        raise SourceError(f"{where}: column {column!r} holds {text!r}, not a number; regression labels must be "
+                          "numeric (--label-kind class reads the column as class names)") from None
     if not math.isfinite(value):
         raise SourceError(f"{where}: column {column!r} holds {text!r}; labels must be finite numbers")
     with np.errstate(over="ignore"):
@@ -192,17 +282,53 @@ def _parse_float(text: str, where: str, column: str) -> float:
     return value
 
 
-def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
-                 label_columns: list[str] | None = None) -> Source:
-    """CSV mode: a ``path`` or ``filename`` column relative to ``root`` plus numeric label columns.
+def csv_label_kind(cells: dict[str, list[str]], label_kind: str | None, classes) -> str:
+    """The kind of labels a CSV gives (pure): ``label_kind`` when given, class when ``classes`` is given or a
+    label column holds a value that is not a number (Keras' flow_from_dataframe: strings are class names),
+    regression otherwise (numbers, 0/1 included, as Keras' ``class_mode="raw"``)."""
+    if label_kind is not None and label_kind not in LABEL_KINDS:
+        raise SourceError(f"--label-kind must be one of {', '.join(LABEL_KINDS)}, got {label_kind!r}")
+    if classes is not None and label_kind == schema.LABEL_REGRESSION:
+        raise SourceError("--classes names classes, but --label-kind regression asks for numeric targets; "
+                          "drop one of them")
+    if label_kind is not None:
+        return label_kind
+    if classes is not None:
+        return schema.LABEL_CLASS
+    text = any(not _is_number(v) for values in cells.values() for v in values if v)
+    return schema.LABEL_CLASS if text else schema.LABEL_REGRESSION
 
-    ``label_columns`` picks the columns (default: every other column).  One
-    column gives (N,) float32 targets, K columns (N, K).  Missing files,
-    duplicate paths, paths leaving ``root``, unknown or non-numeric columns are
-    :class:`SourceError` — the whole CSV is checked before anything is written.
+
+def class_order(values, classes: tuple[str, ...] | None) -> tuple[str, ...]:
+    """Class names in label-index order (pure): ``classes`` as given, else the distinct ``values`` sorted:
+    by number when every one is a number (so "2" comes before "10"), by name otherwise."""
+    if classes is not None:
+        return classes
+    names = set(values)
+    if all(_is_number(v) for v in names):
+        return tuple(sorted(names, key=lambda v: (float(v), v)))
+    return tuple(sorted(names))
+
+
+def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
+                 label_columns: list[str] | None = None, label_kind: str | None = None,
+                 classes: list[str] | tuple[str, ...] | None = None, follow_links: bool = False) -> Source:
+    """CSV mode: a ``path`` or ``filename`` column relative to ``root`` plus label columns.
+
+    ``label_columns`` picks the columns (default: every other column).  The
+    kind of labels is :func:`csv_label_kind`'s.  Regression: one column gives
+    (N,) float32 targets, K columns (N, K).  Class: one column of class names;
+    ``class_names`` in :func:`class_order`, or ``classes`` (which chooses them:
+    rows of other classes are left out; a chosen class no row has stays, with
+    no rows, so splits can share one label list).  A row naming a file that is
+    not there is rejected (skipped and listed, as an unreadable image is).
+    Duplicate paths, paths leaving ``root``, unknown columns or non-numeric
+    regression labels are :class:`SourceError` — the whole CSV is checked
+    before anything is written.
     """
     root, csv_path = os.fspath(root), os.fspath(csv_path)
     _check_root(root)
+    chosen = check_classes(classes)
     if not os.path.isfile(csv_path):
         raise SourceError(f"{csv_path}: no such labels file; --labels takes a CSV with a path or filename column")
     try:
@@ -220,14 +346,13 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
     if label_columns is None:
         label_columns = [c for c in header if c not in PATH_COLUMNS and c]
         if not label_columns:
-            raise SourceError(f"{csv_path}: no label columns besides {path_col!r}; add one numeric column per target")
+            raise SourceError(f"{csv_path}: no label columns besides {path_col!r}; add one label column")
     for c in label_columns:
         if c not in header:
             raise SourceError(f"{csv_path}: unknown label column {c!r}; the header has {header}")
     path_idx = header.index(path_col)
     label_idx = [header.index(c) for c in label_columns]
-    items: list[Item] = []
-    rejected: list[tuple[str, str]] = []
+    lines: list[tuple[int, str, list[str]]] = []  # (line number, rel, label cells)
     seen: set[str] = set()
     root_real = os.path.realpath(root)
     for line_no, row in enumerate(rows[1:], start=2):
@@ -246,31 +371,60 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         if rel in seen:
             raise SourceError(f"{where}: {rel!r} is listed twice; each image must appear once")
         seen.add(rel)
-        if not os.path.lexists(full):
-            raise SourceError(f"{where}: {full} does not exist; fix the path or remove the row")
-        label = tuple(_parse_float(row[i].strip(), where, c) for i, c in zip(label_idx, label_columns))
+        lines.append((line_no, rel, [row[i].strip() for i in label_idx]))
+    if not lines:
+        raise SourceError(f"{csv_path}: no image rows; list one image per row under {path_col!r}")
+    kind = csv_label_kind({c: [cells[j] for _, _, cells in lines] for j, c in enumerate(label_columns)},
+                          label_kind, chosen)
+    if kind == schema.LABEL_CLASS and len(label_columns) != 1:
+        raise SourceError(f"{csv_path}: class labels come from one column, and {len(label_columns)} are label "
+                          f"columns ({', '.join(label_columns)}); pick one with --label-columns, or pass "
+                          "--label-kind regression for numeric targets")
+    items: list[Item] = []
+    rejected: list[tuple[str, str]] = []
+    left_out: list[tuple[str, str, str]] = []
+    csv_name = os.path.basename(csv_path)
+    for line_no, rel, cells in lines:
+        where = f"{csv_path} line {line_no}"
+        if kind == schema.LABEL_CLASS:
+            if not cells[0]:
+                raise SourceError(f"{where}: column {label_columns[0]!r} is empty; every row needs its class name")
+            label = cells[0]
+        else:
+            label = tuple(_parse_float(v, where, c) for v, c in zip(cells, label_columns))
+        if not os.path.lexists(os.path.join(root, rel)):
+            rejected.append((rel, f"listed in {csv_name} (line {line_no}) but does not exist"))
+            continue
+        if chosen is not None and label not in chosen:
+            left_out.append((rel, NOT_CHOSEN, f"class {label!r} not in --classes"))
+            continue
         reason = _reject_reason(rel)
         if reason is None:
             items.append(Item(rel, label))
         else:
             rejected.append((rel, reason))
-    if not items:
-        raise SourceError(f"{csv_path}: no image rows; list one image per row under {path_col!r}")
+    in_csv = class_order((c[0] for _, _, c in lines), None) if kind == schema.LABEL_CLASS else None
+    if not items and not rejected:
+        raise SourceError(f"{csv_path}: no row has a class in --classes ({', '.join(chosen or ())}); "
+                          f"column {label_columns[0]!r} holds {', '.join(in_csv or ())}")
     items.sort(key=lambda it: it.relpath)
+    class_names = (chosen or in_csv) if kind == schema.LABEL_CLASS else None
     return Source(
-        root, schema.LABEL_REGRESSION, tuple(items), label_columns=tuple(label_columns), rejected=tuple(rejected),
-        left_out=_not_listed(root, seen, os.path.basename(csv_path)),
+        root, kind, tuple(items), class_names=class_names, label_columns=tuple(label_columns),
+        rejected=tuple(rejected), left_out=tuple(left_out) + _not_listed(root, seen, csv_name, follow_links),
     )
 
 
-def _not_listed(root: str, listed: set[str], csv_name: str) -> tuple[tuple[str, str, str], ...]:
-    """What a walk of ``root`` finds that the CSV does not list: image files, hidden entries, unreadable
-    folders (hidden folders holding listed files are searched)."""
+def _not_listed(root: str, listed: set[str], csv_name: str,
+                follow_links: bool = False) -> tuple[tuple[str, str, str], ...]:
+    """What a walk of ``root`` finds that the CSV does not list: image files, hidden entries, symlinked folders
+    not entered, unreadable folders (hidden or symlinked folders holding listed files are searched; every
+    symlinked folder with ``follow_links``)."""
     enter = frozenset(
         "/".join(parts[:i]) for rel in listed for parts in [rel.split("/")] for i in range(1, len(parts))
-        if any(_is_hidden(p) for p in parts[:i])
     )
-    walk = _Walk(root, enter_hidden=enter)
+    walk = _Walk(root, enter=enter, follow_links=follow_links,
+                 link_hint=f"{csv_name} lists no file in it (--follow-links lists the images it holds)")
     unlisted = [
         (rel, NOT_LISTED, f"image file not listed in {csv_name}")
         for rel in walk.files(root) if rel not in listed and _is_image_name(rel)
@@ -280,10 +434,15 @@ def _not_listed(root: str, listed: set[str], csv_name: str) -> tuple[tuple[str, 
 
 
 def discover(root: str | os.PathLike, labels_csv: str | os.PathLike | None = None,
-             label_columns: list[str] | None = None) -> Source:
-    """Folder mode when ``labels_csv`` is None, CSV mode otherwise."""
+             label_columns: list[str] | None = None, *, classes: list[str] | tuple[str, ...] | None = None,
+             label_kind: str | None = None, follow_links: bool = False) -> Source:
+    """Folder mode when ``labels_csv`` is None, CSV mode otherwise (where the CSV names the files, and
+    ``follow_links`` only makes the walk for files it does not list enter every symlinked folder)."""
     if labels_csv is None:
         if label_columns:
             raise SourceError("--label-columns needs --labels FILE.csv")
-        return discover_class_folders(root)
-    return discover_csv(root, labels_csv, label_columns)
+        if label_kind == schema.LABEL_REGRESSION:
+            raise SourceError("--label-kind regression needs --labels FILE.csv with numeric columns; "
+                              "class folders give class labels")
+        return discover_class_folders(root, classes, follow_links)
+    return discover_csv(root, labels_csv, label_columns, label_kind, classes, follow_links)

@@ -48,7 +48,7 @@ import numpy as np
 
 from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
                              StoreWriteError, descriptor_limit)
-from h5stream.ingest.decode import FD_LIMIT_ERRNOS, DecodeSpec
+from h5stream.ingest.decode import DEFAULT_PAD_FILL, FD_LIMIT_ERRNOS, DecodeSpec
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
 from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report
@@ -73,6 +73,10 @@ class IngestOptions:
     out: str
     labels_csv: str | None = None
     label_columns: tuple[str, ...] | None = None
+    classes: tuple[str, ...] | None = None  # choose and order the classes (folders or a CSV class column)
+    label_kind: str | None = None  # CSV: None decides by the column (text: class, numbers: regression)
+    follow_links: bool = False  # enter symlinked folders below the class folders
+    pad_fill: tuple[int, int, int] | None = None  # None: black on a new store, the store's on append
     size: tuple[int, int] | None = None
     resize: str | None = None
     channels: int | None = None
@@ -106,8 +110,9 @@ class IngestTarget:
 class IngestResult:
     """What one run did.  ``skipped``: files that could not be ingested (unusable files, and the
     ``unreadable_folders`` among them); ``left_out``: what was left out on purpose, by kind (hidden, not in
-    the labels CSV, not in a class folder).  Both are listed in the skip report.  ``workers``: the decode
-    processes used (``opts.workers`` capped by :func:`max_workers`)."""
+    the labels CSV, not in a class folder, class not chosen, symlink not followed, symlink loop).  Both are
+    listed in the skip report.  ``workers``: the decode processes used (``opts.workers`` capped by
+    :func:`max_workers`)."""
 
     out: str
     created: bool
@@ -254,7 +259,8 @@ def _resolve_new(opts: IngestOptions, source: Source) -> IngestTarget:
         raise StoreExistsError(f"{out}: already exists; pass --append to add to it or --overwrite to replace it")
     size = opts.size or (128, 128)
     return IngestTarget(
-        spec=DecodeSpec(size=size, resize=opts.resize or "stretch", channels=opts.channels or 3),
+        spec=DecodeSpec(size=size, resize=opts.resize or "stretch", channels=opts.channels or 3,
+                        pad_fill=opts.pad_fill or DEFAULT_PAD_FILL),
         order=opts.order or "shuffled",
         seed=0 if opts.seed is None else opts.seed,
         class_names=tuple(source.class_names) if source.class_names is not None else None,
@@ -297,9 +303,16 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
             f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
             "ingest into a new file"
         )
+    background, pad_fill = schema_background(out)
+    if opts.pad_fill is not None and tuple(opts.pad_fill) != pad_fill:
+        mismatch("pad fill", ",".join(map(str, pad_fill)), ",".join(map(str, opts.pad_fill)), "--pad-fill")
     class_names = None
     if meta.label_kind == schema.LABEL_CLASS:
         class_names = list(meta.class_names or ())
+        if opts.classes is not None and tuple(opts.classes[:len(class_names)]) != tuple(class_names):
+            raise ConfigError(f"{out}: store has classes {', '.join(class_names)} in this order, --classes gives "
+                              f"{', '.join(opts.classes)}; label indices cannot change, so --classes must start "
+                              "with the store's classes (new ones after them)")
         class_names += [n for n in source.class_names if n not in class_names]  # new classes get new indices
     else:
         if tuple(meta.label_columns or ()) != tuple(source.label_columns):
@@ -310,9 +323,8 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         paths = f[schema.PATHS]
         for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
             stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
-    background = schema_background(out)
     return IngestTarget(
-        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background),
+        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background, pad_fill=pad_fill),
         order=meta.storage_order,
         seed=max(meta.order_seed, 0),
         class_names=tuple(class_names) if class_names is not None else None,
@@ -321,17 +333,21 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
     )
 
 
-def schema_background(path: str) -> tuple[int, int, int]:
+def schema_background(path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The store's (alpha background, pad fill); a store without ``pad_fill`` padded with its background."""
     import json
 
     import h5py
 
     with h5py.File(path, "r", locking=False) as f:
-        raw = f.attrs.get(schema.ATTR_BACKGROUND)
-    if raw is None:
-        return (255, 255, 255)
-    raw = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return tuple(int(v) for v in json.loads(raw))
+        raws = f.attrs.get(schema.ATTR_BACKGROUND), f.attrs.get(schema.ATTR_PAD_FILL)
+
+    def rgb(raw):
+        raw = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return tuple(int(v) for v in json.loads(raw))
+
+    background = (255, 255, 255) if raws[0] is None else rgb(raws[0])
+    return background, (background if raws[1] is None else rgb(raws[1]))
 
 
 def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
@@ -392,7 +408,7 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
         writer = StoreWriter.create(
             opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,
             class_names=target.class_names, label_columns=source.label_columns, block_rows=opts.block_rows,
-            resize_mode=spec.resize, background=spec.background, storage_order=target.order,
+            resize_mode=spec.resize, background=spec.background, pad_fill=spec.pad_fill, storage_order=target.order,
             order_seed=target.seed, compression=opts.compression, overwrite=opts.overwrite,
             expected_rows=max(1, n_pending), lock=lock,
         )
@@ -489,7 +505,8 @@ def ingest(opts: IngestOptions) -> IngestResult:
 
 def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestResult:
     workers = min(opts.workers, max_workers())
-    source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None)
+    source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None,
+                      classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links)
     appending = opts.append and os.path.exists(opts.out)
     target = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
 

@@ -22,7 +22,8 @@ reads every one of them):
     label_columns     str    JSON list of CSV column names (regression), "null" otherwise
     image_height, image_width, channels   int
     resize_mode       str    "stretch" | "crop" | "pad"
-    background        str    JSON [r, g, b] used to composite alpha / pad
+    background        str    JSON [r, g, b] used to composite alpha (and to pad, in stores without pad_fill)
+    pad_fill          str    JSON [r, g, b] around a ``pad`` resize; absent in stores written before it
     storage_order     str    "shuffled" | "sorted"
     order_seed        int    seed of the storage permutation (-1 when sorted)
     block_rows        int    HDF5 chunk length along axis 0: the unit of contiguous reads
@@ -54,6 +55,7 @@ ATTR_WIDTH = "image_width"
 ATTR_CHANNELS = "channels"
 ATTR_RESIZE = "resize_mode"
 ATTR_BACKGROUND = "background"
+ATTR_PAD_FILL = "pad_fill"
 ATTR_ORDER = "storage_order"
 ATTR_ORDER_SEED = "order_seed"
 ATTR_BLOCK_ROWS = "block_rows"

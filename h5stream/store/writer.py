@@ -207,6 +207,7 @@ class StoreWriter:
         block_rows: int | None = None,
         resize_mode: str = "stretch",
         background: Sequence[int] = (255, 255, 255),
+        pad_fill: Sequence[int] | None = None,
         storage_order: str = "shuffled",
         order_seed: int = 0,
         compression: str | None = None,
@@ -248,6 +249,8 @@ class StoreWriter:
             schema.ATTR_BLOCK_ROWS: np.int64(block_rows),
             schema.ATTR_SKIPPED: np.int64(0),
         }
+        if pad_fill is not None:
+            attrs[schema.ATTR_PAD_FILL] = json.dumps([int(v) for v in pad_fill])
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
