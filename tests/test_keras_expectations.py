@@ -1,0 +1,133 @@
+"""What a Keras user expects from the stream side, checked on real stores and real processes.
+
+``subset="both"`` and ``label_mode=None`` as ``image_dataset_from_directory`` has them; what a training script
+that starts workers really needs (spawn); and the small surprises: SI units in the plan, more workers than cores,
+the preview's file format, a small store's size, the bench plot's queue line.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import h5stream  # noqa: E402
+from h5stream.errors import ConfigError  # noqa: E402
+from h5stream.store.writer import write_arrays  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS, CLASSES, BATCH = 200, 4, 16
+
+
+def _ids(x):
+    """Row id encoded in the first two pixels by ``make_store``."""
+    return x[:, 0, 0, 0].astype(np.int64) + 256 * x[:, 0, 0, 1].astype(np.int64)
+
+
+def make_store(path, rows=ROWS, classes=CLASSES, block_rows=32, shape=(6, 6, 3)):
+    images = np.random.default_rng(0).integers(0, 255, (rows, *shape), dtype=np.uint8)
+    images[:, 0, 0, 0] = np.arange(rows) % 256
+    images[:, 0, 0, 1] = np.arange(rows) // 256
+    write_arrays(path, images, np.arange(rows) % classes, block_rows=block_rows, storage_order="shuffled",
+                 class_names=[f"c{i}" for i in range(classes)])
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return make_store(tmp_path_factory.mktemp("expect") / "s.h5")
+
+
+# -- subset="both" ---------------------------------------------------------------------------------------------
+
+
+def test_subset_both_returns_the_training_and_validation_streams(store):
+    kw = dict(batch_size=BATCH, validation_split=0.25, seed=3, label_mode="categorical")
+    pair = h5stream.open(store, subset="both", **kw)
+    assert isinstance(pair, tuple) and len(pair) == 2
+    train, val = pair
+    with train, val, h5stream.open(store, subset="training", **kw) as t1, \
+            h5stream.open(store, subset="validation", **kw) as v1:
+        assert (train.subset, val.subset) == ("training", "validation")
+        assert (train.shuffle, val.shuffle) == (True, False)  # Keras: the validation subset is not shuffled
+        assert (train.rows, val.rows) == (ROWS - 50, 50)
+        for both, alone in ((train, t1), (val, v1)):  # the same streams as opened one by one
+            got = [(x, y) for x, y in both]
+            want = [(x, y) for x, y in alone]
+            assert len(got) == len(want)
+            for (xg, yg), (xw, yw) in zip(got, want):
+                np.testing.assert_array_equal(xg, xw)
+                np.testing.assert_array_equal(yg, yw)
+        ids_t = np.concatenate([_ids(x) for x, _ in train])
+        ids_v = np.concatenate([_ids(x) for x, _ in val])
+        assert not set(ids_t) & set(ids_v) and len(ids_t) + len(ids_v) == ROWS
+
+
+def test_subset_both_refuses_resume_and_a_stream_alone(store):
+    with pytest.raises(ConfigError, match="its own resume="):
+        h5stream.open(store, validation_split=0.25, subset="both", resume={"version": 1})
+    with pytest.raises(ConfigError, match="returns \\(training, validation\\)"):
+        h5stream.Stream(store, h5stream.options.StreamOptions(validation_split=0.25, subset="both"))
+
+
+def test_subset_both_closes_the_training_stream_when_the_validation_one_cannot_open(store):
+    """50 validation rows give no full batch of 64: the error comes back, and no reader thread stays behind."""
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(ConfigError, match="no full batch"):
+        h5stream.open(store, batch_size=64, drop_remainder=True, validation_split=0.25, subset="both",
+                      augment=h5stream.Augment(horizontal_flip=True), workers=1)
+    left = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("h5stream")]
+    assert left == []
+
+
+# -- label_mode=None ---------------------------------------------------------------------------------------------
+
+
+def test_label_mode_none_yields_the_images_alone(store):
+    with h5stream.open(store, batch_size=BATCH, seed=1, label_mode=None) as bare, \
+            h5stream.open(store, batch_size=BATCH, seed=1) as labelled:
+        assert bare.label_mode is None and bare.yields_labels is False
+        assert bare.label_shape is None and bare.label_dtype is None
+        for got, (x, _y) in zip(bare, labelled):
+            assert isinstance(got, np.ndarray)
+            np.testing.assert_array_equal(got, x)
+
+
+def test_label_mode_none_with_workers_and_a_split(store):
+    aug = h5stream.Augment(horizontal_flip=True)
+    with h5stream.open(store, batch_size=BATCH, label_mode=None, augment=aug, workers=1, validation_split=0.25,
+                       subset="validation") as s:
+        xs = list(s)
+        assert all(isinstance(x, np.ndarray) for x in xs) and sum(len(x) for x in xs) == 50
+
+
+def test_keras_predict_takes_a_stream_of_images_alone(store):
+    keras = pytest.importorskip("keras")
+    with h5stream.open(store, batch_size=BATCH, label_mode=None) as s:
+        model = keras.Sequential([keras.Input((6, 6, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
+        out = model.predict(s.keras(), verbose=0)
+        assert out.shape == (ROWS, 2)
+
+
+def test_tf_dataset_of_images_alone(store):
+    tf = pytest.importorskip("tensorflow")
+    with h5stream.open(store, batch_size=BATCH, label_mode=None) as s:
+        ds = s.tf_dataset()
+        assert isinstance(ds.element_spec, tf.TensorSpec)
+        assert sum(int(x.shape[0]) for x in ds) == ROWS
+
+
+def test_torch_dataset_of_images_alone(store):
+    torch = pytest.importorskip("torch")
+    with h5stream.open(store, batch_size=BATCH, label_mode=None) as s:
+        batches = list(s.torch())
+        assert all(isinstance(x, torch.Tensor) for x in batches)
+        assert sum(len(x) for x in batches) == ROWS
