@@ -182,6 +182,7 @@ class Stream:
         if not isinstance(options, StreamOptions):
             raise ConfigError(f"options must be an h5stream.options.StreamOptions, got {type(options).__name__}")
         self.options = options
+        _refuse_in_a_starting_worker()
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
@@ -537,6 +538,27 @@ class _EpochIterator:
         last batch; :class:`StreamClosedError` after ``close()``, :class:`StreamIterationError` if replaced or
         if another thread is inside the stream."""
         return self._stream._next_batch(self)
+
+
+def _refuse_in_a_starting_worker() -> None:
+    """Raise :class:`ConfigError` if this process is a spawned worker re-running its parent's script.
+
+    With ``workers > 0`` and an ``Augment`` that refers to a function of the
+    training script itself (``preprocessing_function`` defined there), each
+    worker must re-run the script's top-level code, as ``__mp_main__``, to find
+    that function (spawn's rule; h5stream's workers skip the script otherwise,
+    see :mod:`h5stream._spawn`).  A script without the ``__main__`` guard would
+    then open the stream again in every worker, and start workers of its own;
+    ``multiprocessing`` marks that phase with ``_inheriting``.
+    """
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConfigError(
+            "h5stream.open ran while an augment worker was starting: a worker re-runs the training script's "
+            "top-level code to find a function defined in it (the Augment's preprocessing_function); put the "
+            "script's code under `if __name__ == \"__main__\":`, or define the function in a module of its own"
+        )
 
 
 def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,

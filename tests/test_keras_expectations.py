@@ -8,6 +8,9 @@ the preview's file format, a small store's size, the bench plot's queue line.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -131,3 +134,93 @@ def test_torch_dataset_of_images_alone(store):
         batches = list(s.torch())
         assert all(isinstance(x, torch.Tensor) for x in batches)
         assert sum(len(x) for x in batches) == ROWS
+
+
+# -- what a script with workers > 0 really needs (spawn) -------------------------------------------------------
+
+SCRIPT_HEAD = """\
+import os
+import subprocess
+import sys
+import textwrap
+import sys
+
+import numpy as np
+
+import h5stream
+
+print("script top level ran", flush=True)
+"""
+SCRIPT_FUNCTION = """\
+def invert(image):
+    return 255.0 - image
+"""
+SCRIPT_BODY = """\
+augment = h5stream.Augment({augment})
+with h5stream.open(sys.argv[1], batch_size=16, shuffle=False, augment=augment, workers=2) as s:
+    batches = [x for x, _ in s]
+rows, first = sum(len(x) for x in batches), batches[0]
+print("rows", rows, "first pixel", float(first[0, 0, 0, 2]), flush=True)
+"""
+
+
+def _run_script(tmp_path, source: str, store: str):
+    """Run ``source`` as ``python script.py STORE``; return the process and the processes left with its mark."""
+    import uuid
+
+    import psutil
+
+    script = tmp_path / "script.py"
+    script.write_text(source, encoding="utf-8")
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+               H5STREAM_TEST_MARK=mark)
+    proc = subprocess.run([sys.executable, str(script), store], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("H5STREAM_TEST_MARK") == mark:
+                left.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return proc, left
+
+
+def _body(augment: str, guarded: bool) -> str:
+    if not guarded:
+        return SCRIPT_BODY.format(augment=augment)
+    return 'if __name__ == "__main__":\n' + textwrap.indent(SCRIPT_BODY.format(augment=augment), "    ")
+
+
+def test_a_script_without_the_main_guard_runs_workers_and_they_never_run_it(tmp_path, store):
+    """Workers start without the script (``__main__`` hidden from spawn): no guard needed, top level ran once."""
+    proc, left = _run_script(tmp_path, SCRIPT_HEAD + _body("horizontal_flip=True", guarded=False), store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"rows {ROWS}" in proc.stdout
+    assert proc.stdout.count("script top level ran") == 1
+    assert left == []
+
+
+def test_a_script_level_preprocessing_function_works_with_the_guard(tmp_path, store):
+    """A function defined in the script reaches the workers; each worker re-runs the script's top level to find it."""
+    source = SCRIPT_HEAD + SCRIPT_FUNCTION + _body("preprocessing_function=invert", guarded=True)
+    proc, left = _run_script(tmp_path, source, store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with h5stream.open(store, batch_size=16, shuffle=False) as s:
+        x, _ = next(iter(s))
+    assert f"rows {ROWS}" in proc.stdout and f"first pixel {255.0 - float(x[0, 0, 0, 2])}" in proc.stdout
+    assert proc.stdout.count("script top level ran") == 1 + 2  # the script, then once in each of the 2 workers
+    assert left == []
+
+
+def test_a_script_level_preprocessing_function_without_the_guard_is_refused_with_the_fix(tmp_path, store):
+    """Without the guard each worker would open the stream again: h5stream.open refuses there and names the guard;
+    the script fails (no hang), and no worker is left behind."""
+    source = SCRIPT_HEAD + SCRIPT_FUNCTION + _body("preprocessing_function=invert", guarded=False)
+    proc, left = _run_script(tmp_path, source, store)
+    assert proc.returncode != 0
+    assert "h5stream.open ran while an augment worker was starting" in proc.stderr
+    assert 'put the script\'s code under `if __name__ == "__main__":`' in proc.stderr
+    assert "WorkerError" in proc.stderr and "died during start-up" in proc.stderr
+    assert left == []
