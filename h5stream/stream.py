@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import os
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -215,6 +216,7 @@ class Stream:
                               "nothing for worker processes to do (reading already runs in its own thread)")
         if self.workers:
             self.augment.ensure_picklable()
+            _warn_if_more_workers_than_cores(self.workers)
         rows_per_fill = options.rows_per_fill
         if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
             rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
@@ -538,6 +540,24 @@ class _EpochIterator:
         last batch; :class:`StreamClosedError` after ``close()``, :class:`StreamIterationError` if replaced or
         if another thread is inside the stream."""
         return self._stream._next_batch(self)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on macOS / Windows
+        return os.cpu_count() or 1
+
+
+def _warn_if_more_workers_than_cores(workers: int) -> None:
+    """Warn (the stream still opens) when worker processes outnumber the cores: each is one core's work, and the
+    extra ones only add memory and contention."""
+    cores = usable_cores()
+    if workers > cores:
+        warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
+                      f"extra workers only cost memory and context switches; workers={max(1, cores - 1)} leaves a "
+                      "core to the training loop", UserWarning, stacklevel=4)
 
 
 def _refuse_in_a_starting_worker() -> None:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -143,6 +144,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 import sys
 
 import numpy as np
@@ -224,3 +226,68 @@ def test_a_script_level_preprocessing_function_without_the_guard_is_refused_with
     assert 'put the script\'s code under `if __name__ == "__main__":`' in proc.stderr
     assert "WorkerError" in proc.stderr and "died during start-up" in proc.stderr
     assert left == []
+
+
+# -- small surprises ---------------------------------------------------------------------------------------------
+
+
+def test_the_plan_says_an_si_budget_is_powers_of_1000(store):
+    with h5stream.open(store, batch_size=BATCH, memory_budget="1GB") as s:
+        text = s.plan.describe()
+    assert "1 GB = 10^9 bytes = 953.7 MiB" in text and "MB/GB are powers of 1000" in text
+    with h5stream.open(store, batch_size=BATCH, memory_budget="64MiB") as s:
+        assert "powers of 1000" not in s.plan.describe()
+
+
+def test_more_workers_than_usable_cores_warns_with_the_core_count(store, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    aug = h5stream.Augment(horizontal_flip=True)
+    with pytest.warns(UserWarning, match=r"workers=2\) on 1 usable CPU core: .*workers=1") as record:
+        with h5stream.open(store, batch_size=BATCH, augment=aug, workers=2) as s:
+            assert sum(len(x) for x, _ in s) == ROWS
+    assert record[0].filename == __file__  # points at the caller's open()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with h5stream.open(store, batch_size=BATCH, augment=aug, workers=1):
+            pass
+
+
+@pytest.mark.parametrize(("name", "format_"), [("grid.jpg", "JPEG"), ("grid.JPEG", "JPEG"), ("grid.png", "PNG"),
+                                               ("grid.webp", "WEBP")])
+def test_preview_writes_the_format_its_file_name_asks_for(h5cli, store, tmp_path, name, format_):
+    from PIL import Image
+
+    out = tmp_path / name
+    code, _out, err = h5cli("preview", store, "--out", str(out), "--rows", "2", "--cols", "2")
+    assert code == 0, err
+    with Image.open(out) as image:
+        assert image.format == format_
+
+
+def test_preview_refuses_a_name_without_a_known_image_format(h5cli, store, tmp_path):
+    code, _out, err = h5cli("preview", store, "--out", str(tmp_path / "grid.xyz"), "--rows", "2", "--cols", "2")
+    assert code != 0 and "h5stream: error: --out" in err and "name the file .png" in err
+    assert not (tmp_path / "grid.xyz").exists()
+
+
+def test_info_says_why_a_small_store_is_many_times_its_pixels(h5cli, tmp_path):
+    import json
+
+    path = make_store(tmp_path / "small.h5", rows=150, block_rows=1024, shape=(32, 32, 3))
+    code, out, err = h5cli("info", path, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    space = info["space"]
+    assert space["pixel_bytes"] == 150 * 32 * 32 * 3
+    assert space["chunk_bytes"] >= 1024 * 32 * 32 * 3  # one whole block of pixels is allocated
+    assert space["chunk_bytes"] + space["metadata_bytes"] == info["file_bytes"] == os.path.getsize(path)
+    code, out, err = h5cli("info", path)
+    assert "450.0 KiB, in" in out and "HDF5 allocates a chunk whole: 1024 image rows" in out
+    assert "HDF5 metadata" in out
+
+
+def test_bench_plot_says_what_the_queue_holds_with_workers():
+    from h5stream.commands.bench import queue_fill_label
+
+    assert "handed to the workers" in queue_fill_label(2) and "workers set the pace" in queue_fill_label(2)
+    assert "ready for the consumer" in queue_fill_label(0)
