@@ -291,3 +291,15 @@ def test_bench_plot_says_what_the_queue_holds_with_workers():
 
     assert "handed to the workers" in queue_fill_label(2) and "workers set the pace" in queue_fill_label(2)
     assert "ready for the consumer" in queue_fill_label(0)
+
+
+def test_distributed_dataset_of_images_alone(store):
+    tf = pytest.importorskip("tensorflow")
+    from h5stream.adapters.distribute import distributed_dataset
+
+    strategy = tf.distribute.get_strategy()
+    with distributed_dataset(store, strategy, BATCH, label_mode=None) as out:
+        rows = sum(int(x.shape[0]) for x in out.dataset)
+    assert rows == ROWS
+    with pytest.raises(ConfigError, match="streams one subset"):
+        distributed_dataset(store, strategy, BATCH, validation_split=0.25, subset="both")
