@@ -179,7 +179,12 @@ class StreamPlan:
         return d
 
     def describe(self) -> str:
+        """One line: the budget and how it is split.  A budget given in SI units (``"1GB"``) is stated as such
+        with its binary size (``1 GB = 10^9 bytes = 953.7 MiB``): every figure after it is binary (MiB)."""
         budget = format_bytes(self.budget_bytes)
+        si = _si_bytes(self.budget_bytes)
+        if si is not None and not self.default_budget:
+            budget = f"{si} = {budget}; MB/GB are powers of 1000, MiB/GiB of 1024"
         if self.default_budget:
             share = ""
             if self.workers:
@@ -201,6 +206,16 @@ class StreamPlan:
         return (f"budget {budget}: {FILLS} fills x {self.rows_per_fill} rows "
                 f"({self.rows_per_fill // self.unit_rows} units of {self.unit_rows}), "
                 f"{self.reader_batches} batches of {self.batch_size} in memory ({self.queue_depth} queued); {parts}")
+
+
+def _si_bytes(n: int) -> str | None:
+    """``"1 GB = 10^9 bytes"`` for a whole number of SI megabytes that is no whole number of MiB, else None."""
+    n = int(n)
+    if n % 10**6 or not n % (1 << 20):
+        return None
+    exponent, unit = next((e, u) for e, u in ((12, "TB"), (9, "GB"), (6, "MB")) if n >= 10**e)
+    value = n / 10**exponent
+    return f"1 {unit} = 10^{exponent} bytes" if value == 1 else f"{value:g} {unit} = {value:g} x 10^{exponent} bytes"
 
 
 def plan_memory(

@@ -6,6 +6,9 @@
   the store's ``class_names``; for ``categorical_crossentropy``.
 * ``"binary"``: float32 ``(n, 1)`` of 0.0 / 1.0, for stores of exactly two
   classes; for ``binary_crossentropy`` with one sigmoid output.
+* ``None``: no labels; the stream yields the images alone (``x``, not
+  ``(x, y)``), as Keras does with ``label_mode=None``: for ``model.predict``,
+  or autoencoders.  Any store.
 
 The last two need a class store with ``class_names``; a regression store's
 targets only come as stored.
@@ -20,26 +23,38 @@ import numpy as np
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.store.meta import StoreMeta
 
-LABEL_MODES = ("int", "categorical", "binary")
+LABEL_MODES = ("int", "categorical", "binary", None)
 
 
 @dataclass(frozen=True)
 class LabelEncoding:
-    """Turns a batch of stored labels into what the stream yields; ``shape``/``dtype`` describe one row of it."""
+    """Turns a batch of stored labels into what the stream yields; ``shape``/``dtype`` describe one row of it
+    (both None for ``mode=None``: no labels are yielded)."""
 
-    mode: str
+    mode: str | None
     n_classes: int | None
-    shape: tuple[int, ...]
-    dtype: np.dtype
+    shape: tuple[int, ...] | None
+    dtype: np.dtype | None
     path: str = ""
 
     @property
+    def yields_labels(self) -> bool:
+        """Whether a batch is ``(x, y)`` (True) or ``x`` alone (``label_mode=None``)."""
+        return self.mode is not None
+
+    @property
     def extra_row_bytes(self) -> int:
-        """Bytes a yielded label row takes besides the stored one (0 when labels go out as stored)."""
-        return 0 if self.mode == "int" else int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        """Bytes a yielded label row takes besides the stored one (0 when labels go out as stored, or not at all)."""
+        if self.mode in ("int", None):
+            return 0
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def batch(self, images: np.ndarray, labels: np.ndarray):
+        """What the stream yields for one batch: ``(images, encoded labels)``, or ``images`` alone."""
+        return (images, self(labels)) if self.mode is not None else images
 
     def __call__(self, labels: np.ndarray) -> np.ndarray:
-        if self.mode == "int":
+        if self.mode in ("int", None):
             return labels
         if len(labels) and (labels.min() < 0 or labels.max() >= self.n_classes):
             bad = labels[(labels < 0) | (labels >= self.n_classes)][0]
@@ -57,6 +72,8 @@ def label_encoding(meta: StoreMeta, mode: str) -> LabelEncoding:
     """Check ``mode`` against the store and describe its output; :class:`ConfigError` says what fits instead."""
     if mode not in LABEL_MODES:
         raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {mode!r}")
+    if mode is None:
+        return LabelEncoding(None, len(meta.class_names) if meta.class_names else None, None, None, meta.path)
     if mode == "int":
         return LabelEncoding(mode, len(meta.class_names) if meta.class_names else None, tuple(meta.label_shape),
                              np.dtype(meta.label_dtype), meta.path)

@@ -11,9 +11,11 @@ budget.  A stream is consumed from one thread at a time, and that is enforced
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -26,7 +28,7 @@ from h5stream.feed import InlineFeed, PooledFeed
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
-from h5stream.order.split import subset_rows
+from h5stream.order.split import BOTH, subset_rows
 from h5stream.read.source import resolve_direct_io
 from h5stream.store.meta import StoreMeta, read_meta
 
@@ -53,18 +55,19 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     ``subset="validation"``); ``seed`` fixes the order (None draws one,
     recorded in ``state()``).
 
-    ``validation_split=f, subset="training" | "validation"`` (Keras'
+    ``validation_split=f, subset="training" | "validation" | "both"`` (Keras'
     ``image_dataset_from_directory`` convention): the last ``int(f * rows)``
     rows of the store are the validation subset, the rows before them the
     training subset.  The same for every seed, disjoint, together every
     committed row; the store must be in shuffled storage order (see
     :mod:`h5stream.order.split`).  Open one stream per subset with the same
-    ``validation_split``; the validation stream is unshuffled by default and
+    ``validation_split`` (or both at once, below); the validation stream is unshuffled by default and
     augmented only if given ``augment``.
 
     ``label_mode``: ``"int"`` (default; labels as stored), ``"categorical"``
     (one-hot float32, ``len(class_names)`` wide) or ``"binary"`` (float32
-    ``(n, 1)``, two-class stores); see :mod:`h5stream.labels`.
+    ``(n, 1)``, two-class stores) or None (no labels, see below); see
+    :mod:`h5stream.labels`.
 
     ``augment=h5stream.Augment(...)`` transforms every batch, in the consumer's
     thread or in ``workers`` spawned processes.  ``shard=(index, count)``
@@ -124,14 +127,38 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     by row (8 bytes a row kept), which catches bytes that change on disk while
     training, at the cost of a hash of every byte read.  A store without
     checksums streams unchecked.  False streams a damaged file as it is.
+
+    ``subset="both"`` (with ``validation_split``) returns the pair
+    ``(training, validation)`` of streams, as Keras'
+    ``image_dataset_from_directory(subset="both")`` does: both take every
+    other option as given (``augment`` and ``workers`` included, each stream
+    its own workers, as Keras' ``ImageDataGenerator`` augments its validation
+    subset too; open the subsets one by one for an unaugmented validation
+    stream); the validation stream is unshuffled unless ``shuffle=True``.
+    ``resume`` is refused there: each subset resumes from its own state.
+
+    ``label_mode=None``: the stream yields the images alone (``x``, not
+    ``(x, y)``), for ``model.predict`` (every adapter takes it).
     """
-    return Stream(path, StreamOptions(*args, **kwargs))
+    options = StreamOptions(*args, **kwargs)
+    if options.subset != BOTH:
+        return Stream(path, options)
+    if options.resume is not None:
+        raise ConfigError("resume= with subset='both': a state belongs to one subset; open each subset with "
+                          "subset='training' / 'validation' and its own resume=")
+    training = Stream(path, dataclasses.replace(options, subset="training"))
+    try:
+        validation = Stream(path, dataclasses.replace(options, subset="validation"))
+    except BaseException:
+        training.close()
+        raise
+    return training, validation
 
 
 open.__signature__ = inspect.Signature(
     [inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD),
      *inspect.signature(StreamOptions).parameters.values()],
-    return_annotation="Stream",
+    return_annotation="Stream | tuple[Stream, Stream]",
 )
 
 
@@ -170,6 +197,7 @@ class Stream:
         if not isinstance(options, StreamOptions):
             raise ConfigError(f"options must be an h5stream.options.StreamOptions, got {type(options).__name__}")
         self.options = options
+        _refuse_in_a_starting_worker()
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
@@ -202,6 +230,7 @@ class Stream:
                               "nothing for worker processes to do (reading already runs in its own thread)")
         if self.workers:
             self.augment.ensure_picklable()
+            _warn_if_more_workers_than_cores(self.workers)
         rows_per_fill = options.rows_per_fill
         if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
             rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
@@ -295,17 +324,24 @@ class Stream:
         return np.dtype(self.augment.output_dtype()) if self.augment is not None else np.dtype(np.uint8)
 
     @property
-    def label_mode(self) -> str:
+    def label_mode(self) -> str | None:
+        """``"int"``, ``"categorical"``, ``"binary"``, or None: batches are images alone."""
         return self._labels.mode
 
     @property
-    def label_shape(self) -> tuple[int, ...]:
-        """Shape of one yielded label: ``()`` for class indices, ``(n_classes,)`` one-hot, ``(1,)`` binary."""
+    def yields_labels(self) -> bool:
+        """Whether a batch is ``(images, labels)`` (True) or ``images`` alone (``label_mode=None``)."""
+        return self._labels.yields_labels
+
+    @property
+    def label_shape(self) -> tuple[int, ...] | None:
+        """Shape of one yielded label: ``()`` for class indices, ``(n_classes,)`` one-hot, ``(1,)`` binary;
+        None with ``label_mode=None``."""
         return self._labels.shape
 
     @property
-    def label_dtype(self) -> np.dtype:
-        """dtype of the yielded labels (int64 class indices, float32 otherwise)."""
+    def label_dtype(self) -> np.dtype | None:
+        """dtype of the yielded labels (int64 class indices, float32 otherwise; None with ``label_mode=None``)."""
         return self._labels.dtype
 
     # -- layout -------------------------------------------------------------------
@@ -366,7 +402,7 @@ class Stream:
             if self._batch == self._n_batches:
                 self._epoch, self._batch = self._epoch + 1, 0
                 it.done = True
-            return x, self._labels(y)
+            return self._labels.batch(x, y)
 
     @contextlib.contextmanager
     def _entered(self, what: str):
@@ -530,9 +566,49 @@ class _EpochIterator:
         return self
 
     def __next__(self):
-        """``(images, labels)``; StopIteration after the epoch's last batch; :class:`StreamClosedError` after
-        ``close()``, :class:`StreamIterationError` if replaced or if another thread is inside the stream."""
+        """``(images, labels)`` (``images`` alone with ``label_mode=None``); StopIteration after the epoch's
+        last batch; :class:`StreamClosedError` after ``close()``, :class:`StreamIterationError` if replaced or
+        if another thread is inside the stream."""
         return self._stream._next_batch(self)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on macOS / Windows
+        return os.cpu_count() or 1
+
+
+def _warn_if_more_workers_than_cores(workers: int) -> None:
+    """Warn (the stream still opens) when worker processes outnumber the cores: each is one core's work, and the
+    extra ones only add memory and contention."""
+    cores = usable_cores()
+    if workers > cores:
+        warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
+                      f"extra workers only cost memory and context switches; workers={max(1, cores - 1)} leaves a "
+                      "core to the training loop", UserWarning, stacklevel=4)
+
+
+def _refuse_in_a_starting_worker() -> None:
+    """Raise :class:`ConfigError` if this process is a spawned worker re-running its parent's script.
+
+    With ``workers > 0`` and an ``Augment`` that refers to a function of the
+    training script itself (``preprocessing_function`` defined there), each
+    worker must re-run the script's top-level code, as ``__mp_main__``, to find
+    that function (spawn's rule; h5stream's workers skip the script otherwise,
+    see :mod:`h5stream._spawn`).  A script without the ``__main__`` guard would
+    then open the stream again in every worker, and start workers of its own;
+    ``multiprocessing`` marks that phase with ``_inheriting``.
+    """
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConfigError(
+            "h5stream.open ran while an augment worker was starting: a worker re-runs the training script's "
+            "top-level code to find a function defined in it (the Augment's preprocessing_function); put the "
+            "script's code under `if __name__ == \"__main__\":`, or define the function in a module of its own"
+        )
 
 
 def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,

@@ -2,7 +2,9 @@
 
 The blocks are read from README.md (every fenced block between the ``## Quick start`` heading and the next ``##``
 heading) and run unchanged: shell blocks with ``bash -eu -o pipefail``, Python blocks as a script, all in one
-temporary folder, with ``h5stream`` and ``python`` on PATH meaning this checkout and this interpreter.
+temporary folder, with ``h5stream`` and ``python`` on PATH meaning this checkout and this interpreter.  The Python
+blocks run once per Keras backend, with ``KERAS_BACKEND`` set as the quick start tells a user to; for JAX and torch
+TensorFlow cannot be imported, as on a machine that has only that framework.
 """
 
 from __future__ import annotations
@@ -55,7 +57,31 @@ def _shims(bin_dir) -> None:
         os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
-def test_the_quick_start_runs_as_written(tmp_path):
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def _without_tensorflow(folder) -> str:
+    """A folder that, first on ``PYTHONPATH``, makes ``import tensorflow`` fail as where it is not installed."""
+    package = folder / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n", encoding="utf-8")
+    return str(folder)
+
+
+def test_the_quick_start_says_how_to_pick_the_keras_backend():
+    """A JAX or torch user must learn to set KERAS_BACKEND before ``import keras`` (Keras' default is tensorflow)."""
+    with open(README, encoding="utf-8") as f:
+        markdown = f.read()
+    start = markdown.index("## Quick start")
+    section = markdown[start:markdown.index("\n## ", start + 1)]
+    for backend in BACKENDS[1:]:
+        assert f"KERAS_BACKEND={backend}" in section, backend
+    assert "No module named 'tensorflow'" in section
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_quick_start_runs_as_written(tmp_path, backend):
     with open(README, encoding="utf-8") as f:
         blocks = section_blocks(f.read())
     languages = [language for language, _code in blocks]
@@ -65,24 +91,31 @@ def test_the_quick_start_runs_as_written(tmp_path):
     work, bin_dir = tmp_path / "work", tmp_path / "bin"
     work.mkdir()
     _shims(bin_dir)
+    paths = [ROOT, os.environ.get("PYTHONPATH")]
+    if backend != "tensorflow":
+        paths.insert(0, _without_tensorflow(tmp_path / "no_tf"))
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+               PYTHONPATH=os.pathsep.join(p for p in paths if p), KERAS_BACKEND=backend,
                TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
     for number, (language, code) in enumerate(blocks, 1):
         if language == "sh":
             argv = ["bash", "-eu", "-o", "pipefail", "-c", code]
         else:
             needs_keras = re.search(r"^import keras|^from keras", code, re.MULTILINE)
-            if needs_keras and importlib.util.find_spec("keras") is None:
-                pytest.skip("the quick start's Python block needs keras, which is not installed")
+            if needs_keras:
+                for module in ("keras", backend):
+                    if importlib.util.find_spec(module) is None:
+                        pytest.skip(f"the quick start's Python block on {backend} needs {module}, not installed")
             script = tmp_path / f"block_{number}.py"
             script.write_text(code, encoding="utf-8")
             argv = [sys.executable, str(script)]
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True,
                               timeout=600)  # a safety net: the whole quick start takes well under a minute
-        assert proc.returncode == 0, (f"quick-start block {number} ({language}) failed:\n{code}\n"
+        assert proc.returncode == 0, (f"quick-start block {number} ({language}, {backend}) failed:\n{code}\n"
                                       f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        if language == "python" and needs_keras:
+            assert f"Keras backend: {backend}" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_blocks_are_taken_from_the_section_only_and_in_order():

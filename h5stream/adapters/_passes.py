@@ -69,7 +69,7 @@ class Passes:
         # The stream's epoch iterator, taken now: it continues a restored (resumed) state's epoch; after an epoch
         # left mid-way by some other iterator, it starts the next epoch, and _pos_state below says so.
         self._it = iter(stream)
-        self._pending: deque = deque()  # (x, y, state_after) pulled outside a pass
+        self._pending: deque = deque()  # (batch, state_after) pulled outside a pass
         self._pass_id = 0
         self._active = False
         self._served = 0
@@ -98,7 +98,8 @@ class Passes:
             self._active = False
 
     def next_batch(self, pass_id: int | None = None):
-        """The next ``(x, y)`` of the pass, or None when the pass is complete or superseded.
+        """The next batch of the pass (``(x, y)``, or ``x`` for a stream with ``label_mode=None``), or None when
+        the pass is complete or superseded.
 
         ``pass_id`` None: the caller cannot tell passes apart (a Keras PyDataset);
         outside a pass the batch is a peek, kept for the next pass.
@@ -107,18 +108,18 @@ class Passes:
             if pass_id is not None and (pass_id != self._pass_id or not self._active):
                 return None
             if not self._active:
-                x, y, state = self._pull()
-                self._pending.append((x, y, state))
-                return x, y
+                batch, state = self._pull()
+                self._pending.append((batch, state))
+                return batch
             if self._served >= self.n:
                 return None
-            x, y, state = self._pending.popleft() if self._pending else self._pull()
+            batch, state = self._pending.popleft() if self._pending else self._pull()
             self._served += 1
             self._pos_state = state
             self._records.append((self._served, state, time.perf_counter()))
             if self._served == self.n:
                 self._active = False
-            return x, y
+            return batch
 
     # -- what the model has consumed ------------------------------------------------
     def record(self, consumed: int) -> tuple[dict, float | None]:
@@ -162,9 +163,9 @@ class Passes:
             if self._it is None:
                 self._it = iter(self.stream)  # the stream stands at an epoch's first batch here
             try:
-                x, y = next(self._it)
+                batch = next(self._it)
             except StopIteration:
                 self._it = None
                 continue
-            return x, y, self.stream.state()
+            return batch, self.stream.state()
         raise RuntimeError(f"{self.stream!r} yielded no batch for a new epoch")  # pragma: no cover - stream invariant

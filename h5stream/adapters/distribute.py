@@ -80,6 +80,9 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
     for key in ("batch_size", "shard"):
         if key in open_kwargs:
             raise ConfigError(f"distributed_dataset sets {key} itself; pass global_batch_size instead")
+    if open_kwargs.get("subset") == "both":
+        raise ConfigError("distributed_dataset streams one subset: call it once with subset='training' and once "
+                          "with subset='validation'")
     replicas = int(strategy.num_replicas_in_sync)
     if isinstance(global_batch_size, bool) or int(global_batch_size) < 1 or int(global_batch_size) % replicas:
         raise ConfigError(
@@ -96,7 +99,8 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
         ds = as_tf_dataset(stream, prefetch=0)
         if x_dtype is not None:
             dtype = tf.as_dtype(x_dtype)
-            ds = ds.map(lambda x, y: (tf.cast(x, dtype), y))
+            ds = ds.map((lambda x, y: (tf.cast(x, dtype), y)) if stream.yields_labels else
+                        (lambda x: tf.cast(x, dtype)))  # label_mode=None: images alone
         if repeat:
             ds = ds.repeat()
         return ds.prefetch(prefetch) if prefetch else ds

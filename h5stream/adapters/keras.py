@@ -39,7 +39,8 @@ STATE_FILE = "h5stream_resume.json"
 
 
 class StreamBatches(keras.utils.PyDataset):
-    """A stream as a ``PyDataset``: ``len`` batches per epoch, each ``(x, y)`` numpy.
+    """A stream as a ``PyDataset``: ``len`` batches per epoch, each ``(x, y)`` numpy (``x`` alone for a stream
+    with ``label_mode=None``, which ``predict`` takes).
 
     Not for Keras' own multiprocessing (the stream cannot be pickled); use the
     stream's ``workers=`` instead.

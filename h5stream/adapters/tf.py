@@ -4,7 +4,8 @@ The element signature is fixed from the stream's public description (no batch
 is read to learn it): ``x`` is ``(None, H, W, C)`` of ``stream.image_dtype``
 (uint8, or the augmentation's output dtype), ``y`` is ``(None,
 *stream.label_shape)`` of ``stream.label_dtype`` (int64 class indices, float32
-one-hot / binary labels or regression targets); the batch dimension is
+one-hot / binary labels or regression targets), or there is no ``y`` (the
+element is ``x`` alone) for a stream with ``label_mode=None``; the batch dimension is
 ``batch_size`` instead of None when the stream drops remainders.  The cardinality is ``len(stream)``,
 so Keras counts epochs without ``steps_per_epoch``.
 
@@ -34,10 +35,13 @@ from h5stream.errors import ConfigError, StreamClosedError
 tf = _deps.tensorflow()
 
 
-def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec]:
-    """``(x_spec, y_spec)`` of the stream's batches, from metadata only."""
+def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec] | tf.TensorSpec:
+    """``(x_spec, y_spec)`` of the stream's batches, from metadata only; ``x_spec`` alone for a stream with
+    ``label_mode=None``."""
     batch = stream.batch_size if stream.drop_remainder else None
     x_spec = tf.TensorSpec((batch, *stream.meta.image_shape), tf.as_dtype(stream.image_dtype), name="images")
+    if not stream.yields_labels:
+        return x_spec
     y_spec = tf.TensorSpec((batch, *stream.label_shape), tf.as_dtype(stream.label_dtype), name="labels")
     return x_spec, y_spec
 

@@ -62,8 +62,10 @@ class StreamIterable(IterableDataset):
             batch = self._passes.next_batch(pass_id)
             if batch is None:
                 return
-            x, y = batch
-            yield torch.from_numpy(x), torch.from_numpy(y)
+            if isinstance(batch, tuple):
+                yield tuple(torch.from_numpy(a) for a in batch)
+            else:  # label_mode=None: images alone
+                yield torch.from_numpy(batch)
 
     def __getstate__(self):
         raise ConfigError(f"an h5stream torch dataset cannot be pickled; use {_USE}")

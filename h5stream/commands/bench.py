@@ -449,6 +449,21 @@ def _helper_thread(label: str) -> bool:
     return label.startswith(("h5stream-sampler", "h5stream-evictor", "tqdm", "mp-"))
 
 
+def queue_fill_label(workers: int) -> str:
+    """The plot's legend for the reader's queue fill, which holds different batches with and without workers.
+
+    Without workers the queue holds batches ready for the consumer, so a full
+    queue and a waiting consumer exclude each other.  With workers it holds
+    batches handed to the workers and not done yet (the workers augment them,
+    and for a cached uncompressed file read their pixels too): a full queue
+    while the consumer waits says the workers, not the reader, set the pace.
+    """
+    if workers:
+        return ("queue fill (batches handed to the workers, not done yet:\n"
+                "full while the consumer waits = the workers set the pace)")
+    return "queue fill (batches ready for the consumer)"
+
+
 def plot_bench(result: dict, timeline, out_path: str) -> None:
     """Draw samples/s, CPU % per stage, queue fill (and the share of time the consumer waited for
     data, from the stream's ``stats()["wait_s"]``) and memory vs budget over time into a PNG."""
@@ -486,7 +501,7 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
     depth, cap = timeline.marks.get("queue_depth"), timeline.marks.get("queue_capacity")
     if depth is not None and cap is not None and np.isfinite(depth).any():
         axes[2].plot(timeline.mark_t_s, 100 * depth / np.where(cap > 0, cap, np.nan), color="tab:green",
-                     label="queue fill")
+                     label=queue_fill_label(result["workers"]))
     t_wait, waiting = timeline.rate("consumer_wait_s", window_s=max(0.25, 4 * SAMPLE_INTERVAL_S))
     if waiting.size:
         # Seconds waited per second: the share of the consumer's time spent waiting for data.  This consumer

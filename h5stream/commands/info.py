@@ -46,6 +46,24 @@ def _filter_names(dataset) -> list[str]:
     return names
 
 
+def space_used(f, rows: int, row_bytes: int, file_bytes: int) -> dict:
+    """Where a store's bytes go (open h5py file ``f``): ``pixel_bytes`` (the committed rows' pixels),
+    ``chunk_bytes`` (the file space of every dataset's allocated chunks: HDF5 allocates a chunk whole, so a
+    store of fewer rows than a block holds a whole block of pixels, and labels and paths a whole chunk each)
+    and ``metadata_bytes`` (the rest: HDF5's headers and chunk-index nodes, allocated whole at 2,048 entries,
+    see :mod:`h5stream.store.layout`, and free space)."""
+    chunk_bytes = 0
+
+    def add(_name, node):
+        nonlocal chunk_bytes
+        if hasattr(node, "id") and hasattr(node.id, "get_storage_size"):
+            chunk_bytes += int(node.id.get_storage_size())
+
+    f.visititems(add)
+    return {"pixel_bytes": int(rows) * int(row_bytes), "chunk_bytes": chunk_bytes,
+            "metadata_bytes": max(0, int(file_bytes) - chunk_bytes)}
+
+
 def describe(path: str) -> dict:
     """The store's description: the keys of ``info --json`` (see README FORMAT)."""
     from h5stream.store import schema
@@ -54,7 +72,9 @@ def describe(path: str) -> dict:
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
-    chunks, filters = read_consistent(path, lambda f: (f[schema.IMAGES].chunks, _filter_names(f[schema.IMAGES])))
+    chunks, filters, space = read_consistent(path, lambda f: (
+        f[schema.IMAGES].chunks, _filter_names(f[schema.IMAGES]),
+        space_used(f, meta.rows, meta.row_bytes, meta.file_bytes)))
     classes = None
     if meta.label_kind == schema.LABEL_CLASS and meta.class_names is not None:
         counts = class_counts(path, meta.rows, len(meta.class_names))
@@ -77,6 +97,7 @@ def describe(path: str) -> dict:
         "order_seed": meta.order_seed,
         "resize": meta.resize_mode,
         "file_bytes": meta.file_bytes,
+        "space": space,
         "skipped_files": meta.skipped_files,
         "skipped_report": report if os.path.exists(report) else None,
         "format_version": meta.format_version,
@@ -92,6 +113,19 @@ def label_kind_text(info: dict) -> str:
         where = f"CSV column {columns[0]}" if columns else "class folders"
         return f"class (index into the class names, from the {where})"
     return f"regression (float targets from CSV column{'s' if len(columns) > 1 else ''} {', '.join(columns)})"
+
+def _space_lines(info: dict) -> list[str]:
+    """What the file size is made of, said when the pixels are less than half of it (a small store)."""
+    space = info.get("space")
+    if not space or space["pixel_bytes"] * 2 >= info["file_bytes"]:
+        return []
+    from h5stream.read.plan import format_bytes
+
+    return [f"    of which      pixels {format_bytes(space['pixel_bytes'])}, in {format_bytes(space['chunk_bytes'])} "
+            f"of whole chunks (HDF5 allocates a chunk whole: {info['block_rows']} image rows, the labels', the "
+            "paths'; appended rows fill them)",
+            f"                  HDF5 metadata {format_bytes(space['metadata_bytes'])} (headers, chunk-index nodes "
+            "of 2,048 entries)"]
 
 
 def format_text(info: dict) -> str:
@@ -118,6 +152,7 @@ def format_text(info: dict) -> str:
         + (" (plain h5py needs `pip install hdf5plugin` to read pixels)" if info["compression"] == "blosc" else ""),
         f"  storage order   {order}",
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
+        *_space_lines(info),
         f"  skipped files   {info['skipped_files']}" + (f" (see {report})" if report else ""),
         "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
                                  else "none (re-ingest to add them)"),

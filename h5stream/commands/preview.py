@@ -1,4 +1,8 @@
-"""`h5stream preview FILE --out grid.png`: a PNG grid of images as the stream yields them.
+"""`h5stream preview FILE --out grid.png`: a grid of images as the stream yields them.
+
+The file's format is the one its name asks for (``.png``, ``.jpg``, ``.webp``,
+... any Pillow writes; see :func:`image_format`); a name without a known
+extension is refused before anything is read.
 
 The first ``rows x cols`` rows of epoch 0 of ``h5stream.open(FILE, seed=S,
 augment=...)`` -- shuffled and augmented exactly as training would see them --
@@ -36,6 +40,7 @@ def run(args) -> int:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.scale is not None and args.scale < 1:
         raise ConfigError(f"--scale must be >= 1, got {args.scale}")
+    fmt = image_format(args.out)
     images, labels, meta = first_images(args.path, args.rows * args.cols, seed=args.seed,
                                         augment=augment_from_arg(args.augment), memory_budget=args.memory_budget)
     titles = [label_title(y, meta) for y in labels]
@@ -43,9 +48,24 @@ def run(args) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise ConfigError(f"--out {args.out}: folder {out_dir} does not exist; create it first")
-    grid.save(args.out, format="PNG")
+    grid.save(args.out, format=fmt)
     print(f"wrote {args.out} ({grid.width}x{grid.height} px, {len(titles)} images, seed {args.seed})")
     return 0
+
+
+def image_format(out: str) -> str:
+    """Pillow's format name for the file name ``out`` (``grid.jpg`` -> ``"JPEG"``); :class:`ConfigError` for a
+    name whose extension Pillow cannot write."""
+    from PIL import Image
+
+    from h5stream.errors import ConfigError
+
+    ext = os.path.splitext(out)[1].lower()
+    fmt = Image.registered_extensions().get(ext)
+    if fmt is None or fmt not in Image.SAVE:
+        raise ConfigError(f"--out {out}: cannot tell which image format to write from "
+                          f"{ext or 'a name without an extension'!r}; name the file .png (or .jpg, .webp)")
+    return fmt
 
 
 def first_images(path, n: int, *, seed: int, augment=None, memory_budget=None):

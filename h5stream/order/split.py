@@ -1,5 +1,8 @@
 """Keras' ``validation_split`` / ``subset`` for a store: which rows each part streams.  Pure.
 
+``subset="both"`` (as in ``image_dataset_from_directory``) is the pair: :func:`h5stream.open`
+opens one stream per part (see :data:`BOTH`); one stream streams one part.
+
 ``validation_split=f`` holds out the last ``int(f * rows)`` committed rows as
 the ``"validation"`` subset; ``"training"`` is every row before them.  That is
 Keras' rule (``image_dataset_from_directory`` shuffles its file list with the
@@ -28,6 +31,8 @@ import numbers
 from h5stream.errors import ConfigError
 
 SUBSETS = ("training", "validation")
+BOTH = "both"
+"""``subset=BOTH``: ``h5stream.open`` returns ``(training, validation)``, the two streams of :data:`SUBSETS`."""
 
 
 def check_split(validation_split, subset) -> tuple[float | None, str | None]:
@@ -39,8 +44,9 @@ def check_split(validation_split, subset) -> tuple[float | None, str | None]:
     if isinstance(validation_split, bool) or not isinstance(validation_split, numbers.Real) \
             or not 0 < float(validation_split) < 1:
         raise ConfigError(f"validation_split must be a fraction between 0 and 1 (exclusive), got {validation_split!r}")
-    if subset not in SUBSETS:
-        raise ConfigError(f"validation_split needs subset='training' or subset='validation', got subset={subset!r}")
+    if subset not in SUBSETS + (BOTH,):
+        raise ConfigError("validation_split needs subset='training' or subset='validation' (or 'both': "
+                          f"h5stream.open returns the two streams), got subset={subset!r}")
     return float(validation_split), subset
 
 
@@ -50,6 +56,9 @@ def subset_rows(rows: int, validation_split: float | None, subset: str | None, s
     validation_split, subset = check_split(validation_split, subset)
     if validation_split is None:
         return 0, int(rows)
+    if subset == BOTH:
+        raise ConfigError(f"{path}: one stream streams one subset; subset='both' is for h5stream.open, which "
+                          "returns (training, validation)")
     if storage_order != "shuffled":
         raise ConfigError(
             f"{path}: validation_split needs a store whose rows are in shuffled order, and this one is "
