@@ -85,7 +85,11 @@ def _loader_batches_again(frame) -> bool:
         from torch.utils.data._utils.fetch import _BaseDatasetFetcher
     except ImportError:  # a torch without it: no check
         return False
-    caller = frame.f_locals.get("self") if frame is not None else None
+    if frame is None or frame.f_globals.get("__name__") != _BaseDatasetFetcher.__module__:
+        # Only the fetcher's frame is looked into: reading a frame's f_locals makes Python keep a snapshot of
+        # its locals on it, which would keep whatever the caller deletes after iter(ds) alive.
+        return False
+    caller = frame.f_locals.get("self")
     return isinstance(caller, _BaseDatasetFetcher) and bool(getattr(caller, "auto_collation", False))
 
 
