@@ -293,3 +293,13 @@ def test_torchrun_ddp_two_ranks_see_every_row_once_per_epoch(store, tmp_path):
         with h5stream.open(store, batch_size=16, seed=11, shard=(res["rank"], 2)) as s:
             for epoch in range(2):
                 assert res["epochs"][epoch] == [y.tolist() for _, y in s]
+
+
+def test_the_torch_example_trains_on_cpu_with_static_shapes(tmp_path):
+    """examples/train_torch.py --device cpu --quick, as a user runs it (drop_remainder: one batch shape)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "train_torch.py"), "--device", "cpu",
+                           "--quick", "--work", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "3 batches of 16 per epoch" in proc.stdout and "train accuracy:" in proc.stdout
