@@ -303,3 +303,18 @@ def test_the_torch_example_trains_on_cpu_with_static_shapes(tmp_path):
                            "--quick", "--work", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "3 batches of 16 per epoch" in proc.stdout and "train accuracy:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--rows", "256", "--size", "16",
+                           "--batch-size", "32", "--steps", "10", "--torch-threads", "1", "--python-work", "2000",
+                           "--data", str(tmp_path), "--json"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "torchvision"}
+    assert result["loaders"]["h5stream device"]["images_per_s"] > 0
+    assert result["python_step"]["device cpu"]["steps_per_s"] > 0

@@ -49,6 +49,7 @@ but nothing holds the thread's iterator, so dropping the iterator stops it.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import queue
 import threading
@@ -163,9 +164,9 @@ def convert(x, opts: DeviceOptions):
     if normalising:
         x = x.to(torch.float32)
         if opts.mean is not None:
-            x = x - torch.tensor(opts.mean, dtype=torch.float32, device=x.device)
+            x = x - _constant(opts.mean, x.device)
         if opts.std is not None:
-            x = x / torch.tensor(opts.std, dtype=torch.float32, device=x.device)
+            x = x / _constant(opts.std, x.device)
     dtype = opts.dtype if opts.dtype is not None else (torch.float32 if normalising else None)
     if dtype is not None and x.dtype != dtype:
         x = x.to(dtype)
@@ -175,6 +176,15 @@ def convert(x, opts: DeviceOptions):
         x = x.permute(0, 3, 1, 2)
         x = x.contiguous() if opts.layout == "NCHW" else x.contiguous(memory_format=torch.channels_last)
     return x
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(values: tuple[float, ...], device):
+    """``values`` as a float32 tensor on ``device``, made once: not a host-to-device copy per batch.  (A per-channel
+    tensor broadcasts over the last, channel, axis of NHWC images.)"""
+    if len(values) == 1:
+        return values[0]  # a Python scalar: no tensor at all
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
 # -- page-locked memory ---------------------------------------------------------------------------------------
