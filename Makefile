@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-all clean
 
-# Keras with CPU TensorFlow as its backend ([tf-cpu]) and the test tools ([dev]).  tf-keras (Keras 2, for the
+# Keras with CPU TensorFlow as its backend ([tf-cpu]) and the test tools ([dev], torch among them).  tf-keras (Keras 2, for the
 # multi-worker fit test) requires the full `tensorflow` package, so it is installed without dependencies, at the
 # minor version of the tensorflow-cpu just installed.
 $(STAMP): pyproject.toml

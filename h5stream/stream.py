@@ -541,11 +541,12 @@ class Stream:
 
         return as_tf_dataset(self)
 
-    def torch(self):
-        """A ``torch.utils.data.IterableDataset`` yielding tensors."""
+    def torch(self, device=None, **opts):
+        """A ``torch.utils.data.IterableDataset`` yielding tensors; with ``device``, already there (see
+        :func:`h5stream.adapters.torch.as_torch`)."""
         from h5stream.adapters.torch import as_torch
 
-        return as_torch(self)
+        return as_torch(self, device=device, **opts)
 
 
 class _EpochIterator:

@@ -1,5 +1,9 @@
 """PyTorch: ``as_torch(stream)`` -- a ``torch.utils.data.IterableDataset`` of tensor batches.
 
+``as_torch(stream, device=...)`` (``stream.torch(device="cuda")``) yields
+them already on the device, uploaded ahead and converted there: see
+:mod:`h5stream.adapters.torch_device`.  Without ``device``, as below.
+
 Each ``iter`` is one pass (see :mod:`h5stream.adapters._passes`): ``len(stream)``
 batches ``(x, y)`` as tensors sharing memory with the stream's numpy arrays
 (``x`` is ``(n, H, W, C)``, channels last as stored; permute for NCHW models).
@@ -42,18 +46,7 @@ class StreamIterable(IterableDataset):
         return self._passes.n
 
     def __iter__(self):
-        # Checked here, not in the generator: the caller's frame is the loader's fetcher only at this call.
-        if _loader_batches_again(sys._getframe(1)):
-            raise ConfigError(
-                f"DataLoader(ds) batches the stream's batches again (torch's default batch_size=1 gives 5-D "
-                f"images of shape (1, {self.stream.batch_size}, H, W, C)); the stream already yields batches of "
-                f"batch_size={self.stream.batch_size}: use {_USE}"
-            )
-        if get_worker_info() is not None:
-            raise ConfigError(
-                "an h5stream torch dataset cannot run in DataLoader worker processes; "
-                f"use {_USE} and h5stream.open(..., workers=N)"
-            )
+        check_iteration(self, 2)
         return self._batches()
 
     def _batches(self):
@@ -71,17 +64,59 @@ class StreamIterable(IterableDataset):
         raise ConfigError(f"an h5stream torch dataset cannot be pickled; use {_USE}")
 
 
+def check_iteration(ds, depth: int) -> None:
+    """Refuse an ``iter(ds)`` that a DataLoader would batch again or run in a worker process.  ``depth``: frames
+    from this call up to the caller of ``ds.__iter__``.  Called in ``__iter__``, not in a generator: the caller's
+    frame is the loader's fetcher only at that call."""
+    if _loader_batches_again(sys._getframe(depth)):
+        raise ConfigError(
+            f"DataLoader(ds) batches the stream's batches again (torch's default batch_size=1 gives 5-D "
+            f"images of shape (1, {ds.stream.batch_size}, H, W, C)); the stream already yields batches of "
+            f"batch_size={ds.stream.batch_size}: use {_USE}"
+        )
+    if get_worker_info() is not None:
+        raise ConfigError(
+            "an h5stream torch dataset cannot run in DataLoader worker processes; "
+            f"use {_USE} and h5stream.open(..., workers=N)"
+        )
+
+
 def _loader_batches_again(frame) -> bool:
     """Whether ``frame`` is a DataLoader fetcher that collates items into batches (``batch_size`` not None)."""
     try:
         from torch.utils.data._utils.fetch import _BaseDatasetFetcher
     except ImportError:  # a torch without it: no check
         return False
-    caller = frame.f_locals.get("self") if frame is not None else None
+    if frame is None or frame.f_globals.get("__name__") != _BaseDatasetFetcher.__module__:
+        # Only the fetcher's frame is looked into: reading a frame's f_locals makes Python keep a snapshot of
+        # its locals on it, which would keep whatever the caller deletes after iter(ds) alive.
+        return False
+    caller = frame.f_locals.get("self")
     return isinstance(caller, _BaseDatasetFetcher) and bool(getattr(caller, "auto_collation", False))
 
 
-def as_torch(stream) -> StreamIterable:
+def as_torch(stream, device=None, **opts):
     """``torch.utils.data.IterableDataset`` yielding ``(x, y)`` tensors, one epoch per iteration; wrap it as
-    ``DataLoader(ds, batch_size=None)``."""
-    return StreamIterable(stream)
+    ``DataLoader(ds, batch_size=None)``.
+
+    ``device`` None: CPU tensors sharing memory with the stream's batches
+    (:class:`StreamIterable`).  A device (``"cuda"``, ``"cuda:1"``, ``"cpu"``, a
+    ``torch.device``): a :class:`~h5stream.adapters.torch_device.DeviceIterable`
+    whose batches are already there, with ``opts``: ``dtype`` (``"uint8"``,
+    ``"float16"``, ``"bfloat16"``, ``"float32"``), ``layout`` (``"NHWC"`` as
+    stored, ``"NCHW"``, ``"channels_last"``), ``mean`` / ``std`` (a number or one
+    per channel, in stored pixel units), ``batches_ahead`` (default 2).
+    """
+    if device is None:
+        if opts:
+            raise ConfigError(f"stream.torch({', '.join(f'{k}=...' for k in opts)}) converts on a device: give "
+                              "device= too (device='cpu' for CPU tensors)")
+        return StreamIterable(stream)
+    from h5stream.adapters.torch_device import OPTIONS, DeviceIterable, device_options
+
+    unknown = sorted(set(opts) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"stream.torch(): unknown option(s) {unknown}; the options are {list(OPTIONS)}")
+    shape = stream.meta.image_shape
+    channels = shape[-1] if len(shape) == 3 else 1
+    return DeviceIterable(stream, device_options(device, channels=channels, image_dtype=stream.image_dtype, **opts))

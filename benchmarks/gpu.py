@@ -1,0 +1,307 @@
+"""Feeding a torch training loop: the same run, the same model, five ways of getting the batches there.
+
+    python -m benchmarks.gpu                            # device cuda if torch sees one, else cpu
+    python -m benchmarks.gpu --rows 2048 --size 32 --steps 60 --json
+
+Loaders, each for ``--steps`` training steps of the same model:
+
+* ``limit`` -- one batch already on the device, reused: the model alone;
+* ``ram`` -- the whole array in RAM, shuffled batches sliced and copied up;
+* ``h5stream cpu`` -- ``stream.torch()``: CPU tensors, converted and copied up
+  in the training loop;
+* ``h5stream device`` -- ``stream.torch(device=...)``: uploaded ahead by
+  h5stream's thread and converted on the device;
+* ``torchvision`` -- ``ImageFolder`` + ``DataLoader(pin_memory=True)`` over the
+  same images as JPEGs, if torchvision is installed (otherwise the row says so).
+
+Per loader: images/s, its ratio to the limit, cores busy (this process's CPU
+time plus its children's, over wall time) and, on a GPU with NVML
+(``pynvml``), mean GPU utilisation.
+
+Without a GPU the model is a small CNN on CPU, and two more figures say what
+h5stream costs the training process: the CPU milliseconds per batch of
+h5stream's threads in it (each thread's own CPU clock), and the rate of a
+pure-Python stand-in training step (which holds the GIL, as Python training
+code does) while the stream feeds it, against its rate alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+from benchmarks.harness import log, run_cli
+
+MEAN, STD = 127.5, 64.0
+
+
+def thread_cpu_s(prefix: str = "h5stream") -> float:
+    """CPU seconds of this process's live threads whose name starts with ``prefix`` (each thread's own clock)."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith(prefix) and t.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
+                pass
+    return total
+
+
+def process_cpu_s() -> float:
+    import psutil
+
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            pass
+    return total
+
+
+class GpuSampler:
+    """Mean GPU utilisation (NVML) over a run, sampled every 0.1 s by a thread; None without NVML."""
+
+    def __init__(self, device):
+        self.values: list[int] = []
+        self._stop = threading.Event()
+        self._handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:
+            return
+        self._thread = threading.Thread(target=self._run, name="bench-nvml", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            self.values.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def stop(self) -> float | None:
+        if self._handle is None:
+            return None
+        self._stop.set()
+        self._thread.join()
+        return sum(self.values) / len(self.values) if self.values else None
+
+
+def make_model(torch, channels: int, classes: int, device):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(channels, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(32, classes),
+    )
+    return model.to(device, memory_format=torch.channels_last)
+
+
+def on_device(torch, x, y, device):
+    """What the training loop does to a CPU uint8 NHWC batch: copy up, normalise, NCHW channels_last."""
+    x = torch.as_tensor(x).to(device, non_blocking=True)
+    x = ((x.float() - MEAN) / STD).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    return x, torch.as_tensor(y).to(device, non_blocking=True)
+
+
+def timed(torch, device, batches, steps: int, step) -> dict:
+    """Run ``step(x, y)`` over ``steps`` batches of the iterator ``batches``; images/s, cores busy, GPU use."""
+    sampler = GpuSampler(device)
+    cpu0, t0 = process_cpu_s(), time.perf_counter()
+    images = 0
+    for i, (x, y) in enumerate(batches):
+        if i == steps:
+            break
+        step(x, y)
+        images += len(y)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    return {"images_per_s": images / wall, "cores_busy": (process_cpu_s() - cpu0) / wall, "gpu_util": sampler.stop(),
+            "steps": min(i + 1, steps), "wall_s": wall}
+
+
+def endless(make_epoch):
+    while True:
+        yield from make_epoch()
+
+
+def python_step(work: int):
+    """A stand-in training step in pure Python: it holds the GIL the whole time, as Python training code does."""
+    def step(x, y):
+        s = 0
+        for i in range(work):
+            s += i * i
+        return s
+    return step
+
+
+def run(args) -> dict:
+    import numpy as np
+    import torch
+
+    import h5stream
+    from benchmarks.data import make_bench_file, read_rows
+
+    torch.set_num_threads(args.torch_threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    os.makedirs(args.data, exist_ok=True)
+    path = make_bench_file(os.path.join(args.data, f"gpu-{args.rows}-{args.size}.h5"), rows=args.rows,
+                           size=args.size, progress=False)
+    bs, steps = args.batch_size, args.steps
+    model = make_model(torch, 3, 10, device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    rows = {}
+    ram_x, ram_y = read_rows(path, args.rows)
+    x0, y0 = on_device(torch, ram_x[:bs], ram_y[:bs].astype(np.int64), device)
+    for _ in range(3):  # the first steps allocate and pick kernels: out of every loader's timing
+        train(x0, y0)
+    log("limit: one batch on the device")
+    rows["limit"] = timed(torch, device, endless(lambda: [(x0, y0)]), steps, train)
+
+    log("ram: the whole array in memory")
+    rng = np.random.default_rng(0)
+
+    def ram_epoch():
+        order = rng.permutation(len(ram_y))
+        for i in range(0, len(order) - bs + 1, bs):
+            idx = np.sort(order[i:i + bs])
+            yield ram_x[idx], ram_y[idx].astype(np.int64)
+    rows["ram"] = timed(torch, device, endless(ram_epoch), steps,
+                        lambda x, y: train(*on_device(torch, x, y, device)))
+
+    opts = dict(batch_size=bs, seed=0, drop_remainder=True)
+    log("h5stream cpu: stream.torch(), copied up in the loop")
+    with h5stream.open(path, **opts) as s:
+        ds = s.torch()
+        rows["h5stream cpu"] = timed(torch, device, endless(lambda: ds), steps,
+                                     lambda x, y: train(*on_device(torch, x, y, device)))
+    log(f"h5stream device: stream.torch(device={str(device)!r})")
+    with h5stream.open(path, **opts) as s:
+        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
+        threads0 = thread_cpu_s()
+        rows["h5stream device"] = timed(torch, device, endless(lambda: ds), steps, train)
+        stats = ds.stats()
+        batches = max(stats["batches"], 1)
+        h5_ms = 1e3 * (thread_cpu_s() - threads0 + stats["upload_cpu_s"]) / batches
+        rows["h5stream device"]["h5stream_thread_cpu_ms_per_batch"] = h5_ms
+        rows["h5stream device"]["pinned_bytes"] = stats["pinned_bytes"]
+        ds.close()
+    rows["torchvision"] = torchvision_row(args, torch, device, steps, train)
+    limit = rows["limit"]["images_per_s"]
+    for r in rows.values():
+        if r.get("images_per_s"):
+            r["ratio_to_limit"] = r["images_per_s"] / limit
+
+    result = {"device": str(device), "rows": args.rows, "size": args.size, "batch_size": bs, "steps": steps,
+              "torch": torch.__version__, "cpu_count": os.cpu_count(), "loaders": rows,
+              "note": "a shared machine: provisional figures"}
+    if device.type != "cuda":
+        result["python_step"] = python_step_cost(args, h5stream, path, opts)
+    return result
+
+
+def python_step_cost(args, h5stream, path, opts) -> dict:
+    """The GIL-holding stand-in step's rate alone and while h5stream feeds it (CPU tensors / on the device)."""
+    import torch
+
+    step = python_step(args.python_work)
+    device = torch.device("cpu")
+    x, y = torch.zeros(1), torch.zeros(1)
+    alone = timed(torch, device, endless(lambda: [(x, y)]), args.steps, step)["images_per_s"]
+    out = {"alone_steps_per_s": alone}
+    for name, kwargs in (("cpu tensors", {}),
+                         ("device cpu", dict(device="cpu", dtype="float32", layout="channels_last", mean=MEAN,
+                                             std=STD))):
+        with h5stream.open(path, **opts) as s:
+            ds = s.torch(**kwargs)
+            threads0 = thread_cpu_s()
+            r = timed(torch, device, endless(lambda ds=ds: ds), args.steps, step)
+            upload = ds.stats()["upload_cpu_s"] if kwargs else 0.0
+            fed = r["images_per_s"] / opts["batch_size"]
+            out[name] = {"steps_per_s": fed, "vs_alone": fed / alone,
+                         "h5stream_thread_cpu_ms_per_batch": 1e3 * (thread_cpu_s() - threads0 + upload) / r["steps"]}
+            if kwargs:
+                ds.close()
+    return out
+
+
+def torchvision_row(args, torch, device, steps: int, train) -> dict:
+    try:
+        import torchvision
+    except ImportError:
+        return {"skipped": "torchvision is not installed (pip install torchvision)"}
+    from benchmarks.data import ensure_folder
+
+    folder, _ = ensure_folder(args.data, args.tv_images, args.size)
+    tf = torchvision.transforms.Compose([torchvision.transforms.Resize((args.size, args.size)),
+                                         torchvision.transforms.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(folder, transform=tf)
+    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                                         num_workers=args.tv_workers, pin_memory=device.type == "cuda",
+                                         persistent_workers=args.tv_workers > 0)
+
+    def step(x, y):
+        x = x.to(device, non_blocking=True)
+        x = ((x.float() - MEAN) / STD).contiguous(memory_format=torch.channels_last)
+        train(x, y.to(device, non_blocking=True))
+
+    log("torchvision: ImageFolder + DataLoader")
+    return timed(torch, device, endless(lambda: loader), steps, step)
+
+
+def format_text(r: dict) -> str:
+    lines = [f"device {r['device']}, {r['rows']} rows of {r['size']}x{r['size']}x3, batch {r['batch_size']}, "
+             f"{r['steps']} steps, torch {r['torch']} ({r['note']})",
+             f"{'loader':<16} {'images/s':>10} {'x limit':>8} {'cores':>6} {'GPU %':>6}  note"]
+    for name, row in r["loaders"].items():
+        if "skipped" in row:
+            lines.append(f"{name:<16} {'-':>10} {'-':>8} {'-':>6} {'-':>6}  {row['skipped']}")
+            continue
+        gpu = f"{row['gpu_util']:.0f}" if row.get("gpu_util") is not None else "-"
+        note = (f"h5stream threads {row['h5stream_thread_cpu_ms_per_batch']:.2f} CPU-ms/batch"
+                if "h5stream_thread_cpu_ms_per_batch" in row else "")
+        lines.append(f"{name:<16} {row['images_per_s']:>10.0f} {row['ratio_to_limit']:>8.2f} "
+                     f"{row['cores_busy']:>6.2f} {gpu:>6}  {note}")
+    p = r.get("python_step")
+    if p:
+        lines.append(f"pure-Python stand-in step alone: {p['alone_steps_per_s']:.0f} steps/s")
+        for name in ("cpu tensors", "device cpu"):
+            q = p[name]
+            lines.append(f"  fed by h5stream ({name}): {q['steps_per_s']:.0f} steps/s = {q['vs_alone']:.2f} x alone; "
+                         f"h5stream threads {q['h5stream_thread_cpu_ms_per_batch']:.2f} CPU-ms/batch")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=200, help="training steps per loader")
+    p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--tv-images", type=int, default=2048, help="JPEGs for the torchvision row")
+    p.add_argument("--tv-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")
+    return run_cli(p, argv, run, format_text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""torch adapter on a device: ``stream.torch(device=...)``, its upload thread, conversions, pinning, DDP.
+
+Runs without TensorFlow.  ``device="cpu"`` runs the whole pipeline (upload
+thread, ring, conversions on the device); the CUDA-only parts (streams,
+events, page-locking) run where CUDA exists and are skipped elsewhere, but
+the page-locking bookkeeping is checked everywhere with a recording
+registrar.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import h5stream  # noqa: E402
+from h5stream.adapters.torch_device import HostPins, convert, device_options  # noqa: E402
+from h5stream.errors import ConfigError, StreamClosedError  # noqa: E402
+from h5stream.store.writer import write_arrays  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+ROWS, BATCH = 100, 16
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device: the stream/event/page-locked path needs one")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """100 rows of 4x5x3 whose pixels encode the row id per channel; label = row id; 8-row blocks."""
+    path = str(tmp_path_factory.mktemp("torch") / "rows.h5")
+    ids = np.arange(ROWS)
+    images = np.empty((ROWS, 4, 5, 3), np.uint8)
+    for c in range(3):
+        images[..., c] = (ids[:, None, None] * (c + 1) + np.arange(20).reshape(4, 5)) % 251
+    write_arrays(path, images, ids.astype(np.int64), block_rows=8, storage_order="sorted")
+    return path
+
+
+def upload_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "h5stream-upload"]
+
+
+def reference(x: np.ndarray, dtype=None, layout="NHWC", mean=None, std=None) -> torch.Tensor:
+    """What ``convert`` must give, computed with numpy (float32 arithmetic, cast last)."""
+    normalising = mean is not None or std is not None
+    if normalising:
+        x = x.astype(np.float32)
+        if mean is not None:
+            x = x - np.asarray(mean, np.float32)
+        if std is not None:
+            x = x / np.asarray(std, np.float32)
+    if layout != "NHWC":
+        x = x.transpose(0, 3, 1, 2)
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    dtype = dtype if dtype is not None else (torch.float32 if normalising else None)
+    return t.to(dtype) if dtype is not None else t
+
+
+CONVERSIONS = [
+    dict(),
+    dict(dtype="float32"),
+    dict(dtype="float16", layout="NCHW"),
+    dict(dtype="bfloat16", layout="channels_last", mean=127.5, std=64.0),
+    dict(layout="NCHW", mean=(120.0, 110.0, 100.0), std=(50.0, 60.0, 70.0)),
+    dict(dtype="uint8", layout="channels_last"),
+]
+
+
+@pytest.mark.parametrize("opts", CONVERSIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "as-stored")
+def test_convert_matches_a_numpy_reference(opts):
+    x = np.random.default_rng(0).integers(0, 256, (5, 4, 6, 3), dtype=np.uint8)
+    got = convert(torch.from_numpy(x), device_options("cpu", channels=3, **opts))
+    want = reference(x, device_options("cpu", channels=3, **opts).dtype, opts.get("layout", "NHWC"),
+                     opts.get("mean"), opts.get("std"))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+    if opts.get("layout") == "channels_last":
+        assert got.is_contiguous(memory_format=torch.channels_last) and got.shape == (5, 3, 4, 6)
+
+
+@pytest.mark.parametrize("opts", CONVERSIONS[1:5], ids=["f32", "f16-nchw", "bf16-cl-norm", "norm-nchw"])
+def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts):
+    """Two epochs, with read-ahead through the upload thread: batch for batch what the plain adapter yields
+    from a stream of the same seed, after the same conversion."""
+    resolved = device_options("cpu", channels=3, **opts)
+    with h5stream.open(store, batch_size=BATCH, seed=7) as plain, h5stream.open(store, batch_size=BATCH, seed=7) as s:
+        ds = s.torch(device="cpu", **opts)
+        assert len(ds) == len(plain.torch())
+        for _ in range(2):
+            want = [(reference(x.numpy(), resolved.dtype, resolved.layout, resolved.mean, resolved.std), y)
+                    for x, y in plain.torch()]
+            got = list(ds)
+            assert len(got) == len(want) == len(plain)
+            for (gx, gy), (wx, wy) in zip(got, want):
+                assert gx.device.type == "cpu" and gx.dtype == wx.dtype
+                assert torch.equal(gx, wx) and torch.equal(gy, wy)
+        assert ds.stats()["batches"] == 2 * len(plain)
+
+
+def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store):
+    """The upload thread reads ahead; a pass left after two batches loses none: the next pass serves the
+    whole epoch the left one began, as the plain adapter does."""
+    with h5stream.open(store, batch_size=BATCH, seed=3) as s:
+        ds = s.torch(device="cpu", batches_ahead=3)
+        it = iter(ds)
+        first = [next(it)[1] for _ in range(2)]
+        again = [y for _, y in ds]  # a new iter replaces the live one: its thread is stopped first
+        assert len(again) == len(s)
+        np.testing.assert_array_equal(torch.cat(again).numpy(), s.epoch_order(0))
+        np.testing.assert_array_equal(torch.cat(first).numpy(), s.epoch_order(0)[:2 * BATCH])
+        assert len(upload_threads()) == 0
+
+
+def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store):
+    with h5stream.open(store, batch_size=BATCH, seed=1) as s:
+        # close() of the dataset, mid-pass
+        ds = s.torch(device="cpu")
+        it = iter(ds)
+        next(it)
+        assert len(upload_threads()) == 1
+        ds.close()
+        assert upload_threads() == []
+        with pytest.raises(StreamClosedError):
+            list(ds)
+        # the iterator dropped mid-pass
+        ds = s.torch(device="cpu")
+        it = iter(ds)
+        next(it)
+        assert len(upload_threads()) == 1
+        del it
+        gc.collect()
+        assert upload_threads() == []
+        # stream.close() mid-pass: the next next() raises, and the thread has ended
+        it = iter(ds)
+        next(it)
+        s.close()
+        with pytest.raises(StreamClosedError):
+            for _ in it:
+                pass
+        assert upload_threads() == []
+    # the stream and the dataset dropped with a pass under way: all of it is collected
+    s = h5stream.open(store, batch_size=BATCH, seed=1)
+    ds = s.torch(device="cpu")
+    it = iter(ds)
+    next(it)
+    alive = weakref.ref(s)
+    del s, ds, it
+    gc.collect()
+    assert alive() is None and upload_threads() == []
+
+
+def test_page_locking_registers_the_streams_own_batch_memory_once(store):
+    """No second host copy: every batch lies in memory registered once per allocation of the stream (its
+    recycled batch arrays), not per batch, and all of it is unregistered at the end."""
+    calls = {"register": [], "unregister": []}
+    pins = HostPins(register=lambda p, n: calls["register"].append((p, n)),
+                    unregister=lambda p: calls["unregister"].append(p))
+    with h5stream.open(store, batch_size=BATCH, seed=2, memory_budget="32MiB") as s:
+        n_batches = 0
+        for _ in range(10):
+            for x, _ in s:
+                assert pins.pin(x)
+                ptr = x.ctypes.data
+                assert any(p <= ptr and ptr + x.nbytes <= p + n for p, n in pins.pinned.items())
+                n_batches += 1
+                del x
+        assert len(calls["register"]) <= s.plan.reader_batches < n_batches
+        assert sum(n for _, n in calls["register"]) <= s.plan.batches_bytes
+    gc.collect()
+    pins.close()
+    assert sorted(calls["unregister"]) == sorted(p for p, _ in calls["register"])
+    assert pins.pinned == {}
+
+
+def test_page_locking_falls_back_to_pageable_memory_when_registering_fails():
+    def refuse(ptr, nbytes):
+        raise RuntimeError("cudaErrorNotSupported")
+
+    pins = HostPins(register=refuse, unregister=lambda p: None)
+    a = np.zeros((4, 1024), np.uint8)
+    assert not pins.pin(a[1:]) and not pins.pin(a)  # the same allocation: tried once
+    assert pins.failures == 1 and pins.pinned == {}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(device="tpu9"), "not a torch device"),
+    (dict(device="cpu", dtype="int7"), "dtype"),
+    (dict(device="cpu", layout="CHW"), "layout"),
+    (dict(device="cpu", dtype="uint8", mean=1.0), "cannot hold normalised"),
+    (dict(device="cpu", mean=(1.0, 2.0)), "2 values for images of 3 channels"),
+    (dict(device="cpu", std=0), "std must be > 0"),
+    (dict(device="cpu", batches_ahead=0), "batches_ahead"),
+    (dict(device="cpu", pin=True), "unknown option"),
+    (dict(dtype="float32"), "give device="),
+] + ([] if CUDA else [(dict(device="cuda"), "sees no CUDA device")]))
+def test_bad_device_options_are_refused_with_the_fix(store, kwargs, match):
+    with h5stream.open(store, batch_size=BATCH, seed=0) as s:
+        with pytest.raises(ConfigError, match=match):
+            s.torch(**kwargs)
+
+
+def test_a_dataloader_that_would_batch_again_is_refused(store):
+    with h5stream.open(store, batch_size=BATCH, seed=0) as s:
+        with pytest.raises(ConfigError, match="batches the stream's batches again"):
+            next(iter(torch.utils.data.DataLoader(s.torch(device="cpu"))))
+        got = list(torch.utils.data.DataLoader(s.torch(device="cpu"), batch_size=None))
+        assert len(got) == len(s)
+
+
+@needs_cuda
+def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(store):
+    opts = dict(dtype="float16", layout="channels_last", mean=(120.0, 110.0, 100.0), std=64.0)
+    with h5stream.open(store, batch_size=BATCH, seed=5) as a, h5stream.open(store, batch_size=BATCH, seed=5) as b:
+        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
+        for _ in range(2):
+            for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
+                assert gx.is_cuda and gy.is_cuda
+                assert torch.equal(gx.cpu(), cx) and torch.equal(gy.cpu(), cy)
+        stats = gpu.stats()
+        assert stats["pinned_bytes"] > 0 and stats["pin_failures"] == 0
+        gpu.close()
+        assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
+
+
+# -- data-parallel with a real launcher -----------------------------------------------------------------------
+DDP_WORKER = r'''
+import json, os, sys
+import torch, torch.distributed as dist
+torch.set_num_threads(1)
+import h5stream
+
+path, out = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(60, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+seen = []
+with h5stream.open(path, batch_size=16, seed=11, shard=(rank, world)) as s:
+    ds = s.torch(device="cpu", dtype="float32", layout="NCHW", mean=127.5, std=64.0)
+    for epoch in range(2):
+        rows = []
+        for x, y in ds:
+            loss = ((model(x)[:, 0] - y.float() / 100) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rows.append(y.tolist())
+        seen.append(rows)
+with open(out, "w") as fh:
+    json.dump({"rank": rank, "world": world, "epochs": seen, "loss": float(loss)}, fh)
+dist.destroy_process_group()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_torchrun_ddp_two_ranks_see_every_row_once_per_epoch(store, tmp_path):
+    script = tmp_path / "ddp_worker.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    # Each rank writes its own file: the launcher substitutes nothing, so the worker adds its rank.
+    script.write_text(DDP_WORKER.replace("path, out = sys.argv[1], sys.argv[2]",
+                                         "path, out = sys.argv[1], sys.argv[2] + f'{os.environ[\"RANK\"]}.json'"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(_free_port()), str(script), store, str(tmp_path / "rank")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = [json.loads(o.read_text()) for o in outs]
+    for epoch in range(2):
+        rows = [r for res in results for batch in res["epochs"][epoch] for r in batch]
+        assert sorted(rows) == list(range(ROWS)), f"epoch {epoch}: not every row exactly once across ranks"
+    for res in results:  # the same batches as a single process streaming that shard
+        assert np.isfinite(res["loss"])
+        with h5stream.open(store, batch_size=16, seed=11, shard=(res["rank"], 2)) as s:
+            for epoch in range(2):
+                assert res["epochs"][epoch] == [y.tolist() for _, y in s]
+
+
+def test_the_torch_example_trains_on_cpu_with_static_shapes(tmp_path):
+    """examples/train_torch.py --device cpu --quick, as a user runs it (drop_remainder: one batch shape)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "train_torch.py"), "--device", "cpu",
+                           "--quick", "--work", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "3 batches of 16 per epoch" in proc.stdout and "train accuracy:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--rows", "256", "--size", "16",
+                           "--batch-size", "32", "--steps", "10", "--torch-threads", "1", "--python-work", "2000",
+                           "--data", str(tmp_path), "--json"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "torchvision"}
+    assert result["loaders"]["h5stream device"]["images_per_s"] > 0
+    assert result["python_step"]["device cpu"]["steps_per_s"] > 0
