@@ -8,6 +8,7 @@ import mmap
 import os
 import shutil
 import signal
+import threading
 
 import numpy as np
 import psutil
@@ -220,3 +221,23 @@ def pinned_in_page_cache(path):
     finally:
         libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(size))
         mm.close()
+
+
+def finishes_within(call, limit_s):
+    """Run ``call`` in a thread; re-raise what it raised; fail the test if it is still running after ``limit_s``
+    (a hang), rather than hang the suite."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), f"still running after {limit_s} s: a hang"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")

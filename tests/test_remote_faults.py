@@ -14,6 +14,8 @@ import threading
 
 import pytest
 
+from conftest import finishes_within
+
 from h5stream.errors import RemoteError, RemoteUnavailableError
 from h5stream.remote.config import RemoteOptions
 
@@ -35,25 +37,6 @@ def one_line(text: str) -> str:
     text = text.strip()
     assert text and "\n" not in text, text
     return text
-
-
-def finishes_within(call, limit_s):
-    """``call()``'s result or exception; fails the test if still running after ``limit_s`` (a hang)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    assert not thread.is_alive(), f"still running after {limit_s} s: a hang"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 @pytest.fixture

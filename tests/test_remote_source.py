@@ -16,6 +16,8 @@ import threading
 import numpy as np
 import pytest
 
+from conftest import finishes_within
+
 from h5stream.errors import (
     RemoteUnavailableError,
     StoreChangedError,
@@ -175,26 +177,6 @@ def test_a_server_that_keeps_failing_is_one_line_within_timeout_s(range_server):
         with pytest.raises(RemoteUnavailableError) as info:
             finishes_within(lambda: source.read(0, 100), 30)
     assert isinstance(info.value, ConnectionError) and "HTTP 503" in one_line(info.value)
-
-
-def finishes_within(call, limit_s):
-    """Run ``call`` in a thread; re-raise what it raised; fail the test if it is still running after ``limit_s``
-    (a hang), rather than hang the suite."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    assert not thread.is_alive(), f"still running after {limit_s} s: a hang"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 def test_a_stalled_server_is_an_error_within_timeout_s(range_server):
