@@ -241,3 +241,31 @@ def finishes_within(call, limit_s):
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
+
+
+@contextlib.contextmanager
+def direct_io_folder(tmp: str):
+    """A fresh folder on a file system that takes O_DIRECT reads (``tmp``, else /var/tmp), removed afterwards;
+    skips the test where none does."""
+    import tempfile
+
+    from h5stream.read import source
+
+    reason = "no writable folder"
+    for parent in (tmp, "/var/tmp"):
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            continue
+        folder = tempfile.mkdtemp(prefix="h5stream-direct-", dir=parent)
+        probe = os.path.join(folder, "probe")
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 8192)
+        reason = source._direct_refused(probe)
+        os.unlink(probe)
+        if reason is None:
+            try:
+                yield folder
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            return
+        os.rmdir(folder)
+    pytest.skip(f"no file system here takes O_DIRECT reads (pytest's tmp and /var/tmp refuse: {reason})")

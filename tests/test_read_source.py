@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 
 import h5py
 import numpy as np
 import pytest
 import tables
+
+from conftest import direct_io_folder
 
 import h5stream
 from h5stream.errors import ConfigError
@@ -30,23 +31,8 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 @pytest.fixture(scope="module")
 def direct_dir(tmp_path_factory):
     """A folder on a file system that takes O_DIRECT reads: pytest's, else /var/tmp; skip where none does."""
-    for parent in (str(tmp_path_factory.mktemp("direct")), "/var/tmp"):
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            continue
-        folder = tempfile.mkdtemp(prefix="h5stream-direct-", dir=parent)
-        probe = os.path.join(folder, "probe")
-        with open(probe, "wb") as fh:
-            fh.write(b"\0" * 8192)
-        reason = source._direct_refused(probe)
-        os.unlink(probe)
-        if reason is None:
-            yield folder
-            for name in os.listdir(folder):
-                os.unlink(os.path.join(folder, name))
-            os.rmdir(folder)
-            return
-        os.rmdir(folder)
-    pytest.skip(f"no file system here takes O_DIRECT reads (pytest's tmp and /var/tmp refuse: {reason})")
+    with direct_io_folder(str(tmp_path_factory.mktemp("direct"))) as folder:
+        yield folder
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import zlib
 
 import h5py
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from conftest import pinned_in_page_cache
+from conftest import direct_io_folder, pinned_in_page_cache
 from h5stream.errors import ChecksumError, ReaderError, WorkerError
 from h5stream.store.writer import write_arrays
 
@@ -225,23 +224,8 @@ def test_damaged_labels_raise(store):
 @pytest.fixture
 def direct_dir(tmp_path):
     """A folder on a file system that takes O_DIRECT reads: pytest's, else /var/tmp; skip where none does."""
-    from h5stream.read import source
-
-    for parent in (str(tmp_path), "/var/tmp"):
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            continue
-        folder = tempfile.mkdtemp(prefix="h5stream-verify-", dir=parent)
-        probe = os.path.join(folder, "probe")
-        with open(probe, "wb") as fh:
-            fh.write(b"\0" * 8192)
-        reason = source._direct_refused(probe)
-        os.unlink(probe)
-        if reason is None:
-            yield folder
-            shutil.rmtree(folder)
-            return
-        os.rmdir(folder)
-    pytest.skip(f"no file system here takes O_DIRECT reads (pytest's tmp and /var/tmp refuse: {reason})")
+    with direct_io_folder(str(tmp_path)) as folder:
+        yield folder
 
 
 def test_overwritten_pixel_bytes_raise_with_direct_io(direct_dir):
