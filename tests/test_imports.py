@@ -187,6 +187,7 @@ LAYERS = (
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
     ("order / store", ("h5stream.order", "h5stream.store")),
     ("remote transport", ("h5stream.remote",)),
+    ("process pool", ("h5stream._procpool",)),
     ("low level", ("h5stream._io", "h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
                    "h5stream._monitor", "h5stream.samples")),
     ("errors", ("h5stream.errors",)),

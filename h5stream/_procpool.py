@@ -1,0 +1,342 @@
+"""One process-pool core: spawned workers serving tasks over pipes, results in order, one death report.
+
+Ingest's decode pool (:mod:`h5stream.ingest.pool`) and the augment pool
+(:mod:`h5stream.augment.pool`) both stand on it.  It holds the mechanics only;
+what a task carries and what its result means belong to the front ends.
+
+The protocol, plain tuples pickled over one duplex pipe per worker:
+
+* parent -> worker: ``(seq, body)``, one task; ``None``, stop.
+* worker -> parent: ``("ready", pid)`` once set up, or ``("fatal", failure)``
+  when set-up raised (the worker then exits); per task ``("done", seq,
+  result)`` or ``("error", seq, failure)``, ``failure`` a :class:`Failure`.
+* :meth:`Workers.wait` adds ``("exited", exitcode)`` when a worker's process
+  has ended, after every message it sent before.
+
+Worker side: :func:`serve`, the loop every worker runs.  Parent side:
+:class:`Workers` owns the processes and pipes (start, send, wait, stop) and
+writes the one report of a worker's death (:func:`death_report`);
+:class:`InOrder` hands results over in submission order; :func:`pick_worker`
+chooses whom a task goes to.  Pipes, not ``multiprocessing`` queues: a
+queue's named semaphores outlive a process group killed by SIGKILL, a pipe
+leaves nothing behind.  A worker imports this module: it imports neither
+psutil nor anything heavy at top level.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import selectors
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from h5stream._spawn import reap_workers, spawn_workers, worker_signals
+
+READY, FATAL, DONE, ERROR, EXITED = "ready", "fatal", "done", "error", "exited"
+"""The first item of every message a front end receives from :meth:`Workers.wait`."""
+
+
+class Failure(NamedTuple):
+    """What went wrong in a worker, in a form that crosses the pipe: ``summary`` is ``"Type: message"``,
+    ``errno`` the OSError's (None otherwise), ``stage`` where it happened (set by the front end)."""
+
+    summary: str
+    traceback: str
+    errno: int | None
+    stage: str
+
+
+class TaskFailed(Exception):
+    """Raised by a task handler to report ``cause`` as a failure of ``stage`` rather than :func:`serve`'s default."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        super().__init__(stage, cause)
+        self.stage, self.cause = stage, cause
+
+
+def failure(exc: BaseException, stage: str) -> Failure:
+    """The :class:`Failure` of ``exc`` (pure, but for formatting its traceback)."""
+    if isinstance(exc, TaskFailed):
+        stage, exc = exc.stage, exc.cause
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    errno = exc.errno if isinstance(exc, OSError) else None
+    return Failure(f"{type(exc).__name__}: {exc}", tb, errno, stage)
+
+
+# -- worker side ---------------------------------------------------------------------------------------------------
+
+
+def serve(conn, setup: Callable, handle: Callable, stage: str, *setup_args) -> None:
+    """What every worker process runs (the ``target`` of :func:`~h5stream._spawn.spawn_workers`).
+
+    Ignores SIGINT (the parent governs shutdown), runs ``state = setup(*setup_args)`` and answers ``("ready",
+    pid)``, or ``("fatal", failure)`` and returns when it raised.  Then serves each task ``(seq, body)`` with
+    ``handle(state, body)``: ``("done", seq, result)``, or ``("error", seq, failure)`` if it raised (anything,
+    SystemExit from user code too: the worker reports and keeps serving; stage ``stage`` unless the handler
+    raised :class:`TaskFailed`).  Returns on ``None``, or as soon as it is between tasks and the parent is
+    gone (its process sentinel, so even a parent killed by SIGKILL leaves no orphan serving).  ``setup`` and
+    ``handle`` are module-level functions (spawn pickles them by name).
+    """
+    worker_signals()
+    parent = mp.parent_process()
+    try:
+        state = setup(*setup_args)
+    except BaseException as exc:
+        _send(conn, (FATAL, failure(exc, "start")))
+        return
+    if not _send(conn, (READY, os.getpid())):
+        return
+    watch = selectors.DefaultSelector()  # registered once: one wait per task, not a new selector each time
+    watch.register(conn, selectors.EVENT_READ)
+    if parent is not None:
+        watch.register(parent.sentinel, selectors.EVENT_READ)
+    with watch:
+        while True:
+            if conn not in [key.fileobj for key, _ in watch.select()]:
+                return  # the parent died without stopping us: nothing left to serve
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            if msg is None:
+                return
+            seq, body = msg
+            try:
+                reply = (DONE, seq, handle(state, body))
+            except BaseException as exc:
+                reply = (ERROR, seq, failure(exc, stage))
+            if not _send(conn, reply):
+                return
+
+
+def _send(conn, msg) -> bool:
+    try:
+        conn.send(msg)
+        return True
+    except (EOFError, OSError):
+        return False  # the parent went away
+
+
+# -- parent side ---------------------------------------------------------------------------------------------------
+
+
+def death_report(role: str, worker: int, pid: int | None, exitcode: int | None, started: bool, oom_fix: str,
+                 startup_hint: str = "") -> str:
+    """The one account of a worker that ended on its own (pure): who, how, and what to do.
+
+    ``role`` names the pool's workers ("decode worker"); a negative ``exitcode`` is the signal that killed it
+    (SIGKILL, the out-of-memory killer's, gets ``oom_fix``); ``started``: whether it had answered "ready"
+    (if not, it died during start-up, and ``startup_hint`` says what usually causes that).
+    """
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        how = f"was killed by {name}"
+        hint = f"; SIGKILL often means the out-of-memory killer: {oom_fix}" if -exitcode == signal.SIGKILL else ""
+    elif exitcode is not None:
+        how, hint = f"exited with code {exitcode}", "; see its output above"
+    else:
+        how, hint = "ended", ""
+    when = ""
+    if not started:
+        when, hint = " during start-up", f"{hint}; its traceback, if any, is on stderr above{startup_hint}"
+    return f"{role} died{when}: worker {worker} (pid {pid}) {how}{hint}"
+
+
+def pick_worker(in_flight: Sequence[int], eligible: Iterable[int], cap: int) -> int | None:
+    """The eligible worker with the fewest tasks in flight, below ``cap``; the lowest index on a tie (pure)."""
+    best = None
+    for w in sorted(eligible):
+        if in_flight[w] < cap and (best is None or in_flight[w] < in_flight[best]):
+            best = w
+    return best
+
+
+class InOrder:
+    """Results that finish in any order, handed over in submission order.  Not locked: its owner's lock or
+    thread guards it."""
+
+    def __init__(self):
+        self.next_submit = 0
+        self.next_deliver = 0
+        self._finished: dict = {}
+
+    def submitted(self) -> int:
+        """Number the next submission (from 0 up)."""
+        seq = self.next_submit
+        self.next_submit += 1
+        return seq
+
+    def finish(self, seq: int, value) -> None:
+        self._finished[seq] = value
+
+    def ready(self) -> bool:
+        """Whether the next result in order is in."""
+        return self.next_deliver in self._finished
+
+    def pop(self) -> tuple[int, object]:
+        """``(seq, value)`` of the next result in order (call when :meth:`ready`)."""
+        seq = self.next_deliver
+        self.next_deliver += 1
+        return seq, self._finished.pop(seq)
+
+    def drop(self) -> list:
+        """Forget every finished result not handed over (returned) and skip to the next submission."""
+        values = list(self._finished.values())
+        self._finished.clear()
+        self.next_deliver = self.next_submit
+        return values
+
+
+def stopped(pid: int | None) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, Ctrl-Z, a debugger): it runs nothing until SIGCONT."""
+    if pid is None:
+        return False
+    import psutil  # here, not at the top: workers import this module and need no psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+class Workers:
+    """A pool's worker processes and the parent's ends of their pipes; their one owner is the pool's state.
+
+    Threads: :meth:`send` from one thread (the producer), :meth:`wait` from one
+    thread (the one that reads the workers' messages: the caller's for ingest,
+    the collector for augment), :meth:`stop` once nobody waits any more.
+    """
+
+    def __init__(self, role: str):
+        self.role = role  # "decode worker", "augment worker": how reports name them
+        self.procs: list = []
+        self.conns: list = []
+        self.started: set[int] = set()  # workers that answered "ready" (read by wait's thread)
+        self.exitcodes: dict[int, int | None] = {}  # workers whose end wait() reported
+        self._watch: selectors.BaseSelector | None = None
+        self._open: dict[int, object] = {}  # worker -> pipe still read
+        self._alive: dict[int, int] = {}  # sentinel -> worker, not yet reported exited
+
+    def start(self, setup: Callable, handle: Callable, stage: str, args: Sequence[tuple], *, name: str,
+              hide_main: bool = True) -> None:
+        """Spawn one worker per entry of ``args``, each running :func:`serve` with ``setup(*args[i])`` (see
+        :func:`~h5stream._spawn.spawn_workers`).  Returns at once: their "ready" comes through :meth:`wait`."""
+        self.procs, self.conns = spawn_workers(serve, [(setup, handle, stage, *a) for a in args], name=name,
+                                               hide_main=hide_main)
+        self._open = dict(enumerate(self.conns))
+        self._alive = {p.sentinel: w for w, p in enumerate(self.procs)}
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def send(self, worker: int, seq: int, body) -> bool:
+        """Send task ``(seq, body)`` to ``worker``; False when its pipe is gone (it died: :meth:`wait` says how)."""
+        try:
+            self.conns[worker].send((seq, body))
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def wait(self, timeout_s: float | None = None, wake_fd: int | None = None) -> list[tuple[int, tuple]]:
+        """Block until a worker sends or ends (or ``wake_fd`` is readable, or ``timeout_s`` passes: ``[]``).
+
+        Returns ``(worker, message)`` pairs, messages first (a worker that
+        answered, then died, is described by its answer), then ``("exited",
+        exitcode)`` for each worker whose process ended, after what was
+        left in its pipe.  One message per ready pipe: the selector is
+        level-triggered, so more waiting data wakes it again.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if self._watch is None:  # one selector, rebuilt only when a pipe or process goes away
+                self._watch = selectors.DefaultSelector()
+                if wake_fd is not None:
+                    self._watch.register(wake_fd, selectors.EVENT_READ, ("wake", None))
+                for w, conn in self._open.items():
+                    self._watch.register(conn, selectors.EVENT_READ, ("conn", w))
+                for fd, w in self._alive.items():
+                    self._watch.register(fd, selectors.EVENT_READ, ("exit", w))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = [key.data for key, _ in self._watch.select(left)]
+            events = self._read(ready)
+            if events or ("wake", None) in ready or (deadline is not None and time.monotonic() >= deadline):
+                break
+            # only a pipe's end of file: its process's sentinel follows
+        for w, msg in events:
+            if msg[0] == READY:
+                self.started.add(w)
+        return events
+
+    def _read(self, ready: list[tuple]) -> list[tuple[int, tuple]]:
+        """The events behind what the selector found ready (see :meth:`wait`)."""
+        events = []
+        for kind, w in ready:
+            if kind == "conn" and w in self._open:
+                try:
+                    events.append((w, self._open[w].recv()))
+                except (EOFError, OSError):
+                    self._forget_pipe(w)  # its sentinel tells how it ended
+        for kind, w in ready:
+            if kind != "exit":
+                continue
+            proc = self.procs[w]
+            self._alive.pop(proc.sentinel, None)
+            conn = self._open.get(w)
+            self._forget_pipe(w)
+            try:
+                while conn is not None and conn.poll():
+                    events.append((w, conn.recv()))
+            except (EOFError, OSError):
+                pass
+            proc.join(1.0)  # the sentinel fired, so this returns at once; it sets exitcode
+            self.exitcodes[w] = proc.exitcode
+            events.append((w, (EXITED, proc.exitcode)))
+        return events
+
+    def _forget_pipe(self, worker: int) -> None:
+        self._open.pop(worker, None)
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def death(self, worker: int, oom_fix: str, startup_hint: str = "") -> str:
+        """:func:`death_report` of ``worker``, whose end :meth:`wait` returned."""
+        proc = self.procs[worker]
+        return death_report(self.role, worker, proc.pid, self.exitcodes.get(worker, proc.exitcode),
+                            worker in self.started, oom_fix, startup_hint)
+
+    def tell_stop(self) -> None:
+        """Ask every worker to exit after its current task, without waiting (any thread)."""
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass  # dead, or its pipe already closed
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop every worker and close the pipes; idempotent.  Asks them to exit; kills a stopped one (SIGSTOP:
+        it reads nothing and obeys no signal but SIGKILL), terminates one still starting (nothing to finish,
+        and its imports may take seconds); after ``timeout_s`` in all, terminates then kills what is left."""
+        self.tell_stop()
+        for w, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                continue
+            if stopped(proc.pid):
+                proc.kill()
+            elif w not in self.started:
+                proc.terminate()
+        reap_workers(self.procs, timeout_s)
+        for conn in self.conns:
+            conn.close()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        self._open, self._alive = {}, {}
