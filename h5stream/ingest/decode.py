@@ -1,4 +1,6 @@
-"""Decode one image file into a fixed-size uint8 array (pure; runs in worker processes).
+"""Decode one image file into a fixed-size uint8 array (pure: no process set-up, no global state).
+
+The decode pool (:mod:`h5stream.ingest.pool`) runs it in its worker processes, or in the calling thread.
 
 :func:`decode_file` returns ``(H, W, C)`` uint8 or raises :class:`SkipFile`
 with a one-line reason; it never returns a partial image.  Steps:
@@ -42,11 +44,7 @@ with a one-line reason; it never returns a partial image.  Steps:
 from __future__ import annotations
 
 import errno
-import multiprocessing
-import multiprocessing.connection
 import os
-import signal
-import threading
 import warnings
 from dataclasses import dataclass
 
@@ -54,7 +52,6 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from h5stream import _deps
-from h5stream._spawn import keep_freed_heap
 
 cv2 = _deps.cv2()
 
@@ -306,37 +303,6 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
     return arr
 
 
-# -- worker side (this module imports only numpy, Pillow and OpenCV, so decode processes start fast) --
-
-
-_results = None  # this worker's mapping of the parent's result slots (see init_worker)
-
-
-def init_worker(results_spec=None) -> None:
-    """In a spawned worker: leave Ctrl-C to the parent (which commits and stops the pool), and exit as
-    soon as the parent dies, even by SIGKILL, so no orphan keeps decoding.  (SIGINT is already ignored
-    from birth when :meth:`DecodePool.start` launched it; this covers a pool started another way.)
-    ``results_spec`` (a :class:`~h5stream.shm.SharedSpec` of shape (slots, rows, H, W, C)) is attached
-    for :func:`decode_into_slot`; the parent owns and unlinks it."""
-    global _results
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cv2.setNumThreads(1)  # one decode process = one core
-    keep_freed_heap()  # no page faults for the same few hundred KiB image after image
-    if results_spec is not None:
-        from h5stream.shm import SharedArray
-
-        _results = SharedArray.attach(results_spec)
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch():
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="h5stream-parent-watch", daemon=True).start()
-
-
 def decode_each(root: str, relpaths: list[str], spec: DecodeSpec, out: np.ndarray) -> list[str | None]:
     """Decode ``relpaths`` into ``out`` (rows x H x W x C), the good ones packed from row 0 in order;
     returns each file's skip reason, or None for a file that became a row."""
@@ -356,13 +322,3 @@ def decode_task(root: str, relpaths: list[str], spec: DecodeSpec) -> tuple[np.nd
     out = np.empty((len(relpaths), *spec.shape), dtype=np.uint8)
     reasons = decode_each(root, relpaths, spec, out)
     return out[:reasons.count(None)], reasons
-
-
-def decode_into_slot(root: str, relpaths: list[str], spec: DecodeSpec, slot: int) -> list[str | None]:
-    """In a worker: decode ``relpaths`` into result slot ``slot`` (shared memory, attached by
-    :func:`init_worker`); only the skip reasons travel back through the pipe, never pixels."""
-    out = _results.array[slot]
-    if len(relpaths) > out.shape[0] or out.shape[1:] != spec.shape:
-        raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, "
-                         f"the task has {len(relpaths)} of {spec.shape}")
-    return decode_each(root, relpaths, spec, out)

@@ -1,30 +1,30 @@
 """Ingest's decode processes: chunks of files in, decoded rows in shared memory out, in submission order.
 
-:class:`DecodePool` runs ``workers`` spawned processes (started by
-:func:`h5stream._spawn.spawn_workers`), each with one duplex pipe.  A task is
-``(seq, root, relpaths, spec, slot)``: the worker decodes the files straight
-into result slot ``slot`` (one shared-memory segment the pool owns) and answers
-``("done", seq, reasons)``; pixels are never pickled or piped (a copy through
-each process that would cost CPU next to the decode).  Tasks go to the worker with the fewest in flight, at most one per
-free result slot but one, and results come back in submission order.
+:class:`DecodePool` is the ingest front end of the process-pool core
+(:mod:`h5stream._procpool`): ``workers`` spawned processes, each serving
+tasks ``(root, relpaths, spec, slot)``: the worker decodes the files straight
+into result slot ``slot`` (one shared-memory segment the pool owns) and
+answers with the files' skip reasons; pixels are never pickled or piped (a
+copy through each process that would cost CPU next to the decode).  Tasks go
+to the worker with the fewest in flight, at most one per free result slot but
+one, and results come back in submission order.
 
-Nothing here uses a ``multiprocessing`` queue or lock, so a process group
-killed by SIGKILL leaves no named semaphore behind; a worker whose parent dies
-exits at once (:func:`~h5stream.ingest.decode.init_worker`).  The parent waits
-on the pipes and the workers' process sentinels together, so a worker that
-dies (SIGKILL, out of memory) is reported at once as :class:`WorkerError`.
+The parent waits on the pipes and the workers' process sentinels together (in
+the caller's thread), so a worker that dies (SIGKILL, out of memory) is
+reported at once as :class:`WorkerError`; a worker whose parent dies exits
+once it is between tasks.  The worker side (set-up and task) is here too:
+:mod:`h5stream.ingest.decode` only decodes.
 """
 
 from __future__ import annotations
 
-import multiprocessing.connection
-import traceback
+import os
 import weakref
-from collections import deque
 
 import numpy as np
 
-from h5stream._spawn import reap_workers, spawn_workers, worker_signals
+from h5stream._procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
+from h5stream._spawn import keep_freed_heap
 from h5stream.errors import BudgetError, WorkerError
 from h5stream.ingest.decode import FD_LIMIT_ERRNOS
 
@@ -35,80 +35,50 @@ MAX_FILES_PER_TASK = 64
 MIN_SLOT_ROWS = 16
 #: How long :meth:`DecodePool.close` lets workers exit on their own before killing them.
 CLOSE_TIMEOUT_S = 10.0
+#: What every decode error ends with: the store keeps what was committed.
+_CONTINUE = "committed rows are kept, rerun with --append to continue"
 
 
-# -- worker side ------------------------------------------------------------------------
+# -- worker side (runs in each decode process: imports numpy, Pillow and OpenCV, never h5py) ------------------------
 
 
-def _decode_worker(conn, results_spec) -> None:
-    """Entry point of a decode process: serve tasks until told to stop or the parent goes away."""
-    worker_signals()
-    from h5stream.ingest.decode import decode_into_slot, init_worker
+def _setup(results_spec):
+    """A decode worker's set-up: one core's worth of OpenCV, glibc's heap kept between photos, the result slots
+    (a :class:`~h5stream.shm.SharedSpec` shaped (slots, rows, H, W, C), owned and unlinked by the parent)."""
+    from h5stream.ingest.decode import cv2
+    from h5stream.shm import SharedArray
 
-    try:
-        init_worker(results_spec)
-    except OSError as exc:
-        conn.send(_os_failure("fatal", None, exc))
-        return
-    except BaseException:
-        conn.send(("fatal", None, traceback.format_exc()))
-        return
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return  # the parent went away
-        if msg is None:
-            return
-        seq, root, relpaths, spec, slot = msg
-        try:
-            reasons = decode_into_slot(root, relpaths, spec, slot)
-        except OSError as exc:  # decode_file skips what is the file's fault: this is the process's
-            reply = _os_failure("error", seq, exc)
-        except Exception:
-            reply = ("error", seq, traceback.format_exc())
-        else:
-            reply = ("done", seq, reasons)
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
+    cv2.setNumThreads(1)  # one decode process = one core
+    keep_freed_heap()  # no page faults for the same few hundred KiB image after image
+    return SharedArray.attach(results_spec)
 
 
-def _os_failure(kind: str, seq, exc: OSError) -> tuple:
-    """A worker's reply for an OSError: its errno travels, so the parent can name a process limit."""
-    return ("oserror", seq, (exc.errno, exc.strerror or str(exc), kind))
+def _decode(results, task) -> list[str | None]:
+    """One decode task: ``relpaths`` under ``root`` into result slot ``slot``; only the skip reasons travel back."""
+    from h5stream.ingest.decode import decode_each
+
+    root, relpaths, spec, slot = task
+    out = results.array[slot]
+    if len(relpaths) > out.shape[0] or out.shape[1:] != spec.shape:
+        raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, "
+                         f"the task has {len(relpaths)} of {spec.shape}")
+    return decode_each(root, relpaths, spec, out)
 
 
-# -- parent side ------------------------------------------------------------------------
-
-
-def _worker_died(how: str = "") -> WorkerError:
-    return WorkerError(
-        f"a decode worker died{how} (killed, out of memory?); committed rows are kept, rerun with --append to continue"
-    )
+# -- parent side ------------------------------------------------------------------------------------------------------
 
 
 class _State:
-    """The processes, pipes and slots of a pool; kept apart from it so ``weakref.finalize`` can stop them."""
+    """The workers and slots of a pool; kept apart from it so ``weakref.finalize`` can stop them."""
 
     def __init__(self):
-        self.procs: list = []
-        self.conns: list = []
+        self.workers = Workers("decode worker")
         self.slots = None
 
 
 def _stop(state: _State, timeout_s: float) -> None:
-    """Tell every worker to stop, wait up to ``timeout_s`` for them, kill the rest, unlink the slots.  Idempotent."""
-    for conn in state.conns:
-        try:
-            conn.send(None)
-        except (OSError, ValueError):
-            pass  # dead, or its pipe already closed
-    reap_workers(state.procs, timeout_s)
-    for conn in state.conns:
-        conn.close()
-    state.procs, state.conns = [], []
+    """Stop every worker (waiting up to ``timeout_s``, then killing), unlink the slots.  Idempotent."""
+    state.workers.stop(timeout_s)
     if state.slots is not None:
         slots, state.slots = state.slots, None
         slots.close()  # unlinks; a view the caller kept stays readable
@@ -124,7 +94,10 @@ class DecodePool:
     one.  The images yielded are a view of the slot, valid until the next item
     is asked for: copy what you keep.  :meth:`finish` lets the workers exit
     once every result is in; :meth:`close` is idempotent, stops the workers and
-    unlinks the slots (also run at garbage collection).  Used from one thread.
+    unlinks the slots (also run at garbage collection).
+
+    Threads: one, the caller's (ingest's main thread), runs every method; it
+    also reads the workers' messages while it waits for a result.
     """
 
     def __init__(self, workers: int, row_shape: tuple[int, ...], rows_per_task: int = MAX_FILES_PER_TASK,
@@ -137,8 +110,8 @@ class DecodePool:
         self.rows_per_task = rows_per_task  # the most files one task may carry (fewer where /dev/shm is short)
         self._state = _State()
         self._finalizer = weakref.finalize(self, _stop, self._state, CLOSE_TIMEOUT_S)
-        self._in_flight: deque = deque()  # (seq, slot) per chunk submitted and not yet yielded, oldest first
         self._finished = False
+        self._started = False
         if workers > 0:
             from h5stream.shm import SharedArray, new_prefix, shm_free_bytes
 
@@ -160,23 +133,26 @@ class DecodePool:
                 )
 
     def start(self) -> None:
-        """Boot every worker now (idempotent).  They start with SIGINT ignored and run package code only:
-        the caller's main script (which may import tensorflow) is not re-run in them."""
+        """Boot every worker now, without waiting for them (idempotent; caller's thread).  They start with
+        SIGINT ignored and run package code only: the caller's main script (which may import tensorflow) is
+        not re-run in them."""
         state = self._state
-        if self.workers == 0 or state.procs or self._finished or state.slots is None:
+        if self.workers == 0 or self._started or self._finished or state.slots is None:
             return
-        state.procs, state.conns = spawn_workers(
-            _decode_worker, [(state.slots.spec,)] * self.workers, name="h5stream-decode")
+        self._started = True
+        state.workers.start(_setup, _decode, "decode", [(state.slots.spec,)] * self.workers,
+                            name="h5stream-decode")
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers (for monitoring and tests)."""
-        return [p.pid for p in self._state.procs]
+        return self._state.workers.pids
 
     def imap(self, root: str, chunks: list[list[str]], spec):
         """Decode ``chunks`` (lists of paths relative to ``root``) with ``spec``; yield ``(images, reasons)`` per
         chunk in order, ``images`` holding the files whose reason is None.  Raises :class:`WorkerError` when a
-        worker dies, raises in a task, or answers nothing for ``timeout_s``."""
+        worker dies, raises in a task, or answers nothing for ``timeout_s``; OSError for a process limit
+        (too many open files).  Caller's thread."""
         if self.workers == 0:
             from h5stream.ingest.decode import decode_task
 
@@ -184,88 +160,68 @@ class DecodePool:
                 yield decode_task(root, chunk, spec)
             return
         self.start()
-        state = self._state
-        slots = state.slots.array
-        free = deque(range(slots.shape[0]))
-        pending = self._in_flight = deque()
-        per_worker = [0] * self.workers
-        task_worker: dict[int, int] = {}
-        results: dict[int, list] = {}
-        it = enumerate(chunks)
+        workers = self._state.workers
+        slots = self._state.slots.array
+        free = list(range(slots.shape[0]))[::-1]
+        order = InOrder()
+        in_flight = [0] * self.workers
+        slot_of: dict[int, int] = {}
+        it = iter(chunks)
 
         def submit() -> bool:
-            item = next(it, None)
-            if item is None:
+            chunk = next(it, None)
+            if chunk is None:
                 return False
-            seq, chunk = item
-            slot = free.popleft()
-            w = min(range(self.workers), key=per_worker.__getitem__)
-            try:
-                state.conns[w].send((seq, root, chunk, spec, slot))
-            except (OSError, ValueError):
-                raise _worker_died() from None
-            per_worker[w] += 1
-            task_worker[seq] = w
-            pending.append((seq, slot))
+            slot = free.pop()
+            w = pick_worker(in_flight, range(self.workers), len(slots))
+            seq = order.submitted()
+            if not workers.send(w, seq, (root, chunk, spec, slot)):
+                while True:  # its pipe is gone: its end is on the way, and raises
+                    self._receive(order, in_flight, slot_of)
+            in_flight[w] += 1
+            slot_of[seq] = slot
             return True
 
         while len(free) > 1 and submit():  # the last free slot is for the result being written out
             pass
-        while pending:
-            seq, slot = pending[0]
-            while seq not in results:
-                self._receive(results, per_worker, task_worker)
-            pending.popleft()
-            reasons = results.pop(seq)
+        while order.next_deliver < order.next_submit:
+            while not order.ready():
+                self._receive(order, in_flight, slot_of)
+            seq, reasons = order.pop()
+            slot = slot_of.pop(seq)
             yield slots[slot, :reasons.count(None)], reasons
             free.append(slot)  # the caller has asked for the next item: done with this slot
             submit()
 
-    def _receive(self, results: dict, per_worker: list[int], task_worker: dict[int, int]) -> None:
-        """Wait for the next message from any worker and file it; raise if a worker died or went quiet."""
-        state = self._state
-        sentinels = {p.sentinel: w for w, p in enumerate(state.procs)}
-        ready = multiprocessing.connection.wait([*state.conns, *sentinels], timeout=self.timeout_s)
-        if not ready:
+    def _receive(self, order: InOrder, in_flight: list[int], slot_of: dict[int, int]) -> None:
+        """Wait for the workers' next messages and file them; raise if a worker died, failed or went quiet."""
+        workers = self._state.workers
+        events = workers.wait(self.timeout_s)
+        if not events:
             raise WorkerError(f"a decode worker produced nothing for {self.timeout_s:.0f} s; rerun with --append")
-        for conn in [r for r in ready if r in state.conns]:  # messages first: a worker may answer, then exit
-            try:
-                kind, seq, payload = conn.recv()
-            except (EOFError, OSError):
-                continue  # its sentinel tells how it ended
-            if kind == "done":
-                results[seq] = payload
-                per_worker[task_worker.pop(seq)] -= 1
-            elif kind == "oserror":
-                code, reason, stage = payload
-                if code in FD_LIMIT_ERRNOS:
-                    raise OSError(code, reason)  # the caller names the limit
-                what = "failed to start" if stage == "fatal" else "failed"
-                raise WorkerError(f"a decode worker {what}: {reason}; committed rows are kept, rerun with --append")
-            else:
-                last = payload.strip().splitlines()[-1]
-                what = "failed to start" if kind == "fatal" else "failed"
-                raise WorkerError(f"a decode worker {what}: {last}; committed rows are kept, rerun with --append")
-        for fd in [r for r in ready if r in sentinels]:
-            proc = state.procs[sentinels[fd]]
-            proc.join(0)
-            code = proc.exitcode
-            raise _worker_died(f" (exit code {code})" if code is not None and code >= 0 else
-                               f" (signal {-code})" if code is not None else "")
+        for w, msg in events:
+            kind = msg[0]
+            if kind == DONE:
+                order.finish(msg[1], msg[2])
+                in_flight[w] -= 1
+            elif kind in (ERROR, FATAL):
+                fail = msg[-1]
+                if fail.errno in FD_LIMIT_ERRNOS:
+                    raise OSError(fail.errno, os.strerror(fail.errno))  # the caller names the limit
+                what = "failed to start" if kind == FATAL else "failed"
+                raise WorkerError(f"a decode worker {what}: {fail.summary}; {_CONTINUE}")
+            elif kind == EXITED:
+                raise WorkerError(f"{workers.death(w, oom_fix='pass fewer --workers')}; {_CONTINUE}")
 
     def finish(self) -> None:
         """Let the workers exit without waiting for them, once every result is in: the caller's last writes
-        overlap their interpreter shutdown, and :meth:`close` joins them."""
+        overlap their interpreter shutdown, and :meth:`close` joins them.  Caller's thread."""
         if self.workers and not self._finished:
             self._finished = True
-            for conn in self._state.conns:
-                try:
-                    conn.send(None)
-                except (OSError, ValueError):
-                    pass
+            self._state.workers.tell_stop()
 
     def close(self) -> None:
-        """Stop the workers and unlink the slots.  Idempotent."""
+        """Stop the workers and unlink the slots.  Idempotent; caller's thread (or the garbage collector)."""
         self._finished = True
         self._finalizer()
 
