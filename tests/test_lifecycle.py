@@ -76,7 +76,7 @@ def test_close_twice_context_manager_and_use_after_close(source):
     before = set(segment_names(MY_SEGMENTS))
     with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2) as pool:
         assert len(_new_segments(before)) == 1
-        pool.submit(0, [0, 1], [0, 1], epoch=0, seed=PLAIN, timeout_s=60)
+        pool.submit(0, [0, 1], [0, 1], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
         batch = pool.get(60)
         kept = pool.slot_view(batch.slot)[: batch.rows]
         pids = pool.pids
@@ -85,7 +85,7 @@ def test_close_twice_context_manager_and_use_after_close(source):
     pool.close()
     assert np.array_equal(kept, source.array[:2])  # a view taken before close stays readable
     with pytest.raises(StreamClosedError):
-        pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=1)
+        pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=1, in_place=True)
     with pytest.raises(StreamClosedError):
         pool.get(1)
     with pytest.raises(StreamClosedError):
@@ -94,13 +94,13 @@ def test_close_twice_context_manager_and_use_after_close(source):
 
 def test_close_wakes_a_producer_blocked_in_submit(source):
     pool = WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=1)
-    pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)
+    pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
     pool.get(60)  # hold the only slot, so the next submit must wait
     outcome = []
 
     def producer():
         try:
-            pool.submit(0, [1], [1], epoch=0, seed=PLAIN, timeout_s=600)
+            pool.submit(0, [1], [1], epoch=0, seed=PLAIN, timeout_s=600, in_place=True)
         except BaseException as exc:
             outcome.append(exc)
 
@@ -115,7 +115,7 @@ def test_close_wakes_a_producer_blocked_in_submit(source):
 def test_garbage_collection_of_an_unclosed_pool_cleans_up(source):
     before = set(segment_names(MY_SEGMENTS))
     pool = WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2)
-    pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)  # leave a batch undelivered
+    pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)  # leave a batch undelivered
     pids = pool.pids
     assert len(_new_segments(before)) == 1
     del pool
@@ -126,18 +126,17 @@ def test_garbage_collection_of_an_unclosed_pool_cleans_up(source):
 
 def test_worker_killed_by_sigkill_mid_task_raises_worker_error(source):
     with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2) as pool:
-        pool.submit(0, [0, 1], [0, 1], epoch=0, seed=HANG, timeout_s=60)
-        pool.wait_source_free(0, 60)  # the worker has copied its rows: it is inside the transform now
+        pool.submit(0, [0, 1], [0, 1], epoch=0, seed=HANG, timeout_s=60, in_place=True)
         os.kill(pool.pids[0], signal.SIGKILL)
         with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) was killed by SIGKILL"):
             pool.get(60)  # 60 s is only a safety net: the collector sees the sentinel at once
         with pytest.raises(WorkerError, match="SIGKILL"):
-            pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)
+            pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
 
 
 def test_worker_exiting_raises_worker_error_with_exit_code(source):
     with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2) as pool:
-        pool.submit(0, [0], [0], epoch=0, seed=EXIT3, timeout_s=60)
+        pool.submit(0, [0], [0], epoch=0, seed=EXIT3, timeout_s=60, in_place=True)
         with pytest.raises(WorkerError, match="exited with code 3"):
             pool.get(60)
 
@@ -161,12 +160,12 @@ SCRIPT = textwrap.dedent(
         with SharedArray.create((16, 4, 4, 3), np.uint8, prefix) as src, WorkerPool(
             copy, [src.spec], workers=2, batch_rows=4, n_slots=2, prefix=prefix
         ) as pool:
-            pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60)
-            pool.take(60)
+            pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60, in_place=True)
+            pool.release(pool.get(60).slot)
             print(prefix, resource_tracker._resource_tracker._pid, *pool.pids, flush=True)
             while True:  # iterate until interrupted
-                pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60)
-                pool.take(60)
+                pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60, in_place=True)
+                pool.release(pool.get(60).slot)
     """
 )
 
@@ -235,8 +234,9 @@ def test_workers_skip_the_main_script_when_the_transform_lives_elsewhere(tmp_pat
                     Behave(), [src.spec], workers=1, batch_rows=2, n_slots=1
                 ) as pool:
                     src.array[:] = 9
-                    pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60)
-                    print(int(pool.take(60)[1].sum()))
+                    pool.submit(0, [0, 1], [0, 1], epoch=0, seed=0, timeout_s=60, in_place=True)
+                    batch = pool.get(60)
+                    print(int(pool.slot_view(batch.slot)[:batch.rows].sum()))
             """
         )
     )

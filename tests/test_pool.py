@@ -1,4 +1,5 @@
-"""WorkerPool with real spawned processes: results, order, errors, source hand-back, back-pressure.
+"""WorkerPool with real spawned processes: results, order, errors, rows read where they lie or from a file,
+back-pressure.
 
 Spawning costs about a second per worker on a loaded machine, so two
 module-scoped pools serve most tests; the transform's behaviour is picked by
@@ -13,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from h5stream.augment.pool import FileSource, Result, WorkerPool, slot_bytes, worker_buffer_bytes
+from h5stream.augment.pool import FileSource, Result, WorkerPool
 from h5stream.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 
@@ -68,6 +69,22 @@ class Scripted:
         out[...] = add_row_ids(images, row_ids, epoch)
 
 
+def take(pool, timeout_s=60):
+    """``(seq, rows)`` of the next batch, copied out of its slot, the slot released: what the feed does when it
+    does not lend the slot."""
+    batch = pool.get(timeout_s)
+    try:
+        return batch.seq, pool.slot_view(batch.slot)[:batch.rows].copy()
+    finally:
+        pool.release(batch.slot)
+
+
+def submit(pool, source, start, n, row_ids, **kw):
+    """Submit the run of ``n`` rows from ``start`` of a shared source, transformed where they lie."""
+    kw = {"epoch": 0, "seed": PLAIN, "timeout_s": 60, **kw}
+    return pool.submit(source, np.arange(start, start + n), row_ids, in_place=True, **kw)
+
+
 def _check_pool_cleanup(pool, names):
     pids = pool.pids
     pool.close()
@@ -120,14 +137,14 @@ def test_round_trip_equals_inline(pool, sources):
     for epoch in range(3):
         for n in (BATCH_ROWS, 3, 1, BATCH_ROWS):
             src = int(rng.integers(2))
-            positions = rng.choice(SOURCE_ROWS, n, replace=False)
+            start = int(rng.integers(0, SOURCE_ROWS - n + 1))
             row_ids = rng.integers(0, 10**6, n)
-            expected.append(add_row_ids(sources[src].array[positions], row_ids, epoch))
-            pool.submit(src, positions, row_ids, epoch=epoch, seed=PLAIN, timeout_s=60)
+            expected.append(add_row_ids(sources[src].array[start:start + n], row_ids, epoch))
+            submit(pool, src, start, n, row_ids, epoch=epoch)
             if len(expected) - len(taken) == N_SLOTS:  # the ring is full: consume one
-                taken.append(pool.take(60))
+                taken.append(take(pool))
     while len(taken) < len(expected):
-        taken.append(pool.take(60))
+        taken.append(take(pool))
     assert [seq for seq, _ in taken] == list(range(taken[0][0], taken[0][0] + len(expected)))
     for i, (_, got) in enumerate(taken):
         assert got.dtype == np.uint8 and np.array_equal(got, expected[i]), f"batch {i}"
@@ -138,7 +155,7 @@ def test_delivery_in_submission_order_when_completion_is_not(pool2, sources, gat
     if os.path.exists(log):
         os.unlink(log)
     ids = [np.arange(k, k + 4) for k in (0, 100, 200, 300)]
-    seqs = [pool2.submit(0, np.arange(4), i, epoch=0, seed=GATE, timeout_s=60) for i in ids]
+    seqs = [submit(pool2, 0, 0, 4, i, seed=GATE) for i in ids]
     got = [pool2.get(60) for _ in seqs]
     assert [b.seq for b in got] == seqs
     for batch, i in zip(got, ids):
@@ -150,45 +167,29 @@ def test_delivery_in_submission_order_when_completion_is_not(pool2, sources, gat
 
 
 def test_transform_exception_reraised_with_worker_traceback(pool):
-    ok_before = pool.submit(0, [1, 2], [5, 6], epoch=0, seed=PLAIN, timeout_s=60)
-    bad = pool.submit(0, [3], [7], epoch=0, seed=RAISE, timeout_s=60)
-    ok_after = pool.submit(1, [4], [8], epoch=0, seed=PLAIN, timeout_s=60)
-    assert pool.take(60)[0] == ok_before  # batches before the failing one still arrive
+    ok_before = submit(pool, 0, 1, 2, [5, 6])
+    bad = submit(pool, 0, 3, 1, [7], seed=RAISE)
+    ok_after = submit(pool, 1, 4, 1, [8])
+    assert take(pool)[0] == ok_before  # batches before the failing one still arrive
     with pytest.raises(WorkerError, match=rf"batch {bad}: ZeroDivisionError") as info:
         pool.get(60)
     tb = info.value.worker_traceback
     assert "_explode_in_worker" in tb and "Traceback" in tb
     assert "_explode_in_worker" in str(info.value.__cause__)
-    assert pool.take(60)[0] == ok_after  # the pool stays usable
-
-
-def test_wait_source_free_means_rows_were_copied(pool, sources):
-    scratch = sources[1].array
-    saved = scratch.copy()
-    try:
-        want = [add_row_ids(scratch[[i, i + 1]], np.array([i, i]), 0) for i in range(N_SLOTS)]
-        for i in range(N_SLOTS):
-            pool.submit(1, [i, i + 1], [i, i], epoch=0, seed=PLAIN, timeout_s=60)
-        pool.wait_source_free(1, 60)
-        assert pool.source_readers(1) == 0
-        scratch[:] = 0  # the reader would refill the buffer now
-        for i in range(N_SLOTS):
-            assert np.array_equal(pool.take(60)[1], want[i])
-    finally:
-        scratch[:] = saved
+    assert take(pool)[0] == ok_after  # the pool stays usable
 
 
 def test_submit_waits_for_a_free_slot(pool):
     for i in range(N_SLOTS):
-        pool.submit(0, [i], [i], epoch=0, seed=PLAIN, timeout_s=60)
+        submit(pool, 0, i, 1, [i])
     held = [pool.get(60) for _ in range(N_SLOTS)]
     with pytest.raises(TimeoutError, match="release"):
-        pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=0.05)
+        submit(pool, 0, 0, 1, [0], timeout_s=0.05)
     pool.release(held[0].slot)
-    seq = pool.submit(0, [0], [0], epoch=0, seed=PLAIN, timeout_s=60)
+    seq = submit(pool, 0, 0, 1, [0])
     for b in held[1:]:
         pool.release(b.slot)
-    assert pool.take(60)[0] == seq
+    assert take(pool)[0] == seq
     with pytest.raises(ConfigError, match="not held"):
         pool.release(held[0].slot)
 
@@ -200,12 +201,12 @@ def test_get_times_out_when_nothing_was_submitted(pool):
 
 def test_discard_pending_drops_undelivered_batches(pool, sources):
     for i in range(3):
-        pool.submit(0, [i], [i], epoch=0, seed=PLAIN, timeout_s=60)
-    pool.submit(0, [3], [3], epoch=0, seed=RAISE, timeout_s=60)  # dropped errors are not raised
+        submit(pool, 0, i, 1, [i])
+    submit(pool, 0, 3, 1, [3], seed=RAISE)  # dropped errors are not raised
     assert pool.discard_pending(60) == 4
     assert pool.in_flight == 0
-    seq = pool.submit(0, [9], [1], epoch=2, seed=PLAIN, timeout_s=60)
-    got_seq, got = pool.take(60)
+    seq = submit(pool, 0, 9, 1, [1], epoch=2)
+    got_seq, got = take(pool)
     assert got_seq == seq and np.array_equal(got, add_row_ids(sources[0].array[[9]], np.array([1]), 2))
 
 
@@ -215,30 +216,31 @@ def test_discard_pending_drops_undelivered_batches(pool, sources):
         ((0, [], []), "1..8 entries"),
         ((0, np.arange(9), np.arange(9)), "1..8 entries"),
         ((0, [0, 1], [0]), "differs"),
-        ((0, [0, SOURCE_ROWS], [0, 1]), "positions must lie"),
+        ((0, [SOURCE_ROWS - 1, SOURCE_ROWS], [0, 1]), "positions must lie"),
         ((0, [-1], [0]), "positions must lie"),
+        ((0, [1, 3], [1, 3]), "contiguous"),
+        ((0, [2, 1], [2, 1]), "contiguous"),
         ((2, [0], [0]), "source_index"),
         ((0, [0.5], [0]), "integers"),
     ],
 )
 def test_submit_validates_at_the_boundary(pool, args, match):
     with pytest.raises(ConfigError, match=match):
-        pool.submit(*args, epoch=0, seed=PLAIN, timeout_s=1)
+        pool.submit(*args, epoch=0, seed=PLAIN, timeout_s=1, in_place=True)
     assert pool.in_flight == 0
 
 
-def test_memory_figures(pool):
-    row = int(np.prod(ROW_SHAPE))
-    assert pool.slot_nbytes == N_SLOTS * BATCH_ROWS * row == slot_bytes(N_SLOTS, BATCH_ROWS, ROW_SHAPE, np.uint8)
-    assert pool.worker_buffer_nbytes == worker_buffer_bytes(BATCH_ROWS, ROW_SHAPE) == BATCH_ROWS * row
-    pss = pool.worker_pss_bytes()
-    assert len(pss) == pool.workers and all(p > 0 for p in pss)
-    assert slot_bytes(2, 3, (4, 5), np.float32) == 2 * 3 * 4 * 5 * 4
+def test_rows_of_shared_memory_are_never_copied_out_only_transformed_where_they_lie(pool):
+    # The caller's promise (in_place=True) that the rows stay put until the result is taken is required: there
+    # is no path that copies them out first.
+    with pytest.raises(ConfigError, match="transformed where they lie"):
+        pool.submit(0, [3, 4], [3, 4], epoch=0, seed=PLAIN, timeout_s=1)
+    assert pool.in_flight == 0
 
 
 def test_float_output_slots(sources):
     with WorkerPool(Scripted(), [sources[0].spec], workers=1, batch_rows=2, n_slots=1, out_dtype=np.float32) as p:
-        p.submit(0, [0, 1], [3, 4], epoch=1, seed=PLAIN, timeout_s=60)
+        submit(p, 0, 0, 2, [3, 4], epoch=1)
         batch = p.get(60)
         assert isinstance(batch, Result) and batch.rows == 2
         view = p.slot_view(batch.slot)
@@ -275,23 +277,16 @@ def test_constructor_validates(sources):
         WorkerPool(Scripted(), [], workers=1, batch_rows=2, n_slots=1)
 
 
-def test_in_place_task_reads_rows_where_they_lie(pool, sources):
+def test_rows_are_transformed_where_they_lie(pool, sources):
     src = sources[1].array
-    want = add_row_ids(src[3:6], np.array([9, 8, 7]), 2)
-    seq = pool.submit(1, [3, 4, 5], [9, 8, 7], epoch=2, seed=PLAIN, timeout_s=60, in_place=True)
-    got_seq, got = pool.take(60)
-    assert got_seq == seq and np.array_equal(got, want)
-    assert pool.source_readers(1) == 0  # done implies read
-    copied = pool.submit(1, [3, 4, 5], [9, 8, 7], epoch=2, seed=PLAIN, timeout_s=60)
-    assert np.array_equal(pool.take(60)[1], want)  # same result as the gathering path
-    assert copied == seq + 1
-
-
-def test_in_place_needs_one_contiguous_run(pool):
-    with pytest.raises(ConfigError, match="contiguous"):
-        pool.submit(0, [1, 3], [1, 3], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
-    with pytest.raises(ConfigError, match="contiguous"):
-        pool.submit(0, [2, 1], [2, 1], epoch=0, seed=PLAIN, timeout_s=60, in_place=True)
+    saved = src[3:6].copy()
+    try:
+        src[3:6] = 17  # written by the caller just before submitting: the worker sees these very rows
+        seq = submit(pool, 1, 3, 3, [9, 8, 7], epoch=2)
+        got_seq, got = take(pool)
+        assert got_seq == seq and np.array_equal(got, add_row_ids(src[3:6], np.array([9, 8, 7]), 2))
+    finally:
+        src[3:6] = saved
 
 
 HEADER = 100  # bytes before the first row in the file source
@@ -316,11 +311,10 @@ def test_file_source_workers_read_rows_at_byte_offsets(sources, row_file):
         for rows in ([7, 3, 4, 5, 0, 39, 39, 12], [20, 21, 22, 23], [1]):
             ids = np.arange(len(rows)) + 50
             p.submit(0, _offsets(rows), ids, epoch=1, seed=PLAIN, timeout_s=60)
-            assert p.source_readers(0) == 0  # nothing of the caller's to hand back
-            _, got = p.take(60)
+            _, got = take(p)
             assert np.array_equal(got, add_row_ids(sources[0].array[rows], ids, 1))
-        p.submit(1, [2, 5], [0, 1], epoch=0, seed=PLAIN, timeout_s=60)  # shared sources still work beside it
-        assert np.array_equal(p.take(60)[1], add_row_ids(sources[1].array[[2, 5]], np.arange(2), 0))
+        submit(p, 1, 2, 2, [0, 1])  # shared sources still work beside it
+        assert np.array_equal(take(p)[1], add_row_ids(sources[1].array[2:4], np.arange(2), 0))
         with pytest.raises(ConfigError, match="byte offsets must be >= 0"):
             p.submit(0, [-1], [0], epoch=0, seed=PLAIN, timeout_s=1)
         with pytest.raises(ConfigError, match="in_place"):
@@ -331,4 +325,4 @@ def test_file_source_workers_read_rows_at_byte_offsets(sources, row_file):
             p.get(60)
         assert info.value.stage == "read" and "in read" in info.value.worker_traceback
         p.submit(0, _offsets([3]), [3], epoch=0, seed=PLAIN, timeout_s=60)
-        assert np.array_equal(p.take(60)[1], add_row_ids(sources[0].array[[3]], np.array([3]), 0))
+        assert np.array_equal(take(p)[1], add_row_ids(sources[0].array[[3]], np.array([3]), 0))

@@ -23,7 +23,7 @@ SCRIPT = r"""
 import json, sys
 import numpy as np, psutil
 from h5stream.augment import PRESETS, Augment
-from h5stream.augment.pool import WorkerPool, worker_buffer_bytes
+from h5stream.augment.pool import WorkerPool
 from h5stream.shm import SharedArray, new_prefix
 from worker_probe import ReportModules
 
@@ -34,8 +34,8 @@ with SharedArray.create((rows, *shape), np.uint8, new_prefix()) as src:
     with WorkerPool(ReportModules(Augment(**PRESETS["standard"]), report), [src.spec], workers=1, batch_rows=rows,
                     n_slots=1) as pool:
         for epoch in (0, 1, -1):  # the transform runs (OpenCV loaded, scratch allocated), then reports
-            pool.submit(0, np.arange(rows), np.arange(rows), epoch=epoch, seed=0, timeout_s=60)
-            pool.take(60)
+            pool.submit(0, np.arange(rows), np.arange(rows), epoch=epoch, seed=0, timeout_s=60, in_place=True)
+            pool.release(pool.get(60).slot)
         # Counted per page whoever else maps it: independent of what else runs on the machine.
         private = shared_code = 0
         for m in psutil.Process(pool.pids[0]).memory_maps(grouped=True):
@@ -45,7 +45,7 @@ with SharedArray.create((rows, *shape), np.uint8, new_prefix()) as src:
                 shared_code += m.rss  # library code only the workers load
             else:
                 private += m.private_clean + m.private_dirty
-print(json.dumps({"private": private - worker_buffer_bytes(rows, shape), "shared_code": shared_code}))
+print(json.dumps({"private": private, "shared_code": shared_code}))  # rows transformed in place: no gather buffer
 """
 
 

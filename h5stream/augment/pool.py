@@ -1,11 +1,12 @@
 """A pool of augmenting worker processes that exchange only indices.
 
-Generic: it knows nothing about HDF5.  The owner (the stream) submits tasks
+The augment front end of the process-pool core (:mod:`h5stream._procpool`).
+Generic: it knows nothing about HDF5.  The owner (the feed) submits tasks
 ``(source_index, positions, row_ids, epoch, seed)`` on its *sources*:
 
 * a :class:`~h5stream.shm.SharedSpec`, shared arrays the owner fills (its
-  input slots): a worker gathers ``source[positions]`` into its private buffer,
-  or, for a contiguous run submitted ``in_place``, reads it where it lies;
+  input slots): ``positions`` are one contiguous run of rows, which the
+  worker transforms where they lie;
 * a :class:`FileSource`, fixed-size rows stored uncompressed in a file:
   ``positions`` are byte offsets, and the worker reads the rows itself
   (``preadv`` from the page cache into its private buffer), so the owner never
@@ -22,11 +23,14 @@ Threads and processes:
   governs shutdown) and exit on their own if the parent dies.
 * One collector thread in the parent reads the workers' messages and watches
   their process sentinels, so a worker killed by SIGKILL / the OOM killer is
-  reported within milliseconds, not after a queue timeout.
+  reported within milliseconds, not after a queue timeout.  Its work per batch
+  is one message: no per-row work.
 * The public methods are safe to call from two threads: a producer
-  (``submit``, ``wait_source_free``) and a consumer (``get``, ``slot_view``,
-  ``release``).  Every blocking call takes a timeout and wakes on ``close()``
-  (the stop flag) or on a worker failure; none blocks forever.
+  (``submit``; the feed's reader thread) and a consumer (``get``,
+  ``slot_view``, ``lend``, ``reclaim``, ``release``, ``discard_pending``; the
+  thread that iterates the stream).  Each method's docstring names its side.
+  Every blocking call takes a timeout and wakes on ``close()`` (the stop flag)
+  or on a worker failure; none blocks forever.
 
 Ownership: the pool owns its worker processes and its slot segment; the
 sources belong to the caller, who must keep them alive until ``close()``.
@@ -44,9 +48,8 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from h5stream._spawn import spawn_workers
 from h5stream.augment.pool_state import PoolState, Task, collect, shutdown, worker_error
-from h5stream.augment.worker import FileSource, worker_main
+from h5stream.augment.worker import FileSource, run_task, setup
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.shm import SharedArray, SharedSpec, new_prefix
 
@@ -54,8 +57,6 @@ __all__ = [
     "FileSource",
     "Result",
     "WorkerPool",
-    "slot_bytes",
-    "worker_buffer_bytes",
 ]
 
 # A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
@@ -73,43 +74,32 @@ class Result(NamedTuple):
     rows: int
 
 
-def slot_bytes(n_slots: int, batch_rows: int, row_shape: Sequence[int], dtype) -> int:
-    """Bytes of shared memory a pool allocates for its output slots (pure)."""
-    return int(n_slots) * int(batch_rows) * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def worker_buffer_bytes(batch_rows: int, row_shape: Sequence[int], dtype=np.uint8) -> int:
-    """Bytes of private memory each worker allocates to gather one input batch (pure).
-
-    Excludes the transform's own scratch memory.
-    """
-    return int(batch_rows) * int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
 class WorkerPool:
-    """N spawned processes applying ``transform`` to rows of shared source arrays.
+    """N spawned processes applying ``transform`` to rows of shared source arrays or of a file.
 
     Parameters
     ----------
     transform:
         Picklable callable ``transform(images, *, seed, epoch, row_ids, out) -> array | None``.
-        ``images`` is the gathered batch (n, *row_shape) of the sources' dtype,
-        owned by the worker and reused for the next task; ``out`` is the output
-        slot view (n, *out_row_shape) of ``out_dtype``.  Write into ``out``, or
-        return an array of that shape (copied into ``out``).  Workers re-run the
-        parent's main script only if the transform's pickle refers to
-        ``__main__``; define user functions in an importable module to keep
-        a script's heavy imports (tensorflow) out of the workers.
+        ``images`` is the batch (n, *row_shape) of the sources' dtype: a view
+        of the caller's shared rows, or the worker's buffer of rows read from a
+        file (reused for the next task); either way read-only for the
+        transform.  ``out`` is the output slot view (n, *row_shape) of
+        ``out_dtype``.  Write into ``out``, or return an array of that shape
+        (copied into ``out``).  Workers re-run the parent's main script only if
+        the transform's pickle refers to ``__main__``; define user functions in
+        an importable module to keep a script's heavy imports (tensorflow) out
+        of the workers.
     sources:
         Specs of the caller's shared arrays and/or :class:`FileSource` files,
         all shaped (rows, *row_shape) with one dtype.  The caller owns them and
-        must not overwrite rows that a submitted task has not yet read (see
-        :meth:`wait_source_free`; file sources count as read at once).
+        must not overwrite the rows of a task until its result is taken (file
+        sources are never overwritten).
     workers, batch_rows, n_slots:
         Process count (>= 1), most rows per task, output slots in the ring.
         At most ``n_slots`` batches are in flight or held by the consumer.
-    out_row_shape, out_dtype:
-        Shape of one output row (default: the sources' row shape) and dtype.
+    out_dtype:
+        Dtype of the output rows.
     prefix:
         Segment-name prefix (default :func:`new_prefix`).
     start_timeout_s:
@@ -128,7 +118,6 @@ class WorkerPool:
         workers: int,
         batch_rows: int,
         n_slots: int,
-        out_row_shape: Sequence[int] | None = None,
         out_dtype=np.uint8,
         prefix: str | None = None,
         start_timeout_s: float = 60.0,
@@ -161,13 +150,12 @@ class WorkerPool:
         self.n_slots = int(n_slots)
         self.workers = int(workers)
         self.row_shape = tuple(row_shape)
-        self.out_row_shape = tuple(int(d) for d in (out_row_shape if out_row_shape is not None else row_shape))
         self.out_dtype = np.dtype(out_dtype)
         self._source_rows = [s.shape[0] for s in sources]
         self._file_sources = {i for i, s in enumerate(sources) if isinstance(s, FileSource)}
         task_bytes = 16 * self.batch_rows + _TASK_OVERHEAD_BYTES
         cap = max(1, min(self.n_slots, _PIPE_BUDGET_BYTES // task_bytes))
-        state = PoolState(self.workers, len(sources), self.n_slots, cap, float(close_timeout_s))
+        state = PoolState(self.workers, self.n_slots, cap, float(close_timeout_s))
         self._state = state
         self._finalizer = weakref.finalize(self, shutdown, state)
         try:
@@ -178,11 +166,11 @@ class WorkerPool:
 
     def _start(self, transform_bytes, sources, prefix, start_timeout_s) -> None:
         state = self._state
-        state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.out_row_shape, self.out_dtype, prefix)
+        state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.row_shape, self.out_dtype, prefix)
         state.slot_items = state.slots.item_arrays()
-        args = [(w, transform_bytes, list(sources), state.slots.spec, self.batch_rows) for w in range(self.workers)]
-        state.procs, state.conns = spawn_workers(worker_main, args, name="h5stream-augment",
-                                                 hide_main=b"__main__" not in transform_bytes)
+        args = [(transform_bytes, list(sources), state.slots.spec, self.batch_rows)] * self.workers
+        state.workers.start(setup, run_task, "transform", args, name="h5stream-augment",
+                            hide_main=b"__main__" not in transform_bytes)
         state.collector = threading.Thread(target=collect, args=(state,), name="h5stream-pool-collector", daemon=True)
         state.collector.start()
         with state.cond:
@@ -192,20 +180,18 @@ class WorkerPool:
 
     def submit(self, source_index: int, positions, row_ids, *, epoch: int, seed: int, timeout_s: float,
                in_place: bool = False, checks: tuple[np.ndarray, np.ndarray] | None = None) -> int:
-        """Queue one batch ``transform(sources[source_index][positions])``; return its seq number.
+        """Queue one batch ``transform(sources[source_index][positions])``; return its seq number.  Producer thread.
 
-        ``positions`` index rows of the source (1-D, 1..batch_rows entries), or
-        for a :class:`FileSource` are the rows' byte offsets in the file;
-        ``row_ids`` (int64, same length) are passed to the transform as the
-        rows' identity for per-sample randomness.  Blocks until an output slot
-        is free; raises TimeoutError after ``timeout_s``, StreamClosedError if
-        the pool was closed meanwhile, WorkerError if a worker died.
-        Seq numbers count up from 0 in submission order.
-
-        ``in_place=True`` (``positions`` must then be one ascending run) lets
-        the worker transform the rows where they lie instead of copying them
-        out first; the caller promises not to overwrite them until the result
-        is taken, and the source counts as read only when the task is done.
+        ``positions``: for a shared-memory source, one ascending contiguous run
+        of rows (1..batch_rows of them), passed with ``in_place=True``: the
+        caller's promise not to overwrite them until the result is taken (the
+        worker transforms them where they lie); for a :class:`FileSource`, the
+        rows' byte offsets in the file (``in_place`` False).  ``row_ids``
+        (int64, same length) are passed to the transform as the rows' identity
+        for per-sample randomness.  Blocks until an output slot is free;
+        raises TimeoutError after ``timeout_s``, StreamClosedError if the pool
+        was closed meanwhile, WorkerError if a worker died.  Seq numbers count
+        up from 0 in submission order.
 
         ``checks=(digests, checked)`` (a :class:`FileSource` only): the worker
         checks the xxh3-64 of each row it reads where ``checked``, and fails
@@ -223,32 +209,27 @@ class WorkerPool:
             raise ConfigError(f"submit: row_ids shape {row_ids.shape} differs from positions shape {positions.shape}")
         if not 0 <= source_index < len(self._source_rows):
             raise ConfigError(f"submit: source_index {source_index} out of range 0..{len(self._source_rows) - 1}")
-        rows = self._source_rows[source_index]
         n = positions.shape[0]
         first = int(positions[0])
-        from_file = source_index in self._file_sources
-        if from_file:
+        if source_index in self._file_sources:
             if in_place:
                 raise ConfigError("submit: in_place=True applies to shared-memory sources, not to a FileSource")
             if int(positions.min()) < 0:
                 raise ConfigError(f"submit: byte offsets must be >= 0 for file source {source_index}")
-            low, high = 0, 0  # whether an offset lies inside the file, the worker's read tells
-        elif in_place:
+            where = positions.astype(np.int64, copy=False).tobytes()  # whether they lie in the file, the read tells
+        else:
+            if not in_place:
+                raise ConfigError("submit: rows of a shared-memory source are transformed where they lie: pass one "
+                                  "contiguous run with in_place=True, and keep the rows until the result is taken")
             if not np.array_equal(positions, np.arange(first, first + n)):
                 raise ConfigError("submit: in_place=True needs positions to be one ascending contiguous run")
-            low, high = first, first + n - 1
-        else:
-            low, high = int(positions.min()), int(positions.max())
-        if low < 0 or high >= rows:
-            raise ConfigError(f"submit: positions must lie in 0..{rows - 1} for source {source_index}")
-        # In place, the run's first row says it all; otherwise the positions go as raw bytes.
-        if from_file:
-            where = positions.astype(np.int64, copy=False).tobytes()
-        else:
-            where = first if in_place else positions.astype(np.intp, copy=False).tobytes()
-        task_row_ids = row_ids.astype(np.int64, copy=False).tobytes()
+            if first < 0 or first + n > self._source_rows[source_index]:
+                raise ConfigError(f"submit: positions must lie in 0..{self._source_rows[source_index] - 1} "
+                                  f"for source {source_index}")
+            where = first  # the run's first row says it all
+        task_row_ids = row_ids.astype(np.int64, copy=False).tobytes()  # plain bytes: cheaper to pickle than arrays
         task_checks = None
-        if checks is not None and from_file and np.asarray(checks[1]).any():
+        if checks is not None and source_index in self._file_sources and np.asarray(checks[1]).any():
             task_checks = (np.asarray(checks[0], np.uint64).tobytes(), np.asarray(checks[1], bool).tobytes())
         state = self._state
         with state.cond:
@@ -260,47 +241,21 @@ class WorkerPool:
             )
             worker = state.pick_worker()
             slot = state.free_slots.popleft()
-            seq = state.next_submit
-            try:
-                # Plain ints and bytes: much cheaper to pickle than the two arrays.
-                task = (seq, slot, source_index, where, task_row_ids, int(epoch), int(seed), bool(in_place),
-                        task_checks)
-                state.conns[worker].send(task)
-            except OSError:
+            seq = state.order.next_submit
+            body = (slot, source_index, where, task_row_ids, int(epoch), int(seed), task_checks)
+            if not state.workers.send(worker, seq, body):
                 state.free_slots.appendleft(slot)
                 # The collector reports how the worker ended; give it a moment to.
                 state.wait(lambda: False, 5.0, f"worker {worker} stopped taking tasks")
-            state.next_submit += 1
-            task = state.tasks[seq] = Task(slot, source_index, positions.shape[0], worker)
+            state.order.submitted()
+            state.tasks[seq] = Task(slot, n, worker)
             state.inflight[worker] += 1
-            if from_file:
-                task.read_done = True  # nothing of the caller's to free: the file is not overwritten
-            else:
-                state.source_readers[source_index] += 1
         return seq
-
-    def wait_source_free(self, source_index: int, timeout_s: float) -> None:
-        """Block until no submitted task still has to read ``sources[source_index]``.
-
-        Workers copy their rows out before transforming, so a source frees up
-        well before its batches are finished.  Raises TimeoutError,
-        StreamClosedError or WorkerError like :meth:`submit`.
-        """
-        state = self._state
-        with state.cond:
-            state.wait(lambda: state.source_readers[source_index] == 0, timeout_s,
-                       f"source {source_index} still being read",
-                       on=state.for_producer)
-
-    def source_readers(self, source_index: int) -> int:
-        """Tasks submitted for ``source_index`` whose rows have not been copied out yet (non-blocking)."""
-        with self._state.cond:
-            return self._state.source_readers[source_index]
 
     # ------------------------------------------------------------------ consumer side
 
     def get(self, timeout_s: float) -> Result:
-        """Return the next batch in seq order (completions may arrive out of order).
+        """Return the next batch in seq order (completions may arrive out of order).  Consumer thread.
 
         The slot stays reserved until :meth:`release`.  If the transform raised
         for this batch, its slot is freed and WorkerError is raised, carrying
@@ -311,14 +266,13 @@ class WorkerPool:
         state = self._state
         with state.cond:
             state.wait(
-                lambda: state.next_deliver in state.results,
+                state.order.ready,
                 timeout_s,
-                f"batch {state.next_deliver} not ready ({len(state.tasks)} in flight, {state.next_submit} submitted)",
+                f"batch {state.order.next_deliver} not ready ({len(state.tasks)} in flight, "
+                f"{state.order.next_submit} submitted)",
                 on=state.for_consumer,
             )
-            seq = state.next_deliver
-            slot, rows, error = state.results.pop(seq)
-            state.next_deliver += 1
+            seq, (slot, rows, error) = state.order.pop()
             if error is not None:
                 state.free_slots.append(slot)
                 state.for_producer.notify_all()
@@ -332,7 +286,8 @@ class WorkerPool:
             return Result(seq, slot, rows)
 
     def slot_view(self, slot: int) -> np.ndarray:
-        """The whole output slot (batch_rows, *out_row_shape), a view into shared memory; valid until release()."""
+        """The whole output slot (batch_rows, *row_shape), a view into shared memory; valid until release().
+        Consumer thread."""
         if self._state.slots is None or self._state.slots.array is None or not self._state.slot_items:
             raise StreamClosedError("the augment worker pool is closed; open a new stream")
         return self._state.slot_items[slot]
@@ -369,7 +324,7 @@ class WorkerPool:
         return len(self._state.lent)
 
     def release(self, slot: int) -> None:
-        """Give a slot obtained from :meth:`get` back to the ring."""
+        """Give a slot obtained from :meth:`get` back to the ring.  Consumer thread."""
         state = self._state
         with state.cond:
             if slot not in state.held_slots:
@@ -378,23 +333,16 @@ class WorkerPool:
             state.free_slots.append(slot)
             state.for_producer.notify_all()
 
-    def take(self, timeout_s: float) -> tuple[int, np.ndarray]:
-        """``get`` + copy + ``release``: return ``(seq, array)`` with an array the caller owns."""
-        batch = self.get(timeout_s)
-        try:
-            return batch.seq, self.slot_view(batch.slot)[: batch.rows].copy()
-        finally:
-            self.release(batch.slot)
-
     def waiting_on(self) -> tuple[int, int, int | None] | None:
         """``(seq, worker, pid)`` of the next batch in order while a worker still has it; None when it is done,
         or not submitted yet.  Any thread; for saying which worker a late batch waits for."""
         state = self._state
         with state.cond:
-            task = state.tasks.get(state.next_deliver)
+            seq = state.order.next_deliver
+            task = state.tasks.get(seq)
             if task is None:
                 return None
-            return state.next_deliver, task.worker, state.pids[task.worker]
+            return seq, task.worker, state.workers.procs[task.worker].pid
 
     def discard_pending(self, timeout_s: float) -> int:
         """Wait for every submitted task to finish and drop the undelivered results.
@@ -402,63 +350,42 @@ class WorkerPool:
         For ending an epoch early: afterwards ``get`` waits for the next
         submission.  Transform errors of dropped batches are ignored; slots
         the consumer still holds stay held.  Returns the number dropped.
+        Consumer thread (while the producer submits nothing).
         """
         state = self._state
         with state.cond:
             state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish",
                        on=state.for_consumer)
-            dropped = len(state.results)
-            for slot, _rows, _error in state.results.values():
+            dropped = state.order.drop()
+            for slot, _rows, _error in dropped:
                 state.free_slots.append(slot)
-            state.results.clear()
-            state.next_deliver = state.next_submit
             state.wake_all()
-            return dropped
+            return len(dropped)
 
     # ------------------------------------------------------------------ introspection and lifecycle
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the workers (for monitoring and tests)."""
-        return [p.pid for p in self._state.procs]
+        """Process ids of the workers (for monitoring and tests).  Any thread."""
+        return self._state.workers.pids
 
     @property
     def in_flight(self) -> int:
-        """Submitted tasks not finished yet."""
+        """Submitted tasks not finished yet.  Any thread."""
         with self._state.cond:
             return len(self._state.tasks)
 
     @property
-    def slot_nbytes(self) -> int:
-        """Shared memory this pool allocated for its output slots."""
-        return slot_bytes(self.n_slots, self.batch_rows, self.out_row_shape, self.out_dtype)
-
-    @property
-    def worker_buffer_nbytes(self) -> int:
-        """Private gather buffer of each worker (bytes), excluding the transform's scratch."""
-        return worker_buffer_bytes(self.batch_rows, self.row_shape)
-
-    def worker_pss_bytes(self) -> list[int]:
-        """Measured PSS of each live worker (psutil; bytes).  Includes its share of touched shared pages."""
-        import psutil
-
-        out = []
-        for pid in self.pids:
-            try:
-                out.append(psutil.Process(pid).memory_full_info().pss)
-            except psutil.Error:
-                out.append(0)
-        return out
-
-    @property
     def closed(self) -> bool:
+        """Whether :meth:`close` ran.  Any thread."""
         return not self._finalizer.alive
 
     def close(self) -> None:
         """Stop the workers (stop message, join, then terminate/kill) and unlink the slots.
 
         Idempotent; also run by the context manager, at garbage collection and
-        at interpreter exit.  Views from :meth:`slot_view` stay readable.
+        at interpreter exit.  Views from :meth:`slot_view` stay readable.  Any
+        thread: a producer or consumer blocked in the pool raises StreamClosedError.
         """
         self._finalizer()
 
@@ -470,5 +397,5 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.workers} workers"
-        slots = f"{self.n_slots} slots x {self.batch_rows} rows {self.out_row_shape} {self.out_dtype}"
+        slots = f"{self.n_slots} slots x {self.batch_rows} rows {self.row_shape} {self.out_dtype}"
         return f"WorkerPool({state}, {slots})"
