@@ -414,3 +414,35 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
     finally:
         pool.close()
     assert per_photo < 5, f"{per_photo:.0f} minor page faults per photo in a decode worker"
+
+
+def test_a_killed_decode_worker_is_reported_with_its_signal_pid_and_the_out_of_memory_hint(tmp_path):
+    # The same account as the augment pool gives (one death report for both pools), plus ingest's way on.
+    import signal
+
+    import psutil
+
+    from h5stream.errors import WorkerError
+    from h5stream.ingest.pool import DecodePool
+
+    names = [f"{i}.png" for i in range(64)]
+    for name in names:
+        Image.fromarray(np.full((8, 8, 3), 7, np.uint8)).save(tmp_path / name)
+    spec = DecodeSpec(size=(8, 8))
+    chunks = [names[i:i + 2] for i in range(0, len(names), 2)]  # more chunks than result slots: some wait
+    pool = DecodePool(1, spec.shape, rows_per_task=2)
+    try:
+        pool.start()
+        items = pool.imap(str(tmp_path), chunks, spec)
+        next(items)
+        (worker,) = [psutil.Process(pid) for pid in pool.pids]
+        worker.send_signal(signal.SIGKILL)  # not waited for here: that would reap it, and its exit status with it
+        with pytest.raises(WorkerError) as info:
+            for _ in items:
+                pass
+    finally:
+        pool.close()
+    message = str(info.value)
+    assert f"decode worker died: worker 0 (pid {worker.pid}) was killed by SIGKILL" in message, message
+    assert "SIGKILL often means the out-of-memory killer: pass fewer --workers" in message, message
+    assert message.endswith("committed rows are kept, rerun with --append to continue"), message
