@@ -1,7 +1,8 @@
 """Spawned worker processes that talk to their parent over pipes, started lean: without re-running the
 parent's main script, one thread each (ingest and augment); glibc's heap kept between images in decode workers.
 
-:func:`spawn_workers` is the start-up both worker pools share: one ``spawn``
+:func:`spawn_workers` is the start-up of the process-pool core
+(:mod:`h5stream._procpool`) that both worker pools stand on: one ``spawn``
 process and one duplex pipe per worker, SIGINT blocked while they start and
 ignored in them from birth (the parent alone handles Ctrl-C and stops them).
 Pipes rather than ``multiprocessing`` queues: a queue's named POSIX semaphores

@@ -387,7 +387,7 @@ def _minor_faults(pid: int) -> int:
 def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_path):
     # With glibc's default thresholds a decode worker trims its heap after every photo and faults the
     # same pages back in for the next (~80 minor faults per 500x375 JPEG, a sixth of the decode's CPU,
-    # measured); init_worker pins them (keep_freed_heap).
+    # measured); the pool's worker set-up pins them (keep_freed_heap).
     import psutil
 
     from h5stream.ingest.pool import DecodePool

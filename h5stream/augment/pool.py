@@ -320,7 +320,7 @@ class WorkerPool:
 
     @property
     def lent(self) -> int:
-        """Slots lent to the consumer (see :meth:`lend`) and not reclaimed yet."""
+        """Slots lent to the consumer (see :meth:`lend`) and not reclaimed yet.  Consumer thread."""
         return len(self._state.lent)
 
     def release(self, slot: int) -> None:
