@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -240,10 +241,11 @@ def parse_cpus(text: str | None) -> list[int] | None:
 
 def cpu_split(server: list[int] | None, client: list[int] | None, available: list[int]) -> dict:
     """Which CPUs the server and the clients run on: as given; else, with more than :data:`PIN_ABOVE_CPUS`
-    available, the first half for the server and the rest for the clients (one given: the other gets the
-    rest); else none pinned (they share).  ``{"server": list | None, "client": list | None, "note": str}``."""
+    available (and ``taskset``), the first half for the server and the rest for the clients (one given: the
+    other gets the rest); else none pinned (they share).
+    ``{"server": list | None, "client": list | None, "note": str}``."""
     available = sorted(available)
-    if server is None and client is None and len(available) > PIN_ABOVE_CPUS:
+    if server is None and client is None and len(available) > PIN_ABOVE_CPUS and shutil.which("taskset"):
         half = len(available) // 2
         server, client = available[:half], available[half:]
     elif server is not None and client is None:
@@ -254,6 +256,9 @@ def cpu_split(server: list[int] | None, client: list[int] | None, available: lis
         if cpus is not None and not set(cpus) <= set(available):
             raise SystemExit(f"benchmarks.remote: --{name}-cpus {cpus} is not among this process's CPUs "
                              f"{available}; pick CPUs from that list")
+    if (server is not None or client is not None) and shutil.which("taskset") is None:
+        raise SystemExit("benchmarks.remote: pinning server and client needs `taskset` (util-linux); install it "
+                         "or run on this machine's shared CPUs with --server-cpus and --client-cpus left out")
     if server is None and client is None:
         note = f"server and client share {len(available)} CPUs (not pinned)"
     else:
