@@ -107,17 +107,21 @@ def run(args) -> dict:
     tmp = tempfile.mkdtemp(prefix="h5quality-")
     path = os.path.join(tmp, "digits_sorted.h5")
     meta = write_arrays(path, x_train, y_train, block_rows=args.block_rows, storage_order="sorted")
-    with h5stream.open(path, batch_size=args.batch_size, memory_budget=args.budget) as probe:
+    opts = {"batch_size": args.batch_size, "memory_budget": args.budget, "read_unit": args.read_unit}
+    with h5stream.open(path, **opts) as probe:
         plan = probe.plan
     chunk_rows = 100 * args.batch_size
     info = {"train_rows": int(meta.rows), "test_rows": int(len(y_test)), "file_bytes": int(meta.file_bytes),
-            "budget": args.budget, "shuffle_buffer_rows": int(plan.rows_per_fill), "n_buffers": int(plan.n_buffers),
+            "budget": args.budget, "read_unit": args.read_unit, "unit_rows": int(plan.unit_rows),
+            "block_rows": int(meta.block_rows), "shuffle_buffer_rows": int(plan.rows_per_fill),
+            "n_buffers": int(plan.n_buffers),
             "buffer_fraction_of_file": plan.rows_per_fill / meta.rows, "chunk_rows": chunk_rows,
             "chunk_fraction_of_file": min(1.0, chunk_rows / meta.rows), "epochs": args.epochs,
             "batch_size": args.batch_size, "seeds": args.seeds, "storage_order": "sorted"}
     print(f"train {meta.rows} rows ({meta.file_bytes / 2**20:.1f} MiB, class-sorted), test {len(y_test)}; "
           f"h5stream budget {args.budget}: buffer {plan.rows_per_fill} rows "
-          f"({100 * info['buffer_fraction_of_file']:.1f}% of the file) x {plan.n_buffers}; "
+          f"({100 * info['buffer_fraction_of_file']:.1f}% of the file, units of {plan.unit_rows} rows, "
+          f"{plan.rows_per_fill // plan.unit_rows} per fill) x {plan.n_buffers}; "
           f"chunk {chunk_rows} rows ({100 * info['chunk_fraction_of_file']:.1f}%)", flush=True)
     results: dict[str, list[float]] = {"memory": [], "h5stream": [], "chunk": []}
     for seed in args.seeds:
@@ -127,7 +131,7 @@ def run(args) -> dict:
             if regime == "memory":
                 model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0)
             elif regime == "h5stream":
-                with h5stream.open(path, batch_size=args.batch_size, memory_budget=args.budget, seed=seed) as s:
+                with h5stream.open(path, **opts, seed=seed) as s:
                     model.fit(s.keras(), epochs=args.epochs, verbose=0)
             else:
                 for epoch in range(args.epochs):
@@ -160,6 +164,8 @@ def main(argv=None) -> int:
     p.add_argument("--copies", type=int, default=8, help="jittered copies of the training digits (file size)")
     p.add_argument("--budget", default="8MiB", help="h5stream memory budget (default 8MiB)")
     p.add_argument("--block-rows", type=int, default=32, help="rows per HDF5 chunk (default 32)")
+    p.add_argument("--read-unit", default=None,
+                   help="h5stream.open(read_unit=) for the h5stream regime, e.g. 4MiB (default: h5stream's)")
     p.add_argument("--threads", type=int, default=2, help="TensorFlow intra/inter-op threads")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)

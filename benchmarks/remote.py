@@ -1,26 +1,35 @@
-"""A store served by a local SeaweedFS (S3): the remote stream vs the same file streamed locally, cold, vs h5py over
-fsspec (s3fs) reading the same batches; memory against the budget; time to the first batch.
+"""A store served by a local SeaweedFS (S3 and plain HTTP): the stream over a URL against the server's own limit
+(plain ranged GETs), the same file streamed locally from the disk, and h5py over fsspec (s3fs) reading the same
+batches; the client's CPU per GB; memory against the budget; time to the first batch.
 
-    python -m benchmarks.remote                  # 1.1 GB store, the table and the target checks
+    python -m benchmarks.remote                  # 1.1 GB store, default options, the table and the target checks
     python -m benchmarks.remote --json           # one JSON object with every run
-    python -m benchmarks.remote --gb 0.2 --epochs 1 --fsspec-seconds 10   # a quick try
+    python -m benchmarks.remote --gb 0.2 --epochs 1 --no-fsspec   # a quick try
 
 Makes the store with :func:`benchmarks.data.make_bench_file` when missing, starts ``weed server -s3`` on
 127.0.0.1 (:class:`benchmarks.seaweed.SeaweedS3`, data under ``--data``), uploads the store, and runs each
 measurement in a fresh process (``h5stream bench``'s :func:`~h5stream.commands.bench.measure_stream` for the
-two streams, so memory is sampled the same way).  Cold means the bytes come from the disk: the local file is
-read with ``O_DIRECT`` (``direct_io=True``: eviction alone does not keep a file smaller than RAM out of the
-page cache while it is read), and the server's volume files are kept out of the page cache while the remote
-store is streamed (otherwise the server would answer from memory).  The fsspec baseline opens the object with
-s3fs's defaults and reads each batch of the stream's own first-epoch order with one h5py fancy-index read (rows
-sorted, as h5py requires), for at most ``--fsspec-seconds``; its epoch rate is extrapolated, which the table
-says.  Rounds (``--rounds``) are interleaved; rates are medians, memory the largest peak.  Server and client
-share this machine's cores: on a small machine the server's CPU is part of what is measured.
+streams, so memory is sampled the same way).  The streams use h5stream's default options unless
+``--memory-budget`` or ``--read-unit`` is given.
 
-The same store is also streamed over plain HTTP from SeaweedFS's filer (which honours Range), the
-``https://`` path; the server's CPU seconds per GB streamed are reported for both.
+Like with like: the streams over a URL and the server's limit are measured under the same server cache
+(``--server-cache``): ``cold``, the server's volume files evicted before the run and every 0.5 s during it
+(the bytes come from its disk), or ``warm``, its files read into the page cache first and left there (the
+server answers from memory); each ratio sets a stream against the limit of the same cache.  The limit is the
+whole object fetched once with plain ranged GETs (obstore, 4 MiB, 8 in flight, bodies dropped: no HDF5, no
+stream).  The local stream is read with ``O_DIRECT`` (every byte from the disk).  The fsspec baseline opens the
+object with s3fs's defaults and reads each batch of the stream's own first-epoch order with one h5py fancy-index
+read, for at most ``--fsspec-seconds``; its rate is extrapolated, which the table says.
 
-Targets (the issue's): remote >= 0.8x the local cold stream, >= 10x h5py over fsspec, peak memory <= budget.
+CPU: the client's own CPU seconds per GB it received (``getrusage`` of the client process, all its threads, from
+just before ``open()`` to the last batch), and the server's (psutil, all its threads).  Where more than
+:data:`PIN_ABOVE_CPUS` CPUs are available the server is pinned to the first half and every client to the other
+(``taskset``); ``--server-cpus``/``--client-cpus`` choose them; on fewer the two share the cores, which the
+table says (there the server's CPU is part of what a rate measures, and the client's CPU per GB is the figure
+that speaks for the client).  Rounds (``--rounds``) are interleaved; rates are medians, memory the largest peak.
+
+Targets: a URL stream with default options >= 0.8x the server's limit (same cache), the client <= 1 CPU
+second per GB, peak memory <= the budget.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import functools
 import json
 import os
 import platform
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,26 +60,33 @@ from benchmarks.harness import (
     log,
     median,
     run_cli,
+    warm,
 )
 
 KEY = "bench/store.h5"
 EVICT_EVERY_S = 0.5
+PIN_ABOVE_CPUS = 4
+"""More CPUs than this: server and client pinned to separate halves; this many or fewer: they share them."""
+CACHES = ("cold", "warm")
+STREAMS = ("remote", "remote_http")
+LIMITS = {"remote": "ceiling", "remote_http": "ceiling_http"}
+LABELS = {"remote": "s3://", "remote_http": "http://"}
 
 
 def child(argv: list[str]) -> int:
     """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL READ_UNIT`` (COLD:
-    ``no``, ``evict`` or ``direct``; READ_UNIT: ``default`` or bytes) or ``fsspec URL ORDER.npy BATCH
-    SECONDS``; prints one JSON object."""
+    ``no``, ``evict`` or ``direct``; BUDGET, ROWS_PER_FILL and READ_UNIT: ``default`` or a value) or
+    ``ceiling URL``, ``open URL``, ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
         from h5stream.commands.bench import measure_stream
         from h5stream.errors import ConfigError
+        from h5stream.read.plan import parse_bytes
         from h5stream.read.source import resolve_direct_io
         from h5stream.store.meta import read_meta
 
-        path, cold, batch, budget, epochs, seed, fill = argv[1], argv[2], int(argv[3]), argv[4], \
-            int(argv[5]), int(argv[6]), int(argv[7])
-        read_unit = argv[8] if len(argv) > 8 and argv[8] != "default" else None
+        path, cold, batch, budget, epochs, seed, fill, read_unit = argv[1], argv[2], int(argv[3]), \
+            _given(argv[4]), int(argv[5]), int(argv[6]), _given(argv[7]), _given(argv[8])
         t0 = time.monotonic()
         meta = read_meta(path)
         meta_s = time.monotonic() - t0
@@ -77,16 +95,21 @@ def child(argv: list[str]) -> int:
             direct = cold == "direct" and resolve_direct_io(path, True)
         except ConfigError:
             direct = False
-        from h5stream.read.plan import parse_bytes
-
-        figures, _ = measure_stream(meta, batch_size=batch, budget=parse_bytes(budget), epochs=epochs, seed=seed,
-                                    cold=cold == "evict" or (cold == "direct" and not direct), augment=None,
-                                    workers=0, progress=False, rows_per_fill=fill,
+        cpu0 = _own_cpu_s()
+        figures, _ = measure_stream(meta, batch_size=batch, budget=None if budget is None else parse_bytes(budget),
+                                    epochs=epochs, seed=seed, cold=cold == "evict" or (cold == "direct" and not direct),
+                                    augment=None, workers=0, progress=False,
+                                    rows_per_fill=None if fill is None else int(fill),
                                     direct_io=True if direct else "auto", read_unit=read_unit)
+        cpu_s = _own_cpu_s() - cpu0
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
-                "mean_cpu_pct")
+                "mean_cpu_pct", "rows_streamed")
         out = {k: figures[k] for k in keep}
+        out["budget_bytes"] = figures["plan"]["budget_bytes"]
+        out["unit_rows"], out["rows_per_fill"] = figures["plan"]["unit_rows"], figures["plan"]["rows_per_fill"]
+        out["bytes"] = figures["rows_streamed"] * meta.row_bytes
+        out["client_cpu_s"] = cpu_s
         out["read_meta_s"] = meta_s
         out["direct_io"] = direct
         out["first_order_head"] = [int(v) for v in figures["orders"][0][:8]]
@@ -98,6 +121,16 @@ def child(argv: list[str]) -> int:
         out = _fsspec(argv[1], argv[2], int(argv[3]), float(argv[4]))
     print(json.dumps(out))
     return 0
+
+
+def _given(value: str) -> str | None:
+    return None if value == "default" else value
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds this process has used so far, all its threads (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _ceiling(url: str, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict:
@@ -113,7 +146,7 @@ def _ceiling(url: str, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict
     location = parse_url(url)
     store = make_store(location, RemoteOptions())
     size = int(obstore.head(store, location.key)["size"])
-    t0 = time.monotonic()
+    cpu0, t0 = _own_cpu_s(), time.monotonic()
 
     def fetch(start):
         return len(obstore.get_range(store, location.key, start=start, end=min(start + request_bytes, size)))
@@ -121,7 +154,7 @@ def _ceiling(url: str, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict
     with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
         got = sum(pool.map(fetch, range(0, size, request_bytes)))
     seconds = time.monotonic() - t0
-    return {"mb_per_s": got / seconds / 1e6, "seconds": seconds, "bytes": got}
+    return {"mb_per_s": got / seconds / 1e6, "seconds": seconds, "bytes": got, "client_cpu_s": _own_cpu_s() - cpu0}
 
 
 def _open_cost(url: str) -> dict:
@@ -191,13 +224,88 @@ def kept_cold_folder(folder: str, cold: bool = True):
         thread.join()
 
 
-def _run(argv: list, env: dict) -> dict:
+def parse_cpus(text: str | None) -> list[int] | None:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (taskset's list syntax); None stays None."""
+    if text is None:
+        return None
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise SystemExit(f"benchmarks.remote: cannot read the CPU list {text!r}; write it as taskset does, "
+                         "e.g. 0-7 or 0,2,4") from None
+    return sorted(set(cpus))
+
+
+def cpu_split(server: list[int] | None, client: list[int] | None, available: list[int]) -> dict:
+    """Which CPUs the server and the clients run on: as given; else, with more than :data:`PIN_ABOVE_CPUS`
+    available (and ``taskset``), the first half for the server and the rest for the clients (one given: the
+    other gets the rest); else none pinned (they share).
+    ``{"server": list | None, "client": list | None, "note": str}``."""
+    available = sorted(available)
+    if server is None and client is None and len(available) > PIN_ABOVE_CPUS and shutil.which("taskset"):
+        half = len(available) // 2
+        server, client = available[:half], available[half:]
+    elif server is not None and client is None:
+        client = [c for c in available if c not in server] or None
+    elif client is not None and server is None:
+        server = [c for c in available if c not in client] or None
+    for name, cpus in (("server", server), ("client", client)):
+        if cpus is not None and not set(cpus) <= set(available):
+            raise SystemExit(f"benchmarks.remote: --{name}-cpus {cpus} is not among this process's CPUs "
+                             f"{available}; pick CPUs from that list")
+    if (server is not None or client is not None) and shutil.which("taskset") is None:
+        raise SystemExit("benchmarks.remote: pinning server and client needs `taskset` (util-linux); install it "
+                         "or run on this machine's shared CPUs with --server-cpus and --client-cpus left out")
+    if server is None and client is None:
+        note = f"server and client share {len(available)} CPUs (not pinned)"
+    else:
+        shared = sorted(set(server or available) & set(client or available))
+        note = (f"server on CPUs {_cpu_text(server or available)}, client on {_cpu_text(client or available)}"
+                + (f" (sharing {_cpu_text(shared)})" if shared else ""))
+    return {"server": server, "client": client, "note": note}
+
+
+def _cpu_text(cpus: list[int]) -> str:
+    runs, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            runs.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(runs)
+
+
+def _run(argv: list, env: dict, cpus: list[int] | None = None) -> dict:
     cmd = child_command("benchmarks.remote:child", *argv)
+    if cpus:
+        from benchmarks.seaweed import pinned
+
+        cmd = pinned(cmd, cpus)
     log("+ " + " ".join(map(str, argv)))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"benchmarks.remote: {argv[0]} run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def server_cache(folder: str, cache: str):
+    """The server's files cold (evicted now and every :data:`EVICT_EVERY_S` while the block runs) or warm
+    (read into the page cache now, left there)."""
+    if cache == "warm":
+        for root, _, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    warm(os.path.join(root, name))
+        yield
+        return
+    evict_folder(folder)
+    with kept_cold_folder(folder):
+        yield
 
 
 def run(args) -> dict:
@@ -209,73 +317,76 @@ def run(args) -> dict:
     local = os.path.join(args.data, f"remote-{args.gb:g}g.h5")
     make_bench_file(local, rows=rows_for_gb(args.gb, size, 3), size=size, progress=True)
     os.makedirs(args.data, exist_ok=True)
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    pins = cpu_split(parse_cpus(args.server_cpus), parse_cpus(args.client_cpus), available)
+    caches = CACHES if args.server_cache == "both" else (args.server_cache,)
     with tempfile.TemporaryDirectory(dir=args.data, prefix="seaweed-") as workdir:
         t0 = time.monotonic()
-        server = SeaweedS3(workdir)
+        server = SeaweedS3(workdir, cpus=pins["server"])
         start_s = time.monotonic() - t0
         try:
             t0 = time.monotonic()
             server.put(KEY, local)
             upload_s = time.monotonic() - t0
             url = f"s3://{server.bucket}/{KEY}"
+            urls = {"remote": url, "remote_http": server.http_url(KEY)}
             env = child_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                             AWS_ENDPOINT_URL=server.endpoint, AWS_EC2_METADATA_DISABLED="true")
-            # The remote client's memory comes out of the budget, so its fill is smaller: both streams use it,
-            # and give the same batches.
-            fill = remote_rows_per_fill(local, args)
+            # A given budget: the remote client's memory comes out of it, so the URL's fill is smaller; every
+            # stream then uses that fill, and all give the same batches.  The default budget gives both the same.
+            fill = None if args.memory_budget is None else remote_rows_per_fill(local, args)
             with h5stream.open(local, batch_size=args.batch_size, memory_budget=args.memory_budget,
                                seed=args.seed, rows_per_fill=fill, read_unit=args.read_unit) as s:
                 order = s.epoch_order(0)
             order_path = os.path.join(workdir, "order.npy")
             np.save(order_path, order)
-            stream_args = [args.batch_size, args.memory_budget, args.epochs, args.seed, fill,
-                           args.read_unit or "default"]
+            stream_args = [args.batch_size, args.memory_budget or "default", args.epochs, args.seed,
+                           fill or "default", args.read_unit or "default"]
+            client = pins["client"]
 
-            def remote(target=url):
-                evict_folder(workdir)
+            def measured_on_server(argv, cache):
                 before = _cpu_s(server.process.pid)
-                with kept_cold_folder(workdir):
-                    result = _run(["stream", target, "no", *stream_args], env)
+                with server_cache(workdir, cache):
+                    result = _run(argv, env, client)
                 result["server_cpu_s"] = _cpu_s(server.process.pid) - before
                 return result
 
-            def ceiling(target):
-                evict_folder(workdir)
-                with kept_cold_folder(workdir):
-                    return _run(["ceiling", target], env)
-
             def local_cold():  # O_DIRECT: every byte from the disk, whatever the page cache holds
                 evict_from_page_cache(local)
-                return _run(["stream", local, "direct", *stream_args], env)
+                return _run(["stream", local, "direct", *stream_args], env, client)
 
-            def fsspec():
-                evict_folder(workdir)
-                with kept_cold_folder(workdir):
-                    return _run(["fsspec", url, order_path, args.batch_size, args.fsspec_seconds], env)
-
-            runs = {"remote": remote, "remote_http": lambda: remote(server.http_url(KEY)), "local_cold": local_cold,
-                    "open": lambda: _run(["open", url], env)}
-            for name, target in (("ceiling", url), ("ceiling_http", server.http_url(KEY))):
-                runs[name] = functools.partial(ceiling, target)
+            runs = {}
+            for cache in caches:
+                for name in STREAMS:
+                    runs[f"{name}_{cache}"] = functools.partial(
+                        measured_on_server, ["stream", urls[name], "no", *stream_args], cache)
+                    runs[f"{LIMITS[name]}_{cache}"] = functools.partial(
+                        measured_on_server, ["ceiling", urls[name]], cache)
+            runs["local_cold"] = local_cold
+            runs["open"] = lambda: _run(["open", url], env, client)
             if not args.no_fsspec:
-                runs["fsspec"] = fsspec
+                runs["fsspec"] = functools.partial(
+                    measured_on_server, ["fsspec", url, order_path, args.batch_size, args.fsspec_seconds], "cold")
             rounds = interleave(runs, args.rounds)
         finally:
             server.stop()
-    return summarize(by_name(rounds), args, local=local, url=url, start_s=start_s, upload_s=upload_s)
+    return summarize(by_name(rounds), args, local=local, url=url, start_s=start_s, upload_s=upload_s,
+                     caches=caches, pins=pins)
 
 
 def remote_rows_per_fill(local: str, args) -> int:
     """The fill a stream of this store over a URL plans under ``--memory-budget`` (no request needed)."""
     import dataclasses
 
+    from h5stream.budget import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.remote import RemoteOptions
     from h5stream.store.meta import read_meta
-    from h5stream.budget import plan_stream
 
     meta = dataclasses.replace(read_meta(local), remote=RemoteOptions())
-    return plan_stream(meta, parse_bytes(args.memory_budget), args.batch_size).rows_per_fill
+    unit = None if args.read_unit is None else parse_bytes(args.read_unit, what="read_unit")
+    return plan_stream(meta, parse_bytes(args.memory_budget), args.batch_size, unit_bytes=unit,
+                       available_bytes=None).rows_per_fill
 
 
 def _cpu_s(pid: int) -> float:
@@ -286,92 +397,120 @@ def _cpu_s(pid: int) -> float:
 
 
 def summarize(results: dict, args, **facts) -> dict:
-    def med(name, key):
-        return median(r.get(key) for r in results.get(name, []))
-
-    from h5stream.read.plan import parse_bytes
-
+    """The medians, ratios and target checks of every run (``results``: name -> list of runs)."""
+    store_bytes = os.path.getsize(facts["local"])
     out = {
         "command": "python -m benchmarks.remote " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "system": platform.platform()},
-        "store_bytes": os.path.getsize(facts["local"]), "url": facts["url"],
+        "cpus": facts["pins"]["note"], "server_cpus": facts["pins"]["server"], "client_cpus": facts["pins"]["client"],
+        "store_bytes": store_bytes, "url": facts["url"],
         "server_start_s": facts["start_s"],
-        "upload_mb_per_s": os.path.getsize(facts["local"]) / facts["upload_s"] / 1e6,
-        "budget_bytes": parse_bytes(args.memory_budget), "rounds": args.rounds, "read_unit": args.read_unit,
+        "upload_mb_per_s": store_bytes / facts["upload_s"] / 1e6,
+        "memory_budget": args.memory_budget, "read_unit": args.read_unit, "rounds": args.rounds,
+        "epochs": args.epochs, "server_caches": list(facts["caches"]),
         "runs": results,
     }
-    opens = results.pop("open", [])
+    opens = results.get("open", [])
     if opens:
         out["open_requests"] = max(r["open_requests"] for r in opens)
         out["open_s"] = median(r["open_s"] for r in opens)
         out["chunks"], out["label_chunks"] = opens[0]["chunks"], opens[0]["label_chunks"]
-    for name in ("ceiling", "ceiling_http"):
-        if name in results:
-            out[f"{name}_mb_per_s"] = median(r["mb_per_s"] for r in results.pop(name))
-    for name in results:
-        out[f"{name}_mb_per_s"] = med(name, "compare_mb_per_s") if name != "fsspec" else med(name, "mb_per_s")
-        out[f"{name}_first_batch_s"] = med(name, "first_batch_s")
-    for name in ("remote", "remote_http", "local_cold"):
-        if name in results:
-            out[f"{name}_peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in results[name])
-    for name in ("remote", "remote_http"):
-        if name in results:  # bytes the stream read: the store's pixels, once per epoch
-            gb = out["store_bytes"] * args.epochs / 1e9
-            out[f"{name}_server_cpu_s_per_gb"] = median(r["server_cpu_s"] / gb for r in results[name])
-    same = [r["first_order_head"] for name in ("remote", "remote_http", "local_cold") for r in results.get(name, [])]
-    out["same_order"] = all(h == same[0] for h in same)
-    remote, cold, fs = out.get("remote_mb_per_s"), out.get("local_cold_mb_per_s"), out.get("fsspec_mb_per_s")
-    out["remote_vs_local_cold"] = remote / cold if remote and cold else None
-    out["remote_vs_fsspec"] = remote / fs if remote and fs else None
-    for name, ceil in (("remote", "ceiling"), ("remote_http", "ceiling_http")):
-        if out.get(f"{name}_mb_per_s") and out.get(f"{ceil}_mb_per_s"):
-            out[f"{name}_vs_server_limit"] = out[f"{name}_mb_per_s"] / out[f"{ceil}_mb_per_s"]
-    vs_cold, vs_fs = out["remote_vs_local_cold"], out["remote_vs_fsspec"]
+    rows = {}
+    for name, runs in results.items():
+        if name == "open" or not runs:
+            continue
+        rate_key = "mb_per_s" if name.startswith("ceiling") or name == "fsspec" else "compare_mb_per_s"
+        row = {"mb_per_s": median(r[rate_key] for r in runs)}
+        if "bytes" in runs[0]:
+            row["client_cpu_s_per_gb"] = median(r["client_cpu_s"] / (r["bytes"] / 1e9) for r in runs)
+            if "server_cpu_s" in runs[0]:
+                row["server_cpu_s_per_gb"] = median(r["server_cpu_s"] / (r["bytes"] / 1e9) for r in runs)
+        if "peak_mem_bytes" in runs[0]:
+            row["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in runs)
+            row["budget_bytes"] = runs[0]["budget_bytes"]
+            row["unit_rows"] = runs[0]["unit_rows"]
+        if "first_batch_s" in runs[0]:
+            row["first_batch_s"] = median(r["first_batch_s"] for r in runs)
+        if name == "fsspec":
+            row["extrapolated"] = any(r.get("extrapolated") for r in runs)
+        rows[name] = row
+    out["rows"] = rows
+    same = [r["first_order_head"] for name, runs in results.items() if name.startswith(("remote", "local"))
+            for r in runs]
+    out["same_order"] = bool(same) and all(h == same[0] for h in same)
+    for cache in facts["caches"]:
+        for name in STREAMS:
+            stream, limit = rows.get(f"{name}_{cache}"), rows.get(f"{LIMITS[name]}_{cache}")
+            if stream and limit:
+                out[f"{name}_{cache}_vs_server_limit"] = stream["mb_per_s"] / limit["mb_per_s"]
+    ratios = [v for k, v in out.items() if k.endswith("_vs_server_limit")]
+    streams = [rows[f"{n}_{c}"] for n in STREAMS for c in facts["caches"] if f"{n}_{c}" in rows]
+    cpu = [r["client_cpu_s_per_gb"] for r in streams]
+    cold, fs = rows.get("local_cold"), rows.get("fsspec")
+    remote = rows.get(f"remote_{facts['caches'][0]}")
+    out["remote_vs_local_cold"] = remote["mb_per_s"] / cold["mb_per_s"] if remote and cold else None
+    out["remote_vs_fsspec"] = remote["mb_per_s"] / fs["mb_per_s"] if remote and fs else None
+    defaults = args.memory_budget is None and args.read_unit is None
     out["targets"] = {
-        "remote >= 0.8x local cold": None if vs_cold is None else vs_cold >= 0.8,
-        "remote >= 10x h5py+fsspec": None if vs_fs is None else vs_fs >= 10,
-        "peak <= budget": out.get("remote_peak_mem_bytes", 0) <= out["budget_bytes"],
+        ">= 0.8x the server's limit" + ("" if defaults else " (not default options)"):
+            min(ratios) >= 0.8 if ratios else None,
+        "client <= 1 CPU-s per GB": max(cpu) <= 1.0 if cpu else None,
+        "peak <= budget": all(r["peak_mem_bytes"] <= r["budget_bytes"] for r in streams) if streams else None,
+        ">= 10x h5py+fsspec": None if out["remote_vs_fsspec"] is None else out["remote_vs_fsspec"] >= 10,
     }
     return out
 
 
 def format_text(r: dict) -> str:
     mib = 1 << 20
+    budget = r["memory_budget"] or "default"
     lines = [
         f"{r['command']}",
         f"store {r['store_bytes'] / 1e9:.2f} GB at {r['url']} (SeaweedFS on 127.0.0.1, started in "
-        f"{r['server_start_s']:.1f} s, upload {r['upload_mb_per_s']:.0f} MB/s); budget "
-        f"{r['budget_bytes'] / mib:.0f} MiB; read_unit {r.get('read_unit') or 'default'}; {r['rounds']} round(s), "
-        "medians",
+        f"{r['server_start_s']:.1f} s, upload {r['upload_mb_per_s']:.0f} MB/s); memory_budget {budget}, "
+        f"read_unit {r.get('read_unit') or 'default'}; {r['epochs']} epoch(s), {r['rounds']} round(s), medians; "
+        f"{r['machine']['cpus']} CPUs: {r['cpus']}",
         "",
-        f"{'reader':<28}{'MB/s':>9}{'first batch':>13}{'peak memory':>14}",
+        f"{'reader':<44}{'MB/s':>7}{'x limit':>9}{'client CPU':>12}{'server CPU':>12}{'first batch':>13}"
+        f"{'peak / budget':>17}",
+        f"{'':<44}{'':>7}{'':>9}{'s/GB':>12}{'s/GB':>12}{'':>13}{'MiB':>17}",
     ]
-    names = {"remote": "h5stream, s3:// (cold)", "remote_http": "h5stream, http:// (cold)",
-             "local_cold": "h5stream, local file (cold)", "fsspec": "h5py over fsspec (s3fs)"}
-    for key, label in names.items():
-        if f"{key}_mb_per_s" not in r:
-            continue
-        peak = r.get(f"{key}_peak_mem_bytes")
-        first = r.get(f"{key}_first_batch_s")
-        extra = " (extrapolated)" if key == "fsspec" and any(x.get("extrapolated") for x in r["runs"][key]) else ""
-        lines.append(f"{label:<28}{r[f'{key}_mb_per_s']:>9.0f}{first if first is not None else float('nan'):>12.2f}s"
-                     f"{(peak / mib if peak is not None else float('nan')):>11.0f} MiB{extra}")
+
+    def num(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    def line(label, row, ratio=None, extra=""):
+        peak = (f"{row['peak_mem_bytes'] / mib:.0f} / {row['budget_bytes'] / mib:.0f}"
+                if "peak_mem_bytes" in row else "-")
+        first = f"{row['first_batch_s']:.2f}s" if row.get("first_batch_s") is not None else "-"
+        lines.append(f"{label:<44}{row['mb_per_s']:>7.0f}{num(ratio, '.2f'):>9}"
+                     f"{num(row.get('client_cpu_s_per_gb'), '.2f'):>12}{num(row.get('server_cpu_s_per_gb'), '.1f'):>12}"
+                     f"{first:>13}{peak:>17}{extra}")
+
+    rows = r["rows"]
+    for cache in r["server_caches"]:
+        for name in STREAMS:
+            if f"{name}_{cache}" in rows:
+                unit = rows[f"{name}_{cache}"].get("unit_rows")
+                line(f"h5stream, {LABELS[name]} (server {cache}, unit {unit} rows)", rows[f"{name}_{cache}"],
+                     r.get(f"{name}_{cache}_vs_server_limit"))
+            if f"{LIMITS[name]}_{cache}" in rows:
+                line(f"server limit, {LABELS[name]} (server {cache})", rows[f"{LIMITS[name]}_{cache}"])
+    if "local_cold" in rows:
+        line("h5stream, local file (O_DIRECT)", rows["local_cold"])
+    if "fsspec" in rows:
+        line("h5py over fsspec (s3fs, server cold)", rows["fsspec"],
+             extra=" (extrapolated)" if rows["fsspec"].get("extrapolated") else "")
     lines.append("")
-    for key, label in (("remote", "S3 gateway"), ("remote_http", "filer over HTTP")):
-        if f"{key}_server_cpu_s_per_gb" in r:
-            lines.append(f"server CPU ({label}): {r[f'{key}_server_cpu_s_per_gb']:.1f} s per GB streamed")
+    lines.append("server limit: the whole object once, plain ranged GETs of 4 MiB, 8 in flight, bodies dropped; "
+                 "x limit: the stream over the limit of the same server cache")
     if "open_requests" in r:
         lines.append(f"describe the store, list its {r['chunks']} chunks and read its labels ({r['label_chunks']} "
                      f"chunks): {r['open_requests']} requests, {r['open_s']:.2f} s")
-    for key, label in (("remote", "s3://"), ("remote_http", "http://")):
-        if f"{key}_vs_server_limit" in r:
-            ceil = r["ceiling_mb_per_s" if key == "remote" else "ceiling_http_mb_per_s"]
-            lines.append(f"server limit {label} (plain ranged GETs, 4 MiB, 8 in flight): {ceil:.0f} MB/s; "
-                         f"the stream reaches {r[f'{key}_vs_server_limit']:.2f}x of it")
     if r["remote_vs_local_cold"] is not None:
-        lines.append(f"remote / local cold: {r['remote_vs_local_cold']:.2f}x")
+        lines.append(f"s3:// / local O_DIRECT: {r['remote_vs_local_cold']:.2f}x")
     if r["remote_vs_fsspec"] is not None:
-        lines.append(f"remote / h5py+fsspec: {r['remote_vs_fsspec']:.1f}x")
+        lines.append(f"s3:// / h5py+fsspec: {r['remote_vs_fsspec']:.1f}x")
     lines.append(f"same batches remote and local: {r['same_order']}")
     lines += [f"target {name}: {'met' if ok else ('not met' if ok is not None else 'not measured')}"
               for name, ok in r["targets"].items()]
@@ -382,11 +521,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.remote", description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.1, help="store size (default 1.1)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--memory-budget", default="512MiB")
+    parser.add_argument("--memory-budget", default=None, help="the streams' memory_budget (default: h5stream's)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--read-unit", default=None,
-                        help="the streams' read_unit (default: h5stream's, about 1 MiB; e.g. 4MiB)")
+    parser.add_argument("--read-unit", default=None, help="the streams' read_unit (default: h5stream's; e.g. 4MiB)")
+    parser.add_argument("--server-cache", choices=(*CACHES, "both"), default="both",
+                        help="the server's page cache during the streams and the limit alike (default both)")
+    parser.add_argument("--server-cpus", default=None,
+                        help="CPUs for the server, as taskset lists them (e.g. 0-7); default: the first half of "
+                             f"this machine's where it has more than {PIN_ABOVE_CPUS}, else not pinned")
+    parser.add_argument("--client-cpus", default=None,
+                        help="CPUs for every client process (e.g. 8-15); default: the CPUs the server does not have")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fsspec-seconds", type=float, default=60.0, help="time limit of the fsspec baseline")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec baseline (needs s3fs)")

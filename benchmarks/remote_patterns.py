@@ -1,6 +1,6 @@
 """What a local SeaweedFS server costs per access pattern: plain ranged GETs (obstore, no HDF5, no stream) of the
-remote benchmark's store, in the stream's units, in whole chunks, widened to the server's own 4 MiB chunks, and
-sequentially; throughput and the server's CPU seconds per GB.
+remote benchmark's store, in 1 MiB units, in whole chunks (the default unit under the default budget), widened to
+the server's own 4 MiB chunks, and sequentially; throughput and the server's CPU seconds per GB.
 
     python -m benchmarks.remote_patterns [--gb 1.1] [--rounds 2] [--json]
 
@@ -48,7 +48,7 @@ def patterns(path: str) -> dict[str, tuple[list[tuple[int, int]], int]]:
     widened = [(a // SERVER_CHUNK * SERVER_CHUNK, min(-(-b // SERVER_CHUNK) * SERVER_CHUNK, size)) for a, b in chunks]
     sequential = [(s, min(s + SERVER_CHUNK, size)) for s in range(0, size, SERVER_CHUNK)]
     return {
-        f"the stream's default units ({unit >> 10} KiB), shuffled": (shuffled(units), 8),
+        f"{unit >> 10} KiB units (read_unit='1MiB', the former default), shuffled": (shuffled(units), 8),
         f"whole HDF5 chunks ({chunk / (1 << 20):.0f} MiB), shuffled": (shuffled(chunks), 8),
         "whole chunks widened to the server's 4 MiB chunks, shuffled": (shuffled(widened), 8),
         "sequential 4 MiB, aligned": (sequential, 8),

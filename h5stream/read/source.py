@@ -62,7 +62,7 @@ DIRECT_MIN_BYTES = 64 << 10
 """Smaller reads (labels, a few rows) go through the page cache: not worth a bounce buffer."""
 
 BOUNCE_BYTES = 1 << 20
-"""One direct read's bounce buffer: a run of the reader (about a MiB) in one or two reads."""
+"""One direct read's bounce buffer: a run of the reader (1 to 4 MiB) in a few reads."""
 
 DIRECT_IO_SETTINGS = ("auto", True, False)
 

@@ -2,11 +2,12 @@
 
 The store keeps xxh3-64 digests per *block* (``block_rows`` rows, the chunk
 of ``/images``) of its image bytes and of its labels (see
-:mod:`h5stream.store.checksum`).  The stream reads smaller pieces: units of
-about a MiB (a quarter of a default 4 MiB block), which the shuffle spreads
-over different fills on purpose, and a shard or a validation split may own
-only part of a block.  A read therefore seldom holds a whole block, and the
-xxh3 of a block cannot be put together from digests of its parts.  So:
+:mod:`h5stream.store.checksum`).  The stream reads units of 1 to 4 MiB:
+a whole block under the default budget, but a part of one under a small
+budget (which the shuffle spreads over different fills on purpose), and a
+shard or a validation split may own only part of a block.  A read may
+therefore hold only part of a block, and the xxh3 of a block cannot be put
+together from digests of its parts.  So:
 
 * **Images.**  The first read that touches a block has the whole block read
   once more (:meth:`BlockCheck.learn`; from the page cache, where that read
