@@ -294,13 +294,26 @@ def test_crop_and_pad_geometry(tmp_path):
     np.testing.assert_array_equal(pad[20, 38], [0, 0, 255])
 
 
-def test_appends_end_on_block_boundaries():
-    from h5stream.ingest.pack import rows_until_aligned
+def test_block_split_writes_whole_blocks_from_boundaries_and_stages_the_rest():
+    """Every split of new rows: head + whole + tail is all of them, the head only closes the open block, the
+    whole blocks start and end on boundaries, and what is staged is less than a block."""
+    from h5stream.ingest.pack import block_split
 
-    for stored in range(0, 70):
-        for block in (1, 4, 64, 1024):
-            n = rows_until_aligned(stored, block, 256)
-            assert n >= 256 and (stored + n) % block == 0 and n < 256 + block
+    for block in (1, 4, 64, 100):
+        for rows in range(0, 3 * block + 2):
+            for staged in range(0, block):
+                if staged and (rows + staged) % block == 0:
+                    continue  # a full staged block is written at once: never left staged
+                for n in (0, 1, block - 1, block, block + 1, 3 * block + 5):
+                    head, whole, tail = block_split(rows, staged, n, block)
+                    assert head + whole + tail == n and min(head, whole, tail) >= 0
+                    assert whole % block == 0 and tail < block
+                    if whole or tail:  # the open block was closed first
+                        assert (rows + staged + head) % block == 0
+                    else:
+                        assert head == n
+                    if staged == 0 and rows % block == 0:
+                        assert head == 0 and whole == n - n % block  # the aligned case copies nothing
 
 
 def test_decode_workers_do_not_rerun_the_callers_main_script(class_src, tmp_path):
