@@ -427,3 +427,48 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
     finally:
         pool.close()
     assert per_photo < 5, f"{per_photo:.0f} minor page faults per photo in a decode worker"
+
+
+def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest_in_whole_blocks(tmp_path,
+                                                                                                 monkeypatch):
+    """The parent's per-row work: rows that fill blocks are written from the decode slot itself (no copy), every
+    write but the last starts and ends on a block boundary (whole chunks), also around a skipped file, and the
+    store holds exactly the decoded files, checksums verified."""
+    from h5stream.ingest.pack import IngestOptions, ingest
+    from h5stream.ingest.pool import DecodePool
+    from h5stream.store.checksum import verify_store
+    from h5stream.store.writer import StoreWriter
+
+    src = tmp_path / "src"
+    written = make_class_folder(src, classes=2, per_class=45, size=(20, 24), fmt="png", seed=5)
+    broken = written[33][0]
+    (src / broken).write_bytes(b"not an image")
+    yielded, appends = [], []
+    real_imap, real_append = DecodePool.imap, StoreWriter.append
+
+    def imap(self, *args, **kwargs):
+        for images, reasons in real_imap(self, *args, **kwargs):
+            yielded.append(images)
+            yield images, reasons
+
+    def append(self, images, labels, paths):
+        from_slot = any(np.may_share_memory(images, v) for v in yielded)
+        appends.append((self.rows, len(paths), from_slot))
+        return real_append(self, images, labels, paths)
+
+    monkeypatch.setattr(DecodePool, "imap", imap)
+    monkeypatch.setattr(StoreWriter, "append", append)
+    out = tmp_path / "o.h5"
+    result = ingest(IngestOptions(src=str(src), out=str(out), size=(8, 8), workers=2, block_rows=8, commit_rows=16,
+                                  order="sorted", progress=False))
+    assert result.ingested == len(written) - 1 and result.skipped == 1
+    assert any(from_slot for _, _, from_slot in appends)  # whole blocks straight from shared memory
+    for start, n, _ in appends[:-1]:
+        assert start % 8 == 0 and n % 8 == 0
+    assert sum(n for _, n, _ in appends) == result.ingested
+    assert verify_store(str(out)).ok
+    kept = [rel for rel, _ in written if rel != broken]
+    with h5py.File(out, "r") as f:
+        assert [schema.decode_path(p) for p in f[schema.PATHS][:]] == kept
+        for i in (0, 7, 8, 33, 34, len(kept) - 1):
+            np.testing.assert_array_equal(f[schema.IMAGES][i], decode_file(str(src / kept[i]), DecodeSpec(size=(8, 8))))
