@@ -75,6 +75,15 @@ def ingest_child(argv: list[str]) -> int:
     """``ingest_child ROOT OUT SIZE WORKERS``: one ingest; prints ``{"rows", "seconds", "parent_cpu_s"}``."""
     import time
 
+    import multiprocessing.popen_spawn_posix  # noqa: F401 - what ingest imports when it first runs: outside the clock
+    import multiprocessing.synchronize  # noqa: F401
+
+    import h5py  # noqa: F401
+    import numpy.random  # noqa: F401
+    import tqdm  # noqa: F401
+
+    import h5stream.shm  # noqa: F401
+    import h5stream.store.writer  # noqa: F401
     from h5stream.ingest.pack import IngestOptions, ingest
 
     root, out, size, workers = argv[0], argv[1], int(argv[2]), int(argv[3])
