@@ -294,13 +294,26 @@ def test_crop_and_pad_geometry(tmp_path):
     np.testing.assert_array_equal(pad[20, 38], [0, 0, 255])
 
 
-def test_appends_end_on_block_boundaries():
-    from h5stream.ingest.pack import rows_until_aligned
+def test_block_split_writes_whole_blocks_from_boundaries_and_stages_the_rest():
+    """Every split of new rows: head + whole + tail is all of them, the head only closes the open block, the
+    whole blocks start and end on boundaries, and what is staged is less than a block."""
+    from h5stream.ingest.pack import block_split
 
-    for stored in range(0, 70):
-        for block in (1, 4, 64, 1024):
-            n = rows_until_aligned(stored, block, 256)
-            assert n >= 256 and (stored + n) % block == 0 and n < 256 + block
+    for block in (1, 4, 64, 100):
+        for rows in range(0, 3 * block + 2):
+            for staged in range(0, block):
+                if staged and (rows + staged) % block == 0:
+                    continue  # a full staged block is written at once: never left staged
+                for n in (0, 1, block - 1, block, block + 1, 3 * block + 5):
+                    head, whole, tail = block_split(rows, staged, n, block)
+                    assert head + whole + tail == n and min(head, whole, tail) >= 0
+                    assert whole % block == 0 and tail < block
+                    if whole or tail:  # the open block was closed first
+                        assert (rows + staged + head) % block == 0
+                    else:
+                        assert head == n
+                    if staged == 0 and rows % block == 0:
+                        assert head == 0 and whole == n - n % block  # the aligned case copies nothing
 
 
 def test_decode_workers_do_not_rerun_the_callers_main_script(class_src, tmp_path):
@@ -446,3 +459,48 @@ def test_a_killed_decode_worker_is_reported_with_its_signal_pid_and_the_out_of_m
     assert f"decode worker died: worker 0 (pid {worker.pid}) was killed by SIGKILL" in message, message
     assert "SIGKILL often means the out-of-memory killer: pass fewer --workers" in message, message
     assert message.endswith("committed rows are kept, rerun with --append to continue"), message
+
+
+def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest_in_whole_blocks(tmp_path,
+                                                                                                 monkeypatch):
+    """The parent's per-row work: rows that fill blocks are written from the decode slot itself (no copy), every
+    write but the last starts and ends on a block boundary (whole chunks), also around a skipped file, and the
+    store holds exactly the decoded files, checksums verified."""
+    from h5stream.ingest.pack import IngestOptions, ingest
+    from h5stream.ingest.pool import DecodePool
+    from h5stream.store.checksum import verify_store
+    from h5stream.store.writer import StoreWriter
+
+    src = tmp_path / "src"
+    written = make_class_folder(src, classes=2, per_class=45, size=(20, 24), fmt="png", seed=5)
+    broken = written[33][0]
+    (src / broken).write_bytes(b"not an image")
+    yielded, appends = [], []
+    real_imap, real_append = DecodePool.imap, StoreWriter.append
+
+    def imap(self, *args, **kwargs):
+        for images, reasons in real_imap(self, *args, **kwargs):
+            yielded.append(images)
+            yield images, reasons
+
+    def append(self, images, labels, paths):
+        from_slot = any(np.may_share_memory(images, v) for v in yielded)
+        appends.append((self.rows, len(paths), from_slot))
+        return real_append(self, images, labels, paths)
+
+    monkeypatch.setattr(DecodePool, "imap", imap)
+    monkeypatch.setattr(StoreWriter, "append", append)
+    out = tmp_path / "o.h5"
+    result = ingest(IngestOptions(src=str(src), out=str(out), size=(8, 8), workers=2, block_rows=8, commit_rows=16,
+                                  order="sorted", progress=False))
+    assert result.ingested == len(written) - 1 and result.skipped == 1
+    assert any(from_slot for _, _, from_slot in appends)  # whole blocks straight from shared memory
+    for start, n, _ in appends[:-1]:
+        assert start % 8 == 0 and n % 8 == 0
+    assert sum(n for _, n, _ in appends) == result.ingested
+    assert verify_store(str(out)).ok
+    kept = [rel for rel, _ in written if rel != broken]
+    with h5py.File(out, "r") as f:
+        assert [schema.decode_path(p) for p in f[schema.PATHS][:]] == kept
+        for i in (0, 7, 8, 33, 34, len(kept) - 1):
+            np.testing.assert_array_equal(f[schema.IMAGES][i], decode_file(str(src / kept[i]), DecodeSpec(size=(8, 8))))

@@ -19,10 +19,13 @@ HDF5 writes:
 
 * the file space HDF5 will take for the rows being appended (their chunks and
   room for index metadata) is allocated first with ``posix_fallocate``; a full
-  disk or a size limit fails there, with HDF5 untouched;
+  disk or a size limit fails there, with HDF5 untouched
+  (:class:`~h5stream.store.space.SpaceGuard`, which the writer owns);
 * HDF5's chunk cache is off, so pixel, label and path chunks are written
   inside :meth:`StoreWriter.append` (PyTables checks those writes) into that
-  space, and the end of HDF5's file is checked to lie inside it;
+  space, and the end of HDF5's file is checked to lie inside it.  Whole blocks
+  of pixels are written as raw chunks, one write each from the caller's rows
+  (no fill, no copy in HDF5); a block's bytes are the same either way;
 * :meth:`StoreWriter.commit` flushes, checks again and calls ``fsync`` (an
   I/O error on write-back surfaces there) before it raises the count.
 
@@ -45,115 +48,29 @@ it, and :meth:`StoreWriter.open_append` removes one left beside a store.  A
 writer that fails or is discarded before the rename removes it.
 
 A new store's file is laid out as :mod:`h5stream.store.layout` says (pages,
-chunk-index fanout, label chunk size); stores laid out otherwise are appended
-to as they are.
+chunk-index fanout, label chunk size) by :mod:`h5stream.store.create`; stores
+laid out otherwise are appended to as they are.  The file-level steps (open,
+cut off, rename) are :mod:`h5stream.store.handle`'s.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import tables
 
-from h5stream.errors import ConfigError, StoreBusyError, StoreExistsError, StoreFormatError, StoreWriteError
-from h5stream.store import checksum, layout, schema
+from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
+from h5stream.store import checksum, handle, layout, schema  # noqa: F401 - layout: tests patch it through here
+from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
+from h5stream.store.handle import CREATING_SUFFIX, creating_path
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import StoreMeta, read_meta
+from h5stream.store.space import SpaceGuard, space_for
 
-COMPRESSIONS = (None, "zlib", "blosc")
-"""zlib (gzip) reads in plain h5py; blosc is PyTables-only (h5py needs the hdf5plugin package)."""
-
-#: Space reserved past the end of HDF5's file at every flush, for the headers it may add.
-RESERVE_SLACK_BYTES = 64 << 10
-#: Per new chunk: index (B-tree) growth, a few times what HDF5 adds, and the padding up to a page boundary.
-RESERVE_PER_CHUNK_BYTES = 256 + layout.PAGE_BYTES
-#: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
-RESERVE_BACK_BYTES = 64 << 10
-#: A new store is written as ``OUT`` + this until its first commit of rows (see the module docstring).
-CREATING_SUFFIX = ".creating"
-
-
-def creating_path(path: str | os.PathLike) -> str:
-    """Where a new store at ``path`` is written before it takes its name."""
-    return os.fspath(path) + CREATING_SUFFIX
-
-
-def _filters(compression: str | None, level: int = 4) -> tables.Filters | None:
-    if compression is None:
-        return None
-    if compression == "zlib":
-        return tables.Filters(complevel=level, complib="zlib", shuffle=False)
-    if compression == "blosc":
-        return tables.Filters(complevel=level, complib="blosc:lz4", shuffle=True)
-    raise ConfigError(f"unknown compression {compression!r}; choose one of none, zlib, blosc")
-
-
-def _describe(exc: BaseException) -> tuple[int | None, str]:
-    """(errno, the system's words) of a failed write, from an OSError or HDF5's error text."""
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno, exc.strerror or os.strerror(exc.errno)
-    text = str(exc).strip()
-    found = re.search(r"errno = (\d+)", text)
-    if found and int(found.group(1)):
-        code = int(found.group(1))
-        return code, os.strerror(code)
-    return None, (text.splitlines()[0][:200] if text else type(exc).__name__)
-
-
-def _open_for_writing(path: str) -> tables.File:
-    """PyTables handle with the chunk cache off (every chunk write happens, and is checked, in ``append``)."""
-    try:
-        return tables.open_file(path, mode="a", chunk_cache_size=0)
-    except (tables.HDF5ExtError, OSError) as exc:
-        if "unable to lock file" in str(exc):
-            raise StoreBusyError(
-                f"{path}: another program has it open (HDF5's file lock); close it there, then run again"
-            ) from exc
-        code, reason = _describe(exc)
-        raise StoreWriteError(f"{path}: cannot open it for writing ({reason})", errno=code, strerror=reason) from exc
-
-
-def _cut_off(f: tables.File) -> bool:
-    """Point ``f``'s file descriptor at /dev/null, so nothing HDF5 still buffers reaches the file; True if done."""
-    try:
-        fd = f.fileno()
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except (OSError, tables.HDF5ExtError, ValueError):
-        return False
-    try:
-        os.dup2(null, fd, inheritable=False)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(null)
-
-
-def _remove(path: str) -> None:
-    """Remove ``path`` if it is there (a temporary file of ours)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _fsync_folder(path: str) -> None:
-    """Make a rename in ``path``'s folder durable (some file systems cannot: then nothing to do)."""
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+__all__ = ["COMPRESSIONS", "CREATING_SUFFIX", "StoreWriter", "creating_path", "write_arrays"]
 
 
 class StoreWriter:
@@ -182,13 +99,9 @@ class StoreWriter:
         self.labels = root._f_get_child(schema.LABELS)
         self.paths = root._f_get_child(schema.PATHS)
         self.committed_rows = int(root._v_attrs[schema.ATTR_COMMITTED])
-        try:
-            self._fd: int | None = h5file.fileno()
-        except (tables.HDF5ExtError, OSError, ValueError):
-            self._fd = None  # not a plain POSIX file: writes are checked after the fact only
-        self._can_reserve = self._fd is not None
-        self._reserved_end = 0  # file offset below which posix_fallocate has allocated every block
-        self._good_size = os.path.getsize(self._file)  # the file's size at the last good flush
+        self._fd = handle.file_descriptor(h5file)  # None: not a plain POSIX file, writes checked after the fact
+        self._space = SpaceGuard(self._fd, h5file.get_filesize, os.path.getsize(self._file))  # owned
+        self._whole_chunks = _writes_whole_chunks(self.images)
         self._closed = False
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
         self._resume_checksums()
@@ -223,34 +136,13 @@ class StoreWriter:
         if os.path.exists(path) and not overwrite:
             raise StoreExistsError(f"{path}: already exists; pass --append to add to it or --overwrite to replace it")
         h, w, c = (int(d) for d in image_shape)
-        if min(h, w, c) < 1:
-            raise ConfigError(f"image shape must be positive, got {tuple(image_shape)}")
-        if label_kind not in (schema.LABEL_CLASS, schema.LABEL_REGRESSION):
-            raise ConfigError(f"label_kind must be 'class' or 'regression', got {label_kind!r}")
-        row_bytes = h * w * c
-        block_rows = int(block_rows or schema.default_block_rows(row_bytes))
-        if block_rows < 1:
-            raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
-        filters = _filters(compression)
+        block_rows = int(block_rows or schema.default_block_rows(max(1, h * w * c)))
+        attrs = new_store_attrs((h, w, c), label_kind=label_kind, class_names=class_names,
+                                label_columns=label_columns, block_rows=block_rows, resize_mode=resize_mode,
+                                background=background, pad_fill=pad_fill, storage_order=storage_order,
+                                order_seed=order_seed)
+        image_filters = filters(compression)
         label_shape = tuple(int(d) for d in label_shape)
-        attrs = {
-            schema.ATTR_FORMAT: np.int64(schema.FORMAT_VERSION),
-            schema.ATTR_COMMITTED: np.int64(0),
-            schema.ATTR_LABEL_KIND: label_kind,
-            schema.ATTR_CLASS_NAMES: json.dumps(list(class_names) if class_names is not None else None),
-            schema.ATTR_LABEL_COLUMNS: json.dumps(list(label_columns) if label_columns is not None else None),
-            schema.ATTR_HEIGHT: np.int64(h),
-            schema.ATTR_WIDTH: np.int64(w),
-            schema.ATTR_CHANNELS: np.int64(c),
-            schema.ATTR_RESIZE: resize_mode,
-            schema.ATTR_BACKGROUND: json.dumps([int(v) for v in background]),
-            schema.ATTR_ORDER: storage_order,
-            schema.ATTR_ORDER_SEED: np.int64(order_seed if storage_order == "shuffled" else -1),
-            schema.ATTR_BLOCK_ROWS: np.int64(block_rows),
-            schema.ATTR_SKIPPED: np.int64(0),
-        }
-        if pad_fill is not None:
-            attrs[schema.ATTR_PAD_FILL] = json.dumps([int(v) for v in pad_fill])
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
@@ -259,10 +151,10 @@ class StoreWriter:
                                        "or --overwrite to replace it")
             tmp = creating_path(path)  # a leftover of a killed run is ours (we hold the lock): overwritten
             try:
-                cls._write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, filters, expected_rows, attrs)
-                writer = cls(_open_for_writing(tmp), lock=lock if owned else None)
+                write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, image_filters, expected_rows, attrs)
+                writer = cls(handle.open_for_writing(tmp), lock=lock if owned else None)
             except (StoreWriteError, StoreFormatError, OSError) as exc:
-                _remove(tmp)
+                handle.remove(tmp)
                 code = getattr(exc, "errno", None)
                 reason = getattr(exc, "strerror", None) or str(exc)
                 raise StoreWriteError(f"{path}: cannot create it ({reason}); nothing was written",
@@ -275,60 +167,19 @@ class StoreWriter:
             raise
 
     @classmethod
-    def _write_empty(cls, tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
-                     block_rows: int, filters, expected_rows: int, attrs: dict) -> None:
-        """Lay out an empty store in ``tmp``, durable and verified to open; raises on any failure."""
-        try:
-            layout.create_empty_file(tmp)
-        except RuntimeError as exc:  # h5py reports a close that could not write as RuntimeError
-            code, reason = _describe(exc)
-            raise OSError(code or errno.EIO, reason) from exc
-        f = tables.open_file(tmp, mode="a", chunk_cache_size=0)
-        try:
-            f.create_earray(
-                f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
-                chunkshape=(block_rows, *image_shape), filters=filters, expectedrows=expected_rows,
-            )
-            label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
-            f.create_earray(
-                f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
-                chunkshape=(layout.label_chunk_rows(label_atom.itemsize * int(np.prod(label_shape)), block_rows),
-                            *label_shape), expectedrows=expected_rows,
-            )
-            f.create_earray(
-                f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
-                chunkshape=(1024,), expectedrows=expected_rows,
-            )
-            for name, value in attrs.items():
-                f.root._v_attrs[name] = value
-            checksum.create_nodes(f)
-            staging = cls(f)
-        except BaseException:
-            _cut_off(f)
-            f.close()
-            raise
-        try:
-            staging._flush()
-            staging._close_file()
-        except BaseException:
-            staging.discard()
-            raise
-        read_meta(tmp)  # the complete file opens; a close that failed unseen would show here
-
-    @classmethod
     def open_append(cls, path: str | os.PathLike, *, lock: StoreLock | None = None) -> StoreWriter:
         """Open an existing store for appending, dropping rows past ``committed_rows`` left by a crash."""
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
-            _remove(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
+            handle.remove(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
             if meta.format_version != schema.FORMAT_VERSION:
                 raise StoreFormatError(
                     f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
                     "ingest into a new file"
                 )
-            writer = cls(_open_for_writing(os.fspath(path)), lock=lock if owned else None)
+            writer = cls(handle.open_for_writing(os.fspath(path)), lock=lock if owned else None)
         except BaseException:
             if owned:
                 lock.release()
@@ -382,10 +233,12 @@ class StoreWriter:
         """Append rows (not yet committed).  Shapes must match the store.
 
         The rows' chunks are written here, into file space allocated first; raises
-        :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.
+        :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.  Rows that
+        start on a block boundary and fill whole blocks are written as HDF5 chunks straight from ``images``
+        (no copy); the caller keeps ``images`` unchanged only until this returns.
         """
         self._check_open()
-        images = np.asarray(images)
+        images = np.ascontiguousarray(images)
         labels = np.asarray(labels, dtype=self.labels.atom.dtype.base)
         n = images.shape[0]
         if images.dtype != np.uint8 or images.shape[1:] != self.images.shape[1:]:
@@ -395,26 +248,43 @@ class StoreWriter:
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
         raw = [schema.encode_path(p) for p in paths]
-        too_long = next((p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES), None)
-        if too_long is not None:
+        if max(map(len, raw), default=0) > schema.PATH_BYTES:
+            too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
             raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
         encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
         def write() -> None:
-            self.images.append(images)
+            self._append_images(images)
             self.labels.append(labels)
             self.paths.append(encoded)
 
-        self._write_guarded(self._space_for((self.images, self.labels, self.paths), n), write)
+        self._write_guarded(space_for((self.images, self.labels, self.paths), n), write)
         if self._hasher is not None:
             self._hasher.add(images, labels, encoded)
+
+    def _append_images(self, images: np.ndarray) -> None:
+        """Append C-contiguous ``images``: whole blocks from a block boundary on as raw chunks (one write each,
+        from ``images`` itself: HDF5 neither fills nor copies a chunk first), the rest through HDF5's append."""
+        arr = self.images
+        per_chunk = int(arr.chunkshape[0])
+        start, n = int(arr.nrows), len(images)
+        whole = n - n % per_chunk if self._whole_chunks and start % per_chunk == 0 else 0
+        if whole:
+            arr.truncate(start + whole)  # grows the extent only: no chunk is written for it
+            chunks = images[:whole].reshape(whole // per_chunk, -1)
+            coords = [0] * arr.ndim
+            for k, chunk in enumerate(chunks):
+                coords[0] = start + k * per_chunk
+                arr.write_chunk(tuple(coords), chunk)
+        if whole < n:
+            arr.append(images[whole:])
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
         if self._hasher is not None:  # block digests travel with the data they cover
             sums = self._f.root._f_get_child(schema.CHECKSUMS)
-            self._write_guarded(self._space_for((sums,), self._hasher.pending_blocks),
+            self._write_guarded(space_for((sums,), self._hasher.pending_blocks),
                                 lambda: checksum.stage(self._f, self._hasher))
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
@@ -431,7 +301,7 @@ class StoreWriter:
         except OSError as exc:
             raise self._fail(exc, cut_back=False) from exc
         self._file, self._publish_to = self._publish_to, None
-        _fsync_folder(self._file)
+        handle.fsync_folder(self._file)
 
     def rollback(self, rows: int) -> None:
         """Drop every row past ``rows``, committed or not (``--strict`` undoing its own append).
@@ -462,7 +332,7 @@ class StoreWriter:
         def resume() -> None:
             self._hasher = checksum.resume(self._f, self.committed_rows)
 
-        self._write_guarded(self._space_for((sums,), most_new), resume)
+        self._write_guarded(space_for((sums,), most_new), resume)
 
     # -- the write guard ------------------------------------------------------------
     def _check_open(self) -> None:
@@ -475,82 +345,32 @@ class StoreWriter:
         of array data goes through here; StoreWriteError on failure (the writer is closed then)."""
         self._check_open()
         try:
-            self._reserve(nbytes)
+            self._space.reserve(nbytes)
             write()
-            self._check_within_reserve()
+            self._space.check_within()
         except (OSError, tables.HDF5ExtError) as exc:
             raise self._fail(exc, cut_back=True) from exc
-
-    @staticmethod
-    def _space_for(arrays, rows: int) -> int:
-        """Most file space HDF5 can take for ``rows`` more rows of ``arrays``: every chunk they start (plus the
-        partly filled one a compressed array rewrites elsewhere), with room for compression overhead and index."""
-        total = 0
-        for arr in arrays:
-            per_chunk = int(arr.chunkshape[0])
-            chunk_bytes = int(np.prod(arr.chunkshape, dtype=np.int64)) * int(arr.atom.itemsize)
-            before, after = arr.nrows, arr.nrows + rows
-            new = -(-after // per_chunk) - -(-before // per_chunk)
-            filtered = bool(arr.filters.complevel)
-            if filtered and before % per_chunk:
-                new += 1
-            overhead = chunk_bytes // 64 + 4096 if filtered else 0
-            # Index nodes: the first of an empty index, one per split (at most one per INDEX_K new chunks when
-            # appending), and the root's when it splits.
-            nodes = new // layout.INDEX_K + 2 if new else 0
-            total += new * (chunk_bytes + overhead + RESERVE_PER_CHUNK_BYTES)
-            total += nodes * layout.index_node_bytes(arr.ndim)
-        return total
-
-    def _reserve(self, extra: int) -> None:
-        """Allocate the file up to HDF5's end + ``extra`` + slack, so HDF5's writes there cannot fail for space."""
-        if not self._can_reserve:
-            return
-        end_now = self._f.get_filesize()
-        end = end_now + extra + RESERVE_SLACK_BYTES
-        if end <= self._reserved_end:
-            return
-        start = max(0, end_now - RESERVE_BACK_BYTES)
-        try:
-            os.posix_fallocate(self._fd, start, end - start)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            self._can_reserve = False  # this file system cannot allocate ahead: check sizes after the fact
-            return
-        self._reserved_end = end
-
-    def _check_within_reserve(self) -> None:
-        """Raise OSError unless every byte HDF5 has written lies in space allocated before it wrote."""
-        end = self._f.get_filesize()
-        if self._can_reserve:
-            if end > self._reserved_end:
-                raise OSError(f"HDF5 wrote {end - self._reserved_end} bytes past the space reserved for it")
-        elif self._fd is not None and os.fstat(self._fd).st_size < end:
-            raise OSError(errno.EIO, "some writes did not reach the file (it is shorter than HDF5 wrote)")
 
     def _flush(self) -> None:
         """Everything given to HDF5 so far on disk and durable, or StoreWriteError."""
         self._check_open()
         try:
-            self._reserve(0)
+            self._space.reserve(0)
         except OSError as exc:
             raise self._fail(exc, cut_back=True) from exc
         try:
             self._f.flush()
-            self._check_within_reserve()
+            self._space.check_within()
             if self._fd is not None:
                 os.fsync(self._fd)
         except (OSError, tables.HDF5ExtError) as exc:
             # HDF5 may have rewritten its index in place by now: the file is not cut back under it.
             raise self._fail(exc, cut_back=False) from exc
-        self._good_size = self._f.get_filesize()
-        if self._fd is not None:  # a flush shrinks the file to HDF5's end, freeing what was reserved past it
-            self._reserved_end = min(self._reserved_end, os.fstat(self._fd).st_size)
+        self._space.flushed()
 
     def _fail(self, exc: BaseException, *, cut_back: bool) -> StoreWriteError:
         """Close after a failed write (see :meth:`discard`) and say what failed and what is kept."""
-        code, reason = _describe(exc)
+        code, reason = handle.describe(exc)
         published = self.published
         kept = self._discard(cut_back=cut_back)
         n = self.committed_rows
@@ -574,29 +394,23 @@ class StoreWriter:
         done = False
         try:
             if self._f.isopen:
-                cut = _cut_off(self._f)
-                try:
-                    self._f.close()
-                except Exception:
-                    pass  # the descriptor is /dev/null: HDF5 failing to write its buffers is the point
+                cut = handle.close_cut_off(self._f)
                 if cut and cut_back and self.published:
                     try:
-                        if os.path.getsize(self._file) > self._good_size:
-                            os.truncate(self._file, self._good_size)
+                        if os.path.getsize(self._file) > self._space.good_size:
+                            os.truncate(self._file, self._space.good_size)
                         done = True
                     except OSError:
                         pass
             if not self.published:
-                _remove(self._file)
+                handle.remove(self._file)
         finally:
             self._release_lock()
         return done
 
     def _close_file(self) -> None:
         """Close HDF5's handle after a commit, first trimming what was reserved past its end."""
-        end = self._f.get_filesize()
-        if self._fd is not None and os.fstat(self._fd).st_size > end:
-            os.ftruncate(self._fd, end)
+        self._space.trim()
         self._closed = True
         self._f.close()
 
@@ -632,6 +446,13 @@ class StoreWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _writes_whole_chunks(arr) -> bool:
+    """Whether whole blocks of ``arr`` may be written as raw chunks: no filter changes their bytes, and a chunk
+    holds whole rows (pure over the array's layout)."""
+    f = arr.filters
+    return not f.complevel and not f.fletcher32 and tuple(arr.chunkshape[1:]) == tuple(arr.shape[1:])
 
 
 def write_arrays(

@@ -1,0 +1,235 @@
+"""Scaling with workers: ``h5stream ingest`` and the augmenting stream at 1, 2, 4, ... workers, and the cost of
+the one stage that runs once, in the parent.
+
+One run ingests a cached folder of photo-like JPEGs (``--source`` px, resized to
+``--size``) with ``--workers N`` for each N, then streams the store it wrote
+with ``h5stream.open(path, batch_size=256, workers=N, augment=AUGMENT)``.  Each
+measurement runs in a fresh interpreter (imports excluded), which is the
+*parent*: its CPU (``getrusage(RUSAGE_SELF)``: the main thread and its threads,
+not the worker processes) is the serial stage every worker waits on.  So
+besides img/s the table gives
+
+* ``ingest parent us/row``: the parent's CPU per ingested row, the whole
+  ingest (walk, pool start, writes, commits) included;
+* ``stream parent ms/batch``: the parent's CPU per batch of 256 over the timed
+  epochs (after one warm-up epoch);
+* ``cap``: ``1 / that cost``, the rate no number of workers can pass while the
+  parent's work stays as it is (rows/s for ingest, img/s for the stream).
+
+On a machine with fewer cores than the curve needs, the cap still says where
+it would end.  A shared machine only ever adds time and CPU: each measurement
+is repeated ``--rounds`` times, interleaved, and the best kept.
+
+Usage::
+
+    python -m benchmarks.scaling                       # workers 1, 2, 4, ... up to the machine's cores
+    python -m benchmarks.scaling --workers 1,2 --n 2000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, cached_dir, child_command,
+                                child_env, emit, interleave, log)
+
+BATCH = 256
+AUGMENT = dict(rotation_range=15, width_shift_range=0.1, height_shift_range=0.1, zoom_range=0.1,
+               horizontal_flip=True)
+"""The augmentation the stream applies (the geometry of a typical image classifier's training)."""
+TARGET_INGEST_US_PER_ROW = 25.0
+TARGET_STREAM_MS_PER_BATCH = 0.5
+
+
+def default_workers(cores: int) -> list[int]:
+    """1, 2, 4, ... up to ``cores``, and ``cores`` itself (pure)."""
+    out, w = [], 1
+    while w < cores:
+        out.append(w)
+        w *= 2
+    return out + [max(1, cores)]
+
+
+def ensure_jpegs(data_dir: str, n: int, side: int, seed: int = 0) -> str:
+    """A cached folder of ``n`` photo-like ``side`` x ``side`` JPEGs in 4 class folders."""
+    from h5stream.samples import make_realistic_jpegs
+
+    return cached_dir(os.path.join(data_dir, f"jpegs-{n}-{side}px-seed{seed}"),
+                      lambda root: make_realistic_jpegs(root, n, size=(side, side), seed=seed))
+
+
+# -- the child side: one measurement in a fresh interpreter, the parent of its workers ------------
+def _self_cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def ingest_child(argv: list[str]) -> int:
+    """``ingest_child ROOT OUT SIZE WORKERS``: one ingest; prints ``{"rows", "seconds", "parent_cpu_s"}``."""
+    import time
+
+    import multiprocessing.popen_spawn_posix  # noqa: F401 - what ingest imports when it first runs: outside the clock
+    import multiprocessing.synchronize  # noqa: F401
+
+    import h5py  # noqa: F401
+    import numpy.random  # noqa: F401
+    import tqdm  # noqa: F401
+
+    import h5stream.shm  # noqa: F401
+    import h5stream.store.writer  # noqa: F401
+    from h5stream.ingest.pack import IngestOptions, ingest
+
+    root, out, size, workers = argv[0], argv[1], int(argv[2]), int(argv[3])
+    t0, c0 = time.perf_counter(), _self_cpu_s()
+    result = ingest(IngestOptions(src=root, out=out, size=(size, size), workers=workers, overwrite=True,
+                                  progress=False))
+    seconds, cpu = time.perf_counter() - t0, _self_cpu_s() - c0
+    if result.skipped:
+        print(f"ingest skipped {result.skipped} files; see {result.report_path}", file=sys.stderr)
+        return 1
+    print(json.dumps({"rows": result.ingested, "seconds": seconds, "parent_cpu_s": cpu}))
+    return 0
+
+
+def stream_child(argv: list[str]) -> int:
+    """``stream_child STORE WORKERS EPOCHS``: one warm-up epoch, then ``EPOCHS`` timed ones; prints
+    ``{"images", "batches", "seconds", "parent_cpu_s"}``."""
+    import time
+
+    import h5stream
+
+    store, workers, epochs = argv[0], int(argv[1]), int(argv[2])
+    with h5stream.open(store, batch_size=BATCH, workers=workers, augment=h5stream.Augment(**AUGMENT)) as stream:
+        for _ in stream:  # warm-up: workers started, file in the page cache
+            pass
+        images = batches = 0
+        t0, c0 = time.perf_counter(), _self_cpu_s()
+        for _ in range(epochs):
+            for _, y in stream:
+                images += len(y)
+                batches += 1
+        seconds, cpu = time.perf_counter() - t0, _self_cpu_s() - c0
+    print(json.dumps({"images": images, "batches": batches, "seconds": seconds, "parent_cpu_s": cpu}))
+    return 0
+
+
+def _run_child(entry: str, *args) -> dict:
+    proc = subprocess.run(child_command(entry, *args), capture_output=True, text=True, env=child_env())
+    if proc.returncode != 0:
+        raise SystemExit(f"{entry} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the run ------------------------------------------------------------------------------------
+def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict]) -> dict:
+    """One table row from the rounds of one worker count (pure): best rate, least parent CPU, and the caps."""
+    ing = max(r["rows"] / r["seconds"] for r in ingest_runs)
+    ing_us = min(1e6 * r["parent_cpu_s"] / r["rows"] for r in ingest_runs)
+    st = max(r["images"] / r["seconds"] for r in stream_runs)
+    st_ms = min(1e3 * r["parent_cpu_s"] / r["batches"] for r in stream_runs)
+    return {
+        "workers": workers,
+        "ingest_images_per_s": ing,
+        "ingest_parent_us_per_row": ing_us,
+        "ingest_cap_rows_per_s": 1e6 / ing_us if ing_us > 0 else None,
+        "stream_images_per_s": st,
+        "stream_parent_ms_per_batch": st_ms,
+        "stream_cap_images_per_s": 1e3 * BATCH / st_ms if st_ms > 0 else None,
+    }
+
+
+def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, rounds: int, data_dir: str) -> dict:
+    """Every measurement, ``rounds`` interleaved rounds; the ``--json`` object."""
+    root = ensure_jpegs(data_dir, n, source)
+    os.makedirs(data_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
+        stores = {w: os.path.join(tmp, f"w{w}.h5") for w in workers}
+        measurements = {}
+        for w in workers:
+            measurements[f"ingest {w}"] = lambda w=w: _run_child("benchmarks.scaling:ingest_child", root,
+                                                                 stores[w], size, w)
+            measurements[f"stream {w}"] = lambda w=w: _run_child("benchmarks.scaling:stream_child", stores[w], w,
+                                                                 epochs)
+        per_round = by_name(interleave(measurements, rounds, progress=True))
+    table = [summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"]) for w in workers]
+    return {
+        "images": n, "source": f"{source}x{source} JPEG", "out_size": size, "batch_size": BATCH,
+        "augment": AUGMENT, "epochs": epochs, "rounds": rounds, "cpus": available_cores(), "rows": table,
+        "targets": {"ingest_parent_us_per_row": TARGET_INGEST_US_PER_ROW,
+                    "stream_parent_ms_per_batch": TARGET_STREAM_MS_PER_BATCH},
+    }
+
+
+COLUMNS = (
+    ("workers", "workers", "{:d}"),
+    ("ingest_images_per_s", "ingest img/s", "{:,.0f}"),
+    ("ingest_parent_us_per_row", "parent us/row", "{:.1f}"),
+    ("ingest_cap_rows_per_s", "cap rows/s", "{:,.0f}"),
+    ("stream_images_per_s", "stream img/s", "{:,.0f}"),
+    ("stream_parent_ms_per_batch", "parent ms/batch", "{:.2f}"),
+    ("stream_cap_images_per_s", "cap img/s", "{:,.0f}"),
+)
+"""(key, heading, format) of each table column, in order."""
+
+
+def rounded(result: dict) -> dict:
+    """``result`` with its figures rounded for the JSON output."""
+    def r(v):
+        return round(v, 3) if isinstance(v, float) else v
+    return dict(result, rows=[{k: r(v) for k, v in row.items()} for row in result["rows"]])
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['images']} JPEGs {result['source']} -> {result['out_size']}x{result['out_size']} RGB; "
+             f"stream batch {result['batch_size']}, {result['epochs']} epochs after a warm-up; "
+             f"{result['cpus']} CPUs, best of {result['rounds']}; parent = the process the workers serve"]
+    cells = [[h for _, h, _ in COLUMNS]]
+    for row in result["rows"]:
+        cells.append([("-" if row[k] is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+    t = result["targets"]
+    lines.append(f"targets: ingest parent <= {t['ingest_parent_us_per_row']:g} us/row "
+                 f"(cap >= {1e6 / t['ingest_parent_us_per_row']:,.0f} rows/s); stream parent <= "
+                 f"{t['stream_parent_ms_per_batch']:g} ms/batch (cap >= "
+                 f"{1e3 * BATCH / t['stream_parent_ms_per_batch']:,.0f} img/s)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=4000, help="number of JPEGs (default 4000)")
+    parser.add_argument("--source", type=int, default=192, help="side of the source JPEGs (default 192)")
+    parser.add_argument("--size", type=int, default=128, help="side of the stored rows (default 128)")
+    parser.add_argument("--workers", default=None,
+                        help="comma-separated worker counts (default 1, 2, 4, ... up to the CPU count)")
+    parser.add_argument("--epochs", type=int, default=3, help="timed stream epochs (default 3)")
+    parser.add_argument("--rounds", type=int, default=2, help="repeat each measurement, keep the best (default 2)")
+    add_data_option(parser)
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    if args.workers is None:
+        workers = default_workers(os.cpu_count() or 1)
+    else:
+        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    if not workers or min(workers) < 1:
+        parser.error(f"--workers needs worker counts >= 1, got {args.workers!r}")
+    for flag, value in (("--n", args.n), ("--epochs", args.epochs), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    log(f"scaling: {args.n} JPEGs, workers {workers}")
+    result = run(n=args.n, source=args.source, size=args.size, workers=workers, epochs=args.epochs,
+                 rounds=args.rounds, data_dir=args.data)
+    emit(rounded(result) if args.json else result, as_json=args.json, format_text=format_table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""A new, empty store on disk: its arrays, attributes and layout, durable before any row is written.
+
+:func:`new_store_attrs` checks what describes a store and gives its root
+attributes (pure); :func:`write_empty` lays the file out (see
+:mod:`h5stream.store.layout`), flushes it within reserved space, syncs it and
+checks that it opens.  :class:`~h5stream.store.writer.StoreWriter.create`
+calls both on the temporary name (:func:`~h5stream.store.handle.creating_path`)
+and removes it on failure.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import tables
+
+from h5stream.errors import ConfigError
+from h5stream.store import checksum, handle, layout, schema
+from h5stream.store.meta import read_meta
+from h5stream.store.space import SpaceGuard
+
+COMPRESSIONS = (None, "zlib", "blosc")
+"""zlib (gzip) reads in plain h5py; blosc is PyTables-only (h5py needs the hdf5plugin package)."""
+
+
+def filters(compression: str | None, level: int = 4) -> tables.Filters | None:
+    """PyTables filters of ``/images`` for ``compression`` (one of :data:`COMPRESSIONS`)."""
+    if compression is None:
+        return None
+    if compression == "zlib":
+        return tables.Filters(complevel=level, complib="zlib", shuffle=False)
+    if compression == "blosc":
+        return tables.Filters(complevel=level, complib="blosc:lz4", shuffle=True)
+    raise ConfigError(f"unknown compression {compression!r}; choose one of none, zlib, blosc")
+
+
+def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names, label_columns, block_rows: int,
+                    resize_mode: str, background: Sequence[int], pad_fill, storage_order: str,
+                    order_seed: int) -> dict:
+    """The root attributes of a new store (pure); ConfigError for an impossible shape or label kind."""
+    h, w, c = (int(d) for d in image_shape)
+    if min(h, w, c) < 1:
+        raise ConfigError(f"image shape must be positive, got {tuple(image_shape)}")
+    if label_kind not in (schema.LABEL_CLASS, schema.LABEL_REGRESSION):
+        raise ConfigError(f"label_kind must be 'class' or 'regression', got {label_kind!r}")
+    if block_rows < 1:
+        raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
+    attrs = {
+        schema.ATTR_FORMAT: np.int64(schema.FORMAT_VERSION),
+        schema.ATTR_COMMITTED: np.int64(0),
+        schema.ATTR_LABEL_KIND: label_kind,
+        schema.ATTR_CLASS_NAMES: json.dumps(list(class_names) if class_names is not None else None),
+        schema.ATTR_LABEL_COLUMNS: json.dumps(list(label_columns) if label_columns is not None else None),
+        schema.ATTR_HEIGHT: np.int64(h),
+        schema.ATTR_WIDTH: np.int64(w),
+        schema.ATTR_CHANNELS: np.int64(c),
+        schema.ATTR_RESIZE: resize_mode,
+        schema.ATTR_BACKGROUND: json.dumps([int(v) for v in background]),
+        schema.ATTR_ORDER: storage_order,
+        schema.ATTR_ORDER_SEED: np.int64(order_seed if storage_order == "shuffled" else -1),
+        schema.ATTR_BLOCK_ROWS: np.int64(block_rows),
+        schema.ATTR_SKIPPED: np.int64(0),
+    }
+    if pad_fill is not None:
+        attrs[schema.ATTR_PAD_FILL] = json.dumps([int(v) for v in pad_fill])
+    return attrs
+
+
+def write_empty(tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
+                block_rows: int, image_filters, expected_rows: int, attrs: dict) -> None:
+    """Lay out an empty store in ``tmp``, durable and verified to open; raises OSError (StoreFormatError if it
+    does not open) on any failure, leaving ``tmp`` for the caller to remove."""
+    try:
+        layout.create_empty_file(tmp)
+    except RuntimeError as exc:  # h5py reports a close that could not write as RuntimeError
+        code, reason = handle.describe(exc)
+        raise OSError(code or errno.EIO, reason) from exc
+    f = tables.open_file(tmp, mode="a", chunk_cache_size=0)
+    try:
+        f.create_earray(
+            f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
+            chunkshape=(block_rows, *image_shape), filters=image_filters, expectedrows=expected_rows,
+        )
+        label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
+        f.create_earray(
+            f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
+            chunkshape=(layout.label_chunk_rows(label_atom.itemsize * int(np.prod(label_shape)), block_rows),
+                        *label_shape), expectedrows=expected_rows,
+        )
+        f.create_earray(
+            f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
+            chunkshape=(1024,), expectedrows=expected_rows,
+        )
+        for name, value in attrs.items():
+            f.root._v_attrs[name] = value
+        checksum.create_nodes(f)
+        fd = handle.file_descriptor(f)
+        guard = SpaceGuard(fd, f.get_filesize, os.path.getsize(tmp))
+        guard.reserve(0)
+        f.flush()
+        guard.check_within()
+        if fd is not None:
+            os.fsync(fd)
+        guard.trim()
+        f.close()
+    except BaseException as exc:
+        if f.isopen:
+            handle.close_cut_off(f)
+        if isinstance(exc, tables.HDF5ExtError):
+            code, reason = handle.describe(exc)
+            raise OSError(code or errno.EIO, reason) from exc
+        raise
+    read_meta(tmp)  # the complete file opens; a close that failed unseen would show here

@@ -1,0 +1,111 @@
+"""The file-level steps of writing a store: opening it for writing, cutting HDF5 off it, naming a new one.
+
+Pure helpers over paths and open PyTables handles; the
+:class:`~h5stream.store.writer.StoreWriter` that owns a handle calls them from
+its one thread.
+
+A new store is written under a temporary name, ``OUT`` + :data:`CREATING_SUFFIX`
+(:func:`creating_path`), and takes its name with a rename followed by a sync of
+the folder (:func:`fsync_folder`).  After a failed write, :func:`cut_off` points
+HDF5's file descriptor at /dev/null, so nothing HDF5 still buffers reaches the
+file when the handle is closed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import tables
+
+from h5stream.errors import StoreBusyError, StoreWriteError
+
+#: A new store is written as ``OUT`` + this until its first commit of rows (see :mod:`h5stream.store.writer`).
+CREATING_SUFFIX = ".creating"
+
+
+def creating_path(path: str | os.PathLike) -> str:
+    """Where a new store at ``path`` is written before it takes its name."""
+    return os.fspath(path) + CREATING_SUFFIX
+
+
+def describe(exc: BaseException) -> tuple[int | None, str]:
+    """(errno, the system's words) of a failed write, from an OSError or HDF5's error text."""
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno, exc.strerror or os.strerror(exc.errno)
+    text = str(exc).strip()
+    found = re.search(r"errno = (\d+)", text)
+    if found and int(found.group(1)):
+        code = int(found.group(1))
+        return code, os.strerror(code)
+    return None, (text.splitlines()[0][:200] if text else type(exc).__name__)
+
+
+def open_for_writing(path: str) -> tables.File:
+    """PyTables handle with the chunk cache off (every chunk write happens, and is checked, where it is asked
+    for).  Raises StoreBusyError when HDF5's own lock is held elsewhere, StoreWriteError otherwise."""
+    try:
+        return tables.open_file(path, mode="a", chunk_cache_size=0)
+    except (tables.HDF5ExtError, OSError) as exc:
+        if "unable to lock file" in str(exc):
+            raise StoreBusyError(
+                f"{path}: another program has it open (HDF5's file lock); close it there, then run again"
+            ) from exc
+        code, reason = describe(exc)
+        raise StoreWriteError(f"{path}: cannot open it for writing ({reason})", errno=code, strerror=reason) from exc
+
+
+def file_descriptor(f: tables.File) -> int | None:
+    """``f``'s POSIX file descriptor, None when it is not a plain file (writes then checked after the fact)."""
+    try:
+        return f.fileno()
+    except (tables.HDF5ExtError, OSError, ValueError):
+        return None
+
+
+def cut_off(f: tables.File) -> bool:
+    """Point ``f``'s file descriptor at /dev/null, so nothing HDF5 still buffers reaches the file; True if done."""
+    try:
+        fd = f.fileno()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, tables.HDF5ExtError, ValueError):
+        return False
+    try:
+        os.dup2(null, fd, inheritable=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(null)
+
+
+def close_cut_off(f: tables.File) -> bool:
+    """Close ``f`` without letting anything it still buffers reach the file; True if it was cut off first."""
+    cut = cut_off(f)
+    try:
+        f.close()
+    except Exception:
+        pass  # the descriptor is /dev/null: HDF5 failing to write its buffers is the point
+    return cut
+
+
+def remove(path: str) -> None:
+    """Remove ``path`` if it is there (a temporary file of ours)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def fsync_folder(path: str) -> None:
+    """Make a rename in ``path``'s folder durable (some file systems cannot: then nothing to do)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,51 @@
+"""Smoke test of the scaling benchmark on a tiny generated folder (its columns, caps and --json, not speed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import scaling
+
+pytestmark = pytest.mark.usefixtures("no_leaks")  # decode and augment workers, their shared-memory slots
+
+
+def test_default_workers_double_up_to_the_cores_and_end_on_them():
+    assert scaling.default_workers(1) == [1]
+    assert scaling.default_workers(2) == [1, 2]
+    assert scaling.default_workers(6) == [1, 2, 4, 6]
+    assert scaling.default_workers(16) == [1, 2, 4, 8, 16]
+
+
+def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_path, capsys):
+    assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", "1,2", "--epochs", "1",
+                         "--rounds", "1", "--json", "--data", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["images"] == 40 and result["batch_size"] == 256 and result["rounds"] == 1
+    assert [row["workers"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["ingest_images_per_s"] > 0 and row["stream_images_per_s"] > 0
+        assert row["ingest_parent_us_per_row"] > 0 and row["stream_parent_ms_per_batch"] > 0
+        # the cap is the rate the parent's cost allows: 1 / cost
+        assert row["ingest_cap_rows_per_s"] == pytest.approx(1e6 / row["ingest_parent_us_per_row"], rel=1e-2)
+        assert row["stream_cap_images_per_s"] == pytest.approx(256e3 / row["stream_parent_ms_per_batch"], rel=1e-2)
+
+
+def test_bench_scaling_table_has_every_column(tmp_path, capsys):
+    result = {"images": 40, "source": "24x24 JPEG", "out_size": 16, "batch_size": 256, "epochs": 1, "rounds": 1,
+              "cpus": 2, "targets": {"ingest_parent_us_per_row": 25.0, "stream_parent_ms_per_batch": 0.5},
+              "rows": [scaling.summarise(2, [{"rows": 40, "seconds": 0.5, "parent_cpu_s": 0.002}],
+                                         [{"images": 40, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}])]}
+    text = scaling.format_table(result)
+    header, line = text.splitlines()[1:3]
+    for heading in ("workers", "ingest img/s", "parent us/row", "cap rows/s", "stream img/s", "parent ms/batch",
+                    "cap img/s"):
+        assert heading in header
+    assert line.split() == ["2", "80", "50.0", "20,000", "400", "1.00", "256,000"]
+
+
+def test_bench_scaling_refuses_a_worker_count_below_one(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        scaling.main(["--workers", "0", "--data", str(tmp_path)])
+    assert exc.value.code == 2 and "--workers" in capsys.readouterr().err
