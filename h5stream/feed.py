@@ -29,7 +29,11 @@ from h5stream.read.reader import ArrayArena, Batch, Reader, direct_reads
 from h5stream.store.meta import StoreMeta
 
 class InlineFeed:
-    """Reader thread + (optional) augmentation in the consumer's thread."""
+    """Reader thread + (optional) augmentation in the consumer's thread.
+
+    Threads: ``start``, ``next``, ``stats`` and ``close`` run in the consumer's thread (the one inside the
+    stream, see :class:`h5stream.stream.Stream`); ``_allocate`` in the reader thread.
+    """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
                  direct_io: bool = False, verify: bool | str = True):
@@ -43,6 +47,7 @@ class InlineFeed:
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
+        """Arrays for an ``n``-row batch.  Reader thread."""
         return self._images(n), np.empty((n, *self.meta.label_shape), self.meta.label_dtype), None
 
     def start(self, epoch: int, batch: int) -> None:
@@ -58,6 +63,7 @@ class InlineFeed:
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """The next batch, augmented here if there is a transform.  Consumer thread."""
         b: Batch = self.reader.get()
         x = b.images
         if self._augment is not None:
@@ -103,6 +109,12 @@ class PooledFeed:
     the reader never waits on a slot that only it could free.  A slot returns
     to the free list when its batch's result is taken by the consumer (the
     worker has read it by then).
+
+    Threads: ``start``, ``next``, ``stats`` and ``close`` run in the consumer's
+    thread (the one inside the stream); ``_allocate`` and ``_submit`` (the
+    reader's hooks) in the reader thread, whose waits end with
+    :class:`~h5stream._wait.Stopped` once the feed's stop flag is set; the
+    pool's collector thread is the pool's.
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
@@ -137,6 +149,8 @@ class PooledFeed:
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
+        """A free input slot's rows (waiting for one) and labels for an ``n``-row batch; no slot when the workers
+        read the pixels.  Reader thread."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
         if not images:
             return None, labels, None  # the workers read the pixels from the file
@@ -146,6 +160,8 @@ class PooledFeed:
         return self._inputs.array[k * bs:k * bs + n], labels, k
 
     def _submit(self, b: Batch) -> _Submitted:
+        """Hand batch ``b`` to the pool (waiting for an output slot as long as the consumer holds them).  Reader
+        thread."""
         bs = self.plan.batch_size
         checks = None
         if b.images is None:
@@ -162,7 +178,7 @@ class PooledFeed:
     def start(self, epoch: int, batch: int) -> None:
         """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped.  A task
         that does not finish within ``timeout_s`` (a stopped worker) raises the error :meth:`next` keeps, or the
-        one naming that worker, and the feed stays as it was."""
+        one naming that worker, and the feed stays as it was.  Consumer thread."""
         if self.reader is not None:
             self.reader.close()
             t0 = time.monotonic()
@@ -186,7 +202,8 @@ class PooledFeed:
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
         """The next batch, or :class:`ReaderError` within ``timeout_s`` (reading and transforming together),
-        naming the worker that has the batch when one has it; after that error every call raises it again."""
+        naming the worker that has the batch when one has it; after that error every call raises it again.
+        Consumer thread."""
         if self._error is not None:
             raise self._error
         t0 = time.monotonic()
@@ -235,7 +252,7 @@ class PooledFeed:
         return item.epoch, item.index, x, item.labels
 
     def _late_worker(self, t0: float) -> ReaderError | None:
-        """The error naming the worker that has the next batch in order, if one has it."""
+        """The error naming the worker that has the next batch in order, if one has it.  Consumer thread."""
         from h5stream.augment.pool_state import stopped
 
         waiting = self._pool.waiting_on()
@@ -255,7 +272,8 @@ class PooledFeed:
         )
 
     def _fail(self, error: ReaderError) -> ReaderError:
-        """Stop reading and keep ``error`` for every later call: the batches after a late one are out of step."""
+        """Stop reading and keep ``error`` for every later call: the batches after a late one are out of step.
+        Consumer thread."""
         self._error = error
         self._stop.set()
         return error

@@ -246,8 +246,13 @@ class Reader:
     before any batch holding those rows goes out, and deferred batches carry
     their rows' digests for the receivers to check.  ``verify="once"``
     checks the rows of each block on its first read only (labels always).
-    Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
-    idempotent.  The threads are daemons, and stop within :data:`POLL_S` once
+    Threads: each method's docstring says which thread runs it -- the
+    *consumer* (one thread at a time: :meth:`get`, :meth:`add_wait`), the
+    *reader thread* (``_run`` and what it calls), its *I/O threads*
+    (``_read_runs``) or *any* (``close``, idempotent; ``stats``,
+    ``queue_fill``, ``alive``).  ``stats`` has one writer per counter: the
+    reader thread counts what was read (its I/O threads hand their counts
+    back with their results), the consumer what it waited.  The threads are daemons, and stop within :data:`POLL_S` once
     ``stop`` is set unless a read hangs (see the module doc).
     """
 
@@ -357,7 +362,8 @@ class Reader:
         return {**self._counts, **self._consumer_counts}
 
     def _fail(self, error: BaseException, cause: BaseException | None = None):
-        """Stop the thread and raise ``error`` (from ``cause``), now and at every later :meth:`get`."""
+        """Stop the thread and raise ``error`` (from ``cause``), now and at every later :meth:`get`.  Consumer
+        thread."""
         error.__cause__ = cause
         error.__suppress_context__ = True
         self._error = error
@@ -371,7 +377,8 @@ class Reader:
 
     @property
     def alive(self) -> bool:
-        """Whether the reader thread is still running (it ends soon after :meth:`close` or a failed :meth:`get`)."""
+        """Whether the reader thread is still running (it ends soon after :meth:`close` or a failed :meth:`get`).
+        Any thread."""
         return self._thread.is_alive()
 
     def close(self) -> None:
@@ -393,6 +400,7 @@ class Reader:
         self._queue.put(item, check=self._check_stop)
 
     def _check_stop(self) -> None:
+        """Raise :class:`Stopped` once the stop flag is set.  Reader thread (its waits)."""
         if self._stop.is_set():
             raise Stopped
 
@@ -438,7 +446,7 @@ class Reader:
                 pass
 
     def _jobs(self) -> Iterator[_FillJob]:
-        """Fill jobs in reading order, epoch after epoch, from the start position."""
+        """Fill jobs in reading order, epoch after epoch, from the start position.  Reader thread."""
         epoch, first_batch = self._start
         self._next_emit = (epoch, first_batch)
         while True:
@@ -459,6 +467,7 @@ class Reader:
             epoch, first_batch = epoch + 1, 0
 
     def _pump(self) -> None:
+        """Read fill after fill, handing out each fill's batches while the next one is read.  Reader thread."""
         jobs = self._jobs()
         job = next(jobs)
         self._start_fill(job)
@@ -474,7 +483,7 @@ class Reader:
             self._complete(nxt)
 
     def _ready(self) -> list[tuple[int, int]]:
-        """Complete batches that can go out now, in order (stops at the first incomplete one)."""
+        """Complete batches that can go out now, in order (stops at the first incomplete one).  Reader thread."""
         out = []
         epoch, j = self._next_emit
         while True:
@@ -491,11 +500,13 @@ class Reader:
         return out
 
     def _emit(self, key) -> None:
+        """Hand batch ``key`` on (through ``on_batch``) to the queue.  Reader thread."""
         p = self._pending.pop(key)
         self._put(p.batch if self._on_batch is None else self._on_batch(p.batch))
 
     def _batch(self, epoch: int, j: int, images: bool = True) -> _Pending:
-        """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images)."""
+        """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images).  Reader
+        thread."""
         key = (epoch, j)
         p = self._pending.get(key)
         if p is None:
@@ -517,7 +528,7 @@ class Reader:
         With deferred pixels a fill whose runs are all in the page cache gets batches without images (their
         receivers read the rows); a fill with runs missing is read into batches as usual, since the page
         cache may drop what it fetches before a receiver gets to it.  A batch shared with the previous fill
-        keeps the kind it was made with: its rows are read here if it has images, else read past.
+        keeps the kind it was made with: its rows are read here if it has images, else read past.  Reader thread.
         """
         missing = self._advise(job.runs)
         deferred = self.defer_pixels and not missing
@@ -545,11 +556,12 @@ class Reader:
             job.done += 1
 
     def _count_read(self, seconds: float, nbytes: int) -> None:
+        """Count a read in the stats.  Reader thread (the stats' one writer)."""
         self._counts["read_s"] += seconds
         self._counts["read_bytes"] += nbytes
 
     def _complete(self, job: _FillJob) -> None:
-        """Finish every read of the fill, then count its rows as arrived in their batches."""
+        """Finish every read of the fill, then count its rows as arrived in their batches.  Reader thread."""
         self._step(job, len(job.to_read))
         wait_futures(job.futures, check=self._check_stop)
         for f in job.futures:  # what the I/O threads read, counted here: the stats have one writer
@@ -587,7 +599,7 @@ class Reader:
     # -- I/O -------------------------------------------------------------------------
     def _advise(self, runs: list[Run]) -> list[Run]:
         """Advise the source to fetch a fill's runs ahead, skipping runs already cached; return the runs not
-        known to be cached (every run where the source cannot tell)."""
+        known to be cached (every run where the source cannot tell).  Reader thread."""
         if self._offsets is None:
             return []
         cached = getattr(self._source, "cached", None)
@@ -650,8 +662,8 @@ class Reader:
 
     def _read_block(self, start: int, stop: int, out: memoryview) -> None:
         """Read the image bytes of rows ``[start, stop)``, which lie in one block, into ``out``: by byte
-        offset, or (compressed) through HDF5, then only from the reader thread.  What :class:`BlockCheck`
-        learns a block with."""
+        offset (from an I/O thread or the reader thread), or (compressed) through HDF5, then only from the
+        reader thread.  What :class:`BlockCheck` learns a block with."""
         if self._offsets is not None:
             block = start // self.meta.block_rows
             offset = int(self._offsets[block]) + (start - block * self.meta.block_rows) * self.meta.row_bytes
@@ -662,7 +674,7 @@ class Reader:
 
     def _read_labels(self, runs: list[Run], n: int) -> np.ndarray:
         """Labels of a fill in buffer order, run by run (when they are not all cached).  Checked reads take
-        the whole blocks around each run, checked against their digests."""
+        the whole blocks around each run, checked against their digests.  Reader thread."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
         for dest, src, k, _off in runs:
             span = None if self._check is None else self._check.widen(src, k)
@@ -678,7 +690,7 @@ class Reader:
 
     def _read_label_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         """Labels of rows ``[start, stop)`` into ``out``: by byte offset where the labels are stored
-        uncompressed, else through HDF5."""
+        uncompressed, else through HDF5.  Reader thread."""
         if stop <= start:
             return
         if self._label_offsets is None:
