@@ -23,6 +23,14 @@ h5stream costs the training process: the CPU milliseconds per batch of
 h5stream's threads in it (each thread's own CPU clock), and the rate of a
 pure-Python stand-in training step (which holds the GIL, as Python training
 code does) while the stream feeds it, against its rate alone.
+
+On any device, a table of h5stream's CPU in the training process per batch,
+thread by thread (:func:`thread_breakdown`), for ``--breakdown-workers`` x
+``--breakdown-batches``: the ``next()`` calls in the training thread, the
+reader thread, its I/O threads, the pool's collector and the upload thread,
+over a whole epoch in steady state.  ``--breakdown-only`` prints just that::
+
+    python -m benchmarks.gpu --breakdown-only --rows 16384 --size 64 --torch-threads 1
 """
 
 from __future__ import annotations
