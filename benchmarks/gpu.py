@@ -240,10 +240,11 @@ def run(args) -> dict:
     path = make_bench_file(os.path.join(args.data, f"gpu-{args.rows}-{args.size}.h5"), rows=args.rows,
                            size=args.size, progress=False)
     breakdown = []
+    breakdown_device = None if args.breakdown_device == "none" else args.breakdown_device
     for workers in _ints(args.breakdown_workers):
         for bs in _ints(args.breakdown_batches):
             log(f"per-thread CPU: workers={workers}, batch {bs}")
-            breakdown.append(thread_breakdown(path, bs, workers))
+            breakdown.append(thread_breakdown(path, bs, workers, device=breakdown_device))
     if args.breakdown_only:
         return {"device": "cpu", "rows": args.rows, "size": args.size, "torch": torch.__version__,
                 "cpu_count": os.cpu_count(), "breakdown": breakdown}
@@ -365,8 +366,10 @@ def format_breakdown(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     groups = ["consumer", "reader", "io", "collector", "upload", "other", "total", "upload copy", "total less copy"]
-    lines = ["h5stream's CPU in the training process, ms per batch over an epoch (thread CPU clocks; device cpu, "
-             "uint8 NHWC; 'upload copy' is what a GPU's DMA does):",
+    device = rows[0].get("device")
+    how = f"stream.torch(device={device!r}), uint8 NHWC" if device else "numpy batches"
+    lines = [f"h5stream's CPU in the training process, ms per batch over an epoch (thread CPU clocks; {how}; "
+             "'upload copy' is what a GPU's DMA does):",
              f"{'workers':>7} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups) + f" {'images/s':>9}"]
     for r in rows:
         if "skipped" in r:
@@ -417,6 +420,8 @@ def main(argv=None) -> int:
     p.add_argument("--tv-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--breakdown-workers", default="0,2", help="worker counts of the per-thread CPU table")
     p.add_argument("--breakdown-batches", default="64,256", help="batch sizes of the per-thread CPU table")
+    p.add_argument("--breakdown-device", default="cpu",
+                   help="the table's stream.torch(device=...), uint8 NHWC; 'none': the plain numpy iterator")
     p.add_argument("--breakdown-only", action="store_true", help="only the per-thread CPU table")
     p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")
     return run_cli(p, argv, run, format_text)

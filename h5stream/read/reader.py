@@ -537,8 +537,11 @@ class Reader:
         self._counts["fills"] += 1
         if self.defer_pixels:
             with_images = [j for j, t in job.targets.items() if t.rows is not None]
-            into_batches = np.isin(job.batch, with_images)
-            job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
+            if not with_images:  # the usual deferred fill: every row is read by the batches' receivers
+                job.to_read = []
+            else:
+                into_batches = np.isin(job.batch, with_images)
+                job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
         if self._io is not None:
             # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
             # in file order and finish within one read of each other, so the device's queue stays full to the
