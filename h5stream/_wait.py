@@ -56,24 +56,22 @@ def stop_when(flag: threading.Event) -> Iterator[None]:
         flags.pop()
 
 
-def _check_scopes() -> None:
-    for flag in getattr(_scopes, "flags", ()):
-        if flag.is_set():
-            raise Stopped
-
-
 def wait_until(cond: threading.Condition, ready: Callable[[], bool], *, deadline: float | None = None,
                check: Callable[[], None] | None = None) -> bool:
     """With ``cond`` held, wait until ``ready()`` holds (True), or ``deadline`` (``time.monotonic()``) passes
     (False).  ``check()`` runs before each look at ``ready`` and ends the wait by raising; so do the thread's
     stop scopes (:class:`Stopped`) and a held-back Ctrl-C.  Whoever makes ``ready`` true notifies ``cond``;
     otherwise it is seen within :data:`POLL_S`.  Any thread."""
+    flags = getattr(_scopes, "flags", None)  # only this thread changes its scopes, and not while it waits
     while True:
         if check is not None:
             check()
         if ready():
             return True
-        _check_scopes()
+        if flags:
+            for flag in flags:
+                if flag.is_set():
+                    raise Stopped
         interrupt.raise_pending()
         timeout = POLL_S
         if deadline is not None:
@@ -100,18 +98,29 @@ class Channel:
     def put(self, item, *, check: Callable[[], None] | None = None) -> None:
         """Append ``item``, waiting while the channel is full."""
         with self._not_full:
-            wait_until(self._not_full, lambda: len(self._items) < self.maxsize, check=check)
+            if check is not None:
+                check()
+            if len(self._items) >= self.maxsize:
+                wait_until(self._not_full, self._has_room, check=check)
             self._items.append(item)
             self._not_empty.notify()
 
     def get(self, *, deadline: float | None = None, check: Callable[[], None] | None = None):
         """The oldest item, waiting while there is none; :class:`TimeoutError` once ``deadline`` passed."""
         with self._not_empty:
-            if not wait_until(self._not_empty, lambda: bool(self._items), deadline=deadline, check=check):
+            if check is not None:
+                check()
+            if not self._items and not wait_until(self._not_empty, self._has_items, deadline=deadline, check=check):
                 raise TimeoutError("nothing arrived before the deadline")
             item = self._items.popleft()
             self._not_full.notify()
             return item
+
+    def _has_room(self) -> bool:
+        return len(self._items) < self.maxsize
+
+    def _has_items(self) -> bool:
+        return bool(self._items)
 
     def drain(self) -> list:
         """Take every item now (no wait)."""
