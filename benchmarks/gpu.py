@@ -23,6 +23,14 @@ h5stream costs the training process: the CPU milliseconds per batch of
 h5stream's threads in it (each thread's own CPU clock), and the rate of a
 pure-Python stand-in training step (which holds the GIL, as Python training
 code does) while the stream feeds it, against its rate alone.
+
+On any device, a table of h5stream's CPU in the training process per batch,
+thread by thread (:func:`thread_breakdown`), for ``--breakdown-workers`` x
+``--breakdown-batches``: the ``next()`` calls in the training thread, the
+reader thread, its I/O threads, the pool's collector and the upload thread,
+over a whole epoch in steady state.  ``--breakdown-only`` prints just that::
+
+    python -m benchmarks.gpu --breakdown-only --rows 16384 --size 64 --torch-threads 1
 """
 
 from __future__ import annotations
@@ -48,6 +56,80 @@ def thread_cpu_s(prefix: str = "h5stream") -> float:
             except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
                 pass
     return total
+
+
+THREAD_GROUPS = (("h5stream-upload", "upload"), ("h5stream-pool-collector", "collector"),
+                 ("h5stream-reader-io", "io"), ("h5stream-reader", "reader"))
+"""Thread name prefix -> the part of h5stream it is (first match wins)."""
+
+
+def thread_clocks() -> dict[int, tuple[str, float]]:
+    """``ident -> (group, CPU seconds)`` of this process's live h5stream threads (each thread's own clock)."""
+    out = {}
+    for t in threading.enumerate():
+        group = next((g for prefix, g in THREAD_GROUPS if t.name.startswith(prefix)), None)
+        if group is None and t.name.startswith("h5stream"):
+            group = "other"
+        if group is None or t.ident is None:
+            continue
+        try:
+            out[t.ident] = (group, time.clock_gettime(time.pthread_getcpuclockid(t.ident)))
+        except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
+            pass
+    return out
+
+
+def clock_delta(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds per group between two :func:`thread_clocks` (a thread started meanwhile counts from 0)."""
+    out: dict[str, float] = {}
+    for ident, (group, cpu) in after.items():
+        out[group] = out.get(group, 0.0) + cpu - before.get(ident, (group, 0.0))[1]
+    return out
+
+
+def thread_breakdown(path: str, batch_size: int, workers: int, device: str | None = "cpu") -> dict:
+    """CPU milliseconds per batch of every h5stream thread in this process, over a whole epoch in steady state.
+
+    ``consumer``: the ``next()`` calls in the taking (training) thread; the others by thread (``reader``,
+    ``io``, ``collector``, ``upload``), each from its own CPU clock.  ``workers > 0`` augments in that many
+    processes (their CPU is not the training process's).  ``device``: through ``stream.torch(device=...)``
+    as uint8 NHWC (no conversion: on CUDA that would be GPU work), or None for the plain numpy iterator;
+    ``upload copy`` is the part of ``upload`` that copies the pixels into the new tensors, what a CUDA
+    device's DMA does without the CPU.  The first epoch is left out (opening, the first fill, the page
+    cache); the second is measured but for its last batches (its upload thread ends with them).  A stream of
+    fewer than 5 batches an epoch is skipped.
+    """
+    import h5stream
+
+    augment = h5stream.Augment(rotation_range=15, width_shift_range=0.1, height_shift_range=0.1,
+                               zoom_range=0.1, horizontal_flip=True) if workers else None
+    with h5stream.open(path, batch_size=batch_size, seed=0, drop_remainder=True, workers=workers,
+                       augment=augment) as s:
+        if len(s) < 5:
+            return {"batch_size": batch_size, "workers": workers, "skipped": f"{len(s)} batches an epoch"}
+        ds = s.torch(device=device) if device is not None else s
+        for _ in ds:
+            pass
+        steps = len(s) - 3  # the upload thread queues the last two and ends: keep it alive and measured
+        it = iter(ds)
+        consumer = 0.0
+        copy0 = ds.stats()["upload_copy_cpu_s"] if device is not None else 0.0
+        before = thread_clocks()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            c0 = time.thread_time()
+            next(it)
+            consumer += time.thread_time() - c0
+        wall = time.perf_counter() - t0
+        spent = clock_delta(before, thread_clocks())
+        if device is not None:
+            spent["upload copy"] = ds.stats()["upload_copy_cpu_s"] - copy0
+            ds.close()
+    ms = {"consumer": 1e3 * consumer / steps, **{g: 1e3 * v / steps for g, v in sorted(spent.items())}}
+    ms["total"] = sum(v for g, v in ms.items() if g != "upload copy")
+    ms["total less copy"] = ms["total"] - ms.get("upload copy", 0.0)
+    return {"batch_size": batch_size, "workers": workers, "steps": steps, "device": device,
+            "images_per_s": steps * batch_size / wall, "cpu_ms_per_batch": ms}
 
 
 def process_cpu_s() -> float:
@@ -157,6 +239,15 @@ def run(args) -> dict:
     os.makedirs(args.data, exist_ok=True)
     path = make_bench_file(os.path.join(args.data, f"gpu-{args.rows}-{args.size}.h5"), rows=args.rows,
                            size=args.size, progress=False)
+    breakdown = []
+    breakdown_device = None if args.breakdown_device == "none" else args.breakdown_device
+    for workers in _ints(args.breakdown_workers):
+        for bs in _ints(args.breakdown_batches):
+            log(f"per-thread CPU: workers={workers}, batch {bs}")
+            breakdown.append(thread_breakdown(path, bs, workers, device=breakdown_device))
+    if args.breakdown_only:
+        return {"device": "cpu", "rows": args.rows, "size": args.size, "torch": torch.__version__,
+                "cpu_count": os.cpu_count(), "breakdown": breakdown}
     bs, steps = args.batch_size, args.steps
     model = make_model(torch, 3, 10, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -211,7 +302,7 @@ def run(args) -> dict:
 
     result = {"device": str(device), "rows": args.rows, "size": args.size, "batch_size": bs, "steps": steps,
               "torch": torch.__version__, "cpu_count": os.cpu_count(), "loaders": rows,
-              "note": "a shared machine: provisional figures"}
+              "note": "a shared machine: provisional figures", "breakdown": breakdown}
     if device.type != "cuda":
         result["python_step"] = python_step_cost(args, h5stream, path, opts)
     return result
@@ -266,7 +357,34 @@ def torchvision_row(args, torch, device, steps: int, train) -> dict:
     return timed(torch, device, endless(lambda: loader), steps, step)
 
 
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def format_breakdown(rows: list[dict]) -> list[str]:
+    """The per-thread table: CPU-ms per batch of each h5stream thread of the training process."""
+    if not rows:
+        return []
+    groups = ["consumer", "reader", "io", "collector", "upload", "other", "total", "upload copy", "total less copy"]
+    device = rows[0].get("device")
+    how = f"stream.torch(device={device!r}), uint8 NHWC" if device else "numpy batches"
+    lines = [f"h5stream's CPU in the training process, ms per batch over an epoch (thread CPU clocks; {how}; "
+             "'upload copy' is what a GPU's DMA does):",
+             f"{'workers':>7} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups) + f" {'images/s':>9}"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"{r['workers']:>7} {r['batch_size']:>5} skipped: {r['skipped']}")
+            continue
+        ms = r["cpu_ms_per_batch"]
+        cells = " ".join(f"{ms[g]:>11.3f}" if g in ms else f"{'-':>11}" for g in groups)
+        lines.append(f"{r['workers']:>7} {r['batch_size']:>5} {cells} {r['images_per_s']:>9.0f}")
+    return lines
+
+
 def format_text(r: dict) -> str:
+    if "loaders" not in r:
+        return "\n".join([f"{r['rows']} rows of {r['size']}x{r['size']}x3, torch {r['torch']}",
+                          *format_breakdown(r["breakdown"])])
     lines = [f"device {r['device']}, {r['rows']} rows of {r['size']}x{r['size']}x3, batch {r['batch_size']}, "
              f"{r['steps']} steps, torch {r['torch']} ({r['note']})",
              f"{'loader':<16} {'images/s':>10} {'x limit':>8} {'cores':>6} {'GPU %':>6}  note"]
@@ -286,6 +404,7 @@ def format_text(r: dict) -> str:
             q = p[name]
             lines.append(f"  fed by h5stream ({name}): {q['steps_per_s']:.0f} steps/s = {q['vs_alone']:.2f} x alone; "
                          f"h5stream threads {q['h5stream_thread_cpu_ms_per_batch']:.2f} CPU-ms/batch")
+    lines += format_breakdown(r.get("breakdown", []))
     return "\n".join(lines)
 
 
@@ -299,6 +418,11 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--tv-images", type=int, default=2048, help="JPEGs for the torchvision row")
     p.add_argument("--tv-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--breakdown-workers", default="0,2", help="worker counts of the per-thread CPU table")
+    p.add_argument("--breakdown-batches", default="64,256", help="batch sizes of the per-thread CPU table")
+    p.add_argument("--breakdown-device", default="cpu",
+                   help="the table's stream.torch(device=...), uint8 NHWC; 'none': the plain numpy iterator")
+    p.add_argument("--breakdown-only", action="store_true", help="only the per-thread CPU table")
     p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")
     return run_cli(p, argv, run, format_text)
 

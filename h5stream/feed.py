@@ -16,21 +16,24 @@ the reader reads (or, compressed, decodes) each batch into a shared-memory
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream import _interrupt as interrupt
+from h5stream._wait import Channel, stop_when
 from h5stream.budget import StreamPlan
 from h5stream.errors import ChecksumError, ReaderError, WorkerError
-from h5stream.read.reader import POLL_S, ArrayArena, Batch, Reader, Stopped, direct_reads
+from h5stream.read.reader import ArrayArena, Batch, Reader, direct_reads
 from h5stream.store.meta import StoreMeta
 
 class InlineFeed:
-    """Reader thread + (optional) augmentation in the consumer's thread."""
+    """Reader thread + (optional) augmentation in the consumer's thread.
+
+    Threads: ``start``, ``next``, ``stats`` and ``close`` run in the consumer's thread (the one inside the
+    stream, see :class:`h5stream.stream.Stream`); ``_allocate`` in the reader thread.
+    """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
                  direct_io: bool = False, verify: bool | str = True):
@@ -44,6 +47,7 @@ class InlineFeed:
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
+        """Arrays for an ``n``-row batch.  Reader thread."""
         return self._images(n), np.empty((n, *self.meta.label_shape), self.meta.label_dtype), None
 
     def start(self, epoch: int, batch: int) -> None:
@@ -59,6 +63,7 @@ class InlineFeed:
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """The next batch, augmented here if there is a transform.  Consumer thread."""
         b: Batch = self.reader.get()
         x = b.images
         if self._augment is not None:
@@ -72,6 +77,9 @@ class InlineFeed:
         if self.reader is not None:
             self.reader.close()
 
+
+_FOREVER_S = 1e9
+"""A wait bounded by a stop flag, not by time (the pool's submit waits for the consumer, who may pause)."""
 
 _SLOTS, _FILE = 0, 1
 """The pool's sources: the shared input slots, and (uncompressed stores) the file itself."""
@@ -101,6 +109,12 @@ class PooledFeed:
     the reader never waits on a slot that only it could free.  A slot returns
     to the free list when its batch's result is taken by the consumer (the
     worker has read it by then).
+
+    Threads: ``start``, ``next``, ``stats`` and ``close`` run in the consumer's
+    thread (the one inside the stream); ``_allocate`` and ``_submit`` (the
+    reader's hooks) in the reader thread, whose waits end with
+    :class:`~h5stream._wait.Stopped` once the feed's stop flag is set; the
+    pool's collector thread is the pool's.
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
@@ -129,48 +143,42 @@ class PooledFeed:
             self._inputs.close()
             raise
         self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
-        self._free: queue.Queue[int] = queue.Queue()
+        self._free = Channel(self._n_in)  # free input slots: the reader thread takes, the consumer gives back
         self._stop: threading.Event | None = None
         self._error: ReaderError | None = None  # a batch did not come in time: the order is lost, raised again
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
+        """A free input slot's rows (waiting for one) and labels for an ``n``-row batch; no slot when the workers
+        read the pixels.  Reader thread."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
         if not images:
             return None, labels, None  # the workers read the pixels from the file
-        while True:
-            if self._stop.is_set():
-                raise Stopped
-            try:
-                k = self._free.get(timeout=POLL_S)
-                break
-            except queue.Empty:
-                continue
+        with stop_when(self._stop):
+            k = self._free.get()
         bs = self.plan.batch_size
         return self._inputs.array[k * bs:k * bs + n], labels, k
 
     def _submit(self, b: Batch) -> _Submitted:
+        """Hand batch ``b`` to the pool (waiting for an output slot as long as the consumer holds them).  Reader
+        thread."""
         bs = self.plan.batch_size
         checks = None
         if b.images is None:
             source, positions, in_place, checks = _FILE, b.file_offsets, False, b.checks
         else:
             source, positions, in_place = _SLOTS, np.arange(b.slot * bs, b.slot * bs + len(b.labels)), True
-        while True:
-            if self._stop.is_set():
-                raise Stopped
-            try:
-                # In place: the input slot is freed only once the result is taken.
-                seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
-                                        timeout_s=POLL_S, in_place=in_place, checks=checks)
-                return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
-            except TimeoutError:
-                continue
+        # In place: the input slot is freed only once the result is taken.  The pool's wait for an output slot
+        # lasts as long as the consumer holds them, and ends with Stopped once the reader is stopped.
+        with stop_when(self._stop):
+            seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
+                                    timeout_s=_FOREVER_S, in_place=in_place, checks=checks)
+        return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
 
     def start(self, epoch: int, batch: int) -> None:
         """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped.  A task
         that does not finish within ``timeout_s`` (a stopped worker) raises the error :meth:`next` keeps, or the
-        one naming that worker, and the feed stays as it was."""
+        one naming that worker, and the feed stays as it was.  Consumer thread."""
         if self.reader is not None:
             self.reader.close()
             t0 = time.monotonic()
@@ -181,7 +189,7 @@ class PooledFeed:
                     f"{self.meta.path}: the augment workers did not finish their batches in {self._timeout_s:.3g} s; "
                     "raise timeout_s if the transform is that slow"))) from exc
         self._error = None
-        self._free = queue.Queue()
+        self._free = Channel(self._n_in)
         for k in range(self._n_in):
             self._free.put(k)
         self._stop = threading.Event()
@@ -194,7 +202,8 @@ class PooledFeed:
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
         """The next batch, or :class:`ReaderError` within ``timeout_s`` (reading and transforming together),
-        naming the worker that has the batch when one has it; after that error every call raises it again."""
+        naming the worker that has the batch when one has it; after that error every call raises it again.
+        Consumer thread."""
         if self._error is not None:
             raise self._error
         t0 = time.monotonic()
@@ -206,26 +215,23 @@ class PooledFeed:
             if late is None:
                 raise
             raise self._fail(late) from exc
-        while True:
-            try:
-                done = self._pool.get(timeout_s=POLL_S)
-                break
-            except WorkerError as exc:
-                if exc.stage != "read":
-                    raise
-                # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
-                if exc.summary.startswith(f"{ChecksumError.__name__}: "):  # already says what to do
-                    raise ChecksumError(exc.summary.split(": ", 1)[1]) from exc
-                summary = exc.summary.replace(f"{self.meta.path}: ", "")
-                raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
-            except TimeoutError:
-                interrupt.raise_pending()
-                if time.monotonic() >= deadline:
-                    raise self._fail(self._late_worker(t0) or ReaderError(
-                        f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.3g} s; "
-                        "raise timeout_s if the transform is that slow"
-                    )) from None
-        self.reader.stats["wait_s"] += time.monotonic() - t0
+        try:
+            # One wait until the deadline: the pool's wait runs a held-back Ctrl-C within POLL_S meanwhile.
+            done = self._pool.get(timeout_s=max(deadline - time.monotonic(), 0.0))
+        except WorkerError as exc:
+            if exc.stage != "read":
+                raise
+            # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
+            if exc.summary.startswith(f"{ChecksumError.__name__}: "):  # already says what to do
+                raise ChecksumError(exc.summary.split(": ", 1)[1]) from exc
+            summary = exc.summary.replace(f"{self.meta.path}: ", "")
+            raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
+        except TimeoutError:
+            raise self._fail(self._late_worker(t0) or ReaderError(
+                f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.3g} s; "
+                "raise timeout_s if the transform is that slow"
+            )) from None
+        self.reader.add_wait(time.monotonic() - t0)
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
         # Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
@@ -246,7 +252,7 @@ class PooledFeed:
         return item.epoch, item.index, x, item.labels
 
     def _late_worker(self, t0: float) -> ReaderError | None:
-        """The error naming the worker that has the next batch in order, if one has it."""
+        """The error naming the worker that has the next batch in order, if one has it.  Consumer thread."""
         from h5stream.augment.pool_state import stopped
 
         waiting = self._pool.waiting_on()
@@ -266,7 +272,8 @@ class PooledFeed:
         )
 
     def _fail(self, error: ReaderError) -> ReaderError:
-        """Stop reading and keep ``error`` for every later call: the batches after a late one are out of step."""
+        """Stop reading and keep ``error`` for every later call: the batches after a late one are out of step.
+        Consumer thread."""
         self._error = error
         self._stop.set()
         return error

@@ -322,6 +322,10 @@ def test_ctrl_c_with_a_stopped_worker_ends_the_process_within_a_second_leaving_n
     assert opened[0] == "opened" and len(workers) == 2
     assert readline(proc) == "batch 1"
     os.kill(workers[1].pid, signal.SIGSTOP)
+    # kill() returns before a busy worker on a loaded machine has actually stopped: the case is a stopped one.
+    deadline = time.monotonic() + SAFETY_S
+    while workers[1].status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        select.select([], [], [], 0.01)  # a condition polled, not a guessed delay
     proc.stdin.write("go\n")
     proc.stdin.flush()
     os.kill(proc.pid, signal.SIGINT)

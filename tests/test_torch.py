@@ -311,6 +311,7 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--rows", "256", "--size", "16",
                            "--batch-size", "32", "--steps", "10", "--torch-threads", "1", "--python-work", "2000",
+                           "--breakdown-workers", "0", "--breakdown-batches", "32,256",
                            "--data", str(tmp_path), "--json"], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -318,3 +319,5 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
     assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "torchvision"}
     assert result["loaders"]["h5stream device"]["images_per_s"] > 0
     assert result["python_step"]["device cpu"]["steps_per_s"] > 0
+    small, too_big = result["breakdown"]  # per thread of the training process; 256 rows give one batch of 256
+    assert {"consumer", "reader", "upload", "total"} <= set(small["cpu_ms_per_batch"]) and "skipped" in too_big

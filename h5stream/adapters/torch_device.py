@@ -43,7 +43,7 @@ CUDA graphs and ``torch.compile(mode="reduce-overhead")`` need.
 Threads: one upload thread per pass (``iter``), started by the first ``next``
 and stopped by the next ``iter``, by the iterator's ``close()`` or garbage
 collection, by :meth:`DeviceIterable.close` and by ``stream.close()`` (it
-polls the stream's state every :data:`POLL_S`).  The thread holds the stream
+polls the stream's state every :data:`~h5stream._wait.POLL_S`).  The thread holds the stream
 but nothing holds the thread's iterator, so dropping the iterator stops it.
 """
 
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import numbers
-import queue
 import threading
 import time
 import weakref
@@ -60,14 +59,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream import _deps
+from h5stream._wait import Channel, Stopped
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError, ReaderError, StreamClosedError
 
 torch = _deps.torch()
 from torch.utils.data import IterableDataset  # noqa: E402 - after the guarded import of torch
-
-POLL_S = 0.1
-"""How often a blocked upload thread or consumer looks at its stop flag and the stream's state."""
 
 HOST_SLOTS = 2
 """Host batches the upload thread holds at once (the stream's plan lets its consumer hold two)."""
@@ -304,7 +301,7 @@ class _Uploader:
         self._stream = passes.stream
         self._cuda_stream = cuda_stream
         self._stats = stats
-        self._queue: queue.Queue = queue.Queue(maxsize=opts.batches_ahead)
+        self._queue = Channel(opts.batches_ahead)
         self._stop = threading.Event()
         cuda = opts.cuda
         self._ready_events = [torch.cuda.Event() for _ in range(opts.ring)] if cuda else None
@@ -339,10 +336,14 @@ class _Uploader:
         opts = self._opts
         h = k % HOST_SLOTS
         if not opts.cuda:
-            # The "upload" to a host device: one copy into fresh tensors, which the consumer owns.
+            # The "upload" to a host device: one copy into fresh tensors, which the consumer owns (timed apart:
+            # on a CUDA device the DMA engine does it).
+            t0 = time.thread_time()
             xd = convert(torch.from_numpy(x), opts)
             xd = xd.clone() if xd.data_ptr() == x.ctypes.data else xd
-            return _Ready(xd.to(opts.device), torch.from_numpy(y).to(opts.device, copy=True))
+            ready = _Ready(xd.to(opts.device), torch.from_numpy(y).to(opts.device, copy=True))
+            self._stats["upload_copy_cpu_s"] += time.thread_time() - t0
+            return ready
         copied = self._copied_events[h]
         copied.synchronize()  # this position's previous copy finished: its host batch may be let go and reused
         self._held[h] = None
@@ -372,14 +373,16 @@ class _Uploader:
         return out
 
     def _put(self, item) -> bool:
-        while True:
-            if self._stop.is_set() or self._stream.closed:
-                return False
-            try:
-                self._queue.put(item, timeout=POLL_S)
-                return True
-            except queue.Full:
-                continue
+        """Queue ``item`` for the consumer; False once stopped or the stream closed.  Upload thread."""
+        try:
+            self._queue.put(item, check=self._check_stop)
+        except Stopped:
+            return False
+        return True
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set() or self._stream.closed:
+            raise Stopped
 
     def _release_host(self) -> None:
         if self._copied_events is not None:
@@ -393,27 +396,26 @@ class _Uploader:
         thread."""
         deadline = time.monotonic() + self._stream.timeout_s
         t0 = time.perf_counter()
-        while True:
-            try:
-                item = self._queue.get(timeout=POLL_S)
-                break
-            except queue.Empty:
-                if self._stream.closed:
-                    raise StreamClosedError(f"{self._stream.meta.path}: the stream was closed while the torch "
-                                            "adapter waited for a batch") from None
-                if not self._thread.is_alive() and self._queue.empty():
-                    raise ReaderError(f"{self._stream.meta.path}: the upload thread ended without a batch "
-                                      "or an error") from None
-                if time.monotonic() > deadline:
-                    raise ReaderError(f"{self._stream.meta.path}: no uploaded batch in {self._stream.timeout_s:.0f}"
-                                      " s; raise timeout_s if reading is that slow") from None
+        try:
+            item = self._queue.get(deadline=deadline, check=self._check_consumer)
+        except TimeoutError:
+            raise ReaderError(f"{self._stream.meta.path}: no uploaded batch in {self._stream.timeout_s:.0f}"
+                              " s; raise timeout_s if reading is that slow") from None
         self._stats["wait_s"] += time.perf_counter() - t0
         if isinstance(item, BaseException):
             raise item
         return item
 
+    def _check_consumer(self) -> None:
+        """Consumer thread, while :meth:`get` waits: the stream closed, or the thread ended with nothing queued."""
+        if self._stream.closed:
+            raise StreamClosedError(f"{self._stream.meta.path}: the stream was closed while the torch "
+                                    "adapter waited for a batch")
+        if not self._thread.is_alive() and self._queue.empty():
+            raise ReaderError(f"{self._stream.meta.path}: the upload thread ended without a batch or an error")
+
     def close(self) -> None:
-        """Stop the thread and wait for it (it ends within a batch and a poll)."""
+        """Stop the thread and wait for it (it ends within a batch and a poll).  Any thread."""
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
@@ -478,7 +480,8 @@ class DeviceIterable(IterableDataset):
 
     def stats(self) -> dict:
         """``batches`` uploaded, ``wait_s`` the training loop waited for them, ``upload_cpu_s`` CPU time of the
-        upload threads, ``pinned_bytes`` registered now, ``pin_failures``."""
+        upload threads (``upload_copy_cpu_s`` of it: copying and converting on a host device), ``pinned_bytes``
+        registered now, ``pin_failures``."""
         s = dict(self._state.stats)
         pins = self._state.pins
         s["pinned_bytes"] = sum(pins.pinned.values()) if pins is not None else 0
@@ -504,7 +507,7 @@ class _State:
         self.uploader: _Uploader | None = None
         self.pins = HostPins() if opts.cuda else None
         self.cuda_stream = torch.cuda.Stream(device=opts.device) if opts.cuda else None
-        self.stats = {"batches": 0, "wait_s": 0.0, "upload_cpu_s": 0.0}
+        self.stats = {"batches": 0, "wait_s": 0.0, "upload_cpu_s": 0.0, "upload_copy_cpu_s": 0.0}
         self._lock = threading.Lock()
 
     def start(self, passes, pass_id: int) -> _Uploader:

@@ -18,14 +18,14 @@ from typing import Callable
 
 import numpy as np
 
-from h5stream import _interrupt as interrupt
+from h5stream import _wait
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, READY, InOrder, Workers, pick_worker
 from h5stream._procpool import stopped as stopped  # the feed asks it of a late worker's pid
 from h5stream.errors import StreamClosedError, WorkerError
 from h5stream.shm import SharedArray
 
-POLL_S = 0.1
-"""Longest a wait goes without looking for a held-back Ctrl-C."""
+POLL_S = _wait.POLL_S
+"""Longest a wait goes without looking for a held-back Ctrl-C (:mod:`h5stream._wait`'s, the one of every wait)."""
 
 
 class RemoteTraceback(Exception):
@@ -115,19 +115,12 @@ class PoolState:
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
              on: threading.Condition | None = None) -> None:
-        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout.
-
-        Wakes every :data:`POLL_S` to run a Ctrl-C held back by :mod:`h5stream._interrupt`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.check()
-            if predicate():
-                return
-            interrupt.raise_pending()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
-            (on or self.cond).wait(min(remaining, POLL_S))
+        """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout (one
+        TimeoutError, at the deadline), and :class:`~h5stream._wait.Stopped` once a stop scope of the calling
+        thread is set (:func:`h5stream._wait.stop_when`).  A :func:`~h5stream._wait.wait_until` wait: a Ctrl-C
+        held back by :mod:`h5stream._interrupt` is raised within :data:`POLL_S`.  Any thread, cond held."""
+        if not _wait.wait_until(on or self.cond, predicate, deadline=time.monotonic() + timeout_s, check=self.check):
+            raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
 
     def pick_worker(self) -> int | None:
         return pick_worker(self.inflight, self.ready, self.per_worker_cap)

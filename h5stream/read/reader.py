@@ -34,8 +34,9 @@ checksums where it has them (:mod:`h5stream.read.verify`), right after it
 lands and before any batch holding it goes out; receivers that read rows
 themselves get their rows' digests with the batch.
 
-Every blocking queue call uses a short timeout and checks the stop flag, so
-:meth:`Reader.close` always returns promptly.  An exception in the thread is
+Every blocking wait is a stoppable wait (:mod:`h5stream._wait`) that looks at
+the stop flag at least every :data:`POLL_S`, so :meth:`Reader.close` always
+returns promptly.  An exception in the thread is
 queued and re-raised by the consumer as :class:`ReaderError` with the cause.
 
 No thread of a reader keeps the process alive: the reader thread and its I/O
@@ -61,8 +62,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream import _interrupt as interrupt
 from h5stream._io import aligned_empty
+from h5stream._wait import POLL_S, Channel, Stopped, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, images_dataset, locate
@@ -75,15 +76,8 @@ from h5stream.store.meta import StoreMeta
 
 __all__ = ["POLL_S", "ArrayArena", "Batch", "Reader", "Stopped", "direct_reads"]
 
-POLL_S = 0.1
-"""How often blocked queue calls wake up to look at the stop flag."""
-
 CLOSE_WAIT_S = 0.5
 """Longest :meth:`Reader.close` waits for the thread to end (it ends within :data:`POLL_S` unless a read hangs)."""
-
-
-class Stopped(Exception):
-    """Raised inside the reader thread (and its hooks) when the stop flag is set; ends the thread quietly."""
 
 
 @dataclass
@@ -252,8 +246,13 @@ class Reader:
     before any batch holding those rows goes out, and deferred batches carry
     their rows' digests for the receivers to check.  ``verify="once"``
     checks the rows of each block on its first read only (labels always).
-    Thread-safety: ``get`` from one consumer thread; ``close`` from any thread,
-    idempotent.  The threads are daemons, and stop within :data:`POLL_S` once
+    Threads: each method's docstring says which thread runs it -- the
+    *consumer* (one thread at a time: :meth:`get`, :meth:`add_wait`), the
+    *reader thread* (``_run`` and what it calls), its *I/O threads*
+    (``_read_runs``) or *any* (``close``, idempotent; ``stats``,
+    ``queue_fill``, ``alive``).  ``stats`` has one writer per counter: the
+    reader thread counts what was read (its I/O threads hand their counts
+    back with their results), the consumer what it waited.  The threads are daemons, and stop within :data:`POLL_S` once
     ``stop`` is set unless a read hangs (see the module doc).
     """
 
@@ -278,12 +277,14 @@ class Reader:
     ):
         self.meta = meta
         self.defer_pixels = bool(defer_pixels)
-        self.stats = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "wait_s": 0.0, "batches": 0, "advised_bytes": 0,
-                      "deferred_bytes": 0, "direct_io": 0, "in_place_bytes": 0, "verify_learn_bytes": 0}
+        # Counters, each dict written by one thread: the reader thread's, and the consumer's (see stats).
+        self._counts = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "advised_bytes": 0, "deferred_bytes": 0,
+                        "direct_io": 0, "in_place_bytes": 0, "verify_learn_bytes": 0}
+        self._consumer_counts = {"wait_s": 0.0, "batches": 0}
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_depth)
+        self._queue = Channel(queue_depth)
         self._stop = stop or threading.Event()
         self._on_batch = on_batch
         self._start = (int(start_epoch), int(start_batch))
@@ -293,7 +294,6 @@ class Reader:
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
-        self._stats_lock = threading.Lock()
         # Set by the reader thread when it opens the store:
         self._source: ByteSource | None = None
         self._offsets: np.ndarray | None = None  # byte offset of each image chunk; None: read through HDF5
@@ -326,20 +326,14 @@ class Reader:
         t0 = time.monotonic()
         if deadline is None:
             deadline = t0 + self._timeout_s
-        while True:
-            try:
-                item = self._queue.get(timeout=min(POLL_S, max(deadline - time.monotonic(), 0.001)))
-                break
-            except queue.Empty:
-                interrupt.raise_pending()
-                if not self._thread.is_alive() and self._queue.empty():
-                    self._fail(ReaderError(f"{self.meta.path}: the reader thread stopped without a result"))
-                if time.monotonic() >= deadline:
-                    self._fail(ReaderError(
-                        f"{self.meta.path}: no batch from the reader in {deadline - t0:.3g} s "
-                        "(storage too slow or stuck?); raise timeout_s if this is expected"
-                    ))
-        self.stats["wait_s"] += time.monotonic() - t0
+        try:
+            item = self._queue.get(deadline=deadline, check=self._check_alive)
+        except TimeoutError:
+            self._fail(ReaderError(
+                f"{self.meta.path}: no batch from the reader in {deadline - t0:.3g} s "
+                "(storage too slow or stuck?); raise timeout_s if this is expected"
+            ))
+        self._consumer_counts["wait_s"] += time.monotonic() - t0
         if isinstance(item, _Failure):
             if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
                 self._fail(StoreBusyError(str(item.exc)), item.exc)
@@ -349,11 +343,27 @@ class Reader:
             if limit is not None:
                 self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"), item.exc)
             self._fail(ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}"), item.exc)
-        self.stats["batches"] += 1
+        self._consumer_counts["batches"] += 1
         return item
 
+    def _check_alive(self) -> None:
+        """Consumer thread, while :meth:`get` waits: fail once the thread has ended with nothing queued."""
+        if not self._thread.is_alive() and self._queue.empty():
+            self._fail(ReaderError(f"{self.meta.path}: the reader thread stopped without a result"))
+
+    def add_wait(self, seconds: float) -> None:
+        """Count ``seconds`` more of the consumer waiting (a feed waiting past :meth:`get`).  Consumer thread."""
+        self._consumer_counts["wait_s"] += seconds
+
+    @property
+    def stats(self) -> dict:
+        """Counters: what the reader thread read (``read_bytes``, ``read_s``, ``fills``, ...) and how long the
+        consumer waited for how many ``batches`` (``wait_s``).  A snapshot; any thread."""
+        return {**self._counts, **self._consumer_counts}
+
     def _fail(self, error: BaseException, cause: BaseException | None = None):
-        """Stop the thread and raise ``error`` (from ``cause``), now and at every later :meth:`get`."""
+        """Stop the thread and raise ``error`` (from ``cause``), now and at every later :meth:`get`.  Consumer
+        thread."""
         error.__cause__ = cause
         error.__suppress_context__ = True
         self._error = error
@@ -362,11 +372,13 @@ class Reader:
 
     @property
     def queue_fill(self) -> tuple[int, int]:
+        """``(batches queued, capacity)``.  Any thread."""
         return self._queue.qsize(), self._queue.maxsize
 
     @property
     def alive(self) -> bool:
-        """Whether the reader thread is still running (it ends soon after :meth:`close` or a failed :meth:`get`)."""
+        """Whether the reader thread is still running (it ends soon after :meth:`close` or a failed :meth:`get`).
+        Any thread."""
         return self._thread.is_alive()
 
     def close(self) -> None:
@@ -380,25 +392,20 @@ class Reader:
         self._closed = True
         self._stop.set()
         self._thread.join(timeout=min(self._timeout_s, CLOSE_WAIT_S))
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        self._queue.drain()
 
     # -- reader thread -------------------------------------------------------------
     def _put(self, item) -> None:
-        """Queue ``item`` for the consumer, waking every POLL_S to honour the stop flag."""
-        while True:
-            if self._stop.is_set():
-                raise Stopped
-            try:
-                self._queue.put(item, timeout=POLL_S)
-                return
-            except queue.Full:
-                continue
+        """Queue ``item`` for the consumer; raises :class:`Stopped` once the stop flag is set.  Reader thread."""
+        self._queue.put(item, check=self._check_stop)
+
+    def _check_stop(self) -> None:
+        """Raise :class:`Stopped` once the stop flag is set.  Reader thread (its waits)."""
+        if self._stop.is_set():
+            raise Stopped
 
     def _run(self) -> None:
+        """The reader thread: open the store, then read and hand out batches until stopped or failed."""
         path = self.meta.path
         try:
             where = locate(self.meta, self._cache_labels, digests=self._verify)
@@ -417,7 +424,7 @@ class Reader:
                     self._labels = f[schema.LABELS]
                 self._source = self._open_source()
                 stack.callback(self._source.close)
-                self.stats["direct_io"] = int(bool(getattr(self._source, "direct", False)))
+                self._counts["direct_io"] = int(bool(getattr(self._source, "direct", False)))
                 self._check = BlockCheck.from_digests(
                     path, self.meta.rows, self.meta.block_rows, self.meta.row_bytes, where.digests,
                     max_buffers=check_buffers(getattr(self._source, "max_in_flight", 2)),
@@ -439,7 +446,7 @@ class Reader:
                 pass
 
     def _jobs(self) -> Iterator[_FillJob]:
-        """Fill jobs in reading order, epoch after epoch, from the start position."""
+        """Fill jobs in reading order, epoch after epoch, from the start position.  Reader thread."""
         epoch, first_batch = self._start
         self._next_emit = (epoch, first_batch)
         while True:
@@ -460,6 +467,7 @@ class Reader:
             epoch, first_batch = epoch + 1, 0
 
     def _pump(self) -> None:
+        """Read fill after fill, handing out each fill's batches while the next one is read.  Reader thread."""
         jobs = self._jobs()
         job = next(jobs)
         self._start_fill(job)
@@ -475,7 +483,7 @@ class Reader:
             self._complete(nxt)
 
     def _ready(self) -> list[tuple[int, int]]:
-        """Complete batches that can go out now, in order (stops at the first incomplete one)."""
+        """Complete batches that can go out now, in order (stops at the first incomplete one).  Reader thread."""
         out = []
         epoch, j = self._next_emit
         while True:
@@ -492,11 +500,13 @@ class Reader:
         return out
 
     def _emit(self, key) -> None:
+        """Hand batch ``key`` on (through ``on_batch``) to the queue.  Reader thread."""
         p = self._pending.pop(key)
         self._put(p.batch if self._on_batch is None else self._on_batch(p.batch))
 
     def _batch(self, epoch: int, j: int, images: bool = True) -> _Pending:
-        """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images)."""
+        """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images).  Reader
+        thread."""
         key = (epoch, j)
         p = self._pending.get(key)
         if p is None:
@@ -518,17 +528,20 @@ class Reader:
         With deferred pixels a fill whose runs are all in the page cache gets batches without images (their
         receivers read the rows); a fill with runs missing is read into batches as usual, since the page
         cache may drop what it fetches before a receiver gets to it.  A batch shared with the previous fill
-        keeps the kind it was made with: its rows are read here if it has images, else read past.
+        keeps the kind it was made with: its rows are read here if it has images, else read past.  Reader thread.
         """
         missing = self._advise(job.runs)
         deferred = self.defer_pixels and not missing
         for j in np.unique(job.batch[job.batch >= 0]):
             job.targets[int(j)] = self._batch(job.epoch, int(j), images=not deferred)
-        self.stats["fills"] += 1
+        self._counts["fills"] += 1
         if self.defer_pixels:
             with_images = [j for j, t in job.targets.items() if t.rows is not None]
-            into_batches = np.isin(job.batch, with_images)
-            job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
+            if not with_images:  # the usual deferred fill: every row is read by the batches' receivers
+                job.to_read = []
+            else:
+                into_batches = np.isin(job.batch, with_images)
+                job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
         if self._io is not None:
             # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
             # in file order and finish within one read of each other, so the device's queue stays full to the
@@ -538,16 +551,24 @@ class Reader:
             job.done = len(job.to_read)
 
     def _step(self, job: _FillJob, n_runs: int) -> None:
-        """Read up to ``n_runs`` more runs of ``job`` in this thread (no-op when the I/O threads have them)."""
+        """Read up to ``n_runs`` more runs of ``job`` in this thread (no-op when the I/O threads have them).
+        Reader thread."""
         stop = min(len(job.to_read), job.done + n_runs)
         while job.done < stop:
-            self._read_pixels(job, job.to_read[job.done])
+            self._count_read(*self._read_pixels(job, job.to_read[job.done]))
             job.done += 1
 
+    def _count_read(self, seconds: float, nbytes: int) -> None:
+        """Count a read in the stats.  Reader thread (the stats' one writer)."""
+        self._counts["read_s"] += seconds
+        self._counts["read_bytes"] += nbytes
+
     def _complete(self, job: _FillJob) -> None:
-        """Finish every read of the fill, then count its rows as arrived in their batches."""
+        """Finish every read of the fill, then count its rows as arrived in their batches.  Reader thread."""
         self._step(job, len(job.to_read))
-        self._wait_all(job.futures)
+        wait_futures(job.futures, check=self._check_stop)
+        for f in job.futures:  # what the I/O threads read, counted here: the stats have one writer
+            self._count_read(*f.result())
         job.futures = []
         if job.labels is None:
             job.labels = self._read_labels(job.runs, len(job.row_ids))
@@ -571,17 +592,17 @@ class Reader:
                     digests, checked = self._check.expected(job.row_ids[group])
                     t.batch.checks[0][k] = digests
                     t.batch.checks[1][k] = checked
-                self.stats["deferred_bytes"] += len(group) * self.meta.row_bytes
+                self._counts["deferred_bytes"] += len(group) * self.meta.row_bytes
             t.missing -= len(group)
         job.targets = {}
-        self.stats["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
+        self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
         if self._check is not None:
-            self.stats["verify_learn_bytes"] = self._check.learned_bytes
+            self._counts["verify_learn_bytes"] = self._check.learned_bytes
 
     # -- I/O -------------------------------------------------------------------------
     def _advise(self, runs: list[Run]) -> list[Run]:
         """Advise the source to fetch a fill's runs ahead, skipping runs already cached; return the runs not
-        known to be cached (every run where the source cannot tell)."""
+        known to be cached (every run where the source cannot tell).  Reader thread."""
         if self._offsets is None:
             return []
         cached = getattr(self._source, "cached", None)
@@ -595,20 +616,25 @@ class Reader:
             missing.append(run)
             if advise is not None:
                 advise(run.offset, length)
-                self.stats["advised_bytes"] += length
+                self._counts["advised_bytes"] += length
         return missing
 
-    def _read_runs(self, job: _FillJob, runs: Iterator[Run], lock: threading.Lock) -> None:
-        """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left."""
+    def _read_runs(self, job: _FillJob, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
+        """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left;
+        return the seconds and bytes read.  An I/O thread."""
+        seconds = nbytes = 0
         while True:
             with lock:
                 run = next(runs, None)
             if run is None:
-                return
-            self._read_pixels(job, run)
+                return seconds, nbytes
+            t, n = self._read_pixels(job, run)
+            seconds += t
+            nbytes += n
 
-    def _read_pixels(self, job: _FillJob, run: Run) -> None:
-        """Read one run of rows straight into their batches.  Runs on an I/O thread when there are any."""
+    def _read_pixels(self, job: _FillJob, run: Run) -> tuple[float, int]:
+        """Read one run of rows straight into their batches; return the seconds and bytes it took.  An I/O
+        thread when there are any, else the reader thread."""
         if self._stop.is_set():
             raise Stopped
         dest, src, n, off = run
@@ -635,14 +661,12 @@ class Reader:
             for i, (b, k) in enumerate(zip(batches, offsets)):
                 if b >= 0:
                     targets[b].batch.images[k] = rows[i]
-        with self._stats_lock:
-            self.stats["read_s"] += time.perf_counter() - t0
-            self.stats["read_bytes"] += n * row_bytes
+        return time.perf_counter() - t0, n * row_bytes
 
     def _read_block(self, start: int, stop: int, out: memoryview) -> None:
         """Read the image bytes of rows ``[start, stop)``, which lie in one block, into ``out``: by byte
-        offset, or (compressed) through HDF5, then only from the reader thread.  What :class:`BlockCheck`
-        learns a block with."""
+        offset (from an I/O thread or the reader thread), or (compressed) through HDF5, then only from the
+        reader thread.  What :class:`BlockCheck` learns a block with."""
         if self._offsets is not None:
             block = start // self.meta.block_rows
             offset = int(self._offsets[block]) + (start - block * self.meta.block_rows) * self.meta.row_bytes
@@ -653,7 +677,7 @@ class Reader:
 
     def _read_labels(self, runs: list[Run], n: int) -> np.ndarray:
         """Labels of a fill in buffer order, run by run (when they are not all cached).  Checked reads take
-        the whole blocks around each run, checked against their digests."""
+        the whole blocks around each run, checked against their digests.  Reader thread."""
         labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
         for dest, src, k, _off in runs:
             span = None if self._check is None else self._check.widen(src, k)
@@ -669,7 +693,7 @@ class Reader:
 
     def _read_label_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         """Labels of rows ``[start, stop)`` into ``out``: by byte offset where the labels are stored
-        uncompressed, else through HDF5."""
+        uncompressed, else through HDF5.  Reader thread."""
         if stop <= start:
             return
         if self._label_offsets is None:
@@ -681,13 +705,3 @@ class Reader:
         for first, chunk, within, m in chunk_pieces(start, stop - start, chunk_rows):  # may span label chunks
             a = first * row_bytes
             self._source.readinto(int(chunk_offsets[chunk]) + within * row_bytes, [view[a:a + m * row_bytes]])
-
-    def _wait_all(self, futures) -> None:
-        """Wait for I/O futures, waking to honour the stop flag; re-raise the first failure."""
-        pending = set(futures)
-        while pending:
-            if self._stop.is_set():
-                raise Stopped
-            done, pending = concurrent.futures.wait(pending, timeout=POLL_S, return_when="FIRST_EXCEPTION")
-            for f in done:
-                f.result()
