@@ -187,7 +187,7 @@ LAYERS = (
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
     ("order / store", ("h5stream.order", "h5stream.store")),
     ("remote transport", ("h5stream.remote",)),
-    ("process pool", ("h5stream._procpool",)),
+    ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
     ("low level", ("h5stream._io", "h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
                    "h5stream._monitor", "h5stream.samples")),
     ("errors", ("h5stream.errors",)),
@@ -195,8 +195,9 @@ LAYERS = (
 """Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first
 two parts of the name: ``h5stream.store.meta`` may import ``h5stream.store.schema``)."""
 
-ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps")
-"""Besides each other, adapters use only the public API (and the one-line import errors)."""
+ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps", "h5stream._wait")
+"""Besides each other, adapters use only the public API (and the one-line import errors, and the one stoppable
+wait that every thread of the package waits with)."""
 
 ALLOWED_UPWARD = {
     # Stream.keras() / tf_dataset() / torch() hand the stream to its adapter, imported only when called.
