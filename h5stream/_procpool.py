@@ -6,7 +6,10 @@ what a task carries and what its result means belong to the front ends.
 
 The protocol, plain tuples pickled over one duplex pipe per worker:
 
-* parent -> worker: ``(seq, body)``, one task; ``None``, stop.
+* parent -> worker: ``(seq, body)``, one task; ``None``, stop.  Or, sent with
+  :meth:`Workers.send_raw`, one task as plain bytes: :data:`RAW`, ``seq``
+  (8 bytes, little-endian) and a body the front end packed itself, handed to
+  its handler as a ``memoryview`` -- no pickling on the hot path.
 * worker -> parent: ``("ready", pid)`` once set up, or ``("fatal", failure)``
   when set-up raised (the worker then exits); per task ``("done", seq,
   result)`` or ``("error", seq, failure)``, ``failure`` a :class:`Failure`.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import selectors
 import signal
 import time
@@ -38,6 +42,9 @@ from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 
 READY, FATAL, DONE, ERROR, EXITED = "ready", "fatal", "done", "error", "exited"
 """The first item of every message a front end receives from :meth:`Workers.wait`."""
+
+RAW = b"R"
+"""First byte of a task sent as bytes (:meth:`Workers.send_raw`); a pickle starts with another."""
 
 
 class Failure(NamedTuple):
@@ -99,12 +106,16 @@ def serve(conn, setup: Callable, handle: Callable, stage: str, *setup_args) -> N
             if conn not in [key.fileobj for key, _ in watch.select()]:
                 return  # the parent died without stopping us: nothing left to serve
             try:
-                msg = conn.recv()
+                data = conn.recv_bytes()
             except (EOFError, OSError):
                 return
-            if msg is None:
-                return
-            seq, body = msg
+            if data[:1] == RAW:
+                seq, body = int.from_bytes(data[1:9], "little"), memoryview(data)[9:]
+            else:
+                msg = pickle.loads(data)
+                if msg is None:
+                    return
+                seq, body = msg
             try:
                 reply = (DONE, seq, handle(state, body))
             except BaseException as exc:
@@ -241,6 +252,15 @@ class Workers:
         """Send task ``(seq, body)`` to ``worker``; False when its pipe is gone (it died: :meth:`wait` says how)."""
         try:
             self.conns[worker].send((seq, body))
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def send_raw(self, worker: int, seq: int, body: bytes) -> bool:
+        """Send task ``seq`` to ``worker`` as bytes, ``body`` packed by the front end (its handler gets it as a
+        ``memoryview``): one write, no pickling.  False when its pipe is gone, as :meth:`send`."""
+        try:
+            self.conns[worker].send_bytes(b"".join((RAW, seq.to_bytes(8, "little"), body)))
             return True
         except (OSError, ValueError):
             return False

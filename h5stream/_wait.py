@@ -2,7 +2,9 @@
 
 Every wait in h5stream -- a batch queue's put or get, a condition's
 predicate, I/O futures -- goes through :func:`wait_until` (or the
-:class:`Channel` built on it).  It sleeps on a condition variable, so it wakes
+:class:`Channel` built on it); one that sleeps in ``select`` on pipes instead
+(the augment pool's consumer reading its workers) runs :func:`check_stops`
+between sleeps of at most :data:`POLL_S`.  It sleeps on a condition variable, so it wakes
 at once when the other side acts, and otherwise every :data:`POLL_S` to:
 
 * run the caller's ``check`` (a stop flag, a dead thread, a failure: it raises
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator
 
 from h5stream import _interrupt as interrupt
 
-__all__ = ["POLL_S", "Channel", "Stopped", "stop_when", "wait_futures", "wait_until"]
+__all__ = ["POLL_S", "Channel", "Stopped", "check_stops", "stop_when", "wait_futures", "wait_until"]
 
 POLL_S = 0.1
 """Longest a wait goes without looking at its stop flags and a held-back Ctrl-C."""
@@ -54,6 +56,16 @@ def stop_when(flag: threading.Event) -> Iterator[None]:
         yield
     finally:
         flags.pop()
+
+
+def check_stops() -> None:
+    """What a wait that sleeps on something else than a condition (a ``select`` on pipes) runs at least every
+    :data:`POLL_S`: raise :class:`Stopped` once a stop scope of the calling thread is set, and a held-back
+    Ctrl-C.  Any thread."""
+    for flag in getattr(_scopes, "flags", None) or ():
+        if flag.is_set():
+            raise Stopped
+    interrupt.raise_pending()
 
 
 def wait_until(cond: threading.Condition, ready: Callable[[], bool], *, deadline: float | None = None,

@@ -162,17 +162,16 @@ class PooledFeed:
     def _submit(self, b: Batch) -> _Submitted:
         """Hand batch ``b`` to the pool (waiting for an output slot as long as the consumer holds them).  Reader
         thread."""
-        bs = self.plan.batch_size
-        checks = None
+        # The reader made the batch: its arrays are int64 and in range, so the pool's checks are skipped.
         if b.images is None:
-            source, positions, in_place, checks = _FILE, b.file_offsets, False, b.checks
+            source, first, offsets, checks = _FILE, -1, b.file_offsets, b.checks
         else:
-            source, positions, in_place = _SLOTS, np.arange(b.slot * bs, b.slot * bs + len(b.labels)), True
+            source, first, offsets, checks = _SLOTS, b.slot * self.plan.batch_size, None, None
         # In place: the input slot is freed only once the result is taken.  The pool's wait for an output slot
         # lasts as long as the consumer holds them, and ends with Stopped once the reader is stopped.
         with stop_when(self._stop):
-            seq = self._pool.submit(source, positions, b.row_ids, epoch=b.epoch, seed=self._seed,
-                                    timeout_s=_FOREVER_S, in_place=in_place, checks=checks)
+            seq = self._pool.submit_trusted(source, first, b.row_ids, offsets, checks, epoch=b.epoch,
+                                            seed=self._seed, timeout_s=_FOREVER_S)
         return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
 
     def start(self, epoch: int, batch: int) -> None:

@@ -21,10 +21,13 @@ Threads and processes:
 * ``workers`` processes, started once with the ``spawn`` start method and
   reused until ``close()``.  They ignore SIGINT (the parent's ``close()``
   governs shutdown) and exit on their own if the parent dies.
-* One collector thread in the parent reads the workers' messages and watches
-  their process sentinels, so a worker killed by SIGKILL / the OOM killer is
-  reported within milliseconds, not after a queue timeout.  Its work per batch
-  is one message: no per-row work.
+* No thread of the pool's own: the thread that waits for a result (``get``,
+  ``discard_pending``, the constructor) reads the workers' messages and
+  watches their process sentinels itself, so a worker killed by SIGKILL / the
+  OOM killer is reported at once (by the next ``get``), not after a queue
+  timeout.  Its work per batch is one message: no per-row work, no thread
+  hop.  The producer packs each task as bytes and sends it outside the
+  pool's lock.
 * The public methods are safe to call from two threads: a producer
   (``submit``; the feed's reader thread) and a consumer (``get``,
   ``slot_view``, ``lend``, ``reclaim``, ``release``, ``discard_pending``; the
@@ -42,14 +45,13 @@ from __future__ import annotations
 
 import pickle
 import sys
-import threading
 import weakref
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from h5stream.augment.pool_state import PoolState, Task, collect, shutdown, worker_error
-from h5stream.augment.worker import FileSource, run_task, setup
+from h5stream.augment.pool_state import PoolState, Task, shutdown, worker_error
+from h5stream.augment.worker import FileSource, pack_task, run_task, setup
 from h5stream.errors import ConfigError, StreamClosedError
 from h5stream.shm import SharedArray, SharedSpec, new_prefix
 
@@ -59,11 +61,11 @@ __all__ = [
     "WorkerPool",
 ]
 
-# A task message is ~16 bytes per row plus pickle framing.  Capping the tasks
+# A task message is at most 25 bytes per row (row id, offset, digest, checked) plus its head.  Capping the tasks
 # queued per worker keeps a worker's pipe below this many bytes, so send()
 # never blocks even when the worker is stuck in a slow transform.
 _PIPE_BUDGET_BYTES = 64 << 10
-_TASK_OVERHEAD_BYTES = 512
+_TASK_OVERHEAD_BYTES = 64
 
 
 class Result(NamedTuple):
@@ -153,7 +155,7 @@ class WorkerPool:
         self.out_dtype = np.dtype(out_dtype)
         self._source_rows = [s.shape[0] for s in sources]
         self._file_sources = {i for i, s in enumerate(sources) if isinstance(s, FileSource)}
-        task_bytes = 16 * self.batch_rows + _TASK_OVERHEAD_BYTES
+        task_bytes = 25 * self.batch_rows + _TASK_OVERHEAD_BYTES
         cap = max(1, min(self.n_slots, _PIPE_BUDGET_BYTES // task_bytes))
         state = PoolState(self.workers, self.n_slots, cap, float(close_timeout_s))
         self._state = state
@@ -171,10 +173,7 @@ class WorkerPool:
         args = [(transform_bytes, list(sources), state.slots.spec, self.batch_rows)] * self.workers
         state.workers.start(setup, run_task, "transform", args, name="h5stream-augment",
                             hide_main=b"__main__" not in transform_bytes)
-        state.collector = threading.Thread(target=collect, args=(state,), name="h5stream-pool-collector", daemon=True)
-        state.collector.start()
-        with state.cond:
-            state.wait(lambda: len(state.ready) == self.workers, start_timeout_s, "workers did not start")
+        state.collect_until(lambda: len(state.ready) == self.workers, start_timeout_s, "workers did not start")
 
     # ------------------------------------------------------------------ producer side
 
@@ -216,7 +215,7 @@ class WorkerPool:
                 raise ConfigError("submit: in_place=True applies to shared-memory sources, not to a FileSource")
             if int(positions.min()) < 0:
                 raise ConfigError(f"submit: byte offsets must be >= 0 for file source {source_index}")
-            where = positions.astype(np.int64, copy=False).tobytes()  # whether they lie in the file, the read tells
+            where = positions.astype(np.int64)  # whether they lie in the file, the read tells
         else:
             if not in_place:
                 raise ConfigError("submit: rows of a shared-memory source are transformed where they lie: pass one "
@@ -227,10 +226,26 @@ class WorkerPool:
                 raise ConfigError(f"submit: positions must lie in 0..{self._source_rows[source_index] - 1} "
                                   f"for source {source_index}")
             where = first  # the run's first row says it all
-        task_row_ids = row_ids.astype(np.int64, copy=False).tobytes()  # plain bytes: cheaper to pickle than arrays
+        offsets = None if isinstance(where, int) else where
+        if checks is not None and offsets is not None:
+            checks = (np.asarray(checks[0], np.uint64), np.asarray(checks[1], bool))
+        return self.submit_trusted(source_index, where if offsets is None else -1, row_ids.astype(np.int64),
+                                   offsets, checks if offsets is not None else None,
+                                   epoch=epoch, seed=seed, timeout_s=timeout_s)
+
+    def submit_trusted(self, source_index: int, first: int, row_ids: np.ndarray, offsets: np.ndarray | None = None,
+                       checks: tuple[np.ndarray, np.ndarray] | None = None, *, epoch: int, seed: int,
+                       timeout_s: float) -> int:
+        """:meth:`submit` for a caller that guarantees what it checks (the feed, whose reader made the batch):
+        ``first``, the first row of a run of ``len(row_ids)`` rows in shared-memory source ``source_index``
+        (in place), or -1 and ``offsets`` (int64 byte offsets) for a :class:`FileSource`; ``row_ids`` int64;
+        ``checks`` as in :meth:`submit`.  Nothing is validated: the task is packed as bytes (no pickling) and
+        sent outside the pool's lock.  Producer thread."""
         task_checks = None
-        if checks is not None and source_index in self._file_sources and np.asarray(checks[1]).any():
-            task_checks = (np.asarray(checks[0], np.uint64).tobytes(), np.asarray(checks[1], bool).tobytes())
+        if checks is not None and offsets is not None and checks[1].any():
+            task_checks = (checks[0].tobytes(), checks[1].tobytes())
+        body_rest = (row_ids.tobytes(), int(epoch), int(seed), None if offsets is None else offsets.tobytes(),
+                     task_checks)
         state = self._state
         with state.cond:
             state.wait(
@@ -241,15 +256,12 @@ class WorkerPool:
             )
             worker = state.pick_worker()
             slot = state.free_slots.popleft()
-            seq = state.order.next_submit
-            body = (slot, source_index, where, task_row_ids, int(epoch), int(seed), task_checks)
-            if not state.workers.send(worker, seq, body):
-                state.free_slots.appendleft(slot)
-                # The collector reports how the worker ended; give it a moment to.
-                state.wait(lambda: False, 5.0, f"worker {worker} stopped taking tasks")
-            state.order.submitted()
-            state.tasks[seq] = Task(slot, n, worker)
+            seq = state.order.submitted()
+            state.tasks[seq] = Task(slot, len(row_ids), worker)
             state.inflight[worker] += 1
+        # Sent outside the lock (one producer: the order of seqs holds): the consumer files results meanwhile.
+        if not state.workers.send_raw(worker, seq, pack_task(slot, source_index, first, *body_rest)):
+            raise state.dead_worker(worker)
         return seq
 
     # ------------------------------------------------------------------ consumer side
@@ -264,14 +276,9 @@ class WorkerPool:
         Raises TimeoutError if the batch is not ready within ``timeout_s``.
         """
         state = self._state
+        state.collect_until(state.order.ready, timeout_s, f"batch {state.order.next_deliver} not ready")
         with state.cond:
-            state.wait(
-                state.order.ready,
-                timeout_s,
-                f"batch {state.order.next_deliver} not ready ({len(state.tasks)} in flight, "
-                f"{state.order.next_submit} submitted)",
-                on=state.for_consumer,
-            )
+            state.check()
             seq, (slot, rows, error) = state.order.pop()
             if error is not None:
                 state.free_slots.append(slot)
@@ -353,9 +360,9 @@ class WorkerPool:
         Consumer thread (while the producer submits nothing).
         """
         state = self._state
+        state.collect_until(lambda: not state.tasks, timeout_s, "the tasks in flight did not finish")
         with state.cond:
-            state.wait(lambda: not state.tasks, timeout_s, f"{len(state.tasks)} tasks did not finish",
-                       on=state.for_consumer)
+            state.check()
             dropped = state.order.drop()
             for slot, _rows, _error in dropped:
                 state.free_slots.append(slot)

@@ -1,14 +1,20 @@
 """What a :class:`~h5stream.augment.pool.WorkerPool` owns, kept apart from the pool object.
 
 :class:`PoolState` holds the workers (a :class:`~h5stream._procpool.Workers`),
-the slots and the task bookkeeping; :func:`collect` is the collector thread
-that routes the workers' messages into it and notices dead workers;
+the slots and the task bookkeeping.  No thread of the pool's own reads the
+workers' pipes: the thread that waits for a result (the consumer, or the
+constructor waiting for start-up) reads them itself
+(:meth:`PoolState.collect_until`), files each message and notices dead
+workers by their process sentinels.  A finished batch thus costs its consumer
+one ``select`` and one ``recv``, and no wake-up of a second thread (a
+collector thread cost a wake-up, a lock hand-off and a notify per batch).
 :func:`shutdown` is what the pool's ``weakref.finalize`` runs.  None of them
 refers to the pool, so dropping an unclosed pool still reaches the finalizer.
 """
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
 import threading
 import time
@@ -69,25 +75,26 @@ class PoolState:
 
     Nothing here references the WorkerPool object, so dropping the pool lets
     ``weakref.finalize`` run :func:`shutdown`.  All fields below ``cond`` are
-    guarded by its lock.  Three conditions share that lock, so a routine event
-    wakes only the side that waits for it: ``for_consumer`` (a result in order,
-    or no task left), ``for_producer`` (an output slot, worker capacity) and
-    ``cond`` for the rest (start-up).  Close and failures wake all three
-    (:meth:`wake_all`): waking a thread for nothing costs a futex round trip
-    and a GIL hand-off per batch.
+    guarded by its lock.  Two conditions share that lock, so a routine event
+    wakes only the side that waits for it: ``for_producer`` (an output slot,
+    worker capacity) and ``cond`` for the rest (a second thread waiting to
+    read the pipes, shutdown waiting for the reading to end).  Close and
+    failures wake both (:meth:`wake_all`): waking a thread for nothing costs a
+    futex round trip and a GIL hand-off per batch.
+    The consumer learns of finished tasks by reading the pipes itself
+    (:meth:`collect_until`), so nobody notifies it of one.
     """
 
     def __init__(self, n_workers, n_slots, per_worker_cap, close_timeout_s):
         self.owner_pid = os.getpid()
         lock = threading.RLock()
         self.cond = threading.Condition(lock)
-        self.for_consumer = threading.Condition(lock)
         self.for_producer = threading.Condition(lock)
         self.closed = False
         self.failure: tuple[str, str | None] | None = None
         self.per_worker_cap = per_worker_cap
         self.close_timeout_s = close_timeout_s
-        self.workers = Workers("augment worker")  # its wait() is the collector's alone
+        self.workers = Workers("augment worker")  # its wait() runs in one thread at a time: see collect()
         self.ready: set[int] = set()  # workers that answered "ready" and have not ended: they take tasks
         self.inflight = [0] * n_workers
         self.free_slots = deque(range(n_slots))
@@ -97,8 +104,8 @@ class PoolState:
         self.slots: SharedArray | None = None
         self.slot_items: list[np.ndarray] = []  # one array per slot, made on the mapping (see SharedArray.item_arrays)
         self.lent: list[int] = []  # slots handed to the consumer without a copy (see WorkerPool.lend)
-        self.collector: threading.Thread | None = None
-        self.wake_r, self.wake_w = os.pipe()
+        self.reading: int | None = None  # the thread in collect()'s wait on the pipes, if one is
+        self.wake_r, self.wake_w = os.pipe()  # written once, by shutdown: ends a wait on the pipes
 
     # -- helpers called with cond held
 
@@ -110,7 +117,6 @@ class PoolState:
 
     def wake_all(self) -> None:
         self.cond.notify_all()
-        self.for_consumer.notify_all()
         self.for_producer.notify_all()
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
@@ -122,6 +128,73 @@ class PoolState:
         if not _wait.wait_until(on or self.cond, predicate, deadline=time.monotonic() + timeout_s, check=self.check):
             raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
 
+    def collect(self, timeout_s: float) -> None:
+        """Read what the workers sent (waiting up to ``timeout_s`` for something) and file it.  The thread
+        that waits for a result; the lock not held.  One thread at a time reads the pipes: a second one waits
+        on ``cond`` meanwhile.  A failure of the reading itself becomes the pool's failure."""
+        me = threading.get_ident()
+        with self.cond:
+            if self.closed or self.failure is not None:
+                return  # check() says why
+            if self.reading is not None and self.reading != me:
+                self.cond.wait(timeout_s)
+                return
+            self.reading = me
+        events, error = [], None
+        try:
+            events = self.workers.wait(timeout_s, wake_fd=self.wake_r)
+        except BaseException as exc:  # the pipes are the pool's lifeline: fail loudly, never wait for good
+            error = exc
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with self.cond:
+                self.reading = None
+                for w, msg in events:
+                    self.handle(w, msg)
+                if error is not None and self.failure is None and not self.closed:
+                    self.failure = (f"reading the augment workers' pipes failed: {type(error).__name__}: {error}",
+                                    "".join(traceback.format_exception(error)))
+                    self.wake_all()
+                else:
+                    self.cond.notify_all()  # a second reader, or shutdown, waits for the reading to end
+
+    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Read the workers' messages until ``ready()`` holds (it is looked at with the lock held); raises on
+        close, failure or timeout (TimeoutError, at the deadline), :class:`~h5stream._wait.Stopped` once a stop
+        scope of the calling thread is set, and a held-back Ctrl-C within :data:`POLL_S`.  Whatever is in the
+        pipes is read first even when ``ready()`` already holds, so a dead worker is reported at the next call
+        and the tasks in flight are counted fresh.  The thread that waits for a result; the lock not held."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            self.check()
+            left = 0.0 if ready() else min(timeout_s, POLL_S)  # one select either way: it returns on a message
+        while True:
+            self.collect(left)
+            with self.cond:
+                self.check()
+                if ready():
+                    return
+            _wait.check_stops()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
+            left = min(left, POLL_S)
+
+    def dead_worker(self, w: int) -> BaseException:
+        """The error for a worker whose pipe took no task: it died.  Waits (up to 5 s) for its process to end,
+        records its death report as the pool's failure unless there is one.  Producer thread, lock not held."""
+        multiprocessing.connection.wait([self.workers.procs[w].sentinel], 5.0)
+        with self.cond:
+            if self.failure is None and not self.closed:
+                self.failure = (self.workers.death(w, OOM_FIX, STARTUP_HINT), None)
+                self.wake_all()
+            try:
+                self.check()
+            except BaseException as exc:
+                return exc
+            return worker_error(f"augment worker {w} stopped taking tasks", None)  # pragma: no cover
+
     def pick_worker(self) -> int | None:
         return pick_worker(self.inflight, self.ready, self.per_worker_cap)
 
@@ -131,12 +204,12 @@ class PoolState:
             return
         self.inflight[task.worker] -= 1
         self.order.finish(seq, (task.slot, task.rows, error))
-        self.for_producer.notify_all()  # worker capacity came free
-        if seq == self.order.next_deliver or not self.tasks:
-            self.for_consumer.notify_all()  # the batch it waits for, or the last one discard_pending waits for
+        if self.inflight[task.worker] == self.per_worker_cap - 1:
+            self.for_producer.notify_all()  # worker capacity came free (free slots are the usual limit)
 
     def handle(self, w: int, msg) -> None:
-        """File message ``msg`` of worker ``w`` (see :mod:`h5stream._procpool`); collector thread, cond held."""
+        """File message ``msg`` of worker ``w`` (see :mod:`h5stream._procpool`); the thread in :meth:`collect`,
+        cond held."""
         kind = msg[0]
         if kind == DONE:
             self.task_finished(msg[1], None)
@@ -157,27 +230,9 @@ class PoolState:
                 self.wake_all()
 
 
-def collect(state: PoolState) -> None:
-    """Collector thread: route worker messages into state, notice dead workers.
-
-    If it fails itself, every blocked or later call raises WorkerError instead
-    of waiting for results that would never be routed.
-    """
-    try:
-        while not state.closed:  # read without the lock: a stale False costs one more wait
-            for w, msg in state.workers.wait(None, wake_fd=state.wake_r):
-                with state.cond:
-                    state.handle(w, msg)
-    except BaseException as exc:
-        with state.cond:
-            if state.failure is None and not state.closed:
-                state.failure = (f"the pool's collector thread failed: {type(exc).__name__}: {exc}",
-                                 traceback.format_exc())
-            state.wake_all()
-
-
 def shutdown(state: PoolState) -> None:
-    """Stop workers and the collector, unlink the slots.  Idempotent; never references the pool."""
+    """Stop the workers, unlink the slots.  Idempotent; never references the pool.  Any thread: a thread
+    reading the pipes is woken and waited for (up to 5 s) before they close."""
     if state.owner_pid != os.getpid():
         return  # a forked copy of the owner: the processes and segments are not ours
     with state.cond:
@@ -187,9 +242,10 @@ def shutdown(state: PoolState) -> None:
         os.write(state.wake_w, b"x")
     except OSError:
         pass
-    collector = state.collector
-    if collector is not None and collector is not threading.current_thread():
-        collector.join(5.0)
+    me, end = threading.get_ident(), time.monotonic() + 5.0
+    with state.cond:
+        while state.reading not in (None, me) and end > time.monotonic():
+            state.cond.wait(end - time.monotonic())  # no stoppable wait here: a finalizer raises nothing
     state.workers.stop(state.close_timeout_s)
     for fd in (state.wake_r, state.wake_w):
         try:

@@ -2,12 +2,14 @@
 
 Each worker runs the core's loop (:func:`h5stream._procpool.serve`) with
 :func:`setup` (attach the sources and output slots, unpickle the transform)
-and :func:`run_task`.  A task's body is ``(slot, source_index, where, row_ids,
-epoch, seed, checks)``, plain ints and bytes: ``where`` is the first row of a
-run in a shared-memory source (transformed where it lies, never copied), or
-for a :class:`FileSource` the rows' byte offsets (``int64`` bytes); ``checks``
-is None or, for a :class:`FileSource`, ``(digests, checked)`` (``uint64`` and
-``bool`` bytes): the rows' xxh3-64 to check them against.  A task's result is
+and :func:`run_task`.  A task's body is bytes (:func:`pack_task`, sent with
+:meth:`~h5stream._procpool.Workers.send_raw`: no pickling either way), which
+:func:`unpack_task` reads as ``(slot, source_index, where, row_ids, epoch,
+seed, checks)``: ``where`` is the first row of a run in a shared-memory source
+(transformed where it lies, never copied), or for a :class:`FileSource` the
+rows' byte offsets (``int64``); ``checks`` is None or, for a
+:class:`FileSource`, ``(digests, checked)`` (``uint64`` and ``bool``): the
+rows' xxh3-64 to check them against.  A task's result is
 None: the rows are in the slot.  A failure to get a task's rows is reported
 with stage ``"read"``, one of the transform with stage ``"transform"``.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +30,40 @@ from h5stream._io import first_mismatch, preadv_all
 from h5stream._procpool import TaskFailed
 from h5stream.errors import ChecksumError
 from h5stream.shm import SharedArray
+
+
+_HEAD = struct.Struct("<iiqiqBB")
+"""A task's head: slot, source, first row (-1: the rows follow by byte offset), rows, epoch, whether checks
+follow, length of the seed's bytes."""
+
+
+def pack_task(slot: int, source: int, first: int, row_ids: bytes, epoch: int, seed: int,
+              offsets: bytes | None = None, checks: tuple[bytes, bytes] | None = None) -> bytes:
+    """One task as bytes (pure): the head, the seed (any Python int), ``row_ids`` (``int64`` bytes), then for a
+    file source ``offsets`` (``int64`` bytes, ``first`` -1) and ``checks`` (``uint64`` digests, ``bool`` flags)."""
+    seed_bytes = seed.to_bytes(seed.bit_length() // 8 + 1, "little", signed=True)
+    head = _HEAD.pack(slot, source, first, len(row_ids) // 8, epoch, checks is not None, len(seed_bytes))
+    if offsets is None:
+        return b"".join((head, seed_bytes, row_ids))
+    if checks is None:
+        return b"".join((head, seed_bytes, row_ids, offsets))
+    return b"".join((head, seed_bytes, row_ids, offsets, *checks))
+
+
+def unpack_task(body) -> tuple:
+    """``(slot, source, where, row_ids, epoch, seed, checks)`` of a :func:`pack_task` body (pure; the arrays are
+    read-only views of ``body``)."""
+    slot, source, first, n, epoch, checked, seed_len = _HEAD.unpack_from(body)
+    at = _HEAD.size + seed_len
+    seed = int.from_bytes(body[_HEAD.size:at], "little", signed=True)
+    row_ids = np.frombuffer(body, np.int64, n, at)
+    where, checks = first, None
+    if first < 0:
+        where = np.frombuffer(body, np.int64, n, at + 8 * n)
+        if checked:
+            checks = (np.frombuffer(body, np.uint64, n, at + 16 * n), np.frombuffer(body, bool, n, at + 24 * n))
+    return slot, source, where, row_ids, epoch, seed, checks
+
 
 @dataclass(frozen=True)
 class FileSource:
@@ -66,9 +103,9 @@ class _FileRows:
         for a, b, off in zip(starts, stops, firsts):
             preadv_all(self.fd, [dest[a * rb:b * rb]], off, self.path)
 
-    def check(self, rows: np.ndarray, row_ids: np.ndarray, digests: bytes, checked: bytes) -> None:
+    def check(self, rows: np.ndarray, row_ids: np.ndarray, digests: np.ndarray, checked: np.ndarray) -> None:
         """Raise :class:`ChecksumError` naming the first row whose bytes differ from its digest (where checked)."""
-        bad = first_mismatch(rows, np.frombuffer(digests, np.uint64), np.frombuffer(checked, bool))
+        bad = first_mismatch(rows, digests, checked)
         if bad >= 0:
             row = int(row_ids[bad])
             raise ChecksumError.for_rows(self.path, row, row, "images")
@@ -95,14 +132,13 @@ def setup(transform_bytes: bytes, source_specs, slot_spec, batch_rows: int) -> _
 
 def run_task(worker: _Worker, body) -> None:
     """One task (see the module doc): the rows, the transform written into the output slot."""
-    slot, src, where, row_ids, epoch, seed, checks = body
-    row_ids = np.frombuffer(row_ids, np.int64)
+    slot, src, where, row_ids, epoch, seed, checks = unpack_task(body)
     n = len(row_ids)
     source = worker.sources[src]
     if isinstance(source, _FileRows):
         images = worker.gather[:n]
         try:
-            source.read(np.frombuffer(where, np.int64), images)
+            source.read(where, images)
             if checks is not None:
                 source.check(images, row_ids, *checks)
         except Exception as exc:
