@@ -97,11 +97,14 @@ class Channel:
     """A bounded FIFO between threads, whose blocking ``put`` / ``get`` are stoppable :func:`wait_until` waits.
 
     Any number of producers and consumers; ``maxsize`` > 0.  ``check`` as in :func:`wait_until` (e.g. raise
-    :class:`Stopped` once a stop flag is set).
+    :class:`Stopped` once a stop flag is set).  ``resume_at`` (0 <= it < ``maxsize``; default ``maxsize - 1``):
+    a ``put`` that found the channel full goes on once no more than ``resume_at`` items are left, so a producer
+    that runs ahead is woken once per ``maxsize - resume_at`` items taken, not once per item.
     """
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, resume_at: int | None = None):
         self.maxsize = int(maxsize)
+        self.resume_at = self.maxsize - 1 if resume_at is None else max(0, min(int(resume_at), self.maxsize - 1))
         self._items: deque = deque()
         lock = threading.Lock()
         self._not_empty = threading.Condition(lock)
@@ -113,7 +116,7 @@ class Channel:
             if check is not None:
                 check()
             if len(self._items) >= self.maxsize:
-                wait_until(self._not_full, self._has_room, check=check)
+                wait_until(self._not_full, self._low, check=check)
             self._items.append(item)
             self._not_empty.notify()
 
@@ -125,11 +128,22 @@ class Channel:
             if not self._items and not wait_until(self._not_empty, self._has_items, deadline=deadline, check=check):
                 raise TimeoutError("nothing arrived before the deadline")
             item = self._items.popleft()
-            self._not_full.notify()
+            if len(self._items) <= self.resume_at:
+                self._not_full.notify()
             return item
 
-    def _has_room(self) -> bool:
-        return len(self._items) < self.maxsize
+    def poll(self, default=None):
+        """The oldest item, or ``default`` at once when there is none."""
+        with self._not_empty:
+            if not self._items:
+                return default
+            item = self._items.popleft()
+            if len(self._items) <= self.resume_at:
+                self._not_full.notify()
+            return item
+
+    def _low(self) -> bool:
+        return len(self._items) <= self.resume_at
 
     def _has_items(self) -> bool:
         return bool(self._items)

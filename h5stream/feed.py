@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from h5stream._wait import Channel, stop_when
 from h5stream.budget import StreamPlan
-from h5stream.errors import ChecksumError, ReaderError, WorkerError
+from h5stream.errors import ChecksumError, H5StreamError, ReaderError, WorkerError
 from h5stream.read.reader import ArrayArena, Batch, Reader, direct_reads
 from h5stream.store.meta import StoreMeta
 
@@ -78,9 +79,6 @@ class InlineFeed:
             self.reader.close()
 
 
-_FOREVER_S = 1e9
-"""A wait bounded by a stop flag, not by time (the pool's submit waits for the consumer, who may pause)."""
-
 _SLOTS, _FILE = 0, 1
 """The pool's sources: the shared input slots, and (uncompressed stores) the file itself."""
 
@@ -110,11 +108,14 @@ class PooledFeed:
     to the free list when its batch's result is taken by the consumer (the
     worker has read it by then).
 
-    Threads: ``start``, ``next``, ``stats`` and ``close`` run in the consumer's
-    thread (the one inside the stream); ``_allocate`` and ``_submit`` (the
-    reader's hooks) in the reader thread, whose waits end with
-    :class:`~h5stream._wait.Stopped` once the feed's stop flag is set; the
-    pool's collector thread is the pool's.
+    Threads: ``start``, ``next``, ``_submit``, ``_top_up``, ``stats`` and
+    ``close`` run in the consumer's thread (the one inside the stream), which
+    also submits the reader's batches to the pool as output slots come free
+    and reads the workers' answers (the pool has no thread of its own):
+    nothing in this process wakes per batch but the consumer, and the reader
+    thread once per fill.  ``_allocate`` (the reader's hook) runs in the reader
+    thread, whose waits end with :class:`~h5stream._wait.Stopped` once the
+    feed's stop flag is set.
     """
 
     def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
@@ -146,6 +147,7 @@ class PooledFeed:
         self._free = Channel(self._n_in)  # free input slots: the reader thread takes, the consumer gives back
         self._stop: threading.Event | None = None
         self._error: ReaderError | None = None  # a batch did not come in time: the order is lost, raised again
+        self._submitted: deque[_Submitted] = deque()  # batches in the pool, in order
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
@@ -159,20 +161,30 @@ class PooledFeed:
         bs = self.plan.batch_size
         return self._inputs.array[k * bs:k * bs + n], labels, k
 
-    def _submit(self, b: Batch) -> _Submitted:
-        """Hand batch ``b`` to the pool (waiting for an output slot as long as the consumer holds them).  Reader
-        thread."""
+    def _submit(self, b: Batch, timeout_s: float) -> None:
+        """Hand batch ``b`` to the pool (waiting up to ``timeout_s`` for an output slot).  Consumer thread: it
+        is the one that frees output slots, so it submits without waiting whenever :meth:`_top_up` finds room."""
         # The reader made the batch: its arrays are int64 and in range, so the pool's checks are skipped.
         if b.images is None:
             source, first, offsets, checks = _FILE, -1, b.file_offsets, b.checks
-        else:
+        else:  # in place: the input slot is freed only once the result is taken
             source, first, offsets, checks = _SLOTS, b.slot * self.plan.batch_size, None, None
-        # In place: the input slot is freed only once the result is taken.  The pool's wait for an output slot
-        # lasts as long as the consumer holds them, and ends with Stopped once the reader is stopped.
-        with stop_when(self._stop):
-            seq = self._pool.submit_trusted(source, first, b.row_ids, offsets, checks, epoch=b.epoch,
-                                            seed=self._seed, timeout_s=_FOREVER_S)
-        return _Submitted(b.epoch, b.index, b.labels, b.slot, seq)
+        seq = self._pool.submit_trusted(source, first, b.row_ids, offsets, checks, epoch=b.epoch, seed=self._seed,
+                                        timeout_s=timeout_s)
+        self._submitted.append(_Submitted(b.epoch, b.index, b.labels, b.slot, seq))
+
+    def _top_up(self) -> None:
+        """Submit the batches the reader has queued while the pool has room; never waits.  A failure stays
+        where it happened (the reader's or the pool's, both raise it again at their next call) for the next
+        :meth:`next` to raise: this one may already hold a batch to return.  Consumer thread."""
+        try:
+            while self._pool.has_room():
+                b = self.reader.poll()
+                if b is None:
+                    return
+                self._submit(b, 0.0)
+        except (H5StreamError, TimeoutError):
+            pass
 
     def start(self, epoch: int, batch: int) -> None:
         """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped.  A task
@@ -188,32 +200,48 @@ class PooledFeed:
                     f"{self.meta.path}: the augment workers did not finish their batches in {self._timeout_s:.3g} s; "
                     "raise timeout_s if the transform is that slow"))) from exc
         self._error = None
+        self._submitted.clear()
         self._free = Channel(self._n_in)
         for k in range(self._n_in):
             self._free.put(k)
         self._stop = threading.Event()
+        # The reader hands over whole fills at a time (it wakes once per fill, not once per batch): the queue
+        # holds a fill's batches beyond the plan's queue depth.  What they hold is counted already: the fill's
+        # batches exist while it is read, and their pixels, if any, are in input slots.
+        per_fill = -(-self.plan.rows_per_fill // self.plan.batch_size) + 1
         self.reader = Reader(
-            self.meta, self._layout, queue_depth=self.plan.queue_depth, start_epoch=epoch, start_batch=batch,
-            allocate=self._allocate, on_batch=self._submit, stop=self._stop, defer_pixels=self.direct,
-            cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s, direct_io=self._direct_io,
-            verify=self._verify,
+            self.meta, self._layout, queue_depth=self.plan.queue_depth + per_fill,
+            queue_resume_at=self.plan.queue_depth, start_epoch=epoch, start_batch=batch, allocate=self._allocate,
+            stop=self._stop, defer_pixels=self.direct, cache_labels=self.plan.label_cache_bytes > 0,
+            timeout_s=self._timeout_s, direct_io=self._direct_io, verify=self._verify,
         )
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
         """The next batch, or :class:`ReaderError` within ``timeout_s`` (reading and transforming together),
         naming the worker that has the batch when one has it; after that error every call raises it again.
-        Consumer thread."""
+        Consumer thread: it takes the reader's batches, submits them to the pool as output slots come free
+        (no thread waits on the pool's slots), and takes the results in order."""
         if self._error is not None:
             raise self._error
         t0 = time.monotonic()
         deadline = t0 + self._timeout_s
-        try:
-            item: _Submitted = self.reader.get(deadline)
-        except ReaderError as exc:
-            late = self._late_worker(t0)  # the reader waits for a slot that a stuck worker holds
-            if late is None:
-                raise
-            raise self._fail(late) from exc
+        if not self._submitted:
+            try:
+                b = self.reader.get(deadline)
+            except ReaderError as exc:
+                late = self._late_worker(t0)  # the reader waits for an input slot that a stuck worker holds
+                if late is None:
+                    raise
+                raise self._fail(late) from exc
+            try:
+                self._submit(b, max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise self._fail(ReaderError(
+                    f"{self.meta.path}: no output slot of the augment pool came free in {self._timeout_s:.3g} s; "
+                    "does the consumer keep every batch it got?"
+                )) from None
+            self._top_up()
+        item = self._submitted.popleft()
         try:
             # One wait until the deadline: the pool's wait runs a held-back Ctrl-C within POLL_S meanwhile.
             done = self._pool.get(timeout_s=max(deadline - time.monotonic(), 0.0))
@@ -248,6 +276,7 @@ class PooledFeed:
         finally:
             if item.in_slot is not None:
                 self._free.put(item.in_slot)
+        self._top_up()  # into the slots just freed, before the caller's training step
         return item.epoch, item.index, x, item.labels
 
     def _late_worker(self, t0: float) -> ReaderError | None:

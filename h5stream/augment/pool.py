@@ -264,6 +264,13 @@ class WorkerPool:
             raise state.dead_worker(worker)
         return seq
 
+    def has_room(self) -> bool:
+        """Whether a submit would go at once: an output slot is free and a worker can take it.  Any thread; it
+        holds until the next submit when the submitter is also the thread that takes results (the feed)."""
+        state = self._state
+        with state.cond:
+            return bool(state.free_slots) and state.pick_worker() is not None
+
     # ------------------------------------------------------------------ consumer side
 
     def get(self, timeout_s: float) -> Result:

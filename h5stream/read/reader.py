@@ -247,7 +247,7 @@ class Reader:
     their rows' digests for the receivers to check.  ``verify="once"``
     checks the rows of each block on its first read only (labels always).
     Threads: each method's docstring says which thread runs it -- the
-    *consumer* (one thread at a time: :meth:`get`, :meth:`add_wait`), the
+    *consumer* (one thread at a time: :meth:`get`, :meth:`poll`, :meth:`add_wait`), the
     *reader thread* (``_run`` and what it calls), its *I/O threads*
     (``_read_runs``) or *any* (``close``, idempotent; ``stats``,
     ``queue_fill``, ``alive``).  ``stats`` has one writer per counter: the
@@ -262,6 +262,7 @@ class Reader:
         layout: Callable[[int], EpochLayout],
         *,
         queue_depth: int,
+        queue_resume_at: int | None = None,
         start_epoch: int = 0,
         start_batch: int = 0,
         timeout_s: float = 60.0,
@@ -284,7 +285,7 @@ class Reader:
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
-        self._queue = Channel(queue_depth)
+        self._queue = Channel(queue_depth, queue_resume_at)
         self._stop = stop or threading.Event()
         self._on_batch = on_batch
         self._start = (int(start_epoch), int(start_batch))
@@ -334,6 +335,20 @@ class Reader:
                 "(storage too slow or stuck?); raise timeout_s if this is expected"
             ))
         self._consumer_counts["wait_s"] += time.monotonic() - t0
+        return self._take(item)
+
+    def poll(self) -> Batch | None:
+        """The next batch in order if one is queued, else None at once; raises as :meth:`get`.  Consumer
+        thread."""
+        if self._closed:
+            raise StreamClosedError("the stream is closed; open it again with h5stream.open(...)")
+        if self._error is not None:
+            raise self._error
+        item = self._queue.poll()
+        return None if item is None else self._take(item)
+
+    def _take(self, item) -> Batch:
+        """``item`` taken from the queue: the batch, or the thread's failure raised.  Consumer thread."""
         if isinstance(item, _Failure):
             if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
                 self._fail(StoreBusyError(str(item.exc)), item.exc)
