@@ -9,6 +9,7 @@ the task's ``seed`` (see :class:`Scripted`).
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import psutil
@@ -326,3 +327,36 @@ def test_file_source_workers_read_rows_at_byte_offsets(sources, row_file):
         assert info.value.stage == "read" and "in read" in info.value.worker_traceback
         p.submit(0, _offsets([3]), [3], epoch=0, seed=PLAIN, timeout_s=60)
         assert np.array_equal(take(p)[1], add_row_ids(sources[0].array[[3]], np.array([3]), 0))
+
+
+def test_the_pool_runs_no_thread_of_its_own(sources):
+    """The thread that waits for a result reads the workers' answers itself: no collector thread to wake per
+    batch, none even while a batch is in flight."""
+    before = {t.ident for t in threading.enumerate()}
+    with WorkerPool(Scripted(), [sources[0].spec], workers=1, batch_rows=BATCH_ROWS, n_slots=N_SLOTS) as pool:
+        submit(pool, 0, 2, 4, np.arange(4))
+        started = {t.name for t in threading.enumerate() if t.ident not in before}
+        seq, rows = take(pool)
+    assert started == set()
+    assert seq == 0 and np.array_equal(rows, add_row_ids(sources[0].array[2:6], np.arange(4), 0))
+
+
+@pytest.mark.parametrize("seed", [0, 1, -1, 2**63, -(2**80) + 3, 2**200])
+def test_a_task_packed_as_bytes_reads_back_the_same_whatever_the_seed(seed):
+    from h5stream.augment.worker import pack_task, unpack_task
+
+    row_ids = np.array([5, 3, 2**40], np.int64)
+    offsets = np.array([0, 4096, 2**33], np.int64)
+    digests, checked = np.array([1, 2**64 - 1, 7], np.uint64), np.array([True, False, True])
+    slot, src, first, ids, epoch, got_seed, checks = unpack_task(memoryview(pack_task(3, 0, 17, row_ids.tobytes(),
+                                                                                      9, seed)))
+    assert (slot, src, first, epoch, got_seed, checks) == (3, 0, 17, 9, seed, None)
+    assert np.array_equal(ids, row_ids)
+    body = pack_task(2, 1, -1, row_ids.tobytes(), 2**40, seed, offsets.tobytes(), (digests.tobytes(),
+                                                                                  checked.tobytes()))
+    slot, src, where, ids, epoch, got_seed, checks = unpack_task(memoryview(body))
+    assert (slot, src, epoch, got_seed) == (2, 1, 2**40, seed)
+    assert np.array_equal(ids, row_ids) and np.array_equal(where, offsets)
+    assert np.array_equal(checks[0], digests) and np.array_equal(checks[1], checked)
+    unchecked = unpack_task(memoryview(pack_task(2, 1, -1, row_ids.tobytes(), 0, seed, offsets.tobytes())))
+    assert np.array_equal(unchecked[2], offsets) and unchecked[6] is None

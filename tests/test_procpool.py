@@ -37,6 +37,8 @@ def _setup(offset):
 
 
 def _handle(offset, body):
+    if isinstance(body, memoryview):  # a task sent as bytes (Workers.send_raw)
+        return ("bytes", bytes(body))
     what, value = body
     if what == "add":
         return value + offset
@@ -94,6 +96,16 @@ def test_workers_serve_tasks_and_report_failures_with_their_stage(two, tmp_path)
     _, (kind, _, fail) = replies[11]
     assert kind == ERROR and fail.summary == "SystemExit: 3"
     assert two.started == {0, 1}
+
+
+def test_a_task_sent_as_bytes_reaches_the_handler_as_those_bytes_in_order_with_pickled_ones(two):
+    assert two.send_raw(0, 5, b"\x00raw\x80task") and two.send(0, 6, ("add", 1)) and two.send_raw(1, 7, b"")
+    done = {}
+    while len(done) < 3:
+        for w, msg in two.wait(60):
+            if msg[0] == DONE:
+                done[msg[1]] = (w, msg[2])
+    assert done == {5: (0, ("bytes", b"\x00raw\x80task")), 6: (0, 11), 7: (1, ("bytes", b""))}
 
 
 def test_a_killed_worker_is_reported_once_after_its_messages_then_its_pipe_refuses(two):

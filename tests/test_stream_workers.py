@@ -1,6 +1,8 @@
 """The stream with augmentation: inline and in worker processes, end to end on real files."""
 
 
+import threading
+
 import numpy as np
 import psutil
 import pytest
@@ -238,3 +240,30 @@ def test_fills_not_in_the_page_cache_are_read_by_the_reader(tmp_path):
     assert len(inline) == len(cold) == len(mixed) == 171
     for a, b, c in zip(inline, cold, mixed):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[0], c[0]) and np.array_equal(a[1], c[1])
+
+
+def test_only_the_iterating_thread_hands_tasks_to_the_workers_and_no_collector_runs(store, monkeypatch):
+    """The reader thread hands over whole fills; the thread that iterates submits them as output slots come free
+    and reads the workers' answers itself: no other thread of the process wakes per batch for the pool."""
+    from h5stream._procpool import Workers
+
+    senders = set()
+    for name in ("send", "send_raw"):
+        original = getattr(Workers, name, None)
+        if original is not None:
+            def sending(self, *args, _original=original, **kwargs):
+                senders.add(threading.current_thread().name)
+                return _original(self, *args, **kwargs)
+
+            monkeypatch.setattr(Workers, name, sending)
+    threads, ids = set(), []
+    with h5stream.open(store, batch_size=32, seed=3, workers=2, augment=h5stream.Augment(horizontal_flip=True),
+                       memory_budget="300MiB") as s:
+        for _epoch in range(2):
+            for _x, y in s:
+                ids.append(y.copy())
+                threads |= {t.name for t in threading.enumerate() if t.name.startswith("h5stream")}
+    assert senders == {threading.current_thread().name}
+    assert threads and all(name.startswith("h5stream-reader") for name in threads), threads
+    labels = np.concatenate(ids)
+    assert len(labels) == 2 * ROWS and np.array_equal(np.bincount(labels), 2 * np.bincount(np.arange(ROWS) % 5))
