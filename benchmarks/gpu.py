@@ -27,7 +27,7 @@ code does) while the stream feeds it, against its rate alone.
 On any device, a table of h5stream's CPU in the training process per batch,
 thread by thread (:func:`thread_breakdown`), for ``--breakdown-workers`` x
 ``--breakdown-batches``: the ``next()`` calls in the training thread, the
-reader thread, its I/O threads, the pool's collector and the upload thread,
+reader thread, its I/O threads, the pool's collector thread (builds that have one) and the upload thread,
 over a whole epoch in steady state.  ``--breakdown-only`` prints just that::
 
     python -m benchmarks.gpu --breakdown-only --rows 16384 --size 64 --torch-threads 1

@@ -222,7 +222,7 @@ class Workers:
 
     Threads: :meth:`send` from one thread (the producer), :meth:`wait` from one
     thread (the one that reads the workers' messages: the caller's for ingest,
-    the collector for augment), :meth:`stop` once nobody waits any more.
+    the one waiting for a result for augment), :meth:`stop` once nobody waits any more.
     """
 
     def __init__(self, role: str):

@@ -241,11 +241,12 @@ class PooledFeed:
                     "does the consumer keep every batch it got?"
                 )) from None
             self._top_up()
-        item = self._submitted.popleft()
+        item = self._submitted[0]  # taken off once the pool has handed its batch over (or its error)
         try:
             # One wait until the deadline: the pool's wait runs a held-back Ctrl-C within POLL_S meanwhile.
             done = self._pool.get(timeout_s=max(deadline - time.monotonic(), 0.0))
         except WorkerError as exc:
+            self._submitted.popleft()
             if exc.stage != "read":
                 raise
             # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
@@ -258,6 +259,7 @@ class PooledFeed:
                 f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.3g} s; "
                 "raise timeout_s if the transform is that slow"
             )) from None
+        self._submitted.popleft()
         self.reader.add_wait(time.monotonic() - t0)
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")

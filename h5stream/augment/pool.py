@@ -38,7 +38,7 @@ Threads and processes:
 Ownership: the pool owns its worker processes and its slot segment; the
 sources belong to the caller, who must keep them alive until ``close()``.
 The worker side is :mod:`h5stream.augment.worker`; what the pool owns, and
-its collector thread, :mod:`h5stream.augment.pool_state`.
+how a waiting thread reads the workers' answers, :mod:`h5stream.augment.pool_state`.
 """
 
 from __future__ import annotations

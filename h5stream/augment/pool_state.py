@@ -71,7 +71,7 @@ class Task:
 
 
 class PoolState:
-    """Everything the pool owns; shared by the facade, the collector thread and the finalizer.
+    """Everything the pool owns; shared by the facade (its producer and consumer threads) and the finalizer.
 
     Nothing here references the WorkerPool object, so dropping the pool lets
     ``weakref.finalize`` run :func:`shutdown`.  All fields below ``cond`` are
