@@ -293,6 +293,7 @@ class Reader:
         self._cache_labels = bool(cache_labels)
         self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
+        self._learned: np.ndarray | None = None  # per block: its digests learned (by _learn_runs)
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         # Set by the reader thread when it opens the store:
@@ -547,7 +548,7 @@ class Reader:
         """
         missing = self._advise(job.runs)
         deferred = self.defer_pixels and not missing
-        for j in np.unique(job.batch[job.batch >= 0]):
+        for j in np.flatnonzero(np.bincount(job.batch[job.batch >= 0])).tolist():  # the fill's batches, in order
             job.targets[int(j)] = self._batch(job.epoch, int(j), images=not deferred)
         self._counts["fills"] += 1
         if self.defer_pixels:
@@ -557,7 +558,7 @@ class Reader:
             else:
                 into_batches = np.isin(job.batch, with_images)
                 job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
-        if self._io is not None:
+        if self._io is not None and job.to_read:
             # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
             # in file order and finish within one read of each other, so the device's queue stays full to the
             # end of the fill; a fill costs k futures instead of one per run.
@@ -591,8 +592,7 @@ class Reader:
         if any(t.batch.file_offsets is not None for t in job.targets.values()):
             file_offsets = row_offsets(job.runs, len(job.row_ids), self.meta.row_bytes)
             if self._check is not None:  # the receivers check rows against their digests: learn them first
-                for run in job.runs:
-                    self._check.learn_rows(run.src, run.rows, self._read_block)
+                self._learn_runs(job.runs)
         kept = np.flatnonzero(job.batch >= 0)
         order = kept[np.argsort(job.batch[kept], kind="stable")]
         split = np.flatnonzero(np.diff(job.batch[order])) + 1
@@ -613,6 +613,18 @@ class Reader:
         self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
         if self._check is not None:
             self._counts["verify_learn_bytes"] = self._check.learned_bytes
+
+    def _learn_runs(self, runs: list[Run]) -> None:
+        """Learn the digests of every block ``runs`` touch (see :meth:`BlockCheck.learn_rows`), asking only about
+        blocks not known learned yet: a learned block stays learned.  Reader thread."""
+        block_rows = self.meta.block_rows
+        if self._learned is None:
+            self._learned = np.zeros(-(-self.meta.rows // block_rows), bool)
+        for run in runs:
+            first, last = run.src // block_rows, (run.src + run.rows - 1) // block_rows
+            if run.rows and not self._learned[first:last + 1].all():
+                self._check.learn_rows(run.src, run.rows, self._read_block)
+                self._learned[first:last + 1] = True
 
     # -- I/O -------------------------------------------------------------------------
     def _advise(self, runs: list[Run]) -> list[Run]:
