@@ -293,7 +293,7 @@ class Reader:
         self._cache_labels = bool(cache_labels)
         self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
-        self._learned: np.ndarray | None = None  # per block: its digests learned (by _learn_runs)
+        self._learned: set[int] = set()  # blocks whose digests are learned (by _learn_runs)
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         # Set by the reader thread when it opens the store:
@@ -617,14 +617,12 @@ class Reader:
     def _learn_runs(self, runs: list[Run]) -> None:
         """Learn the digests of every block ``runs`` touch (see :meth:`BlockCheck.learn_rows`), asking only about
         blocks not known learned yet: a learned block stays learned.  Reader thread."""
-        block_rows = self.meta.block_rows
-        if self._learned is None:
-            self._learned = np.zeros(-(-self.meta.rows // block_rows), bool)
+        block_rows, known = self.meta.block_rows, self._learned
         for run in runs:
-            first, last = run.src // block_rows, (run.src + run.rows - 1) // block_rows
-            if run.rows and not self._learned[first:last + 1].all():
+            blocks = range(run.src // block_rows, (run.src + run.rows - 1) // block_rows + 1)
+            if not known.issuperset(blocks):
                 self._check.learn_rows(run.src, run.rows, self._read_block)
-                self._learned[first:last + 1] = True
+                known.update(blocks)
 
     # -- I/O -------------------------------------------------------------------------
     def _advise(self, runs: list[Run]) -> list[Run]:
