@@ -248,13 +248,15 @@ class WorkerPool:
                      task_checks)
         state = self._state
         with state.cond:
-            state.wait(
-                lambda: bool(state.free_slots) and state.pick_worker() is not None,
-                timeout_s,
-                "no output slot was released (is the consumer calling release()?)",
-                on=state.for_producer,
-            )
-            worker = state.pick_worker()
+            worker = state.pick_worker() if state.free_slots and not state.closed and state.failure is None else None
+            if worker is None:  # no room now: the stoppable wait
+                state.wait(
+                    lambda: bool(state.free_slots) and state.pick_worker() is not None,
+                    timeout_s,
+                    "no output slot was released (is the consumer calling release()?)",
+                    on=state.for_producer,
+                )
+                worker = state.pick_worker()
             slot = state.free_slots.popleft()
             seq = state.order.submitted()
             state.tasks[seq] = Task(slot, len(row_ids), worker)
