@@ -224,9 +224,7 @@ class Reader:
     ``(start_epoch, start_batch)`` and goes on epoch after epoch until
     :meth:`close`.  ``allocate(n, images)`` returns ``(images, labels, slot)``
     for an ``n``-row batch (``images`` None when asked for none) and may block;
-    ``on_batch(batch)`` turns a finished batch into what is queued (default:
-    the batch itself) and may block; both must raise :class:`Stopped` once
-    ``stop`` is set.  ``cache_labels`` reads every label once up front instead
+    it must raise :class:`Stopped` once ``stop`` is set.  ``cache_labels`` reads every label once up front instead
     of run by run.  ``source()`` opens the store's
     :class:`~h5stream.read.source.ByteSource`, in the reader thread (default:
     the local file, read past the page cache with ``O_DIRECT`` when
@@ -272,7 +270,6 @@ class Reader:
         verify: bool | str = True,
         source: Callable[[], ByteSource] | None = None,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
-        on_batch: Callable[[Batch], object] | None = None,
         stop: threading.Event | None = None,
         name: str = "h5stream-reader",
     ):
@@ -287,7 +284,6 @@ class Reader:
         self._timeout_s = float(timeout_s)
         self._queue = Channel(queue_depth, queue_resume_at)
         self._stop = stop or threading.Event()
-        self._on_batch = on_batch
         self._start = (int(start_epoch), int(start_batch))
         self._allocate = allocate
         self._cache_labels = bool(cache_labels)
@@ -516,9 +512,9 @@ class Reader:
         return out
 
     def _emit(self, key) -> None:
-        """Hand batch ``key`` on (through ``on_batch``) to the queue.  Reader thread."""
+        """Hand batch ``key`` on to the queue.  Reader thread."""
         p = self._pending.pop(key)
-        self._put(p.batch if self._on_batch is None else self._on_batch(p.batch))
+        self._put(p.batch)
 
     def _batch(self, epoch: int, j: int, images: bool = True) -> _Pending:
         """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images).  Reader
