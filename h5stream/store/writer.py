@@ -25,7 +25,10 @@ HDF5 writes:
   inside :meth:`StoreWriter.append` (PyTables checks those writes) into that
   space, and the end of HDF5's file is checked to lie inside it.  Whole blocks
   of pixels are written as raw chunks, one write each from the caller's rows
-  (no fill, no copy in HDF5); a block's bytes are the same either way;
+  (no fill, no copy in HDF5): in a new store, where HDF5 allocates chunks as
+  the array grows, straight to the disk at the chunk's offset
+  (:mod:`h5stream.store.rawchunks`, no copy into the page cache either),
+  otherwise through HDF5; a block's bytes are the same either way;
 * :meth:`StoreWriter.commit` flushes, checks again and calls ``fsync`` (an
   I/O error on write-back surfaces there) before it raises the count.
 
@@ -68,6 +71,7 @@ from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import StoreMeta, read_meta
+from h5stream.store.rawchunks import RawChunks
 from h5stream.store.space import SpaceGuard, space_for
 
 __all__ = ["COMPRESSIONS", "CREATING_SUFFIX", "StoreWriter", "creating_path", "write_arrays"]
@@ -102,9 +106,12 @@ class StoreWriter:
         self._fd = handle.file_descriptor(h5file)  # None: not a plain POSIX file, writes checked after the fact
         self._space = SpaceGuard(self._fd, h5file.get_filesize, os.path.getsize(self._file))  # owned
         self._whole_chunks = _writes_whole_chunks(self.images)
+        self._raw: RawChunks | None = None
         self._closed = False
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
         self._resume_checksums()
+        # Owned; None where the file system refuses direct writes.  Used for chunks HDF5 allocated ahead.
+        self._raw = RawChunks.open(self._file) if self._whole_chunks else None
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -264,7 +271,8 @@ class StoreWriter:
 
     def _append_images(self, images: np.ndarray) -> None:
         """Append C-contiguous ``images``: whole blocks from a block boundary on as raw chunks (one write each,
-        from ``images`` itself: HDF5 neither fills nor copies a chunk first), the rest through HDF5's append."""
+        from ``images`` itself: HDF5 neither fills nor copies a chunk first; written direct to the disk where
+        HDF5 allocated the chunk as the array grew), the rest through HDF5's append."""
         arr = self.images
         per_chunk = int(arr.chunkshape[0])
         start, n = int(arr.nrows), len(images)
@@ -275,7 +283,9 @@ class StoreWriter:
             coords = [0] * arr.ndim
             for k, chunk in enumerate(chunks):
                 coords[0] = start + k * per_chunk
-                arr.write_chunk(tuple(coords), chunk)
+                at = arr.chunk_info(tuple(coords)).offset if self._raw is not None else None
+                if at is None or not self._raw.write(chunk, at):
+                    arr.write_chunk(tuple(coords), chunk)
         if whole < n:
             arr.append(images[whole:])
 
@@ -393,6 +403,7 @@ class StoreWriter:
         self._closed = True
         done = False
         try:
+            self._close_raw()  # nothing more reaches the file through it
             if self._f.isopen:
                 cut = handle.close_cut_off(self._f)
                 if cut and cut_back and self.published:
@@ -412,7 +423,13 @@ class StoreWriter:
         """Close HDF5's handle after a commit, first trimming what was reserved past its end."""
         self._space.trim()
         self._closed = True
+        self._close_raw()
         self._f.close()
+
+    def _close_raw(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
 
     def _release_lock(self) -> None:
         if self._lock is not None:
