@@ -417,11 +417,11 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
     pool = DecodePool(1, spec.shape, rows_per_task=16)
     try:
         pool.start()
-        for _, reasons in pool.imap(str(tmp_path), chunks[:6], spec):  # every result slot touched once
+        for _, reasons, _ in pool.imap(str(tmp_path), chunks[:6], spec):  # every result slot touched once
             assert reasons == [None] * 16
         (worker,) = new_children(before)
         start = _minor_faults(worker.pid)
-        for _, reasons in pool.imap(str(tmp_path), chunks[6:], spec):
+        for _, reasons, _ in pool.imap(str(tmp_path), chunks[6:], spec):
             assert reasons == [None] * 16
         per_photo = (_minor_faults(worker.pid) - start) / (16 * len(chunks[6:]))
     finally:
@@ -479,14 +479,14 @@ def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest
     real_imap, real_append = DecodePool.imap, StoreWriter.append
 
     def imap(self, *args, **kwargs):
-        for images, reasons in real_imap(self, *args, **kwargs):
+        for images, reasons, digests in real_imap(self, *args, **kwargs):
             yielded.append(images)
-            yield images, reasons
+            yield images, reasons, digests
 
-    def append(self, images, labels, paths):
+    def append(self, images, labels, paths, image_digests=()):
         from_slot = any(np.may_share_memory(images, v) for v in yielded)
         appends.append((self.rows, len(paths), from_slot))
-        return real_append(self, images, labels, paths)
+        return real_append(self, images, labels, paths, image_digests)
 
     monkeypatch.setattr(DecodePool, "imap", imap)
     monkeypatch.setattr(StoreWriter, "append", append)

@@ -16,10 +16,11 @@ Three choices made when a store is created, each for one reader:
   ``/images`` (a compressed chunk's size is known only once it is compressed).
 
 All four are plain HDF5 (1.10 or later reads the pages); h5py, PyTables and ``h5dump`` read the file as any
-other.  PyTables cannot set the first two nor the allocation time, so :func:`create_empty_file` makes the empty file with
-h5py, :func:`create_images_allocated_early` adds an uncompressed ``/images`` with h5py (with the attributes PyTables
-gives an extendable array, so PyTables opens it as one), and the writer adds the other arrays with PyTables.  Where h5py's HDF5 library cannot be reached to set the fanout (an
-h5py not installed from its wheel), the file keeps HDF5's default fanout and is otherwise the same.
+other.  PyTables cannot set the first two nor the allocation time, so :func:`create_empty_file` makes the empty
+file with h5py, :func:`create_images_allocated_early` adds an uncompressed ``/images`` with h5py (with the
+attributes PyTables gives an extendable array, so PyTables opens it as one), and the writer adds the other arrays
+with PyTables.  Where h5py's HDF5 library cannot be reached to set the fanout (an h5py not installed from its
+wheel), the file keeps HDF5's default fanout and is otherwise the same.
 """
 
 from __future__ import annotations

@@ -236,8 +236,11 @@ class StoreWriter:
                 arr.truncate(n)
         self._flush()
 
-    def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str]) -> None:
-        """Append rows (not yet committed).  Shapes must match the store.
+    def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=()) -> None:
+        """Append rows (not yet committed).  Shapes must match the store.  ``image_digests``: the block checksums
+        of whole blocks of ``images`` from its first row, where they are known already (see
+        :meth:`~h5stream.store.checksum.BlockHasher.add`); they are what :func:`h5stream.store.checksum.digest`
+        gives for those rows, or the store's checksums are wrong.
 
         The rows' chunks are written here, into file space allocated first; raises
         :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.  Rows that
@@ -267,7 +270,7 @@ class StoreWriter:
 
         self._write_guarded(space_for((self.images, self.labels, self.paths), n), write)
         if self._hasher is not None:
-            self._hasher.add(images, labels, encoded)
+            self._hasher.add(images, labels, encoded, image_digests)
 
     def _append_images(self, images: np.ndarray) -> None:
         """Append C-contiguous ``images``: whole blocks from a block boundary on as raw chunks (one write each,
