@@ -74,6 +74,9 @@ from h5stream.store.meta import StoreMeta, read_meta
 from h5stream.store.rawchunks import RawChunks
 from h5stream.store.space import SpaceGuard, space_for
 
+#: Labels and paths of appended rows wait for the next commit, or until this many rows wait.
+PENDING_ROWS = 8192
+
 __all__ = ["COMPRESSIONS", "CREATING_SUFFIX", "StoreWriter", "creating_path", "write_arrays"]
 
 
@@ -107,6 +110,8 @@ class StoreWriter:
         self._space = SpaceGuard(self._fd, h5file.get_filesize, os.path.getsize(self._file))  # owned
         self._whole_chunks = _writes_whole_chunks(self.images)
         self._raw: RawChunks | None = None
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
+        self._pending_rows = 0
         self._closed = False
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
         self._resume_checksums()
@@ -231,6 +236,7 @@ class StoreWriter:
 
     def _truncate_to_committed(self) -> None:
         n = self.committed_rows
+        self._pending, self._pending_rows = [], 0  # rows past the count: dropped with them
         for arr in (self.images, self.labels, self.paths):
             if arr.nrows > n:
                 arr.truncate(n)
@@ -242,10 +248,12 @@ class StoreWriter:
         :meth:`~h5stream.store.checksum.BlockHasher.add`); they are what :func:`h5stream.store.checksum.digest`
         gives for those rows, or the store's checksums are wrong.
 
-        The rows' chunks are written here, into file space allocated first; raises
+        The rows' pixel chunks are written here, into file space allocated first; raises
         :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.  Rows that
         start on a block boundary and fill whole blocks are written as HDF5 chunks straight from ``images``
-        (no copy); the caller keeps ``images`` unchanged only until this returns.
+        (no copy); the caller keeps ``images`` unchanged only until this returns.  Their labels and paths (a few
+        hundred bytes a row, copied here) are written with the next :meth:`commit`, in one write per array, or
+        once :data:`PENDING_ROWS` wait.
         """
         self._check_open()
         images = np.ascontiguousarray(images)
@@ -263,14 +271,27 @@ class StoreWriter:
             raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
         encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
-        def write() -> None:
-            self._append_images(images)
-            self.labels.append(labels)
-            self.paths.append(encoded)
-
-        self._write_guarded(space_for((self.images, self.labels, self.paths), n), write)
+        self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
         if self._hasher is not None:
             self._hasher.add(images, labels, encoded, image_digests)
+        self._pending.append((labels.copy(), encoded))  # the caller may reuse its labels' memory
+        self._pending_rows += n
+        if self._pending_rows >= PENDING_ROWS:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        """Write the labels and paths of the rows appended since the last call (one write per array)."""
+        if not self._pending:
+            return
+        labels = np.concatenate([lab for lab, _ in self._pending])
+        paths = np.concatenate([enc for _, enc in self._pending])
+
+        def write() -> None:
+            self.labels.append(labels)
+            self.paths.append(paths)
+
+        self._write_guarded(space_for((self.labels, self.paths), len(paths)), write)
+        self._pending, self._pending_rows = [], 0
 
     def _append_images(self, images: np.ndarray) -> None:
         """Append C-contiguous ``images``: whole blocks from a block boundary on as raw chunks (one write each,
@@ -294,6 +315,7 @@ class StoreWriter:
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
+        self._write_pending()
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
         if self._hasher is not None:  # block digests travel with the data they cover
             sums = self._f.root._f_get_child(schema.CHECKSUMS)
