@@ -279,18 +279,26 @@ class StoreWriter:
         if self._pending_rows >= PENDING_ROWS:
             self._write_pending()
 
-    def _write_pending(self) -> None:
-        """Write the labels and paths of the rows appended since the last call (one write per array)."""
-        if not self._pending:
+    def _write_pending(self, checksums: bool = False) -> None:
+        """Write the labels and paths of the rows appended since the last call (one write per array), and with
+        ``checksums`` the digests of the blocks hashed so far (one guarded write for all)."""
+        sums = self._f.root._f_get_child(schema.CHECKSUMS) if checksums and self._hasher is not None else None
+        if not self._pending and sums is None:
             return
-        labels = np.concatenate([lab for lab, _ in self._pending])
-        paths = np.concatenate([enc for _, enc in self._pending])
+        labels = np.concatenate([lab for lab, _ in self._pending]) if self._pending else None
+        paths = np.concatenate([enc for _, enc in self._pending]) if self._pending else None
+        nbytes = space_for((self.labels, self.paths), len(paths)) if paths is not None else 0
+        if sums is not None:
+            nbytes += space_for((sums,), self._hasher.pending_blocks)
 
         def write() -> None:
-            self.labels.append(labels)
-            self.paths.append(paths)
+            if paths is not None:
+                self.labels.append(labels)
+                self.paths.append(paths)
+            if sums is not None:
+                checksum.stage(self._f, self._hasher)
 
-        self._write_guarded(space_for((self.labels, self.paths), len(paths)), write)
+        self._write_guarded(nbytes, write)
         self._pending, self._pending_rows = [], 0
 
     def _append_images(self, images: np.ndarray) -> None:
@@ -315,12 +323,8 @@ class StoreWriter:
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
-        self._write_pending()
+        self._write_pending(checksums=True)  # block digests travel with the data they cover
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
-        if self._hasher is not None:  # block digests travel with the data they cover
-            sums = self._f.root._f_get_child(schema.CHECKSUMS)
-            self._write_guarded(space_for((sums,), self._hasher.pending_blocks),
-                                lambda: checksum.stage(self._f, self._hasher))
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
         self._flush()  # ... then the count that makes them visible
