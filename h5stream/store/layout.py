@@ -42,6 +42,10 @@ INDEX_K = 1024
 LABEL_CHUNK_BYTES = 512 << 10
 """Target size of a ``/labels`` chunk."""
 
+EARLY_PIXEL_CHUNKS = True
+"""Whether a new uncompressed store's ``/images`` chunks are allocated as the array grows (stores made by
+earlier versions have them allocated as written; tests make one by setting this False)."""
+
 
 def label_chunk_rows(label_row_bytes: int, block_rows: int) -> int:
     """Rows per ``/labels`` chunk: about :data:`LABEL_CHUNK_BYTES`, at least 1,024 rows and one image block."""
