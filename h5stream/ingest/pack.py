@@ -12,11 +12,15 @@
 3. **Decode** in ``workers`` spawned processes (chunks of files, decoded into
    a fixed ring of shared-memory slots: at most ``4 * workers`` chunks in
    flight, fewer where /dev/shm is small, so memory stays bounded when the
-   writer is slower) or in-process when ``workers == 0``.
+   writer is slower) or in-process when ``workers == 0``.  A chunk is sized
+   when a slot frees (:func:`next_task_size`): whole blocks from a block
+   boundary while every worker has a block to do, so the workers also
+   checksum the blocks they decode.
 4. **Write** in order from this thread only, block by block: every chunk is
    written whole, once, straight from the decode slot where the rows fill it
-   (:func:`block_split`; only rows around a skipped file or a short task are
-   copied, into one staging block).  After every ``commit_rows`` rows or more
+   (:func:`block_split`; only rows around a skipped file, the chunks in flight
+   when it was found, or a short task are copied, into one staging block, and
+   hashed here).  After every ``commit_rows`` rows or more
    (ending on a block boundary) the store is flushed and then
    ``committed_rows`` raised (see :class:`~h5stream.store.writer.StoreWriter`).
    With the default 4 MiB blocks a crash loses at most max(256 rows, one

@@ -21,9 +21,11 @@ HDF5 writes:
   room for index metadata) is allocated first with ``posix_fallocate``; a full
   disk or a size limit fails there, with HDF5 untouched
   (:class:`~h5stream.store.space.SpaceGuard`, which the writer owns);
-* HDF5's chunk cache is off, so pixel, label and path chunks are written
-  inside :meth:`StoreWriter.append` (PyTables checks those writes) into that
-  space, and the end of HDF5's file is checked to lie inside it.  Whole blocks
+* HDF5's chunk cache is off, so pixel chunks are written inside
+  :meth:`StoreWriter.append`, label and path chunks (a few hundred bytes a
+  row, kept until then) inside :meth:`StoreWriter.commit`, one write per
+  array (PyTables checks those writes), into that space, and the end of
+  HDF5's file is checked to lie inside it.  Whole blocks
   of pixels are written as raw chunks, one write each from the caller's rows
   (no fill, no copy in HDF5): in a new store, where HDF5 allocates chunks as
   the array grows, straight to the disk at the chunk's offset
