@@ -171,3 +171,30 @@ def test_a_store_whose_pixel_chunks_are_allocated_as_written_is_appended_to_thro
         with h5py.File(path, "r") as f:
             assert f[schema.IMAGES].id.get_create_plist().get_alloc_time() != h5py.h5d.ALLOC_TIME_EARLY
             assert np.array_equal(f[schema.IMAGES][:300], first) and np.array_equal(f[schema.IMAGES][300:], more)
+
+
+def test_a_disk_that_refuses_a_direct_write_as_misaligned_gets_every_block_through_hdf5(tmp_path, monkeypatch):
+    """A disk whose block is larger than rawchunks assumes answers EINVAL before writing: the block, and every
+    later one, is written through HDF5 instead, and the store is whole."""
+    import errno
+    import os
+
+    from h5stream.store import rawchunks
+    from h5stream.store.checksum import verify_store
+
+    tried = []
+
+    def refuse(fd, data, offset):
+        tried.append(offset)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(rawchunks.os, "pwrite", refuse)
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/refused.h5"
+        images = aligned_empty((1000, 16, 16, 3))
+        images[:] = np.random.default_rng(2).integers(0, 256, images.shape, dtype=np.uint8)
+        write_arrays(path, images, np.arange(1000) % 7, block_rows=64)
+        assert len(tried) == 1  # refused once: the writer stops trying
+        with h5py.File(path, "r") as f:
+            assert np.array_equal(f[schema.IMAGES][:], images)
+        assert verify_store(path).ok

@@ -11,7 +11,8 @@ chunk's index entry is HDF5's, its content ours.
 
 Direct writes need the memory, the offset and the length on a multiple of the
 disk's block; :meth:`RawChunks.write` answers False for a block that is not
-(then HDF5 writes it as before).  A file system that refuses ``O_DIRECT``
+(then HDF5 writes it as before), and from then on when the disk refuses a
+first write as misaligned (a block larger than :data:`ALIGN_BYTES`).  A file system that refuses ``O_DIRECT``
 (tmpfs, some network file systems) gives no :class:`RawChunks` at all
 (:meth:`RawChunks.open` returns None).
 
@@ -70,7 +71,13 @@ class RawChunks:
             return False
         done = 0
         while done < view.nbytes:
-            n = os.pwrite(self._fd, view[done:], offset + done)
+            try:
+                n = os.pwrite(self._fd, view[done:], offset + done)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and done == 0:  # the disk wants larger alignment: nothing written
+                    self.close()  # HDF5 writes this block and the next ones
+                    return False
+                raise
             if n <= 0 or (done + n < view.nbytes and not aligned(chunk.ctypes.data + done + n, offset + done + n,
                                                                  view.nbytes - done - n)):
                 raise OSError(errno.EIO, f"a direct write stopped after {done + n} of {view.nbytes} bytes")
