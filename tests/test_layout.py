@@ -188,7 +188,9 @@ def test_a_disk_that_refuses_a_direct_write_as_misaligned_gets_every_block_throu
         tried.append(offset)
         raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
 
-    monkeypatch.setattr(rawchunks.os, "pwrite", refuse)
+    import types
+
+    monkeypatch.setattr(rawchunks, "os", types.SimpleNamespace(**{**vars(os), "pwrite": refuse}))
     with direct_io_folder(str(tmp_path)) as folder:
         path = f"{folder}/refused.h5"
         images = aligned_empty((1000, 16, 16, 3))
