@@ -267,7 +267,7 @@ class StoreWriter:
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        raw = [schema.encode_path(p) for p in paths]
+        raw = schema.encode_paths(paths)
         if max(map(len, raw), default=0) > schema.PATH_BYTES:
             too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
             raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
