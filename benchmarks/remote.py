@@ -173,7 +173,7 @@ def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[in
     the local copy at ``path``, whose bytes the object has."""
     from h5stream.read.locate import locate
     from h5stream.read.runs import plan_runs
-    from h5stream.remote.source import request_spans
+    from h5stream.remote.source import MAX_REQUEST_BYTES, request_spans
     from h5stream.store.meta import read_meta
     from h5stream.stream import layout_function
 
@@ -185,7 +185,7 @@ def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[in
     out: list[tuple[int, int]] = []
     for fill in range(len(layout.fills)):
         for run in plan_runs(layout.fill_segments(fill), offsets, meta.block_rows, meta.row_bytes):
-            out += request_spans(run.offset, run.rows * meta.row_bytes)
+            out += request_spans(run.offset, run.rows * meta.row_bytes, MAX_REQUEST_BYTES)
     return out
 
 

@@ -187,7 +187,7 @@ def test_the_cli_says_in_one_line_when_credentials_are_wrong(aws_env, s3_store, 
 
 def test_bench_and_preview_take_a_url(range_server, h5cli, tmp_path):
     url = range_server.url + "store.h5"
-    code, out, err = h5cli("bench", url, "--json", "--epochs", "1", "--memory-budget", "96MiB")
+    code, out, err = h5cli("bench", url, "--json", "--epochs", "1", "--memory-budget", "64MiB")
     assert code == 0, err
     result = json.loads(out)
     assert result["file"] == url and result["rows_streamed"] == 2500 and result["baselines"] == {}

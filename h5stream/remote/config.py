@@ -146,15 +146,13 @@ def client_settings(options: RemoteOptions) -> tuple[dict, dict]:
 CLIENT_BASE_BYTES = 12 << 20
 """What the client holds whatever the traffic: its library's pages, its runtime's threads, a connection pool."""
 
-CLIENT_PER_READ_BYTES = 11 << 19
-"""What the client holds per read in flight (5.5 MiB): its receive buffers and the response body, collected whole
-(at most :data:`h5stream.remote.source.MAX_REQUEST_BYTES`, 4 MiB)."""
+CLIENT_PER_READ_BYTES = 3 << 20
+"""What the client holds per read in flight: socket and response buffers, the piece being copied."""
 
 
 def client_memory_bytes(options: RemoteOptions) -> int:
     """The memory a stream's remote client may hold, counted in its budget: measured at about 8.6 MiB after
-    the open plus, per read in flight, about 4.5 MiB for 3 MiB requests and 5.5 MiB for 4 MiB ones (receive
-    buffers and the body, collected whole), rounded up."""
+    the open plus 2.1 MiB per read in flight (256 KiB pieces, 3 MiB reads), rounded up."""
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
 
 
