@@ -102,11 +102,11 @@ def child(argv: list[str]) -> int:
         except ConfigError:
             direct = False
         cpu0 = _own_cpu_s()
-        figures, _ = measure_stream(meta, batch_size=batch, budget=None if budget is None else parse_bytes(budget),
-                                    epochs=epochs, seed=seed, cold=cold == "evict" or (cold == "direct" and not direct),
-                                    augment=None, workers=0, progress=False,
-                                    rows_per_fill=None if fill is None else int(fill),
-                                    direct_io=True if direct else "auto", read_unit=read_unit)
+        figures, timeline = measure_stream(
+            meta, batch_size=batch, budget=None if budget is None else parse_bytes(budget), epochs=epochs, seed=seed,
+            cold=cold == "evict" or (cold == "direct" and not direct), augment=None, workers=0, progress=False,
+            rows_per_fill=None if fill is None else int(fill), direct_io=True if direct else "auto",
+            read_unit=read_unit)
         cpu_s = _own_cpu_s() - cpu0
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
@@ -116,6 +116,9 @@ def child(argv: list[str]) -> int:
         out["unit_rows"], out["rows_per_fill"] = figures["plan"]["unit_rows"], figures["plan"]["rows_per_fill"]
         out["bytes"] = figures["rows_streamed"] * meta.row_bytes
         out["client_cpu_s"] = cpu_s
+        steady = steady_cpu_s(timeline)
+        if steady is not None and epochs > 1:
+            out["steady_client_cpu_s"], out["steady_bytes"] = steady, (epochs - 1) * meta.rows * meta.row_bytes
         out["read_meta_s"] = meta_s
         out["direct_io"] = direct
         out["first_order_head"] = [int(v) for v in figures["orders"][0][:8]]
@@ -127,6 +130,19 @@ def child(argv: list[str]) -> int:
         out = _fsspec(argv[1], argv[2], int(argv[3]), float(argv[4]))
     print(json.dumps(out))
     return 0
+
+
+def steady_cpu_s(timeline) -> float | None:
+    """CPU seconds the stream's process used after its first epoch ended (every thread the sampler saw, the
+    HTTP client's own threads included), from the sampler's CPU % per sample; None without an epoch mark."""
+    ends = timeline.marks.get("epoch_end")
+    if ends is None or not np.isfinite(ends).any() or timeline.t_s.size < 2:
+        return None
+    first_end = float(timeline.mark_t_s[np.isfinite(ends)][0])
+    t = timeline.t_s
+    dt = np.diff(t, prepend=t[0])
+    busy = sum(np.nan_to_num(pct) for pct in timeline.cpu_pct.values()) / 100.0
+    return float((busy * dt)[t > first_end].sum())
 
 
 def _given(value: str) -> str | None:
@@ -460,6 +476,9 @@ def summarize(results: dict, args, **facts) -> dict:
         row = {"mb_per_s": median(r[rate_key] for r in runs)}
         if "bytes" in runs[0]:
             row["client_cpu_s_per_gb"] = median(r["client_cpu_s"] / (r["bytes"] / 1e9) for r in runs)
+            if "steady_client_cpu_s" in runs[0]:
+                row["steady_client_cpu_s_per_gb"] = median(r["steady_client_cpu_s"] / (r["steady_bytes"] / 1e9)
+                                                           for r in runs)
             if "server_cpu_s" in runs[0]:
                 row["server_cpu_s_per_gb"] = median(r["server_cpu_s"] / (r["bytes"] / 1e9) for r in runs)
         if "peak_mem_bytes" in runs[0]:
@@ -520,9 +539,9 @@ def format_text(r: dict) -> str:
         f"read_unit {r.get('read_unit') or 'default'}; {r['epochs']} epoch(s), {r['rounds']} round(s), medians; "
         f"{r['machine']['cpus']} CPUs: {r['cpus']}",
         "",
-        f"{'reader':<60}{'MB/s':>7}{'x limit':>9}{'x own':>7}{'client CPU':>12}{'server CPU':>12}{'first batch':>13}"
+        f"{'reader':<60}{'MB/s':>7}{'x limit':>9}{'x own':>7}{'client CPU':>15}{'server CPU':>12}{'first batch':>13}"
         f"{'peak / budget':>17}",
-        f"{'':<60}{'':>7}{'':>9}{'':>7}{'s/GB':>12}{'s/GB':>12}{'':>13}{'MiB':>17}",
+        f"{'':<60}{'':>7}{'':>9}{'':>7}{'s/GB (steady)':>15}{'s/GB':>12}{'':>13}{'MiB':>17}",
     ]
 
     def num(v, fmt):
@@ -532,8 +551,11 @@ def format_text(r: dict) -> str:
         peak = (f"{row['peak_mem_bytes'] / mib:.0f} / {row['budget_bytes'] / mib:.0f}"
                 if "peak_mem_bytes" in row else "-")
         first = f"{row['first_batch_s']:.2f}s" if row.get("first_batch_s") is not None else "-"
+        client = num(row.get("client_cpu_s_per_gb"), ".2f")
+        if row.get("steady_client_cpu_s_per_gb") is not None:
+            client += f" ({row['steady_client_cpu_s_per_gb']:.2f})"
         lines.append(f"{label:<60}{row['mb_per_s']:>7.0f}{num(ratio, '.2f'):>9}{num(own, '.2f'):>7}"
-                     f"{num(row.get('client_cpu_s_per_gb'), '.2f'):>12}{num(row.get('server_cpu_s_per_gb'), '.1f'):>12}"
+                     f"{client:>15}{num(row.get('server_cpu_s_per_gb'), '.1f'):>12}"
                      f"{first:>13}{peak:>17}{extra}")
 
     rows = r["rows"]
@@ -557,7 +579,8 @@ def format_text(r: dict) -> str:
     lines.append("server limit: the whole object once, plain ranged GETs, 8 in flight, bodies dropped: aligned 4 MiB "
                  "ranges, or the stream's own first-epoch requests; x limit: the stream over the aligned limit of the "
                  "same server cache (the target's reference); x own: over the limit of its own ranges (on a limit "
-                 "row: own ranges over aligned)")
+                 "row: own ranges over aligned); client CPU: the whole run from before open(), and (steady) the "
+                 "epochs after the first")
     if r.get("stream_requests"):
         q = r["stream_requests"]
         lines.append(f"the stream's requests in one epoch: {q['count']}, {q['mean_bytes'] / mib:.2f} MiB on average, "
