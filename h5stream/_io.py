@@ -46,8 +46,8 @@ def aligned_empty(shape, dtype=np.uint8) -> np.ndarray:
 
     Private memory: Python's default mapping is shared memory, whose every page costs a fault through the
     shared-memory file system on first touch, about 0.25 CPU-second more per GB first written (0.6 instead of
-    0.85 s/GB filling fresh 3 MiB arrays).  Transparent huge pages were tried as well: cheaper only where
-    the kernel had the memory at hand, up to twice as dear where it had to find it (a virtual machine)."""
+    0.85 s/GB filling fresh 3 MiB arrays).  Not huge pages: on first touch they cost more where the kernel must
+    find the memory (up to 1.7 against 0.6 s/GB on a virtual machine)."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
     nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)

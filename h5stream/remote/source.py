@@ -7,9 +7,9 @@ is then one ranged ``GET`` per :data:`MAX_REQUEST_BYTES` or less carrying ``If-M
 replaced or rewritten underneath fails with :class:`StoreChangedError` instead of mixing two versions (the
 response's own ETag and size are checked too, for servers that ignore ``If-Match``).  The body is streamed
 in pieces of :data:`STREAM_CHUNK_BYTES` into the buffers (one copy, out of the client's receive buffers),
-so a read holds no temporary copy of the range.  (Collecting each body whole in the client and copying it
-out once instead was measured at the same CPU per GB, 1.10 against 1.12 s, for 2.4 MiB more per read in flight:
-the pieces are copied while still in the processor's cache.)
+so a read holds no temporary copy of the range.  Streamed rather than collected whole: collecting each body in
+the client and copying it out once costs the same CPU per GB (1.10 against 1.12 s, the pieces being copied while
+still in the processor's cache) and 2.4 MiB more per read in flight.
 
 Retries, timeouts and backoff are the client's, configured from ``timeout_s`` (see
 :func:`~h5stream.remote.config.client_settings`): server errors, throttling, dropped connections and stalls
