@@ -107,7 +107,8 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     state.
 
     ``read_unit`` (bytes or a string like ``"4MiB"``; default 1/32 of the
-    fill, between 1 and 4 MiB: a whole chunk under the default budget): the
+    fill and at most 1/1152 of the epoch, between 1 and 4 MiB: a whole chunk
+    for a store of a few GB or more under the default budget): the
     contiguous piece rows move between fills in, and so the size of most
     reads (rounded down to a power-of-two part of a chunk, at most a chunk).
     Smaller units make two epochs' orders less alike; larger ones mean fewer,
