@@ -24,7 +24,7 @@ one left there), in this order each round:
   right before its random rate, since the disk's rate drifts from minute to
   minute on a shared host.
 * **disk random** (with ``fio``) -- the device for the stream's own pattern: every
-  piece of the stream's read size (its unit, about 1 MiB) once, in random order,
+  piece of the stream's read size (its unit, 1 to 4 MiB by h5stream's rule) once, in random order,
   as many in flight as the stream keeps.  A virtual disk may serve sequential
   reads faster than any other order (its host reads ahead); this shows how much.
 * **stream aug w2** -- ``Augment.preset("standard")`` and 2 workers, one epoch.
@@ -234,16 +234,27 @@ def disk_limit(path: str, use_fio: bool) -> dict:
     return {**best, "tries": {t["tool"]: t["mb_per_s"] for t in tries}}
 
 
-def disk_random(path: str) -> dict:
+def disk_random(path: str, budget: str, direct_io="auto") -> dict:
     """The disk's rate for the stream's own pattern: every piece of the stream's read size once, in random order
     (``fio --rw=randread``), as many in flight as the stream keeps."""
-    from h5stream.read.plan import unit_rows_for
     from h5stream.read.source import DIRECT_IN_FLIGHT
+
+    return _fio(path, "randread", stream_unit_bytes(path, budget, direct_io), DIRECT_IN_FLIGHT)
+
+
+def stream_unit_bytes(path: str, budget: str, direct_io="auto") -> int:
+    """The read unit (bytes) of the cold stream on ``path``: h5stream's own plan for it (``memory_budget=budget``,
+    ``batch_size=BATCH_SIZE``, the stream's other defaults), whose default unit follows the fill."""
+    from h5stream.budget import plan_stream
+    from h5stream.options import StreamOptions
+    from h5stream.read.plan import parse_bytes
+    from h5stream.read.source import resolve_direct_io
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
-    unit = unit_rows_for(meta.block_rows, meta.row_bytes, False) * meta.row_bytes
-    return _fio(path, "randread", unit, DIRECT_IN_FLIGHT)
+    plan = plan_stream(meta, parse_bytes(budget), BATCH_SIZE, direct_io=resolve_direct_io(path, direct_io),
+                       verify_reads=StreamOptions().verify_reads, available_bytes=None)
+    return plan.unit_rows * meta.row_bytes
 
 
 def _fio(path: str, pattern: str, block: int, depth: int) -> dict:
@@ -280,7 +291,7 @@ def measurements(large: str, small: str, *, budget: str, warm_s: float, use_fio:
         "h5py": lambda: cold_child("benchmarks.cold:h5py_child", large),
         "disk": lambda: disk_limit(large, use_fio),
         "stream": lambda: cold(plain),
-        **({"disk_random": lambda: disk_random(large)} if use_fio else {}),
+        **({"disk_random": lambda: disk_random(large, budget, direct_io)} if use_fio else {}),
         "stream_aug_w2": lambda: cold({**plain, **aug2}),
         "warm_aug_w2": lambda: warm_stream(aug2),
         "warm_w0": lambda: warm_stream({}),

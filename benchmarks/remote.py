@@ -17,7 +17,11 @@ Like with like: the streams over a URL and the server's limit are measured under
 (the bytes come from its disk), or ``warm``, its files read into the page cache first and left there (the
 server answers from memory); each ratio sets a stream against the limit of the same cache.  The limit is the
 whole object fetched once with plain ranged GETs (obstore, 4 MiB, 8 in flight, bodies dropped: no HDF5, no
-stream).  The local stream is read with ``O_DIRECT`` (every byte from the disk).  The fsspec baseline opens the
+stream), measured twice: with aligned 4 MiB ranges (the server's limit, which the target is measured against), and
+with the stream's own ranges (the requests of its first epoch: whole units, at offsets the store's layout decides,
+as :class:`~h5stream.remote.source.RemoteSource` cuts them), which some servers serve at a lower rate: SeaweedFS
+reads whole 4 MiB internal chunks, so a 3 MiB range costs it about what a 4 MiB one does, or twice that where it
+straddles two.  The local stream is read with ``O_DIRECT`` (every byte from the disk).  The fsspec baseline opens the
 object with s3fs's defaults and reads each batch of the stream's own first-epoch order with one h5py fancy-index
 read, for at most ``--fsspec-seconds``; its rate is extrapolated, which the table says.
 
@@ -70,13 +74,15 @@ PIN_ABOVE_CPUS = 4
 CACHES = ("cold", "warm")
 STREAMS = ("remote", "remote_http")
 LIMITS = {"remote": "ceiling", "remote_http": "ceiling_http"}
+OWN = "_own"
+"""Suffix of a limit measured with the stream's own ranges (``ceiling_own_cold``...)."""
 LABELS = {"remote": "s3://", "remote_http": "http://"}
 
 
 def child(argv: list[str]) -> int:
     """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL READ_UNIT`` (COLD:
     ``no``, ``evict`` or ``direct``; BUDGET, ROWS_PER_FILL and READ_UNIT: ``default`` or a value) or
-    ``ceiling URL``, ``open URL``, ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
+    ``ceiling URL [RANGES.npy]``, ``open URL``, ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
         from h5stream.commands.bench import measure_stream
@@ -96,11 +102,11 @@ def child(argv: list[str]) -> int:
         except ConfigError:
             direct = False
         cpu0 = _own_cpu_s()
-        figures, _ = measure_stream(meta, batch_size=batch, budget=None if budget is None else parse_bytes(budget),
-                                    epochs=epochs, seed=seed, cold=cold == "evict" or (cold == "direct" and not direct),
-                                    augment=None, workers=0, progress=False,
-                                    rows_per_fill=None if fill is None else int(fill),
-                                    direct_io=True if direct else "auto", read_unit=read_unit)
+        figures, timeline = measure_stream(
+            meta, batch_size=batch, budget=None if budget is None else parse_bytes(budget), epochs=epochs, seed=seed,
+            cold=cold == "evict" or (cold == "direct" and not direct), augment=None, workers=0, progress=False,
+            rows_per_fill=None if fill is None else int(fill), direct_io=True if direct else "auto",
+            read_unit=read_unit)
         cpu_s = _own_cpu_s() - cpu0
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
@@ -110,17 +116,33 @@ def child(argv: list[str]) -> int:
         out["unit_rows"], out["rows_per_fill"] = figures["plan"]["unit_rows"], figures["plan"]["rows_per_fill"]
         out["bytes"] = figures["rows_streamed"] * meta.row_bytes
         out["client_cpu_s"] = cpu_s
+        steady = steady_cpu_s(timeline)
+        if steady is not None and epochs > 1:
+            out["steady_client_cpu_s"], out["steady_bytes"] = steady, (epochs - 1) * meta.rows * meta.row_bytes
         out["read_meta_s"] = meta_s
         out["direct_io"] = direct
         out["first_order_head"] = [int(v) for v in figures["orders"][0][:8]]
     elif kind == "open":
         out = _open_cost(argv[1])
     elif kind == "ceiling":
-        out = _ceiling(argv[1])
+        out = _ceiling(argv[1], np.load(argv[2]).tolist() if len(argv) > 2 else None)
     else:
         out = _fsspec(argv[1], argv[2], int(argv[3]), float(argv[4]))
     print(json.dumps(out))
     return 0
+
+
+def steady_cpu_s(timeline) -> float | None:
+    """CPU seconds the stream's process used after its first epoch ended (every thread the sampler saw, the
+    HTTP client's own threads included), from the sampler's CPU % per sample; None without an epoch mark."""
+    ends = timeline.marks.get("epoch_end")
+    if ends is None or not np.isfinite(ends).any() or timeline.t_s.size < 2:
+        return None
+    first_end = float(timeline.mark_t_s[np.isfinite(ends)][0])
+    t = timeline.t_s
+    dt = np.diff(t, prepend=t[0])
+    busy = sum(np.nan_to_num(pct) for pct in timeline.cpu_pct.values()) / 100.0
+    return float((busy * dt)[t > first_end].sum())
 
 
 def _given(value: str) -> str | None:
@@ -133,9 +155,10 @@ def _own_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _ceiling(url: str, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict:
-    """The server's own limit here: the whole object fetched once with plain ranged GETs (obstore, 4 MiB, 8 in
-    flight, bodies dropped), no HDF5 and no stream."""
+def _ceiling(url: str, ranges: list | None = None, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict:
+    """The server's own limit here: the whole object fetched once with plain ranged GETs (obstore, 8 in flight,
+    bodies dropped), no HDF5 and no stream: aligned ``request_bytes`` ranges, or ``ranges`` (``[start, end)``
+    pairs, in order) where given."""
     import concurrent.futures
 
     import obstore
@@ -146,15 +169,40 @@ def _ceiling(url: str, request_bytes: int = 4 << 20, in_flight: int = 8) -> dict
     location = parse_url(url)
     store = make_store(location, RemoteOptions())
     size = int(obstore.head(store, location.key)["size"])
+    if ranges is None:
+        ranges = [(start, min(start + request_bytes, size)) for start in range(0, size, request_bytes)]
     cpu0, t0 = _own_cpu_s(), time.monotonic()
 
-    def fetch(start):
-        return len(obstore.get_range(store, location.key, start=start, end=min(start + request_bytes, size)))
+    def fetch(span):
+        return len(obstore.get_range(store, location.key, start=int(span[0]), end=int(span[1])))
 
     with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
-        got = sum(pool.map(fetch, range(0, size, request_bytes)))
+        got = sum(pool.map(fetch, ranges))
     seconds = time.monotonic() - t0
-    return {"mb_per_s": got / seconds / 1e6, "seconds": seconds, "bytes": got, "client_cpu_s": _own_cpu_s() - cpu0}
+    return {"mb_per_s": got / seconds / 1e6, "seconds": seconds, "bytes": got, "client_cpu_s": _own_cpu_s() - cpu0,
+            "requests": len(ranges)}
+
+
+def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[int, int]]:
+    """``[start, end)`` of every request for pixels that a stream under ``plan`` (seed ``seed``) sends over a URL
+    in ``epoch``, in order: each fill's runs (neighbouring units merged) cut as the remote source cuts them; from
+    the local copy at ``path``, whose bytes the object has."""
+    from h5stream.read.locate import locate
+    from h5stream.read.runs import plan_runs
+    from h5stream.remote.source import MAX_REQUEST_BYTES, request_spans
+    from h5stream.store.meta import read_meta
+    from h5stream.stream import layout_function
+
+    meta = read_meta(path)
+    offsets = locate(meta, cache_labels=False).image_chunks
+    if offsets is None:
+        raise SystemExit(f"benchmarks.remote: {path} is compressed; its rows are not read by byte range")
+    layout = layout_function(meta.rows, plan, seed)(epoch)
+    out: list[tuple[int, int]] = []
+    for fill in range(len(layout.fills)):
+        for run in plan_runs(layout.fill_segments(fill), offsets, meta.block_rows, meta.row_bytes):
+            out += request_spans(run.offset, run.rows * meta.row_bytes, MAX_REQUEST_BYTES)
+    return out
 
 
 def _open_cost(url: str) -> dict:
@@ -338,8 +386,11 @@ def run(args) -> dict:
             with h5stream.open(local, batch_size=args.batch_size, memory_budget=args.memory_budget,
                                seed=args.seed, rows_per_fill=fill, read_unit=args.read_unit) as s:
                 order = s.epoch_order(0)
+                requests = stream_requests(local, s.plan, s.seed)
             order_path = os.path.join(workdir, "order.npy")
             np.save(order_path, order)
+            requests_path = os.path.join(workdir, "requests.npy")
+            np.save(requests_path, np.array(requests, np.int64))
             stream_args = [args.batch_size, args.memory_budget or "default", args.epochs, args.seed,
                            fill or "default", args.read_unit or "default"]
             client = pins["client"]
@@ -362,6 +413,8 @@ def run(args) -> dict:
                         measured_on_server, ["stream", urls[name], "no", *stream_args], cache)
                     runs[f"{LIMITS[name]}_{cache}"] = functools.partial(
                         measured_on_server, ["ceiling", urls[name]], cache)
+                    runs[f"{LIMITS[name]}{OWN}_{cache}"] = functools.partial(
+                        measured_on_server, ["ceiling", urls[name], requests_path], cache)
             runs["local_cold"] = local_cold
             runs["open"] = lambda: _run(["open", url], env, client)
             if not args.no_fsspec:
@@ -371,7 +424,7 @@ def run(args) -> dict:
         finally:
             server.stop()
     return summarize(by_name(rounds), args, local=local, url=url, start_s=start_s, upload_s=upload_s,
-                     caches=caches, pins=pins)
+                     caches=caches, pins=pins, requests=requests)
 
 
 def remote_rows_per_fill(local: str, args) -> int:
@@ -423,6 +476,9 @@ def summarize(results: dict, args, **facts) -> dict:
         row = {"mb_per_s": median(r[rate_key] for r in runs)}
         if "bytes" in runs[0]:
             row["client_cpu_s_per_gb"] = median(r["client_cpu_s"] / (r["bytes"] / 1e9) for r in runs)
+            if "steady_client_cpu_s" in runs[0]:
+                row["steady_client_cpu_s_per_gb"] = median(r["steady_client_cpu_s"] / (r["steady_bytes"] / 1e9)
+                                                           for r in runs)
             if "server_cpu_s" in runs[0]:
                 row["server_cpu_s_per_gb"] = median(r["server_cpu_s"] / (r["bytes"] / 1e9) for r in runs)
         if "peak_mem_bytes" in runs[0]:
@@ -433,16 +489,28 @@ def summarize(results: dict, args, **facts) -> dict:
             row["first_batch_s"] = median(r["first_batch_s"] for r in runs)
         if name == "fsspec":
             row["extrapolated"] = any(r.get("extrapolated") for r in runs)
+        if "requests" in runs[0]:
+            row["requests"] = runs[0]["requests"]
         rows[name] = row
     out["rows"] = rows
     same = [r["first_order_head"] for name, runs in results.items() if name.startswith(("remote", "local"))
             for r in runs]
     out["same_order"] = bool(same) and all(h == same[0] for h in same)
+    requests = facts.get("requests") or []
+    if requests:
+        sizes = [end - start for start, end in requests]
+        out["stream_requests"] = {"count": len(sizes), "mean_bytes": sum(sizes) / len(sizes),
+                                  "aligned_4mib": sum(1 for s, e in requests if s % (4 << 20) == 0)}
     for cache in facts["caches"]:
         for name in STREAMS:
             stream, limit = rows.get(f"{name}_{cache}"), rows.get(f"{LIMITS[name]}_{cache}")
+            own = rows.get(f"{LIMITS[name]}{OWN}_{cache}")
             if stream and limit:
                 out[f"{name}_{cache}_vs_server_limit"] = stream["mb_per_s"] / limit["mb_per_s"]
+            if stream and own:
+                out[f"{name}_{cache}_vs_own_ranges_limit"] = stream["mb_per_s"] / own["mb_per_s"]
+            if limit and own:
+                out[f"{name}_{cache}_own_ranges_vs_aligned"] = own["mb_per_s"] / limit["mb_per_s"]
     ratios = [v for k, v in out.items() if k.endswith("_vs_server_limit")]
     streams = [rows[f"{n}_{c}"] for n in STREAMS for c in facts["caches"] if f"{n}_{c}" in rows]
     cpu = [r["client_cpu_s_per_gb"] for r in streams]
@@ -471,20 +539,23 @@ def format_text(r: dict) -> str:
         f"read_unit {r.get('read_unit') or 'default'}; {r['epochs']} epoch(s), {r['rounds']} round(s), medians; "
         f"{r['machine']['cpus']} CPUs: {r['cpus']}",
         "",
-        f"{'reader':<44}{'MB/s':>7}{'x limit':>9}{'client CPU':>12}{'server CPU':>12}{'first batch':>13}"
+        f"{'reader':<60}{'MB/s':>7}{'x limit':>9}{'x own':>7}{'client CPU':>15}{'server CPU':>12}{'first batch':>13}"
         f"{'peak / budget':>17}",
-        f"{'':<44}{'':>7}{'':>9}{'s/GB':>12}{'s/GB':>12}{'':>13}{'MiB':>17}",
+        f"{'':<60}{'':>7}{'':>9}{'':>7}{'s/GB (steady)':>15}{'s/GB':>12}{'':>13}{'MiB':>17}",
     ]
 
     def num(v, fmt):
         return format(v, fmt) if v is not None else "-"
 
-    def line(label, row, ratio=None, extra=""):
+    def line(label, row, ratio=None, own=None, extra=""):
         peak = (f"{row['peak_mem_bytes'] / mib:.0f} / {row['budget_bytes'] / mib:.0f}"
                 if "peak_mem_bytes" in row else "-")
         first = f"{row['first_batch_s']:.2f}s" if row.get("first_batch_s") is not None else "-"
-        lines.append(f"{label:<44}{row['mb_per_s']:>7.0f}{num(ratio, '.2f'):>9}"
-                     f"{num(row.get('client_cpu_s_per_gb'), '.2f'):>12}{num(row.get('server_cpu_s_per_gb'), '.1f'):>12}"
+        client = num(row.get("client_cpu_s_per_gb"), ".2f")
+        if row.get("steady_client_cpu_s_per_gb") is not None:
+            client += f" ({row['steady_client_cpu_s_per_gb']:.2f})"
+        lines.append(f"{label:<60}{row['mb_per_s']:>7.0f}{num(ratio, '.2f'):>9}{num(own, '.2f'):>7}"
+                     f"{client:>15}{num(row.get('server_cpu_s_per_gb'), '.1f'):>12}"
                      f"{first:>13}{peak:>17}{extra}")
 
     rows = r["rows"]
@@ -493,17 +564,27 @@ def format_text(r: dict) -> str:
             if f"{name}_{cache}" in rows:
                 unit = rows[f"{name}_{cache}"].get("unit_rows")
                 line(f"h5stream, {LABELS[name]} (server {cache}, unit {unit} rows)", rows[f"{name}_{cache}"],
-                     r.get(f"{name}_{cache}_vs_server_limit"))
+                     r.get(f"{name}_{cache}_vs_server_limit"), r.get(f"{name}_{cache}_vs_own_ranges_limit"))
             if f"{LIMITS[name]}_{cache}" in rows:
-                line(f"server limit, {LABELS[name]} (server {cache})", rows[f"{LIMITS[name]}_{cache}"])
+                line(f"server limit, {LABELS[name]}, aligned 4 MiB (server {cache})", rows[f"{LIMITS[name]}_{cache}"])
+            if f"{LIMITS[name]}{OWN}_{cache}" in rows:
+                line(f"server limit, {LABELS[name]}, the stream's ranges (server {cache})",
+                     rows[f"{LIMITS[name]}{OWN}_{cache}"], r.get(f"{name}_{cache}_own_ranges_vs_aligned"))
     if "local_cold" in rows:
         line("h5stream, local file (O_DIRECT)", rows["local_cold"])
     if "fsspec" in rows:
         line("h5py over fsspec (s3fs, server cold)", rows["fsspec"],
              extra=" (extrapolated)" if rows["fsspec"].get("extrapolated") else "")
     lines.append("")
-    lines.append("server limit: the whole object once, plain ranged GETs of 4 MiB, 8 in flight, bodies dropped; "
-                 "x limit: the stream over the limit of the same server cache")
+    lines.append("server limit: the whole object once, plain ranged GETs, 8 in flight, bodies dropped: aligned 4 MiB "
+                 "ranges, or the stream's own first-epoch requests; x limit: the stream over the aligned limit of the "
+                 "same server cache (the target's reference); x own: over the limit of its own ranges (on a limit "
+                 "row: own ranges over aligned); client CPU: the whole run from before open(), and (steady) the "
+                 "epochs after the first")
+    if r.get("stream_requests"):
+        q = r["stream_requests"]
+        lines.append(f"the stream's requests in one epoch: {q['count']}, {q['mean_bytes'] / mib:.2f} MiB on average, "
+                     f"{q['aligned_4mib']} of them at a 4 MiB boundary")
     if "open_requests" in r:
         lines.append(f"describe the store, list its {r['chunks']} chunks and read its labels ({r['label_chunks']} "
                      f"chunks): {r['open_requests']} requests, {r['open_s']:.2f} s")

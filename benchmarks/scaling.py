@@ -11,10 +11,15 @@ besides img/s the table gives
 
 * ``ingest parent us/row``: the parent's CPU per ingested row, the whole
   ingest (walk, pool start, writes, commits) included;
+* ``past start-up``: the same per row once the run is going, from a second
+  ingest of a quarter as many photos (the difference of the two runs' CPU
+  over the difference of their rows), with ``start-up ms`` what is left
+  (store created, pool started and stopped), the same for any number of rows;
 * ``stream parent ms/batch``: the parent's CPU per batch of 256 over the timed
   epochs (after one warm-up epoch);
 * ``cap``: ``1 / that cost``, the rate no number of workers can pass while the
-  parent's work stays as it is (rows/s for ingest, img/s for the stream).
+  parent's work stays as it is (rows/s for ingest, img/s for the stream; for
+  a long ingest, the cap past start-up).
 
 On a machine with fewer cores than the curve needs, the cap still says where
 it would end.  A shared machine only ever adds time and CPU: each measurement
@@ -128,10 +133,27 @@ def _run_child(entry: str, *args) -> dict:
 
 
 # -- the run ------------------------------------------------------------------------------------
-def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict]) -> dict:
-    """One table row from the rounds of one worker count (pure): best rate, least parent CPU, and the caps."""
+def past_startup(runs: list[dict], small_runs: list[dict]) -> tuple[float | None, float | None]:
+    """(parent CPU per row once the run is going in us, start-up CPU in ms) from the rounds of a long and a
+    short ingest (pure): the least CPU of each, a straight line through the two; (None, None) without the
+    short one or with as many rows."""
+    if not small_runs:
+        return None, None
+    big = min(runs, key=lambda r: r["parent_cpu_s"])
+    small = min(small_runs, key=lambda r: r["parent_cpu_s"])
+    if big["rows"] <= small["rows"]:
+        return None, None
+    per_row_s = (big["parent_cpu_s"] - small["parent_cpu_s"]) / (big["rows"] - small["rows"])
+    return 1e6 * per_row_s, 1e3 * (small["parent_cpu_s"] - per_row_s * small["rows"])
+
+
+def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
+              small_ingest_runs: list[dict] = ()) -> dict:
+    """One table row from the rounds of one worker count (pure): best rate, least parent CPU, and the caps;
+    with the rounds of a shorter ingest, the cost per row past start-up and the start-up's."""
     ing = max(r["rows"] / r["seconds"] for r in ingest_runs)
     ing_us = min(1e6 * r["parent_cpu_s"] / r["rows"] for r in ingest_runs)
+    run_us, startup_ms = past_startup(ingest_runs, list(small_ingest_runs))
     st = max(r["images"] / r["seconds"] for r in stream_runs)
     st_ms = min(1e3 * r["parent_cpu_s"] / r["batches"] for r in stream_runs)
     return {
@@ -139,6 +161,9 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict]) ->
         "ingest_images_per_s": ing,
         "ingest_parent_us_per_row": ing_us,
         "ingest_cap_rows_per_s": 1e6 / ing_us if ing_us > 0 else None,
+        "ingest_parent_us_per_row_past_startup": run_us,
+        "ingest_startup_ms": startup_ms,
+        "ingest_cap_past_startup_rows_per_s": 1e6 / run_us if run_us and run_us > 0 else None,
         "stream_images_per_s": st,
         "stream_parent_ms_per_batch": st_ms,
         "stream_cap_images_per_s": 1e3 * BATCH / st_ms if st_ms > 0 else None,
@@ -148,6 +173,8 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict]) ->
 def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, rounds: int, data_dir: str) -> dict:
     """Every measurement, ``rounds`` interleaved rounds; the ``--json`` object."""
     root = ensure_jpegs(data_dir, n, source)
+    small = n // 4
+    small_root = ensure_jpegs(data_dir, small, source) if small >= 1 else None
     os.makedirs(data_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
         stores = {w: os.path.join(tmp, f"w{w}.h5") for w in workers}
@@ -155,12 +182,16 @@ def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, roun
         for w in workers:
             measurements[f"ingest {w}"] = lambda w=w: _run_child("benchmarks.scaling:ingest_child", root,
                                                                  stores[w], size, w)
+            if small_root is not None:
+                measurements[f"ingest {w} short"] = lambda w=w: _run_child(
+                    "benchmarks.scaling:ingest_child", small_root, os.path.join(tmp, f"short{w}.h5"), size, w)
             measurements[f"stream {w}"] = lambda w=w: _run_child("benchmarks.scaling:stream_child", stores[w], w,
                                                                  epochs)
         per_round = by_name(interleave(measurements, rounds, progress=True))
-    table = [summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"]) for w in workers]
+    table = [summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"], per_round.get(f"ingest {w} short", ()))
+             for w in workers]
     return {
-        "images": n, "source": f"{source}x{source} JPEG", "out_size": size, "batch_size": BATCH,
+        "images": n, "short_images": small, "source": f"{source}x{source} JPEG", "out_size": size, "batch_size": BATCH,
         "augment": AUGMENT, "epochs": epochs, "rounds": rounds, "cpus": available_cores(), "rows": table,
         "targets": {"ingest_parent_us_per_row": TARGET_INGEST_US_PER_ROW,
                     "stream_parent_ms_per_batch": TARGET_STREAM_MS_PER_BATCH},
@@ -172,6 +203,9 @@ COLUMNS = (
     ("ingest_images_per_s", "ingest img/s", "{:,.0f}"),
     ("ingest_parent_us_per_row", "parent us/row", "{:.1f}"),
     ("ingest_cap_rows_per_s", "cap rows/s", "{:,.0f}"),
+    ("ingest_parent_us_per_row_past_startup", "past start-up us/row", "{:.1f}"),
+    ("ingest_startup_ms", "start-up ms", "{:.0f}"),
+    ("ingest_cap_past_startup_rows_per_s", "cap rows/s", "{:,.0f}"),
     ("stream_images_per_s", "stream img/s", "{:,.0f}"),
     ("stream_parent_ms_per_batch", "parent ms/batch", "{:.2f}"),
     ("stream_cap_images_per_s", "cap img/s", "{:,.0f}"),
@@ -189,7 +223,8 @@ def rounded(result: dict) -> dict:
 def format_table(result: dict) -> str:
     lines = [f"{result['images']} JPEGs {result['source']} -> {result['out_size']}x{result['out_size']} RGB; "
              f"stream batch {result['batch_size']}, {result['epochs']} epochs after a warm-up; "
-             f"{result['cpus']} CPUs, best of {result['rounds']}; parent = the process the workers serve"]
+             f"{result['cpus']} CPUs, best of {result['rounds']}; parent = the process the workers serve"
+             + (f"; past start-up: against {result['short_images']} JPEGs" if result.get("short_images") else "")]
     cells = [[h for _, h, _ in COLUMNS]]
     for row in result["rows"]:
         cells.append([("-" if row[k] is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])

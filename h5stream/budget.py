@@ -375,7 +375,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
     read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default: 1 to 4 MiB,
-    :func:`~h5stream.read.plan.default_unit_bytes` of the fill);
+    :func:`~h5stream.read.plan.default_unit_bytes` of the fill and the epoch);
     ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums);
     ``chunk_cache_bytes``: HDF5's chunk cache for a store whose chunks split images.
 
@@ -443,8 +443,9 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     result = plan(budget_bytes, workers, batch_size)
     if unit_bytes is None and meta.compression is None:
         # The default unit grows with the fill (planned with the smallest one, whose bookkeeping is the largest).
+        epoch_bytes = (meta.rows if epoch_rows is None else int(epoch_rows)) * meta.row_bytes
         unit_rows = unit_rows_for(meta.block_rows, meta.row_bytes, False,
-                                  default_unit_bytes(result.rows_per_fill * meta.row_bytes))
+                                  default_unit_bytes(result.rows_per_fill * meta.row_bytes, epoch_bytes))
         result = replace(result, unit_rows=unit_rows)
     if available_bytes == "auto":
         available_bytes = available_memory_bytes()

@@ -106,14 +106,15 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     same batches under any budget that holds it; ``resume`` takes it from the
     state.
 
-    ``read_unit`` (bytes or a string like ``"4MiB"``; default about 1 MiB):
-    the contiguous piece rows move between fills in, and so the size of most
+    ``read_unit`` (bytes or a string like ``"4MiB"``; default 1/32 of the
+    fill and at most 1/1152 of the epoch, between 1 and 4 MiB: a whole chunk
+    for a store of a few GB or more under the default budget): the
+    contiguous piece rows move between fills in, and so the size of most
     reads (rounded down to a power-of-two part of a chunk, at most a chunk).
     Smaller units make two epochs' orders less alike; larger ones mean fewer,
-    larger reads, which an object store serves with far less work per byte
-    (``"4MiB"`` or more there).  It changes the order: give the same value to
-    get the same batches from a URL and from the local file; ``resume`` takes
-    it from the state.
+    larger reads, which an object store serves with far less work per byte.
+    It changes the order: a URL and its local file get the same default under
+    the same options, so the same batches; ``resume`` takes it from the state.
 
     ``verify_reads`` (default ``"once"``): check the rows and labels read
     against the store's block checksums (``h5stream verify`` checks the same

@@ -78,6 +78,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.stopping.wait()
             self.close_connection = True
             return
+        if body:
+            self.server.note_range(start, end)
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
@@ -117,7 +119,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
 
     Faults queued with :meth:`fail_next`, :meth:`cut_next` or :meth:`stall_next` are served to the next
     requests in order; :meth:`cut_every` truncates every response after those.  ``requests`` counts the
-    requests received, by method.
+    requests received, by method; ``ranges`` lists the ``[start, end)`` of every body it began to send.
     """
 
     daemon_threads = True
@@ -128,6 +130,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.root = Path(root)
         self.url = f"http://127.0.0.1:{self.server_address[1]}/"
         self.requests: dict[str, int] = {}
+        self.ranges: list[tuple[int, int]] = []
         self.required_headers: dict[str, str] = {}  # answered 401 without them
         self._faults: list[tuple | None] = []
         self._always: tuple | None = None  # served once the queue is empty
@@ -182,6 +185,10 @@ class RangeServer(http.server.ThreadingHTTPServer):
     def count_request(self, method: str) -> None:
         with self._lock:
             self.requests[method] = self.requests.get(method, 0) + 1
+
+    def note_range(self, start: int, end: int) -> None:
+        with self._lock:
+            self.ranges.append((start, end))
 
     def process_request(self, request, client_address):
         with self._lock:

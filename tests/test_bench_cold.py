@@ -38,3 +38,17 @@ def test_the_large_store_is_sized_from_ram_and_refused_without_room(tmp_path):
     with pytest.raises(SystemExit, match="GB are free on that disk"):
         cold.ensure_store(str(tmp_path / "huge.h5"), 10**12)
     assert not (tmp_path / "huge.h5").exists()
+
+
+@pytest.mark.parametrize("budget", [cold.BUDGET, "1GiB"])
+def test_the_random_disk_pattern_reads_the_stream_s_own_unit(tmp_path, budget):
+    """disk_random's piece is the unit the stream itself plans (h5stream's rule, from the fill), not a fixed
+    1 MiB: the two sizes in the table are the same."""
+    import h5stream
+    from benchmarks.data import make_bench_file
+
+    path = make_bench_file(str(tmp_path / "s.h5"), rows=4096, size=cold.SIZE, channels=cold.CHANNELS, progress=False)
+    with h5stream.open(path, batch_size=cold.BATCH_SIZE, memory_budget=budget, seed=0) as stream:
+        want = stream.plan.unit_rows * stream.meta.row_bytes
+    assert cold.stream_unit_bytes(path, budget) == want
+

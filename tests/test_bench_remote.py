@@ -37,6 +37,9 @@ def test_remote_benchmark_compares_like_with_like_and_reports_the_clients_cpu(tm
             assert s["client_cpu_s_per_gb"] > 0 and c["client_cpu_s_per_gb"] > 0, summary
             assert s["server_cpu_s_per_gb"] > 0, summary
             assert result[f"{stream}_{cache}_vs_server_limit"] == pytest.approx(s["mb_per_s"] / c["mb_per_s"])
+            own = rows[f"{limit}_own_{cache}"]  # the same GETs with the stream's own ranges
+            assert own["mb_per_s"] > 0 and own["requests"] == result["stream_requests"]["count"], summary
+            assert result[f"{stream}_{cache}_vs_own_ranges_limit"] == pytest.approx(s["mb_per_s"] / own["mb_per_s"])
             assert s["peak_mem_bytes"] <= s["budget_bytes"], summary
     assert rows["local_cold"]["client_cpu_s_per_gb"] > 0, summary
     assert set(result["targets"]) >= {">= 0.8x the server's limit", "client <= 1 CPU-s per GB", "peak <= budget"}
@@ -45,10 +48,30 @@ def test_remote_benchmark_compares_like_with_like_and_reports_the_clients_cpu(tm
     if pin:
         assert (result["server_cpus"], result["client_cpus"]) == ([cpus[0]], [cpus[-1]]), summary
     text = remote.format_text(result)
-    for words in ("h5stream, s3:// (server cold", "server limit, http:// (server warm)", "client CPU", "x limit",
+    for words in ("h5stream, s3:// (server cold", "server limit, http://, aligned 4 MiB (server warm)",
+                  "server limit, s3://, the stream's ranges (server cold)", "client CPU", "x limit", "x own",
                   result["cpus"]):
         assert words in text, text
     assert not list(tmp_path.glob("seaweed-*"))  # the server's folder is gone with it
+
+
+def test_the_stream_s_own_ranges_are_the_requests_a_url_stream_sends(range_server):
+    """The limit "with the stream's own ranges" fetches what a URL stream with default options requests for its
+    pixels in an epoch: every predicted request is one the server saw, and together they cover every row once."""
+    from collections import Counter
+
+    import h5stream
+    from benchmarks.remote import stream_requests
+
+    # Fills of part of the epoch, so the epoch is several requests (the default unit).
+    with h5stream.open(range_server.url + "store.h5", batch_size=50, seed=3, rows_per_fill=1024) as stream:
+        assert stream.plan.rows_per_fill < stream.meta.rows, stream.plan.describe()
+        for _ in stream:
+            pass
+        plan, seed, meta = stream.plan, stream.seed, stream.meta
+    predicted = stream_requests(str(range_server.root / "store.h5"), plan, seed)
+    assert len(predicted) > 1 and not Counter(predicted) - Counter(range_server.ranges)
+    assert sum(end - start for start, end in predicted) == meta.rows * meta.row_bytes
 
 
 def test_the_remote_benchmark_pins_server_and_client_apart_only_on_more_than_a_few_cores():

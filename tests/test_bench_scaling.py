@@ -22,13 +22,18 @@ def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_
     assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", "1,2", "--epochs", "1",
                          "--rounds", "1", "--json", "--data", str(tmp_path)]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["images"] == 40 and result["batch_size"] == 256 and result["rounds"] == 1
+    assert result["images"] == 40 and result["short_images"] == 10
+    assert result["batch_size"] == 256 and result["rounds"] == 1
     assert [row["workers"] for row in result["rows"]] == [1, 2]
     for row in result["rows"]:
         assert row["ingest_images_per_s"] > 0 and row["stream_images_per_s"] > 0
         assert row["ingest_parent_us_per_row"] > 0 and row["stream_parent_ms_per_batch"] > 0
         # the cap is the rate the parent's cost allows: 1 / cost
         assert row["ingest_cap_rows_per_s"] == pytest.approx(1e6 / row["ingest_parent_us_per_row"], rel=1e-2)
+        # past start-up: from a second ingest of a quarter as many (10) photos
+        if row["ingest_parent_us_per_row_past_startup"] is not None:
+            assert row["ingest_cap_past_startup_rows_per_s"] == pytest.approx(
+                1e6 / row["ingest_parent_us_per_row_past_startup"], rel=1e-2)
         assert row["stream_cap_images_per_s"] == pytest.approx(256e3 / row["stream_parent_ms_per_batch"], rel=1e-2)
 
 
@@ -39,10 +44,24 @@ def test_bench_scaling_table_has_every_column(tmp_path, capsys):
                                          [{"images": 40, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}])]}
     text = scaling.format_table(result)
     header, line = text.splitlines()[1:3]
-    for heading in ("workers", "ingest img/s", "parent us/row", "cap rows/s", "stream img/s", "parent ms/batch",
-                    "cap img/s"):
+    for heading in ("workers", "ingest img/s", "parent us/row", "cap rows/s", "past start-up us/row", "start-up ms",
+                    "stream img/s", "parent ms/batch", "cap img/s"):
         assert heading in header
-    assert line.split() == ["2", "80", "50.0", "20,000", "400", "1.00", "256,000"]
+    assert line.split() == ["2", "80", "50.0", "20,000", "-", "-", "-", "400", "1.00", "256,000"]
+
+
+def test_the_cost_past_start_up_is_the_slope_between_a_long_and_a_short_ingest():
+    long_runs = [{"rows": 4000, "seconds": 2.0, "parent_cpu_s": 0.19}, {"rows": 4000, "seconds": 2.0,
+                                                                        "parent_cpu_s": 0.17}]
+    short_runs = [{"rows": 1000, "seconds": 0.6, "parent_cpu_s": 0.08}, {"rows": 1000, "seconds": 0.6,
+                                                                         "parent_cpu_s": 0.09}]
+    us, ms = scaling.past_startup(long_runs, short_runs)  # least CPU of each: (0.17 - 0.08) / 3000 rows
+    assert us == pytest.approx(30.0) and ms == pytest.approx(50.0)
+    row = scaling.summarise(2, long_runs, [{"images": 256, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}],
+                            short_runs)
+    assert row["ingest_parent_us_per_row"] == pytest.approx(42.5)  # the whole run: start-up included
+    assert row["ingest_cap_past_startup_rows_per_s"] == pytest.approx(1e6 / 30)
+    assert scaling.past_startup(long_runs, []) == (None, None)
 
 
 def test_bench_scaling_refuses_a_worker_count_below_one(tmp_path, capsys):

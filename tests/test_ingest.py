@@ -391,6 +391,79 @@ def test_task_sizes_cover_every_file_once_big_first_small_last(n, workers):
 
 
 
+@pytest.mark.parametrize("workers", [1, 2, 16])
+@pytest.mark.parametrize("block_rows", [1, 8, 64])
+def test_tasks_are_whole_blocks_from_a_boundary_while_every_worker_has_a_block_to_do(workers, block_rows):
+    from h5stream.ingest.pack import next_task_size, task_sizes
+
+    for n in (0, 7, 64, 500, 3000, 10007):
+        sizes = task_sizes(n, workers, max_files=64, min_files=4, block_rows=block_rows)
+        assert sum(sizes) == n and all(0 < k <= 64 for k in sizes)
+        ends = np.cumsum(sizes)
+        for k, end in zip(sizes, ends):
+            if n - (end - k) >= workers * block_rows:  # every worker still had a block's worth: whole blocks
+                assert k % block_rows == 0 and end % block_rows == 0
+        if n >= workers * 64 * 4:
+            assert sizes[0] == 64 // block_rows * block_rows
+    # Rows in flight start 3 past a boundary (a file was skipped): the next task ends on a boundary again.
+    for offset in range(1, block_rows):
+        assert (offset + next_task_size(5000, workers, offset, block_rows, max_files=64)) % block_rows == 0
+    # A block larger than a task: tasks as before, whatever the offset.
+    assert next_task_size(5000, workers, 3, 128, max_files=64) == task_sizes(5000, workers, 64, 4)[0]
+
+
+def test_the_decode_workers_checksum_whole_blocks_and_tasks_realign_after_a_skipped_file(tmp_path, monkeypatch):
+    """The parent neither copies nor hashes whole blocks: they come from the decode slot with the digests the
+    workers computed, also after a skipped file (once the tasks already in flight are in, the next ones end on
+    block boundaries again), and the stored checksums are what verify recomputes."""
+    from h5stream.ingest.pack import IngestOptions, ingest
+    from h5stream.ingest.pool import decode_slots
+    from h5stream.store.checksum import BlockHasher, verify_store
+
+    src = tmp_path / "src"
+    written = make_class_folder(src, classes=3, per_class=200, size=(20, 24), fmt="png", seed=7)
+    broken = written[5][0]  # sorted order: the first task loses a row, every later one would start mid-block
+    (src / broken).write_bytes(b"not an image")
+    adds, real_add = [], BlockHasher.add
+
+    def add(self, images, labels, paths, image_digests=()):
+        adds.append((self.rows, len(images), len(image_digests)))
+        return real_add(self, images, labels, paths, image_digests)
+
+    monkeypatch.setattr(BlockHasher, "add", add)
+    out = tmp_path / "o.h5"
+    result = ingest(IngestOptions(src=str(src), out=str(out), size=(8, 8), workers=1, block_rows=8, order="sorted",
+                                  progress=False))
+    assert result.ingested == 599 and result.skipped == 1
+    # Hashed here: the rows of the tasks in flight when the skip came back (a slot each but one, 64 rows at most),
+    # the first block the skip broke, and the last rows (under a block per worker, the partial last block).
+    in_flight = (decode_slots(1, 0, None) - 1) * 64
+    hashed_here = 599 - 8 * sum(d for _, _, d in adds)
+    assert hashed_here <= in_flight + 3 * 8, adds
+    assert adds[0][2] and adds[-2][2], adds  # whole blocks hashed by the workers before the skip and after it
+    assert verify_store(str(out)).ok
+    kept = [rel for rel, _ in written if rel != broken]
+    with h5py.File(out, "r") as f:
+        assert [schema.decode_path(p) for p in f[schema.PATHS][:]] == kept
+        for i in (0, 4, 5, 8, 300, 598):
+            np.testing.assert_array_equal(f[schema.IMAGES][i], decode_file(str(src / kept[i]), DecodeSpec(size=(8, 8))))
+
+
+def test_an_ingest_loads_no_psutil(tmp_path):
+    """Stopping the decode pool checks for stopped workers in /proc: importing psutil for it cost ~40 ms of the
+    ingest process's CPU per run."""
+    import subprocess
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=10, size=(12, 12), fmt="png", seed=1)
+    code = ("import sys; from h5stream.ingest.pack import IngestOptions, ingest; "
+            f"ingest(IngestOptions(src={str(src)!r}, out={str(tmp_path / 'o.h5')!r}, size=(8, 8), workers=1, "
+            "progress=False)); print('psutil' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def _minor_faults(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[7])  # field 10, minflt
@@ -417,11 +490,11 @@ def test_decode_workers_keep_freed_heap_so_photos_do_not_fault_it_back_in(tmp_pa
     pool = DecodePool(1, spec.shape, rows_per_task=16)
     try:
         pool.start()
-        for _, reasons in pool.imap(str(tmp_path), chunks[:6], spec):  # every result slot touched once
+        for _, reasons, _ in pool.imap(str(tmp_path), chunks[:6], spec):  # every result slot touched once
             assert reasons == [None] * 16
         (worker,) = new_children(before)
         start = _minor_faults(worker.pid)
-        for _, reasons in pool.imap(str(tmp_path), chunks[6:], spec):
+        for _, reasons, _ in pool.imap(str(tmp_path), chunks[6:], spec):
             assert reasons == [None] * 16
         per_photo = (_minor_faults(worker.pid) - start) / (16 * len(chunks[6:]))
     finally:
@@ -479,14 +552,14 @@ def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest
     real_imap, real_append = DecodePool.imap, StoreWriter.append
 
     def imap(self, *args, **kwargs):
-        for images, reasons in real_imap(self, *args, **kwargs):
+        for images, reasons, digests in real_imap(self, *args, **kwargs):
             yielded.append(images)
-            yield images, reasons
+            yield images, reasons, digests
 
-    def append(self, images, labels, paths):
+    def append(self, images, labels, paths, image_digests=()):
         from_slot = any(np.may_share_memory(images, v) for v in yielded)
         appends.append((self.rows, len(paths), from_slot))
-        return real_append(self, images, labels, paths)
+        return real_append(self, images, labels, paths, image_digests)
 
     monkeypatch.setattr(DecodePool, "imap", imap)
     monkeypatch.setattr(StoreWriter, "append", append)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import tables
 
+from conftest import direct_io_folder
+from h5stream._io import aligned_empty
 from h5stream.store import layout, schema
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import StoreWriter, write_arrays
@@ -63,6 +65,7 @@ def _blocks_to_find_chunks(path) -> tuple[int, np.ndarray]:
 def _default_layout(monkeypatch):
     """Stores created as HDF5 lays files out by default (as stores made before the layout module were)."""
     monkeypatch.setattr(layout, "create_empty_file", lambda name: h5py.File(name, "w").close())
+    monkeypatch.setattr(layout, "EARLY_PIXEL_CHUNKS", False)
     monkeypatch.setattr(layout, "label_chunk_rows", lambda label_row_bytes, block_rows: max(1024, block_rows))
 
 
@@ -112,3 +115,88 @@ def test_a_store_with_the_default_layout_is_appended_to_as_it_is(tmp_path, monke
         assert f[schema.LABELS].chunks == label_chunks == (1024,)
         assert np.array_equal(f[schema.IMAGES][:300], first) and np.array_equal(f[schema.IMAGES][300:], more)
         assert f.id.get_create_plist().get_file_space_strategy()[0] != h5py.h5f.FSPACE_STRATEGY_PAGE
+
+
+def _direct_writes(monkeypatch) -> list[int]:
+    """Record the file offset of every block written straight to the disk (RawChunks.write that wrote)."""
+    from h5stream.store.rawchunks import RawChunks
+
+    done, real = [], RawChunks.write
+
+    def write(self, chunk, offset):
+        wrote = real(self, chunk, offset)
+        if wrote:
+            done.append(offset)
+        return wrote
+
+    monkeypatch.setattr(RawChunks, "write", write)
+    return done
+
+
+def test_a_new_stores_pixel_blocks_are_placed_by_hdf5_and_written_straight_to_the_disk(tmp_path, monkeypatch):
+    """A new store's /images chunks are allocated as the array grows and never filled; whole blocks are then
+    written direct at the offsets HDF5 gave them from page-aligned memory (a decode slot; no copy through HDF5 or
+    the page cache), the partial last one through HDF5, and h5py, PyTables and verify read the same rows."""
+    from h5stream.store.checksum import verify_store
+
+    direct = _direct_writes(monkeypatch)
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/new.h5"
+        images = aligned_empty((1000, 16, 16, 3))  # rows of 768 bytes from a page: 12 pages a block; 15 whole
+        images[:] = np.random.default_rng(0).integers(0, 256, images.shape, dtype=np.uint8)
+        write_arrays(path, images, np.arange(1000) % 7, block_rows=64)
+        with h5py.File(path, "r") as f, tables.open_file(path) as t:
+            ds = f[schema.IMAGES]
+            dcpl = ds.id.get_create_plist()
+            assert dcpl.get_alloc_time() == h5py.h5d.ALLOC_TIME_EARLY
+            assert dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
+            blocks = [ds.id.get_chunk_info_by_coord((64 * k, 0, 0, 0)).byte_offset for k in range(16)]
+            assert direct == blocks[:15] and all(at % layout.PAGE_BYTES == 0 for at in direct)
+            assert np.array_equal(ds[:], images)
+            assert isinstance(t.root.images, tables.EArray) and np.array_equal(t.root.images[:], images)
+        assert verify_store(path).ok
+
+
+def test_a_store_whose_pixel_chunks_are_allocated_as_written_is_appended_to_through_hdf5(tmp_path, monkeypatch):
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/old.h5"
+        with monkeypatch.context() as m:
+            m.setattr(layout, "EARLY_PIXEL_CHUNKS", False)
+            first = _store(path, rows=300, block_rows=64)
+        direct = _direct_writes(monkeypatch)
+        more = np.random.default_rng(1).integers(0, 256, (256, 16, 16, 3), dtype=np.uint8)
+        with StoreWriter.open_append(path) as w:
+            w.append(more, np.zeros(256, np.int64), [f"more/{i}" for i in range(256)])
+        assert direct == []  # HDF5 allocates this store's chunks when they are written: it writes them
+        with h5py.File(path, "r") as f:
+            assert f[schema.IMAGES].id.get_create_plist().get_alloc_time() != h5py.h5d.ALLOC_TIME_EARLY
+            assert np.array_equal(f[schema.IMAGES][:300], first) and np.array_equal(f[schema.IMAGES][300:], more)
+
+
+def test_a_disk_that_refuses_a_direct_write_as_misaligned_gets_every_block_through_hdf5(tmp_path, monkeypatch):
+    """A disk whose block is larger than rawchunks assumes answers EINVAL before writing: the block, and every
+    later one, is written through HDF5 instead, and the store is whole."""
+    import errno
+    import os
+
+    from h5stream.store import rawchunks
+    from h5stream.store.checksum import verify_store
+
+    tried = []
+
+    def refuse(fd, data, offset):
+        tried.append(offset)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    import types
+
+    monkeypatch.setattr(rawchunks, "os", types.SimpleNamespace(**{**vars(os), "pwrite": refuse}))
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/refused.h5"
+        images = aligned_empty((1000, 16, 16, 3))
+        images[:] = np.random.default_rng(2).integers(0, 256, images.shape, dtype=np.uint8)
+        write_arrays(path, images, np.arange(1000) % 7, block_rows=64)
+        assert len(tried) == 1  # refused once: the writer stops trying
+        with h5py.File(path, "r") as f:
+            assert np.array_equal(f[schema.IMAGES][:], images)
+        assert verify_store(path).ok

@@ -141,3 +141,20 @@ def test_fixed_rows_per_fill_that_does_not_fit_names_the_limit():
         plan_memory(256 << 20, **kw, workers=2, rows_per_fill=most + 64)
     with pytest.raises(ConfigError, match="rows_per_fill"):
         plan_memory(256 << 20, **KW, batch_size=32, rows_per_fill=0)
+
+
+def test_the_default_unit_is_the_smaller_share_of_the_fill_and_the_epoch_between_1_and_4_mib():
+    """1/32 of the fill (the mix inside a batch) and 1/1152 of the epoch (two epochs' orders unrelated: a random
+    order of n units has Kendall tau spreading by about 2 / (3 sqrt(n)), within 0.02 from 1,112 units on)."""
+    import math
+
+    from h5stream.read.plan import UNITS_PER_EPOCH, default_unit_bytes
+
+    mib = 1 << 20
+    assert 2 / (3 * math.sqrt(UNITS_PER_EPOCH)) <= 0.02
+    assert default_unit_bytes(256 * mib) == 4 * mib  # no epoch given: the fill alone
+    assert default_unit_bytes(256 * mib, 10 << 30) == 4 * mib  # a large store: the largest unit
+    assert default_unit_bytes(64 * mib, 10 << 30) == 2 * mib  # a small fill: its 1/32
+    assert default_unit_bytes(256 * mib, 3 << 30) == (3 << 30) // UNITS_PER_EPOCH  # a few GB: the epoch's share
+    assert default_unit_bytes(256 * mib, 1 << 30) == mib  # 1 GB: the smallest unit, as before
+    assert default_unit_bytes(mib, 1 << 40) == mib

@@ -358,3 +358,20 @@ def test_a_direct_read_into_a_buffer_off_the_device_block_still_gives_the_bytes(
         assert src.in_place_bytes in (n, 2 * n)  # in place only where the device takes the address
     finally:
         src.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the mapping's flags from /proc (Linux)")
+def test_batch_memory_is_private_to_the_process_and_page_aligned():
+    """The arrays batches are read into (aligned_empty) are private anonymous memory: a page boundary for direct
+    reads, and no shared-memory file behind it, whose first touch costs a fault through tmpfs per page."""
+    from h5stream._io import aligned_empty
+
+    a = aligned_empty((3, 1000, 7))
+    a[:] = 1
+    address = a.ctypes.data
+    assert address % 4096 == 0 and a.base is not None
+    with open("/proc/self/maps") as fh:
+        spans = [(ln, *(int(x, 16) for x in ln.split()[0].split("-"))) for ln in fh]
+    (line,) = [ln for ln, lo, hi in spans if lo <= address < hi]
+    perms = line.split()[1]
+    assert perms[3] == "p", line  # private ("s": shared memory, what Python's mmap gives by default)

@@ -39,6 +39,35 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+def test_a_long_read_goes_out_as_equal_requests_of_at_most_max_request_bytes(tmp_path, monkeypatch):
+    """A read longer than MAX_REQUEST_BYTES is cut into the fewest requests that each hold at most that many bytes,
+    of equal size, in order (what benchmarks.remote's stream_requests predicts); the bytes land right across the
+    cuts."""
+    from remote_servers import RangeServer
+
+    from h5stream.remote import source as remote_source
+
+    most = 1 << 20
+    monkeypatch.setattr(remote_source, "MAX_REQUEST_BYTES", most)
+    (tmp_path / "www").mkdir()
+    data = np.random.default_rng(0).integers(0, 256, 3 * most, np.uint8).tobytes()
+    (tmp_path / "www" / "blob").write_bytes(data)
+    server = RangeServer(tmp_path / "www")
+    try:
+        with RemoteSource(server.url + "blob", RemoteOptions(timeout_s=10)) as source:
+            offset, length = 12_345, 2 * most + 100_001
+            buffers = [bytearray(n) for n in (1, 49_152, length - 49_153)]
+            source.readinto(offset, buffers)
+            assert b"".join(buffers) == data[offset:offset + length]
+            starts = [offset + length * i // 3 for i in range(4)]
+            assert server.ranges == list(zip(starts[:-1], starts[1:]))
+            server.ranges.clear()
+            source.readinto(7, [bytearray(most)])  # exactly the most: one request
+            assert server.ranges == [(7, 7 + most)]
+    finally:
+        server.stop()
+
+
 def test_random_ranges_read_into_several_buffers_equal_the_local_bytes(served_store):
     local, url, options = served_store
     data = open(local, "rb").read()

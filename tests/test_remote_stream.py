@@ -203,7 +203,7 @@ def test_the_remote_clients_memory_is_on_top_of_the_default_budget_and_inside_a_
 
     from h5stream.budget import plan_stream
 
-    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=1_000_000)  # larger than any budget
+    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=2_000_000)  # larger than any budget
     remote = dataclasses.replace(local, remote=RemoteOptions(max_in_flight=8))
     by_default = plan_stream(local, None, 32), plan_stream(remote, None, 32)
     assert by_default[1].remote_client_bytes > 0 and by_default[0].remote_client_bytes == 0
@@ -243,9 +243,9 @@ def test_a_larger_read_unit_reads_a_url_in_fewer_larger_requests_with_the_local_
 
 
 def test_with_default_options_a_url_reads_chunk_sized_units_and_gives_the_local_files_batches(range_server):
-    """55 MB of 12 KiB rows in 3 MiB chunks: the default budget's fill holds the whole epoch, so the default unit
-    is 128 rows (1.5 MiB, a 1/32 share of the fill; 1 MiB units would be 64 rows), an epoch's pixels take at
-    most one GET per unit, and the URL gives the local file's batches, epoch after epoch, with no option set."""
+    """55 MB of 12 KiB rows in 3 MiB chunks: a store this small keeps units near 1 MiB (64 rows: a 1/1152 share
+    of the epoch is less), the same for the URL and the local file; an epoch's pixels take at most one GET per
+    unit, and the URL gives the local file's batches, epoch after epoch, with no option set."""
     rows = 4500
     local = str(range_server.root / "big.h5")
     ids = np.arange(rows)
@@ -258,25 +258,26 @@ def test_with_default_options_a_url_reads_chunk_sized_units_and_gives_the_local_
         local_unit = a.plan.unit_rows
     before = range_server.requests.get("GET", 0)
     with h5stream.open(range_server.url + "big.h5", batch_size=64, seed=5) as b:
-        assert b.plan.unit_rows == local_unit == 128, b.plan.describe()
+        assert b.plan.unit_rows == local_unit == 64, b.plan.describe()
         there = [[y.copy() for _, y in b] for _ in range(2)]
     gets = range_server.requests.get("GET", 0) - before
-    assert gets <= 2 * -(-rows // 128) + 10, gets  # two epochs of whole units, plus the metadata's few
+    assert gets <= 2 * -(-rows // 64) + 10, gets  # two epochs of whole units, plus the metadata's few
     assert all(np.array_equal(p, q) for e1, e2 in zip(here, there) for p, q in zip(e1, e2))
     assert [len(e) for e in here] == [len(e) for e in there]
     assert sorted(np.concatenate(there[1]).astype(np.int64).tolist()) == list(range(rows))
 
 
 def test_the_default_unit_is_a_whole_chunk_under_the_default_budget_for_a_url_and_its_local_file(remote_store_file):
-    """A large store (3 KiB rows, 1024-row chunks of 3 MiB): under the default budget the fill is over 100 MiB,
-    so the default unit is the whole chunk, one request of the size an object store serves at its full rate,
-    for the URL and the local file alike; a small budget's fill keeps 1 MiB units (256 rows), so the shuffle
-    still mixes many places of the file."""
+    """A large store (6 GB of 3 KiB rows, 1024-row chunks of 3 MiB): under the default budget the fill is over
+    100 MiB, so the default unit is the whole chunk, one request of the size an object store serves at its full
+    rate, for the URL and the local file alike; a small budget's fill keeps 1 MiB units (256 rows), so the
+    shuffle still mixes many places of the file, and so does a store of 300 MB (a 1/1152 share of its epoch is
+    under 1 MiB: two epochs' orders stay unrelated)."""
     import dataclasses
 
     from h5stream.budget import plan_stream
 
-    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=1_000_000)
+    local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=2_000_000)
     assert (local.block_rows, local.row_bytes) == (1024, 3072)
     remote = dataclasses.replace(local, remote=RemoteOptions())
     here, there = plan_stream(local, None, 32), plan_stream(remote, None, 32)
@@ -285,3 +286,6 @@ def test_the_default_unit_is_a_whole_chunk_under_the_default_budget_for_a_url_an
     small = plan_stream(remote, 96 << 20, 32)
     assert small.unit_rows == 256 and small.rows_per_fill // small.unit_rows >= 4
     assert plan_stream(remote, None, 32, unit_bytes=1 << 20).unit_rows == 256  # a given read_unit is kept
+    few = dataclasses.replace(remote, rows=100_000)
+    few_here = dataclasses.replace(local, rows=100_000)
+    assert plan_stream(few, None, 32).unit_rows == plan_stream(few_here, None, 32).unit_rows == 256

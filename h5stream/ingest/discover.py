@@ -79,11 +79,21 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+def _extension(relpath: str) -> str:
+    """``os.path.splitext(relpath)[1]`` of a POSIX relative path, without its general case for the usual name
+    (one that does not start with a dot): it runs once per file found."""
+    dot, sep = relpath.rfind("."), relpath.rfind("/")
+    if dot > sep + 1 and relpath[sep + 1] != ".":
+        return relpath[dot:]
+    return os.path.splitext(relpath)[1]
+
+
 def _reject_reason(relpath: str) -> str | None:
-    ext = os.path.splitext(relpath)[1].lower()
+    ext = _extension(relpath).lower()
     if ext not in IMAGE_EXTENSIONS:
         return f"not an image file extension ({ext or 'none'})"
-    if len(schema.encode_path(relpath)) > schema.PATH_BYTES:
+    # A character takes at most 4 bytes (a surrogate escape 1): shorter names need no encoding to be sure.
+    if len(relpath) * 4 > schema.PATH_BYTES and len(schema.encode_path(relpath)) > schema.PATH_BYTES:
         return f"relative path longer than {schema.PATH_BYTES} bytes"
     return None
 

@@ -12,11 +12,15 @@
 3. **Decode** in ``workers`` spawned processes (chunks of files, decoded into
    a fixed ring of shared-memory slots: at most ``4 * workers`` chunks in
    flight, fewer where /dev/shm is small, so memory stays bounded when the
-   writer is slower) or in-process when ``workers == 0``.
+   writer is slower) or in-process when ``workers == 0``.  A chunk is sized
+   when a slot frees (:func:`next_task_size`): whole blocks from a block
+   boundary while every worker has a block to do, so the workers also
+   checksum the blocks they decode.
 4. **Write** in order from this thread only, block by block: every chunk is
    written whole, once, straight from the decode slot where the rows fill it
-   (:func:`block_split`; only rows around a skipped file or a short task are
-   copied, into one staging block).  After every ``commit_rows`` rows or more
+   (:func:`block_split`; only rows around a skipped file, the chunks in flight
+   when it was found, or a short task are copied, into one staging block, and
+   hashed here).  After every ``commit_rows`` rows or more
    (ending on a block boundary) the store is flushed and then
    ``committed_rows`` raised (see :class:`~h5stream.store.writer.StoreWriter`).
    With the default 4 MiB blocks a crash loses at most max(256 rows, one
@@ -159,21 +163,37 @@ def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
 # -- decode tasks ---------------------------------------------------------------------
 
 
-def task_sizes(n_files: int, workers: int, max_files: int = MAX_FILES_PER_TASK,
-               min_files: int = MIN_FILES_PER_TASK) -> list[int]:
-    """How many files each decode task takes, in order (pure; guided self-scheduling).
+def next_task_size(left: int, workers: int, offset: int = 0, block_rows: int = 1,
+                   max_files: int = MAX_FILES_PER_TASK, min_files: int = MIN_FILES_PER_TASK) -> int:
+    """How many files the next decode task takes (pure): ``left`` files still to hand out, the task's rows
+    would start ``offset`` rows into a store block of ``block_rows`` rows.
 
-    A task takes a quarter of what each worker still has to do (``remaining / (4 * workers)``), at most
-    ``max_files`` and at least ``min_files``: big tasks while there is plenty (few messages, workers never
-    waiting on the parent), small ones at the end (no worker decoding a long last task while the others
-    are idle).  The sizes add up to ``n_files``.
+    Guided self-scheduling: a task takes a quarter of what each worker still has to do
+    (``left / (4 * workers)``), at most ``max_files`` and at least ``min_files``: big tasks while there is
+    plenty (few messages, workers never waiting on the parent), small ones at the end (no worker decoding a
+    long last task while the others are idle).  While every worker still has a block's worth to do and a task
+    can hold a block, tasks are whole blocks from a block boundary (a multiple of ``block_rows``; after a
+    skipped file, the next task ends on a boundary again), so the decode workers can checksum whole blocks and
+    the writer writes them straight from the decode slot.
     """
-    sizes, left = [], int(n_files)
     cap = max(1, int(max_files))
     floor = max(1, min(int(min_files), cap))
     per = 4 * max(1, int(workers))
+    left, b = int(left), max(1, int(block_rows))
+    balanced = min(left, cap, max(floor, -(-left // per)))
+    if b > cap or left < max(1, int(workers)) * b:
+        return balanced
+    gap = -int(offset) % b
+    return gap if gap else max(b, balanced // b * b)
+
+
+def task_sizes(n_files: int, workers: int, max_files: int = MAX_FILES_PER_TASK,
+               min_files: int = MIN_FILES_PER_TASK, block_rows: int = 1) -> list[int]:
+    """The sizes :func:`next_task_size` gives, in order, for ``n_files`` files from a block boundary when no
+    file is skipped (pure); they add up to ``n_files``."""
+    sizes, left = [], int(n_files)
     while left > 0:
-        k = min(left, cap, max(floor, -(-left // per)))
+        k = next_task_size(left, workers, sum(sizes), block_rows, max_files, min_files)
         sizes.append(k)
         left -= k
     return sizes
@@ -201,23 +221,34 @@ class _BlockWriter:
 
     Whole blocks are appended straight from the rows given (a decode slot:
     valid until the pool is asked for the next chunk, and :meth:`add` is done
-    with it before returning), so on the common path no row is copied here.
+    with it before returning), with the image digests the decode workers
+    computed for them, so on the common path no row is copied or hashed here.
     Rows that do not make a whole block from a block boundary (around a
     skipped file, a short last task, a store that ends mid-block) are copied
-    into a staging buffer of one block and appended once it is full, or by
-    :meth:`write_staged`.  Owned and used by the ingest thread.
+    into a staging buffer of one block (page-aligned, so it too is written
+    direct) and appended once it is full, or by :meth:`write_staged`.  Owned
+    and used by the ingest thread.
     """
 
     def __init__(self, writer, block_rows: int, row_shape: tuple[int, ...], label_shape: tuple[int, ...],
                  label_dtype):
+        from h5stream._io import aligned_empty
+
         self._writer = writer
         self.block_rows = block_rows
-        self._images = np.empty((block_rows, *row_shape), np.uint8)
+        self._images = aligned_empty((block_rows, *row_shape), np.uint8)
         self._labels = np.empty((block_rows, *label_shape), label_dtype)
         self._paths: list[str] = []
 
-    def add(self, images: np.ndarray, labels: np.ndarray, paths: list[str]) -> None:
-        """Append (or stage) these rows, in order; StoreWriteError from the store."""
+    @property
+    def rows(self) -> int:
+        """Rows appended or staged so far: where the next rows given will start in the store."""
+        return self._writer.rows + len(self._paths)
+
+    def add(self, images: np.ndarray, labels: np.ndarray, paths: list[str], digests=()) -> None:
+        """Append (or stage) these rows, in order; ``digests``: the image checksums of whole blocks of
+        ``images`` from its first row (see :meth:`~h5stream.store.writer.StoreWriter.append`).  StoreWriteError
+        from the store."""
         head, whole, tail = block_split(self._writer.rows, len(self._paths), len(paths), self.block_rows)
         if head:
             self._stage(images[:head], labels[:head], paths[:head])
@@ -225,7 +256,7 @@ class _BlockWriter:
                 self.write_staged()
         if whole:
             end = head + whole
-            self._writer.append(images[head:end], labels[head:end], paths[head:end])
+            self._writer.append(images[head:end], labels[head:end], paths[head:end], () if head else digests)
         if tail:
             self._stage(images[-tail:], labels[-tail:], paths[-tail:])
 
@@ -477,13 +508,27 @@ def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, 
             report.add(rel, LEFT_OUT + why)
     blocks = _BlockWriter(writer, block_rows, tuple(writer.images.shape[1:]), label_shape, labels_all.dtype)
     ingested = 0
-    starts = np.cumsum([0, *task_sizes(len(pending), pool.workers, pool.rows_per_task)]).tolist()
-    chunks = [[it.relpath for it in pending[a:b]] for a, b in zip(starts, starts[1:])]
+    starts, chunks = [0], []  # task k covers pending[starts[k]:starts[k + 1]], files chunks[k]
+    delivered = 0  # files of the tasks handed back so far
+
+    def next_chunks():
+        """Each task sized when a slot frees, to end on a block boundary if none of the files in flight is
+        skipped (see next_task_size)."""
+        while starts[-1] < len(pending):
+            in_flight = starts[-1] - delivered
+            k = next_task_size(len(pending) - starts[-1], pool.workers, blocks.rows + in_flight, block_rows,
+                               pool.rows_per_task)
+            chunks.append([it.relpath for it in pending[starts[-1]:starts[-1] + k]])
+            starts.append(starts[-1] + k)
+            yield chunks[-1]
+
     bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
                disable=None if opts.progress is None else not opts.progress)
     try:
-        for chunk_no, (images, reasons) in enumerate(pool.imap(source.root, chunks, target.spec)):
+        for chunk_no, (images, reasons, digests) in enumerate(
+                pool.imap(source.root, next_chunks(), target.spec, block_rows)):
             paths, labels = chunks[chunk_no], labels_all[starts[chunk_no]:starts[chunk_no + 1]]
+            delivered = starts[chunk_no + 1]
             kept = reasons.count(None)
             if kept < len(reasons):
                 for rel, why in zip(paths, reasons):
@@ -492,7 +537,7 @@ def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, 
                 keep = np.fromiter((why is None for why in reasons), bool, len(reasons))
                 paths, labels = [rel for rel, why in zip(paths, reasons) if why is None], labels[keep]
             if kept:
-                blocks.add(images, labels, paths)
+                blocks.add(images, labels, paths, digests)
                 ingested += kept
             if writer.rows - writer.committed_rows >= opts.commit_rows:
                 commit()

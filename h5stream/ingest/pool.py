@@ -2,10 +2,14 @@
 
 :class:`DecodePool` is the ingest front end of the process-pool core
 (:mod:`h5stream._procpool`): ``workers`` spawned processes, each serving
-tasks ``(root, relpaths, spec, slot)``: the worker decodes the files straight
-into result slot ``slot`` (one shared-memory segment the pool owns) and
-answers with the files' skip reasons; pixels are never pickled or piped (a
-copy through each process that would cost CPU next to the decode).  Tasks go
+tasks ``(root, relpaths, spec, slot, digest_rows)``: the worker decodes the
+files straight into result slot ``slot`` (one shared-memory segment the pool
+owns) and answers with the files' skip reasons and the xxh3-64 digest of
+every whole group of ``digest_rows`` decoded rows (the store's block
+checksum of those pixels, see :mod:`h5stream.store.checksum`: hashed where
+the rows are made, not in the one process that writes); pixels are never
+pickled or piped (a copy through each process that would cost CPU next to
+the decode).  Tasks go
 to the worker with the fewest in flight, at most one per free result slot but
 one, and results come back in submission order.
 
@@ -22,6 +26,7 @@ import os
 import weakref
 
 import numpy as np
+import xxhash
 
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
 from h5stream._spawn import keep_freed_heap
@@ -53,16 +58,27 @@ def _setup(results_spec):
     return SharedArray.attach(results_spec)
 
 
-def _decode(results, task) -> list[str | None]:
-    """One decode task: ``relpaths`` under ``root`` into result slot ``slot``; only the skip reasons travel back."""
+def _decode(results, task) -> tuple[list[str | None], list[int]]:
+    """One decode task: ``relpaths`` under ``root`` into result slot ``slot``; only the skip reasons and the
+    digests of the decoded rows' whole groups of ``digest_rows`` (see :func:`group_digests`) travel back."""
     from h5stream.ingest.decode import decode_each
 
-    root, relpaths, spec, slot = task
+    root, relpaths, spec, slot, digest_rows = task
     out = results.array[slot]
     if len(relpaths) > out.shape[0] or out.shape[1:] != spec.shape:
         raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, "
                          f"the task has {len(relpaths)} of {spec.shape}")
-    return decode_each(root, relpaths, spec, out)
+    reasons = decode_each(root, relpaths, spec, out)
+    return reasons, group_digests(out[:reasons.count(None)], digest_rows)
+
+
+def group_digests(images: np.ndarray, rows: int) -> list[int]:
+    """xxh3-64 of each whole group of ``rows`` rows of C-contiguous uint8 ``images``, from row 0 (none when
+    ``rows`` is 0): for a group that is a whole block of the store, its image checksum
+    (:func:`h5stream.store.checksum.digest` of the same bytes).  Pure."""
+    if rows <= 0:
+        return []
+    return [xxhash.xxh3_64_intdigest(images[i:i + rows]) for i in range(0, len(images) - len(images) % rows, rows)]
 
 
 # -- parent side ------------------------------------------------------------------------------------------------------
@@ -89,8 +105,8 @@ class DecodePool:
     result slots.
 
     Start it early (:meth:`start`) so the workers boot while the caller
-    validates and creates the store; :meth:`imap` yields ``(images, reasons)``
-    per chunk in submission order with one chunk in flight per result slot but
+    validates and creates the store; :meth:`imap` yields ``(images, reasons,
+    digests)`` per chunk in submission order with one chunk in flight per result slot but
     one.  The images yielded are a view of the slot, valid until the next item
     is asked for: copy what you keep.  :meth:`finish` lets the workers exit
     once every result is in; :meth:`close` is idempotent, stops the workers and
@@ -148,16 +164,19 @@ class DecodePool:
         """Process ids of the workers (for monitoring and tests)."""
         return self._state.workers.pids
 
-    def imap(self, root: str, chunks: list[list[str]], spec):
-        """Decode ``chunks`` (lists of paths relative to ``root``) with ``spec``; yield ``(images, reasons)`` per
-        chunk in order, ``images`` holding the files whose reason is None.  Raises :class:`WorkerError` when a
+    def imap(self, root: str, chunks, spec, digest_rows: int = 0):
+        """Decode ``chunks`` (lists of paths relative to ``root``; any iterable, read one chunk at a time as a
+        slot frees, so a generator may size the next chunk from what was yielded so far) with ``spec``; yield
+        ``(images, reasons, digests)`` per chunk in order, ``images`` holding the files whose reason is None,
+        ``digests`` :func:`group_digests` of them (by ``digest_rows``).  Raises :class:`WorkerError` when a
         worker dies, raises in a task, or answers nothing for ``timeout_s``; OSError for a process limit
         (too many open files).  Caller's thread."""
         if self.workers == 0:
             from h5stream.ingest.decode import decode_task
 
             for chunk in chunks:
-                yield decode_task(root, chunk, spec)
+                images, reasons = decode_task(root, chunk, spec)
+                yield images, reasons, group_digests(images, digest_rows)
             return
         self.start()
         workers = self._state.workers
@@ -175,7 +194,7 @@ class DecodePool:
             slot = free.pop()
             w = pick_worker(in_flight, range(self.workers), len(slots))
             seq = order.submitted()
-            if not workers.send(w, seq, (root, chunk, spec, slot)):
+            if not workers.send(w, seq, (root, chunk, spec, slot, digest_rows)):
                 while True:  # its pipe is gone: its end is on the way, and raises
                     self._receive(order, in_flight, slot_of)
             in_flight[w] += 1
@@ -187,9 +206,9 @@ class DecodePool:
         while order.next_deliver < order.next_submit:
             while not order.ready():
                 self._receive(order, in_flight, slot_of)
-            seq, reasons = order.pop()
+            seq, (reasons, digests) = order.pop()
             slot = slot_of.pop(seq)
-            yield slots[slot, :reasons.count(None)], reasons
+            yield slots[slot, :reasons.count(None)], reasons, digests
             free.append(slot)  # the caller has asked for the next item: done with this slot
             submit()
 

@@ -84,23 +84,34 @@ class BlockHasher:
         self._open = [xxhash.xxh3_64() for _ in PARTS]
         self._complete: list[Digests] = []
 
-    def add(self, images, labels, paths) -> None:
-        """Hash ``n`` more rows: ``images`` (n, H, W, C), ``labels`` (n, ...), ``paths`` (n,) as stored."""
+    def add(self, images, labels, paths, image_digests=()) -> None:
+        """Hash ``n`` more rows: ``images`` (n, H, W, C), ``labels`` (n, ...), ``paths`` (n,) as stored.
+
+        ``image_digests`` (optional) are :func:`digest` of ``images[j * block_rows:(j + 1) * block_rows]``
+        for j = 0, 1, ..., computed elsewhere (where the rows were decoded): a whole block that starts at
+        ``images[0]`` on a block boundary takes its image digest from there instead of hashing its pixels again.
+        """
         parts = [np.asarray(images), np.asarray(labels), np.asarray(paths)]
         n = len(parts[0])
         if any(len(p) != n for p in parts):
             raise ValueError(f"images, labels and paths differ in length: {[len(p) for p in parts]}")
+        b = self.block_rows
+        given = len(image_digests) if self.rows % b == 0 else 0  # usable only from a block boundary
         i = 0
         while i < n:
-            k = min(n - i, self.block_rows - self.rows % self.block_rows)
-            for h, part in zip(self._open, parts):
+            k = min(n - i, b - self.rows % b)
+            known = k == b and i // b < given
+            for h, part in zip(self._open[1:] if known else self._open, parts[1:] if known else parts):
                 h.update(_contiguous(part[i:i + k]))
-            i += k
             self.rows += k
-            if self.rows % self.block_rows == 0:
-                self._complete.append(tuple(h.intdigest() for h in self._open))
+            if self.rows % b == 0:
+                done = [h.intdigest() for h in self._open]
+                if known:
+                    done[0] = int(image_digests[i // b])
+                self._complete.append(tuple(done))
                 for h in self._open:
                     h.reset()
+            i += k
 
     @property
     def pending_blocks(self) -> int:

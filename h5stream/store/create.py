@@ -76,15 +76,19 @@ def write_empty(tmp: str, image_shape: tuple[int, int, int], label_kind: str, la
     does not open) on any failure, leaving ``tmp`` for the caller to remove."""
     try:
         layout.create_empty_file(tmp)
+        early = image_filters is None and layout.EARLY_PIXEL_CHUNKS
+        if early:  # the writer writes whole blocks where HDF5 put them (see layout)
+            layout.create_images_allocated_early(tmp, schema.IMAGES, image_shape, block_rows)
     except RuntimeError as exc:  # h5py reports a close that could not write as RuntimeError
         code, reason = handle.describe(exc)
         raise OSError(code or errno.EIO, reason) from exc
     f = tables.open_file(tmp, mode="a", chunk_cache_size=0)
     try:
-        f.create_earray(
-            f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
-            chunkshape=(block_rows, *image_shape), filters=image_filters, expectedrows=expected_rows,
-        )
+        if not early:
+            f.create_earray(
+                f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
+                chunkshape=(block_rows, *image_shape), filters=image_filters, expectedrows=expected_rows,
+            )
         label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
         f.create_earray(
             f.root, schema.LABELS, label_atom, shape=(0, *label_shape),

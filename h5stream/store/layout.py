@@ -10,11 +10,17 @@ Three choices made when a store is created, each for one reader:
   chunks with the default, one per 2,048 here.
 * **Label chunks** of about :data:`LABEL_CHUNK_BYTES`: reading every label (the stream keeps them in memory)
   costs one read per label chunk, and those lie between the pixel chunks.
+* **Pixel chunks allocated when the array grows** (HDF5's early allocation, never filled), for the writer: the
+  file offset of a whole block is known before a byte of it is written, so the writer writes it there itself
+  (:mod:`h5stream.store.rawchunks`) instead of copying it through HDF5 and the page cache.  Only uncompressed
+  ``/images`` (a compressed chunk's size is known only once it is compressed).
 
-All three are plain HDF5 (1.10 or later reads the pages); h5py, PyTables and ``h5dump`` read the file as any
-other.  PyTables cannot set the first two, so :func:`create_empty_file` makes the empty file with h5py and the
-writer adds the arrays with PyTables.  Where h5py's HDF5 library cannot be reached to set the fanout (an
-h5py not installed from its wheel), the file keeps HDF5's default fanout and is otherwise the same.
+All four are plain HDF5 (1.10 or later reads the pages); h5py, PyTables and ``h5dump`` read the file as any
+other.  PyTables cannot set the first two nor the allocation time, so :func:`create_empty_file` makes the empty
+file with h5py, :func:`create_images_allocated_early` adds an uncompressed ``/images`` with h5py (with the
+attributes PyTables gives an extendable array, so PyTables opens it as one), and the writer adds the other arrays
+with PyTables.  Where h5py's HDF5 library cannot be reached to set the fanout (an h5py not installed from its
+wheel), the file keeps HDF5's default fanout and is otherwise the same.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import glob
 import os
 
 import h5py
+import numpy as np
 
 PAGE_BYTES = 4096
 """File-space page: chunks of at least this size start on a multiple of it."""
@@ -34,6 +41,10 @@ INDEX_K = 1024
 
 LABEL_CHUNK_BYTES = 512 << 10
 """Target size of a ``/labels`` chunk."""
+
+EARLY_PIXEL_CHUNKS = True
+"""Whether a new uncompressed store's ``/images`` chunks are allocated as the array grows (stores made by
+earlier versions have them allocated as written; tests make one by setting this False)."""
 
 
 def label_chunk_rows(label_row_bytes: int, block_rows: int) -> int:
@@ -57,6 +68,27 @@ def create_empty_file(path: str) -> None:
     fcpl.set_file_space_page_size(PAGE_BYTES)
     set_index_k(fcpl, INDEX_K)
     h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fcpl=fcpl).close()
+
+
+def create_images_allocated_early(path: str, name: str, image_shape: tuple[int, ...], block_rows: int) -> None:
+    """Add an empty uint8 array ``name`` of rows ``image_shape`` to the HDF5 file at ``path``: extendable along
+    its first axis, chunks of ``block_rows`` rows, allocated as soon as the array grows over them and never
+    filled by HDF5.  PyTables opens it as an ``EArray``.  Raises what h5py raises on failure."""
+    shape = tuple(int(d) for d in image_shape)
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_chunk((int(block_rows), *shape))
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    space = h5py.h5s.create_simple((0, *shape), (h5py.h5s.UNLIMITED, *shape))
+    with h5py.File(path, "a") as f:
+        dataset = h5py.Dataset(h5py.h5d.create(f.id, name.encode(), h5py.h5t.NATIVE_UINT8, space, dcpl=dcpl))
+        for key, value in _EARRAY_ATTRS.items():
+            dataset.attrs[key] = value
+
+
+#: What PyTables writes on an extendable array it creates (and reads to know one).
+_EARRAY_ATTRS = {"CLASS": np.bytes_(b"EARRAY"), "EXTDIM": np.int32(0), "TITLE": np.bytes_(b""),
+                 "VERSION": np.bytes_(b"1.1")}
 
 
 def set_index_k(fcpl, k: int) -> bool:

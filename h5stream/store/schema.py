@@ -89,6 +89,16 @@ def encode_path(relpath: str) -> bytes:
     return relpath.encode("utf-8", "surrogateescape")
 
 
+def encode_paths(relpaths) -> list[bytes]:
+    """:func:`encode_path` of each of ``relpaths``, with one encode for them all (a file name holds no NUL,
+    which joins them; a list where one does is encoded path by path)."""
+    relpaths = list(relpaths)
+    joined = "\0".join(relpaths)
+    if not relpaths or joined.count("\0") != len(relpaths) - 1:
+        return [encode_path(p) for p in relpaths]
+    return joined.encode("utf-8", "surrogateescape").split(b"\0")
+
+
 def decode_path(stored: bytes) -> str:
     """Inverse of :func:`encode_path`: ``decode_path(encode_path(p)) == p``, and the str opens the same file."""
     return stored.decode("utf-8", "surrogateescape")

@@ -18,9 +18,9 @@ from its one thread.
 from __future__ import annotations
 
 import errno
+import math
 import os
 
-import numpy as np
 
 from h5stream.store import layout
 
@@ -30,6 +30,9 @@ RESERVE_SLACK_BYTES = 64 << 10
 RESERVE_PER_CHUNK_BYTES = 256 + layout.PAGE_BYTES
 #: HDF5 hands out metadata space from blocks just below its end of file: those are allocated too.
 RESERVE_BACK_BYTES = 64 << 10
+#: Space allocated past what a write needs, so the next writes find it there (one ``posix_fallocate`` per
+#: this much rather than per write); where it does not fit, only what is needed is allocated.
+RESERVE_AHEAD_BYTES = 16 << 20
 
 
 def space_for(arrays, rows: int) -> int:
@@ -39,7 +42,7 @@ def space_for(arrays, rows: int) -> int:
     total = 0
     for arr in arrays:
         per_chunk = int(arr.chunkshape[0])
-        chunk_bytes = int(np.prod(arr.chunkshape, dtype=np.int64)) * int(arr.atom.itemsize)
+        chunk_bytes = math.prod(int(d) for d in arr.chunkshape) * int(arr.atom.itemsize)
         before, after = arr.nrows, arr.nrows + rows
         new = -(-after // per_chunk) - -(-before // per_chunk)
         filtered = bool(arr.filters.complevel)
@@ -67,8 +70,9 @@ class SpaceGuard:
         self.good_size = size  # the file's size at the last good flush
 
     def reserve(self, extra: int) -> None:
-        """Allocate the file up to HDF5's end + ``extra`` + slack, so HDF5's writes there cannot fail for space.
-        Raises OSError (ENOSPC, EFBIG, ...) with nothing written."""
+        """Allocate the file up to HDF5's end + ``extra`` + slack, so HDF5's writes there cannot fail for space
+        (and, where it fits, :data:`RESERVE_AHEAD_BYTES` more for the writes to come).  Raises OSError (ENOSPC,
+        EFBIG, ...) with nothing written."""
         if not self.can_reserve:
             return
         end_now = self._end_of_file()
@@ -76,14 +80,18 @@ class SpaceGuard:
         if end <= self.reserved_end:
             return
         start = max(0, end_now - RESERVE_BACK_BYTES)
-        try:
-            os.posix_fallocate(self.fd, start, end - start)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            self.can_reserve = False  # this file system cannot allocate ahead: check sizes after the fact
+        for want in (end + RESERVE_AHEAD_BYTES, end) if extra else (end,):
+            try:
+                os.posix_fallocate(self.fd, start, want - start)
+            except OSError as exc:
+                if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    self.can_reserve = False  # this file system cannot allocate ahead: check sizes after the fact
+                    return
+                if want == end:
+                    raise
+                continue  # no room for more than this write needs: allocate only that
+            self.reserved_end = want
             return
-        self.reserved_end = end
 
     def check_within(self) -> None:
         """Raise OSError unless every byte HDF5 has written lies in space allocated before it wrote."""

@@ -21,11 +21,16 @@ HDF5 writes:
   room for index metadata) is allocated first with ``posix_fallocate``; a full
   disk or a size limit fails there, with HDF5 untouched
   (:class:`~h5stream.store.space.SpaceGuard`, which the writer owns);
-* HDF5's chunk cache is off, so pixel, label and path chunks are written
-  inside :meth:`StoreWriter.append` (PyTables checks those writes) into that
-  space, and the end of HDF5's file is checked to lie inside it.  Whole blocks
+* HDF5's chunk cache is off, so pixel chunks are written inside
+  :meth:`StoreWriter.append`, label and path chunks (a few hundred bytes a
+  row, kept until then) inside :meth:`StoreWriter.commit`, one write per
+  array (PyTables checks those writes), into that space, and the end of
+  HDF5's file is checked to lie inside it.  Whole blocks
   of pixels are written as raw chunks, one write each from the caller's rows
-  (no fill, no copy in HDF5); a block's bytes are the same either way;
+  (no fill, no copy in HDF5): in a new store, where HDF5 allocates chunks as
+  the array grows, straight to the disk at the chunk's offset
+  (:mod:`h5stream.store.rawchunks`, no copy into the page cache either),
+  otherwise through HDF5; a block's bytes are the same either way;
 * :meth:`StoreWriter.commit` flushes, checks again and calls ``fsync`` (an
   I/O error on write-back surfaces there) before it raises the count.
 
@@ -68,7 +73,11 @@ from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import StoreMeta, read_meta
+from h5stream.store.rawchunks import RawChunks
 from h5stream.store.space import SpaceGuard, space_for
+
+#: Labels and paths of appended rows wait for the next commit, or until this many rows wait.
+PENDING_ROWS = 8192
 
 __all__ = ["COMPRESSIONS", "CREATING_SUFFIX", "StoreWriter", "creating_path", "write_arrays"]
 
@@ -102,9 +111,14 @@ class StoreWriter:
         self._fd = handle.file_descriptor(h5file)  # None: not a plain POSIX file, writes checked after the fact
         self._space = SpaceGuard(self._fd, h5file.get_filesize, os.path.getsize(self._file))  # owned
         self._whole_chunks = _writes_whole_chunks(self.images)
+        self._raw: RawChunks | None = None
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
+        self._pending_rows = 0
         self._closed = False
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
         self._resume_checksums()
+        # Owned; None where the file system refuses direct writes.  Used for chunks HDF5 allocated ahead.
+        self._raw = RawChunks.open(self._file) if self._whole_chunks else None
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -224,18 +238,24 @@ class StoreWriter:
 
     def _truncate_to_committed(self) -> None:
         n = self.committed_rows
+        self._pending, self._pending_rows = [], 0  # rows past the count: dropped with them
         for arr in (self.images, self.labels, self.paths):
             if arr.nrows > n:
                 arr.truncate(n)
         self._flush()
 
-    def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str]) -> None:
-        """Append rows (not yet committed).  Shapes must match the store.
+    def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=()) -> None:
+        """Append rows (not yet committed).  Shapes must match the store.  ``image_digests``: the block checksums
+        of whole blocks of ``images`` from its first row, where they are known already (see
+        :meth:`~h5stream.store.checksum.BlockHasher.add`); they are what :func:`h5stream.store.checksum.digest`
+        gives for those rows, or the store's checksums are wrong.
 
-        The rows' chunks are written here, into file space allocated first; raises
+        The rows' pixel chunks are written here, into file space allocated first; raises
         :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.  Rows that
         start on a block boundary and fill whole blocks are written as HDF5 chunks straight from ``images``
-        (no copy); the caller keeps ``images`` unchanged only until this returns.
+        (no copy); the caller keeps ``images`` unchanged only until this returns.  Their labels and paths (a few
+        hundred bytes a row, copied here) are written with the next :meth:`commit`, in one write per array, or
+        once :data:`PENDING_ROWS` wait.
         """
         self._check_open()
         images = np.ascontiguousarray(images)
@@ -247,24 +267,46 @@ class StoreWriter:
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        raw = [schema.encode_path(p) for p in paths]
+        raw = schema.encode_paths(paths)
         if max(map(len, raw), default=0) > schema.PATH_BYTES:
             too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
             raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
         encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
-        def write() -> None:
-            self._append_images(images)
-            self.labels.append(labels)
-            self.paths.append(encoded)
-
-        self._write_guarded(space_for((self.images, self.labels, self.paths), n), write)
+        self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
         if self._hasher is not None:
-            self._hasher.add(images, labels, encoded)
+            self._hasher.add(images, labels, encoded, image_digests)
+        self._pending.append((labels.copy(), encoded))  # the caller may reuse its labels' memory
+        self._pending_rows += n
+        if self._pending_rows >= PENDING_ROWS:
+            self._write_pending()
+
+    def _write_pending(self, checksums: bool = False) -> None:
+        """Write the labels and paths of the rows appended since the last call (one write per array), and with
+        ``checksums`` the digests of the blocks hashed so far (one guarded write for all)."""
+        sums = self._f.root._f_get_child(schema.CHECKSUMS) if checksums and self._hasher is not None else None
+        if not self._pending and sums is None:
+            return
+        labels = np.concatenate([lab for lab, _ in self._pending]) if self._pending else None
+        paths = np.concatenate([enc for _, enc in self._pending]) if self._pending else None
+        nbytes = space_for((self.labels, self.paths), len(paths)) if paths is not None else 0
+        if sums is not None:
+            nbytes += space_for((sums,), self._hasher.pending_blocks)
+
+        def write() -> None:
+            if paths is not None:
+                self.labels.append(labels)
+                self.paths.append(paths)
+            if sums is not None:
+                checksum.stage(self._f, self._hasher)
+
+        self._write_guarded(nbytes, write)
+        self._pending, self._pending_rows = [], 0
 
     def _append_images(self, images: np.ndarray) -> None:
         """Append C-contiguous ``images``: whole blocks from a block boundary on as raw chunks (one write each,
-        from ``images`` itself: HDF5 neither fills nor copies a chunk first), the rest through HDF5's append."""
+        from ``images`` itself: HDF5 neither fills nor copies a chunk first; written direct to the disk where
+        HDF5 allocated the chunk as the array grew), the rest through HDF5's append."""
         arr = self.images
         per_chunk = int(arr.chunkshape[0])
         start, n = int(arr.nrows), len(images)
@@ -275,17 +317,16 @@ class StoreWriter:
             coords = [0] * arr.ndim
             for k, chunk in enumerate(chunks):
                 coords[0] = start + k * per_chunk
-                arr.write_chunk(tuple(coords), chunk)
+                at = arr.chunk_info(tuple(coords)).offset if self._raw is not None else None
+                if at is None or not self._raw.write(chunk, at):
+                    arr.write_chunk(tuple(coords), chunk)
         if whole < n:
             arr.append(images[whole:])
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
+        self._write_pending(checksums=True)  # block digests travel with the data they cover
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
-        if self._hasher is not None:  # block digests travel with the data they cover
-            sums = self._f.root._f_get_child(schema.CHECKSUMS)
-            self._write_guarded(space_for((sums,), self._hasher.pending_blocks),
-                                lambda: checksum.stage(self._f, self._hasher))
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
         self._flush()  # ... then the count that makes them visible
@@ -393,6 +434,7 @@ class StoreWriter:
         self._closed = True
         done = False
         try:
+            self._close_raw()  # nothing more reaches the file through it
             if self._f.isopen:
                 cut = handle.close_cut_off(self._f)
                 if cut and cut_back and self.published:
@@ -412,7 +454,13 @@ class StoreWriter:
         """Close HDF5's handle after a commit, first trimming what was reserved past its end."""
         self._space.trim()
         self._closed = True
+        self._close_raw()
         self._f.close()
+
+    def _close_raw(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
 
     def _release_lock(self) -> None:
         if self._lock is not None:
