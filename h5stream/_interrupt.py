@@ -3,7 +3,7 @@
 Python raises ``KeyboardInterrupt`` between any two bytecodes, including the
 instant after a ``threading.Condition`` (or ``queue.Queue``) has taken its lock
 and before the ``with`` block that releases it has begun.  The lock then stays
-taken by the main thread for good, the reader thread or the pool's collector
+taken by the main thread for good, the reader thread or a worker pool's waiter
 blocks on it forever, and closing the stream waits out its timeouts with the
 interrupt in hand.
 
