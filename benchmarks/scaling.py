@@ -136,7 +136,8 @@ def _run_child(entry: str, *args) -> dict:
 def past_startup(runs: list[dict], small_runs: list[dict]) -> tuple[float | None, float | None]:
     """(parent CPU per row once the run is going in us, start-up CPU in ms) from the rounds of a long and a
     short ingest (pure): the least CPU of each, a straight line through the two; (None, None) without the
-    short one or with as many rows."""
+    short one or with as many rows, and where noise makes the longer run cost no more than the shorter (a slope
+    of zero or less measures nothing)."""
     if not small_runs:
         return None, None
     big = min(runs, key=lambda r: r["parent_cpu_s"])
@@ -144,6 +145,8 @@ def past_startup(runs: list[dict], small_runs: list[dict]) -> tuple[float | None
     if big["rows"] <= small["rows"]:
         return None, None
     per_row_s = (big["parent_cpu_s"] - small["parent_cpu_s"]) / (big["rows"] - small["rows"])
+    if per_row_s <= 0:
+        return None, None
     return 1e6 * per_row_s, 1e3 * (small["parent_cpu_s"] - per_row_s * small["rows"])
 
 

@@ -62,6 +62,8 @@ def test_the_cost_past_start_up_is_the_slope_between_a_long_and_a_short_ingest()
     assert row["ingest_parent_us_per_row"] == pytest.approx(42.5)  # the whole run: start-up included
     assert row["ingest_cap_past_startup_rows_per_s"] == pytest.approx(1e6 / 30)
     assert scaling.past_startup(long_runs, []) == (None, None)
+    noisy = [{"rows": 1000, "seconds": 0.6, "parent_cpu_s": 0.2}]  # the short run cost more: no slope
+    assert scaling.past_startup(long_runs, noisy) == (None, None)
 
 
 def test_bench_scaling_refuses_a_worker_count_below_one(tmp_path, capsys):
