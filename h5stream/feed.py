@@ -223,7 +223,7 @@ class PooledFeed:
         (no thread waits on the pool's slots), and takes the results in order."""
         if self._error is not None:
             raise self._error
-        t0 = time.monotonic()
+        t0 = counted = time.monotonic()
         deadline = t0 + self._timeout_s
         if not self._submitted:
             try:
@@ -233,6 +233,7 @@ class PooledFeed:
                 if late is None:
                     raise
                 raise self._fail(late) from exc
+            counted = time.monotonic()  # the reader's get counted its own wait: count the rest from here
             try:
                 self._submit(b, max(deadline - time.monotonic(), 0.0))
             except TimeoutError:
@@ -260,7 +261,7 @@ class PooledFeed:
                 "raise timeout_s if the transform is that slow"
             )) from None
         self._submitted.popleft()
-        self.reader.add_wait(time.monotonic() - t0)
+        self.reader.add_wait(time.monotonic() - counted)
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
         # Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the

@@ -267,3 +267,20 @@ def test_only_the_iterating_thread_hands_tasks_to_the_workers_and_no_collector_r
     assert threads and all(name.startswith("h5stream-reader") for name in threads), threads
     labels = np.concatenate(ids)
     assert len(labels) == 2 * ROWS and np.array_equal(np.bincount(labels), 2 * np.bincount(np.arange(ROWS) % 5))
+
+
+def test_the_time_the_consumer_waited_is_counted_once(tmp_path):
+    """The first batch waits on the reader, then on the pool: ``wait_s`` counts that wait once, so it is never
+    more than the time the call took (counted twice, the reader's part made it more)."""
+    import time
+
+    path = tmp_path / "w.h5"
+    write_arrays(str(path), np.zeros((512, 16, 16, 3), np.uint8), np.arange(512) % 3, block_rows=64)
+    flip = h5stream.Augment(horizontal_flip=True)
+    with h5stream.open(str(path), batch_size=32, workers=1, augment=flip, seed=0) as s:
+        it = iter(s)
+        t0 = time.monotonic()
+        next(it)
+        took = time.monotonic() - t0
+        waited = s.stats()["wait_s"]
+    assert 0 < waited <= took, (waited, took)
