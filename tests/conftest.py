@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import mmap
 import os
 import shutil
@@ -79,6 +80,39 @@ def _my_segments() -> set[str]:
     return set(segment_names(MY_SEGMENTS))
 
 
+class _Collections:
+    """Counts the garbage collections under way in any thread (a ``gc.callbacks`` entry)."""
+
+    def __init__(self):
+        self.running = 0
+        self.cond = threading.Condition()  # its RLock: a collection started inside ``with cond`` re-enters it
+
+    def __call__(self, phase, info):
+        with self.cond:
+            self.running += 1 if phase == "start" else -1
+            self.cond.notify_all()
+
+
+_COLLECTIONS = _Collections()
+gc.callbacks.append(_COLLECTIONS)
+
+
+def collect(gone=lambda: True, tries: int = 20) -> bool:
+    """``gc.collect()`` until ``gone()`` is true; returns it.
+
+    CPython skips ``gc.collect()`` (returns 0) while another thread's collection is under way, and one is while its
+    finalizers run Python code (a stream's reader thread collecting an earlier test's garbage, say): so each try
+    first waits for any other collection to end.  A real leak stays after every try.
+    """
+    for _ in range(tries):
+        with _COLLECTIONS.cond:
+            _COLLECTIONS.cond.wait_for(lambda: _COLLECTIONS.running == 0, timeout=30)
+        gc.collect()
+        if gone():
+            return True
+    return gone()
+
+
 def _is_tracker(proc: psutil.Process) -> bool:
     """multiprocessing's resource tracker: one per interpreter, started on first use, by design."""
     try:
@@ -98,13 +132,11 @@ def no_leaks():
 
     Modules that start processes use it for every test: ``pytestmark = pytest.mark.usefixtures("no_leaks")``.
     """
-    import gc
-
     me = psutil.Process()
     children_before = {p.pid for p in me.children(recursive=True)}
     shm_before = _my_segments()
     yield
-    gc.collect()  # an unclosed stream or pool is cleaned up by its finalizer
+    collect()  # an unclosed stream or pool is cleaned up by its finalizer
     leaked = [
         p for p in me.children(recursive=True)
         if p.pid not in children_before | SESSION_PIDS and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE

@@ -6,7 +6,6 @@ timeouts are safety nets only, never the assertion.
 
 from __future__ import annotations
 
-import gc
 import os
 import select
 import signal
@@ -22,6 +21,7 @@ import pytest
 from h5stream.augment.pool import WorkerPool
 from h5stream.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import StreamClosedError, WorkerError
+from conftest import collect
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
 
@@ -119,7 +119,7 @@ def test_garbage_collection_of_an_unclosed_pool_cleans_up(source):
     pids = pool.pids
     assert len(_new_segments(before)) == 1
     del pool
-    gc.collect()
+    collect(lambda: still_running(pids) == [])
     assert still_running(pids) == []
     assert _new_segments(before) == set()
 

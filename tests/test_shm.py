@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 
 from h5stream.shm import SharedArray, SharedSpec, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
+from conftest import collect
 
 MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
 
@@ -66,7 +66,7 @@ def test_garbage_collection_unlinks():
     arr = SharedArray.create((16,), np.uint8, new_prefix())
     name = arr.name
     del arr
-    gc.collect()
+    collect(lambda: name not in segment_names(MY_SEGMENTS))
     assert name not in segment_names(MY_SEGMENTS)
 
 

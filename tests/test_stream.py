@@ -1,6 +1,5 @@
 """The stream end to end on real HDF5 files: order, budget, resume, errors, lifecycle."""
 
-import gc
 import threading
 
 import h5py
@@ -10,7 +9,7 @@ import pytest
 import h5stream
 from h5stream.errors import BudgetError, ConfigError, ReaderError, StoreFormatError, StoreNotFoundError
 from h5stream.store.writer import StoreWriter, write_arrays
-from conftest import pinned_in_page_cache
+from conftest import collect, pinned_in_page_cache
 
 ROWS = 3000
 
@@ -41,7 +40,7 @@ def reader_threads():
 @pytest.fixture(autouse=True)
 def no_thread_left():
     yield
-    gc.collect()
+    collect(lambda: reader_threads() == [])
     assert reader_threads() == []
 
 
@@ -227,7 +226,7 @@ def test_close_is_idempotent_and_gc_stops_the_thread(store):
     next(iter(s))
     assert reader_threads()
     del s
-    gc.collect()
+    collect(lambda: reader_threads() == [])
     assert reader_threads() == []
 
 

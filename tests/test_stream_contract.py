@@ -19,7 +19,7 @@ import pytest
 import h5stream
 from h5stream.errors import StreamClosedError, StreamIterationError
 from h5stream.store.writer import write_arrays
-from conftest import _my_segments, new_children
+from conftest import _my_segments, collect, new_children
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -213,7 +213,7 @@ def _augmented(store, workers):
 
 
 def _assert_freed(ref, children_before, segments_before):
-    gc.collect()
+    collect(lambda: ref() is None)
     assert ref() is None, f"the stream is still referenced by {[type(r).__name__ for r in gc.get_referrers(ref())]}"
     assert new_children(children_before) == [], "the stream's workers outlived it"
     assert _my_segments() - segments_before == set(), "the stream's shared memory outlived it"

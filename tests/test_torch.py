@@ -9,7 +9,6 @@ registrar.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import socket
@@ -27,6 +26,7 @@ import h5stream  # noqa: E402
 from h5stream.adapters.torch_device import HostPins, convert, device_options  # noqa: E402
 from h5stream.errors import ConfigError, StreamClosedError  # noqa: E402
 from h5stream.store.writer import write_arrays  # noqa: E402
+from conftest import collect  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -139,7 +139,7 @@ def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store)
         next(it)
         assert len(upload_threads()) == 1
         del it
-        gc.collect()
+        collect(lambda: upload_threads() == [])
         assert upload_threads() == []
         # stream.close() mid-pass: the next next() raises, and the thread has ended
         it = iter(ds)
@@ -156,7 +156,7 @@ def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store)
     next(it)
     alive = weakref.ref(s)
     del s, ds, it
-    gc.collect()
+    collect(lambda: alive() is None)
     assert alive() is None and upload_threads() == []
 
 
@@ -177,7 +177,7 @@ def test_page_locking_registers_the_streams_own_batch_memory_once(store):
                 del x
         assert len(calls["register"]) <= s.plan.reader_batches < n_batches
         assert sum(n for _, n in calls["register"]) <= s.plan.batches_bytes
-    gc.collect()
+    collect()
     pins.close()
     assert sorted(calls["unregister"]) == sorted(p for p, _ in calls["register"])
     assert pins.pinned == {}
