@@ -108,6 +108,19 @@ def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts):
         assert ds.stats()["batches"] == 2 * len(plain)
 
 
+@pytest.mark.parametrize("batch_size", [2, BATCH])
+def test_a_stream_without_labels_gives_its_images_alone_on_the_device(store, batch_size):
+    """``label_mode=None`` (what ``predict`` takes): each batch is the images tensor alone, as the plain adapter
+    yields it.  A 2-row batch once came out as one image plus another as its "labels"."""
+    opened = [h5stream.open(store, batch_size=batch_size, seed=5, label_mode=None) for _ in range(2)]
+    with opened[0] as plain, opened[1] as s:
+        want = list(plain.torch())
+        got = list(s.torch(device="cpu"))
+        assert len(got) == len(want) == len(plain)
+        for g, w in zip(got, want):
+            assert isinstance(g, torch.Tensor) and g.shape == (len(w), 4, 5, 3) and torch.equal(g, w)
+
+
 def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store):
     """The upload thread reads ahead; a pass left after two batches loses none: the next pass serves the
     whole epoch the left one began, as the plain adapter does."""

@@ -321,7 +321,8 @@ class _Uploader:
                 if batch is None:
                     self._put(_END)
                     return
-                ready = self._upload(*batch, k)
+                x, y = batch if isinstance(batch, tuple) else (batch, None)  # label_mode=None: images alone
+                ready = self._upload(x, y, k)
                 self._stats["batches"] += 1
                 self._stats["upload_cpu_s"] = self._cpu_before + time.thread_time() - t_cpu
                 if not self._put(ready):
@@ -332,7 +333,8 @@ class _Uploader:
         finally:
             self._release_host()
 
-    def _upload(self, x: np.ndarray, y: np.ndarray, k: int) -> _Ready:
+    def _upload(self, x: np.ndarray, y: np.ndarray | None, k: int) -> _Ready:
+        """Batch ``k`` on the device (``y`` None: a stream without labels).  Upload thread."""
         opts = self._opts
         h = k % HOST_SLOTS
         if not opts.cuda:
@@ -341,7 +343,8 @@ class _Uploader:
             t0 = time.thread_time()
             xd = convert(torch.from_numpy(x), opts)
             xd = xd.clone() if xd.data_ptr() == x.ctypes.data else xd
-            ready = _Ready(xd.to(opts.device), torch.from_numpy(y).to(opts.device, copy=True))
+            yd = None if y is None else torch.from_numpy(y).to(opts.device, copy=True)
+            ready = _Ready(xd.to(opts.device), yd)
             self._stats["upload_copy_cpu_s"] += time.thread_time() - t0
             return ready
         copied = self._copied_events[h]
@@ -349,10 +352,10 @@ class _Uploader:
         self._held[h] = None
         if self._pins is not None:
             self._pins.pin(x)
-        labels = self._label_buffer(h, y)
+        labels = None if y is None else self._label_buffer(h, y)
         with torch.cuda.stream(self._cuda_stream):
             xd = torch.from_numpy(x).to(opts.device, non_blocking=True)
-            yd = labels.to(opts.device, non_blocking=True)
+            yd = None if labels is None else labels.to(opts.device, non_blocking=True)
             copied.record(self._cuda_stream)
             self._held[h] = x  # kept until ``copied`` completed
             xd = convert(xd, opts)
@@ -426,14 +429,16 @@ class _Uploader:
 
 
 def _hand_over(item: _Ready, opts: DeviceOptions):
-    """``(x, y)`` usable on the caller's current stream: it waits on the batch's event (on the GPU)."""
+    """``(x, y)`` (``x`` alone for a stream without labels) usable on the caller's current stream: it waits on the
+    batch's event (on the GPU)."""
     if item.event is not None:
         consumer = torch.cuda.current_stream(opts.device)
         consumer.wait_event(item.event)
         # Allocated on the upload stream, used on the consumer's: free them only after its work on them.
         item.x.record_stream(consumer)
-        item.y.record_stream(consumer)
-    return item.x, item.y
+        if item.y is not None:
+            item.y.record_stream(consumer)
+    return item.x if item.y is None else (item.x, item.y)
 
 
 class DeviceIterable(IterableDataset):
