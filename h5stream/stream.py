@@ -530,11 +530,12 @@ class Stream:
         return augment
 
     # -- framework adapters (imported only when asked for) -------------------------
-    def keras(self):
-        """An object Keras 3 ``model.fit`` takes directly (one epoch per pass)."""
+    def keras(self, device=None, **opts):
+        """An object Keras 3 ``model.fit`` takes directly (one epoch per pass); with ``device`` (Keras' torch
+        backend), torch tensors already there (see :func:`h5stream.adapters.keras.as_keras`)."""
         from h5stream.adapters.keras import as_keras
 
-        return as_keras(self)
+        return as_keras(self, device=device, **opts)
 
     def tf_dataset(self):
         """A ``tf.data.Dataset`` of this stream's batches, prefetching."""

@@ -74,9 +74,94 @@ class StreamBatches(keras.utils.PyDataset):
         self._passes.end_pass()
 
 
-def as_keras(stream) -> StreamBatches:
-    """What ``model.fit`` / ``evaluate`` / ``predict`` take directly: ``model.fit(train.keras(), epochs=5)``."""
-    return StreamBatches(stream)
+class DeviceBatches(StreamBatches):
+    """On Keras' torch backend: each batch as torch tensors already on a device, uploaded ahead.
+
+    Keras' torch trainer turns every numpy batch into a tensor with a
+    synchronous ``torch.as_tensor(x, device=...)`` in the training thread,
+    and passes a tensor already on its device through untouched.  So this
+    dataset hands it the batches of :mod:`h5stream.adapters.torch_device`:
+    uploaded by h5stream's upload thread from page-locked memory, one pass per
+    Keras epoch, converted on the device (``dtype``, ``layout``, ``mean`` /
+    ``std``).  A batch Keras asks for outside an epoch (a peek) is converted in
+    the asking thread and kept for the epoch, as :class:`StreamBatches` does.
+
+    Threads: ``__getitem__`` and the epoch hooks run in Keras' training thread
+    (``workers=1`` without multiprocessing: Keras runs no enqueuer); the
+    upload thread runs from ``on_epoch_begin`` to ``on_epoch_end``.  Owns that
+    thread and the page-locked registrations; ``close()`` (idempotent) or
+    dropping the object releases them, and the stream stays open.
+    """
+
+    def __init__(self, stream, opts):
+        super().__init__(stream)
+        import weakref
+
+        from h5stream.adapters.torch_device import DeviceState
+
+        self.options = opts
+        self._state = DeviceState(opts)
+        self._finalizer = weakref.finalize(self, self._state.close)
+
+    def __getitem__(self, index):
+        from h5stream.adapters.torch_device import END, hand_over, upload_now
+
+        uploader = self._state.uploader
+        if uploader is None:  # outside an epoch: a peek, kept for the next pass by the pass logic
+            batch = self._passes.next_batch()
+            if batch is None:
+                raise IndexError(f"batch {index}: this epoch already served its {self._passes.n} batches")
+            return upload_now(batch, self.options)
+        item = uploader.get()
+        if item is END:
+            raise IndexError(f"batch {index}: this epoch already served its {self._passes.n} batches")
+        return hand_over(item, self.options)
+
+    def on_epoch_begin(self):
+        self._state.stop_uploader()
+        self._state.start(self._passes, self._passes.begin_pass())
+
+    def on_epoch_end(self):
+        self._state.stop_uploader()
+        self._passes.end_pass()
+
+    def stats(self) -> dict:
+        """The upload thread's counters (see :meth:`h5stream.adapters.torch_device.DeviceIterable.stats`)."""
+        return self._state.snapshot()
+
+    def close(self) -> None:
+        """Stop the upload thread and unregister the page-locked memory.  Idempotent; the stream stays open."""
+        self._finalizer()
+
+
+def as_keras(stream, device=None, **opts) -> StreamBatches:
+    """What ``model.fit`` / ``evaluate`` / ``predict`` take directly: ``model.fit(train.keras(), epochs=5)``.
+
+    ``device`` (Keras' torch backend only: ``"cuda"``, ``"cuda:1"``, ``"cpu"``): batches as torch tensors
+    already there, with the options of ``stream.torch(device=...)`` (``dtype``, ``layout``, ``mean``, ``std``,
+    ``batches_ahead``); see :class:`DeviceBatches`.  Without it, numpy batches.
+    """
+    if device is None:
+        if opts:
+            raise ConfigError(f"stream.keras({', '.join(f'{k}=...' for k in opts)}) converts on a device: give "
+                              "device= too (Keras' torch backend)")
+        return StreamBatches(stream)
+    backend = keras.backend.backend()
+    if backend != "torch":
+        why = ("Keras' JAX trainer already puts each batch on the device one step ahead"
+               if backend == "jax" else "tf.data already prefetches the batches")
+        raise ConfigError(f"stream.keras(device={device!r}) hands Keras torch tensors: it needs Keras' torch "
+                          f"backend (KERAS_BACKEND=torch), and this Keras runs on {backend}; {why}: use "
+                          "stream.keras()")
+    from h5stream.adapters.torch_device import OPTIONS, device_options
+
+    unknown = sorted(set(opts) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"stream.keras(): unknown option(s) {unknown}; the options are {list(OPTIONS)}")
+    shape = stream.meta.image_shape
+    channels = shape[-1] if len(shape) == 3 else 1
+    return DeviceBatches(stream, device_options(device, channels=channels, image_dtype=stream.image_dtype,
+                                                caller="stream.keras", **opts))
 
 
 def balanced_class_weight(labels, n_classes: int | None = None) -> dict[int, float]:

@@ -96,54 +96,54 @@ class DeviceOptions:
 
 
 def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, batches_ahead=2,
-                   channels: int | None = None, image_dtype=np.uint8) -> DeviceOptions:
+                   channels: int | None = None, image_dtype=np.uint8, caller: str = "stream.torch") -> DeviceOptions:
     """Validate ``stream.torch(device=..., ...)``'s options for images of ``channels`` channels and
-    ``image_dtype``; raises :class:`ConfigError` naming the option and the valid choices."""
+    ``image_dtype``; raises :class:`ConfigError` naming ``caller``, the option and the valid choices."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"stream.torch(device={device!r}): not a torch device ({exc}); "
+        raise ConfigError(f"{caller}(device={device!r}): not a torch device ({exc}); "
                           "use e.g. 'cuda', 'cuda:1' or 'cpu'") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"stream.torch(device={device!r}): this torch sees no CUDA device "
+            raise ConfigError(f"{caller}(device={device!r}): this torch sees no CUDA device "
                               "(torch.cuda.is_available() is False); use device='cpu' or a CUDA build of torch")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
     if isinstance(dtype, str):
         if dtype not in DTYPES:
-            raise ConfigError(f"stream.torch(dtype={dtype!r}): choose one of {sorted(DTYPES)}")
+            raise ConfigError(f"{caller}(dtype={dtype!r}): choose one of {sorted(DTYPES)}")
         dtype = DTYPES[dtype]
     elif dtype is not None and dtype not in DTYPES.values():
-        raise ConfigError(f"stream.torch(dtype={dtype!r}): choose one of {sorted(DTYPES)} (or the torch dtype)")
+        raise ConfigError(f"{caller}(dtype={dtype!r}): choose one of {sorted(DTYPES)} (or the torch dtype)")
     if layout not in LAYOUTS:
-        raise ConfigError(f"stream.torch(layout={layout!r}): choose one of {list(LAYOUTS)}")
-    mean = _per_channel("mean", mean, channels)
-    std = _per_channel("std", std, channels)
+        raise ConfigError(f"{caller}(layout={layout!r}): choose one of {list(LAYOUTS)}")
+    mean = _per_channel("mean", mean, channels, caller)
+    std = _per_channel("std", std, channels, caller)
     if std is not None and min(std) <= 0:
-        raise ConfigError(f"stream.torch(std={std}): every std must be > 0")
+        raise ConfigError(f"{caller}(std={std}): every std must be > 0")
     normalising = mean is not None or std is not None
     if normalising and dtype == torch.uint8:
-        raise ConfigError("stream.torch(dtype='uint8') cannot hold normalised values; use dtype='float32', "
+        raise ConfigError(f"{caller}(dtype='uint8') cannot hold normalised values; use dtype='float32', "
                           "'float16' or 'bfloat16' with mean/std")
     if dtype == torch.uint8 and np.dtype(image_dtype) != np.uint8:
-        raise ConfigError(f"stream.torch(dtype='uint8'): the stream yields {np.dtype(image_dtype)} images "
+        raise ConfigError(f"{caller}(dtype='uint8'): the stream yields {np.dtype(image_dtype)} images "
                           "(its augmentation's output); choose a float dtype")
     if isinstance(batches_ahead, bool) or not isinstance(batches_ahead, numbers.Integral) or batches_ahead < 1:
-        raise ConfigError(f"stream.torch(batches_ahead={batches_ahead!r}): must be an int >= 1")
+        raise ConfigError(f"{caller}(batches_ahead={batches_ahead!r}): must be an int >= 1")
     return DeviceOptions(dev, dtype, layout, mean, std, int(batches_ahead))
 
 
-def _per_channel(name, value, channels):
+def _per_channel(name, value, channels, caller):
     if value is None:
         return None
     values = (value,) if isinstance(value, numbers.Real) else tuple(value)
     try:
         values = tuple(float(v) for v in values)
     except (TypeError, ValueError):
-        raise ConfigError(f"stream.torch({name}={value!r}): give a number or one number per channel") from None
+        raise ConfigError(f"{caller}({name}={value!r}): give a number or one number per channel") from None
     if channels is not None and len(values) not in (1, channels):
-        raise ConfigError(f"stream.torch({name}={value!r}): {len(values)} values for images of {channels} "
+        raise ConfigError(f"{caller}({name}={value!r}): {len(values)} values for images of {channels} "
                           f"channels; give one number, or {channels}")
     return values
 
@@ -288,7 +288,7 @@ class _Ready:
     event: object = None
 
 
-_END = object()
+END = object()
 
 
 class _Uploader:
@@ -319,7 +319,7 @@ class _Uploader:
             while not self._stop.is_set():
                 batch = self._passes.next_batch(self._pass_id)
                 if batch is None:
-                    self._put(_END)
+                    self._put(END)
                     return
                 x, y = batch if isinstance(batch, tuple) else (batch, None)  # label_mode=None: images alone
                 ready = self._upload(x, y, k)
@@ -341,10 +341,7 @@ class _Uploader:
             # The "upload" to a host device: one copy into fresh tensors, which the consumer owns (timed apart:
             # on a CUDA device the DMA engine does it).
             t0 = time.thread_time()
-            xd = convert(torch.from_numpy(x), opts)
-            xd = xd.clone() if xd.data_ptr() == x.ctypes.data else xd
-            yd = None if y is None else torch.from_numpy(y).to(opts.device, copy=True)
-            ready = _Ready(xd.to(opts.device), yd)
+            ready = _copy_to(x, y, opts)
             self._stats["upload_copy_cpu_s"] += time.thread_time() - t0
             return ready
         copied = self._copied_events[h]
@@ -395,7 +392,7 @@ class _Uploader:
 
     # -- consumer side ------------------------------------------------------------------------------------
     def get(self):
-        """The next :class:`_Ready`, ``_END``, or raises what the upload thread raised.  In the consumer's
+        """The next :class:`_Ready`, ``END``, or raises what the upload thread raised.  In the consumer's
         thread."""
         deadline = time.monotonic() + self._stream.timeout_s
         t0 = time.perf_counter()
@@ -428,7 +425,22 @@ class _Uploader:
         return self._thread.is_alive()
 
 
-def _hand_over(item: _Ready, opts: DeviceOptions):
+def _copy_to(x: np.ndarray, y: np.ndarray | None, opts: DeviceOptions) -> _Ready:
+    """``(x, y)`` copied to ``opts.device`` and converted, synchronously, into tensors the caller owns."""
+    xd = convert(torch.from_numpy(x).to(opts.device), opts)
+    xd = xd.clone() if xd.data_ptr() == x.ctypes.data else xd
+    yd = None if y is None else torch.from_numpy(y).to(opts.device, copy=True)
+    return _Ready(xd, yd)
+
+
+def upload_now(batch, opts: DeviceOptions):
+    """A stream batch (``(x, y)`` or ``x``) on the device now, in the calling thread, as :func:`hand_over`
+    gives it: for a batch taken outside a pass (Keras peeking at one before its first epoch)."""
+    x, y = batch if isinstance(batch, tuple) else (batch, None)
+    return hand_over(_copy_to(x, y, opts), opts)
+
+
+def hand_over(item: _Ready, opts: DeviceOptions):
     """``(x, y)`` (``x`` alone for a stream without labels) usable on the caller's current stream: it waits on the
     batch's event (on the GPU)."""
     if item.event is not None:
@@ -456,7 +468,7 @@ class DeviceIterable(IterableDataset):
         self.stream = stream
         self.options = opts
         self._passes = passes_for(stream)
-        self._state = _State(opts)
+        self._state = DeviceState(opts)
         self._finalizer = weakref.finalize(self, self._state.close)
 
     def __len__(self) -> int:
@@ -477,9 +489,9 @@ class DeviceIterable(IterableDataset):
         try:
             while True:
                 item = uploader.get()
-                if item is _END:
+                if item is END:
                     return
-                yield _hand_over(item, self.options)
+                yield hand_over(item, self.options)
         finally:
             state.stop_uploader(uploader)
 
@@ -487,12 +499,7 @@ class DeviceIterable(IterableDataset):
         """``batches`` uploaded, ``wait_s`` the training loop waited for them, ``upload_cpu_s`` CPU time of the
         upload threads (``upload_copy_cpu_s`` of it: copying and converting on a host device), ``pinned_bytes``
         registered now, ``pin_failures``."""
-        s = dict(self._state.stats)
-        pins = self._state.pins
-        s["pinned_bytes"] = sum(pins.pinned.values()) if pins is not None else 0
-        s["pin_failures"] = pins.failures if pins is not None else 0
-        s["upload_alive"] = self._state.uploader is not None and self._state.uploader.alive
-        return s
+        return self._state.snapshot()
 
     def close(self) -> None:
         """Stop the upload thread and unregister the page-locked memory.  Idempotent; the stream stays open."""
@@ -503,8 +510,11 @@ class DeviceIterable(IterableDataset):
                           "num_workers=0)")
 
 
-class _State:
-    """What :class:`DeviceIterable` owns, kept apart from it so its finalizer can run at garbage collection."""
+class DeviceState:
+    """What a device dataset (:class:`DeviceIterable`, the Keras adapter's ``DeviceBatches``) owns: its upload
+    thread of the moment, the page-locked registrations, the CUDA stream and the counters; kept apart from the
+    dataset so that the dataset's finalizer can run at garbage collection.  ``start`` / ``stop_uploader`` /
+    ``close`` from any thread (a lock orders them)."""
 
     def __init__(self, opts: DeviceOptions):
         self.opts = opts
@@ -530,6 +540,15 @@ class _State:
                 return
             self.uploader = None
         up.close()
+
+    def snapshot(self) -> dict:
+        """The counters (see :meth:`DeviceIterable.stats`)."""
+        s = dict(self.stats)
+        s["pinned_bytes"] = sum(self.pins.pinned.values()) if self.pins is not None else 0
+        s["pin_failures"] = self.pins.failures if self.pins is not None else 0
+        up = self.uploader
+        s["upload_alive"] = up is not None and up.alive
+        return s
 
     def close(self) -> None:
         self.closed = True
