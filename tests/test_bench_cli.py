@@ -126,6 +126,21 @@ def test_file_shuffle_report_on_sorted_store(sorted_store):
     assert small["plan"]["rows_per_fill"] < r["plan"]["rows_per_fill"]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_shuffle_report_plans_what_a_stream_of_the_same_options_runs(sorted_store, workers):
+    """The report's plan (fill, unit, every share of the budget) is the plan of ``h5stream.open`` with the same
+    budget, batch size and workers and its defaults (read checks "once" took a share the report left out)."""
+    import h5stream
+    from h5stream.commands._common import file_shuffle_report
+
+    budget = "160MiB" if workers else BUDGET
+    r = file_shuffle_report(sorted_store, memory_budget=budget, batch_size=32, seed=0, workers=workers)
+    augment = h5stream.Augment(horizontal_flip=True) if workers else None
+    with h5stream.open(sorted_store, memory_budget=budget, batch_size=32, seed=0, workers=workers,
+                       augment=augment) as s:
+        assert r["plan"] == s.plan.as_dict()
+
+
 def test_bench_file_generator_writes_a_class_sorted_store(tmp_path):
     from benchmarks.data import make_bench_file, rows_for_gb
 

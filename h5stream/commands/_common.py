@@ -82,16 +82,23 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     as ``h5stream.open`` does.
     """
     from h5stream.budget import plan_stream
+    from h5stream.options import StreamOptions
     from h5stream.order import quality
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
     from h5stream.stream import layout_function
 
+    from h5stream.read.locate import check_chunks
+    from h5stream.read.source import resolve_direct_io
+
     meta = read_meta(path)
     unit = None if read_unit is None else parse_bytes(read_unit, what="read_unit")
-    # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.
+    # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.  What
+    # else shapes the plan is what h5stream.open gives it by default (read checks once, direct I/O "auto").
     plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill,
-                       unit_bytes=unit, available_bytes=None)
+                       epoch_rows=meta.rows, direct_io=resolve_direct_io(meta.path, "auto"), unit_bytes=unit,
+                       verify_reads=StreamOptions.verify_reads, chunk_cache_bytes=check_chunks(meta),
+                       available_bytes=None)
     layout = layout_function(meta.rows, plan, seed)
     labels = read_labels(meta)
     check_class_labels(meta, labels)
