@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.budget import FEEDER_IN_FLIGHT, FEEDER_OVERHEAD_BYTES, plan_stream
+from h5stream.budget import plan_stream
 from h5stream.errors import ConfigError, ReaderError, WorkerError
 from h5stream.shm import segment_names
 from h5stream.store.meta import read_meta
@@ -110,6 +110,8 @@ def test_feeder_needs_workers():
 
 
 def test_the_plan_counts_the_feeder(store):
+    from h5stream.budget import FEEDER_IN_FLIGHT, FEEDER_OVERHEAD_BYTES
+
     meta = read_meta(store)
     pooled = plan_stream(meta, None, 32, augment=AUG, workers=2)
     fed = plan_stream(meta, None, 32, augment=AUG, workers=2, feeder=True)
