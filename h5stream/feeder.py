@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import multiprocessing.connection as mp_connection
 import multiprocessing.util as mp_util
 import os
 import pickle
+import selectors
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -60,7 +61,7 @@ from h5stream._procpool import death_report, stopped
 from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream._wait import POLL_S, check_stops
 from h5stream.budget import FEEDER_IN_FLIGHT, StreamPlan
-from h5stream.errors import H5StreamError, ReaderError, StreamClosedError
+from h5stream.errors import H5StreamError, ReaderError
 from h5stream.read.reader import ArrayArena
 from h5stream.store.meta import StoreMeta
 
@@ -75,6 +76,40 @@ ANSWER_GRACE_S = 2.0
 CLOSE_TIMEOUT_S = 10.0
 
 _OOM_FIX = "lower memory_budget or workers"
+
+
+# -- the messages, as bytes ------------------------------------------------------------------------------------------
+
+_NEXT_HEAD = struct.Struct("<cq")  # b"N", generation; then the freed slots as int32
+_BATCH_HEAD = struct.Struct("<cqqqqq")  # b"B", generation, epoch, index, slot, rows; then the labels' bytes
+
+
+def pack(msg: tuple, label_dtype: np.dtype, label_shape: tuple) -> bytes:
+    """One message as bytes (pure).  The two of every batch, ``NEXT`` and a ``BATCH`` whose labels have the
+    store's dtype and shape, are packed by hand (a few microseconds less than a pickle on each side, in the
+    training process); every other message is a pickle (whose first byte is neither ``N`` nor ``B``)."""
+    kind = msg[0]
+    if kind == NEXT:
+        return _NEXT_HEAD.pack(b"N", msg[1]) + np.asarray(msg[2], np.int32).tobytes()
+    if kind == BATCH and msg[4] >= 0:
+        labels = msg[6]
+        if (isinstance(labels, np.ndarray) and labels.dtype == label_dtype
+                and labels.shape == (msg[5], *label_shape)):
+            return _BATCH_HEAD.pack(b"B", *msg[1:6]) + np.ascontiguousarray(labels).tobytes()
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(data: bytes, label_dtype: np.dtype, label_shape: tuple) -> tuple:
+    """The message :func:`pack` made (pure); a batch's labels are a writable array of their own."""
+    head = data[:1]
+    if head == b"N":
+        _, gen = _NEXT_HEAD.unpack_from(data)
+        return NEXT, gen, np.frombuffer(data, np.int32, offset=_NEXT_HEAD.size).tolist()
+    if head == b"B":
+        _, gen, epoch, index, slot, rows = _BATCH_HEAD.unpack_from(data)
+        labels = np.frombuffer(data, label_dtype, offset=_BATCH_HEAD.size).reshape(rows, *label_shape).copy()
+        return BATCH, gen, epoch, index, slot, rows, labels
+    return pickle.loads(data)
 
 
 # -- the error that crosses the pipe ---------------------------------------------------------------------------------
@@ -164,20 +199,24 @@ def feeder_main(conn, parts: bytes) -> None:
 
 def _serve(conn, parent, feed, slots) -> None:
     """The feeder's loop (see :func:`feeder_main`)."""
+    labels_as = (np.dtype(feed.meta.label_dtype), tuple(feed.meta.label_shape))
     spec = slots.spec
     n_slots = spec.shape[0]
     slot_bytes = int(np.prod(spec.shape[1:], dtype=np.int64)) * np.dtype(spec.dtype).itemsize
     base = slots.array.__array_interface__["data"][0]
     held: dict[int, np.ndarray] = {}  # slot -> a view of it, kept while the trainer has it: the pool won't reuse it
     pending: deque = deque()
-    watch = [conn] if parent is None else [conn, parent.sentinel]
+    watch = selectors.DefaultSelector()
+    watch.register(conn, selectors.EVENT_READ)
+    if parent is not None:
+        watch.register(parent.sentinel, selectors.EVENT_READ)
     generation = None
     while True:
         try:
-            if not pending and conn not in mp_connection.wait(watch):
+            if not pending and conn not in [key.fileobj for key, _ in watch.select()]:
                 return  # the training process died without stopping us
             while conn.poll():  # everything the trainer sent: a START makes older requests moot
-                pending.append(conn.recv())
+                pending.append(unpack(conn.recv_bytes(), *labels_as))
         except (EOFError, OSError):
             return
         kind, gen, freed, *args = pending.popleft()
@@ -209,13 +248,13 @@ def _serve(conn, parent, feed, slots) -> None:
                     held[slot] = x
                     reply = (BATCH, gen, epoch, index, slot, len(x), labels)
                 del x
-        if not _send(conn, reply):
+        if not _send(conn, reply, labels_as):
             return
 
 
-def _send(conn, msg) -> bool:
+def _send(conn, msg, labels_as=(None, ())) -> bool:
     try:
-        conn.send(msg)
+        conn.send_bytes(pack(msg, *labels_as))
         return True
     except (EOFError, OSError):
         return False
@@ -230,6 +269,7 @@ class _FeederState:
     def __init__(self):
         self.proc = None
         self.conn = None
+        self.watch = None  # a selector on the pipe and the feeder's sentinel
         self.slots = None
         self.closed = False
 
@@ -249,6 +289,8 @@ def _shutdown(state: _FeederState) -> None:
                 state.proc.kill()  # a stopped feeder reads nothing and obeys no signal but SIGKILL
             reap_workers([state.proc], CLOSE_TIMEOUT_S)
     finally:
+        if state.watch is not None:
+            state.watch.close()
         if state.conn is not None:
             state.conn.close()
         if state.slots is not None:
@@ -272,6 +314,7 @@ class ProcessFeed:
         from h5stream.shm import SharedArray
 
         self.meta, self.plan, self._timeout_s = meta, plan, timeout_s
+        self._labels_as = (np.dtype(meta.label_dtype), tuple(meta.label_shape))
         self._in_flight = FEEDER_IN_FLIGHT
         # The feeder's PooledFeed lends every slot: the trainer decides what to copy, and its slots on their way
         # here are counted as lent there.
@@ -288,12 +331,19 @@ class ProcessFeed:
         self._lent: list[int] = []  # slots whose views the caller may still hold
         self._error: BaseException | None = None  # the feeder is gone: raised again by every call
         self._waited_s = 0.0
+        self._ready = False  # the feeder answered READY
+        self.pid, self.worker_pids, self._last_stats = None, [], {}
         try:
             procs, conns = spawn_workers(feeder_main, [(parts,)], name="h5stream-feeder",
                                          hide_main=b"__main__" not in parts, daemon=False)
             state.proc, state.conn = procs[0], conns[0]
+            state.watch = selectors.DefaultSelector()
+            state.watch.register(state.conn, selectors.EVENT_READ)
+            state.watch.register(state.proc.sentinel, selectors.EVENT_READ)
             ready = self._receive(max(60.0, timeout_s) * 2, "started", ready=True)
             self.pid, spec, self.worker_pids = ready[2], ready[3], ready[4]
+            self._ready = True
+            self._last_stats = {"worker_pids": self.worker_pids}
             state.slots = SharedArray.attach(spec)
             self._items = state.slots.item_arrays()
             self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
@@ -307,7 +357,7 @@ class ProcessFeed:
         freed, self._freed = self._freed, []
         if self._error is not None:
             raise self._error
-        if not _send(self._state.conn, (kind, self._generation, freed, *args)):
+        if not _send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
             raise self._died()
 
     def _receive(self, timeout_s: float, what: str, ready: bool = False) -> tuple:
@@ -322,13 +372,13 @@ class ProcessFeed:
         while True:
             try:
                 if conn.poll():
-                    msg = conn.recv()
+                    msg = unpack(conn.recv_bytes(), *self._labels_as)
                 else:
                     check_stops()  # a Ctrl-C held back since the stream was entered
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise self._late(timeout_s, what)
-                    mp_connection.wait([conn, state.proc.sentinel], min(POLL_S, left))
+                    state.watch.select(min(POLL_S, left))
                     continue
             except (EOFError, OSError):
                 raise self._died() from None
@@ -347,7 +397,7 @@ class ProcessFeed:
         """The error for a feeder that ended; kept for every later call."""
         proc = self._state.proc
         proc.join(1.0)
-        report = death_report("h5stream feeder process", 0, proc.pid, proc.exitcode, True, _OOM_FIX)
+        report = death_report("h5stream feeder process", 0, proc.pid, proc.exitcode, self._ready, _OOM_FIX)
         self._error = ReaderError(f"{self.meta.path}: {report}; go on from the stream's state() "
                                   "(open(..., resume=state))")
         return self._error
@@ -434,11 +484,10 @@ class ProcessFeed:
 
     def stats(self) -> dict:
         """The feeder's ``PooledFeed`` stats and its pid; ``wait_s`` is the seconds this process waited for
-        batches since the last start (the feeder's own: ``feeder_wait_s``).  Consumer thread."""
-        if self._state.closed:
-            raise StreamClosedError(f"{self.meta.path}: the stream is closed")
-        if self._error is not None:  # the feeder is gone: what this side knows
-            return {"feeder_pid": self.pid, "wait_s": self._waited_s, "worker_pids": self.worker_pids}
+        batches since the last start (the feeder's own: ``feeder_wait_s``).  Once the feeder is gone (closed,
+        died), the last stats it sent.  Consumer thread."""
+        if self._state.closed or self._error is not None:  # the feeder is gone: what this side knows
+            return {**self._last_stats, "feeder_pid": self.pid, "wait_s": self._waited_s}
         self._send(STATS)
         while True:
             msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "answered")
@@ -446,8 +495,8 @@ class ProcessFeed:
                 break
             self._answers.append(msg)  # a batch asked for earlier: next() takes it
         # wait_s: this process's waits (the consumer's); the feeder's own waits for its pool: feeder_wait_s.
-        return {**msg[2], "feeder_wait_s": msg[2].get("wait_s", 0.0), "wait_s": self._waited_s,
-                "feeder_pid": self.pid}
+        self._last_stats = {**msg[2], "feeder_wait_s": msg[2].get("wait_s", 0.0)}
+        return {**self._last_stats, "wait_s": self._waited_s, "feeder_pid": self.pid}
 
     def close(self) -> None:
         """Stop the feeder (it closes its pool) and unmap the slots; idempotent.  Lent views stay readable."""
