@@ -213,10 +213,11 @@ def _serve(conn, parent, feed, slots) -> None:
     generation = None
     while True:
         try:
-            if not pending and conn not in [key.fileobj for key, _ in watch.select()]:
-                return  # the training process died without stopping us
-            while conn.poll():  # everything the trainer sent: a START makes older requests moot
+            # Everything the trainer sent (a START makes older requests moot); a wait only when nothing is.
+            while conn in [key.fileobj for key, _ in watch.select(None if not pending else 0)]:
                 pending.append(unpack(conn.recv_bytes(), *labels_as))
+            if not pending:
+                return  # the training process died without stopping us
         except (EOFError, OSError):
             return
         kind, gen, freed, *args = pending.popleft()
@@ -369,19 +370,24 @@ class ProcessFeed:
         state = self._state
         conn = state.conn
         deadline = time.monotonic() + timeout_s
+        left = timeout_s
         while True:
-            try:
-                if conn.poll():
+            # One epoll_wait on the kept selector; it returns at once when an answer is there (Connection.poll
+            # would build a selector of its own on every call).
+            fired = [key.fileobj for key, _ in state.watch.select(min(POLL_S, left))]
+            if conn in fired:
+                try:
                     msg = unpack(conn.recv_bytes(), *self._labels_as)
-                else:
-                    check_stops()  # a Ctrl-C held back since the stream was entered
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise self._late(timeout_s, what)
-                    state.watch.select(min(POLL_S, left))
-                    continue
-            except (EOFError, OSError):
-                raise self._died() from None
+                except (EOFError, OSError):
+                    raise self._died() from None
+            elif fired:  # the feeder's sentinel, and nothing left in the pipe
+                raise self._died()
+            else:
+                check_stops()  # a Ctrl-C held back since the stream was entered
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._late(timeout_s, what)
+                continue
             kind, gen = msg[0], msg[1]
             if ready:
                 if kind == FATAL:
