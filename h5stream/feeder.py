@@ -48,6 +48,7 @@ import os
 import pickle
 import selectors
 import signal
+import socket
 import struct
 import sys
 import time
@@ -264,6 +265,50 @@ def _send(conn, msg, labels_as=(None, ())) -> bool:
 # -- the training process's side -------------------------------------------------------------------------------------
 
 
+class _Inbox:
+    """The trainer's end of the feeder's pipe (a socket pair), read as ``Connection`` frames (a 4-byte
+    big-endian length, or -1 and an 8-byte one, then the bytes) with one ``recv`` for whatever has come:
+    one system call for an answer already there, where ``Connection.recv_bytes`` makes two and a wait one
+    more.  Owned by the :class:`_FeederState`; consumer thread."""
+
+    def __init__(self, fd: int):
+        self._sock = socket.socket(fileno=os.dup(fd))
+        self._buf = bytearray()
+
+    def pop(self) -> bytes | None:
+        """The next whole message received, or None."""
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        size, head = int.from_bytes(buf[:4], "big", signed=True), 4
+        if size == -1:
+            if len(buf) < 12:
+                return None
+            size, head = int.from_bytes(buf[4:12], "big"), 12
+        if len(buf) < head + size:
+            return None
+        data = bytes(buf[head:head + size])
+        del buf[:head + size]
+        return data
+
+    def fill(self) -> bool | None:
+        """Take what has come, without waiting: True if something did, False if nothing, None at the end."""
+        try:
+            data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return None
+        if not data:
+            return None
+        self._buf += data
+        return True
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+
 class _FeederState:
     """What a :class:`ProcessFeed` owns, kept apart from it so its finalizer holds no reference to it."""
 
@@ -271,6 +316,7 @@ class _FeederState:
         self.proc = None
         self.conn = None
         self.watch = None  # a selector on the pipe and the feeder's sentinel
+        self.inbox = None  # what the trainer reads the pipe with
         self.slots = None
         self.closed = False
 
@@ -292,6 +338,8 @@ def _shutdown(state: _FeederState) -> None:
     finally:
         if state.watch is not None:
             state.watch.close()
+        if state.inbox is not None:
+            state.inbox.close()
         if state.conn is not None:
             state.conn.close()
         if state.slots is not None:
@@ -341,6 +389,7 @@ class ProcessFeed:
             state.watch = selectors.DefaultSelector()
             state.watch.register(state.conn, selectors.EVENT_READ)
             state.watch.register(state.proc.sentinel, selectors.EVENT_READ)
+            state.inbox = _Inbox(state.conn.fileno())
             ready = self._receive(max(60.0, timeout_s) * 2, "started", ready=True)
             self.pid, spec, self.worker_pids = ready[2], ready[3], ready[4]
             self._ready = True
@@ -368,26 +417,31 @@ class ProcessFeed:
         if self._error is not None:
             raise self._error
         state = self._state
-        conn = state.conn
+        inbox = state.inbox
         deadline = time.monotonic() + timeout_s
         left = timeout_s
         while True:
-            # One epoll_wait on the kept selector; it returns at once when an answer is there (Connection.poll
-            # would build a selector of its own on every call).
-            fired = [key.fileobj for key, _ in state.watch.select(min(POLL_S, left))]
-            if conn in fired:
-                try:
-                    msg = unpack(conn.recv_bytes(), *self._labels_as)
-                except (EOFError, OSError):
-                    raise self._died() from None
-            elif fired:  # the feeder's sentinel, and nothing left in the pipe
-                raise self._died()
-            else:
+            data = inbox.pop()
+            if data is None:
+                got = inbox.fill()
+                if got is None:
+                    raise self._died()
+                if got:
+                    continue
+                # Nothing yet: one wait on the kept selector (Connection.poll would build one on every call).
+                fired = [key.fileobj for key, _ in state.watch.select(min(POLL_S, left))]
+                if state.conn in fired:
+                    continue
+                if fired:  # the feeder's sentinel, and nothing in the pipe
+                    if not inbox.fill():
+                        raise self._died()
+                    continue
                 check_stops()  # a Ctrl-C held back since the stream was entered
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._late(timeout_s, what)
                 continue
+            msg = unpack(data, *self._labels_as)
             kind, gen = msg[0], msg[1]
             if ready:
                 if kind == FATAL:

@@ -283,3 +283,47 @@ def test_ctrl_c_in_the_trainer_raises_keyboard_interrupt_and_leaves_nothing(tmp_
     assert threads == 1 and children == [] and segments == [], (threads, children, segments)
     assert all(not psutil.pid_exists(p) for p in pids)
     assert proc.returncode == 0 and "leaked" not in err, err
+
+
+def test_gc_of_an_unclosed_feeder_stream_stops_the_feeder_and_its_workers(store):
+    s = h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=AUG, workers=2, feeder=True)
+    next(iter(s))
+    stats = s.stats()
+    pids = [stats["feeder_pid"], *stats["worker_pids"]]
+    assert all(psutil.pid_exists(p) for p in pids)
+    del s  # no close(): the finalizer stops the feeder, which closes its pool (no_leaks checks the rest)
+    from conftest import collect
+
+    assert collect(lambda: all(not psutil.pid_exists(p) for p in pids))
+    assert segment_names(f"h5s_{pids[0]}_") == []
+
+
+UNCLOSED = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import h5stream
+
+    if __name__ == "__main__":
+        s = h5stream.open(sys.argv[1], batch_size=8, augment=h5stream.Augment(horizontal_flip=True), workers=2,
+                          feeder=True)
+        next(iter(s))
+        st = s.stats()
+        print("streaming", st["feeder_pid"], *st["worker_pids"], flush=True)
+        # the script ends without close(): interpreter exit must stop the feeder, not wait for it
+    """
+)
+
+
+def test_a_script_that_never_closes_its_feeder_stream_exits_and_leaves_nothing(tmp_path, store):
+    proc = _start(tmp_path, UNCLOSED, store)
+    try:
+        pids = [int(p) for p in _line(proc, "streaming")]
+        _, err = proc.communicate(timeout=SAFETY_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "leaked" not in err, err
+    assert _gone(pids)
+    assert segment_names(f"h5s_{pids[0]}_") == [] and segment_names(f"h5s_{proc.pid}_") == []
