@@ -175,8 +175,9 @@ class Stream:
     """An endless, epoch-by-epoch supply of shuffled batches from one store (or one subset of it).
 
     Made by :func:`open`.  Owns a reader thread (and, with ``workers > 0``, a
-    worker pool).  ``close()`` stops them; it is idempotent, called by
-    ``with`` and, as a last resort, when the stream is garbage-collected.
+    worker pool; with ``feeder=True`` both run in a feeder process it owns).
+    ``close()`` stops them; it is idempotent, called by ``with`` and, as a
+    last resort, when the stream is garbage-collected.
 
     Iteration contract:
 

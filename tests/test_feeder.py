@@ -327,3 +327,20 @@ def test_a_script_that_never_closes_its_feeder_stream_exits_and_leaves_nothing(t
     assert proc.returncode == 0 and "leaked" not in err, err
     assert _gone(pids)
     assert segment_names(f"h5s_{pids[0]}_") == [] and segment_names(f"h5s_{proc.pid}_") == []
+
+
+def test_a_stopped_feeder_is_a_reader_error_naming_it_and_close_still_ends_it(store):
+    s = h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=AUG, workers=1, feeder=True,
+                      timeout_s=1.0)
+    try:
+        it = iter(s)
+        next(it)
+        feeder = s.stats()["feeder_pid"]
+        os.kill(feeder, signal.SIGSTOP)
+        with pytest.raises(ReaderError, match=rf"feeder process \(pid {feeder}\) is stopped .*kill -CONT {feeder}"):
+            for _ in range(len(s)):
+                next(it)
+    finally:
+        s.close()  # kills the stopped feeder (it obeys nothing else); no_leaks checks nothing is left
+    assert not psutil.pid_exists(feeder)
+    assert segment_names(f"h5s_{feeder}_") == []
