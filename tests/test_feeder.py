@@ -344,3 +344,47 @@ def test_a_stopped_feeder_is_a_reader_error_naming_it_and_close_still_ends_it(st
         s.close()  # kills the stopped feeder (it obeys nothing else); no_leaks checks nothing is left
     assert not psutil.pid_exists(feeder)
     assert segment_names(f"h5s_{feeder}_") == []
+
+
+def test_ctrl_c_anywhere_in_a_feeder_epoch_loop_raises_keyboard_interrupt_and_leaves_nothing(tmp_path, store):
+    from test_faults_runtime import CTRL_C_POINTS, LOOP as POOLED_LOOP, _group_leftovers, readline
+
+    # The runtime faults' loop (open, epochs, close, again after each Ctrl-C), with the feeder.
+    loop = POOLED_LOOP.replace("workers=workers)", "workers=workers, feeder=True)").replace(
+        'say("opened")', 'say("opened", s.stats()["feeder_pid"])')
+    assert "feeder=True" in loop and "feeder_pid" in loop
+    script = tmp_path / "loop.py"
+    script.write_text(loop)
+    proc = subprocess.Popen([sys.executable, str(script), store, "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    feeders = set()
+    try:
+        for k, (where, count) in enumerate(CTRL_C_POINTS):
+            seen = 0
+            while seen < count:
+                words = readline(proc, where).split()
+                seen += words[0] == where
+                if words[0] == "opened":
+                    feeders.add(int(words[1]))
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, feeder and workers included
+            threads = None
+            while not (line := readline(proc, f"interrupted after {where} {count}")).endswith("interrupted"):
+                found = re.search(r"threads (\d+)$", line)
+                if found:
+                    threads = int(found.group(1))
+                if line.startswith("opened "):
+                    feeders.add(int(line.split()[1]))
+            assert threads == 1, (where, count, threads)
+            children, segments = _group_leftovers(proc)
+            segments += [n for pid in feeders for n in segment_names(f"h5s_{pid}_")]
+            assert children == [] and segments == [], (where, count, children, segments)
+            proc.stdin.write("again\n" if k < len(CTRL_C_POINTS) - 1 else "stop\n")
+            proc.stdin.flush()
+        _, err = proc.communicate(timeout=SAFETY_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert feeders and proc.returncode != 0 and err.rstrip().endswith("KeyboardInterrupt"), err
+    assert "leaked" not in err and "h5stream-feeder" not in err and "h5stream-augment" not in err, err
