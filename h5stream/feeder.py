@@ -267,12 +267,17 @@ def _send(conn, msg, labels_as=(None, ())) -> bool:
 
 class _Inbox:
     """The trainer's end of the feeder's pipe (a socket pair), read as ``Connection`` frames (a 4-byte
-    big-endian length, or -1 and an 8-byte one, then the bytes) with one ``recv`` for whatever has come:
-    one system call for an answer already there, where ``Connection.recv_bytes`` makes two and a wait one
-    more.  Owned by the :class:`_FeederState`; consumer thread."""
+    big-endian length, or -1 and an 8-byte one, then the bytes) with one blocking ``recv`` for whatever has
+    come, which returns after ``wait_s`` at the latest (``SO_RCVTIMEO``): one system call per answer, where
+    ``Connection.recv_bytes`` makes two and a wait on a selector one more.  Owned by the
+    :class:`_FeederState`; consumer thread."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, wait_s: float):
         self._sock = socket.socket(fileno=os.dup(fd))
+        self._sock.settimeout(None)  # blocking: the kernel's own receive timeout ends the wait
+        whole = int(wait_s)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                              struct.pack("ll", whole, int((wait_s - whole) * 1e6)))
         self._buf = bytearray()
 
     def pop(self) -> bytes | None:
@@ -292,10 +297,11 @@ class _Inbox:
         return data
 
     def fill(self) -> bool | None:
-        """Take what has come, without waiting: True if something did, False if nothing, None at the end."""
+        """Take what has come, waiting up to ``wait_s`` for something: True if something came, False if
+        nothing did, None at the pipe's end (the feeder is gone)."""
         try:
-            data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+            data = self._sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError, TimeoutError):
             return False
         except OSError:
             return None
@@ -308,14 +314,12 @@ class _Inbox:
         self._sock.close()
 
 
-
 class _FeederState:
     """What a :class:`ProcessFeed` owns, kept apart from it so its finalizer holds no reference to it."""
 
     def __init__(self):
         self.proc = None
         self.conn = None
-        self.watch = None  # a selector on the pipe and the feeder's sentinel
         self.inbox = None  # what the trainer reads the pipe with
         self.slots = None
         self.closed = False
@@ -336,8 +340,6 @@ def _shutdown(state: _FeederState) -> None:
                 state.proc.kill()  # a stopped feeder reads nothing and obeys no signal but SIGKILL
             reap_workers([state.proc], CLOSE_TIMEOUT_S)
     finally:
-        if state.watch is not None:
-            state.watch.close()
         if state.inbox is not None:
             state.inbox.close()
         if state.conn is not None:
@@ -386,10 +388,7 @@ class ProcessFeed:
             procs, conns = spawn_workers(feeder_main, [(parts,)], name="h5stream-feeder",
                                          hide_main=b"__main__" not in parts, daemon=False)
             state.proc, state.conn = procs[0], conns[0]
-            state.watch = selectors.DefaultSelector()
-            state.watch.register(state.conn, selectors.EVENT_READ)
-            state.watch.register(state.proc.sentinel, selectors.EVENT_READ)
-            state.inbox = _Inbox(state.conn.fileno())
+            state.inbox = _Inbox(state.conn.fileno(), POLL_S)
             ready = self._receive(max(60.0, timeout_s) * 2, "started", ready=True)
             self.pid, spec, self.worker_pids = ready[2], ready[3], ready[4]
             self._ready = True
@@ -419,27 +418,18 @@ class ProcessFeed:
         state = self._state
         inbox = state.inbox
         deadline = time.monotonic() + timeout_s
-        left = timeout_s
         while True:
             data = inbox.pop()
             if data is None:
-                got = inbox.fill()
+                got = inbox.fill()  # waits POLL_S at most
                 if got is None:
-                    raise self._died()
-                if got:
-                    continue
-                # Nothing yet: one wait on the kept selector (Connection.poll would build one on every call).
-                fired = [key.fileobj for key, _ in state.watch.select(min(POLL_S, left))]
-                if state.conn in fired:
-                    continue
-                if fired:  # the feeder's sentinel, and nothing in the pipe
-                    if not inbox.fill():
+                    raise self._died()  # the pipe's end: only the feeder holds its other end
+                if not got:
+                    check_stops()  # a Ctrl-C held back since the stream was entered
+                    if not state.proc.is_alive():
                         raise self._died()
-                    continue
-                check_stops()  # a Ctrl-C held back since the stream was entered
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._late(timeout_s, what)
+                    if time.monotonic() >= deadline:
+                        raise self._late(timeout_s, what)
                 continue
             msg = unpack(data, *self._labels_as)
             kind, gen = msg[0], msg[1]
