@@ -88,8 +88,9 @@ def keep_freed_heap() -> bool:
         mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD_BYTES))
 
 
-def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_main: bool = True) -> tuple[list, list]:
-    """Start one spawned daemon process per entry of ``args``, running ``target(conn, *args[i])``.
+def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_main: bool = True,
+                  daemon: bool = True) -> tuple[list, list]:
+    """Start one spawned process per entry of ``args``, running ``target(conn, *args[i])``.
 
     Returns ``(processes, connections)``: the parent's end of each worker's
     duplex pipe (the child's end is closed here, so a dead worker reads as EOF).
@@ -98,7 +99,10 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
     signal, and a Ctrl-C meant for this process stays pending until the mask is
     restored, then raises here as usual.  ``hide_main``: see
     :func:`main_module_hidden`.  If a start fails, the workers already started
-    are killed and the error propagates.
+    are killed and the error propagates.  ``daemon`` (default): multiprocessing
+    terminates the process at this interpreter's exit, and forbids it children
+    of its own; a process that starts workers (the feeder) is started with
+    ``daemon=False`` and must be stopped by its owner before exit.
     """
     ctx = mp.get_context("spawn")
     procs, conns, child_conns = [], [], []
@@ -106,7 +110,7 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         conns.append(parent_conn)
         child_conns.append(child_conn)
-        procs.append(ctx.Process(target=target, args=(child_conn, *extra), name=f"{name}-{i}", daemon=True))
+        procs.append(ctx.Process(target=target, args=(child_conn, *extra), name=f"{name}-{i}", daemon=daemon))
     blocking = hasattr(signal, "pthread_sigmask")
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
     started = []

@@ -48,6 +48,7 @@ class StreamOptions:
     direct_io: bool | str = "auto"
     read_unit: int | str | None = None
     verify_reads: bool | str = "once"
+    feeder: bool = False
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -64,6 +65,11 @@ class StreamOptions:
             raise ConfigError(f"resume must be a dict from Stream.state(), got {type(self.resume).__name__}")
         if self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
+        if not isinstance(self.feeder, bool):
+            raise ConfigError(f"feeder must be True or False, got {self.feeder!r}")
+        if self.feeder and not self.workers:
+            raise ConfigError("feeder=True runs the reader and the worker pool in a feeder process: it needs "
+                              "workers > 0 (and an augment); pass workers=N, or leave feeder=False")
         check_direct_io(self.direct_io)
         if not (isinstance(self.verify_reads, bool) or self.verify_reads == "once"):
             raise ConfigError(f"verify_reads must be True, 'once' or False, got {self.verify_reads!r}")

@@ -25,6 +25,7 @@ from h5stream.budget import StreamPlan, plan_stream
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
 from h5stream.feed import InlineFeed, PooledFeed
+from h5stream.feeder import ProcessFeed
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
@@ -140,6 +141,13 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
 
     ``label_mode=None``: the stream yields the images alone (``x``, not
     ``(x, y)``), for ``model.predict`` (every adapter takes it).
+
+    ``feeder=True`` (with ``workers > 0``): the reader thread and the workers'
+    bookkeeping run in one more process, the feeder (the workers are its
+    children); the training process only takes one small message per batch
+    and lends the batch from shared memory, as without it.  Same batches,
+    resume, errors and memory budget (which counts the feeder).  See
+    :mod:`h5stream.feeder`.
     """
     options = StreamOptions(*args, **kwargs)
     if options.subset != BOTH:
@@ -167,8 +175,9 @@ class Stream:
     """An endless, epoch-by-epoch supply of shuffled batches from one store (or one subset of it).
 
     Made by :func:`open`.  Owns a reader thread (and, with ``workers > 0``, a
-    worker pool).  ``close()`` stops them; it is idempotent, called by
-    ``with`` and, as a last resort, when the stream is garbage-collected.
+    worker pool; with ``feeder=True`` both run in a feeder process it owns).
+    ``close()`` stops them; it is idempotent, called by ``with`` and, as a
+    last resort, when the stream is garbage-collected.
 
     Iteration contract:
 
@@ -246,7 +255,8 @@ class Stream:
                                             workers=self.workers, rows_per_fill=rows_per_fill,
                                             epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
                                             direct_io=self.direct_io, unit_bytes=unit_bytes,
-                                            verify_reads=options.verify_reads, chunk_cache_bytes=chunk_cache)
+                                            verify_reads=options.verify_reads, chunk_cache_bytes=chunk_cache,
+                                            feeder=options.feeder)
         # A plain function of the epoch (no reference to self: the reader thread holds it).
         self._layout_fn = layout_function(
             stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
@@ -269,7 +279,8 @@ class Stream:
         interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
             if self.workers:
-                self._feed = PooledFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
+                feed_class = ProcessFeed if options.feeder else PooledFeed
+                self._feed = feed_class(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
                                         timeout_s=self.timeout_s, direct_io=self.direct_io,
                                         verify=options.verify_reads)
             else:
@@ -615,12 +626,29 @@ def _refuse_in_a_starting_worker() -> None:
 
 
 def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
-                    drop_remainder: bool = False, start_row: int = 0):
-    """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)`` under ``plan`` (pure; holds no stream)."""
+                    drop_remainder: bool = False, start_row: int = 0) -> LayoutFunction:
+    """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)`` under ``plan`` (pure; holds no stream;
+    picklable, for a feeder process)."""
+    return LayoutFunction(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, plan.unit_rows, seed,
+                          None if shard is None else tuple(shard), bool(shuffle), bool(drop_remainder), start_row)
 
-    def layout(epoch: int) -> EpochLayout:
-        return epoch_layout(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, seed, epoch, shard=shard,
-                            shuffle=shuffle, drop_remainder=drop_remainder, unit_rows=plan.unit_rows,
-                            start_row=start_row)
 
-    return layout
+@dataclasses.dataclass(frozen=True)
+class LayoutFunction:
+    """:func:`layout_function`'s result: plain values, called with the epoch."""
+
+    rows: int
+    block_rows: int
+    rows_per_fill: int
+    batch_size: int
+    unit_rows: int
+    seed: int
+    shard: tuple[int, int] | None
+    shuffle: bool
+    drop_remainder: bool
+    start_row: int
+
+    def __call__(self, epoch: int) -> EpochLayout:
+        return epoch_layout(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
+                            shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
+                            unit_rows=self.unit_rows, start_row=self.start_row)

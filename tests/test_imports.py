@@ -182,6 +182,7 @@ LAYERS = (
     ("adapters", ("h5stream.adapters", "h5stream.keras")),
     ("public API", ("h5stream",)),
     ("stream", ("h5stream.stream",)),
+    ("feeder", ("h5stream.feeder",)),
     ("feed", ("h5stream.feed", "h5stream.options", "h5stream.measure")),
     ("budget", ("h5stream.budget",)),
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
