@@ -28,7 +28,10 @@ On any device, a table of h5stream's CPU in the training process per batch,
 thread by thread (:func:`thread_breakdown`), for ``--breakdown-workers`` x
 ``--breakdown-batches``: the ``next()`` calls in the training thread, the
 reader thread, its I/O threads, the pool's collector thread (builds that have one) and the upload thread,
-over a whole epoch in steady state.  ``--breakdown-only`` prints just that::
+over a whole epoch in steady state, with workers both without and with ``open(..., feeder=True)`` (the reader
+and the pool in a process of their own).  ``--workers N`` makes every h5stream row augment in N workers
+(:data:`AUGMENT`) and torchvision's row augment alike, and adds the row "h5stream device feeder".
+``--breakdown-only`` prints just the per-thread table::
 
     python -m benchmarks.gpu --breakdown-only --rows 16384 --size 64 --torch-threads 1
 """
@@ -44,6 +47,10 @@ import time
 from benchmarks.harness import log, run_cli
 
 MEAN, STD = 127.5, 64.0
+
+#: The augmentation of every augmenting loader (h5stream's ``Augment`` and torchvision's transforms alike).
+AUGMENT = dict(rotation_range=15, width_shift_range=0.1, height_shift_range=0.1, zoom_range=0.1,
+               horizontal_flip=True)
 
 
 def thread_cpu_s(prefix: str = "h5stream") -> float:
@@ -87,7 +94,8 @@ def clock_delta(before: dict, after: dict) -> dict[str, float]:
     return out
 
 
-def thread_breakdown(path: str, batch_size: int, workers: int, device: str | None = "cpu") -> dict:
+def thread_breakdown(path: str, batch_size: int, workers: int, device: str | None = "cpu",
+                     feeder: bool = False) -> dict:
     """CPU milliseconds per batch of every h5stream thread in this process, over a whole epoch in steady state.
 
     ``consumer``: the ``next()`` calls in the taking (training) thread; the others by thread (``reader``,
@@ -97,16 +105,17 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     ``upload copy`` is the part of ``upload`` that copies the pixels into the new tensors, what a CUDA
     device's DMA does without the CPU.  The first epoch is left out (opening, the first fill, the page
     cache); the second is measured but for its last batches (its upload thread ends with them).  A stream of
-    fewer than 5 batches an epoch is skipped.
+    fewer than 5 batches an epoch is skipped.  ``feeder``: ``open(..., feeder=True)``, the reader and the pool in
+    a process of their own (needs ``workers > 0``).
     """
     import h5stream
 
-    augment = h5stream.Augment(rotation_range=15, width_shift_range=0.1, height_shift_range=0.1,
-                               zoom_range=0.1, horizontal_flip=True) if workers else None
+    augment = h5stream.Augment(**AUGMENT) if workers else None
     with h5stream.open(path, batch_size=batch_size, seed=0, drop_remainder=True, workers=workers,
-                       augment=augment) as s:
+                       augment=augment, feeder=feeder) as s:
         if len(s) < 5:
-            return {"batch_size": batch_size, "workers": workers, "skipped": f"{len(s)} batches an epoch"}
+            return {"batch_size": batch_size, "workers": workers, "feeder": feeder,
+                    "skipped": f"{len(s)} batches an epoch"}
         ds = s.torch(device=device) if device is not None else s
         for _ in ds:
             pass
@@ -128,7 +137,7 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     ms = {"consumer": 1e3 * consumer / steps, **{g: 1e3 * v / steps for g, v in sorted(spent.items())}}
     ms["total"] = sum(v for g, v in ms.items() if g != "upload copy")
     ms["total less copy"] = ms["total"] - ms.get("upload copy", 0.0)
-    return {"batch_size": batch_size, "workers": workers, "steps": steps, "device": device,
+    return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "steps": steps, "device": device,
             "images_per_s": steps * batch_size / wall, "cpu_ms_per_batch": ms}
 
 
@@ -241,10 +250,12 @@ def run(args) -> dict:
                            size=args.size, progress=False)
     breakdown = []
     breakdown_device = None if args.breakdown_device == "none" else args.breakdown_device
+    feeders = {"off": (False,), "on": (True,), "both": (False, True)}[args.breakdown_feeder]
     for workers in _ints(args.breakdown_workers):
-        for bs in _ints(args.breakdown_batches):
-            log(f"per-thread CPU: workers={workers}, batch {bs}")
-            breakdown.append(thread_breakdown(path, bs, workers, device=breakdown_device))
+        for feeder in feeders if workers else (False,):
+            for bs in _ints(args.breakdown_batches):
+                log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, batch {bs}")
+                breakdown.append(thread_breakdown(path, bs, workers, device=breakdown_device, feeder=feeder))
     if args.breakdown_only:
         return {"device": "cpu", "rows": args.rows, "size": args.size, "torch": torch.__version__,
                 "cpu_count": os.cpu_count(), "breakdown": breakdown}
@@ -278,22 +289,27 @@ def run(args) -> dict:
                         lambda x, y: train(*on_device(torch, x, y, device)))
 
     opts = dict(batch_size=bs, seed=0, drop_remainder=True)
+    if args.workers:  # the h5stream rows augment in that many workers, as torchvision's row does
+        opts.update(workers=args.workers, augment=h5stream.Augment(**AUGMENT))
     log("h5stream cpu: stream.torch(), copied up in the loop")
     with h5stream.open(path, **opts) as s:
         ds = s.torch()
         rows["h5stream cpu"] = timed(torch, device, endless(lambda: ds), steps,
                                      lambda x, y: train(*on_device(torch, x, y, device)))
-    log(f"h5stream device: stream.torch(device={str(device)!r})")
-    with h5stream.open(path, **opts) as s:
-        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
-        threads0 = thread_cpu_s()
-        rows["h5stream device"] = timed(torch, device, endless(lambda: ds), steps, train)
-        stats = ds.stats()
-        batches = max(stats["batches"], 1)
-        h5_ms = 1e3 * (thread_cpu_s() - threads0 + stats["upload_cpu_s"]) / batches
-        rows["h5stream device"]["h5stream_thread_cpu_ms_per_batch"] = h5_ms
-        rows["h5stream device"]["pinned_bytes"] = stats["pinned_bytes"]
-        ds.close()
+    for name, feeder in (("h5stream device", False), ("h5stream device feeder", True)):
+        if feeder and not args.workers:
+            continue  # the feeder runs the worker pool: no workers, no feeder
+        log(f"{name}: stream.torch(device={str(device)!r})" + (", open(..., feeder=True)" if feeder else ""))
+        with h5stream.open(path, **opts, feeder=feeder) as s:
+            ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
+            threads0 = thread_cpu_s()
+            rows[name] = timed(torch, device, endless(lambda ds=ds: ds), steps, train)
+            stats = ds.stats()
+            batches = max(stats["batches"], 1)
+            h5_ms = 1e3 * (thread_cpu_s() - threads0 + stats["upload_cpu_s"]) / batches
+            rows[name]["h5stream_thread_cpu_ms_per_batch"] = h5_ms
+            rows[name]["pinned_bytes"] = stats["pinned_bytes"]
+            ds.close()
     rows["torchvision"] = torchvision_row(args, torch, device, steps, train)
     limit = rows["limit"]["images_per_s"]
     for r in rows.values():
@@ -301,6 +317,7 @@ def run(args) -> dict:
             r["ratio_to_limit"] = r["images_per_s"] / limit
 
     result = {"device": str(device), "rows": args.rows, "size": args.size, "batch_size": bs, "steps": steps,
+              "workers": args.workers, "augment": AUGMENT if args.workers else None,
               "torch": torch.__version__, "cpu_count": os.cpu_count(), "loaders": rows,
               "note": "a shared machine: provisional figures", "breakdown": breakdown}
     if device.type != "cuda":
@@ -317,10 +334,12 @@ def python_step_cost(args, h5stream, path, opts) -> dict:
     x, y = torch.zeros(1), torch.zeros(1)
     alone = timed(torch, device, endless(lambda: [(x, y)]), args.steps, step)["images_per_s"]
     out = {"alone_steps_per_s": alone}
-    for name, kwargs in (("cpu tensors", {}),
-                         ("device cpu", dict(device="cpu", dtype="float32", layout="channels_last", mean=MEAN,
-                                             std=STD))):
-        with h5stream.open(path, **opts) as s:
+    on_cpu = dict(device="cpu", dtype="float32", layout="channels_last", mean=MEAN, std=STD)
+    ways = [("cpu tensors", {}, False), ("device cpu", on_cpu, False)]
+    if opts.get("workers"):
+        ways += [("cpu tensors, feeder", {}, True), ("device cpu, feeder", on_cpu, True)]
+    for name, kwargs, feeder in ways:
+        with h5stream.open(path, **opts, feeder=feeder) as s:
             ds = s.torch(**kwargs)
             threads0 = thread_cpu_s()
             r = timed(torch, device, endless(lambda ds=ds: ds), args.steps, step)
@@ -341,12 +360,17 @@ def torchvision_row(args, torch, device, steps: int, train) -> dict:
     from benchmarks.data import ensure_folder
 
     folder, _ = ensure_folder(args.data, args.tv_images, args.size)
-    tf = torchvision.transforms.Compose([torchvision.transforms.Resize((args.size, args.size)),
-                                         torchvision.transforms.PILToTensor()])
+    t = torchvision.transforms
+    augment = [t.RandomAffine(degrees=AUGMENT["rotation_range"],
+                              translate=(AUGMENT["width_shift_range"], AUGMENT["height_shift_range"]),
+                              scale=(1 - AUGMENT["zoom_range"], 1 + AUGMENT["zoom_range"])),
+               t.RandomHorizontalFlip()] if args.workers else []
+    tf = t.Compose([t.Resize((args.size, args.size)), *augment, t.PILToTensor()])
     ds = torchvision.datasets.ImageFolder(folder, transform=tf)
+    tv_workers = args.tv_workers if args.tv_workers is not None else args.workers or max(1, (os.cpu_count() or 2) // 2)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                         num_workers=args.tv_workers, pin_memory=device.type == "cuda",
-                                         persistent_workers=args.tv_workers > 0)
+                                         num_workers=tv_workers, pin_memory=device.type == "cuda",
+                                         persistent_workers=tv_workers > 0)
 
     def step(x, y):
         x = x.to(device, non_blocking=True)
@@ -370,15 +394,19 @@ def format_breakdown(rows: list[dict]) -> list[str]:
     how = f"stream.torch(device={device!r}), uint8 NHWC" if device else "numpy batches"
     lines = [f"h5stream's CPU in the training process, ms per batch over an epoch (thread CPU clocks; {how}; "
              "'upload copy' is what a GPU's DMA does):",
-             f"{'workers':>7} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups) + f" {'images/s':>9}"]
+             f"{'workers':>7} {'feeder':>6} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups) + f" {'images/s':>9}"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"{r['workers']:>7} {r['batch_size']:>5} skipped: {r['skipped']}")
+            lines.append(f"{r['workers']:>7} {_yes(r):>6} {r['batch_size']:>5} skipped: {r['skipped']}")
             continue
         ms = r["cpu_ms_per_batch"]
         cells = " ".join(f"{ms[g]:>11.3f}" if g in ms else f"{'-':>11}" for g in groups)
-        lines.append(f"{r['workers']:>7} {r['batch_size']:>5} {cells} {r['images_per_s']:>9.0f}")
+        lines.append(f"{r['workers']:>7} {_yes(r):>6} {r['batch_size']:>5} {cells} {r['images_per_s']:>9.0f}")
     return lines
+
+
+def _yes(row: dict) -> str:
+    return "yes" if row.get("feeder") else "no"
 
 
 def format_text(r: dict) -> str:
@@ -417,11 +445,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200, help="training steps per loader")
     p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--tv-images", type=int, default=2048, help="JPEGs for the torchvision row")
-    p.add_argument("--tv-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--tv-workers", type=int, help="the DataLoader's workers (default: --workers, or half the cores)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="augmenting workers of the h5stream rows (Augment as in AUGMENT) and, with it, torchvision's "
+                        "row augments alike; 0: no augmentation anywhere")
     p.add_argument("--breakdown-workers", default="0,2", help="worker counts of the per-thread CPU table")
     p.add_argument("--breakdown-batches", default="64,256", help="batch sizes of the per-thread CPU table")
     p.add_argument("--breakdown-device", default="cpu",
                    help="the table's stream.torch(device=...), uint8 NHWC; 'none': the plain numpy iterator")
+    p.add_argument("--breakdown-feeder", choices=("off", "on", "both"), default="both",
+                   help="rows with workers measured without and/or with open(..., feeder=True)")
     p.add_argument("--breakdown-only", action="store_true", help="only the per-thread CPU table")
     p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")
     return run_cli(p, argv, run, format_text)

@@ -324,13 +324,22 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--rows", "256", "--size", "16",
                            "--batch-size", "32", "--steps", "10", "--torch-threads", "1", "--python-work", "2000",
-                           "--breakdown-workers", "0", "--breakdown-batches", "32,256",
-                           "--data", str(tmp_path), "--json"], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
+                           "--breakdown-workers", "0,1", "--breakdown-batches", "32,256", "--workers", "1",
+                           "--tv-images", "64", "--data", str(tmp_path), "--json"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "torchvision"}
+    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device feeder",
+                                      "torchvision"}
+    assert result["workers"] == 1 and result["augment"]["horizontal_flip"] is True
+    assert result["loaders"]["h5stream device feeder"]["images_per_s"] > 0
+    # the per-thread table: workers 0 once, workers 1 without and with the feeder, for each batch size
+    assert [(r["workers"], r["feeder"], r["batch_size"]) for r in result["breakdown"]] == [
+        (0, False, 32), (0, False, 256), (1, False, 32), (1, False, 256), (1, True, 32), (1, True, 256)]
     assert result["loaders"]["h5stream device"]["images_per_s"] > 0
     assert result["python_step"]["device cpu"]["steps_per_s"] > 0
-    small, too_big = result["breakdown"]  # per thread of the training process; 256 rows give one batch of 256
+    assert result["python_step"]["device cpu, feeder"]["steps_per_s"] > 0
+    small, too_big = result["breakdown"][:2]  # per thread of the training process; 256 rows give one batch of 256
     assert {"consumer", "reader", "upload", "total"} <= set(small["cpu_ms_per_batch"]) and "skipped" in too_big
+    fed = result["breakdown"][4]["cpu_ms_per_batch"]  # the feeder: no reader thread left in the training process
+    assert {"consumer", "upload", "total"} <= set(fed) and "reader" not in fed
