@@ -5,11 +5,13 @@
 URLs.  Opening it sends one ``HEAD``: the object's size, ETag and modification time as of open.  Every read
 is then one ranged ``GET`` per :data:`MAX_REQUEST_BYTES` or less carrying ``If-Match`` with that ETag, so a store
 replaced or rewritten underneath fails with :class:`StoreChangedError` instead of mixing two versions (the
-response's own ETag and size are checked too, for servers that ignore ``If-Match``).  The body is streamed
-in pieces of :data:`STREAM_CHUNK_BYTES` into the buffers (one copy, out of the client's receive buffers),
-so a read holds no temporary copy of the range.  Streamed rather than collected whole: collecting each body in
-the client and copying it out once costs the same CPU per GB (1.10 against 1.12 s, the pieces being copied while
-still in the processor's cache) and 2.4 MiB more per read in flight.
+response's own ETag and size are checked too, for servers that ignore ``If-Match``).  Each body is collected
+by the client into one buffer and copied from there straight into the
+buffers: two copies out of the receive buffers, one of them into the batch rows.  Collected rather than
+streamed in pieces: the client hands a piece over as a new Python ``bytes`` (zero-filled, then copied into), so
+streaming cost two more passes over every byte and a round trip between threads per piece.  A request holds
+at most :data:`MAX_REQUEST_BYTES`, which is what a read in flight holds of its body
+(:data:`~h5stream.remote.config.CLIENT_PER_READ_BYTES` counts it).
 
 Retries, timeouts and backoff are the client's, configured from ``timeout_s`` (see
 :func:`~h5stream.remote.config.client_settings`): server errors, throttling, dropped connections and stalls
@@ -39,12 +41,11 @@ from h5stream.remote.config import (
 )
 from h5stream.remote.failures import changed, no_range, translate
 
-MAX_REQUEST_BYTES = 64 << 20
-"""Longer reads are split into requests of equal size, at most this many bytes each, so one attempt's timeout
-stays ample."""
-
-STREAM_CHUNK_BYTES = 256 << 10
-"""The body arrives in pieces of about this size, each copied into the buffers as it comes."""
+MAX_REQUEST_BYTES = 3 << 19
+"""Longer reads are split into requests of equal size, at most this many bytes each (1.5 MiB): the most a read in
+flight holds of its body, so the client's memory per read stays within
+:data:`~h5stream.remote.config.CLIENT_PER_READ_BYTES`; as large as the runs of a stream with default options, which
+then go out whole."""
 
 
 def make_store(location: Location, options: RemoteOptions, env: Mapping[str, str] | None = None):
@@ -72,7 +73,7 @@ def _text(path: str) -> str | None:
 
 
 class _Scatter:
-    """Copies a stream of byte pieces into consecutive buffers (``preadv`` order)."""
+    """Copies byte pieces, in order, into consecutive buffers (``preadv`` order)."""
 
     __slots__ = ("views", "index", "within", "filled")
 
@@ -211,8 +212,9 @@ class RemoteSource:
                 raise changed(self.name, f"{meta['size']} bytes instead of {self.size}")
             if tuple(result.range) != (start, end):
                 raise no_range(self.name)
-            for piece in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
-                sink.write(memoryview(piece))
+            body = result.bytes()  # the whole range, collected by the client (see the module docstring)
+            with memoryview(body) as view:
+                sink.write(view)
         except H5StreamError:
             raise
         except OverflowError:
