@@ -68,33 +68,6 @@ def test_a_long_read_goes_out_as_equal_requests_of_at_most_max_request_bytes(tmp
         server.stop()
 
 
-def test_a_reads_body_in_the_client_stays_within_the_memory_counted_for_it(tmp_path):
-    """Bodies are collected whole in the client before they are copied out, so no request may ask for more than
-    MAX_REQUEST_BYTES, which the client's memory per read in flight (CLIENT_PER_READ_BYTES) covers: a 5 MiB read
-    (a block being learned, a long run) goes out as equal requests of at most that, and its bytes land right."""
-    from remote_servers import RangeServer
-
-    from h5stream.remote.config import CLIENT_PER_READ_BYTES
-    from h5stream.remote.source import MAX_REQUEST_BYTES
-
-    assert MAX_REQUEST_BYTES < CLIENT_PER_READ_BYTES
-    (tmp_path / "www").mkdir()
-    length = 5 << 20
-    data = np.random.default_rng(1).integers(0, 256, length + 4096, np.uint8).tobytes()
-    (tmp_path / "www" / "blob").write_bytes(data)
-    server = RangeServer(tmp_path / "www")
-    try:
-        with RemoteSource(server.url + "blob", RemoteOptions(timeout_s=10)) as source:
-            rows = [bytearray(49_152) for _ in range(length // 49_152)]
-            rows.append(bytearray(length - sum(map(len, rows))))
-            source.readinto(4096, rows)
-            assert b"".join(rows) == data[4096:]
-        assert len(server.ranges) > 1 and all(end - start <= MAX_REQUEST_BYTES for start, end in server.ranges)
-        assert server.ranges[0][0] == 4096 and server.ranges[-1][1] == len(data)
-    finally:
-        server.stop()
-
-
 def test_random_ranges_read_into_several_buffers_equal_the_local_bytes(served_store):
     local, url, options = served_store
     data = open(local, "rb").read()
