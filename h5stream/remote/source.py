@@ -6,11 +6,11 @@ URLs.  Opening it sends one ``HEAD``: the object's size, ETag and modification t
 is then one ranged ``GET`` per :data:`MAX_REQUEST_BYTES` or less carrying ``If-Match`` with that ETag, so a store
 replaced or rewritten underneath fails with :class:`StoreChangedError` instead of mixing two versions (the
 response's own ETag and size are checked too, for servers that ignore ``If-Match``).  A body of at most
-:data:`COLLECT_BYTES` is collected whole by the client and copied from there straight into the buffers, once; a longer one is copied in pieces of
-:data:`STREAM_CHUNK_BYTES` as it arrives, so a read in flight holds about as much either way (what
-:data:`~h5stream.remote.config.CLIENT_PER_READ_BYTES` counts).  Collected where memory allows because the client
-hands a streamed piece over as a new Python ``bytes`` (zero-filled, then copied into): two more passes over every
-byte, and a round trip between threads per piece.
+:data:`COLLECT_BYTES` is collected whole by the client and copied from there straight into the buffers, once; a
+longer one is copied in pieces of :data:`STREAM_CHUNK_BYTES` as it arrives, so a read in flight holds about as
+much either way (what :data:`~h5stream.remote.config.CLIENT_PER_READ_BYTES` counts).  Collected where memory
+allows because the client hands a streamed piece over as a new Python ``bytes`` (zero-filled, then copied into):
+two more passes over every byte, and a round trip between threads per piece.
 
 Retries, timeouts and backoff are the client's, configured from ``timeout_s`` (see
 :func:`~h5stream.remote.config.client_settings`): server errors, throttling, dropped connections and stalls
