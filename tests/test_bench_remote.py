@@ -74,6 +74,33 @@ def test_the_stream_s_own_ranges_are_the_requests_a_url_stream_sends(range_serve
     assert sum(end - start for start, end in predicted) == meta.rows * meta.row_bytes
 
 
+def test_the_remote_benchmark_splits_the_clients_cpu_into_the_first_epoch_and_what_it_adds_to_its_gets(tmp_path):
+    """Two epochs of 1 GB each: 3 CPU-s in all, 1 of them after the first epoch, so 2 s/GB in the first and 1 in
+    the steady state; the limit with the stream's own ranges took 0.75 s/GB, so h5stream added 0.25 on top of the
+    same GETs.  The table says so."""
+    import argparse
+
+    from benchmarks.remote import format_text, summarize
+
+    local = tmp_path / "store.h5"
+    local.write_bytes(b"x")
+    gb = 10**9
+    stream = {"compare_mb_per_s": 100.0, "client_cpu_s": 3.0, "bytes": 2 * gb, "steady_client_cpu_s": 1.0,
+              "steady_bytes": gb, "server_cpu_s": 1.0, "peak_mem_bytes": 1, "budget_bytes": 2, "unit_rows": 16,
+              "first_batch_s": 0.5, "first_order_head": [0]}
+    own = {"mb_per_s": 120.0, "client_cpu_s": 0.75, "bytes": gb, "requests": 10, "server_cpu_s": 1.0}
+    limit = {**own, "mb_per_s": 200.0, "client_cpu_s": 0.5}
+    runs = {"remote_warm": [stream], "ceiling_own_warm": [own], "ceiling_warm": [limit]}
+    args = argparse.Namespace(memory_budget=None, read_unit=None, rounds=1, epochs=2)
+    result = summarize(runs, args, local=str(local), url="s3://b/k", start_s=1.0, upload_s=1.0, caches=("warm",),
+                       pins={"note": "shared", "server": None, "client": None}, requests=[(0, 10)])
+    row = result["rows"]["remote_warm"]
+    assert row["first_epoch_client_cpu_s_per_gb"] == pytest.approx(2.0)
+    assert row["steady_client_cpu_s_per_gb"] == pytest.approx(1.0)
+    assert result["remote_warm_over_own_gets_cpu_s_per_gb"] == pytest.approx(0.25)
+    assert "first epoch 2.00 s/GB (open, checksums learned), then 1.00, of which +0.25 on top" in format_text(result)
+
+
 def test_the_remote_benchmark_pins_server_and_client_apart_only_on_more_than_a_few_cores():
     from benchmarks.remote import cpu_split, parse_cpus
 

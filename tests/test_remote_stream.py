@@ -242,6 +242,23 @@ def test_a_larger_read_unit_reads_a_url_in_fewer_larger_requests_with_the_local_
     assert sorted(map(bytes, np.concatenate([x for x, _ in remote]))) == sorted(map(bytes, stored))  # each row once
 
 
+def test_the_first_epoch_over_a_url_fetches_a_block_once_more_only_around_the_rows_it_read(range_server):
+    """verify_reads="once" learns each block on its first read; a read holding part of a block has the rest of
+    it read, not the whole block again, so the first epoch fetches less than twice the pixels.  The batches are
+    the local file's, checked or not."""
+    url, local = range_server.url + "store.h5", str(range_server.root / "store.h5")
+    kw = dict(batch_size=100, memory_budget="96MiB", rows_per_fill=2048, seed=3)
+    with h5stream.open(url, **kw) as s:
+        assert s.plan.unit_rows < s.meta.block_rows, s.plan.describe()  # reads hold parts of blocks
+        remote = [(x.copy(), y.copy()) for x, y in s]
+        learned, pixels = s.stats()["verify_learn_bytes"], s.meta.rows * s.meta.row_bytes
+    assert 0 < learned < pixels, (learned, pixels)
+    with h5stream.open(local, **kw, verify_reads=False) as s:
+        here = [(x.copy(), y.copy()) for x, y in s]
+    assert len(here) == len(remote) and all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+                                            for a, b in zip(here, remote))
+
+
 def test_with_default_options_a_url_reads_chunk_sized_units_and_gives_the_local_files_batches(range_server):
     """55 MB of 12 KiB rows in 3 MiB chunks: a store this small keeps units near 1 MiB (64 rows: a 1/1152 share
     of the epoch is less), the same for the URL and the local file; an epoch's pixels take at most one GET per

@@ -9,10 +9,13 @@ shard or a validation split may own only part of a block.  A read may
 therefore hold only part of a block, and the xxh3 of a block cannot be put
 together from digests of its parts.  So:
 
-* **Images.**  The first read that touches a block has the whole block read
-  once more (:meth:`BlockCheck.learn`; from the page cache, where that read
-  has just put it), checks it against its stored digest and keeps the xxh3
-  of each of its rows (8 bytes a row).  Every read from then on -- any rows,
+* **Images.**  The first read that touches a block has the rest of the block
+  read (:meth:`BlockCheck.learn`; from the page cache, where a local read may
+  have just put it; over a URL, bytes fetched once more), puts it together
+  with its own rows, checks the whole against its stored digest and keeps the
+  xxh3 of each of its rows (8 bytes a row).  Should that check fail, the block
+  is read whole and the read's own rows are checked against it, so the error
+  still names them.  Every read from then on -- any rows,
   by any I/O thread or worker process -- is checked row by row against those
   (:func:`~h5stream._io.first_mismatch`), right after it lands, while the rows are still in
   the CPU's cache.  A read that holds a whole block learns it from its own
@@ -124,9 +127,11 @@ class BlockCheck:
         return self.span(blocks.start)[0], self.span(blocks.stop - 1)[1]
 
     # -- images ----------------------------------------------------------------------
-    def learn(self, block: int, read_block: ReadBlock) -> None:
+    def learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None = None) -> None:
         """Read ``block`` whole with ``read_block``, check it against its digest and keep its rows' digests.
-        No-op for a block learned before or not trusted.  Raises :class:`ChecksumError` on a mismatch."""
+        ``have``: ``(first_row, views)``, rows of the block already read (one view per row, in order), so only
+        the rest of the block is read.  No-op for a block learned before or not trusted.  Raises
+        :class:`ChecksumError` on a mismatch."""
         while True:
             if not self.trusted[block] or self._learned[block]:
                 return
@@ -140,25 +145,51 @@ class BlockCheck:
                 break
             busy.wait()  # then learned, or that read failed and this thread reads the block itself
         try:
-            self._learn(block, read_block)
+            self._learn(block, read_block, have)
         finally:
             with self._lock:
                 del self._learning[block]
             mine.set()
 
-    def _learn(self, block: int, read_block: ReadBlock) -> None:
+    def _learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None) -> None:
         start, stop = self.span(block)
-        nbytes = (stop - start) * self.row_bytes
+        rb = self.row_bytes
         buf = self._take()
         try:
-            view = memoryview(buf)[:nbytes]
-            read_block(start, stop, view)
-            with self._lock:
-                self.learned_bytes += nbytes
-            rb = self.row_bytes
-            self._record(block, [view[i * rb:(i + 1) * rb] for i in range(stop - start)])
+            view = memoryview(buf)[:(stop - start) * rb]
+            rows = [view[i * rb:(i + 1) * rb] for i in range(stop - start)]
+            if have is not None:
+                try:
+                    self._learn_around(block, view, rows, read_block, *have)
+                    return
+                except ChecksumError:
+                    pass  # read the block whole: the rows already read are then checked row by row, by name
+            self._read_rows(start, stop, start, view, read_block)
+            self._record(block, rows)
         finally:
             self._buffers.put(buf)
+
+    def _learn_around(self, block: int, view: memoryview, rows: list[memoryview], read_block: ReadBlock,
+                      first: int, views: Sequence) -> None:
+        """Learn ``block`` into its buffer (``view``, a view per row in ``rows``) from ``views``, rows ``first,
+        first + 1, ...`` already read, and the rest of the block, read before and after them: a remote source
+        then fetches the block once more in part instead of whole."""
+        start, stop = self.span(block)
+        end = first + len(views)
+        for i, v in enumerate(views):
+            rows[first - start + i][:] = _byte_view(v)
+        self._read_rows(start, first, start, view, read_block)
+        self._read_rows(end, stop, start, view, read_block)
+        self._record(block, rows)
+
+    def _read_rows(self, a: int, b: int, start: int, view: memoryview, read_block: ReadBlock) -> None:
+        """Read rows ``[a, b)`` into their place in a block buffer (``view``, whose first row is ``start``)."""
+        if b <= a:
+            return
+        rb = self.row_bytes
+        read_block(a, b, view[(a - start) * rb:(b - start) * rb])
+        with self._lock:
+            self.learned_bytes += (b - a) * rb
 
     def learn_rows(self, src: int, n: int, read_block: ReadBlock) -> None:
         """:meth:`learn` every block rows ``[src, src + n)`` touch."""
@@ -183,7 +214,7 @@ class BlockCheck:
                 self._record(block, mine)
                 continue  # checked whole against the stored digest
             else:
-                self.learn(block, read_block)
+                self.learn(block, read_block, (a, mine) if all(v is not None for v in mine) else None)
             whole = all(v is not None for v in mine)
             if not whole:
                 served = [i for i, v in enumerate(mine) if v is not None]
@@ -241,3 +272,9 @@ class BlockCheck:
             a, b = self.span(block)
             if xxhash.xxh3_64_intdigest(np.ascontiguousarray(labels[a - start:b - start])) != int(self._labels[block]):
                 raise ChecksumError.for_rows(self.path, a, b - 1, "labels", block)
+
+
+def _byte_view(row) -> memoryview:
+    """A row (a memoryview or a C-contiguous array) as a flat memoryview of its bytes."""
+    m = memoryview(row)
+    return m if m.ndim == 1 and m.format == "B" else m.cast("B")

@@ -147,12 +147,14 @@ CLIENT_BASE_BYTES = 12 << 20
 """What the client holds whatever the traffic: its library's pages, its runtime's threads, a connection pool."""
 
 CLIENT_PER_READ_BYTES = 3 << 20
-"""What the client holds per read in flight: socket and response buffers, the piece being copied."""
+"""What the client holds per read in flight: socket buffers and the response's body, collected whole (at most
+:data:`~h5stream.remote.source.COLLECT_BYTES`) or the piece being copied out."""
 
 
 def client_memory_bytes(options: RemoteOptions) -> int:
     """The memory a stream's remote client may hold, counted in its budget: measured at about 8.6 MiB after
-    the open plus 2.1 MiB per read in flight (256 KiB pieces, 3 MiB reads), rounded up."""
+    the open plus 2.8 MiB per read in flight (1.5 MiB bodies collected whole; 2.1 MiB streaming 3 MiB ones in
+    256 KiB pieces), rounded up."""
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
 
 
