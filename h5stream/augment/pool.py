@@ -339,6 +339,11 @@ class WorkerPool:
         """Slots lent to the consumer (see :meth:`lend`) and not reclaimed yet.  Consumer thread."""
         return len(self._state.lent)
 
+    @property
+    def lent_slots(self) -> tuple[int, ...]:
+        """The slots lent to the consumer and not reclaimed yet, oldest first.  Consumer thread."""
+        return tuple(self._state.lent)
+
     def release(self, slot: int) -> None:
         """Give a slot obtained from :meth:`get` back to the ring.  Consumer thread."""
         state = self._state
