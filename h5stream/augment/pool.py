@@ -285,7 +285,8 @@ class WorkerPool:
         Raises TimeoutError if the batch is not ready within ``timeout_s``.
         """
         state = self._state
-        state.collect_until(state.order.ready, timeout_s, f"batch {state.order.next_deliver} not ready")
+        state.collect_until(state.order.ready, timeout_s, f"batch {state.order.next_deliver} not ready",
+                            sleep_on=state.next_worker)
         with state.cond:
             state.check()
             seq, (slot, rows, error) = state.order.pop()

@@ -128,53 +128,64 @@ class PoolState:
         if not _wait.wait_until(on or self.cond, predicate, deadline=time.monotonic() + timeout_s, check=self.check):
             raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
 
-    def collect(self, timeout_s: float) -> None:
-        """Read what the workers sent (waiting up to ``timeout_s`` for something) and file it.  The thread
-        that waits for a result; the lock not held.  One thread at a time reads the pipes: a second one waits
-        on ``cond`` meanwhile.  A failure of the reading itself becomes the pool's failure."""
+    def collect(self, timeout_s: float, ready: Callable[[], bool] | None = None,
+                sleep_on: Callable[[], int | None] | None = None) -> bool:
+        """Read what the workers sent (waiting up to ``timeout_s`` for something) and file it; return whether
+        ``ready()`` holds then (False without one), looked at with the lock held after :meth:`check`.
+        ``sleep_on()`` (lock held): the worker whose answer is awaited, whose pipe alone ends the sleep (see
+        :meth:`~h5stream._procpool.Workers.wait`), or None.  The thread that waits for a result; the lock not
+        held.  One thread at a time reads the pipes: a second one waits on ``cond`` meanwhile.  A failure of
+        the reading itself becomes the pool's failure."""
         me = threading.get_ident()
         with self.cond:
             if self.closed or self.failure is not None:
-                return  # check() says why
+                self.check()  # says why
             if self.reading is not None and self.reading != me:
                 self.cond.wait(timeout_s)
-                return
+                self.check()
+                return ready is not None and ready()
             self.reading = me
+            worker = None if sleep_on is None else sleep_on()
         events, error = [], None
         try:
-            events = self.workers.wait(timeout_s, wake_fd=self.wake_r)
+            events = self.workers.wait(timeout_s, wake_fd=self.wake_r, sleep_on=worker)
         except BaseException as exc:  # the pipes are the pool's lifeline: fail loudly, never wait for good
             error = exc
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            with self.cond:
-                self.reading = None
-                for w, msg in events:
-                    self.handle(w, msg)
-                if error is not None and self.failure is None and not self.closed:
-                    self.failure = (f"reading the augment workers' pipes failed: {type(error).__name__}: {error}",
-                                    "".join(traceback.format_exception(error)))
-                    self.wake_all()
-                else:
-                    self.cond.notify_all()  # a second reader, or shutdown, waits for the reading to end
+        with self.cond:
+            self.reading = None
+            for w, msg in events:
+                self.handle(w, msg)
+            if isinstance(error, Exception) and self.failure is None and not self.closed:
+                self.failure = (f"reading the augment workers' pipes failed: {type(error).__name__}: {error}",
+                                "".join(traceback.format_exception(error)))
+                self.wake_all()
+            else:
+                self.cond.notify_all()  # a second reader, or shutdown, waits for the reading to end
+            if error is not None and not isinstance(error, Exception):
+                raise error  # a Ctrl-C, once the reading is over
+            self.check()
+            return ready is not None and ready()
 
-    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+    def next_worker(self) -> int | None:
+        """The worker that has the next task in order, if one has it.  Cond held."""
+        task = self.tasks.get(self.order.next_deliver)
+        return None if task is None else task.worker
+
+    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str,
+                      sleep_on: Callable[[], int | None] | None = None) -> None:
         """Read the workers' messages until ``ready()`` holds (it is looked at with the lock held); raises on
         close, failure or timeout (TimeoutError, at the deadline), :class:`~h5stream._wait.Stopped` once a stop
         scope of the calling thread is set, and a held-back Ctrl-C within :data:`POLL_S`.  Whatever is in the
         pipes is read first even when ``ready()`` already holds, so a dead worker is reported at the next call
-        and the tasks in flight are counted fresh.  The thread that waits for a result; the lock not held."""
+        and the tasks in flight are counted fresh.  ``sleep_on`` as in :meth:`collect`.  The thread that waits
+        for a result; the lock not held."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             self.check()
             left = 0.0 if ready() else min(timeout_s, POLL_S)  # one select either way: it returns on a message
         while True:
-            self.collect(left)
-            with self.cond:
-                self.check()
-                if ready():
-                    return
+            if self.collect(left, ready, sleep_on):
+                return
             _wait.check_stops()
             left = deadline - time.monotonic()
             if left <= 0:
