@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,12 +84,11 @@ _SLOTS, _FILE = 0, 1
 """The pool's sources: the shared input slots, and (uncompressed stores) the file itself."""
 
 
-@dataclass(frozen=True)
-class _Submitted:
+class _Submitted(NamedTuple):
     epoch: int
     index: int
     labels: np.ndarray
-    in_slot: int
+    in_slot: int | None
     seq: int
 
 
@@ -229,6 +228,11 @@ class PooledFeed:
             raise self._error
         t0 = counted = time.monotonic()
         deadline = t0 + self._timeout_s
+        # The slots the consumer dropped since the last call go back to the ring and take the reader's next
+        # batches before this call waits: the workers get them as early as they can, and what follows the
+        # wait (when the caches are cold) is little more than taking the result.
+        lent = self._pool.reclaim()
+        self._top_up()
         if not self._submitted:
             try:
                 b = self.reader.get(deadline)
@@ -268,16 +272,19 @@ class PooledFeed:
         self.reader.add_wait(time.monotonic() - counted)
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
+        copied = self._copied
         try:
-            x = self._hand_over(done)
+            x = self._hand_over(done, lent)
         finally:
             if item.in_slot is not None:
                 self._free.put(item.in_slot)
-        self._top_up()  # into the slots just freed, before the caller's training step
+        if self._copied != copied:
+            self._top_up()  # into the slot the copy freed, before the caller's training step
         return item.epoch, item.index, x, item.labels
 
-    def _hand_over(self, done) -> np.ndarray:
-        """The rows of finished batch ``done`` for the consumer: its output slot lent as a view, or a copy.
+    def _hand_over(self, done, lent: int) -> np.ndarray:
+        """The rows of finished batch ``done`` for the consumer: its output slot lent as a view, or a copy;
+        ``lent``: the slots lent and still held (:meth:`WorkerPool.reclaim`).
 
         Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
         consumer drops it.  A consumer that keeps batches (a list of them, a framework holding the memory)
@@ -288,7 +295,6 @@ class PooledFeed:
         does not make every later batch a copy.  No array the consumer holds is ever written to.  Consumer
         thread."""
         self._taken += 1
-        lent = self._pool.reclaim()
         if lent >= self.plan.lent_slots:
             old = self._taken - self.plan.lent_slots  # lent this batch or before: held that long, it is kept
             kept = sum(1 for slot in self._pool.lent_slots if self._lent_at[slot] <= old)

@@ -268,10 +268,11 @@ class WorkerPool:
 
     def has_room(self) -> bool:
         """Whether a submit would go at once: an output slot is free and a worker can take it.  Any thread; it
-        holds until the next submit when the submitter is also the thread that takes results (the feed)."""
+        holds until the next submit when the submitter is also the thread that takes results (the feed).  A
+        snapshot, taken without the lock: only a submit, a release and reading the workers' answers change
+        it, and one taken with the lock would be as stale once the lock is let go."""
         state = self._state
-        with state.cond:
-            return bool(state.free_slots) and state.pick_worker() is not None
+        return bool(state.free_slots) and state.pick_worker() is not None
 
     # ------------------------------------------------------------------ consumer side
 
@@ -285,7 +286,7 @@ class WorkerPool:
         Raises TimeoutError if the batch is not ready within ``timeout_s``.
         """
         state = self._state
-        state.collect_until(state.order.ready, timeout_s, f"batch {state.order.next_deliver} not ready",
+        state.collect_until(state.order.ready, timeout_s, lambda: f"batch {state.order.next_deliver} not ready",
                             sleep_on=state.next_worker)
         with state.cond:
             state.check()

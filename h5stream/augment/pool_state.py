@@ -171,14 +171,15 @@ class PoolState:
         task = self.tasks.get(self.order.next_deliver)
         return None if task is None else task.worker
 
-    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str,
+    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str | Callable[[], str],
                       sleep_on: Callable[[], int | None] | None = None) -> None:
         """Read the workers' messages until ``ready()`` holds (it is looked at with the lock held); raises on
         close, failure or timeout (TimeoutError, at the deadline), :class:`~h5stream._wait.Stopped` once a stop
         scope of the calling thread is set, and a held-back Ctrl-C within :data:`POLL_S`.  Whatever is in the
         pipes is read first even when ``ready()`` already holds, so a dead worker is reported at the next call
-        and the tasks in flight are counted fresh.  ``sleep_on`` as in :meth:`collect`.  The thread that waits
-        for a result; the lock not held."""
+        and the tasks in flight are counted fresh.  ``sleep_on`` as in :meth:`collect`; ``what`` (or what it
+        returns, made only for the error) says what did not happen.  The thread that waits for a result; the
+        lock not held."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             self.check()
@@ -189,7 +190,8 @@ class PoolState:
             _wait.check_stops()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
+                raise TimeoutError(f"augment worker pool: {what if isinstance(what, str) else what()} "
+                                   f"within {timeout_s:g} s")
             left = min(left, POLL_S)
 
     def dead_worker(self, w: int) -> BaseException:
