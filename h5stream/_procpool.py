@@ -314,12 +314,12 @@ class Workers:
         answered, then died, is described by its answer), then ``("exited",
         exitcode)`` for each worker whose process ended, after what was
         left in its pipe.  Every whole message in a ready pipe is read.
-        ``sleep_on``: the worker whose answer the caller waits for; the
-        others' answers are read when there (never waited for), and only
-        that worker's pipe, a process ending or ``wake_fd`` ends the sleep:
-        a caller that needs one answer wakes once for it, not once for each
-        other worker finishing meanwhile.  ``wake_fd`` must be the same at
-        every call.
+        ``sleep_on``: the worker whose answer the caller waits for; only
+        that worker's pipe, a process ending, ``wake_fd`` or ``timeout_s``
+        ends the sleep, and then every pipe is read: a caller that needs one
+        answer wakes once for it, not once for each other worker finishing
+        meanwhile (their answers are read at the end of the sleep, never
+        waited for).  ``wake_fd`` must be the same at every call.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -328,13 +328,12 @@ class Workers:
                 self._narrow = {}
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if sleep_on is not None and left != 0 and sleep_on in self._open:
+                # Sleep until the awaited answer (or an end), then read whatever every pipe holds.
+                narrow = self._narrow.get(sleep_on)
+                if narrow is None:
+                    narrow = self._narrow[sleep_on] = self._selector(wake_fd, {sleep_on: self._open[sleep_on]})
+                narrow.select(left)
                 ready = [key.data for key, _ in self._watch.select(0)]
-                if not ready:  # nothing there yet: sleep until the awaited answer (or an end), then look again
-                    narrow = self._narrow.get(sleep_on)
-                    if narrow is None:
-                        narrow = self._narrow[sleep_on] = self._selector(wake_fd, {sleep_on: self._open[sleep_on]})
-                    if narrow.select(left):
-                        ready = [key.data for key, _ in self._watch.select(0)]
             else:
                 ready = [key.data for key, _ in self._watch.select(left)]
             events = self._read(ready)

@@ -144,16 +144,17 @@ def test_frames_give_back_every_whole_message_wherever_the_bytes_are_cut():
         assert used <= cut and (cut == len(data)) == (len(first) == len(want))
 
 
-def test_a_wait_sleeping_on_one_worker_reads_the_others_answers_and_wakes_when_that_one_dies(two):
-    """``sleep_on`` names the worker whose answer is awaited: another worker's answer already there is read at
-    once, and the awaited worker's death ends the sleep (its process sentinel)."""
+def test_a_wait_sleeping_on_one_worker_reads_the_others_answers_when_it_ends_and_wakes_when_that_one_dies(two):
+    """``sleep_on`` names the worker whose answer is awaited: another worker's answer does not end the sleep but
+    is read when it ends (at the timeout here), and the awaited worker's death ends it (its process sentinel)."""
     while two.started != {0, 1}:
         assert two.wait(60)
     os.kill(two.pids[0], signal.SIGSTOP)  # it will never answer
     os.waitpid(two.pids[0], os.WUNTRACED)
     assert two.send(0, 1, ("add", 1)) and two.send(1, 2, ("add", 3))
     assert two.conns[1].poll(60)  # worker 1's answer is in its pipe
-    assert finishes_within(lambda: two.wait(60, sleep_on=0), 30) == [(1, (DONE, 2, 23))]
+    assert finishes_within(lambda: two.wait(0.5, sleep_on=0), 30) == [(1, (DONE, 2, 23))]
+    assert two.wait(0) == []
     os.kill(two.pids[0], signal.SIGKILL)
     assert finishes_within(lambda: two.wait(60, sleep_on=0), 30) == [(0, (EXITED, -signal.SIGKILL))]
 

@@ -247,7 +247,7 @@ class WorkerPool:
         body_rest = (row_ids.tobytes(), int(epoch), int(seed), None if offsets is None else offsets.tobytes(),
                      task_checks)
         state = self._state
-        with state.cond:
+        with state.lock:
             worker = state.pick_worker() if state.free_slots and not state.closed and state.failure is None else None
             if worker is None:  # no room now: the stoppable wait
                 state.wait(
@@ -286,22 +286,26 @@ class WorkerPool:
         Raises TimeoutError if the batch is not ready within ``timeout_s``.
         """
         state = self._state
-        state.collect_until(state.order.ready, timeout_s, lambda: f"batch {state.order.next_deliver} not ready",
-                            sleep_on=state.next_worker)
-        with state.cond:
-            state.check()
-            seq, (slot, rows, error) = state.order.pop()
-            if error is not None:
-                state.free_slots.append(slot)
-                state.for_producer.notify_all()
-                summary, tb_text, stage = error
-                if stage == "read":
-                    raise worker_error(f"augment worker could not read the rows of batch {seq}: {summary}", tb_text,
-                                        stage, summary)
-                raise worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text,
+        return state.collect_until(state.order.ready, timeout_s,
+                                   lambda: f"batch {state.order.next_deliver} not ready",
+                                   sleep_on=state.next_worker, take=self._take)
+
+    def _take(self) -> Result:
+        """The next batch in order, which is in (:meth:`get`): its slot held, or its error raised.  Consumer
+        thread, lock held."""
+        state = self._state
+        seq, (slot, rows, error) = state.order.pop()
+        if error is not None:
+            state.free_slots.append(slot)
+            state.for_producer.notify_all()
+            summary, tb_text, stage = error
+            if stage == "read":
+                raise worker_error(f"augment worker could not read the rows of batch {seq}: {summary}", tb_text,
                                     stage, summary)
-            state.held_slots.add(slot)
-            return Result(seq, slot, rows)
+            raise worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text,
+                                stage, summary)
+        state.held_slots.add(slot)
+        return Result(seq, slot, rows)
 
     def slot_view(self, slot: int) -> np.ndarray:
         """The whole output slot (batch_rows, *row_shape), a view into shared memory; valid until release().
@@ -349,7 +353,7 @@ class WorkerPool:
     def release(self, slot: int) -> None:
         """Give a slot obtained from :meth:`get` back to the ring.  Consumer thread."""
         state = self._state
-        with state.cond:
+        with state.lock:
             if slot not in state.held_slots:
                 raise ConfigError(f"release: slot {slot} is not held by the consumer (released twice?)")
             state.held_slots.remove(slot)
@@ -360,7 +364,7 @@ class WorkerPool:
         """``(seq, worker, pid)`` of the next batch in order while a worker still has it; None when it is done,
         or not submitted yet.  Any thread; for saying which worker a late batch waits for."""
         state = self._state
-        with state.cond:
+        with state.lock:
             seq = state.order.next_deliver
             task = state.tasks.get(seq)
             if task is None:
@@ -377,7 +381,7 @@ class WorkerPool:
         """
         state = self._state
         state.collect_until(lambda: not state.tasks, timeout_s, "the tasks in flight did not finish")
-        with state.cond:
+        with state.lock:
             state.check()
             dropped = state.order.drop()
             for slot, _rows, _error in dropped:
@@ -395,7 +399,7 @@ class WorkerPool:
     @property
     def in_flight(self) -> int:
         """Submitted tasks not finished yet.  Any thread."""
-        with self._state.cond:
+        with self._state.lock:
             return len(self._state.tasks)
 
     @property
