@@ -6,8 +6,12 @@ workers' pipes: the thread that waits for a result (the consumer, or the
 constructor waiting for start-up) reads them itself
 (:meth:`PoolState.collect_until`), files each message and notices dead
 workers by their process sentinels.  A finished batch thus costs its consumer
-one ``select`` and one ``recv``, and no wake-up of a second thread (a
-collector thread cost a wake-up, a lock hand-off and a notify per batch).
+at most one sleep (on the pipe of the worker that has it: another worker
+finishing does not wake it), a look at every pipe and one read of each ready
+one, two holds of the lock, and no wake-up of a second thread (a collector
+thread cost a wake-up, a lock hand-off and a notify per batch; on a virtual
+machine a sleep and wake-up costs the sleeper about as much CPU as the rest
+of the batch's work).
 :func:`shutdown` is what the pool's ``weakref.finalize`` runs.  None of them
 refers to the pool, so dropping an unclosed pool still reaches the finalizer.
 """
