@@ -33,6 +33,7 @@ import os
 import pickle
 import selectors
 import signal
+import struct
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +46,31 @@ READY, FATAL, DONE, ERROR, EXITED = "ready", "fatal", "done", "error", "exited"
 
 RAW = b"R"
 """First byte of a task sent as bytes (:meth:`Workers.send_raw`); a pickle starts with another."""
+
+_LENGTH = struct.Struct("!i")
+"""The head of every message on a pipe, as ``multiprocessing.connection`` frames it: the length of what follows
+(-1: a 64-bit length follows, :data:`_LONG_LENGTH`)."""
+_LONG_LENGTH = struct.Struct("!Q")
+_READ_BYTES = 1 << 16
+"""Most bytes one read of a worker's pipe takes: every whole message in it, usually one or two."""
+
+
+def frames(data: bytes) -> tuple[list[memoryview], int]:
+    """The whole messages at the start of ``data`` (framed as :mod:`multiprocessing.connection` frames them)
+    and how many bytes they take (pure): what follows is the start of a message not yet read whole."""
+    out, at, end = [], 0, len(data)
+    view = memoryview(data)
+    while end - at >= 4:
+        (n,), head = _LENGTH.unpack_from(data, at), 4
+        if n == -1:
+            if end - at < 12:
+                break
+            (n,), head = _LONG_LENGTH.unpack_from(data, at + 4), 12
+        if end - at - head < n:
+            break
+        out.append(view[at + head:at + head + n])
+        at += head + n
+    return out, at
 
 
 class Failure(NamedTuple):
@@ -241,7 +267,9 @@ class Workers:
         self.started: set[int] = set()  # workers that answered "ready" (read by wait's thread)
         self.exitcodes: dict[int, int | None] = {}  # workers whose end wait() reported
         self._watch: selectors.BaseSelector | None = None
+        self._narrow: dict[int, selectors.BaseSelector] = {}  # worker -> selector of its pipe, no other pipe
         self._open: dict[int, object] = {}  # worker -> pipe still read
+        self._partial: dict[int, bytes] = {}  # worker -> the start of a message not read whole yet
         self._alive: dict[int, int] = {}  # sentinel -> worker, not yet reported exited
 
     def start(self, setup: Callable, handle: Callable, stage: str, args: Sequence[tuple], *, name: str,
@@ -267,42 +295,82 @@ class Workers:
 
     def send_raw(self, worker: int, seq: int, body: bytes) -> bool:
         """Send task ``seq`` to ``worker`` as bytes, ``body`` packed by the front end (its handler gets it as a
-        ``memoryview``): one write, no pickling.  False when its pipe is gone, as :meth:`send`."""
+        ``memoryview``): one write of the frame ``Connection.recv_bytes`` reads, no pickling.  False when its
+        pipe is gone, as :meth:`send`."""
         try:
-            self.conns[worker].send_bytes(b"".join((RAW, seq.to_bytes(8, "little"), body)))
+            fd = self.conns[worker].fileno()
+            data = b"".join((_LENGTH.pack(len(body) + 9), RAW, seq.to_bytes(8, "little"), body))
+            while data:  # a pipe takes a message of a few KiB whole; a write cut short goes on with the rest
+                data = data[os.write(fd, data):]
             return True
         except (OSError, ValueError):
             return False
 
-    def wait(self, timeout_s: float | None = None, wake_fd: int | None = None) -> list[tuple[int, tuple]]:
+    def wait(self, timeout_s: float | None = None, wake_fd: int | None = None,
+             sleep_on: int | None = None) -> list[tuple[int, tuple]]:
         """Block until a worker sends or ends (or ``wake_fd`` is readable, or ``timeout_s`` passes: ``[]``).
 
         Returns ``(worker, message)`` pairs, messages first (a worker that
         answered, then died, is described by its answer), then ``("exited",
         exitcode)`` for each worker whose process ended, after what was
-        left in its pipe.  One message per ready pipe: the selector is
-        level-triggered, so more waiting data wakes it again.
+        left in its pipe.  Every whole message in a ready pipe is read.
+        ``sleep_on``: the worker whose answer the caller waits for; only
+        that worker's pipe, a process ending, ``wake_fd`` or ``timeout_s``
+        ends the sleep, and then every pipe is read: a caller that needs one
+        answer wakes once for it, not once for each other worker finishing
+        meanwhile (their answers are read at the end of the sleep, never
+        waited for).  ``wake_fd`` must be the same at every call.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if self._watch is None:  # one selector, rebuilt only when a pipe or process goes away
-                self._watch = selectors.DefaultSelector()
-                if wake_fd is not None:
-                    self._watch.register(wake_fd, selectors.EVENT_READ, ("wake", None))
-                for w, conn in self._open.items():
-                    self._watch.register(conn, selectors.EVENT_READ, ("conn", w))
-                for fd, w in self._alive.items():
-                    self._watch.register(fd, selectors.EVENT_READ, ("exit", w))
+                self._watch = self._selector(wake_fd, self._open)
+                self._narrow = {}
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = [key.data for key, _ in self._watch.select(left)]
+            if sleep_on is not None and left != 0 and sleep_on in self._open:
+                # Sleep until the awaited answer (or an end), then read whatever every pipe holds.
+                narrow = self._narrow.get(sleep_on)
+                if narrow is None:
+                    narrow = self._narrow[sleep_on] = self._selector(wake_fd, {sleep_on: self._open[sleep_on]})
+                narrow.select(left)
+                ready = [key.data for key, _ in self._watch.select(0)]
+            else:
+                ready = [key.data for key, _ in self._watch.select(left)]
             events = self._read(ready)
             if events or ("wake", None) in ready or (deadline is not None and time.monotonic() >= deadline):
                 break
-            # only a pipe's end of file: its process's sentinel follows
+            # only a pipe's end of file (its process's sentinel follows), or a message not read whole yet
         for w, msg in events:
             if msg[0] == READY:
                 self.started.add(w)
         return events
+
+    def _selector(self, wake_fd: int | None, pipes: dict) -> selectors.BaseSelector:
+        """A selector of ``wake_fd``, the pipes ``pipes`` (worker -> connection) and every live process's
+        sentinel."""
+        watch = selectors.DefaultSelector()
+        if wake_fd is not None:
+            watch.register(wake_fd, selectors.EVENT_READ, ("wake", None))
+        for w, conn in pipes.items():
+            watch.register(conn, selectors.EVENT_READ, ("conn", w))
+        for fd, w in self._alive.items():
+            watch.register(fd, selectors.EVENT_READ, ("exit", w))
+        return watch
+
+    def _recv(self, w: int) -> list[tuple]:
+        """Every whole message in worker ``w``'s pipe, after one read (which must not block: the pipe is ready);
+        EOFError once it is closed.  Read past ``Connection.recv``: one read for all that is there, where
+        ``recv`` takes two per message."""
+        data = os.read(self._open[w].fileno(), _READ_BYTES)
+        if not data:
+            raise EOFError
+        partial = self._partial.pop(w, None)
+        if partial:
+            data = partial + data
+        messages, used = frames(data)
+        if used < len(data):
+            self._partial[w] = data[used:]
+        return [pickle.loads(m) for m in messages]
 
     def _read(self, ready: list[tuple]) -> list[tuple[int, tuple]]:
         """The events behind what the selector found ready (see :meth:`wait`)."""
@@ -310,7 +378,7 @@ class Workers:
         for kind, w in ready:
             if kind == "conn" and w in self._open:
                 try:
-                    events.append((w, self._open[w].recv()))
+                    events.extend((w, msg) for msg in self._recv(w))
                 except (EOFError, OSError):
                     self._forget_pipe(w)  # its sentinel tells how it ended
         for kind, w in ready:
@@ -319,12 +387,12 @@ class Workers:
             proc = self.procs[w]
             self._alive.pop(proc.sentinel, None)
             conn = self._open.get(w)
-            self._forget_pipe(w)
             try:
                 while conn is not None and conn.poll():
-                    events.append((w, conn.recv()))
+                    events.extend((w, msg) for msg in self._recv(w))
             except (EOFError, OSError):
                 pass
+            self._forget_pipe(w)
             proc.join(1.0)  # the sentinel fired, so this returns at once; it sets exitcode
             self.exitcodes[w] = proc.exitcode
             events.append((w, (EXITED, proc.exitcode)))
@@ -332,9 +400,14 @@ class Workers:
 
     def _forget_pipe(self, worker: int) -> None:
         self._open.pop(worker, None)
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
+        self._partial.pop(worker, None)
+        self._close_selectors()
+
+    def _close_selectors(self) -> None:
+        for watch in (self._watch, *self._narrow.values()):
+            if watch is not None:
+                watch.close()
+        self._watch, self._narrow = None, {}
 
     def death(self, worker: int, oom_fix: str, startup_hint: str = "") -> str:
         """:func:`death_report` of ``worker``, whose end :meth:`wait` returned."""
@@ -365,7 +438,5 @@ class Workers:
         reap_workers(self.procs, timeout_s)
         for conn in self.conns:
             conn.close()
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
-        self._open, self._alive = {}, {}
+        self._close_selectors()
+        self._open, self._alive, self._partial = {}, {}, {}

@@ -84,6 +84,12 @@ CONSUMER_SETS = 4
 LENT_SLOTS = 2
 """Output slots a pooled feed hands to the consumer without copying; batches it keeps beyond these are copies."""
 
+KEPT_SLOTS = 1
+"""Lent output slots a consumer may keep for good (a batch still held :data:`LENT_SLOTS` batches later, such as
+``x, y = next(iter(stream))`` kept for its shapes) without making every later batch a copy: they stop
+counting among the :data:`LENT_SLOTS`, and the pool runs with that many slots fewer (out of the two it holds for
+finished batches, see :func:`out_slots`).  Batches kept beyond these are copies."""
+
 WORKER_OVERHEAD_BYTES = 24 << 20
 """Private memory of one worker process besides its gather buffer: its interpreter, the heap numpy and the
 h5stream modules build, its copies of library pages, and the transform's scratch arrays."""

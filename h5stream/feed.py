@@ -6,7 +6,8 @@ resource behind it; it allocates exactly what its
 transform (if any) in the consumer's thread.  :class:`PooledFeed` submits one
 task per batch (indices only) to a :class:`~h5stream.augment.pool.WorkerPool`
 and lends each finished output slot to the consumer as a view (copying only
-when the consumer already keeps ``plan.lent_slots`` of them).  When a fill of
+when the consumer already holds ``plan.lent_slots`` of them, not counting one
+batch it keeps for good).  When a fill of
 an uncompressed store is already in the page cache, its tasks name their rows
 by byte offset and the workers read them from the file themselves; otherwise
 the reader reads (or, compressed, decodes) each batch into a shared-memory
@@ -19,12 +20,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from h5stream._wait import Channel, stop_when
-from h5stream.budget import StreamPlan
+from h5stream.budget import KEPT_SLOTS, StreamPlan
 from h5stream.errors import ChecksumError, H5StreamError, ReaderError, WorkerError
 from h5stream.read.reader import ArrayArena, Batch, Reader, direct_reads
 from h5stream.store.meta import StoreMeta
@@ -83,12 +84,11 @@ _SLOTS, _FILE = 0, 1
 """The pool's sources: the shared input slots, and (uncompressed stores) the file itself."""
 
 
-@dataclass(frozen=True)
-class _Submitted:
+class _Submitted(NamedTuple):
     epoch: int
     index: int
     labels: np.ndarray
-    in_slot: int
+    in_slot: int | None
     seq: int
 
 
@@ -148,6 +148,9 @@ class PooledFeed:
         self._stop: threading.Event | None = None
         self._error: ReaderError | None = None  # a batch did not come in time: the order is lost, raised again
         self._submitted: deque[_Submitted] = deque()  # batches in the pool, in order
+        self._taken = 0  # batches handed to the consumer (each lent slot is stamped with it: see _hand_over)
+        self._lent_at: dict[int, int] = {}  # lent slot -> self._taken when it was lent
+        self._copied = 0  # batches handed over as copies (the consumer kept too many)
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
@@ -225,6 +228,11 @@ class PooledFeed:
             raise self._error
         t0 = counted = time.monotonic()
         deadline = t0 + self._timeout_s
+        # The slots the consumer dropped since the last call go back to the ring and take the reader's next
+        # batches before this call waits: the workers get them as early as they can, and what follows the
+        # wait (when the caches are cold) is little more than taking the result.
+        lent = self._pool.reclaim()
+        self._top_up()
         if not self._submitted:
             try:
                 b = self.reader.get(deadline)
@@ -264,23 +272,43 @@ class PooledFeed:
         self.reader.add_wait(time.monotonic() - counted)
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
-        # Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
-        # consumer drops it.  A consumer that keeps batches (a list of them, a framework holding the memory)
-        # would hold every slot so, beyond plan.lent_slots live views, it gets copies instead.
+        copied = self._copied
         try:
-            if self._pool.reclaim() < self.plan.lent_slots:
-                x = self._pool.lend(done)
-            else:
-                x = self._out(done.rows)
-                try:
-                    x[...] = self._pool.slot_view(done.slot)[:done.rows]
-                finally:
-                    self._pool.release(done.slot)
+            x = self._hand_over(done, lent)
         finally:
             if item.in_slot is not None:
                 self._free.put(item.in_slot)
-        self._top_up()  # into the slots just freed, before the caller's training step
+        if self._copied != copied:
+            self._top_up()  # into the slot the copy freed, before the caller's training step
         return item.epoch, item.index, x, item.labels
+
+    def _hand_over(self, done, lent: int) -> np.ndarray:
+        """The rows of finished batch ``done`` for the consumer: its output slot lent as a view, or a copy;
+        ``lent``: the slots lent and still held (:meth:`WorkerPool.reclaim`).
+
+        Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
+        consumer drops it.  A consumer that keeps batches (a list of them, a framework holding the memory)
+        would hold every slot so, beyond ``plan.lent_slots`` live views, it gets copies instead.  A slot
+        still held ``plan.lent_slots`` batches after it was lent is *kept* (one batch kept for good, such as
+        the first one looked at for its shapes, while the usual loop holds the previous batch): up to
+        :data:`~h5stream.budget.KEPT_SLOTS` of them stop counting among the lent ones, so keeping one batch
+        does not make every later batch a copy.  No array the consumer holds is ever written to.  Consumer
+        thread."""
+        self._taken += 1
+        if lent >= self.plan.lent_slots:
+            old = self._taken - self.plan.lent_slots  # lent this batch or before: held that long, it is kept
+            kept = sum(1 for slot in self._pool.lent_slots if self._lent_at[slot] <= old)
+            lent -= min(kept, KEPT_SLOTS)
+        if lent < self.plan.lent_slots:
+            self._lent_at[done.slot] = self._taken
+            return self._pool.lend(done)
+        self._copied += 1
+        x = self._out(done.rows)
+        try:
+            x[...] = self._pool.slot_view(done.slot)[:done.rows]
+        finally:
+            self._pool.release(done.slot)
+        return x
 
     def _late_worker(self, t0: float) -> ReaderError | None:
         """The error naming the worker that has the next batch in order, if one has it.  Consumer thread."""
@@ -312,6 +340,7 @@ class PooledFeed:
     def stats(self) -> dict:
         s = _reader_stats(self.reader)
         s["pool_in_flight"] = self._pool.in_flight
+        s["copied_batches"] = self._copied
         s["worker_pids"] = self._pool.pids
         return s
 

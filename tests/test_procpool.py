@@ -21,6 +21,7 @@ from h5stream._procpool import (
     TaskFailed,
     Workers,
     death_report,
+    frames,
     pick_worker,
 )
 
@@ -122,6 +123,40 @@ def test_a_killed_worker_is_reported_once_after_its_messages_then_its_pipe_refus
     assert not two.send(1, 1, ("add", 1))
     assert two.send(0, 2, ("add", 1))  # the other one serves on
     assert (0, (DONE, 2, 11)) in _wait_for(two, DONE)
+
+
+def test_frames_give_back_every_whole_message_wherever_the_bytes_are_cut():
+    """What one read of a pipe returns may end inside a message (a long traceback): the whole ones come out, the
+    rest waits for the next read, for any cut, in multiprocessing's own framing."""
+    import pickle
+    import struct
+
+    messages = [(DONE, 1, None), (ERROR, 2, "x" * 5000), b"", (READY, 77)]
+    payloads = [pickle.dumps(m) for m in messages]
+    data = b"".join(struct.pack("!i", len(p)) + p for p in payloads)
+    data += struct.pack("!i", -1) + struct.pack("!Q", len(payloads[0])) + payloads[0]  # the long-length head
+    want = [*payloads, payloads[0]]
+    for cut in range(len(data) + 1):
+        first, used = frames(data[:cut])
+        rest = data[used:cut] + data[cut:]
+        second, used2 = frames(rest)
+        assert [bytes(m) for m in first + second] == want and used2 == len(rest)
+        assert used <= cut and (cut == len(data)) == (len(first) == len(want))
+
+
+def test_a_wait_sleeping_on_one_worker_reads_the_others_answers_when_it_ends_and_wakes_when_that_one_dies(two):
+    """``sleep_on`` names the worker whose answer is awaited: another worker's answer does not end the sleep but
+    is read when it ends (at the timeout here), and the awaited worker's death ends it (its process sentinel)."""
+    while two.started != {0, 1}:
+        assert two.wait(60)
+    os.kill(two.pids[0], signal.SIGSTOP)  # it will never answer
+    os.waitpid(two.pids[0], os.WUNTRACED)
+    assert two.send(0, 1, ("add", 1)) and two.send(1, 2, ("add", 3))
+    assert two.conns[1].poll(60)  # worker 1's answer is in its pipe
+    assert finishes_within(lambda: two.wait(0.5, sleep_on=0), 30) == [(1, (DONE, 2, 23))]
+    assert two.wait(0) == []
+    os.kill(two.pids[0], signal.SIGKILL)
+    assert finishes_within(lambda: two.wait(60, sleep_on=0), 30) == [(0, (EXITED, -signal.SIGKILL))]
 
 
 def test_a_worker_whose_setup_raises_says_so_then_exits():

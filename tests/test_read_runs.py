@@ -113,3 +113,69 @@ def test_inner_ends_of_runs_that_share_a_boundary_page():
     for run in (a, b):
         first, last = inner_ends(*run, 4096)
         assert shared not in (first // 4096, last // 4096)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_spans_hold_every_run_once_and_cover_only_gaps_no_wider_than_the_limit(seed):
+    """Runs grouped for one page-cache question each: every run in exactly one span, which holds it; runs of a
+    span no further apart than the limit; neighbouring spans further apart than it, in file order."""
+    from h5stream.read.runs import spans
+
+    rng = np.random.default_rng(seed)
+    row_bytes, gap = 1000, int(rng.integers(0, 20_000))
+    runs = [Run(int(rng.integers(0, 500)), 0, int(rng.integers(1, 8)), int(rng.integers(0, 200)) * 1000)
+            for _ in range(int(rng.integers(0, 40)))]
+    got = spans(runs, row_bytes, gap)
+    assert sorted(r for _, _, members in got for r in members) == sorted(runs)
+    for offset, length, members in got:
+        ends = [r.offset + r.rows * row_bytes for r in members]
+        assert offset == min(r.offset for r in members) and offset + length == max(ends)
+        reach = members[0].offset + members[0].rows * row_bytes
+        for r in members[1:]:  # in file order, each within the limit of what the span reached before it
+            assert r.offset >= members[0].offset and r.offset - reach <= gap
+            reach = max(reach, r.offset + r.rows * row_bytes)
+    for (a, la, _), (b, _, _) in zip(got, got[1:]):
+        assert b - (a + la) > gap
+
+
+class _Cache:
+    """A byte source whose page cache holds the bytes of ``cached`` (a set of 1000-byte pages); counts
+    questions."""
+
+    def __init__(self, cached):
+        self.pages, self.questions, self.advised = set(cached), [], []
+
+    def cached(self, offset, length):
+        self.questions.append((offset, length))
+        return all(p in self.pages for p in range(offset // 1000, -(-(offset + length) // 1000)))
+
+    def advise_willneed(self, offset, length):
+        self.advised.append((offset, length))
+
+
+def _advise(runs, source):
+    from types import SimpleNamespace
+
+    from h5stream.read.reader import Reader
+
+    reader = Reader.__new__(Reader)  # the page-cache questions alone: no thread, no file
+    reader._offsets, reader._source = np.zeros(1, np.int64), source
+    reader.meta, reader._counts = SimpleNamespace(row_bytes=1000), {"advised_bytes": 0}
+    return reader._advise(runs)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_fill_counts_as_cached_exactly_when_every_run_of_it_is(seed):
+    """One question per span of nearby runs when all is cached; a span with a page missing anywhere (a run's or
+    a gap's) is asked about run by run, and exactly the runs not wholly cached are missing and advised."""
+    rng = np.random.default_rng(seed)
+    runs = [Run(0, 0, int(rng.integers(1, 4)), int(p) * 1000) for p in rng.choice(400, 12, replace=False)]
+    every = {p for r in runs for p in range(r.offset // 1000, r.offset // 1000 + r.rows)}
+    whole = _Cache(range(500))
+    assert _advise(runs, whole) == [] and len(whole.questions) < len(runs) and not whole.advised
+    gone = set(rng.choice(sorted(every), int(rng.integers(1, 4)), replace=False).tolist())
+    source = _Cache(set(range(500)) - gone)
+    missing = _advise(runs, source)
+    want = [r for r in runs if gone & set(range(r.offset // 1000, r.offset // 1000 + r.rows))]
+    assert sorted(missing) == sorted(want) and sorted(source.advised) == sorted((r.offset, r.rows * 1000)
+                                                                                 for r in want)

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.budget import plan_stream
+from h5stream.budget import KEPT_SLOTS, plan_stream
 from h5stream.errors import ConfigError, WorkerError
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
@@ -143,13 +143,57 @@ def test_batches_are_lent_without_copy_and_kept_ones_stay_intact(store):
         kept = list(s)  # a consumer keeping every batch of the next epoch
         flags = [_lent(s, x) for x, _ in kept]
         lent_slots = s.plan.lent_slots
-        assert sum(flags) == lent_slots and not any(flags[lent_slots:])  # only the first few are views
-        assert s._feed._pool.lent == lent_slots
+        # The first few are views, then one more (the first, held that long, counts as kept for good: one batch
+        # may be); every other one is a copy.
+        assert flags[:lent_slots + KEPT_SLOTS] == [True] * (lent_slots + KEPT_SLOTS)
+        assert not any(flags[lent_slots + KEPT_SLOTS:])
+        assert s._feed._pool.lent == lent_slots + KEPT_SLOTS
+        assert s.stats()["copied_batches"] == len(kept) - lent_slots - KEPT_SLOTS
     second = _epochs(store, n_epochs=2, augment=aug, workers=0)[len(expected):]
     assert len(kept) == len(second)
     for (x, y), (xe, ye) in zip(kept, second):  # nothing kept was overwritten by later batches
         assert np.array_equal(x, xe) and np.array_equal(y, ye)
     assert np.array_equal(kept[0][0], second[0][0])  # a lent view stays readable after close()
+
+
+def test_one_batch_kept_for_good_makes_no_later_batch_a_copy(store):
+    """``x, y = next(iter(stream))`` kept for its shapes, then the usual loop (which holds the previous batch
+    while it asks for the next): every batch is still lent without a copy, and the kept one stays intact."""
+    aug = h5stream.Augment(horizontal_flip=True, rotation_range=20)
+    expected = _epochs(store, n_epochs=3, augment=aug, workers=0)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, augment=aug, workers=1) as s:
+        it = iter(s)
+        first = next(it)  # kept to the end
+        got, lent = [(first[0].copy(), first[1].copy())], [_lent(s, first[0])]
+        for _ in range(3):
+            for x, y in it:
+                got.append((x.copy(), y.copy()))
+                lent.append(_lent(s, x))
+            it = iter(s)
+        assert all(lent)  # zero-copy every time
+        assert s.stats()["copied_batches"] == 0
+        assert _lent(s, first[0]) and np.array_equal(first[0], expected[0][0])  # never overwritten
+        assert np.array_equal(first[1], expected[0][1])
+    assert len(got) == len(expected)
+    for (x, y), (xe, ye) in zip(got, expected):
+        assert np.array_equal(x, xe) and np.array_equal(y, ye)
+
+
+def test_batches_kept_beyond_the_kept_slot_are_copies_and_all_stay_intact(store):
+    """Two batches kept for good: the second is beyond the one kept slot, so the loop after them gets copies
+    (never a slot it holds), and every batch is right."""
+    aug = h5stream.Augment(horizontal_flip=True, rotation_range=20)
+    expected = _epochs(store, n_epochs=2, augment=aug, workers=1)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, augment=aug, workers=1) as s:
+        it = iter(s)
+        first, second = next(it), next(it)
+        got = [(x.copy(), y.copy()) for _ in range(2) for x, y in (it if _ == 0 else s)]
+        copied = s.stats()["copied_batches"]
+        assert 0 < copied < len(got)
+        for kept, (xe, ye) in zip((first, second), expected):
+            assert np.array_equal(kept[0], xe) and np.array_equal(kept[1], ye)
+    for (x, y), (xe, ye) in zip(got, expected[2:]):
+        assert np.array_equal(x, xe) and np.array_equal(y, ye)
 
 
 def _segments():

@@ -247,7 +247,7 @@ class WorkerPool:
         body_rest = (row_ids.tobytes(), int(epoch), int(seed), None if offsets is None else offsets.tobytes(),
                      task_checks)
         state = self._state
-        with state.cond:
+        with state.lock:
             worker = state.pick_worker() if state.free_slots and not state.closed and state.failure is None else None
             if worker is None:  # no room now: the stoppable wait
                 state.wait(
@@ -268,10 +268,11 @@ class WorkerPool:
 
     def has_room(self) -> bool:
         """Whether a submit would go at once: an output slot is free and a worker can take it.  Any thread; it
-        holds until the next submit when the submitter is also the thread that takes results (the feed)."""
+        holds until the next submit when the submitter is also the thread that takes results (the feed).  A
+        snapshot, taken without the lock: only a submit, a release and reading the workers' answers change
+        it, and one taken with the lock would be as stale once the lock is let go."""
         state = self._state
-        with state.cond:
-            return bool(state.free_slots) and state.pick_worker() is not None
+        return bool(state.free_slots) and state.pick_worker() is not None
 
     # ------------------------------------------------------------------ consumer side
 
@@ -285,21 +286,26 @@ class WorkerPool:
         Raises TimeoutError if the batch is not ready within ``timeout_s``.
         """
         state = self._state
-        state.collect_until(state.order.ready, timeout_s, f"batch {state.order.next_deliver} not ready")
-        with state.cond:
-            state.check()
-            seq, (slot, rows, error) = state.order.pop()
-            if error is not None:
-                state.free_slots.append(slot)
-                state.for_producer.notify_all()
-                summary, tb_text, stage = error
-                if stage == "read":
-                    raise worker_error(f"augment worker could not read the rows of batch {seq}: {summary}", tb_text,
-                                        stage, summary)
-                raise worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text,
+        return state.collect_until(state.order.ready, timeout_s,
+                                   lambda: f"batch {state.order.next_deliver} not ready",
+                                   sleep_on=state.next_worker, take=self._take)
+
+    def _take(self) -> Result:
+        """The next batch in order, which is in (:meth:`get`): its slot held, or its error raised.  Consumer
+        thread, lock held."""
+        state = self._state
+        seq, (slot, rows, error) = state.order.pop()
+        if error is not None:
+            state.free_slots.append(slot)
+            state.for_producer.notify_all()
+            summary, tb_text, stage = error
+            if stage == "read":
+                raise worker_error(f"augment worker could not read the rows of batch {seq}: {summary}", tb_text,
                                     stage, summary)
-            state.held_slots.add(slot)
-            return Result(seq, slot, rows)
+            raise worker_error(f"augment worker raised while transforming batch {seq}: {summary}", tb_text,
+                                stage, summary)
+        state.held_slots.add(slot)
+        return Result(seq, slot, rows)
 
     def slot_view(self, slot: int) -> np.ndarray:
         """The whole output slot (batch_rows, *row_shape), a view into shared memory; valid until release().
@@ -339,10 +345,15 @@ class WorkerPool:
         """Slots lent to the consumer (see :meth:`lend`) and not reclaimed yet.  Consumer thread."""
         return len(self._state.lent)
 
+    @property
+    def lent_slots(self) -> tuple[int, ...]:
+        """The slots lent to the consumer and not reclaimed yet, oldest first.  Consumer thread."""
+        return tuple(self._state.lent)
+
     def release(self, slot: int) -> None:
         """Give a slot obtained from :meth:`get` back to the ring.  Consumer thread."""
         state = self._state
-        with state.cond:
+        with state.lock:
             if slot not in state.held_slots:
                 raise ConfigError(f"release: slot {slot} is not held by the consumer (released twice?)")
             state.held_slots.remove(slot)
@@ -353,7 +364,7 @@ class WorkerPool:
         """``(seq, worker, pid)`` of the next batch in order while a worker still has it; None when it is done,
         or not submitted yet.  Any thread; for saying which worker a late batch waits for."""
         state = self._state
-        with state.cond:
+        with state.lock:
             seq = state.order.next_deliver
             task = state.tasks.get(seq)
             if task is None:
@@ -370,7 +381,7 @@ class WorkerPool:
         """
         state = self._state
         state.collect_until(lambda: not state.tasks, timeout_s, "the tasks in flight did not finish")
-        with state.cond:
+        with state.lock:
             state.check()
             dropped = state.order.drop()
             for slot, _rows, _error in dropped:
@@ -388,7 +399,7 @@ class WorkerPool:
     @property
     def in_flight(self) -> int:
         """Submitted tasks not finished yet.  Any thread."""
-        with self._state.cond:
+        with self._state.lock:
             return len(self._state.tasks)
 
     @property

@@ -6,8 +6,12 @@ workers' pipes: the thread that waits for a result (the consumer, or the
 constructor waiting for start-up) reads them itself
 (:meth:`PoolState.collect_until`), files each message and notices dead
 workers by their process sentinels.  A finished batch thus costs its consumer
-one ``select`` and one ``recv``, and no wake-up of a second thread (a
-collector thread cost a wake-up, a lock hand-off and a notify per batch).
+at most one sleep (on the pipe of the worker that has it: another worker
+finishing does not wake it), a look at every pipe and one read of each ready
+one, two holds of the lock, and no wake-up of a second thread (a collector
+thread cost a wake-up, a lock hand-off and a notify per batch; on a virtual
+machine a sleep and wake-up costs the sleeper about as much CPU as the rest
+of the batch's work).
 :func:`shutdown` is what the pool's ``weakref.finalize`` runs.  None of them
 refers to the pool, so dropping an unclosed pool still reaches the finalizer.
 """
@@ -75,7 +79,7 @@ class PoolState:
 
     Nothing here references the WorkerPool object, so dropping the pool lets
     ``weakref.finalize`` run :func:`shutdown`.  All fields below ``cond`` are
-    guarded by its lock.  Two conditions share that lock, so a routine event
+    guarded by its lock (``lock``).  Two conditions share that lock, so a routine event
     wakes only the side that waits for it: ``for_producer`` (an output slot,
     worker capacity) and ``cond`` for the rest (a second thread waiting to
     read the pipes, shutdown waiting for the reading to end).  Close and
@@ -87,14 +91,14 @@ class PoolState:
 
     def __init__(self, n_workers, n_slots, per_worker_cap, close_timeout_s):
         self.owner_pid = os.getpid()
-        lock = threading.RLock()
+        lock = self.lock = threading.RLock()  # taken as itself (``with state.lock``): cheaper than the condition
         self.cond = threading.Condition(lock)
         self.for_producer = threading.Condition(lock)
         self.closed = False
         self.failure: tuple[str, str | None] | None = None
         self.per_worker_cap = per_worker_cap
         self.close_timeout_s = close_timeout_s
-        self.workers = Workers("augment worker")  # its wait() runs in one thread at a time: see collect()
+        self.workers = Workers("augment worker")  # its wait() runs in one thread at a time: see collect_until()
         self.ready: set[int] = set()  # workers that answered "ready" and have not ended: they take tasks
         self.inflight = [0] * n_workers
         self.free_slots = deque(range(n_slots))
@@ -104,7 +108,7 @@ class PoolState:
         self.slots: SharedArray | None = None
         self.slot_items: list[np.ndarray] = []  # one array per slot, made on the mapping (see SharedArray.item_arrays)
         self.lent: list[int] = []  # slots handed to the consumer without a copy (see WorkerPool.lend)
-        self.reading: int | None = None  # the thread in collect()'s wait on the pipes, if one is
+        self.reading: int | None = None  # the thread in collect_until()'s wait on the pipes, if one is
         self.wake_r, self.wake_w = os.pipe()  # written once, by shutdown: ends a wait on the pipes
 
     # -- helpers called with cond held
@@ -128,64 +132,76 @@ class PoolState:
         if not _wait.wait_until(on or self.cond, predicate, deadline=time.monotonic() + timeout_s, check=self.check):
             raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
 
-    def collect(self, timeout_s: float) -> None:
-        """Read what the workers sent (waiting up to ``timeout_s`` for something) and file it.  The thread
-        that waits for a result; the lock not held.  One thread at a time reads the pipes: a second one waits
-        on ``cond`` meanwhile.  A failure of the reading itself becomes the pool's failure."""
-        me = threading.get_ident()
-        with self.cond:
-            if self.closed or self.failure is not None:
-                return  # check() says why
-            if self.reading is not None and self.reading != me:
-                self.cond.wait(timeout_s)
-                return
-            self.reading = me
-        events, error = [], None
-        try:
-            events = self.workers.wait(timeout_s, wake_fd=self.wake_r)
-        except BaseException as exc:  # the pipes are the pool's lifeline: fail loudly, never wait for good
-            error = exc
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            with self.cond:
-                self.reading = None
-                for w, msg in events:
-                    self.handle(w, msg)
-                if error is not None and self.failure is None and not self.closed:
-                    self.failure = (f"reading the augment workers' pipes failed: {type(error).__name__}: {error}",
-                                    "".join(traceback.format_exception(error)))
-                    self.wake_all()
-                else:
-                    self.cond.notify_all()  # a second reader, or shutdown, waits for the reading to end
+    def next_worker(self) -> int | None:
+        """The worker that has the next task in order, if one has it.  Lock held."""
+        task = self.tasks.get(self.order.next_deliver)
+        return None if task is None else task.worker
 
-    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
-        """Read the workers' messages until ``ready()`` holds (it is looked at with the lock held); raises on
-        close, failure or timeout (TimeoutError, at the deadline), :class:`~h5stream._wait.Stopped` once a stop
-        scope of the calling thread is set, and a held-back Ctrl-C within :data:`POLL_S`.  Whatever is in the
-        pipes is read first even when ``ready()`` already holds, so a dead worker is reported at the next call
-        and the tasks in flight are counted fresh.  The thread that waits for a result; the lock not held."""
+    def collect_until(self, ready: Callable[[], bool], timeout_s: float, what: str | Callable[[], str],
+                      sleep_on: Callable[[], int | None] | None = None, take: Callable[[], object] | None = None):
+        """Read the workers' messages and file them until ``ready()`` holds; then return ``take()`` (None
+        without it).  ``ready``, ``take`` and ``sleep_on`` run with the lock held, ``take`` in the same hold
+        as the ``ready()`` that held.  Raises on close, failure or timeout (TimeoutError, at the deadline),
+        :class:`~h5stream._wait.Stopped` once a stop scope of the calling thread is set, and a held-back
+        Ctrl-C within :data:`POLL_S`.  Whatever is in the pipes is read first even when ``ready()`` already
+        holds, so a dead worker is reported at the next call and the tasks in flight are counted fresh.
+        ``sleep_on()``: the worker whose answer is awaited, whose pipe alone ends a sleep (see
+        :meth:`~h5stream._procpool.Workers.wait`), or None.  ``what`` (or what it returns, made only for the
+        error) says what did not happen.
+
+        The thread that waits for a result; the lock not held.  One thread at a time reads the pipes: a
+        second one waits on ``cond`` meanwhile.  A failure of the reading itself becomes the pool's failure.
+        """
         deadline = time.monotonic() + timeout_s
-        with self.cond:
-            self.check()
-            left = 0.0 if ready() else min(timeout_s, POLL_S)  # one select either way: it returns on a message
+        me = threading.get_ident()
+        left = None
         while True:
-            self.collect(left)
-            with self.cond:
+            with self.lock:
                 self.check()
-                if ready():
-                    return
+                if left is None:  # one read of the pipes either way: it returns on a message
+                    left = 0.0 if ready() else min(timeout_s, POLL_S)
+                reading = self.reading is None or self.reading == me
+                if reading:
+                    self.reading = me
+                    worker = None if sleep_on is None or not left else sleep_on()
+                else:  # another thread reads the pipes: it notifies when it has filed what it read
+                    self.cond.wait(left)
+                    self.check()
+                    if ready():
+                        return None if take is None else take()
+            if reading:
+                events, error = [], None
+                try:
+                    events = self.workers.wait(left, wake_fd=self.wake_r, sleep_on=worker)
+                except BaseException as exc:  # the pipes are the pool's lifeline: fail loudly, never wait for good
+                    error = exc
+                with self.lock:
+                    self.reading = None
+                    for w, msg in events:
+                        self.handle(w, msg)
+                    if isinstance(error, Exception) and self.failure is None and not self.closed:
+                        self.failure = (f"reading the augment workers' pipes failed: {type(error).__name__}: "
+                                        f"{error}", "".join(traceback.format_exception(error)))
+                        self.wake_all()
+                    else:
+                        self.cond.notify_all()  # a second reader, or shutdown, waits for the reading to end
+                    if error is not None and not isinstance(error, Exception):
+                        raise error  # a Ctrl-C, once the reading is over
+                    self.check()
+                    if ready():
+                        return None if take is None else take()
             _wait.check_stops()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
+                raise TimeoutError(f"augment worker pool: {what if isinstance(what, str) else what()} "
+                                   f"within {timeout_s:g} s")
             left = min(left, POLL_S)
 
     def dead_worker(self, w: int) -> BaseException:
         """The error for a worker whose pipe took no task: it died.  Waits (up to 5 s) for its process to end,
         records its death report as the pool's failure unless there is one.  Producer thread, lock not held."""
         multiprocessing.connection.wait([self.workers.procs[w].sentinel], 5.0)
-        with self.cond:
+        with self.lock:
             if self.failure is None and not self.closed:
                 self.failure = (self.workers.death(w, OOM_FIX, STARTUP_HINT), None)
                 self.wake_all()
@@ -208,8 +224,8 @@ class PoolState:
             self.for_producer.notify_all()  # worker capacity came free (free slots are the usual limit)
 
     def handle(self, w: int, msg) -> None:
-        """File message ``msg`` of worker ``w`` (see :mod:`h5stream._procpool`); the thread in :meth:`collect`,
-        cond held."""
+        """File message ``msg`` of worker ``w`` (see :mod:`h5stream._procpool`); the thread in :meth:`collect_until`,
+        lock held."""
         kind = msg[0]
         if kind == DONE:
             self.task_finished(msg[1], None)
@@ -235,7 +251,7 @@ def shutdown(state: PoolState) -> None:
     reading the pipes is woken and waited for (up to 5 s) before they close."""
     if state.owner_pid != os.getpid():
         return  # a forked copy of the owner: the processes and segments are not ours
-    with state.cond:
+    with state.lock:
         state.closed = True
         state.wake_all()
     try:
@@ -243,7 +259,7 @@ def shutdown(state: PoolState) -> None:
     except OSError:
         pass
     me, end = threading.get_ident(), time.monotonic() + 5.0
-    with state.cond:
+    with state.lock:
         while state.reading not in (None, me) and end > time.monotonic():
             state.cond.wait(end - time.monotonic())  # no stoppable wait here: a finalizer raises nothing
     state.workers.stop(state.close_timeout_s)

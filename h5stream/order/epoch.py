@@ -179,7 +179,10 @@ class EpochLayout:
         seg = self.fill_segments(fill)
         if len(seg) == 0:
             return np.zeros(0, np.int64)
-        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in seg])
+        lengths = seg[:, 1] - seg[:, 0]
+        # Each row's id is its segment's start plus its place in the segment: no array per segment.
+        first = seg[:, 0] - (np.cumsum(lengths) - lengths)  # a segment's start less the rows laid before it
+        return np.repeat(first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
     def order(self) -> np.ndarray:
         """Every row id this shard yields this epoch, in yield order (dropped rows excluded)."""

@@ -26,6 +26,7 @@ import numpy as np
 from h5stream._io import preadv_all  # noqa: F401 - re-exported: the reader reads through it
 
 _libc = None
+_libc_gil = None
 
 
 # cachestat(2) has this number on every architecture (syscalls from Linux 5.1 on share one numbering).
@@ -49,6 +50,17 @@ def _libc_handle():
     return _libc or None
 
 
+def _libc_keeping_the_gil():
+    """The C library through ``ctypes.PyDLL``: its calls keep the GIL.  For calls of a few microseconds that
+    never block (``cachestat``): letting the GIL go for each hands it to another thread that waits for it, and
+    taking it back then waits for that thread, a sleep and a wake-up that cost more than the call."""
+    global _libc_gil
+    if _libc_gil is None:
+        name = ctypes.util.find_library("c")
+        _libc_gil = ctypes.PyDLL(name, use_errno=True) if name else False
+    return _libc_gil or None
+
+
 def mincore_function():
     """libc's ``mincore`` with its argument types set, or None where there is none (loaded once)."""
     lib = _libc_handle()
@@ -64,7 +76,7 @@ class _PagesCached:
     """``cachestat`` on one file descriptor: how many pages of a byte range are cached (not thread-safe)."""
 
     def __init__(self, fd: int):
-        lib = _libc_handle()
+        lib = _libc_keeping_the_gil()
         self.fd = fd
         self._syscall = None
         if lib is None or not hasattr(lib, "syscall") or not sys.platform.startswith("linux"):

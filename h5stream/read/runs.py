@@ -7,7 +7,8 @@ for every buffer position, which batch and which row of it the row goes to;
 :func:`row_offsets` gives every row's byte offset in the file (for receivers
 that read rows themselves); :func:`chunk_pieces` cuts a run of rows at chunk
 boundaries (labels, whose chunks are not contiguous with each other);
-:func:`aligned_span` widens a byte range to whole blocks (direct I/O);
+:func:`spans` groups runs that lie close together in the file; :func:`aligned_span`
+widens a byte range to whole blocks (direct I/O);
 :func:`inner_ends` picks the bytes that tell whether a range is cached.
 """
 
@@ -37,25 +38,25 @@ def plan_runs(segments, chunk_offsets: np.ndarray | None, block_rows: int, row_b
     None for a store read through HDF5.  Neighbouring segments merge when their rows follow each other in
     the store and, for byte-addressed stores, in the file.
     """
-    runs: list[list] = []
-    dest = 0
-    for start, stop in segments:
-        start, stop = int(start), int(stop)
-        n = stop - start
-        off = None
-        if chunk_offsets is not None:
-            off = int(chunk_offsets[start // block_rows]) + (start % block_rows) * row_bytes
-        if runs:
-            r = runs[-1]
-            same_kind = (off is None) == (r[3] is None)
-            contiguous = r[1] + r[2] == start and (off is None or r[3] + r[2] * row_bytes == off)
-            if same_kind and contiguous:
-                r[2] += n
-                dest += n
-                continue
-        runs.append([dest, start, n, off])
-        dest += n
-    return [Run(*r) for r in runs]
+    seg = np.asarray(segments, np.int64).reshape(-1, 2)
+    if not len(seg):
+        return []
+    start, stop = seg[:, 0], seg[:, 1]
+    n = stop - start
+    dest = np.cumsum(n) - n
+    # A segment starts a new run unless it goes on where the previous one stopped (in the file too): one pass
+    # of array arithmetic, not a Python step per segment (a fill has hundreds).
+    new = np.ones(len(seg), bool)
+    new[1:] = stop[:-1] != start[1:]
+    if chunk_offsets is None:
+        offsets = [None] * len(seg)
+    else:
+        off = np.asarray(chunk_offsets, np.int64)[start // block_rows] + (start % block_rows) * row_bytes
+        new[1:] |= off[:-1] + n[:-1] * row_bytes != off[1:]
+        offsets = off[new].tolist()
+    first = np.flatnonzero(new)
+    rows = np.add.reduceat(n, first)
+    return list(map(Run._make, zip(dest[first].tolist(), start[first].tolist(), rows.tolist(), offsets)))
 
 
 def placement(permutation: np.ndarray, fill_start: int, bounds: np.ndarray,
@@ -82,10 +83,32 @@ def row_offsets(runs: list[Run], n: int, row_bytes: int) -> np.ndarray:
     dest = np.array([r.dest for r in runs], np.int64)
     count = np.array([r.rows for r in runs], np.int64)
     first = np.array([r.offset for r in runs], np.int64)
+    if int(count.sum()) == n and np.array_equal(dest, np.cumsum(count) - count):
+        # The runs of a fill lay its rows end to end (plan_runs): each row is its run's offset plus its place.
+        return np.repeat(first - dest * row_bytes, count) + np.arange(n, dtype=np.int64) * row_bytes
     out = np.empty(n, np.int64)
     within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
     out[np.repeat(dest, count) + within] = np.repeat(first, count) + within * row_bytes
     return out
+
+
+def spans(runs: list[Run], row_bytes: int, max_gap_bytes: int) -> list[tuple[int, int, list[Run]]]:
+    """Byte-addressed ``runs`` grouped in file order into spans ``(offset, length, runs)``: a run joins the span
+    before it when the bytes between them are at most ``max_gap_bytes``.  A span holds its runs and the gaps
+    between them, so a span wholly in the page cache says each of its runs is, in one question."""
+    if not runs:
+        return []
+    offset = np.array([r.offset for r in runs], np.int64)
+    end = offset + np.array([r.rows for r in runs], np.int64) * row_bytes
+    order = np.argsort(offset, kind="stable")
+    offset, end = offset[order], np.maximum.accumulate(end[order])
+    new = np.ones(len(runs), bool)
+    new[1:] = offset[1:] - end[:-1] > max_gap_bytes
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(runs)) - 1
+    members = np.split(order, first[1:])
+    return [(a, b - a, [runs[i] for i in m]) for a, b, m in zip(offset[first].tolist(), end[last].tolist(),
+                                                                  (m.tolist() for m in members))]
 
 
 def chunk_pieces(src: int, rows: int, chunk_rows: int) -> Iterator[tuple[int, int, int, int]]:
