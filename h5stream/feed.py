@@ -295,11 +295,8 @@ class PooledFeed:
         does not make every later batch a copy.  No array the consumer holds is ever written to.  Consumer
         thread."""
         self._taken += 1
-        if lent >= self.plan.lent_slots:
-            old = self._taken - self.plan.lent_slots  # lent this batch or before: held that long, it is kept
-            kept = sum(1 for slot in self._pool.lent_slots if self._lent_at[slot] <= old)
-            lent -= min(kept, KEPT_SLOTS)
-        if lent < self.plan.lent_slots:
+        held = [self._lent_at[slot] for slot in self._pool.lent_slots] if lent >= self.plan.lent_slots else ()
+        if may_lend(lent, held, self._taken, self.plan.lent_slots):
             self._lent_at[done.slot] = self._taken
             return self._pool.lend(done)
         self._copied += 1
@@ -353,6 +350,22 @@ class PooledFeed:
                 self._pool.close()
             finally:
                 self._inputs.close()
+
+
+def may_lend(lent: int, held_since, taken: int, lent_slots: int) -> bool:
+    """Whether batch number ``taken`` (1, 2, ... in hand-over order) may be lent as a view of its slot, with
+    ``lent`` slots lent and still held, lent at batch numbers ``held_since`` (needed only when ``lent >=
+    lent_slots``).  Pure; the rule of both the pooled feed and the feeder's training-process side.
+
+    Up to ``lent_slots`` views may be held (the usual loop holds the previous batch while it takes the
+    next); a view still held ``lent_slots`` batches after it was lent is *kept* (a batch kept for good, such as
+    the first one looked at for its shapes), and up to :data:`~h5stream.budget.KEPT_SLOTS` kept ones do not
+    count, so keeping one batch does not make every later batch a copy.
+    """
+    if lent >= lent_slots:
+        old = taken - lent_slots  # lent this batch or before: held that long, it is kept
+        lent -= min(sum(1 for t in held_since if t <= old), KEPT_SLOTS)
+    return lent < lent_slots
 
 
 def _reader_stats(reader: Reader | None) -> dict:

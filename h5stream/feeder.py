@@ -63,6 +63,7 @@ from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream._wait import POLL_S, check_stops
 from h5stream.budget import FEEDER_IN_FLIGHT, StreamPlan
 from h5stream.errors import H5StreamError, ReaderError
+from h5stream.feed import may_lend
 from h5stream.read.reader import ArrayArena
 from h5stream.store.meta import StoreMeta
 
@@ -380,6 +381,9 @@ class ProcessFeed:
         self._answers: deque = deque()  # answers of this generation received while waiting for another message
         self._freed: list[int] = []  # slots to tell the feeder about with the next message
         self._lent: list[int] = []  # slots whose views the caller may still hold
+        self._taken = 0  # batches handed to the caller (each lent slot is stamped with it: see may_lend)
+        self._lent_at: dict[int, int] = {}  # lent slot -> self._taken when it was lent
+        self._copied = 0  # batches handed over as copies (the caller kept too many)
         self._error: BaseException | None = None  # the feeder is gone: raised again by every call
         self._waited_s = 0.0
         self._ready = False  # the feeder answered READY
@@ -498,8 +502,9 @@ class ProcessFeed:
         return msg
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
-        """The next batch: a view of its output slot (lent while fewer than ``plan.lent_slots`` are), else a
-        copy; what the feeder's ``PooledFeed.next`` raised, as the same exception.  Consumer thread."""
+        """The next batch: a view of its output slot (lent by :func:`~h5stream.feed.may_lend`'s rule, as the
+        pooled feed lends), else a copy; what the feeder's ``PooledFeed.next`` raised, as the same exception.
+        Consumer thread."""
         msg = self._answer()
         self._outstanding -= 1
         try:
@@ -508,10 +513,15 @@ class ProcessFeed:
             _, _, epoch, index, slot, rows, labels = msg
             if slot < 0:
                 return epoch, index, rows, labels  # the pixels came through the pipe
-            if self._reclaim() < self.plan.lent_slots:
+            self._taken += 1
+            lent = self._reclaim()
+            held = [self._lent_at[s] for s in self._lent] if lent >= self.plan.lent_slots else ()
+            if may_lend(lent, held, self._taken, self.plan.lent_slots):
                 x = self._items[slot][:rows]
                 self._lent.append(slot)
+                self._lent_at[slot] = self._taken
             else:
+                self._copied += 1
                 x = self._out(rows)
                 x[...] = self._items[slot][:rows]
                 self._freed.append(slot)
@@ -537,7 +547,8 @@ class ProcessFeed:
         batches since the last start (the feeder's own: ``feeder_wait_s``).  Once the feeder is gone (closed,
         died), the last stats it sent.  Consumer thread."""
         if self._state.closed or self._error is not None:  # the feeder is gone: what this side knows
-            return {**self._last_stats, "feeder_pid": self.pid, "wait_s": self._waited_s}
+            return {**self._last_stats, "feeder_pid": self.pid, "wait_s": self._waited_s,
+                    "copied_batches": self._copied}
         self._send(STATS)
         while True:
             msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "answered")
@@ -546,7 +557,7 @@ class ProcessFeed:
             self._answers.append(msg)  # a batch asked for earlier: next() takes it
         # wait_s: this process's waits (the consumer's); the feeder's own waits for its pool: feeder_wait_s.
         self._last_stats = {**msg[2], "feeder_wait_s": msg[2].get("wait_s", 0.0)}
-        return {**self._last_stats, "wait_s": self._waited_s, "feeder_pid": self.pid}
+        return {**self._last_stats, "wait_s": self._waited_s, "feeder_pid": self.pid, "copied_batches": self._copied}
 
     def close(self) -> None:
         """Stop the feeder (it closes its pool) and unmap the slots; idempotent.  Lent views stay readable."""

@@ -104,6 +104,31 @@ def test_batches_kept_by_the_caller_are_never_overwritten(store):
     assert all(np.array_equal(x, cx) and np.array_equal(y, cy) for (x, y), (cx, cy) in zip(kept, copies))
 
 
+def test_one_batch_kept_for_good_makes_no_later_batch_a_copy_with_the_feeder(store):
+    """``x, y = next(iter(stream))`` kept for its shapes, then two epochs of the usual loop: the pooled feed's
+    lending rule on the training-process side too, so every batch is lent without a copy and the kept one stays
+    intact."""
+    expected = _batches(store, n_epochs=3, workers=2)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, augment=AUG, workers=2,
+                       feeder=True) as s:
+        slots = s._feed._items  # the output slots as the training process maps them
+
+        def lent(x) -> bool:
+            return any(np.shares_memory(x, slot) for slot in slots)
+
+        it = iter(s)
+        first = next(it)
+        got, views = [(first[0].copy(), first[1].copy())], [lent(first[0])]
+        for _ in range(3):
+            for x, y in it:
+                got.append((x.copy(), y.copy()))
+                views.append(lent(x))
+            it = iter(s)
+        assert all(views) and s.stats()["copied_batches"] == 0
+        assert np.array_equal(first[0], expected[0][0]) and np.array_equal(first[1], expected[0][1])
+    assert _same(expected, got)
+
+
 def test_feeder_needs_workers():
     with pytest.raises(ConfigError, match="feeder=True .* needs workers > 0"):
         h5stream.open("unused.h5", feeder=True)
