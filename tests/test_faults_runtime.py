@@ -368,12 +368,26 @@ def test_ctrl_c_anywhere_in_a_short_epoch_loop_raises_keyboard_interrupt_and_lea
     script.write_text(LOOP)
     proc = subprocess.Popen([sys.executable, str(script), store, str(workers)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    err, _ = ctrl_c_everywhere(proc)
+    assert proc.returncode != 0 and err.rstrip().endswith("KeyboardInterrupt"), err
+    assert "leaked" not in err and "h5stream-augment" not in err, err  # workers ignored SIGINT, nothing for the tracker
+    assert segment_names(f"h5s_{proc.pid}_") == []
+
+
+def ctrl_c_everywhere(proc) -> tuple[str, set[int]]:
+    """Ctrl-C (SIGINT to the whole group) at each of :data:`CTRL_C_POINTS` of a :data:`LOOP` script ``proc``
+    (started in a session of its own), checking after each that one thread is left and no process or segment of
+    the group; then "stop".  Returns its stderr and the pids of feeder processes its "opened PID" lines named
+    (their segments are checked too)."""
+    feeders: set[int] = set()
     try:
         for k, (where, count) in enumerate(CTRL_C_POINTS):
             seen = 0
             while seen < count:
-                line = readline(proc, where)
-                seen += line.split()[0] == where
+                words = readline(proc, where).split()
+                seen += words[0] == where
+                if words[0] == "opened" and len(words) > 1:
+                    feeders.add(int(words[1]))
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, workers included
             threads = None
             while not (line := readline(proc, f"interrupted after {where} {count}")).endswith("interrupted"):
@@ -382,8 +396,11 @@ def test_ctrl_c_anywhere_in_a_short_epoch_loop_raises_keyboard_interrupt_and_lea
                 found = re.search(r"threads (\d+)$", line)
                 if found:
                     threads = int(found.group(1))
+                if line.startswith("opened ") and len(line.split()) > 1:
+                    feeders.add(int(line.split()[1]))
             assert threads == 1, (where, count, threads)
             children, segments = _group_leftovers(proc)
+            segments += [n for pid in feeders for n in segment_names(f"h5s_{pid}_")]
             assert children == [] and segments == [], (where, count, children, segments)
             proc.stdin.write("again\n" if k < len(CTRL_C_POINTS) - 1 else "stop\n")
             proc.stdin.flush()
@@ -392,9 +409,7 @@ def test_ctrl_c_anywhere_in_a_short_epoch_loop_raises_keyboard_interrupt_and_lea
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode != 0 and err.rstrip().endswith("KeyboardInterrupt"), err
-    assert "leaked" not in err and "h5stream-augment" not in err, err  # workers ignored SIGINT, nothing for the tracker
-    assert segment_names(f"h5s_{proc.pid}_") == []
+    return err, feeders
 
 
 # -- a process group killed by SIGKILL ----------------------------------------------------------------------------

@@ -207,7 +207,7 @@ def test_a_failing_augment_worker_is_the_same_worker_error_as_without_the_feeder
         assert "_explode" in str(errors[1].__cause__)  # the worker's traceback travels too
 
 
-VICTIM = textwrap.dedent(
+OPENED = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[2])
@@ -219,11 +219,11 @@ VICTIM = textwrap.dedent(
         next(iter(s))
         st = s.stats()
         print("streaming", st["feeder_pid"], *st["worker_pids"], flush=True)
-        while True:
-            for _ in s:
-                pass
     """
 )
+"""A script's opening: a feeder stream with 2 workers, and a line naming the feeder and the workers."""
+
+VICTIM = OPENED + "    while True:  # in the opening's main block\n        for _ in s:\n            pass\n"
 
 
 def _start(tmp_path, script_text, store):
@@ -323,21 +323,7 @@ def test_gc_of_an_unclosed_feeder_stream_stops_the_feeder_and_its_workers(store)
     assert segment_names(f"h5s_{pids[0]}_") == []
 
 
-UNCLOSED = textwrap.dedent(
-    """
-    import sys
-    sys.path.insert(0, sys.argv[2])
-    import h5stream
-
-    if __name__ == "__main__":
-        s = h5stream.open(sys.argv[1], batch_size=8, augment=h5stream.Augment(horizontal_flip=True), workers=2,
-                          feeder=True)
-        next(iter(s))
-        st = s.stats()
-        print("streaming", st["feeder_pid"], *st["worker_pids"], flush=True)
-        # the script ends without close(): interpreter exit must stop the feeder, not wait for it
-    """
-)
+UNCLOSED = OPENED + "    # the script ends without close(): interpreter exit must stop the feeder, not wait for it\n"
 
 
 def test_a_script_that_never_closes_its_feeder_stream_exits_and_leaves_nothing(tmp_path, store):
@@ -372,7 +358,7 @@ def test_a_stopped_feeder_is_a_reader_error_naming_it_and_close_still_ends_it(st
 
 
 def test_ctrl_c_anywhere_in_a_feeder_epoch_loop_raises_keyboard_interrupt_and_leaves_nothing(tmp_path, store):
-    from test_faults_runtime import CTRL_C_POINTS, LOOP as POOLED_LOOP, _group_leftovers, readline
+    from test_faults_runtime import LOOP as POOLED_LOOP, ctrl_c_everywhere
 
     # The runtime faults' loop (open, epochs, close, again after each Ctrl-C), with the feeder.
     loop = POOLED_LOOP.replace("workers=workers)", "workers=workers, feeder=True)").replace(
@@ -383,33 +369,6 @@ def test_ctrl_c_anywhere_in_a_feeder_epoch_loop_raises_keyboard_interrupt_and_le
     proc = subprocess.Popen([sys.executable, str(script), store, "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": REPO})
-    feeders = set()
-    try:
-        for k, (where, count) in enumerate(CTRL_C_POINTS):
-            seen = 0
-            while seen < count:
-                words = readline(proc, where).split()
-                seen += words[0] == where
-                if words[0] == "opened":
-                    feeders.add(int(words[1]))
-            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, feeder and workers included
-            threads = None
-            while not (line := readline(proc, f"interrupted after {where} {count}")).endswith("interrupted"):
-                found = re.search(r"threads (\d+)$", line)
-                if found:
-                    threads = int(found.group(1))
-                if line.startswith("opened "):
-                    feeders.add(int(line.split()[1]))
-            assert threads == 1, (where, count, threads)
-            children, segments = _group_leftovers(proc)
-            segments += [n for pid in feeders for n in segment_names(f"h5s_{pid}_")]
-            assert children == [] and segments == [], (where, count, children, segments)
-            proc.stdin.write("again\n" if k < len(CTRL_C_POINTS) - 1 else "stop\n")
-            proc.stdin.flush()
-        _, err = proc.communicate(timeout=SAFETY_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err, feeders = ctrl_c_everywhere(proc)  # Ctrl-C to the whole foreground group, feeder and workers included
     assert feeders and proc.returncode != 0 and err.rstrip().endswith("KeyboardInterrupt"), err
     assert "leaked" not in err and "h5stream-feeder" not in err and "h5stream-augment" not in err, err
