@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("script, flags, expect", [
-    ("train_classifier.py", [], "validation accuracy:"),
+    # the same script without workers: with the slow tests (the run with workers covers the rest of it)
+    pytest.param("train_classifier.py", [], "validation accuracy:", marks=pytest.mark.slow),
     ("train_classifier.py", ["--workers", "2"], "validation accuracy:"),  # as its docstring shows, default budget
     ("train_regression.py", [], "validation MSE:"),
 ])
