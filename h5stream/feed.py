@@ -334,6 +334,12 @@ class PooledFeed:
         self._stop.set()
         return error
 
+    @property
+    def pool(self):
+        """The feed's :class:`~h5stream.augment.pool.WorkerPool` (its output slots' spec, its pids, for the feeder
+        process that runs this feed).  Consumer thread."""
+        return self._pool
+
     def stats(self) -> dict:
         s = _reader_stats(self.reader)
         s["pool_in_flight"] = self._pool.in_flight

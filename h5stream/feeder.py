@@ -191,8 +191,8 @@ def feeder_main(conn, parts: bytes) -> None:
         return
     try:
         # The pool's output segment: the trainer maps it and reads its batches there.
-        slots = feed._pool._state.slots
-        if not _send(conn, (READY, None, os.getpid(), slots.spec, feed.stats().get("worker_pids", []))):
+        slots = feed.pool.output_slots
+        if not _send(conn, (READY, None, os.getpid(), slots.spec, feed.pool.pids)):
             return
         _serve(conn, parent, feed, slots)
     finally:

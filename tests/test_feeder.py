@@ -234,11 +234,14 @@ def _start(tmp_path, script_text, store):
 
 
 def _line(proc, word: str) -> list[str]:
+    """The words after ``word`` on the next line that has it: at the line's start, or right after a print that a
+    Ctrl-C cut short before its newline (``batch 31interrupted 1``)."""
     while True:
         line = proc.stdout.readline()
         assert line, f"the script ended before {word!r}: {proc.communicate(timeout=SAFETY_S)[1]}"
-        if line.split()[0] == word:
-            return line.split()[1:]
+        head, found, rest = line.rpartition(word)
+        if found and (not head or not head[-1].isspace()):
+            return rest.split()
 
 
 @pytest.mark.parametrize("victim", ["trainer", "group"])

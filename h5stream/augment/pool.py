@@ -397,6 +397,12 @@ class WorkerPool:
         return self._state.workers.pids
 
     @property
+    def output_slots(self):
+        """The shared output slots (a :class:`~h5stream.shm.SharedArray` the pool owns: read its ``spec`` for
+        another process to map them, and its addresses; never close it).  Any thread."""
+        return self._state.slots
+
+    @property
     def in_flight(self) -> int:
         """Submitted tasks not finished yet.  Any thread."""
         with self._state.lock:
