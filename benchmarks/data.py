@@ -130,13 +130,13 @@ def ensure_photos(data_dir: str, n: int, seed: int = 0) -> str:
                       lambda root: make_realistic_jpegs(root, n, seed=seed))
 
 
-def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0) -> tuple[str, str]:
+def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0, at_size: bool = False) -> tuple[str, str]:
     """A cached folder of ``n`` JPEGs in 4 class folders for rows of ``size``; returns (path, what the sources are).
 
-    Size 128 and up uses :func:`ensure_photos`' ~500x375 photos; smaller sizes
-    use JPEGs already at ``size`` (CIFAR-like files, nothing to shrink).
+    Size 128 and up uses :func:`ensure_photos`' ~500x375 photos; smaller sizes, and any size with ``at_size``,
+    use JPEGs already at ``size`` (nothing to shrink: what a loader of JPEGs resized once beforehand reads).
     """
-    if size >= 128:
+    if size >= 128 and not at_size:
         return ensure_photos(data_dir, n, seed), f"{PHOTO_SIZE[1]}x{PHOTO_SIZE[0]} JPEG"
     from h5stream.samples import make_realistic_jpegs
 

@@ -11,8 +11,9 @@ Loaders, each for ``--steps`` training steps of the same model:
   in the training loop;
 * ``h5stream device`` -- ``stream.torch(device=...)``: uploaded ahead by
   h5stream's thread and converted on the device;
-* ``torchvision`` -- ``ImageFolder`` + ``DataLoader(pin_memory=True)`` over the
-  same images as JPEGs, if torchvision is installed (otherwise the row says so).
+* ``torchvision`` -- ``ImageFolder`` + ``DataLoader(pin_memory=True)`` over
+  ``--tv-images`` JPEGs already at ``--size`` (decoded, augmented alike, cycled),
+  if torchvision is installed (otherwise the row says so).
 
 Per loader: images/s, its ratio to the limit, cores busy (this process's CPU
 time plus its children's, over wall time) and, on a GPU with NVML
@@ -95,7 +96,7 @@ def clock_delta(before: dict, after: dict) -> dict[str, float]:
 
 
 def thread_breakdown(path: str, batch_size: int, workers: int, device: str | None = "cpu",
-                     feeder: bool = False) -> dict:
+                     feeder: bool = False, upload: str = "thread") -> dict:
     """CPU milliseconds per batch of every h5stream thread in this process, over a whole epoch in steady state.
 
     ``consumer``: the ``next()`` calls in the taking (training) thread; the others by thread (``reader``,
@@ -106,7 +107,8 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     device's DMA does without the CPU.  The first epoch is left out (opening, the first fill, the page
     cache); the second is measured but for its last batches (its upload thread ends with them).  A stream of
     fewer than 5 batches an epoch is skipped.  ``feeder``: ``open(..., feeder=True)``, the reader and the pool in
-    a process of their own (needs ``workers > 0``).
+    a process of their own (needs ``workers > 0``).  ``upload``: the device adapter's ``upload=`` (``"inline"``:
+    the uploads are part of ``consumer``).
     """
     import h5stream
 
@@ -114,9 +116,9 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     with h5stream.open(path, batch_size=batch_size, seed=0, drop_remainder=True, workers=workers,
                        augment=augment, feeder=feeder) as s:
         if len(s) < 5:
-            return {"batch_size": batch_size, "workers": workers, "feeder": feeder,
+            return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "upload": upload,
                     "skipped": f"{len(s)} batches an epoch"}
-        ds = s.torch(device=device) if device is not None else s
+        ds = s.torch(device=device, upload=upload) if device is not None else s
         for _ in ds:
             pass
         steps = len(s) - 3  # the upload thread queues the last two and ends: keep it alive and measured
@@ -137,8 +139,8 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     ms = {"consumer": 1e3 * consumer / steps, **{g: 1e3 * v / steps for g, v in sorted(spent.items())}}
     ms["total"] = sum(v for g, v in ms.items() if g != "upload copy")
     ms["total less copy"] = ms["total"] - ms.get("upload copy", 0.0)
-    return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "steps": steps, "device": device,
-            "images_per_s": steps * batch_size / wall, "cpu_ms_per_batch": ms}
+    return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "upload": upload, "steps": steps,
+            "device": device, "images_per_s": steps * batch_size / wall, "cpu_ms_per_batch": ms}
 
 
 def process_cpu_s() -> float:
@@ -288,12 +290,15 @@ def run(args) -> dict:
     breakdown = []
     breakdown_device = None if args.breakdown_device == "none" else args.breakdown_device
     feeders = {"off": (False,), "on": (True,), "both": (False, True)}[args.breakdown_feeder]
+    uploads = ("thread", "inline") if args.breakdown_upload == "both" else (args.breakdown_upload,)
     for workers in _ints(args.breakdown_workers):
         for feeder in feeders if workers else (False,):
-            for bs in _ints(args.breakdown_batches):
-                log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, batch {bs}")
-                row = attempt(lambda w=workers, f=feeder, b=bs: thread_breakdown(path, b, w, breakdown_device, f))
-                breakdown.append({"batch_size": bs, "workers": workers, "feeder": feeder, **row})
+            for upload in uploads if breakdown_device is not None else ("thread",):
+                for bs in _ints(args.breakdown_batches):
+                    log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, upload {upload}, batch {bs}")
+                    row = attempt(lambda w=workers, f=feeder, b=bs, u=upload:
+                                  thread_breakdown(path, b, w, breakdown_device, f, u))
+                    breakdown.append({"batch_size": bs, "workers": workers, "feeder": feeder, "upload": upload, **row})
     if args.breakdown_only:
         return {"device": "cpu", "rows": args.rows, "size": args.size, "torch": torch.__version__,
                 "cpu_count": os.cpu_count(), "breakdown": breakdown}
@@ -334,11 +339,15 @@ def run(args) -> dict:
             return timed(torch, device, endless(lambda: ds), steps,
                          lambda x, y: train(*on_device(torch, x, y, device)), warmup)
     rows["h5stream cpu"] = attempt(cpu_row)
-    for name, feeder in (("h5stream device", False), ("h5stream device feeder", True)):
+    for name, feeder, upload in (("h5stream device", False, "thread"), ("h5stream device inline", False, "inline"),
+                                 ("h5stream device feeder", True, "thread"),
+                                 ("h5stream device feeder inline", True, "inline")):
         if feeder and not args.workers:
             continue  # the feeder runs the worker pool: no workers, no feeder
-        log(f"{name}: stream.torch(device={str(device)!r})" + (", open(..., feeder=True)" if feeder else ""))
-        rows[name] = attempt(lambda f=feeder: device_row(torch, h5stream, device, path, opts, f, steps, warmup, train))
+        log(f"{name}: stream.torch(device={str(device)!r}, upload={upload!r})"
+            + (", open(..., feeder=True)" if feeder else ""))
+        rows[name] = attempt(lambda f=feeder, u=upload: device_row(torch, h5stream, device, path, opts, f, u, steps,
+                                                                   warmup, train))
     rows["torchvision"] = attempt(lambda: torchvision_row(args, torch, device, steps, train, warmup))
     limit = rows["limit"]["images_per_s"]
     for r in rows.values():
@@ -368,22 +377,26 @@ def attempt(measure) -> dict:
         return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
 
 
-def device_row(torch, h5stream, device, path: str, opts: dict, feeder: bool, steps: int, warmup: int, train) -> dict:
-    """``stream.torch(device=...)`` feeding ``train``: :func:`timed`, plus h5stream's CPU in this process per
-    batch over the timed steps (its threads but the upload thread from their own clocks, the upload threads from
-    the adapter's count, and the ``next()`` calls), the page-locked bytes, and the peak memory of this process tree
-    (sum of PSS, sampled every 0.1 s from the opening of the stream) over the stream's memory budget."""
+def device_row(torch, h5stream, device, path: str, opts: dict, feeder: bool, upload: str, steps: int, warmup: int,
+               train) -> dict:
+    """``stream.torch(device=..., upload=upload)`` feeding ``train``: :func:`timed`, plus h5stream's CPU in this
+    process per batch over the timed steps (its threads but the upload thread from their own clocks, the upload
+    threads from the adapter's count, and the ``next()`` calls, which hold the uploads when inline), the page-locked
+    bytes, and the peak memory of this process tree (sum of PSS, sampled every 0.1 s from the opening of the
+    stream) over the stream's memory budget."""
     from h5stream.measure import ResourceSampler
 
     with ResourceSampler(0.1) as sampler, h5stream.open(path, **opts, feeder=feeder) as s:
-        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
+        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD, upload=upload)
         batches = endless(lambda: ds)
         for _ in range(warmup):
             train(*next(batches))
         before, upload0 = thread_clocks(), ds.stats()["upload_cpu_s"]
         row = timed(torch, device, batches, steps, train)
         spent = clock_delta(before, thread_clocks())
-        threads_s = sum(v for g, v in spent.items() if g != "upload") + ds.stats()["upload_cpu_s"] - upload0
+        threads_s = sum(v for g, v in spent.items() if g != "upload")
+        if upload == "thread":  # inline, the uploads run in next() and are counted there
+            threads_s += ds.stats()["upload_cpu_s"] - upload0
         row["h5stream_thread_cpu_ms_per_batch"] = 1e3 * threads_s / row["steps"] + row["next_cpu_ms_per_batch"]
         row["pinned_bytes"] = ds.stats()["pinned_bytes"]
         row["budget_bytes"] = int(s.plan.budget_bytes)
@@ -429,7 +442,8 @@ def torchvision_row(args, torch, device, steps: int, train, warmup: int = 0) -> 
         return {"skipped": "torchvision is not installed (pip install torchvision)"}
     from benchmarks.data import ensure_folder
 
-    folder, _ = ensure_folder(args.data, args.tv_images, args.size)
+    # JPEGs already at the rows' size, as the store's rows are: the loader decodes what h5stream streams, no more
+    folder, _ = ensure_folder(args.data, args.tv_images, args.size, at_size=True)
     t = torchvision.transforms
     augment = [t.RandomAffine(degrees=AUGMENT["rotation_range"],
                               translate=(AUGMENT["width_shift_range"], AUGMENT["height_shift_range"]),
@@ -464,14 +478,17 @@ def format_breakdown(rows: list[dict]) -> list[str]:
     how = f"stream.torch(device={device!r}), uint8 NHWC" if device else "numpy batches"
     lines = [f"h5stream's CPU in the training process, ms per batch over an epoch (thread CPU clocks; {how}; "
              "'upload copy' is what a GPU's DMA does):",
-             f"{'workers':>7} {'feeder':>6} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups) + f" {'images/s':>9}"]
+             f"{'workers':>7} {'feeder':>6} {'upload':>6} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups)
+             + f" {'images/s':>9}"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"{r['workers']:>7} {_yes(r):>6} {r['batch_size']:>5} skipped: {r['skipped']}")
+            lines.append(f"{r['workers']:>7} {_yes(r):>6} {r.get('upload', '-'):>6} {r['batch_size']:>5} "
+                         f"skipped: {r['skipped']}")
             continue
         ms = r["cpu_ms_per_batch"]
         cells = " ".join(f"{ms[g]:>11.3f}" if g in ms else f"{'-':>11}" for g in groups)
-        lines.append(f"{r['workers']:>7} {_yes(r):>6} {r['batch_size']:>5} {cells} {r['images_per_s']:>9.0f}")
+        lines.append(f"{r['workers']:>7} {_yes(r):>6} {r.get('upload', '-'):>6} {r['batch_size']:>5} {cells} "
+                     f"{r['images_per_s']:>9.0f}")
     return lines
 
 
@@ -536,6 +553,8 @@ def main(argv=None) -> int:
                    help="the table's stream.torch(device=...), uint8 NHWC; 'none': the plain numpy iterator")
     p.add_argument("--breakdown-feeder", choices=("off", "on", "both"), default="both",
                    help="rows with workers measured without and/or with open(..., feeder=True)")
+    p.add_argument("--breakdown-upload", choices=("thread", "inline", "both"), default="thread",
+                   help="the device adapter's upload= in the per-thread table")
     p.add_argument("--breakdown-only", action="store_true", help="only the per-thread CPU table")
     p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")
     return run_cli(p, argv, run, format_text)

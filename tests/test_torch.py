@@ -23,8 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import h5stream  # noqa: E402
-from h5stream.adapters.torch_device import HostPins, convert, device_options  # noqa: E402
-from h5stream.errors import ConfigError, StreamClosedError  # noqa: E402
+from h5stream.adapters.torch_device import UPLOADS, HostPins, convert, device_options  # noqa: E402
+from h5stream.errors import ChecksumError, ConfigError, StreamClosedError  # noqa: E402
 from h5stream.store.writer import write_arrays  # noqa: E402
 from conftest import collect  # noqa: E402
 
@@ -89,13 +89,14 @@ def test_convert_matches_a_numpy_reference(opts):
         assert got.is_contiguous(memory_format=torch.channels_last) and got.shape == (5, 3, 4, 6)
 
 
+@pytest.mark.parametrize("upload", UPLOADS)
 @pytest.mark.parametrize("opts", CONVERSIONS[1:5], ids=["f32", "f16-nchw", "bf16-cl-norm", "norm-nchw"])
-def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts):
-    """Two epochs, with read-ahead through the upload thread: batch for batch what the plain adapter yields
-    from a stream of the same seed, after the same conversion."""
+def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts, upload):
+    """Two epochs, with read-ahead through the upload thread or inline: batch for batch what the plain adapter
+    yields from a stream of the same seed, after the same conversion."""
     resolved = device_options("cpu", channels=3, **opts)
     with h5stream.open(store, batch_size=BATCH, seed=7) as plain, h5stream.open(store, batch_size=BATCH, seed=7) as s:
-        ds = s.torch(device="cpu", **opts)
+        ds = s.torch(device="cpu", upload=upload, **opts)
         assert len(ds) == len(plain.torch())
         for _ in range(2):
             want = [(reference(x.numpy(), resolved.dtype, resolved.layout, resolved.mean, resolved.std), y)
@@ -108,24 +109,26 @@ def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts):
         assert ds.stats()["batches"] == 2 * len(plain)
 
 
+@pytest.mark.parametrize("upload", UPLOADS)
 @pytest.mark.parametrize("batch_size", [2, BATCH])
-def test_a_stream_without_labels_gives_its_images_alone_on_the_device(store, batch_size):
+def test_a_stream_without_labels_gives_its_images_alone_on_the_device(store, batch_size, upload):
     """``label_mode=None`` (what ``predict`` takes): each batch is the images tensor alone, as the plain adapter
     yields it.  A 2-row batch once came out as one image plus another as its "labels"."""
     opened = [h5stream.open(store, batch_size=batch_size, seed=5, label_mode=None) for _ in range(2)]
     with opened[0] as plain, opened[1] as s:
         want = list(plain.torch())
-        got = list(s.torch(device="cpu"))
+        got = list(s.torch(device="cpu", upload=upload))
         assert len(got) == len(want) == len(plain)
         for g, w in zip(got, want):
             assert isinstance(g, torch.Tensor) and g.shape == (len(w), 4, 5, 3) and torch.equal(g, w)
 
 
-def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store):
-    """The upload thread reads ahead; a pass left after two batches loses none: the next pass serves the
-    whole epoch the left one began, as the plain adapter does."""
+@pytest.mark.parametrize("upload", UPLOADS)
+def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store, upload):
+    """The upload thread (or the inline uploader) reads ahead; a pass left after two batches loses none: the next
+    pass serves the whole epoch the left one began, as the plain adapter does."""
     with h5stream.open(store, batch_size=BATCH, seed=3) as s:
-        ds = s.torch(device="cpu", batches_ahead=3)
+        ds = s.torch(device="cpu", batches_ahead=3, upload=upload)
         it = iter(ds)
         first = [next(it)[1] for _ in range(2)]
         again = [y for _, y in ds]  # a new iter replaces the live one: its thread is stopped first
@@ -173,6 +176,68 @@ def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store)
     assert alive() is None and upload_threads() == []
 
 
+def test_inline_upload_runs_no_thread_and_gives_the_threads_batches_from_a_feeder(store):
+    """``upload="inline"``: the training loop's ``next()`` issues the uploads ahead; no h5stream thread is left in
+    the process with the feeder, and the batches are the upload thread's, for two epochs."""
+    aug = h5stream.Augment(horizontal_flip=True)
+    opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
+    with h5stream.open(store, batch_size=BATCH, seed=4, workers=1, augment=aug) as a:
+        threaded = a.torch(device="cpu", **opts)
+        want = [list(threaded) for _ in range(2)]
+        threaded.close()
+    with h5stream.open(store, batch_size=BATCH, seed=4, workers=1, augment=aug, feeder=True) as b:
+        inline = b.torch(device="cpu", upload="inline", **opts)
+        for epoch in range(2):
+            for (tx, ty), (ix, iy) in zip(want[epoch], inline, strict=True):
+                assert torch.equal(tx, ix) and torch.equal(ty, iy)
+                # the feeder process holds the reader and the pool, and nothing uploads in a thread
+                assert not [t.name for t in threading.enumerate() if t.name.startswith("h5stream")]
+        assert inline.stats()["batches"] == 2 * len(b) and inline.stats()["upload_alive"] is False
+        # closed mid-pass: the dataset refuses, the stream stays usable
+        it = iter(inline)
+        next(it)
+        inline.close()
+        with pytest.raises(StreamClosedError):
+            list(inline)
+        it = iter(b.torch(device="cpu", upload="inline"))
+        next(it)
+        b.close()
+        with pytest.raises(StreamClosedError):
+            next(it)
+
+
+@pytest.mark.parametrize("upload", UPLOADS)
+def test_a_read_error_comes_after_exactly_the_batches_before_it_on_the_device(tmp_path, upload):
+    """A block that fails its checksum mid-epoch: the device adapter hands over exactly the batches the plain
+    stream yields before the error, then raises the same ChecksumError."""
+    import h5py
+
+    path = str(tmp_path / "bad.h5")
+    rng = np.random.default_rng(0)
+    write_arrays(path, rng.integers(0, 256, (160, 6, 6, 3), dtype=np.uint8), np.arange(160), block_rows=8,
+                 storage_order="sorted")
+    kw = dict(batch_size=8, seed=2, rows_per_fill=32)
+    with h5stream.open(path, **kw) as s:
+        clean = [(x.copy(), y.copy()) for x, y in s]
+    with h5py.File(path, "r") as f:
+        info = f["images"].id.get_chunk_info(11)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset)
+        fh.write(b"\xa5" * 16)
+    plain = []
+    with pytest.raises(ChecksumError) as plain_err, h5stream.open(path, **kw) as s:
+        for _, y in s:
+            plain.append(y.copy())
+    assert 0 < len(plain) < len(clean)
+    got = []
+    with pytest.raises(ChecksumError) as err, h5stream.open(path, **kw) as s:
+        for x, y in s.torch(device="cpu", upload=upload):
+            i = len(got)
+            assert np.array_equal(x.numpy(), clean[i][0]) and np.array_equal(y.numpy(), clean[i][1])
+            got.append(y)
+    assert len(got) == len(plain) and str(err.value) == str(plain_err.value)
+
+
 def test_page_locking_registers_the_streams_own_batch_memory_once(store):
     """No second host copy: every batch lies in memory registered once per allocation of the stream (its
     recycled batch arrays), not per batch, and all of it is unregistered at the end."""
@@ -214,6 +279,7 @@ def test_page_locking_falls_back_to_pageable_memory_when_registering_fails():
     (dict(device="cpu", mean=(1.0, 2.0)), "2 values for images of 3 channels"),
     (dict(device="cpu", std=0), "std must be > 0"),
     (dict(device="cpu", batches_ahead=0), "batches_ahead"),
+    (dict(device="cpu", upload="async"), r"upload='async'\): choose one of \['thread', 'inline'\]"),
     (dict(device="cpu", pin=True), "unknown option"),
     (dict(dtype="float32"), "give device="),
 ] + ([] if CUDA else [(dict(device="cuda"), "sees no CUDA device")]))
@@ -232,10 +298,11 @@ def test_a_dataloader_that_would_batch_again_is_refused(store):
 
 
 @needs_cuda
-def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(store):
+@pytest.mark.parametrize("upload", UPLOADS)
+def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(store, upload):
     opts = dict(dtype="float16", layout="channels_last", mean=(120.0, 110.0, 100.0), std=64.0)
     with h5stream.open(store, batch_size=BATCH, seed=5) as a, h5stream.open(store, batch_size=BATCH, seed=5) as b:
-        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
+        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", upload=upload, **opts)
         for _ in range(2):
             for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
                 assert gx.is_cuda and gy.is_cuda
@@ -247,14 +314,15 @@ def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(s
 
 
 @needs_cuda
-@pytest.mark.parametrize("pool", [dict(workers=2), dict(workers=2, feeder=True)], ids=["workers", "feeder"])
-def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, pool):
+@pytest.mark.parametrize("upload", UPLOADS)
+@pytest.mark.parametrize("feeder", [False, True], ids=["pool", "feeder"])
+def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, feeder, upload):
     """The worker pool's shared-memory output slots (mapped by the feeder's trainer side, with the feeder) are
-    page-locked in place and uploaded: the same batches as the in-process CPU pipeline, two epochs."""
+    page-locked in place and uploaded: the same batches as the CPU pipeline of the same pool, two epochs."""
     opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
-    with h5stream.open(store, batch_size=BATCH, seed=5) as a, \
-            h5stream.open(store, batch_size=BATCH, seed=5, **pool) as b:
-        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
+    pool = dict(batch_size=BATCH, seed=5, workers=2, augment=h5stream.Augment(horizontal_flip=True))
+    with h5stream.open(store, **pool) as a, h5stream.open(store, **pool, feeder=feeder) as b:
+        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", upload=upload, **opts)
         for _ in range(2):
             for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
                 assert gx.is_cuda and gy.is_cuda
@@ -348,10 +416,11 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device feeder",
-                                      "torchvision"}
+    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device inline",
+                                      "h5stream device feeder", "h5stream device feeder inline", "torchvision"}
     assert result["workers"] == 1 and result["augment"]["horizontal_flip"] is True
     assert result["loaders"]["h5stream device feeder"]["images_per_s"] > 0
+    assert result["loaders"]["h5stream device feeder inline"]["images_per_s"] > 0
     # the per-thread table: workers 0 once, workers 1 without and with the feeder, for each batch size
     assert [(r["workers"], r["feeder"], r["batch_size"]) for r in result["breakdown"]] == [
         (0, False, 32), (0, False, 256), (1, False, 32), (1, False, 256), (1, True, 32), (1, True, 256)]

@@ -5,6 +5,7 @@
 #   torch.compile (CUDA graphs).
 #
 #   tools/gpu_check.sh [SECONDS]       # starts no step later than SECONDS after it began (default 540)
+#   STEPS="cuda_tests gpu_resnet18" R50_STEPS=200 tools/gpu_check.sh 300     # some of the steps; fewer ResNet-50 steps
 #
 # Each step has its own time limit, cut to what is left; a step that fails or runs out of time leaves the others'
 # figures.  Each step's stdout (a benchmark's JSON) and stderr go to NAME.out and NAME.log, packed into
@@ -18,6 +19,7 @@ DEADLINE=$((START + ${1:-540}))
 OUT=${OUT:-$PWD/gpu-check}
 DATA=${DATA:-/tmp/h5stream-gpu-check}
 PY=${PYTHON:-python3}
+STEPS=${STEPS:-"cuda_tests gpu_resnet18 gpu_resnet50 scaling remote example_compile"}
 RES=$DATA/results
 mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1
@@ -38,6 +40,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 step() {
     local name=$1 limit=$2 left rc
     shift 2
+    case " $STEPS " in *" $name "*) ;; *) return ;; esac
     left=$((DEADLINE - $(date +%s)))
     [ "$left" -lt "$limit" ] && limit=$left
     if [ "$limit" -lt 15 ]; then
@@ -63,18 +66,22 @@ step() {
 } 2>&1 | tee "$RES/machine.log"
 
 # The data, made in parallel while the CUDA tests run (nothing is timed meanwhile).
-$PY - "$DATA" > "$RES/data.log" 2>&1 <<'PYTHON' &
+$PY - "$DATA" "$STEPS" > "$RES/data.log" 2>&1 <<'PYTHON' &
 import os, sys
 from concurrent.futures import ProcessPoolExecutor
 from benchmarks.data import ensure_folder, make_bench_file, rows_for_gb
 from benchmarks.scaling import ensure_jpegs
-d = sys.argv[1]
-jobs = [(make_bench_file, (os.path.join(d, "gpu-50000-128.h5"),), dict(rows=50000, size=128, progress=False)),
-        (ensure_folder, (d, 2048, 128), {}),
-        (ensure_jpegs, (d, 20000, 192), {}), (ensure_jpegs, (d, 5000, 192), {}),
-        (make_bench_file, (os.path.join(d, "remote-1g.h5"),), dict(rows=rows_for_gb(1, 128, 3), size=128,
-                                                                   progress=False))]
-with ProcessPoolExecutor(len(jobs)) as pool:
+d, steps = sys.argv[1], sys.argv[2].split()
+jobs = []
+if "gpu_resnet18" in steps or "gpu_resnet50" in steps:
+    jobs += [(make_bench_file, (os.path.join(d, "gpu-50000-128.h5"),), dict(rows=50000, size=128, progress=False)),
+             (ensure_folder, (d, 2048, 128), dict(at_size=True))]
+if "scaling" in steps:
+    jobs += [(ensure_jpegs, (d, 20000, 192), {}), (ensure_jpegs, (d, 5000, 192), {})]
+if "remote" in steps:
+    jobs += [(make_bench_file, (os.path.join(d, "remote-1g.h5"),), dict(rows=rows_for_gb(1, 128, 3), size=128,
+                                                                        progress=False))]
+with ProcessPoolExecutor(max(1, len(jobs))) as pool:
     for f in [pool.submit(fn, *a, **kw) for fn, a, kw in jobs]:
         print(f.result())
 PYTHON
@@ -84,10 +91,10 @@ step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_torch.py -k 
 tail -n 3 "$RES/cuda_tests.out"
 wait $PREP || { echo "data preparation failed:"; tail -n 20 "$RES/data.log"; }
 
-GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --steps 300 --warmup 20 --data $DATA --json"
-step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --breakdown-workers 2,14 --breakdown-batches 256 \
-    --breakdown-device cuda --breakdown-feeder both
-step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --breakdown-workers ""
+GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --warmup 20 --data $DATA --json"
+step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --breakdown-workers 2,14 \
+    --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both --breakdown-upload both
+step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
 step scaling 170 $PY -m benchmarks.scaling --n 20000 --workers 1,2,4,8,14,16 --rounds 2 --epochs 2 --data "$DATA" \
     --json
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \

@@ -49,6 +49,7 @@ but nothing holds the thread's iterator, so dropping the iterator stops it.
 
 from __future__ import annotations
 
+import collections
 import functools
 import numbers
 import threading
@@ -71,7 +72,10 @@ HOST_SLOTS = 2
 
 DTYPES = {"uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 LAYOUTS = ("NHWC", "NCHW", "channels_last")
-OPTIONS = ("dtype", "layout", "mean", "std", "batches_ahead")
+OPTIONS = ("dtype", "layout", "mean", "std", "batches_ahead", "upload")
+UPLOADS = ("thread", "inline")
+"""``upload=``: ``"thread"``, an upload thread of h5stream's takes each batch and issues its copy; ``"inline"``, the
+training loop's own ``next()`` does it for the batches ahead (no thread: no GIL hand-over per batch)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class DeviceOptions:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     batches_ahead: int = 2
+    upload: str = "thread"
 
     @property
     def cuda(self) -> bool:
@@ -95,7 +100,7 @@ class DeviceOptions:
         return self.batches_ahead + 2
 
 
-def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, batches_ahead=2,
+def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, batches_ahead=2, upload="thread",
                    channels: int | None = None, image_dtype=np.uint8, caller: str = "stream.torch") -> DeviceOptions:
     """Validate ``stream.torch(device=..., ...)``'s options for images of ``channels`` channels and
     ``image_dtype``; raises :class:`ConfigError` naming ``caller``, the option and the valid choices."""
@@ -131,7 +136,9 @@ def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, ba
                           "(its augmentation's output); choose a float dtype")
     if isinstance(batches_ahead, bool) or not isinstance(batches_ahead, numbers.Integral) or batches_ahead < 1:
         raise ConfigError(f"{caller}(batches_ahead={batches_ahead!r}): must be an int >= 1")
-    return DeviceOptions(dev, dtype, layout, mean, std, int(batches_ahead))
+    if upload not in UPLOADS:
+        raise ConfigError(f"{caller}(upload={upload!r}): choose one of {list(UPLOADS)}")
+    return DeviceOptions(dev, dtype, layout, mean, std, int(batches_ahead), upload)
 
 
 def _per_channel(name, value, channels, caller):
@@ -308,6 +315,9 @@ class _Uploader:
         self._copied_events = [torch.cuda.Event() for _ in range(HOST_SLOTS)] if cuda else None
         self._held: list = [None] * HOST_SLOTS  # the host batch of each position, until its copy finished
         self._labels: list = [None] * HOST_SLOTS  # page-locked label buffers (CUDA), allocated on first use
+        self._start()
+
+    def _start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="h5stream-upload", daemon=True)
         self._thread.start()
 
@@ -425,6 +435,71 @@ class _Uploader:
         return self._thread.is_alive()
 
 
+class _InlineUploader(_Uploader):
+    """``upload="inline"``: the same ring, filled by the consumer's own :meth:`get` (no thread).  Each ``get``
+    issues the uploads of the batches ahead (up to ``batches_ahead`` waiting), then hands over the oldest: its copy
+    and conversion were queued on the upload stream one or more ``next()`` calls earlier, so they ran while the
+    model computed.  The training thread pays the launches, and no other thread of the training process takes
+    the GIL per batch.  An error of the stream is raised after the batches uploaded before it.  All in the
+    consumer's thread."""
+
+    def _start(self) -> None:
+        self._pending: collections.deque = collections.deque()
+        self._k = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._cpu_s = 0.0
+
+    def _fill(self) -> None:
+        """Issue uploads until ``batches_ahead`` wait, the pass ended, or it failed (kept for after them)."""
+        t_cpu = time.thread_time()
+        try:
+            while not self._done and len(self._pending) < self._opts.batches_ahead:
+                batch = self._passes.next_batch(self._pass_id)
+                if batch is None:
+                    self._done = True
+                    break
+                x, y = batch if isinstance(batch, tuple) else (batch, None)  # label_mode=None: images alone
+                self._pending.append(self._upload(x, y, self._k))
+                self._k += 1
+                self._stats["batches"] += 1
+        except Exception as exc:  # raised once the batches before it are handed over
+            self._error, self._done = exc, True
+        finally:
+            self._cpu_s += time.thread_time() - t_cpu
+            self._stats["upload_cpu_s"] = self._cpu_before + self._cpu_s
+
+    def get(self):
+        """The next :class:`_Ready` or ``END``; raises the stream's error after the batches before it.  In the
+        consumer's thread."""
+        if self._stream.closed:
+            raise StreamClosedError(f"{self._stream.meta.path}: the stream was closed while the torch "
+                                    "adapter waited for a batch")
+        if self._stop.is_set():
+            return END
+        self._fill()
+        if self._pending:
+            item = self._pending.popleft()
+            self._fill()  # the next batches' copies overlap the step this one feeds
+            return item
+        if self._error is not None:
+            exc, self._error = self._error, None
+            raise exc
+        return END
+
+    def close(self) -> None:
+        """Let go of the host batches once their copies finished.  Idempotent; any thread, as the thread
+        uploader's (but not while :meth:`get` runs)."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._pending.clear()
+            self._release_host()
+
+    @property
+    def alive(self) -> bool:
+        return False
+
+
 def _copy_to(x: np.ndarray, y: np.ndarray | None, opts: DeviceOptions) -> _Ready:
     """``(x, y)`` copied to ``opts.device`` and converted, synchronously, into tensors the caller owns."""
     xd = convert(torch.from_numpy(x).to(opts.device), opts)
@@ -527,7 +602,8 @@ class DeviceState:
 
     def start(self, passes, pass_id: int) -> _Uploader:
         with self._lock:
-            up = _Uploader(passes, pass_id, self.opts, self.pins, self.cuda_stream, self.stats)
+            kind = _InlineUploader if self.opts.upload == "inline" else _Uploader
+            up = kind(passes, pass_id, self.opts, self.pins, self.cuda_stream, self.stats)
             self.uploader = up
             return up
 
