@@ -9,8 +9,9 @@ Loaders, each for ``--steps`` training steps of the same model:
 * ``ram`` -- the whole array in RAM, shuffled batches sliced and copied up;
 * ``h5stream cpu`` -- ``stream.torch()``: CPU tensors, converted and copied up
   in the training loop;
-* ``h5stream device`` -- ``stream.torch(device=...)``: uploaded ahead by
-  h5stream's thread and converted on the device;
+* ``h5stream device`` -- ``stream.torch(device=...)``: uploaded ahead (the
+  training loop's ``next()`` issues the copies of the batches ahead) and converted
+  on the device; ``h5stream device thread``: the same with ``upload="thread"``;
 * ``torchvision`` -- ``ImageFolder`` + ``DataLoader(pin_memory=True)`` over
   ``--tv-images`` JPEGs already at ``--size`` (decoded, augmented alike, cycled),
   if torchvision is installed (otherwise the row says so).
@@ -31,7 +32,8 @@ thread by thread (:func:`thread_breakdown`), for ``--breakdown-workers`` x
 reader thread, its I/O threads, the pool's collector thread (builds that have one) and the upload thread,
 over a whole epoch in steady state, with workers both without and with ``open(..., feeder=True)`` (the reader
 and the pool in a process of their own).  ``--workers N`` makes every h5stream row augment in N workers
-(:data:`AUGMENT`) and torchvision's row augment alike, and adds the row "h5stream device feeder".
+(:data:`AUGMENT`) and torchvision's row augment alike, and adds the rows "h5stream device feeder" and "h5stream
+device feeder thread".
 ``--breakdown-only`` prints just the per-thread table::
 
     python -m benchmarks.gpu --breakdown-only --rows 16384 --size 64 --torch-threads 1
@@ -96,7 +98,7 @@ def clock_delta(before: dict, after: dict) -> dict[str, float]:
 
 
 def thread_breakdown(path: str, batch_size: int, workers: int, device: str | None = "cpu",
-                     feeder: bool = False, upload: str = "thread") -> dict:
+                     feeder: bool = False, upload: str = "inline") -> dict:
     """CPU milliseconds per batch of every h5stream thread in this process, over a whole epoch in steady state.
 
     ``consumer``: the ``next()`` calls in the taking (training) thread; the others by thread (``reader``,
@@ -293,7 +295,7 @@ def run(args) -> dict:
     uploads = ("thread", "inline") if args.breakdown_upload == "both" else (args.breakdown_upload,)
     for workers in _ints(args.breakdown_workers):
         for feeder in feeders if workers else (False,):
-            for upload in uploads if breakdown_device is not None else ("thread",):
+            for upload in uploads if breakdown_device is not None else ("inline",):
                 for bs in _ints(args.breakdown_batches):
                     log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, upload {upload}, batch {bs}")
                     row = attempt(lambda w=workers, f=feeder, b=bs, u=upload:
@@ -339,9 +341,9 @@ def run(args) -> dict:
             return timed(torch, device, endless(lambda: ds), steps,
                          lambda x, y: train(*on_device(torch, x, y, device)), warmup)
     rows["h5stream cpu"] = attempt(cpu_row)
-    for name, feeder, upload in (("h5stream device", False, "thread"), ("h5stream device inline", False, "inline"),
-                                 ("h5stream device feeder", True, "thread"),
-                                 ("h5stream device feeder inline", True, "inline")):
+    for name, feeder, upload in (("h5stream device", False, "inline"), ("h5stream device thread", False, "thread"),
+                                 ("h5stream device feeder", True, "inline"),
+                                 ("h5stream device feeder thread", True, "thread")):
         if feeder and not args.workers:
             continue  # the feeder runs the worker pool: no workers, no feeder
         log(f"{name}: stream.torch(device={str(device)!r}, upload={upload!r})"
@@ -553,7 +555,7 @@ def main(argv=None) -> int:
                    help="the table's stream.torch(device=...), uint8 NHWC; 'none': the plain numpy iterator")
     p.add_argument("--breakdown-feeder", choices=("off", "on", "both"), default="both",
                    help="rows with workers measured without and/or with open(..., feeder=True)")
-    p.add_argument("--breakdown-upload", choices=("thread", "inline", "both"), default="thread",
+    p.add_argument("--breakdown-upload", choices=("thread", "inline", "both"), default="inline",
                    help="the device adapter's upload= in the per-thread table")
     p.add_argument("--breakdown-only", action="store_true", help="only the per-thread CPU table")
     p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")

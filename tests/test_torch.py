@@ -141,7 +141,7 @@ def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store, uploa
 def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store):
     with h5stream.open(store, batch_size=BATCH, seed=1) as s:
         # close() of the dataset, mid-pass
-        ds = s.torch(device="cpu")
+        ds = s.torch(device="cpu", upload="thread")
         it = iter(ds)
         next(it)
         assert len(upload_threads()) == 1
@@ -150,7 +150,7 @@ def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store)
         with pytest.raises(StreamClosedError):
             list(ds)
         # the iterator dropped mid-pass
-        ds = s.torch(device="cpu")
+        ds = s.torch(device="cpu", upload="thread")
         it = iter(ds)
         next(it)
         assert len(upload_threads()) == 1
@@ -167,7 +167,7 @@ def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store)
         assert upload_threads() == []
     # the stream and the dataset dropped with a pass under way: all of it is collected
     s = h5stream.open(store, batch_size=BATCH, seed=1)
-    ds = s.torch(device="cpu")
+    ds = s.torch(device="cpu", upload="thread")
     it = iter(ds)
     next(it)
     alive = weakref.ref(s)
@@ -182,7 +182,7 @@ def test_inline_upload_runs_no_thread_and_gives_the_threads_batches_from_a_feede
     aug = h5stream.Augment(horizontal_flip=True)
     opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
     with h5stream.open(store, batch_size=BATCH, seed=4, workers=1, augment=aug) as a:
-        threaded = a.torch(device="cpu", **opts)
+        threaded = a.torch(device="cpu", upload="thread", **opts)
         want = [list(threaded) for _ in range(2)]
         threaded.close()
     with h5stream.open(store, batch_size=BATCH, seed=4, workers=1, augment=aug, feeder=True) as b:
@@ -279,7 +279,7 @@ def test_page_locking_falls_back_to_pageable_memory_when_registering_fails():
     (dict(device="cpu", mean=(1.0, 2.0)), "2 values for images of 3 channels"),
     (dict(device="cpu", std=0), "std must be > 0"),
     (dict(device="cpu", batches_ahead=0), "batches_ahead"),
-    (dict(device="cpu", upload="async"), r"upload='async'\): choose one of \['thread', 'inline'\]"),
+    (dict(device="cpu", upload="async"), r"upload='async'\): choose one of \['inline', 'thread'\]"),
     (dict(device="cpu", pin=True), "unknown option"),
     (dict(dtype="float32"), "give device="),
 ] + ([] if CUDA else [(dict(device="cuda"), "sees no CUDA device")]))
@@ -416,11 +416,11 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device inline",
-                                      "h5stream device feeder", "h5stream device feeder inline", "torchvision"}
+    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device thread",
+                                      "h5stream device feeder", "h5stream device feeder thread", "torchvision"}
     assert result["workers"] == 1 and result["augment"]["horizontal_flip"] is True
     assert result["loaders"]["h5stream device feeder"]["images_per_s"] > 0
-    assert result["loaders"]["h5stream device feeder inline"]["images_per_s"] > 0
+    assert result["loaders"]["h5stream device feeder thread"]["images_per_s"] > 0
     # the per-thread table: workers 0 once, workers 1 without and with the feeder, for each batch size
     assert [(r["workers"], r["feeder"], r["batch_size"]) for r in result["breakdown"]] == [
         (0, False, 32), (0, False, 256), (1, False, 32), (1, False, 256), (1, True, 32), (1, True, 256)]
@@ -428,6 +428,7 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
     assert result["python_step"]["device cpu"]["steps_per_s"] > 0
     assert result["python_step"]["device cpu, feeder"]["steps_per_s"] > 0
     small, too_big = result["breakdown"][:2]  # per thread of the training process; 256 rows give one batch of 256
-    assert {"consumer", "reader", "upload", "total"} <= set(small["cpu_ms_per_batch"]) and "skipped" in too_big
-    fed = result["breakdown"][4]["cpu_ms_per_batch"]  # the feeder: no reader thread left in the training process
-    assert {"consumer", "upload", "total"} <= set(fed) and "reader" not in fed
+    assert {"consumer", "reader", "total"} <= set(small["cpu_ms_per_batch"]) and "skipped" in too_big
+    assert "upload" not in small["cpu_ms_per_batch"]  # inline (the default): the uploads are the consumer's
+    fed = result["breakdown"][4]["cpu_ms_per_batch"]  # the feeder: no h5stream thread left in the training process
+    assert {"consumer", "total"} <= set(fed) and not {"reader", "upload", "io"} & set(fed)

@@ -139,7 +139,7 @@ def as_keras(stream, device=None, **opts) -> StreamBatches:
 
     ``device`` (Keras' torch backend only: ``"cuda"``, ``"cuda:1"``, ``"cpu"``): batches as torch tensors
     already there, with the options of ``stream.torch(device=...)`` (``dtype``, ``layout``, ``mean``, ``std``,
-    ``batches_ahead``); see :class:`DeviceBatches`.  Without it, numpy batches.
+    ``batches_ahead``, ``upload``); see :class:`DeviceBatches`.  Without it, numpy batches.
     """
     if device is None:
         if opts:

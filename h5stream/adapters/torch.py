@@ -105,7 +105,8 @@ def as_torch(stream, device=None, **opts):
     whose batches are already there, with ``opts``: ``dtype`` (``"uint8"``,
     ``"float16"``, ``"bfloat16"``, ``"float32"``), ``layout`` (``"NHWC"`` as
     stored, ``"NCHW"``, ``"channels_last"``), ``mean`` / ``std`` (a number or one
-    per channel, in stored pixel units), ``batches_ahead`` (default 2).
+    per channel, in stored pixel units), ``batches_ahead`` (default 2), ``upload`` (``"inline"``, the default:
+    ``next()`` issues the uploads ahead; ``"thread"``: an upload thread does).
     """
     if device is None:
         if opts:

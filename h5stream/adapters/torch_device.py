@@ -1,10 +1,13 @@
 """PyTorch on a device: ``stream.torch(device="cuda")`` yields batches already there, uploaded ahead.
 
-The GPU never waits on the host: a thread of h5stream's (``h5stream-upload``)
-takes each batch from the stream, copies it to the device on its own CUDA
-stream and records an event; the training loop's stream only *waits on that
-event* (``wait_event``, a GPU-side dependency), never on the host.  The model
-is FFCV's loader (``ffcv/loader/epoch_iterator.py``, ``ToDevice``):
+The GPU never waits on the host: each batch is copied to the device on a CUDA
+stream of h5stream's, ``batches_ahead`` batches before the training loop takes
+it, and an event is recorded; the training loop's stream only *waits on that
+event* (``wait_event``, a GPU-side dependency), never on the host.  By default
+(``upload="inline"``) the training loop's own ``next()`` issues the copies of
+the batches ahead, so no other thread of the training process takes the GIL per
+batch; ``upload="thread"`` has a thread of h5stream's (``h5stream-upload``) do
+it.  The model is FFCV's loader (``ffcv/loader/epoch_iterator.py``, ``ToDevice``):
 
 * **page-locked memory, no second host copy**: the pixels are uploaded from
   the memory the stream made the batch in (its recycled batch arrays, or the
@@ -40,7 +43,7 @@ upload -- without streams, events or pinning, which only a CUDA device has.
 ``drop_remainder=True`` on the stream gives every batch the same shape, which
 CUDA graphs and ``torch.compile(mode="reduce-overhead")`` need.
 
-Threads: one upload thread per pass (``iter``), started by the first ``next``
+Threads (``upload="thread"``; inline, none): one upload thread per pass (``iter``), started by the first ``next``
 and stopped by the next ``iter``, by the iterator's ``close()`` or garbage
 collection, by :meth:`DeviceIterable.close` and by ``stream.close()`` (it
 polls the stream's state every :data:`~h5stream._wait.POLL_S`).  The thread holds the stream
@@ -73,9 +76,12 @@ HOST_SLOTS = 2
 DTYPES = {"uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 LAYOUTS = ("NHWC", "NCHW", "channels_last")
 OPTIONS = ("dtype", "layout", "mean", "std", "batches_ahead", "upload")
-UPLOADS = ("thread", "inline")
-"""``upload=``: ``"thread"``, an upload thread of h5stream's takes each batch and issues its copy; ``"inline"``, the
-training loop's own ``next()`` does it for the batches ahead (no thread: no GIL hand-over per batch)."""
+UPLOADS = ("inline", "thread")
+"""``upload=``: ``"inline"`` (the default), the training loop's own ``next()`` issues the uploads of the batches
+ahead (no thread: no GIL hand-over per batch); ``"thread"``, an upload thread of h5stream's takes each batch and
+issues its copy (it keeps uploading while the training loop is busy, should the stream ever be slow to hand a batch
+over).  On an H200 with ResNet-18 (launch-bound: the training thread is the bottleneck), inline cost the training
+process 0.57 CPU-ms per batch against 0.84 for the thread, with the feeder."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class DeviceOptions:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     batches_ahead: int = 2
-    upload: str = "thread"
+    upload: str = "inline"
 
     @property
     def cuda(self) -> bool:
@@ -100,7 +106,7 @@ class DeviceOptions:
         return self.batches_ahead + 2
 
 
-def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, batches_ahead=2, upload="thread",
+def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, batches_ahead=2, upload="inline",
                    channels: int | None = None, image_dtype=np.uint8, caller: str = "stream.torch") -> DeviceOptions:
     """Validate ``stream.torch(device=..., ...)``'s options for images of ``channels`` channels and
     ``image_dtype``; raises :class:`ConfigError` naming ``caller``, the option and the valid choices."""
@@ -477,11 +483,15 @@ class _InlineUploader(_Uploader):
                                     "adapter waited for a batch")
         if self._stop.is_set():
             return END
-        self._fill()
-        if self._pending:
-            item = self._pending.popleft()
-            self._fill()  # the next batches' copies overlap the step this one feeds
-            return item
+        t0 = time.perf_counter()
+        try:
+            self._fill()
+            if self._pending:
+                item = self._pending.popleft()
+                self._fill()  # the next batches' copies overlap the step this one feeds
+                return item
+        finally:
+            self._stats["wait_s"] += time.perf_counter() - t0
         if self._error is not None:
             exc, self._error = self._error, None
             raise exc
