@@ -19,7 +19,13 @@ besides img/s the table gives
   epochs (after one warm-up epoch);
 * ``cap``: ``1 / that cost``, the rate no number of workers can pass while the
   parent's work stays as it is (rows/s for ingest, img/s for the stream; for
-  a long ingest, the cap past start-up).
+  a long ingest, the cap past start-up);
+* ``x linear``: the rate over ``workers`` times the one-worker rate, and
+  ``machine``: the same ratio for that many bare processes doing the workers'
+  work alone (decoding and resizing the JPEGs; augmenting a batch of rows),
+  started together: what the machine itself keeps of one core's rate when that
+  many cores are busy (clocks, memory, shared cores).  ``x linear`` over
+  ``machine`` is the share of the machine's own scaling h5stream reaches.
 
 On a machine with fewer cores than the curve needs, the cap still says where
 it would end.  A shared machine only ever adds time and CPU: each measurement
@@ -125,6 +131,75 @@ def stream_child(argv: list[str]) -> int:
     return 0
 
 
+def kernel_child(argv: list[str]) -> int:
+    """``kernel_child KIND SOURCE SIZE SECONDS``: the workers' own work with nothing around it for SECONDS, once a
+    line on stdin says go (so that N such processes run together; it prints ``ready`` first): ``decode`` (a file of
+    the JPEG folder SOURCE decoded and resized as the ingest does, the first 256 files in turn) or ``augment`` (a
+    batch of 256 rows of the store SOURCE augmented as the stream does); prints ``{"images", "seconds"}``."""
+    import time
+
+    import numpy as np
+
+    kind, source, size, seconds = argv[0], argv[1], int(argv[2]), float(argv[3])
+    if kind == "decode":
+        from h5stream.ingest.decode import DecodeSpec, decode_file
+
+        spec = DecodeSpec(size=(size, size))
+        files = sorted(os.path.join(d, f) for d, _, names in os.walk(source) for f in names
+                       if f.lower().endswith((".jpg", ".jpeg")))[:256]
+
+        def work(i):
+            decode_file(files[i % len(files)], spec)
+            return 1
+    else:
+        import h5py
+
+        import h5stream
+
+        with h5py.File(source, "r") as f:
+            batch = f["images"][:BATCH]
+        augment, ids = h5stream.Augment(**AUGMENT), np.arange(len(batch))
+
+        def work(i):
+            augment(batch, seed=0, epoch=i, row_ids=ids)
+            return len(batch)
+    work(0)  # warm: imports, first allocations
+    print("ready", flush=True)
+    sys.stdin.readline()
+    images, i, t0 = 0, 1, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        images += work(i)
+        i += 1
+    print(json.dumps({"images": images, "seconds": time.perf_counter() - t0}))
+    return 0
+
+
+def machine_rate(kind: str, source: str, size: int, processes: int, seconds: float = 1.0) -> float:
+    """Images/s of ``processes`` :func:`kernel_child` processes running together (their rates summed): what this
+    machine gives that many independent workers, with no pool, parent or pipe."""
+    procs = [subprocess.Popen(child_command("benchmarks.scaling:kernel_child", kind, source, size, seconds),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=child_env())
+             for _ in range(processes)]
+    for proc in procs:  # every one imported and warmed, then all of them go at once
+        if proc.stdout.readline().strip() != "ready":
+            for p in procs:
+                p.kill()
+            err = [p.communicate()[1] for p in procs]
+            raise SystemExit(f"kernel_child {kind} failed: {[e.strip().splitlines()[-1:] for e in err if e]}")
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    rate = 0.0
+    for proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"kernel_child {kind} failed: {err.strip().splitlines()[-1:]}")
+        r = json.loads(out.strip().splitlines()[-1])
+        rate += r["images"] / r["seconds"]
+    return rate
+
+
 def _run_child(entry: str, *args) -> dict:
     proc = subprocess.run(child_command(entry, *args), capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
@@ -151,9 +226,11 @@ def past_startup(runs: list[dict], small_runs: list[dict]) -> tuple[float | None
 
 
 def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
-              small_ingest_runs: list[dict] = ()) -> dict:
+              small_ingest_runs: list[dict] = (), decode_rates: list[float] = (),
+              augment_rates: list[float] = ()) -> dict:
     """One table row from the rounds of one worker count (pure): best rate, least parent CPU, and the caps;
-    with the rounds of a shorter ingest, the cost per row past start-up and the start-up's."""
+    with the rounds of a shorter ingest, the cost per row past start-up and the start-up's; with the rounds of
+    :func:`machine_rate`, the best rate of that many bare decode / augment processes."""
     ing = max(r["rows"] / r["seconds"] for r in ingest_runs)
     ing_us = min(1e6 * r["parent_cpu_s"] / r["rows"] for r in ingest_runs)
     run_us, startup_ms = past_startup(ingest_runs, list(small_ingest_runs))
@@ -170,11 +247,36 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
         "stream_images_per_s": st,
         "stream_parent_ms_per_batch": st_ms,
         "stream_cap_images_per_s": 1e3 * BATCH / st_ms if st_ms > 0 else None,
+        "machine_decode_images_per_s": max(decode_rates) if decode_rates else None,
+        "machine_augment_images_per_s": max(augment_rates) if augment_rates else None,
     }
 
 
-def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, rounds: int, data_dir: str) -> dict:
-    """Every measurement, ``rounds`` interleaved rounds; the ``--json`` object."""
+def add_efficiency(rows: list[dict]) -> list[dict]:
+    """Each row with its rates over ``workers`` times the one-worker row's (``*_x_linear``), and, where the
+    machine's own rates were measured, the machine's (``machine_*_x_linear``: what that many bare processes keep
+    of one's rate) and h5stream's over the machine's (``*_x_machine``: the share of what the machine allows) (pure)."""
+    one = next((r for r in rows if r["workers"] == 1), None)
+    out = []
+    for r in rows:
+        r = dict(r)
+        if one is not None:
+            for key, machine in (("ingest_images_per_s", "machine_decode_images_per_s"),
+                                 ("stream_images_per_s", "machine_augment_images_per_s")):
+                name = key.split("_")[0]
+                r[f"{name}_x_linear"] = r[key] / (r["workers"] * one[key])
+                if r.get(machine) and one.get(machine):
+                    kernel = machine.split("_")[1]
+                    r[f"machine_{kernel}_x_linear"] = r[machine] / (r["workers"] * one[machine])
+                    r[f"{name}_x_machine"] = r[f"{name}_x_linear"] / r[f"machine_{kernel}_x_linear"]
+        out.append(r)
+    return out
+
+
+def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, rounds: int, data_dir: str,
+        machine: bool = True, machine_seconds: float = 1.0) -> dict:
+    """Every measurement, ``rounds`` interleaved rounds; the ``--json`` object.  ``machine``: also the same decode
+    and augment work in that many bare processes (:func:`machine_rate`), the machine's own scaling."""
     root = ensure_jpegs(data_dir, n, source)
     small = n // 4
     small_root = ensure_jpegs(data_dir, small, source) if small >= 1 else None
@@ -190,9 +292,14 @@ def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, roun
                     "benchmarks.scaling:ingest_child", small_root, os.path.join(tmp, f"short{w}.h5"), size, w)
             measurements[f"stream {w}"] = lambda w=w: _run_child("benchmarks.scaling:stream_child", stores[w], w,
                                                                  epochs)
+            if machine:
+                measurements[f"decode {w}"] = lambda w=w: machine_rate("decode", root, size, w, machine_seconds)
+                measurements[f"augment {w}"] = lambda w=w: machine_rate("augment", stores[w], size, w,
+                                                                        machine_seconds)
         per_round = by_name(interleave(measurements, rounds, progress=True))
-    table = [summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"], per_round.get(f"ingest {w} short", ()))
-             for w in workers]
+    table = add_efficiency([summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"],
+                                      per_round.get(f"ingest {w} short", ()), per_round.get(f"decode {w}", ()),
+                                      per_round.get(f"augment {w}", ())) for w in workers])
     return {
         "images": n, "short_images": small, "source": f"{source}x{source} JPEG", "out_size": size, "batch_size": BATCH,
         "augment": AUGMENT, "epochs": epochs, "rounds": rounds, "cpus": available_cores(), "rows": table,
@@ -209,9 +316,13 @@ COLUMNS = (
     ("ingest_parent_us_per_row_past_startup", "past start-up us/row", "{:.1f}"),
     ("ingest_startup_ms", "start-up ms", "{:.0f}"),
     ("ingest_cap_past_startup_rows_per_s", "cap rows/s", "{:,.0f}"),
+    ("ingest_x_linear", "x linear", "{:.2f}"),
+    ("machine_decode_x_linear", "machine", "{:.2f}"),
     ("stream_images_per_s", "stream img/s", "{:,.0f}"),
     ("stream_parent_ms_per_batch", "parent ms/batch", "{:.2f}"),
     ("stream_cap_images_per_s", "cap img/s", "{:,.0f}"),
+    ("stream_x_linear", "x linear", "{:.2f}"),
+    ("machine_augment_x_linear", "machine", "{:.2f}"),
 )
 """(key, heading, format) of each table column, in order."""
 
@@ -230,10 +341,12 @@ def format_table(result: dict) -> str:
              + (f"; past start-up: against {result['short_images']} JPEGs" if result.get("short_images") else "")]
     cells = [[h for _, h, _ in COLUMNS]]
     for row in result["rows"]:
-        cells.append([("-" if row[k] is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])
+        cells.append([("-" if row.get(k) is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
     t = result["targets"]
+    lines.append("x linear: img/s over workers x the one-worker rate; machine: the same for that many bare processes "
+                 "doing the workers' decode / augment work alone (what the machine itself keeps)")
     lines.append(f"targets: ingest parent <= {t['ingest_parent_us_per_row']:g} us/row "
                  f"(cap >= {1e6 / t['ingest_parent_us_per_row']:,.0f} rows/s); stream parent <= "
                  f"{t['stream_parent_ms_per_batch']:g} ms/batch (cap >= "
@@ -250,6 +363,10 @@ def main(argv=None) -> int:
                         help="comma-separated worker counts (default 1, 2, 4, ... up to the CPU count)")
     parser.add_argument("--epochs", type=int, default=3, help="timed stream epochs (default 3)")
     parser.add_argument("--rounds", type=int, default=2, help="repeat each measurement, keep the best (default 2)")
+    parser.add_argument("--no-machine", action="store_true",
+                        help="skip the machine's own scaling (the workers' work in that many bare processes)")
+    parser.add_argument("--machine-seconds", type=float, default=1.0,
+                        help="how long each bare process works (default 1)")
     add_data_option(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
@@ -264,7 +381,8 @@ def main(argv=None) -> int:
             parser.error(f"{flag} must be >= 1, got {value}")
     log(f"scaling: {args.n} JPEGs, workers {workers}")
     result = run(n=args.n, source=args.source, size=args.size, workers=workers, epochs=args.epochs,
-                 rounds=args.rounds, data_dir=args.data)
+                 rounds=args.rounds, data_dir=args.data, machine=not args.no_machine,
+                 machine_seconds=args.machine_seconds)
     emit(rounded(result) if args.json else result, as_json=args.json, format_text=format_table)
     return 0
 

@@ -20,7 +20,7 @@ def test_default_workers_double_up_to_the_cores_and_end_on_them():
 
 def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_path, capsys):
     assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", "1,2", "--epochs", "1",
-                         "--rounds", "1", "--json", "--data", str(tmp_path)]) == 0
+                         "--rounds", "1", "--machine-seconds", "0.2", "--json", "--data", str(tmp_path)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["images"] == 40 and result["short_images"] == 10
     assert result["batch_size"] == 256 and result["rounds"] == 1
@@ -35,6 +35,11 @@ def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_
             assert row["ingest_cap_past_startup_rows_per_s"] == pytest.approx(
                 1e6 / row["ingest_parent_us_per_row_past_startup"], rel=1e-2)
         assert row["stream_cap_images_per_s"] == pytest.approx(256e3 / row["stream_parent_ms_per_batch"], rel=1e-2)
+        # the machine's own scaling: the same work in that many bare processes, and h5stream's share of it
+        assert row["machine_decode_images_per_s"] > 0 and row["machine_augment_images_per_s"] > 0
+        assert row["stream_x_machine"] == pytest.approx(row["stream_x_linear"] / row["machine_augment_x_linear"],
+                                                        rel=1e-2)  # the JSON is rounded to 3 places
+    assert result["rows"][0]["ingest_x_linear"] == 1.0 and result["rows"][0]["machine_decode_x_linear"] == 1.0
 
 
 def test_bench_scaling_table_has_every_column(tmp_path, capsys):
@@ -45,9 +50,24 @@ def test_bench_scaling_table_has_every_column(tmp_path, capsys):
     text = scaling.format_table(result)
     header, line = text.splitlines()[1:3]
     for heading in ("workers", "ingest img/s", "parent us/row", "cap rows/s", "past start-up us/row", "start-up ms",
-                    "stream img/s", "parent ms/batch", "cap img/s"):
+                    "stream img/s", "parent ms/batch", "cap img/s", "x linear", "machine"):
         assert heading in header
-    assert line.split() == ["2", "80", "50.0", "20,000", "-", "-", "-", "400", "1.00", "256,000"]
+    assert line.split() == ["2", "80", "50.0", "20,000", "-", "-", "-", "-", "-", "400", "1.00", "256,000", "-", "-"]
+
+
+def test_efficiency_is_set_against_one_worker_and_against_the_machines_own_scaling():
+    rows = [dict(workers=1, ingest_images_per_s=100.0, stream_images_per_s=1000.0,
+                 machine_decode_images_per_s=120.0, machine_augment_images_per_s=1100.0),
+            dict(workers=4, ingest_images_per_s=320.0, stream_images_per_s=3000.0,
+                 machine_decode_images_per_s=480.0, machine_augment_images_per_s=4400.0),
+            dict(workers=8, ingest_images_per_s=600.0, stream_images_per_s=6000.0,
+                 machine_decode_images_per_s=None, machine_augment_images_per_s=None)]
+    one, four, eight = scaling.add_efficiency(rows)
+    assert one["ingest_x_linear"] == 1.0 and one["ingest_x_machine"] == 1.0
+    assert four["ingest_x_linear"] == pytest.approx(0.8) and four["machine_decode_x_linear"] == pytest.approx(1.0)
+    assert four["stream_x_linear"] == pytest.approx(0.75) and four["stream_x_machine"] == pytest.approx(0.75)
+    assert eight["stream_x_linear"] == pytest.approx(0.75) and "stream_x_machine" not in eight
+    assert "ingest_x_linear" not in rows[0]  # pure: the rows given are left as they were
 
 
 def test_the_cost_past_start_up_is_the_slope_between_a_long_and_a_short_ingest():
