@@ -297,20 +297,26 @@ def test_a_dataloader_that_would_batch_again_is_refused(store):
         assert len(got) == len(s)
 
 
+def assert_cuda_batches_equal(cpu, gpu) -> None:
+    """Two epochs of the CUDA dataset ``gpu`` equal the CPU dataset ``cpu``'s, from page-locked memory, all of it
+    unregistered and no thread left at ``close()``."""
+    for _ in range(2):
+        for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
+            assert gx.is_cuda and gy.is_cuda
+            assert torch.equal(gx.cpu(), cx) and torch.equal(gy.cpu(), cy)
+    stats = gpu.stats()
+    assert stats["pinned_bytes"] > 0 and stats["pin_failures"] == 0
+    gpu.close()
+    assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
+
+
 @needs_cuda
 @pytest.mark.parametrize("upload", UPLOADS)
 def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(store, upload):
     opts = dict(dtype="float16", layout="channels_last", mean=(120.0, 110.0, 100.0), std=64.0)
     with h5stream.open(store, batch_size=BATCH, seed=5) as a, h5stream.open(store, batch_size=BATCH, seed=5) as b:
         cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", upload=upload, **opts)
-        for _ in range(2):
-            for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
-                assert gx.is_cuda and gy.is_cuda
-                assert torch.equal(gx.cpu(), cx) and torch.equal(gy.cpu(), cy)
-        stats = gpu.stats()
-        assert stats["pinned_bytes"] > 0 and stats["pin_failures"] == 0
-        gpu.close()
-        assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
+        assert_cuda_batches_equal(cpu, gpu)
 
 
 @needs_cuda
@@ -323,14 +329,7 @@ def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(sto
     pool = dict(batch_size=BATCH, seed=5, workers=2, augment=h5stream.Augment(horizontal_flip=True))
     with h5stream.open(store, **pool) as a, h5stream.open(store, **pool, feeder=feeder) as b:
         cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", upload=upload, **opts)
-        for _ in range(2):
-            for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
-                assert gx.is_cuda and gy.is_cuda
-                assert torch.equal(gx.cpu(), cx) and torch.equal(gy.cpu(), cy)
-        stats = gpu.stats()
-        assert stats["pinned_bytes"] > 0 and stats["pin_failures"] == 0
-        gpu.close()
-        assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
+        assert_cuda_batches_equal(cpu, gpu)
 
 
 # -- data-parallel with a real launcher -----------------------------------------------------------------------
