@@ -116,12 +116,22 @@ class SeaweedS3:
         return S3Store(self.bucket, endpoint=self.endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
                        region="us-east-1", client_options={"allow_http": True}, **kwargs)
 
-    def put(self, key: str, path: str | Path) -> None:
-        """Upload the file at ``path`` as ``key`` (replacing any object there)."""
+    def put(self, key: str, path: str | Path, attempts: int = 3) -> None:
+        """Upload the file at ``path`` as ``key`` (replacing any object there).  A whole upload that failed (SeaweedFS
+        can answer a multipart upload's parts with 500 for good on a loaded machine, past obstore's own retries of
+        each request) is made again from the start, ``attempts`` times in all."""
         import obstore
+        from obstore.exceptions import GenericError
 
-        with open(path, "rb") as fh:
-            obstore.put(self.store(), key, fh, chunk_size=8 << 20)
+        for attempt in range(attempts):
+            try:
+                with open(path, "rb") as fh:
+                    obstore.put(self.store(), key, fh, chunk_size=8 << 20)
+                return
+            except GenericError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))  # a back-off before a new upload, not a synchronisation
 
     def _wait_ready(self, ready_s: float) -> None:
         deadline = time.monotonic() + ready_s

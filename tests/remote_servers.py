@@ -202,11 +202,14 @@ class RangeServer(http.server.ThreadingHTTPServer):
 
     def stop(self) -> None:
         """Stop serving, drop every open connection and close the listening socket (idempotent): from then on
-        connections are refused, as from a server that is gone."""
-        self.stopping.set()
+        connections are refused, as from a server that is gone.  The serving loop ends and the listening socket
+        closes *before* stalled requests are let go, so a client retrying the moment its stalled request is
+        dropped is refused, never served by a loop still running."""
         if self._thread.is_alive():
             self.shutdown()
             self._thread.join()
+        self.socket.close()
+        self.stopping.set()
         self.server_close()
         with self._lock:
             open_now = list(self._open)
