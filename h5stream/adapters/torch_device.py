@@ -314,7 +314,6 @@ class _Uploader:
         self._stream = passes.stream
         self._cuda_stream = cuda_stream
         self._stats = stats
-        self._queue = Channel(opts.batches_ahead)
         self._stop = threading.Event()
         cuda = opts.cuda
         self._ready_events = [torch.cuda.Event() for _ in range(opts.ring)] if cuda else None
@@ -324,8 +323,20 @@ class _Uploader:
         self._start()
 
     def _start(self) -> None:
+        self._queue = Channel(self._opts.batches_ahead)
         self._thread = threading.Thread(target=self._run, name="h5stream-upload", daemon=True)
         self._thread.start()
+
+    def _upload_next(self, k: int) -> _Ready | None:
+        """The stream's next batch uploaded as batch ``k``, or None at the end of the pass.  The uploading thread
+        (the upload thread, or the consumer's inline)."""
+        batch = self._passes.next_batch(self._pass_id)
+        if batch is None:
+            return None
+        x, y = batch if isinstance(batch, tuple) else (batch, None)  # label_mode=None: images alone
+        ready = self._upload(x, y, k)
+        self._stats["batches"] += 1
+        return ready
 
     # -- upload thread ------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -333,13 +344,10 @@ class _Uploader:
         k = 0
         try:
             while not self._stop.is_set():
-                batch = self._passes.next_batch(self._pass_id)
-                if batch is None:
+                ready = self._upload_next(k)
+                if ready is None:
                     self._put(END)
                     return
-                x, y = batch if isinstance(batch, tuple) else (batch, None)  # label_mode=None: images alone
-                ready = self._upload(x, y, k)
-                self._stats["batches"] += 1
                 self._stats["upload_cpu_s"] = self._cpu_before + time.thread_time() - t_cpu
                 if not self._put(ready):
                     return
@@ -461,14 +469,12 @@ class _InlineUploader(_Uploader):
         t_cpu = time.thread_time()
         try:
             while not self._done and len(self._pending) < self._opts.batches_ahead:
-                batch = self._passes.next_batch(self._pass_id)
-                if batch is None:
+                ready = self._upload_next(self._k)
+                if ready is None:
                     self._done = True
                     break
-                x, y = batch if isinstance(batch, tuple) else (batch, None)  # label_mode=None: images alone
-                self._pending.append(self._upload(x, y, self._k))
+                self._pending.append(ready)
                 self._k += 1
-                self._stats["batches"] += 1
         except Exception as exc:  # raised once the batches before it are handed over
             self._error, self._done = exc, True
         finally:
