@@ -21,13 +21,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python tools/demo.py --out demo
 
+# Two pytest processes share the cores (pytest-xdist); the tests marked `alone` then run with nothing beside them.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not alone"
+	$(BIN)/python -m pytest -q -m "alone and not slow"
 
 test-all: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 clean:
 	rm -rf $(VENV) demo *.egg-info

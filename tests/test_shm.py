@@ -138,6 +138,7 @@ def _exited_pid() -> int:
     return int(done.stdout)
 
 
+@pytest.mark.alone  # another test's stream would sweep the dead creators' segments first
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only():
     from h5stream.shm import _start_ticks, sweep_stale_segments
