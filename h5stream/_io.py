@@ -41,19 +41,25 @@ _ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", None)
 
 
 def aligned_empty(shape, dtype=np.uint8) -> np.ndarray:
-    """An uninitialised array on fresh anonymous memory: it starts on a page boundary, as direct (``O_DIRECT``)
-    reads into it require, and (its memory being no other array's) every view of it has it as ``.base``.
+    """An uninitialised array on fresh anonymous memory (:func:`private_memory`): it starts on a page boundary,
+    as direct (``O_DIRECT``) reads into it require, and (its memory being no other array's) every view of it has
+    it as ``.base``."""
+    dtype = np.dtype(dtype)
+    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+    return np.ndarray(shape, dtype, buffer=private_memory(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
+
+
+def private_memory(nbytes: int) -> mmap.mmap:
+    """``nbytes`` (at least 1) of fresh anonymous memory, starting on a page boundary.
 
     Private memory: Python's default mapping is shared memory, whose every page costs a fault through the
     shared-memory file system on first touch, about 0.25 CPU-second more per GB first written (0.6 instead of
     0.85 s/GB filling fresh 3 MiB arrays).  Not huge pages: on first touch they cost more where the kernel must
     find the memory (up to 1.7 against 0.6 s/GB on a virtual machine)."""
-    dtype = np.dtype(dtype)
-    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
-    nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
+    nbytes = max(int(nbytes), 1)
     if _PRIVATE is None or _ANONYMOUS is None:  # not POSIX: the platform's own anonymous memory
-        return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, nbytes))
-    return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, nbytes, flags=_PRIVATE | _ANONYMOUS))
+        return mmap.mmap(-1, nbytes)
+    return mmap.mmap(-1, nbytes, flags=_PRIVATE | _ANONYMOUS)
 
 
 def first_mismatch(rows, digests: np.ndarray, checked: np.ndarray | None = None) -> int:

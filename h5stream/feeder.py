@@ -50,7 +50,6 @@ import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 import traceback
 from collections import deque
@@ -398,7 +397,7 @@ class ProcessFeed:
             self._ready = True
             self._last_stats = {"worker_pids": self.worker_pids}
             state.slots = SharedArray.attach(spec)
-            self._items = state.slots.item_arrays()
+            self._slots = state.slots.lender()
             self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
         except BaseException:
             self.close()
@@ -517,13 +516,13 @@ class ProcessFeed:
             lent = self._reclaim()
             held = [self._lent_at[s] for s in self._lent] if lent >= self.plan.lent_slots else ()
             if may_lend(lent, held, self._taken, self.plan.lent_slots):
-                x = self._items[slot][:rows]
+                x = self._slots.lend(slot)[:rows]
                 self._lent.append(slot)
                 self._lent_at[slot] = self._taken
             else:
                 self._copied += 1
                 x = self._out(rows)
-                x[...] = self._items[slot][:rows]
+                x[...] = self._slots.part(slot)[:rows]
                 self._freed.append(slot)
             return epoch, index, x, labels
         finally:
@@ -534,8 +533,7 @@ class ProcessFeed:
         """Free every lent slot nothing refers to any more (``WorkerPool.reclaim``'s rule); how many stay lent."""
         still = []
         for slot in self._lent:
-            # Only the items list and getrefcount's own argument: no view of this slot is alive.
-            if sys.getrefcount(self._items[slot]) > 2:
+            if self._slots.in_use(slot):
                 still.append(slot)
             else:
                 self._freed.append(slot)

@@ -47,6 +47,7 @@ from multiprocessing import resource_tracker
 
 import numpy as np
 
+from h5stream._lend import Lender
 from h5stream.errors import BudgetError, ConfigError, StreamClosedError, WorkerError
 
 try:  # CPython on POSIX; the module multiprocessing.shared_memory is built on
@@ -255,20 +256,14 @@ class SharedArray:
         }
         self._finalizer = weakref.finalize(self, _release, self._state)
 
-    def item_arrays(self) -> list[np.ndarray]:
-        """One array per index of axis 0, each made directly on the mapping (not a view of ``.array``).
-
-        Every view of such an array has that array as its ``.base``, so
-        ``sys.getrefcount(items[k])`` tells whether anything outside still
-        looks at item ``k`` (which is how a slot lent to a caller is known to be
-        free again).  Like any view, they keep the mapping alive.
-        """
+    def lender(self) -> Lender:
+        """A :class:`~h5stream._lend.Lender` of the items along axis 0 (lent as arrays made directly on the mapping,
+        so whether anything still refers to a lent item is known by weak reference).  Like any view, what it
+        lends keeps the mapping alive."""
         mm = self._state["mmap"]
         if mm is None:
             raise StreamClosedError(f"shared-memory segment {self.spec.name} is closed")
-        shape, dtype = tuple(self.spec.shape), np.dtype(self.spec.dtype)
-        item_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        return [np.ndarray(shape[1:], dtype=dtype, buffer=mm, offset=k * item_bytes) for k in range(shape[0])]
+        return Lender(mm, self.spec.shape, self.spec.dtype)
 
     @classmethod
     def create(cls, shape, dtype, prefix: str) -> "SharedArray":

@@ -191,6 +191,7 @@ LAYERS = (
     ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
     ("low level", ("h5stream._io", "h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
                    "h5stream._monitor", "h5stream.samples")),
+    ("lent memory", ("h5stream._lend",)),
     ("errors", ("h5stream.errors",)),
 )
 """Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first

@@ -44,7 +44,6 @@ how a waiting thread reads the workers' answers, :mod:`h5stream.augment.pool_sta
 from __future__ import annotations
 
 import pickle
-import sys
 import weakref
 from typing import Callable, NamedTuple, Sequence
 
@@ -169,7 +168,7 @@ class WorkerPool:
     def _start(self, transform_bytes, sources, prefix, start_timeout_s) -> None:
         state = self._state
         state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.row_shape, self.out_dtype, prefix)
-        state.slot_items = state.slots.item_arrays()
+        state.lender = state.slots.lender()
         args = [(transform_bytes, list(sources), state.slots.spec, self.batch_rows)] * self.workers
         state.workers.start(setup, run_task, "transform", args, name="h5stream-augment",
                             hide_main=b"__main__" not in transform_bytes)
@@ -310,32 +309,35 @@ class WorkerPool:
     def slot_view(self, slot: int) -> np.ndarray:
         """The whole output slot (batch_rows, *row_shape), a view into shared memory; valid until release().
         Consumer thread."""
-        if self._state.slots is None or self._state.slots.array is None or not self._state.slot_items:
+        if self._state.slots is None or self._state.slots.array is None or self._state.lender is None:
             raise StreamClosedError("the augment worker pool is closed; open a new stream")
-        return self._state.slot_items[slot]
+        return self._state.lender.part(slot)
 
     def lend(self, batch: Result) -> np.ndarray:
         """Hand ``batch``'s rows to the caller without a copy: a view into its output slot.
 
         The slot stays out of the ring while anything refers to the view (or
-        to a view of it); :meth:`reclaim` gives it back once nothing does.  So
-        a caller may keep the array as long as it likes, but every array kept
-        holds a slot: lend only while :meth:`lent` is small, and copy
-        otherwise.  Consumer thread only.
+        to a view of it: see :class:`~h5stream._lend.Lender`); :meth:`reclaim`
+        gives it back once nothing does.  So a caller may keep the array as
+        long as it likes, but every array kept holds a slot: lend only while
+        :meth:`lent` is small, and copy otherwise.  Consumer thread only.
         """
-        view = self.slot_view(batch.slot)[: batch.rows]
+        if self._state.slots is None or self._state.slots.array is None or self._state.lender is None:
+            raise StreamClosedError("the augment worker pool is closed; open a new stream")
+        view = self._state.lender.lend(batch.slot)[: batch.rows]
         self._state.lent.append(batch.slot)
         return view
 
     def reclaim(self) -> int:
         """Release every lent slot nothing refers to any more; return how many stay lent.  Consumer thread only."""
         state = self._state
-        items, still = state.slot_items, []
+        if state.lender is None:
+            return len(state.lent)
+        still = []
         for slot in state.lent:
-            # Only the items list and getrefcount's own argument: no view of this slot is alive.
-            if items and sys.getrefcount(items[slot]) > 2:
+            if state.lender.in_use(slot):
                 still.append(slot)
-            elif items:
+            else:
                 self.release(slot)
         state.lent = still
         return len(still)

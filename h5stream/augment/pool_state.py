@@ -26,7 +26,6 @@ import traceback
 from collections import deque
 from typing import Callable
 
-import numpy as np
 
 from h5stream import _wait
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, READY, InOrder, Workers, pick_worker
@@ -106,7 +105,7 @@ class PoolState:
         self.tasks: dict[int, Task] = {}  # seq -> task submitted and not finished
         self.order = InOrder()  # finished tasks' (slot, rows, error), handed over in seq order
         self.slots: SharedArray | None = None
-        self.slot_items: list[np.ndarray] = []  # one array per slot, made on the mapping (see SharedArray.item_arrays)
+        self.lender = None  # the output slots as lent to the consumer (a Lender: see SharedArray.lender)
         self.lent: list[int] = []  # slots handed to the consumer without a copy (see WorkerPool.lend)
         self.reading: int | None = None  # the thread in collect_until()'s wait on the pipes, if one is
         self.wake_r, self.wake_w = os.pipe()  # written once, by shutdown: ends a wait on the pipes
@@ -269,6 +268,6 @@ def shutdown(state: PoolState) -> None:
         except OSError:
             pass
     state.wake_r = state.wake_w = -1
-    state.slot_items, state.lent = [], []
+    state.lender, state.lent = None, []
     if state.slots is not None:
         state.slots.close()

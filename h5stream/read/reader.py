@@ -54,7 +54,6 @@ import concurrent.futures
 import contextlib
 import math
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -62,7 +61,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream._io import aligned_empty
+from h5stream._io import aligned_empty, private_memory
+from h5stream._lend import Lender
 from h5stream._wait import POLL_S, Channel, Stopped, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
@@ -115,11 +115,11 @@ class ArrayArena:
 
     Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
     makes writing into them several times slower than the copy itself.  The arena
-    keeps up to ``max_sets`` arrays of ``batch_rows`` rows and hands out views of
-    them.  An array is reused only once nothing outside the arena refers to it
-    (its reference count, which every view of it raises, is back to the arena's
-    own), so a caller may keep a batch as long as it likes: it is never
-    overwritten.  Used from one thread.
+    keeps up to ``max_sets`` page-aligned buffers of ``batch_rows`` rows and hands
+    out arrays on them (lent: see :class:`~h5stream._lend.Lender`).  A buffer is
+    reused only once nothing refers to the array last made on it, nor to any
+    view of that array, so a caller may keep a batch as long as it likes: it is
+    never overwritten.  Used from one thread (its owner's).
     """
 
     def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
@@ -127,7 +127,7 @@ class ArrayArena:
         self.row_shape = tuple(row_shape)
         self.dtype = np.dtype(dtype)
         self.max_sets = int(max_sets)
-        self._sets: list[np.ndarray] = []
+        self._sets: list[Lender] = []
         self._next = 0
 
     def __call__(self, n: int) -> np.ndarray:
@@ -136,14 +136,14 @@ class ArrayArena:
         count = len(self._sets)
         for i in range(count):
             k = (self._next + i) % count
-            # Free when only the list and getrefcount's argument refer to it.
-            if sys.getrefcount(self._sets[k]) <= 2:
+            if not self._sets[k].in_use(0):
                 self._next = (k + 1) % count
-                return self._sets[k][:n]
-        base = aligned_empty((self.batch_rows, *self.row_shape), self.dtype)  # direct reads can land in it
+                return self._sets[k].lend(0)[:n]
+        shape = (1, self.batch_rows, *self.row_shape)
+        lender = Lender(private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize), shape, self.dtype)
         if count < self.max_sets:
-            self._sets.append(base)
-        return base[:n]
+            self._sets.append(lender)
+        return lender.lend(0)[:n]  # direct reads can land in it: a buffer starts on a page boundary
 
 
 class _Pending:
