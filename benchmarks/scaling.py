@@ -83,7 +83,8 @@ def _self_cpu_s() -> float:
 
 
 def ingest_child(argv: list[str]) -> int:
-    """``ingest_child ROOT OUT SIZE WORKERS``: one ingest; prints ``{"rows", "seconds", "parent_cpu_s"}``."""
+    """``ingest_child ROOT OUT SIZE WORKERS``: one ingest; prints ``{"rows", "seconds", "parent_cpu_s", "phases"}``
+    (``phases``: the ingest's own wall and CPU seconds per stage, ``IngestResult.phases``)."""
     import time
 
     import multiprocessing.popen_spawn_posix  # noqa: F401 - what ingest imports when it first runs: outside the clock
@@ -105,7 +106,7 @@ def ingest_child(argv: list[str]) -> int:
     if result.skipped:
         print(f"ingest skipped {result.skipped} files; see {result.report_path}", file=sys.stderr)
         return 1
-    print(json.dumps({"rows": result.ingested, "seconds": seconds, "parent_cpu_s": cpu}))
+    print(json.dumps({"rows": result.ingested, "seconds": seconds, "parent_cpu_s": cpu, "phases": result.phases}))
     return 0
 
 
@@ -234,6 +235,7 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
     ing = max(r["rows"] / r["seconds"] for r in ingest_runs)
     ing_us = min(1e6 * r["parent_cpu_s"] / r["rows"] for r in ingest_runs)
     run_us, startup_ms = past_startup(ingest_runs, list(small_ingest_runs))
+    phases = min(ingest_runs, key=lambda r: r["parent_cpu_s"]).get("phases") or {}
     st = max(r["images"] / r["seconds"] for r in stream_runs)
     st_ms = min(1e3 * r["parent_cpu_s"] / r["batches"] for r in stream_runs)
     return {
@@ -244,6 +246,7 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
         "ingest_parent_us_per_row_past_startup": run_us,
         "ingest_startup_ms": startup_ms,
         "ingest_cap_past_startup_rows_per_s": 1e6 / run_us if run_us and run_us > 0 else None,
+        "ingest_stages_ms": {name: {"wall": 1e3 * wall, "cpu": 1e3 * cpu} for name, (wall, cpu) in phases.items()},
         "stream_images_per_s": st,
         "stream_parent_ms_per_batch": st_ms,
         "stream_cap_images_per_s": 1e3 * BATCH / st_ms if st_ms > 0 else None,
@@ -330,6 +333,8 @@ COLUMNS = (
 def rounded(result: dict) -> dict:
     """``result`` with its figures rounded for the JSON output."""
     def r(v):
+        if isinstance(v, dict):
+            return {k: r(x) for k, x in v.items()}
         return round(v, 3) if isinstance(v, float) else v
     return dict(result, rows=[{k: r(v) for k, v in row.items()} for row in result["rows"]])
 
@@ -344,6 +349,18 @@ def format_table(result: dict) -> str:
         cells.append([("-" if row.get(k) is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+    stages = [name for name in ("find", "create", "write", "finish")
+              if any(name in row.get("ingest_stages_ms", {}) for row in result["rows"])]
+    if stages:
+        lines.append("ingest by stage, the run of least parent CPU: wall ms / parent CPU ms ("
+                     "find: walk and validate; create: pool and store; write: every row; finish: close)")
+        cells = [["workers"] + stages]
+        for row in result["rows"]:
+            got = row.get("ingest_stages_ms", {})
+            cells.append([str(row["workers"])] + [f"{got[n]['wall']:,.0f} / {got[n]['cpu']:,.0f}" if n in got else "-"
+                                                  for n in stages])
+        widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+        lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
     t = result["targets"]
     lines.append("x linear: img/s over workers x the one-worker rate; machine: the same for that many bare processes "
                  "doing the workers' decode / augment work alone (what the machine itself keeps)")

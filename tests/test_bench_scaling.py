@@ -39,6 +39,11 @@ def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_
         assert row["machine_decode_images_per_s"] > 0 and row["machine_augment_images_per_s"] > 0
         assert row["stream_x_machine"] == pytest.approx(row["stream_x_linear"] / row["machine_augment_x_linear"],
                                                         rel=1e-2)  # the JSON is rounded to 3 places
+        # the ingest's own stages, of its run of least parent CPU: they add up to no more than that run
+        stages = row["ingest_stages_ms"]
+        assert list(stages) == ["find", "create", "write", "finish"]
+        assert all(v["wall"] >= 0 and v["cpu"] >= 0 for v in stages.values())
+        assert sum(v["cpu"] for v in stages.values()) <= 1e-3 * row["ingest_parent_us_per_row"] * 40 * 1.01 + 1
     assert result["rows"][0]["ingest_x_linear"] == 1.0 and result["rows"][0]["machine_decode_x_linear"] == 1.0
 
 
@@ -53,6 +58,14 @@ def test_bench_scaling_table_has_every_column(tmp_path, capsys):
                     "stream img/s", "parent ms/batch", "cap img/s", "x linear", "machine"):
         assert heading in header
     assert line.split() == ["2", "80", "50.0", "20,000", "-", "-", "-", "-", "-", "400", "1.00", "256,000", "-", "-"]
+    assert "by stage" not in text  # runs without stages: no second table
+    phases = {"find": [0.01, 0.009], "create": [0.2, 0.02], "write": [0.25, 0.03], "finish": [0.04, 0.003]}
+    result["rows"] = [scaling.summarise(2, [{"rows": 40, "seconds": 0.5, "parent_cpu_s": 0.062, "phases": phases}],
+                                        [{"images": 40, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}])]
+    lines = scaling.format_table(result).splitlines()
+    at = next(i for i, text_line in enumerate(lines) if "by stage" in text_line)
+    assert lines[at + 1].split() == ["workers", "find", "create", "write", "finish"]
+    assert lines[at + 2].split() == ["2", "10", "/", "9", "200", "/", "20", "250", "/", "30", "40", "/", "3"]
 
 
 def test_efficiency_is_set_against_one_worker_and_against_the_machines_own_scaling():

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from h5stream.ingest.decode import DecodeSpec, decode_file
-from h5stream.ingest.pack import storage_permutation
+from h5stream.ingest.pack import IngestOptions, ingest, storage_permutation
 from h5stream.samples import make_class_folder, nearest_class, targets_from_pixels
 from h5stream.store import read_meta, schema
 
@@ -577,3 +577,14 @@ def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest
         assert [schema.decode_path(p) for p in f[schema.PATHS][:]] == kept
         for i in (0, 7, 8, 33, 34, len(kept) - 1):
             np.testing.assert_array_equal(f[schema.IMAGES][i], decode_file(str(src / kept[i]), DecodeSpec(size=(8, 8))))
+
+
+def test_an_ingest_says_where_its_time_and_its_own_cpu_went_by_stage(class_src, tmp_path):
+    """``IngestResult.phases``: the stages in order, each its wall and this process's CPU seconds; they make up
+    the run's seconds (the scaling benchmark reports them, to find what the one serial process spends)."""
+    root, _ = class_src
+    result = ingest(IngestOptions(src=root, out=str(tmp_path / "o.h5"), size=(8, 8), workers=1, progress=False))
+    assert list(result.phases) == ["find", "create", "write", "finish"]
+    assert all(wall >= 0 and cpu >= 0 for wall, cpu in result.phases.values())
+    assert sum(wall for wall, _ in result.phases.values()) == pytest.approx(result.seconds)
+    assert result.phases["write"][0] > 0  # the rows were decoded in that stage, by the worker

@@ -118,7 +118,8 @@ class IngestResult:
     ``unreadable_folders`` among them); ``left_out``: what was left out on purpose, by kind (hidden, not in
     the labels CSV, not in a class folder, class not chosen, symlink not followed, symlink loop).  Both are
     listed in the skip report.  ``workers``: the decode processes used (``opts.workers`` capped by
-    :func:`max_workers`)."""
+    :func:`max_workers`).  ``phases``: ``(wall seconds, CPU seconds of this process)`` of each stage of the run in
+    order (see :class:`PhaseClock`): where a run's time and its one serial process's CPU went."""
 
     out: str
     created: bool
@@ -132,10 +133,28 @@ class IngestResult:
     left_out: dict[str, int] = field(default_factory=dict)
     unreadable_folders: int = 0
     workers: int = 0
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:
         return self.ingested / self.seconds if self.seconds > 0 else 0.0
+
+
+class PhaseClock:
+    """Wall and CPU seconds of this process (all its threads: the serial stage every decode worker waits on) per
+    stage of one ingest: ``find`` (lock, walk, validation, order), ``create`` (decode pool and store opened),
+    ``write`` (decode and write every row), ``finish`` (last commit, store closed, workers stopped).  Marked by
+    ingest's one thread."""
+
+    def __init__(self):
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self.phases: dict[str, tuple[float, float]] = {}
+
+    def mark(self, name: str) -> None:
+        """End stage ``name`` now (it began at the previous mark, or when the clock was made)."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.phases[name] = (wall - self._wall, cpu - self._cpu)
+        self._wall, self._cpu = wall, cpu
 
 
 def default_workers() -> int:
@@ -559,12 +578,12 @@ def ingest(opts: IngestOptions) -> IngestResult:
     writer holds OUT, and :class:`~h5stream.errors.StoreWriteError` when
     writing fails (the message says what is kept and how to continue).
     """
-    t0 = time.perf_counter()
+    clock = PhaseClock()
     _check_options(opts)
     try:
         with StoreLock.acquire(opts.out) as lock:
             try:
-                return _ingest_locked(opts, lock, t0)
+                return _ingest_locked(opts, lock, clock)
             except StoreWriteError as exc:
                 if exc.errno in FD_LIMIT_ERRNOS:
                     raise
@@ -575,7 +594,7 @@ def ingest(opts: IngestOptions) -> IngestResult:
         raise
 
 
-def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestResult:
+def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> IngestResult:
     workers = min(opts.workers, max_workers())
     source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None,
                       classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links)
@@ -595,6 +614,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
     order = storage_permutation(len(source.items), target.order, target.seed)
     pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in target.stored]
     already = len(source.items) - len(pending)
+    clock.mark("find")
 
     pool = DecodePool(workers, target.spec.shape)
     try:
@@ -611,8 +631,10 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
                 raise StoreWriteError(f"{old}: cannot remove it ({exc.strerror}); nothing was written",
                                       errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
         report = SkipReport(report_path, reported)
+        clock.mark("create")
         try:
             ingested = _write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
+            clock.mark("write")
             report.close()
             if ingested or writer.published:
                 writer.close()
@@ -647,6 +669,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
             raise
     finally:
         pool.close()
+    clock.mark("finish")
     if not appending and not ingested:
         raise _nothing_ingested(opts, source, len(rejected) + len(pending), report_path)
     kinds: dict[str, int] = {}
@@ -656,7 +679,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, t0: float) -> IngestRes
     return IngestResult(
         out=opts.out, created=not appending, ingested=ingested,
         skipped=len(rejected) + unreadable + len(pending) - ingested,
-        already_stored=already, rows=start_rows + ingested, seconds=time.perf_counter() - t0,
+        already_stored=already, rows=start_rows + ingested, seconds=sum(wall for wall, _ in clock.phases.values()),
         file_bytes=os.path.getsize(opts.out), report_path=report_path if os.path.exists(report_path) else None,
-        left_out=kinds, unreadable_folders=unreadable, workers=workers,
+        left_out=kinds, unreadable_folders=unreadable, workers=workers, phases=dict(clock.phases),
     )
