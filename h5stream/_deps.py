@@ -32,9 +32,28 @@ def require(module: str, fix: str, *, needed_for: str):
         raise MissingDependencyError(f"{needed_for} needs {module}, which cannot be imported ({exc}): {fix}") from exc
 
 
+def present(module: str, fix: str, *, needed_for: str) -> None:
+    """Make sure ``module`` can be found, without importing it (in a process that only starts the processes that
+    import it); raise MissingDependencyError naming ``fix`` where it cannot."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingDependencyError(f"{needed_for} needs {module}, which cannot be imported (it is not installed "
+                                     f"here): {fix}")
+
+
 def cv2():
     """OpenCV, used by ingest's decoder and by augmentation."""
     return require("cv2", CV2_FIX, needed_for="h5stream's image decoding and augmentation")
+
+
+def cv2_present() -> None:
+    """That OpenCV is there for the decode workers, without loading it here (see :mod:`h5stream.ingest.spec`)."""
+    present("cv2", CV2_FIX, needed_for="h5stream's image decoding and augmentation")
 
 
 def keras():

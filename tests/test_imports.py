@@ -305,3 +305,27 @@ def test_the_cli_parses_without_importing_any_subcommand():
     proc = subprocess.run([sys.executable, "-c", LAZY_CLI_SCRIPT], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"numpy": False, "commands": ["h5stream.commands.arguments"]}
+
+
+OPENCV_SCRIPT = r"""
+import json, sys
+from h5stream.samples import make_class_folder
+from h5stream.ingest import IngestOptions, ingest
+make_class_folder(sys.argv[1] + "/src", classes=2, per_class=3, size=(8, 8))
+seen = {}
+for workers in (1, 0):
+    ingest(IngestOptions(src=sys.argv[1] + "/src", out=sys.argv[1] + f"/o{workers}.h5", size=(8, 8), workers=workers,
+                         progress=False))
+    seen[workers] = "cv2" in sys.modules
+print(json.dumps(seen))
+"""
+
+
+def test_an_ingest_with_decode_workers_keeps_opencv_out_of_the_writing_process(tmp_path):
+    """OpenCV's wheels bring their own OpenBLAS, one spinning thread per core: in the process that writes the store
+    they would take the decode workers' cores.  It loads only where files are decoded (workers=0: right there)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", OPENCV_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"1": False, "0": True}

@@ -43,26 +43,24 @@ with a one-line reason; it never returns a partial image.  Steps:
 
 from __future__ import annotations
 
-import errno
 import os
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from h5stream import _deps
+from h5stream.ingest.spec import (  # noqa: F401 - the decoder's settings, also under this module's name
+    DEFAULT_BACKGROUND,
+    DEFAULT_PAD_FILL,
+    FD_LIMIT_ERRNOS,
+    MAX_PIXELS,
+    RESIZE_MODES,
+    DecodeSpec,
+)
 
 cv2 = _deps.cv2()
 
-RESIZE_MODES = ("stretch", "crop", "pad")
-DEFAULT_BACKGROUND = (255, 255, 255)
-DEFAULT_PAD_FILL = (0, 0, 0)
-MAX_PIXELS = 1 << 27
-#: Failures to open a file that say nothing about the file (this process or the system has too many open):
-#: raised, never a skip, so a good image is not reported bad.
-FD_LIMIT_ERRNOS = (errno.EMFILE, errno.ENFILE)
-"""Files whose header declares more pixels (~134 megapixels) are skipped as absurdly large."""
 
 _SHRINK = Image.Resampling.BOX  # area averaging for reductions of 2x or more: antialiased
 _REDUCING_GAP = 2.0  # big reductions go through Image.reduce() first (integer box, fast)
@@ -115,23 +113,6 @@ _JPEG_EOI = b"\xff\xd9"
 
 class SkipFile(Exception):
     """This file cannot become a row; ``str(exc)`` is the reason written to the skip report."""
-
-
-@dataclass(frozen=True)
-class DecodeSpec:
-    """How every file of one ingest is decoded.  ``size`` is (height, width); ``background`` is what alpha is
-    composited on, ``pad_fill`` what ``pad`` fills around the image."""
-
-    size: tuple[int, int]
-    resize: str = "stretch"
-    channels: int = 3
-    background: tuple[int, int, int] = DEFAULT_BACKGROUND
-    pad_fill: tuple[int, int, int] = DEFAULT_PAD_FILL
-    max_pixels: int = MAX_PIXELS
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.size[0], self.size[1], self.channels)
 
 
 def _orientation(im: Image.Image) -> int:

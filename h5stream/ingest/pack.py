@@ -54,7 +54,7 @@ import numpy as np
 
 from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
                              StoreWriteError, descriptor_limit)
-from h5stream.ingest.decode import DEFAULT_PAD_FILL, FD_LIMIT_ERRNOS, DecodeSpec
+from h5stream.ingest.spec import DEFAULT_PAD_FILL, FD_LIMIT_ERRNOS, DecodeSpec
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
 from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report

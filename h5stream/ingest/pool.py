@@ -28,10 +28,11 @@ import weakref
 import numpy as np
 import xxhash
 
+from h5stream import _deps
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
 from h5stream._spawn import keep_freed_heap
 from h5stream.errors import BudgetError, WorkerError
-from h5stream.ingest.decode import FD_LIMIT_ERRNOS
+from h5stream.ingest.spec import FD_LIMIT_ERRNOS
 
 #: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.pack.task_sizes`).
 #: Tasks of ~64 photos keep each message's cost small next to the work it carries.
@@ -120,6 +121,8 @@ class DecodePool:
                  timeout_s: float = 600.0):
         from h5stream.shm import sweep_stale_segments
 
+        if workers > 0:
+            _deps.cv2_present()  # the workers import it; this process never does
         sweep_stale_segments()  # every ingest builds a pool first: clear what killed process groups left in /dev/shm
         self.workers = workers
         self.timeout_s = timeout_s
