@@ -178,9 +178,11 @@ def kernel_child(argv: list[str]) -> int:
 def machine_rate(kind: str, source: str, size: int, processes: int, seconds: float = 1.0) -> float:
     """Images/s of ``processes`` :func:`kernel_child` processes running together (their rates summed): what this
     machine gives that many independent workers, with no pool, parent or pipe."""
+    from h5stream._spawn import SINGLE_THREAD_ENV  # what h5stream's workers run with: one BLAS thread each
+
     procs = [subprocess.Popen(child_command("benchmarks.scaling:kernel_child", kind, source, size, seconds),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=child_env())
+                              env=child_env(**SINGLE_THREAD_ENV))
              for _ in range(processes)]
     for proc in procs:  # every one imported and warmed, then all of them go at once
         if proc.stdout.readline().strip() != "ready":
