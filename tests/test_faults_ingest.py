@@ -31,7 +31,8 @@ from h5stream.store.lock import lock_path
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-ARGS = ["--size", "64", "--block-rows", "32", "--workers", "0"]  # 7.4 MB of pixels: well past the fixed overhead
+# 7.4 MB of pixels (well past the fixed overhead) in 600 rows: commits every 256, so a fault mid-run keeps some
+ARGS = ["--size", "64", "--block-rows", "32", "--commit-rows", "256", "--workers", "0"]
 DEADLINE_S = 120.0
 LIMITED = (
     "import resource, sys; n = int(sys.argv.pop(1)); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
@@ -98,7 +99,7 @@ def reference(src, tmp_path_factory):
 # (limit in bytes or as a fraction of the reference file, what the interrupted run keeps)
 LIMITS = {
     "in the header": (1000, "nothing"),  # the empty store is ~12 kB: it is never created
-    # The empty store fits, its first 256 rows (~4 MB) do not: a new store takes its name with its first rows.
+    # The empty store fits, its first 256 rows (~3 MB) do not: a new store takes its name with its first rows.
     "first block": (100_000, "nothing"),
     "mid-run": (0.7, "some rows"),
     "at the end": (-1, "some rows"),  # one byte short of the uninterrupted file

@@ -179,6 +179,7 @@ def usage_cases(tmp_path, class_root, reg_root, reg_csv):
         "label-columns without labels": ([class_root, "OUT", "--label-columns", "a"], "--labels"),
         "negative seed": ([class_root, "OUT", "--seed", "-1"], "--seed must be between 0 and"),
         "seed past int64": ([class_root, "OUT", "--seed", str(2**63)], "--seed must be between 0 and"),
+        "commit rows 0": ([class_root, "OUT", "--commit-rows", "0"], "--commit-rows must be an integer >= 1, got 0"),
         "label beyond float32": ([reg_root, "OUT", "--labels", _csv(tmp_path / "f.csv",
                                   "path,t0\nimages/img_00000.png,0.5\nimages/img_00001.png,1e39\n")],
                                  "f.csv line 3: column 't0' holds '1e39', beyond the float32 range"),
@@ -190,7 +191,8 @@ CASES = [
     "unknown column", "non-numeric", "no path column", "path outside", "size 0", "size junk", "out is dir",
     "out exists", "out folder missing", "append not a store", "append damaged store", "append and overwrite",
     "bad resize",
-    "negative workers", "label-columns without labels", "negative seed", "seed past int64", "label beyond float32",
+    "negative workers", "label-columns without labels", "negative seed", "seed past int64", "commit rows 0",
+    "label beyond float32",
 ]
 
 

@@ -61,6 +61,9 @@ def _ingest(parser) -> None:
     parser.add_argument("--seed", type=int, metavar="S", help="seed of the shuffled storage order (default 0)")
     parser.add_argument("--block-rows", type=int, metavar="N",
                         help="HDF5 chunk length in rows (default: largest power of two with a chunk <= 4 MiB)")
+    parser.add_argument("--commit-rows", type=int, metavar="N",
+                        help="commit (flush, then publish the rows to readers) every N rows or more: what a killed "
+                        "run can lose, against the writer's cost per commit (default 1024)")
     parser.add_argument("--compression", choices=("none", "zlib", "blosc"), default="none",
                         help="chunk filter of a new file: none (default); zlib (plain h5py reads it); "
                         "blosc (faster, but h5py needs the hdf5plugin package)")

@@ -67,7 +67,7 @@ def summary(result) -> str:
 
 
 def run(args) -> int:
-    from h5stream.ingest.pack import IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
+    from h5stream.ingest.pack import COMMIT_ROWS, IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
 
     size = parse_size(args.size) if args.size is not None else None
     columns = parse_names(args.label_columns, "--label-columns")
@@ -82,6 +82,7 @@ def run(args) -> int:
         pad_fill=parse_pad_fill(args.pad_fill) if args.pad_fill is not None else None, size=size,
         resize=args.resize, channels=args.channels, order=args.order, seed=args.seed,
         workers=workers, block_rows=args.block_rows,
+        commit_rows=COMMIT_ROWS if args.commit_rows is None else args.commit_rows,
         compression=None if args.compression == "none" else args.compression,
         append=args.append, overwrite=args.overwrite, strict=args.strict,
     ))
