@@ -261,6 +261,29 @@ def test_page_locking_registers_the_streams_own_batch_memory_once(store):
     assert pins.pinned == {}
 
 
+@pytest.mark.parametrize("feeder", [False, True])
+def test_page_locking_registers_each_output_slot_of_the_workers_once(store, feeder):
+    """With workers, batches are lent from the pool's output slots, each batch a fresh array on its slot: what is
+    registered is the slot (its long-lived outermost array), once, however many batches it carries."""
+    calls = {"register": [], "unregister": []}
+    pins = HostPins(register=lambda p, n: calls["register"].append((p, n)),
+                    unregister=lambda p: calls["unregister"].append(p))
+    aug = h5stream.Augment(horizontal_flip=True)
+    with h5stream.open(store, batch_size=BATCH, seed=2, memory_budget="300MiB", augment=aug, workers=1,
+                       feeder=feeder) as s:
+        n_batches = 0
+        for _ in range(6):
+            for x, _ in s:
+                assert pins.pin(x)
+                n_batches += 1
+                del x
+        registered = [p for p, _ in calls["register"]]
+        assert len(registered) == len(set(registered)) <= s.plan.out_slots + s.plan.consumer_sets < n_batches
+        assert calls["unregister"] == []  # the slots live as long as the stream
+    pins.close()
+    assert sorted(calls["unregister"]) == sorted(registered) and pins.pinned == {}
+
+
 def test_page_locking_falls_back_to_pageable_memory_when_registering_fails():
     def refuse(ptr, nbytes):
         raise RuntimeError("cudaErrorNotSupported")
