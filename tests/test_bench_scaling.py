@@ -39,6 +39,7 @@ def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_
         assert row["machine_decode_images_per_s"] > 0 and row["machine_augment_images_per_s"] > 0
         assert row["stream_x_machine"] == pytest.approx(row["stream_x_linear"] / row["machine_augment_x_linear"],
                                                         rel=1e-2)  # the JSON is rounded to 3 places
+        assert "ingest_steady_images_per_s" in row  # past start-up; None where noise made the long run no slower
         # the ingest's own stages, of its run of least parent CPU: they add up to no more than that run
         stages = row["ingest_stages_ms"]
         assert list(stages) == ["find", "create", "write", "finish"]
@@ -57,7 +58,8 @@ def test_bench_scaling_table_has_every_column(tmp_path, capsys):
     for heading in ("workers", "ingest img/s", "parent us/row", "cap rows/s", "past start-up us/row", "start-up ms",
                     "stream img/s", "parent ms/batch", "cap img/s", "x linear", "machine"):
         assert heading in header
-    assert line.split() == ["2", "80", "50.0", "20,000", "-", "-", "-", "-", "-", "400", "1.00", "256,000", "-", "-"]
+    assert line.split() == ["2", "80", "50.0", "20,000", "-", "-", "-", "-", "-", "-", "-", "400", "1.00", "256,000",
+                            "-", "-"]
     assert "by stage" not in text  # runs without stages: no second table
     phases = {"find": [0.01, 0.009], "create": [0.2, 0.02], "write": [0.25, 0.03], "finish": [0.04, 0.003]}
     result["rows"] = [scaling.summarise(2, [{"rows": 40, "seconds": 0.5, "parent_cpu_s": 0.062, "phases": phases}],
@@ -97,6 +99,27 @@ def test_the_cost_past_start_up_is_the_slope_between_a_long_and_a_short_ingest()
     assert scaling.past_startup(long_runs, []) == (None, None)
     noisy = [{"rows": 1000, "seconds": 0.6, "parent_cpu_s": 0.2}]  # the short run cost more: no slope
     assert scaling.past_startup(long_runs, noisy) == (None, None)
+
+
+def test_the_steady_rate_is_the_long_ingests_extra_rows_over_its_extra_seconds():
+    long_runs = [{"rows": 4000, "seconds": 2.2, "parent_cpu_s": 0.2}, {"rows": 4000, "seconds": 2.0,
+                                                                        "parent_cpu_s": 0.2}]
+    short_runs = [{"rows": 1000, "seconds": 0.8, "parent_cpu_s": 0.1}, {"rows": 1000, "seconds": 0.9,
+                                                                        "parent_cpu_s": 0.1}]
+    assert scaling.steady_rate(long_runs, short_runs) == pytest.approx(3000 / 1.2)  # fastest of each: 2.0 - 0.8
+    assert scaling.steady_rate(long_runs, []) is None
+    assert scaling.steady_rate(long_runs, [{"rows": 1000, "seconds": 2.5, "parent_cpu_s": 0.1}]) is None
+    # Four workers decode 4x as fast but boot 0.3 s longer: the whole run looks far from linear, the steady
+    # rate does not.
+    stream = [{"images": 256, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}]
+    one = scaling.summarise(1, long_runs, stream, short_runs)
+    four = scaling.summarise(4, [{"rows": 4000, "seconds": 2.0 / 4 + 0.3, "parent_cpu_s": 0.2}], stream,
+                             [{"rows": 1000, "seconds": 0.8 / 4 + 0.3, "parent_cpu_s": 0.1}])
+    one, four = scaling.add_efficiency([one, four])
+    assert one["ingest_steady_x_linear"] == 1.0
+    assert four["ingest_steady_images_per_s"] == pytest.approx(4 * 3000 / 1.2)
+    assert four["ingest_steady_x_linear"] == pytest.approx(1.0)
+    assert four["ingest_x_linear"] == pytest.approx((4000 / 0.8) / (4 * 4000 / 2.0))  # 0.625
 
 
 def test_bench_scaling_refuses_a_worker_count_below_one(tmp_path, capsys):
