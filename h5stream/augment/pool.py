@@ -306,12 +306,16 @@ class WorkerPool:
         state.held_slots.add(slot)
         return Result(seq, slot, rows)
 
+    def _lender(self):
+        """The output slots' :class:`~h5stream._lend.Lender`; StreamClosedError once the pool is closed."""
+        if self._state.slots is None or self._state.slots.array is None or self._state.lender is None:
+            raise StreamClosedError("the augment worker pool is closed; open a new stream")
+        return self._state.lender
+
     def slot_view(self, slot: int) -> np.ndarray:
         """The whole output slot (batch_rows, *row_shape), a view into shared memory; valid until release().
         Consumer thread."""
-        if self._state.slots is None or self._state.slots.array is None or self._state.lender is None:
-            raise StreamClosedError("the augment worker pool is closed; open a new stream")
-        return self._state.lender.part(slot)
+        return self._lender().part(slot)
 
     def lend(self, batch: Result) -> np.ndarray:
         """Hand ``batch``'s rows to the caller without a copy: a view into its output slot.
@@ -322,9 +326,7 @@ class WorkerPool:
         long as it likes, but every array kept holds a slot: lend only while
         :meth:`lent` is small, and copy otherwise.  Consumer thread only.
         """
-        if self._state.slots is None or self._state.slots.array is None or self._state.lender is None:
-            raise StreamClosedError("the augment worker pool is closed; open a new stream")
-        view = self._state.lender.lend(batch.slot)[: batch.rows]
+        view = self._lender().lend(batch.slot)[: batch.rows]
         self._state.lent.append(batch.slot)
         return view
 

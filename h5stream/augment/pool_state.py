@@ -26,7 +26,6 @@ import traceback
 from collections import deque
 from typing import Callable
 
-
 from h5stream import _wait
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, READY, InOrder, Workers, pick_worker
 from h5stream._procpool import stopped as stopped  # the feed asks it of a late worker's pid

@@ -45,6 +45,7 @@ naming ``ulimit -n``; what was committed is kept.
 from __future__ import annotations
 
 import errno
+import numbers
 import os
 import sys
 import time
@@ -54,10 +55,10 @@ import numpy as np
 
 from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
                              StoreWriteError, descriptor_limit)
-from h5stream.ingest.spec import DEFAULT_PAD_FILL, FD_LIMIT_ERRNOS, DecodeSpec
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
 from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report
+from h5stream.ingest.spec import DEFAULT_PAD_FILL, FD_LIMIT_ERRNOS, DecodeSpec
 from h5stream.store import schema
 from h5stream.store.lock import StoreLock
 
@@ -319,7 +320,7 @@ def _check_options(opts: IngestOptions) -> None:
         raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {opts.seed}")
     if opts.block_rows is not None and opts.block_rows < 1:
         raise ConfigError(f"--block-rows must be >= 1, got {opts.block_rows}")
-    if isinstance(opts.commit_rows, bool) or not isinstance(opts.commit_rows, int) or opts.commit_rows < 1:
+    if isinstance(opts.commit_rows, bool) or not isinstance(opts.commit_rows, numbers.Integral) or opts.commit_rows < 1:
         raise ConfigError(f"--commit-rows must be an integer >= 1, got {opts.commit_rows!r}")
     if opts.order is not None and opts.order not in ORDERS:
         raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
