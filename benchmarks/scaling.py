@@ -365,6 +365,12 @@ def rounded(result: dict) -> dict:
     return dict(result, rows=[{k: r(v) for k, v in row.items()} for row in result["rows"]])
 
 
+def aligned(cells: list[list[str]]) -> list[str]:
+    """Rows of cells as text lines, each column right-aligned to its widest cell (pure)."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+
+
 def format_table(result: dict) -> str:
     lines = [f"{result['images']} JPEGs {result['source']} -> {result['out_size']}x{result['out_size']} RGB; "
              f"stream batch {result['batch_size']}, {result['epochs']} epochs after a warm-up; "
@@ -373,8 +379,7 @@ def format_table(result: dict) -> str:
     cells = [[h for _, h, _ in COLUMNS]]
     for row in result["rows"]:
         cells.append([("-" if row.get(k) is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+    lines += aligned(cells)
     stages = [name for name in ("find", "create", "write", "finish")
               if any(name in row.get("ingest_stages_ms", {}) for row in result["rows"])]
     if stages:
@@ -385,8 +390,7 @@ def format_table(result: dict) -> str:
             got = row.get("ingest_stages_ms", {})
             cells.append([str(row["workers"])] + [f"{got[n]['wall']:,.0f} / {got[n]['cpu']:,.0f}" if n in got else "-"
                                                   for n in stages])
-        widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
-        lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+        lines += aligned(cells)
     t = result["targets"]
     lines.append("x linear: img/s over workers x the one-worker rate; steady: the ingest's rate past start-up (the "
                  "long run's extra rows over its extra seconds against the short one), as of a long ingest; "
