@@ -58,6 +58,8 @@ step() {
 {
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
     echo "cpus $(nproc); $(free -g | awk '/Mem/ {print $2 " GiB"}'); $($PY -V 2>&1)"
+    # how the CPUs are made (threads per core): what "linear" can mean on this machine
+    lscpu 2>/dev/null | grep -E "^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|L3 cache)"
     $PY -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
     df -h "$DATA" | tail -1
     # the disk's sequential write rate, for the ingest target (no fio here): 2 GiB, direct
@@ -95,7 +97,7 @@ GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --warmup 20 --data $D
 step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --breakdown-workers 2,14 \
     --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both --breakdown-upload both
 step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
-step scaling 170 $PY -m benchmarks.scaling --n 20000 --workers 1,2,4,8,14,16 --rounds 2 --epochs 2 --data "$DATA" \
+step scaling 240 $PY -m benchmarks.scaling --n 20000 --workers 1,2,4,8,14,16 --rounds 2 --epochs 2 --data "$DATA" \
     --json
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
     --json
