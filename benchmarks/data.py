@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import COMPLETE_MARKER, DATA_DIR, cached_dir
+from benchmarks.harness import COMPLETE_MARKER, DATA_DIR, available_cores, cached_dir
 
 PHOTO_SIZE = (375, 500)
 """(height, width) of :func:`ensure_photos`' JPEGs."""
@@ -121,13 +121,35 @@ def rows_for_gb(gb: float, size: int, channels: int) -> int:
     return math.ceil(gb * 1e9 / (size * size * channels))
 
 
+#: Photos per part when a folder is made by several processes (see :func:`make_jpegs`).
+JPEGS_PER_PART = 1000
+
+
+def make_jpegs(root: str, n: int, *, size: tuple[int, int] | None = None, seed: int = 0,
+               processes: int | None = None, per_part: int = JPEGS_PER_PART) -> None:
+    """:func:`h5stream.samples.make_realistic_jpegs` into ``root`` by ``processes`` processes (default: every
+    available core), each making parts of ``per_part`` photos: the same files as one process makes,
+    since each photo depends only on ``seed`` and its index."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from h5stream.samples import make_realistic_jpegs
+
+    kw = dict(seed=seed) if size is None else dict(seed=seed, size=size)
+    parts = [(lo, min(lo + per_part, n)) for lo in range(0, n, per_part)]
+    processes = min(processes or available_cores(), len(parts))
+    if processes <= 1:
+        make_realistic_jpegs(root, n, **kw)
+        return
+    with ProcessPoolExecutor(processes) as pool:
+        for done in [pool.submit(make_realistic_jpegs, root, hi, start=lo, **kw) for lo, hi in parts]:
+            done.result()
+
+
 def ensure_photos(data_dir: str, n: int, seed: int = 0) -> str:
     """A cached folder of ``n`` photo-like ~500x375 JPEGs in 4 class folders (made by
     :func:`h5stream.samples.make_realistic_jpegs`)."""
-    from h5stream.samples import make_realistic_jpegs
-
     return cached_dir(os.path.join(data_dir, f"jpegs-{n}-seed{seed}"),
-                      lambda root: make_realistic_jpegs(root, n, seed=seed))
+                      lambda root: make_jpegs(root, n, seed=seed))
 
 
 def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0, at_size: bool = False) -> tuple[str, str]:
@@ -138,10 +160,8 @@ def ensure_folder(data_dir: str, n: int, size: int, seed: int = 0, at_size: bool
     """
     if size >= 128 and not at_size:
         return ensure_photos(data_dir, n, seed), f"{PHOTO_SIZE[1]}x{PHOTO_SIZE[0]} JPEG"
-    from h5stream.samples import make_realistic_jpegs
-
     root = cached_dir(os.path.join(data_dir, f"jpegs-{n}-{size}px-seed{seed}"),
-                      lambda root: make_realistic_jpegs(root, n, size=(size, size), seed=seed))
+                      lambda root: make_jpegs(root, n, size=(size, size), seed=seed))
     return root, f"{size}x{size} JPEG"
 
 

@@ -20,7 +20,10 @@ besides img/s the table gives
   own ``x linear``: the workers' boot is paid once per ingest, so a short
   benchmark ingest understates how a long one scales;
 * ``stream parent ms/batch``: the parent's CPU per batch of 256 over the timed
-  epochs (after one warm-up epoch);
+  epochs (after one warm-up epoch); with ``--epochs-per-worker``, N workers
+  stream N times as many epochs, so that every measurement lasts about as long
+  (a fast stream's few hundred milliseconds would weigh its first and last
+  batches, where the workers are not all busy);
 * ``cap``: ``1 / that cost``, the rate no number of workers can pass while the
   parent's work stays as it is (rows/s for ingest, img/s for the stream; for
   a long ingest, the cap past start-up);
@@ -50,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, cached_dir, child_command,
+from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, child_command,
                                 child_env, emit, interleave, log)
 
 BATCH = 256
@@ -71,11 +74,10 @@ def default_workers(cores: int) -> list[int]:
 
 
 def ensure_jpegs(data_dir: str, n: int, side: int, seed: int = 0) -> str:
-    """A cached folder of ``n`` photo-like ``side`` x ``side`` JPEGs in 4 class folders."""
-    from h5stream.samples import make_realistic_jpegs
+    """A cached folder of ``n`` photo-like ``side`` x ``side`` JPEGs in 4 class folders, made on every core."""
+    from benchmarks.data import ensure_folder
 
-    return cached_dir(os.path.join(data_dir, f"jpegs-{n}-{side}px-seed{seed}"),
-                      lambda root: make_realistic_jpegs(root, n, size=(side, side), seed=seed))
+    return ensure_folder(data_dir, n, side, seed, at_size=True)[0]
 
 
 # -- the child side: one measurement in a fresh interpreter, the parent of its workers ------------
@@ -139,8 +141,9 @@ def stream_child(argv: list[str]) -> int:
 def kernel_child(argv: list[str]) -> int:
     """``kernel_child KIND SOURCE SIZE SECONDS``: the workers' own work with nothing around it for SECONDS, once a
     line on stdin says go (so that N such processes run together; it prints ``ready`` first): ``decode`` (a file of
-    the JPEG folder SOURCE decoded and resized as the ingest does, the first 256 files in turn) or ``augment`` (a
-    batch of 256 rows of the store SOURCE augmented as the stream does); prints ``{"images", "seconds"}``."""
+    the JPEG folder SOURCE decoded and resized as the ingest does, the first 256 files in turn) or ``augment`` (256
+    rows of the store SOURCE at a time, read from the file in shuffled order and augmented, as a pool worker does
+    with a cached uncompressed store); prints ``{"images", "seconds"}``."""
     import time
 
     import numpy as np
@@ -157,17 +160,29 @@ def kernel_child(argv: list[str]) -> int:
             decode_file(files[i % len(files)], spec)
             return 1
     else:
-        import h5py
-
         import h5stream
+        from h5stream.augment.worker import FileSource, _FileRows
+        from h5stream.read.locate import locate
+        from h5stream.store.meta import read_meta
 
-        with h5py.File(source, "r") as f:
-            batch = f["images"][:BATCH]
-        augment, ids = h5stream.Augment(**AUGMENT), np.arange(len(batch))
+        # As a pool worker reads a cached uncompressed store: 256 rows at their byte offsets, in shuffled order,
+        # into one buffer, augmented into another.
+        meta = read_meta(source)
+        chunks = locate(meta, cache_labels=False).image_chunks
+        if chunks is None:
+            raise SystemExit(f"{source}: its rows cannot be read by byte offset")
+        rows = _FileRows(FileSource(source, (meta.rows, *meta.image_shape), "uint8"))
+        order = np.random.default_rng(0).permutation(meta.rows)
+        offsets = chunks[order // meta.block_rows] + (order % meta.block_rows) * meta.row_bytes
+        augment, n = h5stream.Augment(**AUGMENT), min(BATCH, meta.rows)
+        batch = np.empty((n, *meta.image_shape), np.uint8)
+        out = np.empty((n, *meta.image_shape), augment.output_dtype())
 
         def work(i):
-            augment(batch, seed=0, epoch=i, row_ids=ids)
-            return len(batch)
+            at = (i * n) % (meta.rows - n + 1)
+            rows.read(offsets[at:at + n], batch)
+            augment(batch, seed=0, epoch=i, row_ids=order[at:at + n], out=out)
+            return n
     work(0)  # warm: imports, first allocations
     print("ready", flush=True)
     sys.stdin.readline()
@@ -269,6 +284,7 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
         "ingest_cap_past_startup_rows_per_s": 1e6 / run_us if run_us and run_us > 0 else None,
         "ingest_stages_ms": {name: {"wall": 1e3 * wall, "cpu": 1e3 * cpu} for name, (wall, cpu) in phases.items()},
         "stream_images_per_s": st,
+        "stream_images": stream_runs[0]["images"],
         "stream_parent_ms_per_batch": st_ms,
         "stream_cap_images_per_s": 1e3 * BATCH / st_ms if st_ms > 0 else None,
         "machine_decode_images_per_s": max(decode_rates) if decode_rates else None,
@@ -301,9 +317,10 @@ def add_efficiency(rows: list[dict]) -> list[dict]:
 
 
 def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, rounds: int, data_dir: str,
-        machine: bool = True, machine_seconds: float = 1.0) -> dict:
+        machine: bool = True, machine_seconds: float = 1.0, epochs_per_worker: bool = False) -> dict:
     """Every measurement, ``rounds`` interleaved rounds; the ``--json`` object.  ``machine``: also the same decode
-    and augment work in that many bare processes (:func:`machine_rate`), the machine's own scaling."""
+    and augment work in that many bare processes (:func:`machine_rate`), the machine's own scaling;
+    ``epochs_per_worker``: the stream with N workers times ``epochs * N`` epochs."""
     root = ensure_jpegs(data_dir, n, source)
     small = n // 4
     small_root = ensure_jpegs(data_dir, small, source) if small >= 1 else None
@@ -318,7 +335,7 @@ def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, roun
                 measurements[f"ingest {w} short"] = lambda w=w: _run_child(
                     "benchmarks.scaling:ingest_child", small_root, os.path.join(tmp, f"short{w}.h5"), size, w)
             measurements[f"stream {w}"] = lambda w=w: _run_child("benchmarks.scaling:stream_child", stores[w], w,
-                                                                 epochs)
+                                                                 epochs * w if epochs_per_worker else epochs)
             if machine:
                 measurements[f"decode {w}"] = lambda w=w: machine_rate("decode", root, size, w, machine_seconds)
                 measurements[f"augment {w}"] = lambda w=w: machine_rate("augment", stores[w], size, w,
@@ -329,7 +346,8 @@ def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, roun
                                       per_round.get(f"augment {w}", ())) for w in workers])
     return {
         "images": n, "short_images": small, "source": f"{source}x{source} JPEG", "out_size": size, "batch_size": BATCH,
-        "augment": AUGMENT, "epochs": epochs, "rounds": rounds, "cpus": available_cores(), "rows": table,
+        "augment": AUGMENT, "epochs": epochs, "epochs_per_worker": epochs_per_worker, "rounds": rounds,
+        "cpus": available_cores(), "rows": table,
         "targets": {"ingest_parent_us_per_row": TARGET_INGEST_US_PER_ROW,
                     "stream_parent_ms_per_batch": TARGET_STREAM_MS_PER_BATCH},
     }
@@ -373,7 +391,8 @@ def aligned(cells: list[list[str]]) -> list[str]:
 
 def format_table(result: dict) -> str:
     lines = [f"{result['images']} JPEGs {result['source']} -> {result['out_size']}x{result['out_size']} RGB; "
-             f"stream batch {result['batch_size']}, {result['epochs']} epochs after a warm-up; "
+             f"stream batch {result['batch_size']}, {result['epochs']} epochs"
+             f"{' per worker' if result.get('epochs_per_worker') else ''} after a warm-up; "
              f"{result['cpus']} CPUs, best of {result['rounds']}; parent = the process the workers serve"
              + (f"; past start-up: against {result['short_images']} JPEGs" if result.get("short_images") else "")]
     cells = [[h for _, h, _ in COLUMNS]]
@@ -411,6 +430,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", default=None,
                         help="comma-separated worker counts (default 1, 2, 4, ... up to the CPU count)")
     parser.add_argument("--epochs", type=int, default=3, help="timed stream epochs (default 3)")
+    parser.add_argument("--epochs-per-worker", action="store_true",
+                        help="N workers stream --epochs times N epochs (every measurement about as long)")
     parser.add_argument("--rounds", type=int, default=2, help="repeat each measurement, keep the best (default 2)")
     parser.add_argument("--no-machine", action="store_true",
                         help="skip the machine's own scaling (the workers' work in that many bare processes)")
@@ -431,7 +452,7 @@ def main(argv=None) -> int:
     log(f"scaling: {args.n} JPEGs, workers {workers}")
     result = run(n=args.n, source=args.source, size=args.size, workers=workers, epochs=args.epochs,
                  rounds=args.rounds, data_dir=args.data, machine=not args.no_machine,
-                 machine_seconds=args.machine_seconds)
+                 machine_seconds=args.machine_seconds, epochs_per_worker=args.epochs_per_worker)
     emit(rounded(result) if args.json else result, as_json=args.json, format_text=format_table)
     return 0
 

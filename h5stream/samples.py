@@ -210,13 +210,17 @@ def make_realistic_jpegs(
     size: tuple[int, int] = (375, 500),
     quality: int = 90,
     seed: int = 0,
+    start: int = 0,
 ) -> list[tuple[str, int]]:
-    """Write ``n`` photo-like JPEGs (``size`` = (height, width), ~500x375 default) into ``classes`` folders."""
+    """Write ``n`` photo-like JPEGs (``size`` = (height, width), ~500x375 default) into ``classes`` folders.
+
+    Photo ``i`` depends only on ``seed`` and ``i``: ``start`` writes photos ``start`` to ``n - 1`` alone, so that
+    processes can each make a part of one folder."""
     root = os.fspath(root)
     written = []
     for k in range(classes):
         os.makedirs(os.path.join(root, f"class_{k}"), exist_ok=True)
-    for i in range(n):
+    for i in range(start, n):
         k = i % classes
         rel = f"class_{k}/img_{i:06d}.jpg"
         realistic_image(seed * 1_000_003 + i, size).save(os.path.join(root, rel), format="JPEG", quality=quality)

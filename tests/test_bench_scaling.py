@@ -20,12 +20,14 @@ def test_default_workers_double_up_to_the_cores_and_end_on_them():
 
 def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_path, capsys):
     assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", "1,2", "--epochs", "1",
-                         "--rounds", "1", "--machine-seconds", "0.2", "--json", "--data", str(tmp_path)]) == 0
+                         "--epochs-per-worker", "--rounds", "1", "--machine-seconds", "0.2", "--json",
+                         "--data", str(tmp_path)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["images"] == 40 and result["short_images"] == 10
-    assert result["batch_size"] == 256 and result["rounds"] == 1
+    assert result["batch_size"] == 256 and result["rounds"] == 1 and result["epochs_per_worker"] is True
     assert [row["workers"] for row in result["rows"]] == [1, 2]
     for row in result["rows"]:
+        assert row["stream_images"] == 40 * row["workers"]  # one epoch of the 40 rows per worker
         assert row["ingest_images_per_s"] > 0 and row["stream_images_per_s"] > 0
         assert row["ingest_parent_us_per_row"] > 0 and row["stream_parent_ms_per_batch"] > 0
         # the cap is the rate the parent's cost allows: 1 / cost
@@ -126,3 +128,14 @@ def test_bench_scaling_refuses_a_worker_count_below_one(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         scaling.main(["--workers", "0", "--data", str(tmp_path)])
     assert exc.value.code == 2 and "--workers" in capsys.readouterr().err
+
+
+def test_a_jpeg_folder_made_by_several_processes_is_the_one_a_single_process_makes(tmp_path):
+    from benchmarks.data import make_jpegs
+
+    make_jpegs(str(tmp_path / "one"), 7, size=(24, 24), seed=3, processes=1)
+    make_jpegs(str(tmp_path / "parts"), 7, size=(24, 24), seed=3, processes=2, per_part=3)
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.jpg"))
+    assert len(files) == 7
+    assert files == sorted(p.relative_to(tmp_path / "parts") for p in (tmp_path / "parts").rglob("*.jpg"))
+    assert all((tmp_path / "one" / f).read_bytes() == (tmp_path / "parts" / f).read_bytes() for f in files)
