@@ -6,6 +6,7 @@
 #
 #   tools/gpu_check.sh [SECONDS]       # starts no step later than SECONDS after it began (default 540)
 #   STEPS="cuda_tests gpu_resnet18" R50_STEPS=200 tools/gpu_check.sh 300     # some of the steps; fewer ResNet-50 steps
+#   STEPS=scaling SCALING_WORKERS=1,14,15,16 SCALING_N=40000 tools/gpu_check.sh 300   # the scaling step's workers, JPEGs
 #
 # Each step has its own time limit, cut to what is left; a step that fails or runs out of time leaves the others'
 # figures.  Each step's stdout (a benchmark's JSON) and stderr go to NAME.out and NAME.log, packed into
@@ -21,6 +22,7 @@ DATA=${DATA:-/tmp/h5stream-gpu-check}
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-"cuda_tests gpu_resnet18 gpu_resnet50 scaling remote example_compile"}
 RES=$DATA/results
+export SCALING_N=${SCALING_N:-40000}
 mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1
 LOG=$RES/steps.log
@@ -79,7 +81,8 @@ if "gpu_resnet18" in steps or "gpu_resnet50" in steps:
     jobs += [(make_bench_file, (os.path.join(d, "gpu-50000-128.h5"),), dict(rows=50000, size=128, progress=False)),
              (ensure_folder, (d, 2048, 128), dict(at_size=True))]
 if "scaling" in steps:
-    jobs += [(ensure_jpegs, (d, 40000, 192), {}), (ensure_jpegs, (d, 10000, 192), {})]  # each on every core
+    n = int(os.environ["SCALING_N"])
+    jobs += [(ensure_jpegs, (d, n, 192), {}), (ensure_jpegs, (d, n // 4, 192), {})]  # each on every core
 if "remote" in steps:
     jobs += [(make_bench_file, (os.path.join(d, "remote-1g.h5"),), dict(rows=rows_for_gb(1, 128, 3), size=128,
                                                                         progress=False))]
@@ -97,8 +100,8 @@ GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --warmup 20 --data $D
 step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --breakdown-workers 2,14 \
     --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both --breakdown-upload both
 step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
-step scaling 300 $PY -m benchmarks.scaling --n 40000 --workers 1,2,4,8,14,16 --rounds 2 --epochs 1 --epochs-per-worker \
-    --data "$DATA" --json
+step scaling 300 $PY -m benchmarks.scaling --n "$SCALING_N" --workers "${SCALING_WORKERS:-1,2,4,8,14,16}" --rounds 2 \
+    --epochs 1 --epochs-per-worker --data "$DATA" --json
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
     --json
 step example_compile 90 $PY examples/train_torch.py --device cuda --quick --compile --work "$DATA/example"
