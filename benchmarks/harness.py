@@ -51,28 +51,41 @@ EVICT_INTERVAL_S = 0.25
 
 # -- rounds -------------------------------------------------------------------------------
 def interleave(measurements: Mapping[str, Callable[[], Any]], rounds: int, *,
-               before_round: Callable[[int], None] | None = None, progress: bool = False) -> list[dict[str, Any]]:
+               before_round: Callable[[int], None] | None = None, progress: bool = False,
+               after_each: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Call every measurement once per round, in the mapping's order, for ``rounds`` rounds.
 
     ``before_round(i)``, if given, runs at the start of round ``i`` (another
     measurement sampled in the same rounds).  With ``progress``, each call is
-    logged to stderr first.  Returns one dict per round, name -> result; a
-    measurement that returns ``None`` (a baseline that is not available) is
-    left out of that round.
+    logged to stderr first.  ``after_each(rounds_so_far)``, if given, runs
+    after every measurement with the results so far, the round under way
+    included (for a run cut short to leave what it measured).  Returns one
+    dict per round, name -> result; a measurement that returns ``None`` (a
+    baseline that is not available) is left out of that round.
     """
     out: list[dict[str, Any]] = []
     for i in range(rounds):
         if before_round is not None:
             before_round(i)
-        results = {}
+        results: dict[str, Any] = {}
+        out.append(results)
         for name, measure in measurements.items():
             if progress:
                 log(f"  round {i + 1}/{rounds}: {name}")
             value = measure()
             if value is not None:
                 results[name] = value
-        out.append(results)
+            if after_each is not None:
+                after_each(out)
     return out
+
+
+def write_json(path: str, obj) -> None:
+    """``obj`` as JSON in ``path``, replaced whole (a reader never sees half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=2)
+    os.replace(tmp, path)
 
 
 def by_name(rounds: Iterable[Mapping[str, Any]]) -> dict[str, list]:

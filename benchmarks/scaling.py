@@ -54,7 +54,7 @@ import sys
 import tempfile
 
 from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, child_command,
-                                child_env, emit, interleave, log)
+                                child_env, emit, interleave, log, write_json)
 
 BATCH = 256
 AUGMENT = dict(rotation_range=15, width_shift_range=0.1, height_shift_range=0.1, zoom_range=0.1,
@@ -316,11 +316,35 @@ def add_efficiency(rows: list[dict]) -> list[dict]:
     return out
 
 
+def table(workers: list[int], per_round: dict[str, list]) -> list[dict]:
+    """The table's rows from the measurements' results by name (:func:`~benchmarks.harness.by_name`), one per
+    worker count that has both its ingest and its stream measured (pure)."""
+    return add_efficiency([summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"],
+                                     per_round.get(f"ingest {w} short", ()), per_round.get(f"decode {w}", ()),
+                                     per_round.get(f"augment {w}", ()))
+                           for w in workers if per_round.get(f"ingest {w}") and per_round.get(f"stream {w}")])
+
+
 def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, rounds: int, data_dir: str,
-        machine: bool = True, machine_seconds: float = 1.0, epochs_per_worker: bool = False) -> dict:
+        machine: bool = True, machine_seconds: float = 1.0, epochs_per_worker: bool = False,
+        partial: str | None = None) -> dict:
     """Every measurement, ``rounds`` interleaved rounds; the ``--json`` object.  ``machine``: also the same decode
     and augment work in that many bare processes (:func:`machine_rate`), the machine's own scaling;
-    ``epochs_per_worker``: the stream with N workers times ``epochs * N`` epochs."""
+    ``epochs_per_worker``: the stream with N workers times ``epochs * N`` epochs; ``partial``: a file that holds
+    the object as it stands after each measurement (``"complete": false`` until the last), so that a run cut
+    short leaves what it measured."""
+    def result(per_round: dict[str, list], complete: bool) -> dict:
+        return {
+            "images": n, "short_images": small, "source": f"{source}x{source} JPEG", "out_size": size,
+            "batch_size": BATCH, "augment": AUGMENT, "epochs": epochs, "epochs_per_worker": epochs_per_worker,
+            "rounds": rounds, "complete": complete, "cpus": available_cores(), "rows": table(workers, per_round),
+            "targets": {"ingest_parent_us_per_row": TARGET_INGEST_US_PER_ROW,
+                        "stream_parent_ms_per_batch": TARGET_STREAM_MS_PER_BATCH},
+        }
+
+    def save(rounds_so_far: list[dict]) -> None:
+        write_json(partial, rounded(result(by_name(rounds_so_far), complete=False)))
+
     root = ensure_jpegs(data_dir, n, source)
     small = n // 4
     small_root = ensure_jpegs(data_dir, small, source) if small >= 1 else None
@@ -340,17 +364,12 @@ def run(*, n: int, source: int, size: int, workers: list[int], epochs: int, roun
                 measurements[f"decode {w}"] = lambda w=w: machine_rate("decode", root, size, w, machine_seconds)
                 measurements[f"augment {w}"] = lambda w=w: machine_rate("augment", stores[w], size, w,
                                                                         machine_seconds)
-        per_round = by_name(interleave(measurements, rounds, progress=True))
-    table = add_efficiency([summarise(w, per_round[f"ingest {w}"], per_round[f"stream {w}"],
-                                      per_round.get(f"ingest {w} short", ()), per_round.get(f"decode {w}", ()),
-                                      per_round.get(f"augment {w}", ())) for w in workers])
-    return {
-        "images": n, "short_images": small, "source": f"{source}x{source} JPEG", "out_size": size, "batch_size": BATCH,
-        "augment": AUGMENT, "epochs": epochs, "epochs_per_worker": epochs_per_worker, "rounds": rounds,
-        "cpus": available_cores(), "rows": table,
-        "targets": {"ingest_parent_us_per_row": TARGET_INGEST_US_PER_ROW,
-                    "stream_parent_ms_per_batch": TARGET_STREAM_MS_PER_BATCH},
-    }
+        per_round = by_name(interleave(measurements, rounds, progress=True,
+                                       after_each=save if partial else None))
+    out = result(per_round, complete=True)
+    if partial:
+        write_json(partial, rounded(out))
+    return out
 
 
 COLUMNS = (
@@ -395,6 +414,9 @@ def format_table(result: dict) -> str:
              f"{' per worker' if result.get('epochs_per_worker') else ''} after a warm-up; "
              f"{result['cpus']} CPUs, best of {result['rounds']}; parent = the process the workers serve"
              + (f"; past start-up: against {result['short_images']} JPEGs" if result.get("short_images") else "")]
+    if result.get("complete") is False:
+        lines.append("CUT SHORT: the rows are what the run had measured (a row once its ingest and stream were; "
+                     "fewer rounds than stated)")
     cells = [[h for _, h, _ in COLUMNS]]
     for row in result["rows"]:
         cells.append([("-" if row.get(k) is None else fmt.format(row[k])) for k, _, fmt in COLUMNS])
@@ -435,6 +457,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="repeat each measurement, keep the best (default 2)")
     parser.add_argument("--no-machine", action="store_true",
                         help="skip the machine's own scaling (the workers' work in that many bare processes)")
+    parser.add_argument("--partial", metavar="FILE",
+                        help="after each measurement, write the JSON so far to FILE (what a run cut short leaves)")
     parser.add_argument("--machine-seconds", type=float, default=1.0,
                         help="how long each bare process works (default 1)")
     add_data_option(parser)
@@ -452,7 +476,7 @@ def main(argv=None) -> int:
     log(f"scaling: {args.n} JPEGs, workers {workers}")
     result = run(n=args.n, source=args.source, size=args.size, workers=workers, epochs=args.epochs,
                  rounds=args.rounds, data_dir=args.data, machine=not args.no_machine,
-                 machine_seconds=args.machine_seconds, epochs_per_worker=args.epochs_per_worker)
+                 machine_seconds=args.machine_seconds, epochs_per_worker=args.epochs_per_worker, partial=args.partial)
     emit(rounded(result) if args.json else result, as_json=args.json, format_text=format_table)
     return 0
 

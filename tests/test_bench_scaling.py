@@ -7,6 +7,7 @@ import json
 import pytest
 
 from benchmarks import scaling
+from benchmarks.harness import by_name
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # decode and augment workers, their shared-memory slots
 
@@ -19,10 +20,12 @@ def test_default_workers_double_up_to_the_cores_and_end_on_them():
 
 
 def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_path, capsys):
+    partial = tmp_path / "partial.json"
     assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", "1,2", "--epochs", "1",
                          "--epochs-per-worker", "--rounds", "1", "--machine-seconds", "0.2", "--json",
-                         "--data", str(tmp_path)]) == 0
+                         "--data", str(tmp_path), "--partial", str(partial)]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["complete"] is True and json.loads(partial.read_text()) == result  # the last one written
     assert result["images"] == 40 and result["short_images"] == 10
     assert result["batch_size"] == 256 and result["rounds"] == 1 and result["epochs_per_worker"] is True
     assert [row["workers"] for row in result["rows"]] == [1, 2]
@@ -139,3 +142,25 @@ def test_a_jpeg_folder_made_by_several_processes_is_the_one_a_single_process_mak
     assert len(files) == 7
     assert files == sorted(p.relative_to(tmp_path / "parts") for p in (tmp_path / "parts").rglob("*.jpg"))
     assert all((tmp_path / "one" / f).read_bytes() == (tmp_path / "parts" / f).read_bytes() for f in files)
+
+
+
+def test_a_run_cut_short_leaves_the_rows_of_the_worker_counts_it_measured():
+    """--partial writes, after each measurement, the table of what interleave has so far: a row for each worker
+    count whose ingest and stream were measured, marked incomplete."""
+    from benchmarks.harness import interleave
+
+    ingest = {"rows": 40, "seconds": 0.5, "parent_cpu_s": 0.002}
+    stream = {"images": 40, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}
+    tables = []
+    with pytest.raises(KeyboardInterrupt):  # the run stops in the stream of 2 workers
+        interleave({"ingest 1": lambda: ingest, "stream 1": lambda: stream, "ingest 2": lambda: ingest,
+                    "stream 2": lambda: (_ for _ in ()).throw(KeyboardInterrupt)}, 2,
+                   after_each=lambda rounds: tables.append(scaling.table([1, 2], by_name(rounds))))
+    assert [[row["workers"] for row in t] for t in tables] == [[], [1], [1]]
+    assert tables[-1][0]["ingest_images_per_s"] == 80 and tables[-1][0]["stream_images_per_s"] == 400
+    result = {"images": 40, "source": "24x24 JPEG", "out_size": 16, "batch_size": 256, "epochs": 1, "rounds": 2,
+              "complete": False, "cpus": 2, "rows": tables[-1],
+              "targets": {"ingest_parent_us_per_row": 25.0, "stream_parent_ms_per_batch": 0.5}}
+    assert "CUT SHORT" in scaling.format_table(result)
+    assert "CUT SHORT" not in scaling.format_table(dict(result, complete=True))

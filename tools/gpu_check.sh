@@ -10,7 +10,8 @@
 #
 # Each step has its own time limit, cut to what is left; a step that fails or runs out of time leaves the others'
 # figures.  Each step's stdout (a benchmark's JSON) and stderr go to NAME.out and NAME.log, packed into
-# $OUT/gpu-check.tgz after each step (default OUT: ./gpu-check); the tables go to stdout.  A machine without
+# $OUT/gpu-check.tgz after each step (default OUT: ./gpu-check); the tables go to stdout (for a scaling step cut short,
+# what it had measured).  A machine without
 # PyTables or obstore can bring them as wheels in .whl/ (and the weed server as .whl/weed.xz): they are installed
 # into /tmp/site first.
 set -u
@@ -43,6 +44,7 @@ step() {
     local name=$1 limit=$2 left rc
     shift 2
     case " $STEPS " in *" $name "*) ;; *) return ;; esac
+    rm -f "$RES/$name.out" "$RES/$name.partial.json"  # no figures of an earlier run pass for this one's
     left=$((DEADLINE - $(date +%s)))
     [ "$left" -lt "$limit" ] && limit=$left
     if [ "$limit" -lt 15 ]; then
@@ -101,7 +103,7 @@ step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --
     --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both --breakdown-upload both
 step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
 step scaling 300 $PY -m benchmarks.scaling --n "$SCALING_N" --workers "${SCALING_WORKERS:-1,2,4,8,14,16}" --rounds 2 \
-    --epochs 1 --epochs-per-worker --data "$DATA" --json
+    --epochs 1 --epochs-per-worker --data "$DATA" --json --partial "$RES/scaling.partial.json"
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
     --json
 step example_compile 90 $PY examples/train_torch.py --device cuda --quick --compile --work "$DATA/example"
@@ -116,8 +118,11 @@ for name, fmt in (("gpu_resnet18", gpu.format_text), ("gpu_resnet50", gpu.format
     try:
         result = json.load(open(os.path.join(res, name + ".out")))
     except (OSError, ValueError) as exc:
-        print(f"--- {name}: no result ({exc})")
-        continue
+        try:  # a step cut short: what it had measured, where it writes that as it goes
+            result = json.load(open(os.path.join(res, name + ".partial.json")))
+        except (OSError, ValueError):
+            print(f"--- {name}: no result ({exc})")
+            continue
     print(f"--- {name}\n{fmt(result)}")
 PYTHON
 tail -n 4 "$RES/example_compile.out" "$RES/example_compile.log" 2>/dev/null
