@@ -556,10 +556,10 @@ def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest
             yielded.append(images)
             yield images, reasons, digests
 
-    def append(self, images, labels, paths, image_digests=()):
+    def append(self, images, labels, paths, image_digests=(), **kw):
         from_slot = any(np.may_share_memory(images, v) for v in yielded)
         appends.append((self.rows, len(paths), from_slot))
-        return real_append(self, images, labels, paths, image_digests)
+        return real_append(self, images, labels, paths, image_digests, **kw)
 
     monkeypatch.setattr(DecodePool, "imap", imap)
     monkeypatch.setattr(StoreWriter, "append", append)
@@ -588,3 +588,83 @@ def test_an_ingest_says_where_its_time_and_its_own_cpu_went_by_stage(class_src, 
     assert all(wall >= 0 and cpu >= 0 for wall, cpu in result.phases.values())
     assert sum(wall for wall, _ in result.phases.values()) == pytest.approx(result.seconds)
     assert result.phases["write"][0] > 0  # the rows were decoded in that stage, by the worker
+
+
+@pytest.mark.parametrize("fewest_slots", [False, True])
+def test_a_chunk_the_caller_holds_stays_unchanged_until_it_asks_past_it_and_every_chunk_comes(tmp_path,
+                                                                                             monkeypatch,
+                                                                                             fewest_slots):
+    """imap(hold=1): a chunk's rows stay as they were while the caller takes the next chunk, and are reused only
+    once it asks for the one after; with the fewest result slots a pool has (one worker, two slots: a small
+    /dev/shm) every chunk still comes, in order."""
+    from h5stream import shm
+    from h5stream.ingest.pool import DecodePool
+
+    names = [f"{i:03d}.png" for i in range(40)]
+    for i, name in enumerate(names):
+        Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(tmp_path / name)
+    spec = DecodeSpec(size=(8, 8))
+    chunks = [names[i:i + 2] for i in range(0, len(names), 2)]  # more chunks than result slots
+    if fewest_slots:  # room for two slots of two rows
+        monkeypatch.setattr(shm, "shm_free_bytes", lambda: 2 * 2 * 2 * 8 * 8 * 3)
+    pool = DecodePool(1, spec.shape, rows_per_task=2)
+    try:
+        assert (pool._state.slots.array.shape[0] == 2) is fewest_slots
+        pool.start()
+        seen, before = [], None
+        for images, reasons, _ in pool.imap(str(tmp_path), chunks, spec, hold=1):
+            assert reasons == [None, None]
+            if before is not None:
+                held, copy = before
+                assert np.array_equal(held, copy)  # the previous chunk, still as it came
+            seen.append(images[:, 0, 0, 0].tolist())
+            before = (images, images.copy())
+    finally:
+        pool.close()
+    assert seen == [[i, i + 1] for i in range(0, 40, 2)]
+
+
+def test_a_decode_slot_is_reused_only_once_the_disk_has_written_its_blocks(tmp_path, monkeypatch):
+    """The disk writes a chunk's blocks while the ingest takes the next chunk, from the decode slot itself.  Here
+    the disk writes nothing until the ingest waits for it: were a slot reused before its blocks were written,
+    the store would hold another chunk's pixels there."""
+    import threading
+    import types
+
+    from conftest import direct_io_folder
+    from h5stream.store import rawchunks
+    from h5stream.store.checksum import verify_store
+    from h5stream.store.writer import StoreWriter
+
+    src = tmp_path / "src"
+    written = make_class_folder(src, classes=2, per_class=60, size=(20, 24), fmt="png", seed=9)
+    cond, allowed, started = threading.Condition(), [0], [0]
+    real_wait = StoreWriter.wait_direct_writes
+
+    def wait_direct_writes(self, upto=None):
+        with cond:  # the disk may now write what is waited for
+            allowed[0] = max(allowed[0], self.direct_writes if upto is None else upto)
+            cond.notify_all()
+        return real_wait(self, upto)
+
+    def pwrite(fd, data, offset):
+        with cond:
+            started[0] += 1
+            if started[0] > 1:  # the first is made at once, in the ingest's thread
+                cond.wait_for(lambda: allowed[0] >= started[0])
+        return os.pwrite(fd, data, offset)
+
+    monkeypatch.setattr(StoreWriter, "wait_direct_writes", wait_direct_writes)
+    monkeypatch.setattr(rawchunks, "os", types.SimpleNamespace(**{**vars(os), "pwrite": pwrite}))
+    with direct_io_folder(str(tmp_path)) as folder:
+        out = os.path.join(folder, "o.h5")
+        # rows of 768 bytes: a block of 16 is 3 pages, so whole blocks can go direct from a decode slot
+        result = ingest(IngestOptions(src=str(src), out=out, size=(16, 16), workers=2, block_rows=16,
+                                      commit_rows=10_000, order="sorted", progress=False))
+        assert result.ingested == len(written) and started[0] > 4  # blocks went direct
+        assert verify_store(out).ok
+        with h5py.File(out, "r") as f:
+            paths = [schema.decode_path(p) for p in f[schema.PATHS][:]]
+            for i, rel in enumerate(paths):
+                np.testing.assert_array_equal(f[schema.IMAGES][i],
+                                              decode_file(str(src / rel), DecodeSpec(size=(16, 16))))

@@ -200,3 +200,134 @@ def test_a_disk_that_refuses_a_direct_write_as_misaligned_gets_every_block_throu
         with h5py.File(path, "r") as f:
             assert np.array_equal(f[schema.IMAGES][:], images)
         assert verify_store(path).ok
+
+
+def _pwrite_patched(monkeypatch, pwrite):
+    """Direct writes go through ``pwrite(fd, data, offset)``."""
+    import os
+    import types
+
+    from h5stream.store import rawchunks
+
+    monkeypatch.setattr(rawchunks, "os", types.SimpleNamespace(**{**vars(os), "pwrite": pwrite}))
+
+
+def test_direct_writes_are_made_in_order_by_a_thread_of_their_own_while_the_caller_goes_on(tmp_path, monkeypatch):
+    """The first write is made at once; later ones are queued: write() returns while the disk is still busy
+    with an earlier one, wait(upto) returns once that many are done, wait() once all are, in order."""
+    import os
+    import threading
+
+    from h5stream.store.rawchunks import RawChunks
+
+    calls, busy, go = [], threading.Event(), threading.Event()
+
+    def pwrite(fd, data, offset):
+        calls.append((offset, threading.current_thread().name))
+        if len(calls) == 2:  # the disk is slow with the second block
+            busy.set()
+            go.wait()
+        return os.pwrite(fd, data, offset)
+
+    _pwrite_patched(monkeypatch, pwrite)
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/f"
+        with open(path, "wb") as fh:
+            fh.truncate(4 * 4096)
+        blocks = aligned_empty((4, 4096))
+        for k in range(4):
+            blocks[k] = k + 1
+        raw = RawChunks.open(path)
+        try:
+            assert raw.write(blocks[0], 0)  # at once, in this thread
+            assert calls == [(0, threading.current_thread().name)]
+            assert raw.write(blocks[1], 4096) and raw.write(blocks[2], 8192) and raw.write(blocks[3], 12288)
+            busy.wait()  # the second is under way and held; the caller went on regardless
+            assert raw.submitted == 4
+            raw.wait(1)  # the first is done
+            go.set()
+            raw.wait()
+            assert [offset for offset, _ in calls] == [0, 4096, 8192, 12288]
+            assert {name for _, name in calls[1:]} == {"h5stream-direct-writes"}
+        finally:
+            go.set()
+            raw.close()
+        with open(path, "rb") as fh:
+            assert fh.read() == blocks.tobytes()
+
+
+def test_a_failed_direct_write_is_raised_by_the_next_wait_and_the_writes_after_it_are_not_made(tmp_path,
+                                                                                               monkeypatch):
+    import errno
+    import os
+    import threading
+
+    from h5stream.store.rawchunks import RawChunks
+
+    calls, go = [], threading.Event()
+
+    def pwrite(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 2:
+            go.wait()  # fails only once the third block is queued behind it
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return os.pwrite(fd, data, offset)
+
+    _pwrite_patched(monkeypatch, pwrite)
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/f"
+        with open(path, "wb") as fh:
+            fh.truncate(3 * 4096)
+        blocks = aligned_empty((3, 4096))
+        blocks[:] = 5
+        raw = RawChunks.open(path)
+        try:
+            assert raw.write(blocks[0], 0) and raw.write(blocks[1], 4096) and raw.write(blocks[2], 8192)
+            go.set()
+            with pytest.raises(OSError) as info:
+                raw.wait()
+            assert info.value.errno == errno.EIO and calls == [0, 4096]  # the third was dropped, not written
+            with pytest.raises(OSError):
+                raw.write(blocks[0], 0)  # and every later call says so
+        finally:
+            go.set()
+            raw.close()
+        with open(path, "rb") as fh:
+            assert fh.read(4096) == blocks[0].tobytes() and fh.read() == bytes(2 * 4096)
+
+
+def test_a_store_whose_direct_write_fails_after_the_append_returned_keeps_its_last_commit(tmp_path, monkeypatch):
+    """append(wait=False) returns before its blocks are on the disk; the failure of one comes with the next
+    commit as a StoreWriteError, before any count names those rows, and the file is its last commit."""
+    import errno
+    import os
+
+    from h5stream.errors import StoreWriteError
+
+    calls = []
+
+    def pwrite(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 2:  # the second block of the second append
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return os.pwrite(fd, data, offset)
+
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/s.h5"
+        images = aligned_empty((320, 16, 16, 3))
+        images[:] = np.random.default_rng(3).integers(0, 256, images.shape, dtype=np.uint8)
+        writer = StoreWriter.create(path, image_shape=(16, 16, 3), class_names=["a"], block_rows=64)
+        try:
+            writer.append(images[:128], np.zeros(128, np.int64), [f"{i}" for i in range(128)])
+            writer.commit()
+            _pwrite_patched(monkeypatch, pwrite)
+            with pytest.raises(StoreWriteError) as info:  # from the commit (or the append, if it was that late)
+                writer.append(images[128:], np.zeros(192, np.int64), [f"{i}" for i in range(128, 320)], wait=False)
+                writer.commit()
+        finally:
+            writer.discard()
+        assert info.value.errno == errno.EIO and info.value.rows_committed == 128
+        assert len(calls) == 2  # the second block's write failed; the third was not tried
+        assert read_meta(path).rows == 128
+        with h5py.File(path, "r") as f:
+            assert np.array_equal(f[schema.IMAGES][:128], images[:128])

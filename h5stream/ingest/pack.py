@@ -49,6 +49,7 @@ import numbers
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +69,9 @@ ORDERS = ("shuffled", "sorted")
 #: made it ≈ 10 µs of every row's ≈ 35, 1024 makes it ≈ 2-3.  What a crash loses grows with it: at most 1024 rows
 #: (or one block) of decoding, about a second on one core.
 COMMIT_ROWS = 1024
+#: Decoded chunks whose slots the pool keeps for the writing loop: the disk writes one chunk's blocks while the
+#: loop takes the next (the writing process's work and the disk's time overlap instead of adding up).
+HELD_CHUNKS = 1
 #: The last tasks shrink to this many files, so no worker finishes long after the others.
 MIN_FILES_PER_TASK = 4
 #: Decode processes per CPU at most: beyond two, more only cost memory (decoding is CPU-bound; a second
@@ -243,9 +247,10 @@ def block_split(rows: int, staged: int, n: int, block_rows: int) -> tuple[int, i
 class _BlockWriter:
     """Hands decoded rows to a :class:`~h5stream.store.writer.StoreWriter` in whole blocks (HDF5 chunks).
 
-    Whole blocks are appended straight from the rows given (a decode slot:
-    valid until the pool is asked for the next chunk, and :meth:`add` is done
-    with it before returning), with the image digests the decode workers
+    Whole blocks are appended straight from the rows given (a decode slot,
+    which the pool keeps for the caller until its blocks are written: see
+    ``_write_all``), written by the store's I/O thread while the ingest goes
+    on, with the image digests the decode workers
     computed for them, so on the common path no row is copied or hashed here.
     Rows that do not make a whole block from a block boundary (around a
     skipped file, a short last task, a store that ends mid-block) are copied
@@ -280,7 +285,8 @@ class _BlockWriter:
                 self.write_staged()
         if whole:
             end = head + whole
-            self._writer.append(images[head:end], labels[head:end], paths[head:end], () if head else digests)
+            self._writer.append(images[head:end], labels[head:end], paths[head:end], () if head else digests,
+                                wait=False)
         if tail:
             self._stage(images[-tail:], labels[-tail:], paths[-tail:])
 
@@ -533,6 +539,9 @@ def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, 
         else:
             report.add(rel, LEFT_OUT + why)
     blocks = _BlockWriter(writer, block_rows, tuple(writer.images.shape[1:]), label_shape, labels_all.dtype)
+    # The disk writes a chunk's blocks while the next chunk is taken: the pool keeps the last HELD_CHUNKS slots
+    # for this loop, and before it asks for the next chunk (which frees the oldest) that chunk's writes are done.
+    written_by: deque[int] = deque()  # per chunk kept, the direct writes submitted once it was added
     ingested = 0
     starts, chunks = [0], []  # task k covers pending[starts[k]:starts[k + 1]], files chunks[k]
     delivered = 0  # files of the tasks handed back so far
@@ -552,7 +561,7 @@ def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, 
                disable=None if opts.progress is None else not opts.progress)
     try:
         for chunk_no, (images, reasons, digests) in enumerate(
-                pool.imap(source.root, next_chunks(), target.spec, block_rows)):
+                pool.imap(source.root, next_chunks(), target.spec, block_rows, hold=HELD_CHUNKS)):
             paths, labels = chunks[chunk_no], labels_all[starts[chunk_no]:starts[chunk_no + 1]]
             delivered = starts[chunk_no + 1]
             kept = reasons.count(None)
@@ -567,6 +576,9 @@ def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, 
                 ingested += kept
             if writer.rows - writer.committed_rows >= opts.commit_rows:
                 commit()
+            written_by.append(writer.direct_writes)
+            if len(written_by) > HELD_CHUNKS:
+                writer.wait_direct_writes(written_by.popleft())  # its slot is freed by the next request
             bar.update(len(reasons))
         pool.finish()
         blocks.write_staged()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import deque
 
 import numpy as np
 import xxhash
@@ -167,13 +168,14 @@ class DecodePool:
         """Process ids of the workers (for monitoring and tests)."""
         return self._state.workers.pids
 
-    def imap(self, root: str, chunks, spec, digest_rows: int = 0):
+    def imap(self, root: str, chunks, spec, digest_rows: int = 0, hold: int = 0):
         """Decode ``chunks`` (lists of paths relative to ``root``; any iterable, read one chunk at a time as a
         slot frees, so a generator may size the next chunk from what was yielded so far) with ``spec``; yield
         ``(images, reasons, digests)`` per chunk in order, ``images`` holding the files whose reason is None,
-        ``digests`` :func:`group_digests` of them (by ``digest_rows``).  Raises :class:`WorkerError` when a
-        worker dies, raises in a task, or answers nothing for ``timeout_s``; OSError for a process limit
-        (too many open files).  Caller's thread."""
+        ``digests`` :func:`group_digests` of them (by ``digest_rows``).  ``images`` stays unchanged until the
+        caller asks for the ``hold + 1``-th chunk after it (with ``hold`` 0: the next one).  Raises
+        :class:`WorkerError` when a worker dies, raises in a task, or answers nothing for ``timeout_s``; OSError
+        for a process limit (too many open files).  Caller's thread."""
         if self.workers == 0:
             from h5stream.ingest.decode import decode_task
 
@@ -185,6 +187,7 @@ class DecodePool:
         workers = self._state.workers
         slots = self._state.slots.array
         free = list(range(slots.shape[0]))[::-1]
+        held: deque[int] = deque()  # the slots of the chunks yielded last, the caller's until it asks further
         order = InOrder()
         in_flight = [0] * self.workers
         slot_of: dict[int, int] = {}
@@ -204,16 +207,25 @@ class DecodePool:
             slot_of[seq] = slot
             return True
 
-        while len(free) > 1 and submit():  # the last free slot is for the result being written out
-            pass
+        # Tasks in flight: every slot but the ones for the results being written out (hold + 1), and never none
+        # while a slot is free.
+        target = max(1, len(slots) - 1 - hold)
+
+        def top_up() -> None:
+            while free and order.next_submit - order.next_deliver < target and submit():
+                pass
+
+        top_up()
         while order.next_deliver < order.next_submit:
             while not order.ready():
                 self._receive(order, in_flight, slot_of)
             seq, (reasons, digests) = order.pop()
             slot = slot_of.pop(seq)
             yield slots[slot, :reasons.count(None)], reasons, digests
-            free.append(slot)  # the caller has asked for the next item: done with this slot
-            submit()
+            held.append(slot)  # the caller has asked for the next item: done with the slot held longest
+            if len(held) > hold:
+                free.append(held.popleft())
+            top_up()
 
     def _receive(self, order: InOrder, in_flight: list[int], slot_of: dict[int, int]) -> None:
         """Wait for the workers' next messages and file them; raise if a worker died, failed or went quiet."""

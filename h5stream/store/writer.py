@@ -29,8 +29,10 @@ HDF5 writes:
   of pixels are written as raw chunks, one write each from the caller's rows
   (no fill, no copy in HDF5): in a new store, where HDF5 allocates chunks as
   the array grows, straight to the disk at the chunk's offset
-  (:mod:`h5stream.store.rawchunks`, no copy into the page cache either),
-  otherwise through HDF5; a block's bytes are the same either way;
+  (:mod:`h5stream.store.rawchunks`, no copy into the page cache either, by
+  an I/O thread while the caller goes on when it appends with
+  ``wait=False``), otherwise through HDF5; a block's bytes are the same
+  either way;
 * :meth:`StoreWriter.commit` flushes, checks again and calls ``fsync`` (an
   I/O error on write-back surfaces there) before it raises the count.
 
@@ -244,7 +246,8 @@ class StoreWriter:
                 arr.truncate(n)
         self._flush()
 
-    def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=()) -> None:
+    def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=(), *,
+               wait: bool = True) -> None:
         """Append rows (not yet committed).  Shapes must match the store.  ``image_digests``: the block checksums
         of whole blocks of ``images`` from its first row, where they are known already (see
         :meth:`~h5stream.store.checksum.BlockHasher.add`); they are what :func:`h5stream.store.checksum.digest`
@@ -253,7 +256,9 @@ class StoreWriter:
         The rows' pixel chunks are written here, into file space allocated first; raises
         :class:`~h5stream.errors.StoreWriteError` (the file left as its last commit) when that fails.  Rows that
         start on a block boundary and fill whole blocks are written as HDF5 chunks straight from ``images``
-        (no copy); the caller keeps ``images`` unchanged only until this returns.  Their labels and paths (a few
+        (no copy); the caller keeps ``images`` unchanged only until this returns, or with ``wait=False`` until
+        :meth:`wait_direct_writes` says they are written (this returns once they are submitted: the disk writes
+        them while the caller goes on).  Their labels and paths (a few
         hundred bytes a row, copied here) are written with the next :meth:`commit`, in one write per array, or
         once :data:`PENDING_ROWS` wait.
         """
@@ -274,6 +279,8 @@ class StoreWriter:
         encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
         self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
+        if wait:
+            self.wait_direct_writes()
         if self._hasher is not None:
             self._hasher.add(images, labels, encoded, image_digests)
         self._pending.append((labels.copy(), encoded))  # the caller may reuse its labels' memory
@@ -392,9 +399,28 @@ class StoreWriter:
         except (OSError, tables.HDF5ExtError) as exc:
             raise self._fail(exc, cut_back=True) from exc
 
+    @property
+    def direct_writes(self) -> int:
+        """How many blocks were submitted for writing straight to the disk so far (see
+        :meth:`wait_direct_writes`)."""
+        return self._raw.submitted if self._raw is not None else 0
+
+    def wait_direct_writes(self, upto: int | None = None) -> None:
+        """Return once the first ``upto`` blocks submitted for writing straight to the disk (default: all) are
+        written: their rows' memory may then change.  :meth:`append` returns once those blocks are submitted,
+        not written (the disk writes while the caller goes on); :meth:`commit` waits for all of them first.
+        StoreWriteError when one failed."""
+        if self._raw is None:
+            return
+        try:
+            self._raw.wait(upto)
+        except OSError as exc:
+            raise self._fail(exc, cut_back=True) from exc
+
     def _flush(self) -> None:
         """Everything given to HDF5 so far on disk and durable, or StoreWriteError."""
         self._check_open()
+        self.wait_direct_writes()  # the blocks written straight to the disk, before the metadata that names them
         try:
             self._space.reserve(0)
         except OSError as exc:
