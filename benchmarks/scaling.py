@@ -89,8 +89,9 @@ def _self_cpu_s() -> float:
 
 
 def ingest_child(argv: list[str]) -> int:
-    """``ingest_child ROOT OUT SIZE WORKERS``: one ingest; prints ``{"rows", "seconds", "parent_cpu_s", "phases"}``
-    (``phases``: the ingest's own wall and CPU seconds per stage, ``IngestResult.phases``)."""
+    """``ingest_child ROOT OUT SIZE WORKERS``: one ingest; prints ``{"rows", "seconds", "parent_cpu_s", "phases",
+    "disk_wait_s"}`` (``phases``: the ingest's own wall and CPU seconds per stage, ``IngestResult.phases``;
+    ``disk_wait_s``: its wait for the disk's direct writes)."""
     import time
 
     import multiprocessing.popen_spawn_posix  # noqa: F401 - what ingest imports when it first runs: outside the clock
@@ -112,7 +113,8 @@ def ingest_child(argv: list[str]) -> int:
     if result.skipped:
         print(f"ingest skipped {result.skipped} files; see {result.report_path}", file=sys.stderr)
         return 1
-    print(json.dumps({"rows": result.ingested, "seconds": seconds, "parent_cpu_s": cpu, "phases": result.phases}))
+    print(json.dumps({"rows": result.ingested, "seconds": seconds, "parent_cpu_s": cpu, "phases": result.phases,
+                      "disk_wait_s": result.disk_wait_s}))
     return 0
 
 
@@ -270,7 +272,8 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
     ing = max(r["rows"] / r["seconds"] for r in ingest_runs)
     ing_us = min(1e6 * r["parent_cpu_s"] / r["rows"] for r in ingest_runs)
     run_us, startup_ms = past_startup(ingest_runs, list(small_ingest_runs))
-    phases = min(ingest_runs, key=lambda r: r["parent_cpu_s"]).get("phases") or {}
+    least = min(ingest_runs, key=lambda r: r["parent_cpu_s"])
+    phases = least.get("phases") or {}
     st = max(r["images"] / r["seconds"] for r in stream_runs)
     st_ms = min(1e3 * r["parent_cpu_s"] / r["batches"] for r in stream_runs)
     return {
@@ -283,6 +286,7 @@ def summarise(workers: int, ingest_runs: list[dict], stream_runs: list[dict],
         "ingest_startup_ms": startup_ms,
         "ingest_cap_past_startup_rows_per_s": 1e6 / run_us if run_us and run_us > 0 else None,
         "ingest_stages_ms": {name: {"wall": 1e3 * wall, "cpu": 1e3 * cpu} for name, (wall, cpu) in phases.items()},
+        "ingest_disk_wait_ms": 1e3 * least["disk_wait_s"] if "disk_wait_s" in least else None,
         "stream_images_per_s": st,
         "stream_images": stream_runs[0]["images"],
         "stream_parent_ms_per_batch": st_ms,
@@ -425,12 +429,14 @@ def format_table(result: dict) -> str:
               if any(name in row.get("ingest_stages_ms", {}) for row in result["rows"])]
     if stages:
         lines.append("ingest by stage, the run of least parent CPU: wall ms / parent CPU ms ("
-                     "find: walk and validate; create: pool and store; write: every row; finish: close)")
-        cells = [["workers"] + stages]
+                     "find: walk and validate; create: pool and store; write: every row; finish: close; "
+                     "disk wait: ms the parent waited for its direct writes, within write and finish)")
+        cells = [["workers"] + stages + ["disk wait"]]
         for row in result["rows"]:
             got = row.get("ingest_stages_ms", {})
+            wait = row.get("ingest_disk_wait_ms")
             cells.append([str(row["workers"])] + [f"{got[n]['wall']:,.0f} / {got[n]['cpu']:,.0f}" if n in got else "-"
-                                                  for n in stages])
+                                                  for n in stages] + ["-" if wait is None else f"{wait:,.0f}"])
         lines += aligned(cells)
     t = result["targets"]
     lines.append("x linear: img/s over workers x the one-worker rate; steady: the ingest's rate past start-up (the "

@@ -50,6 +50,8 @@ def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_
         assert list(stages) == ["find", "create", "write", "finish"]
         assert all(v["wall"] >= 0 and v["cpu"] >= 0 for v in stages.values())
         assert sum(v["cpu"] for v in stages.values()) <= 1e-3 * row["ingest_parent_us_per_row"] * 40 * 1.01 + 1
+        # its wait for the disk's direct writes lies within the write and finish stages
+        assert 0 <= row["ingest_disk_wait_ms"] <= stages["write"]["wall"] + stages["finish"]["wall"] + 1
     assert result["rows"][0]["ingest_x_linear"] == 1.0 and result["rows"][0]["machine_decode_x_linear"] == 1.0
 
 
@@ -71,8 +73,8 @@ def test_bench_scaling_table_has_every_column(tmp_path, capsys):
                                         [{"images": 40, "batches": 1, "seconds": 0.1, "parent_cpu_s": 0.001}])]
     lines = scaling.format_table(result).splitlines()
     at = next(i for i, text_line in enumerate(lines) if "by stage" in text_line)
-    assert lines[at + 1].split() == ["workers", "find", "create", "write", "finish"]
-    assert lines[at + 2].split() == ["2", "10", "/", "9", "200", "/", "20", "250", "/", "30", "40", "/", "3"]
+    assert lines[at + 1].split() == ["workers", "find", "create", "write", "finish", "disk", "wait"]
+    assert lines[at + 2].split() == ["2", "10", "/", "9", "200", "/", "20", "250", "/", "30", "40", "/", "3", "-"]
 
 
 def test_efficiency_is_set_against_one_worker_and_against_the_machines_own_scaling():

@@ -662,6 +662,8 @@ def test_a_decode_slot_is_reused_only_once_the_disk_has_written_its_blocks(tmp_p
         result = ingest(IngestOptions(src=str(src), out=out, size=(16, 16), workers=2, block_rows=16,
                                       commit_rows=10_000, order="sorted", progress=False))
         assert result.ingested == len(written) and started[0] > 4  # blocks went direct
+        # and the ingest says how long it waited for the disk: part of its write and finish stages
+        assert 0 < result.disk_wait_s <= result.phases["write"][0] + result.phases["finish"][0]
         assert verify_store(out).ok
         with h5py.File(out, "r") as f:
             paths = [schema.decode_path(p) for p in f[schema.PATHS][:]]

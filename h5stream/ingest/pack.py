@@ -128,7 +128,8 @@ class IngestResult:
     the labels CSV, not in a class folder, class not chosen, symlink not followed, symlink loop).  Both are
     listed in the skip report.  ``workers``: the decode processes used (``opts.workers`` capped by
     :func:`max_workers`).  ``phases``: ``(wall seconds, CPU seconds of this process)`` of each stage of the run in
-    order (see :class:`PhaseClock`): where a run's time and its one serial process's CPU went."""
+    order (see :class:`PhaseClock`): where a run's time and its one serial process's CPU went; ``disk_wait_s``:
+    the part of it this process waited for its direct writes to reach the disk."""
 
     out: str
     created: bool
@@ -143,6 +144,7 @@ class IngestResult:
     unreadable_folders: int = 0
     workers: int = 0
     phases: dict[str, tuple[float, float]] = field(default_factory=dict)
+    disk_wait_s: float = 0.0
 
     @property
     def images_per_s(self) -> float:
@@ -701,4 +703,5 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         already_stored=already, rows=start_rows + ingested, seconds=sum(wall for wall, _ in clock.phases.values()),
         file_bytes=os.path.getsize(opts.out), report_path=report_path if os.path.exists(report_path) else None,
         left_out=kinds, unreadable_folders=unreadable, workers=workers, phases=dict(clock.phases),
+        disk_wait_s=writer.direct_wait_s,
     )

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -114,6 +115,9 @@ class StoreWriter:
         self._space = SpaceGuard(self._fd, h5file.get_filesize, os.path.getsize(self._file))  # owned
         self._whole_chunks = _writes_whole_chunks(self.images)
         self._raw: RawChunks | None = None
+        #: Seconds spent waiting for direct writes to reach the disk (:meth:`wait_direct_writes`, commits
+        #: included): where the disk, not this process, held the writing up.
+        self.direct_wait_s = 0.0
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
         self._pending_rows = 0
         self._closed = False
@@ -412,10 +416,13 @@ class StoreWriter:
         StoreWriteError when one failed."""
         if self._raw is None:
             return
+        t0 = time.perf_counter()
         try:
             self._raw.wait(upto)
         except OSError as exc:
             raise self._fail(exc, cut_back=True) from exc
+        finally:
+            self.direct_wait_s += time.perf_counter() - t0
 
     def _flush(self) -> None:
         """Everything given to HDF5 so far on disk and durable, or StoreWriteError."""
