@@ -3,6 +3,7 @@ of about 512 KiB; plain h5py and PyTables read it; a store laid out the default 
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import h5py
@@ -212,13 +213,28 @@ def _pwrite_patched(monkeypatch, pwrite):
     monkeypatch.setattr(rawchunks, "os", types.SimpleNamespace(**{**vars(os), "pwrite": pwrite}))
 
 
+@contextlib.contextmanager
+def _direct_file(tmp_path, pages: int):
+    """``(path, blocks, raw)``: a file of ``pages`` pages on a file system that takes ``O_DIRECT``, page-aligned
+    memory of as many pages, and the file's :class:`~h5stream.store.rawchunks.RawChunks` (closed afterwards)."""
+    from h5stream.store.rawchunks import RawChunks
+
+    with direct_io_folder(str(tmp_path)) as folder:
+        path = f"{folder}/f"
+        with open(path, "wb") as fh:
+            fh.truncate(pages * 4096)
+        raw = RawChunks.open(path)
+        try:
+            yield path, aligned_empty((pages, 4096)), raw
+        finally:
+            raw.close()
+
+
 def test_direct_writes_are_made_in_order_by_a_thread_of_their_own_while_the_caller_goes_on(tmp_path, monkeypatch):
     """The first write is made at once; later ones are queued: write() returns while the disk is still busy
     with an earlier one, wait(upto) returns once that many are done, wait() once all are, in order."""
     import os
     import threading
-
-    from h5stream.store.rawchunks import RawChunks
 
     calls, busy, go = [], threading.Event(), threading.Event()
 
@@ -230,14 +246,9 @@ def test_direct_writes_are_made_in_order_by_a_thread_of_their_own_while_the_call
         return os.pwrite(fd, data, offset)
 
     _pwrite_patched(monkeypatch, pwrite)
-    with direct_io_folder(str(tmp_path)) as folder:
-        path = f"{folder}/f"
-        with open(path, "wb") as fh:
-            fh.truncate(4 * 4096)
-        blocks = aligned_empty((4, 4096))
+    with _direct_file(tmp_path, 4) as (path, blocks, raw):
         for k in range(4):
             blocks[k] = k + 1
-        raw = RawChunks.open(path)
         try:
             assert raw.write(blocks[0], 0)  # at once, in this thread
             assert calls == [(0, threading.current_thread().name)]
@@ -247,11 +258,10 @@ def test_direct_writes_are_made_in_order_by_a_thread_of_their_own_while_the_call
             raw.wait(1)  # the first is done
             go.set()
             raw.wait()
-            assert [offset for offset, _ in calls] == [0, 4096, 8192, 12288]
-            assert {name for _, name in calls[1:]} == {"h5stream-direct-writes"}
         finally:
             go.set()
-            raw.close()
+        assert [offset for offset, _ in calls] == [0, 4096, 8192, 12288]
+        assert {name for _, name in calls[1:]} == {"h5stream-direct-writes"}
         with open(path, "rb") as fh:
             assert fh.read() == blocks.tobytes()
 
@@ -261,8 +271,6 @@ def test_a_failed_direct_write_is_raised_by_the_next_wait_and_the_writes_after_i
     import errno
     import os
     import threading
-
-    from h5stream.store.rawchunks import RawChunks
 
     calls, go = [], threading.Event()
 
@@ -274,13 +282,8 @@ def test_a_failed_direct_write_is_raised_by_the_next_wait_and_the_writes_after_i
         return os.pwrite(fd, data, offset)
 
     _pwrite_patched(monkeypatch, pwrite)
-    with direct_io_folder(str(tmp_path)) as folder:
-        path = f"{folder}/f"
-        with open(path, "wb") as fh:
-            fh.truncate(3 * 4096)
-        blocks = aligned_empty((3, 4096))
+    with _direct_file(tmp_path, 3) as (path, blocks, raw):
         blocks[:] = 5
-        raw = RawChunks.open(path)
         try:
             assert raw.write(blocks[0], 0) and raw.write(blocks[1], 4096) and raw.write(blocks[2], 8192)
             go.set()
@@ -291,7 +294,6 @@ def test_a_failed_direct_write_is_raised_by_the_next_wait_and_the_writes_after_i
                 raw.write(blocks[0], 0)  # and every later call says so
         finally:
             go.set()
-            raw.close()
         with open(path, "rb") as fh:
             assert fh.read(4096) == blocks[0].tobytes() and fh.read() == bytes(2 * 4096)
 
