@@ -361,8 +361,11 @@ def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
     row = 3 * 128 * 128  # 48 KiB
     mib = 1 << 20
     assert decode_layout(2, row, None) == (9, 64)  # room: 64-row slots, four tasks in flight per worker
-    # Docker's 64 MiB with 16 workers: 64-row slots (3 MiB) give 10 < 17 slots; 32-row slots (1.5 MiB) give 21
+    # Docker's 64 MiB with 16 workers: 64-row slots (3 MiB) give 10 < 18 slots; 32-row slots (1.5 MiB) give 21
     assert decode_layout(16, row, 64 * mib) == (21, 32)
+    # 18 MiB with 2 workers: 64-row slots give 3, a slot per worker and one for the writer, which holds two (the
+    # one it takes and the one the disk writes): 32-row slots give 6
+    assert decode_layout(2, row, 18 * mib) == (6, 32)
     # 1 MiB rows and 40 MiB free: 64 and 32 rows refused, 16 rows (the floor) give 1 slot: the pool refuses
     assert decode_layout(2, mib, 40 * mib) == (1, 16)
     assert decode_layout(1, row, None, max_rows=4) == (5, 4)  # a smaller cap is kept as asked
@@ -371,7 +374,7 @@ def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
             slots, rows = decode_layout(workers, row, free)
             assert 16 <= rows <= 64 and slots == decode_slots(workers, rows * row, free)
             if rows > 16:  # shrunk only as far as needed: the next size up did not fit
-                assert rows == 64 or decode_slots(workers, 2 * rows * row, free) < workers + 1
+                assert rows == 64 or decode_slots(workers, 2 * rows * row, free) < workers + 2
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2, 3, 16])

@@ -274,12 +274,13 @@ def decode_slots(workers: int, slot_bytes: int, shm_free: int | None) -> int:
 def decode_layout(workers: int, row_bytes: int, shm_free: int | None, max_rows: int = MAX_FILES_PER_TASK,
                   min_rows: int = MIN_SLOT_ROWS) -> tuple[int, int]:
     """(result slots, rows per slot) for ``workers`` decode processes (pure): slots of ``max_rows`` rows,
-    halved while :func:`decode_slots` cannot give every worker a slot and one more, but not below
-    ``min_rows`` (nor ``max_rows`` when that is smaller); slots < ``workers + 1`` means refuse."""
+    halved while :func:`decode_slots` cannot give every worker a slot and two more (the writer's: the one it
+    takes and the one the disk is writing), but not below ``min_rows`` (nor ``max_rows`` when that is
+    smaller); slots < ``workers + 1`` means refuse (with ``workers + 1``, one worker waits at a time)."""
     rows = max(1, max_rows)
     floor = min(rows, max(1, min_rows))
     while True:
         slots = decode_slots(workers, rows * row_bytes, shm_free)
-        if slots >= workers + 1 or rows <= floor:
+        if slots >= workers + 2 or rows <= floor:
             return slots, rows
         rows = max(floor, rows // 2)
