@@ -130,8 +130,10 @@ def make_jpegs(root: str, n: int, *, size: tuple[int, int] | None = None, seed: 
     """:func:`h5stream.samples.make_realistic_jpegs` into ``root`` by ``processes`` processes (default: every
     available core), each making parts of ``per_part`` photos: the same files as one process makes,
     since each photo depends only on ``seed`` and its index."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from h5stream._spawn import main_module_hidden
     from h5stream.samples import make_realistic_jpegs
 
     kw = dict(seed=seed) if size is None else dict(seed=seed, size=size)
@@ -140,7 +142,9 @@ def make_jpegs(root: str, n: int, *, size: tuple[int, int] | None = None, seed: 
     if processes <= 1:
         make_realistic_jpegs(root, n, **kw)
         return
-    with ProcessPoolExecutor(processes) as pool:
+    # Spawned, not forked (the caller may have threads: a test runner's, a benchmark's), without re-running the
+    # caller's main script (which may be a benchmark's, or standard input).
+    with main_module_hidden(), ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         for done in [pool.submit(make_realistic_jpegs, root, hi, start=lo, **kw) for lo, hi in parts]:
             done.result()
 
