@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks and benchmarks that need a GPU or many cores, in one run, on a machine that has them:
-#   the CUDA tests, benchmarks.gpu (ResNet-18 with the per-thread table, ResNet-50), benchmarks.scaling up to the
-#   machine's cores, benchmarks.remote with the server and the client pinned apart, and the torch example with
+#   the CUDA tests, benchmarks.scaling up to the machine's cores, benchmarks.gpu (ResNet-18 with the per-thread
+#   table, ResNet-50), benchmarks.remote with the server and the client pinned apart, and the torch example with
 #   torch.compile (CUDA graphs).
 #
 #   tools/gpu_check.sh [SECONDS]       # starts no step later than SECONDS after it began (default 540)
@@ -21,7 +21,7 @@ DEADLINE=$((START + ${1:-540}))
 OUT=${OUT:-$PWD/gpu-check}
 DATA=${DATA:-/tmp/h5stream-gpu-check}
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"cuda_tests gpu_resnet18 gpu_resnet50 scaling remote example_compile"}
+STEPS=${STEPS:-"cuda_tests scaling gpu_resnet18 gpu_resnet50 remote example_compile"}
 RES=$DATA/results
 export SCALING_N=${SCALING_N:-40000}
 mkdir -p "$OUT" "$RES"
@@ -98,12 +98,13 @@ step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_torch.py -k 
 tail -n 3 "$RES/cuda_tests.out"
 wait $PREP || { echo "data preparation failed:"; tail -n 20 "$RES/data.log"; }
 
+# The many-core figures first (a full run may not reach the last steps), then the GPU's.
+step scaling 300 $PY -m benchmarks.scaling --n "$SCALING_N" --workers "${SCALING_WORKERS:-1,2,4,8,14,16}" --rounds 2 \
+    --epochs 1 --epochs-per-worker --data "$DATA" --json --partial "$RES/scaling.partial.json"
 GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --warmup 20 --data $DATA --json"
 step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --breakdown-workers 2,14 \
     --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both --breakdown-upload both
 step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
-step scaling 300 $PY -m benchmarks.scaling --n "$SCALING_N" --workers "${SCALING_WORKERS:-1,2,4,8,14,16}" --rounds 2 \
-    --epochs 1 --epochs-per-worker --data "$DATA" --json --partial "$RES/scaling.partial.json"
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
     --json
 step example_compile 90 $PY examples/train_torch.py --device cuda --quick --compile --work "$DATA/example"
