@@ -20,7 +20,9 @@
    written whole, once, straight from the decode slot where the rows fill it
    (:func:`block_split`; only rows around a skipped file, the chunks in flight
    when it was found, or a short task are copied, into one staging block, and
-   hashed here).  After every ``commit_rows`` rows or more
+   hashed here).  The disk writes a chunk's blocks (the store's I/O thread)
+   while this thread takes the next chunk (:data:`HELD_CHUNKS`).  After every
+   ``commit_rows`` rows or more
    (ending on a block boundary) the store is flushed and then
    ``committed_rows`` raised (see :class:`~h5stream.store.writer.StoreWriter`).
    With the default 4 MiB blocks a crash loses at most max(1024 rows, one
