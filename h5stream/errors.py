@@ -102,8 +102,9 @@ class StoreBusyError(H5StreamError, BlockingIOError):
 
 
 class ResourceLimitError(H5StreamError, OSError):
-    """A limit of this process stopped the job (too many open files, ``ulimit -n``); the message names the
-    limit and how to raise it.  ``errno`` is the operating system's error number."""
+    """A limit of this process stopped the job (too many open files, ``ulimit -n``; a shared-memory segment
+    over the file size limit, ``ulimit -f``); the message names the limit and how to raise it.  ``errno`` is
+    the operating system's error number."""
 
     def __init__(self, message: str, *, errno: int | None = None):
         super().__init__(message)

@@ -36,6 +36,7 @@ supported (the worker pool is POSIX-only; ``workers=0`` works everywhere).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
@@ -48,15 +49,15 @@ from multiprocessing import resource_tracker
 import numpy as np
 
 from h5stream._lend import Lender
-from h5stream.errors import BudgetError, ConfigError, StreamClosedError, WorkerError
+from h5stream.errors import BudgetError, ConfigError, ResourceLimitError, StreamClosedError, WorkerError
 
 try:  # CPython on POSIX; the module multiprocessing.shared_memory is built on
     import _posixshmem
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_names", "shm_free_bytes", "sweep_stale_segments",
-           "SHM_DIR"]
+__all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_limit_bytes", "segment_names", "shm_free_bytes",
+           "sweep_stale_segments", "SHM_DIR"]
 
 #: Where Linux exposes POSIX shared memory; used for diagnostics and tests only.
 SHM_DIR = "/dev/shm"
@@ -184,6 +185,24 @@ def shm_free_bytes() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def segment_limit_bytes() -> int | None:
+    """The largest segment this process may create: its file size limit (``ulimit -f``, ``RLIMIT_FSIZE``),
+    which binds the files of :data:`SHM_DIR` as it binds any other; None when unlimited (or unknown)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _over_file_size_limit(nbytes: int, limit: int | None) -> ResourceLimitError:
+    at = "" if limit is None else f" ({limit / 2**20:.1f} MiB)"
+    return ResourceLimitError(
+        f"cannot create a shared-memory segment of {nbytes / 2**20:.1f} MiB: over this process's file size limit"
+        f"{at}, which binds {SHM_DIR} too; raise it (ulimit -f unlimited)", errno=errno.EFBIG)
+
+
 def _require_posix() -> None:
     if _posixshmem is None:  # pragma: no cover - Windows
         raise ConfigError(
@@ -271,7 +290,9 @@ class SharedArray:
 
         The segment's memory is reserved up front (``posix_fallocate``), so a
         too-small ``/dev/shm`` (Docker's default is 64 MiB) fails here with
-        :class:`BudgetError` instead of a SIGBUS on first write.
+        :class:`BudgetError` instead of a SIGBUS on first write; a segment
+        larger than the file size limit (:func:`segment_limit_bytes`) with
+        :class:`~h5stream.errors.ResourceLimitError`.
         """
         _require_posix()
         shape, dtype = _validate(shape, dtype)
@@ -296,6 +317,8 @@ class SharedArray:
                 else:  # pragma: no cover - macOS
                     os.ftruncate(fd, nbytes)
             except OSError as exc:
+                if exc.errno == errno.EFBIG:  # the file size limit (ulimit -f), not a short /dev/shm
+                    raise _over_file_size_limit(nbytes, segment_limit_bytes()) from None
                 raise BudgetError(
                     f"cannot reserve {nbytes} bytes of shared memory for {name} ({exc.strerror}); "
                     f"free space in {SHM_DIR} or lower memory_budget (Docker: --shm-size)"

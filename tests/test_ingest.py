@@ -353,6 +353,10 @@ def test_decode_slots_fit_in_half_of_dev_shm_and_never_below_one_per_worker_plus
         for free in (0, 3 * mib, 100 * mib, None):
             n = decode_slots(workers, mib, free)
             assert n <= 4 * workers + 1 and (free is None or n * mib <= free // 2)
+    # The slots are one segment, one file of /dev/shm: never larger than the file size limit (ulimit -f)
+    assert decode_slots(2, mib, None, max_segment=5 * mib) == 5
+    assert decode_slots(2, mib, 8 * mib, max_segment=5 * mib) == 4  # whichever is tighter: half of 8 MiB here
+    assert decode_slots(2, mib, 1 << 40, max_segment=mib - 1) == 0
 
 
 def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
@@ -369,6 +373,10 @@ def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
     # 1 MiB rows and 40 MiB free: 64 and 32 rows refused, 16 rows (the floor) give 1 slot: the pool refuses
     assert decode_layout(2, mib, 40 * mib) == (1, 16)
     assert decode_layout(1, row, None, max_rows=4) == (5, 4)  # a smaller cap is kept as asked
+    # A file size limit of 4 MiB (ulimit -f binds /dev/shm's files too) with 2 workers: 64-row slots (3 MiB)
+    # give 1, 32-row slots 2, 16-row slots 5; with a 1 MiB limit 16-row slots give 1: the pool refuses
+    assert decode_layout(2, row, None, max_segment=4 * mib) == (5, 16)
+    assert decode_layout(2, row, None, max_segment=mib) == (1, 16)
     for workers in (1, 2, 8, 64):
         for free in (0, 5 * mib, 64 * mib, 1 << 40, None):
             slots, rows = decode_layout(workers, row, free)

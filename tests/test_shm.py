@@ -180,3 +180,27 @@ def test_new_prefix_carries_pid_and_start_time():
     assert m is not None and int(m.group(1)) == os.getpid()
     start = _start_ticks(os.getpid())
     assert (m.group(2) is None) if start is None else int(m.group(2), 16) == start
+
+
+def test_a_segment_over_the_file_size_limit_names_that_limit_not_dev_shm():
+    # ulimit -f binds /dev/shm's files too: the tmpfs refuses with EFBIG, which is not a short /dev/shm
+    code = (
+        "import resource, numpy as np\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))\n"
+        "from h5stream.errors import ResourceLimitError\n"
+        "from h5stream.shm import SharedArray, new_prefix, segment_limit_bytes, segment_names\n"
+        "assert segment_limit_bytes() == 1 << 20\n"
+        "with SharedArray.create((1 << 20,), np.uint8, new_prefix()) as ok:\n"
+        "    ok.array[-1] = 1\n"
+        "try:\n"
+        "    SharedArray.create(((1 << 20) + 1,), np.uint8, new_prefix())\n"
+        "except ResourceLimitError as exc:\n"
+        "    print(exc.errno, exc)\n"
+        "import os; print(len(segment_names(f'h5s_{os.getpid()}_')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    raised, left = done.stdout.splitlines()
+    assert raised.startswith("27 cannot create a shared-memory segment of 1.0 MiB"), raised  # EFBIG
+    assert "file size limit (1.0 MiB)" in raised and "ulimit -f unlimited" in raised and "free" not in raised
+    assert left == "0"  # the refused segment was unlinked

@@ -22,6 +22,7 @@ once it is between tasks.  The worker side (set-up and task) is here too:
 
 from __future__ import annotations
 
+import errno
 import os
 import weakref
 from collections import deque
@@ -32,7 +33,7 @@ import xxhash
 from h5stream import _deps
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
 from h5stream._spawn import keep_freed_heap
-from h5stream.errors import BudgetError, WorkerError
+from h5stream.errors import BudgetError, ResourceLimitError, WorkerError
 from h5stream.ingest.spec import FD_LIMIT_ERRNOS
 
 #: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.pack.task_sizes`).
@@ -133,10 +134,12 @@ class DecodePool:
         self._finished = False
         self._started = False
         if workers > 0:
-            from h5stream.shm import SharedArray, new_prefix, shm_free_bytes
+            from h5stream.shm import SharedArray, new_prefix, segment_limit_bytes, shm_free_bytes
 
             row_bytes = int(np.prod(row_shape, dtype=np.int64))
-            n_slots, rows = decode_layout(workers, row_bytes, shm_free_bytes(), rows_per_task)
+            max_segment = segment_limit_bytes()
+            n_slots, rows = decode_layout(workers, row_bytes, shm_free_bytes(), rows_per_task,
+                                          max_segment=max_segment)
             if n_slots >= workers + 1:
                 try:
                     self._state.slots = SharedArray.create((n_slots, rows, *row_shape), np.uint8,
@@ -146,6 +149,13 @@ class DecodePool:
                     pass  # /dev/shm filled up since it was measured: the same advice as below
             if self._state.slots is None:  # `rows`: the slot size decode_layout settled on (its floor when short)
                 need = (workers + 1) * rows * row_bytes * 2
+                if max_segment is not None and need // 2 > max_segment:
+                    raise ResourceLimitError(
+                        f"--workers {workers} needs a shared-memory segment of {need / 2 / 2**20:.1f} MiB for "
+                        f"decoded rows ({workers + 1} slots of {rows} rows), over this process's file size limit "
+                        f"(ulimit -f: {max_segment / 2**20:.1f} MiB), which binds /dev/shm too; raise it "
+                        "(ulimit -f unlimited), pass fewer --workers, or --workers 0 (decode in this process)",
+                        errno=errno.EFBIG)
                 raise BudgetError(
                     f"--workers {workers} needs at least {need / 2**20:.0f} MiB of shared memory free in /dev/shm "
                     f"for decoded rows ({workers + 1} slots of {rows} rows, using at most half of it); pass "
@@ -260,27 +270,30 @@ class DecodePool:
         self._finalizer()
 
 
-def decode_slots(workers: int, slot_bytes: int, shm_free: int | None) -> int:
+def decode_slots(workers: int, slot_bytes: int, shm_free: int | None, max_segment: int | None = None) -> int:
     """Result slots for ``workers`` decode processes (pure): ``4 * workers + 1`` (four tasks in flight per
     worker, one being written out), fewer where that would take more than half of ``shm_free`` (bytes free
-    in /dev/shm, None when unknown; Docker's default is 64 MiB), and never fewer than ``workers + 1``: below
-    that the workers would wait on the writer, and the caller should refuse."""
+    in /dev/shm, None when unknown; Docker's default is 64 MiB) or more than ``max_segment`` (the largest
+    segment the process may create, its file size limit; None: unlimited), and never fewer than
+    ``workers + 1``: below that the workers would wait on the writer, and the caller should refuse."""
     wanted = 4 * workers + 1
-    if shm_free is None or slot_bytes <= 0:
+    if slot_bytes <= 0:
         return wanted
-    return min(wanted, max(0, shm_free // 2 // slot_bytes))
+    room = [b for b in (None if shm_free is None else shm_free // 2, max_segment) if b is not None]
+    return min([wanted] + [max(0, b // slot_bytes) for b in room])
 
 
 def decode_layout(workers: int, row_bytes: int, shm_free: int | None, max_rows: int = MAX_FILES_PER_TASK,
-                  min_rows: int = MIN_SLOT_ROWS) -> tuple[int, int]:
+                  min_rows: int = MIN_SLOT_ROWS, max_segment: int | None = None) -> tuple[int, int]:
     """(result slots, rows per slot) for ``workers`` decode processes (pure): slots of ``max_rows`` rows,
-    halved while :func:`decode_slots` cannot give every worker a slot and two more (the writer's: the one it
-    takes and the one the disk is writing), but not below ``min_rows`` (nor ``max_rows`` when that is
-    smaller); slots < ``workers + 1`` means refuse (with ``workers + 1``, one worker waits at a time)."""
+    halved while :func:`decode_slots` (given ``shm_free`` and ``max_segment``) cannot give every worker a
+    slot and two more (the writer's: the one it takes and the one the disk is writing), but not below
+    ``min_rows`` (nor ``max_rows`` when that is smaller); slots < ``workers + 1`` means refuse (with
+    ``workers + 1``, one worker waits at a time)."""
     rows = max(1, max_rows)
     floor = min(rows, max(1, min_rows))
     while True:
-        slots = decode_slots(workers, rows * row_bytes, shm_free)
+        slots = decode_slots(workers, rows * row_bytes, shm_free, max_segment)
         if slots >= workers + 2 or rows <= floor:
             return slots, rows
         rows = max(floor, rows // 2)
