@@ -4,7 +4,8 @@
      KILL_DIR    absolute folder; only files whose path starts with it count
      KILL_AFTER  K >= 1: the process kills itself (SIGKILL) right after the K-th counted call returns;
                  0 or unset: nothing is killed
-     KILL_LOG    optional file: one line per counted call ("K call path"), written with raw syscalls
+     KILL_LOG    optional file: one line per counted call ("K call path"; the call named "thread-CALL" when a
+                 thread other than the main one made it), written with raw syscalls
 
    Counted calls, each one step the file system sees: open/openat that may create or truncate (O_CREAT,
    O_TRUNC), write/pwrite, ftruncate/truncate, fallocate/posix_fallocate, fsync/fdatasync, rename,
@@ -55,7 +56,8 @@ static void step(const char *call, const char *path) {
     long k = __atomic_add_fetch(&counted, 1, __ATOMIC_SEQ_CST);
     if (log_fd >= 0) {
         char line[4200];
-        int n = snprintf(line, sizeof line, "%ld %s %s\n", k, call, path);
+        const char *who = syscall(SYS_gettid) == getpid() ? "" : "thread-";
+        int n = snprintf(line, sizeof line, "%ld %s%s %s\n", k, who, call, path);
         if (n > 0)
             syscall(SYS_write, log_fd, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
     }

@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": "measure the stream against its baselines on a store",
     "preview": "write a PNG grid of images as the stream yields them",
     "verify": "check every committed row against the store's block checksums",
+    "repair": "rebuild a store whose writer was stopped while it rewrote the file in place",
 }
 """Subcommand -> one-line help; ``h5stream.commands.<name>`` runs it."""
 
@@ -129,4 +130,9 @@ def _verify(parser) -> None:
     parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
 
 
-_ARGUMENTS = {"ingest": _ingest, "info": _info, "bench": _bench, "preview": _preview, "verify": _verify}
+def _repair(parser) -> None:
+    parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+
+
+_ARGUMENTS = {"ingest": _ingest, "info": _info, "bench": _bench, "preview": _preview, "verify": _verify,
+              "repair": _repair}

@@ -8,7 +8,8 @@ A new store is written under a temporary name, ``OUT`` + :data:`CREATING_SUFFIX`
 (:func:`creating_path`), and takes its name with a rename followed by a sync of
 the folder (:func:`fsync_folder`).  After a failed write, :func:`cut_off` points
 HDF5's file descriptor at /dev/null, so nothing HDF5 still buffers reaches the
-file when the handle is closed.
+file when the handle is closed.  While HDF5 rewrites a published store in place,
+a marker lies beside it (:func:`flushing_path`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,25 @@ from h5stream.errors import StoreBusyError, StoreWriteError
 
 #: A new store is written as ``OUT`` + this until its first commit of rows (see :mod:`h5stream.store.writer`).
 CREATING_SUFFIX = ".creating"
+#: ``OUT`` + this is there while HDF5 rewrites a published store's structure in place (a flush or a close): one
+#: left behind says a writer stopped half-way through, and the store is rebuilt before it is written again.
+FLUSHING_SUFFIX = ".flushing"
 
 
 def creating_path(path: str | os.PathLike) -> str:
     """Where a new store at ``path`` is written before it takes its name."""
     return os.fspath(path) + CREATING_SUFFIX
+
+
+def flushing_path(path: str | os.PathLike) -> str:
+    """The marker beside the store at ``path`` that a flush of it is under way (see :data:`FLUSHING_SUFFIX`)."""
+    return os.fspath(path) + FLUSHING_SUFFIX
+
+
+def mark_flushing(path: str) -> None:
+    """Put the marker beside ``path`` (an empty file; a process kill cannot undo it once this returns).
+    Raises OSError when it cannot be made."""
+    os.close(os.open(flushing_path(path), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
 
 def describe(exc: BaseException) -> tuple[int | None, str]:
@@ -41,11 +56,17 @@ def describe(exc: BaseException) -> tuple[int | None, str]:
     return None, (text.splitlines()[0][:200] if text else type(exc).__name__)
 
 
+#: HDF5's metadata cache of a writer: HDF5's largest default, so that what one commit changes (a few index nodes
+#: and headers) stays in memory until the flush, which is when the flushing marker is there to cover its writes.
+WRITER_METADATA_CACHE_BYTES = 32 << 20
+
+
 def open_for_writing(path: str) -> tables.File:
     """PyTables handle with the chunk cache off (every chunk write happens, and is checked, where it is asked
-    for).  Raises StoreBusyError when HDF5's own lock is held elsewhere, StoreWriteError otherwise."""
+    for) and a metadata cache of :data:`WRITER_METADATA_CACHE_BYTES`.  Raises StoreBusyError when HDF5's own
+    lock is held elsewhere, StoreWriteError otherwise."""
     try:
-        return tables.open_file(path, mode="a", chunk_cache_size=0)
+        return tables.open_file(path, mode="a", chunk_cache_size=0, metadata_cache_size=WRITER_METADATA_CACHE_BYTES)
     except (tables.HDF5ExtError, OSError) as exc:
         if "unable to lock file" in str(exc):
             raise StoreBusyError(

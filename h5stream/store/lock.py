@@ -60,6 +60,36 @@ def _release(fd: int, sidecar: str) -> None:
     os.close(fd)
 
 
+PROC_LOCKS = "/proc/locks"
+
+
+def is_held(store_path: str | os.PathLike) -> bool | None:
+    """Whether some process (this one included) holds the writer's lock on ``store_path``, read from
+    ``/proc/locks`` without taking it (so asking never turns a writer away); None where that cannot be told."""
+    try:
+        st = os.stat(lock_path(store_path))
+    except FileNotFoundError:
+        return False  # every holder keeps the sidecar until it releases it
+    except OSError:
+        return None
+    try:
+        with open(PROC_LOCKS, encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 8786 fe:00:2154971 0 EOF"; waiters carry a "->"
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "WRITE":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            if int(inode) == st.st_ino and os.makedev(int(major, 16), int(minor, 16)) == st.st_dev:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 class StoreLock:
     """Held: only its owner writes ``store_path``.  Not thread-safe; :meth:`release` is idempotent.
 

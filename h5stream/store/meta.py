@@ -152,7 +152,8 @@ def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
     Raises :class:`StoreNotFoundError` if the file is missing,
     :class:`StorePermissionError` if it may not be read, :class:`StoreFormatError`
     if it is not HDF5 or not laid out as an h5stream store (no ``/images``, wrong
-    dtype or rank, labels shorter than images, bad attributes), and
+    dtype or rank, labels shorter than images, bad attributes, or a writer stopped
+    while it rewrote the file in place: see :mod:`h5stream.store.rebuild`), and
     :class:`StoreBusyError` if another process writing it never let its metadata
     be read whole.
     """
@@ -162,7 +163,22 @@ def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
         options = remote_options(remote)
         return replace(read_consistent(path, lambda f: _describe(path, f), remote=options), remote=options)
     path = os.fspath(path)
+    _refuse_torn(path)
     return read_consistent(path, lambda f: _describe(path, f))
+
+
+def _refuse_torn(path: str) -> None:
+    """StoreFormatError for a store whose writer stopped while HDF5 rewrote it in place (its flushing marker is
+    there and nobody holds the writer's lock: a writer that holds it is mid-flush, and reads settle)."""
+    from h5stream.store.handle import flushing_path
+    from h5stream.store.lock import is_held
+
+    marker = flushing_path(path)
+    if os.path.exists(marker) and os.path.exists(path) and is_held(path) is False:
+        raise StoreFormatError(
+            f"{path}: its last writer stopped while it rewrote the file's structure in place ({marker} is there), "
+            f"so the file may not read right; `h5stream repair {path}` rebuilds it from its committed rows "
+            f"(`h5stream ingest SRC {path} --append` does too, then adds to it)")
 
 
 def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5py.Dataset | None:

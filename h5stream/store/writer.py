@@ -54,6 +54,13 @@ is the writer's alone while it holds the store's lock: the next create reuses
 it, and :meth:`StoreWriter.open_append` removes one left beside a store.  A
 writer that fails or is discarded before the rename removes it.
 
+Once published, the store is rewritten in place by every flush (and by the
+close): meanwhile a marker lies beside it
+(:func:`~h5stream.store.handle.flushing_path`), removed once the flush is
+durable.  A marker left behind (a writer killed mid-flush, or a flush that
+failed) makes readers refuse the store and :meth:`StoreWriter.open_append`
+rebuild it from its committed rows first (:mod:`h5stream.store.rebuild`).
+
 A new store's file is laid out as :mod:`h5stream.store.layout` says (pages,
 chunk-index fanout, label chunk size) by :mod:`h5stream.store.create`; stores
 laid out otherwise are appended to as they are.  The file-level steps (open,
@@ -71,7 +78,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
-from h5stream.store import checksum, handle, layout, schema  # noqa: F401 - layout: tests patch it through here
+from h5stream.store import checksum, handle, layout, rebuild, schema  # noqa: F401 - layout: tests patch it through here
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
 from h5stream.store.lock import StoreLock
@@ -106,6 +113,7 @@ class StoreWriter:
         self.path = h5file.filename  # the store's name, in messages
         self._file = h5file.filename  # where it is on disk: the temporary name until published
         self._publish_to: str | None = None  # a new store's name, while it is written under the temporary one
+        self._publish_early = True  # a new store takes its name at its first commit of rows (else at close)
         root = h5file.root
         self.images = root._f_get_child(schema.IMAGES)
         self.labels = root._f_get_child(schema.LABELS)
@@ -147,9 +155,11 @@ class StoreWriter:
         overwrite: bool = False,
         expected_rows: int = 10_000,
         lock: StoreLock | None = None,
+        publish_early: bool = True,
     ) -> StoreWriter:
         """A new, empty store for ``path``, written under :func:`creating_path` until its first commit of
-        rows (or :meth:`close`) renames it to ``path`` (replacing the file there with ``overwrite``)."""
+        rows (or :meth:`close`; only :meth:`close` with ``publish_early=False``) renames it to ``path``
+        (replacing the file there with ``overwrite``)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             raise StoreExistsError(f"{path}: is a directory; give a file name such as {os.path.join(path, 'train.h5')}")
@@ -180,6 +190,7 @@ class StoreWriter:
                 raise StoreWriteError(f"{path}: cannot create it ({reason}); nothing was written",
                                       errno=code, strerror=reason, rows_committed=None) from exc
             writer.path, writer._publish_to = path, path
+            writer._publish_early = publish_early
             return writer
         except BaseException:
             if owned:
@@ -193,6 +204,8 @@ class StoreWriter:
         lock = StoreLock.acquire(path) if owned else lock
         try:
             handle.remove(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
+            if rebuild.needs_rebuild(path):  # a writer stopped while HDF5 rewrote the store in place
+                rebuild.rebuild(os.fspath(path), lock)
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
             if meta.format_version != schema.FORMAT_VERSION:
                 raise StoreFormatError(
@@ -342,7 +355,7 @@ class StoreWriter:
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
         self._flush()  # ... then the count that makes them visible
         self.committed_rows = n
-        if n and not self.published:
+        if n and not self.published and self._publish_early:
             self._publish()
         return n
 
@@ -430,6 +443,7 @@ class StoreWriter:
         self.wait_direct_writes()  # the blocks written straight to the disk, before the metadata that names them
         try:
             self._space.reserve(0)
+            marked = self._mark_flushing()
         except OSError as exc:
             raise self._fail(exc, cut_back=True) from exc
         try:
@@ -438,9 +452,21 @@ class StoreWriter:
             if self._fd is not None:
                 os.fsync(self._fd)
         except (OSError, tables.HDF5ExtError) as exc:
-            # HDF5 may have rewritten its index in place by now: the file is not cut back under it.
+            # HDF5 may have rewritten its index in place by now: the file is not cut back under it, and the
+            # marker stays, so the next writer rebuilds it.
             raise self._fail(exc, cut_back=False) from exc
         self._space.flushed()
+        if marked:
+            handle.remove(handle.flushing_path(self._file))
+
+    def _mark_flushing(self) -> bool:
+        """Before HDF5 rewrites a published store in place: the marker beside it (True), so a writer killed
+        half-way leaves word that the file's structure may be torn; nothing for a store not yet published (its
+        temporary file is never taken for the store).  OSError when it cannot be made."""
+        if not self.published:
+            return False
+        handle.mark_flushing(self._file)
+        return True
 
     def _fail(self, exc: BaseException, *, cut_back: bool) -> StoreWriteError:
         """Close after a failed write (see :meth:`discard`) and say what failed and what is kept."""
@@ -484,11 +510,15 @@ class StoreWriter:
         return done
 
     def _close_file(self) -> None:
-        """Close HDF5's handle after a commit, first trimming what was reserved past its end."""
+        """Close HDF5's handle after a commit, first trimming what was reserved past its end (HDF5 may write its
+        structure once more as it closes: the flushing marker is there meanwhile)."""
         self._space.trim()
         self._closed = True
         self._close_raw()
+        marked = self._mark_flushing()
         self._f.close()
+        if marked:
+            handle.remove(handle.flushing_path(self._file))
 
     def _close_raw(self) -> None:
         if self._raw is not None:

@@ -1,0 +1,104 @@
+"""Rebuild a store whose writer stopped while HDF5 rewrote its structure in place.
+
+HDF5 updates a file's headers, indexes and attributes in place, several writes
+per flush.  A writer killed between two of them (SIGKILL, the OOM killer, a
+failed flush) can leave a file whose committed rows still read, but whose
+structure no longer takes a write: appending to it fails inside HDF5, or worse.
+The writer leaves a marker beside the store for as long as HDF5 writes in place
+(:func:`~h5stream.store.handle.flushing_path`); :func:`rebuild` is what the next
+writer does when it finds one: check the committed rows against their block
+checksums, copy them into a fresh file under the temporary name, and give that
+file the store's name.  The old file stays as it is until the new one replaces
+it, so a rebuild that fails or is killed can simply be run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from h5stream.errors import StoreFormatError
+from h5stream.store import handle, schema
+from h5stream.store.checksum import verify_store
+from h5stream.store.lock import StoreLock
+from h5stream.store.meta import read_meta
+
+#: Rows copied per step: about this many bytes of pixels (whole blocks).
+COPY_BYTES = 64 << 20
+
+#: HDF5's filter id of Blosc (PyTables' ``blosc`` compression).
+_BLOSC_FILTER = 32001
+
+
+def copy_rows(block_rows: int, row_bytes: int, copy_bytes: int = COPY_BYTES) -> int:
+    """Rows per copy step (pure): whole blocks of about ``copy_bytes``, at least one block."""
+    blocks = max(1, copy_bytes // max(1, block_rows * row_bytes))
+    return blocks * block_rows
+
+
+def _compression(images: h5py.Dataset) -> str | None:
+    """The writer's name for ``images``' compression: ``"zlib"``, ``"blosc"`` or None."""
+    plist = images.id.get_create_plist()
+    codes = {plist.get_filter(i)[0] for i in range(plist.get_nfilters())}
+    if h5py.h5z.FILTER_DEFLATE in codes:
+        return "zlib"
+    return "blosc" if _BLOSC_FILTER in codes else None
+
+
+def rebuild(path: str, lock: StoreLock) -> int:
+    """Copy the committed rows of the store at ``path`` (whose flushing marker says a writer stopped half-way)
+    into a fresh file that takes its name, then remove the marker.  Returns the rows kept.  The caller holds
+    the store's ``lock``.
+
+    Raises :class:`~h5stream.errors.StoreFormatError` when the store does not open or its committed rows do
+    not match their checksums (the file and the marker are left as they are), and
+    :class:`~h5stream.errors.StoreWriteError` when the copy cannot be written (the temporary file is removed,
+    the store is left as it is).
+    """
+    from h5stream.store.writer import StoreWriter  # the writer calls this module: imported when it is used
+
+    advice = "ingest again into a new file (--overwrite)"
+    try:
+        meta = read_meta(path)
+    except StoreFormatError as exc:
+        raise StoreFormatError(f"{exc}; a writer stopped while it updated this store's structure, which cannot "
+                               f"be rebuilt: {advice}") from exc
+    checked = verify_store(path)
+    if not checked.ok:
+        bad = checked.bad[0]
+        raise StoreFormatError(
+            f"{path}: a writer stopped while it updated this store's structure, and rows {bad.start}-{bad.stop - 1} "
+            f"no longer match their checksums ({', '.join(bad.parts)}), so it cannot be rebuilt: {advice}")
+    with h5py.File(path, "r", locking=False) as f:
+        attrs = f.attrs
+        pad_fill = json.loads(attrs[schema.ATTR_PAD_FILL]) if schema.ATTR_PAD_FILL in attrs else None
+        writer = StoreWriter.create(
+            path, image_shape=meta.image_shape, label_kind=meta.label_kind, label_shape=meta.label_shape,
+            class_names=meta.class_names, label_columns=meta.label_columns, block_rows=meta.block_rows,
+            resize_mode=meta.resize_mode, background=json.loads(attrs[schema.ATTR_BACKGROUND]), pad_fill=pad_fill,
+            storage_order=meta.storage_order, order_seed=meta.order_seed,
+            compression=_compression(f[schema.IMAGES]), overwrite=True, expected_rows=max(1, meta.rows), lock=lock,
+            publish_early=False)
+        try:
+            images, labels, paths = f[schema.IMAGES], f[schema.LABELS], f[schema.PATHS]
+            step = copy_rows(meta.block_rows, meta.row_bytes)
+            for start in range(0, meta.rows, step):
+                stop = min(meta.rows, start + step)
+                writer.append(images[start:stop], labels[start:stop],
+                              [schema.decode_path(p) for p in paths[start:stop]])
+                writer.commit()  # durable under the temporary name; the store keeps its name meanwhile
+            writer.set_attr(schema.ATTR_SKIPPED, np.int64(meta.skipped_files))
+        except BaseException:
+            writer.discard()  # removes the temporary file: the store and its marker stay
+            raise
+    writer.close()  # commits, takes the store's name (a rename) and syncs the folder
+    handle.remove(handle.flushing_path(path))
+    return meta.rows
+
+
+def needs_rebuild(path: str | os.PathLike) -> bool:
+    """Whether a writer left the store at ``path`` half-way through an in-place update (its marker is there)."""
+    return os.path.exists(handle.flushing_path(path))
