@@ -232,11 +232,13 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
                                                                             writes):
     # A real ingest process SIGKILLs itself right after each of its changes to files in OUT's folder in turn (HDF5's
     # writes one by one, truncations, fallocates, fsyncs, renames, the lock and the skip report): every state a kill
-    # can leave while a store is created and gets its first rows.  OUT must be absent or a store `h5stream info`
-    # opens, holding a prefix of the full run; `--append` must finish it exactly, leaving no temporary file.
-    # (HDF5 rewrites headers in place and the superblock last: a store visible under its name during its first
-    # flush of rows could be left unreadable, "addr overflow ... eoa = 8192".)  Part p kills after steps k with
-    # k % 3 == p: make test runs a third of the steps, the slow tests the rest.
+    # can leave while a store is created and gets its first rows.  OUT must be absent, or a store `h5stream info`
+    # opens, holding a prefix of the full run, or (killed while HDF5 rewrote the published store in place: later
+    # commits rewrite headers and attributes, several writes each) one that readers refuse until it is rebuilt;
+    # `--append` must finish it exactly, leaving no temporary file or marker.  (HDF5 rewrites headers in place and
+    # the superblock last: a store visible under its name during its first flush of rows could be left
+    # unreadable, "addr overflow ... eoa = 8192".)  Part p kills after steps k with k % 3 == p: make test runs a
+    # third of the steps, the slow tests the rest.
     src = tmp_path / "src"
     make_class_folder(src, classes=2, per_class=10, size=(20, 24), fmt="png", seed=3)
     (src / "class_0" / "broken.png").write_bytes(b"not a png")  # the skip report is written too
