@@ -18,7 +18,7 @@ from h5stream.ingest.pack import storage_permutation
 from h5stream.samples import make_class_folder, nearest_class
 from h5stream.shm import segment_names
 from h5stream.store import read_meta
-from h5stream.store.handle import flushing_path
+from h5stream.store.handle import flushing_path, mark_flushing
 
 
 N_CLASSES, PER_CLASS = 3, 400
@@ -298,6 +298,54 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
         assert [got[k] for k in ("rows", "stored", "skipped", "report")] == [
             want[k] for k in ("rows", "stored", "skipped", "report")], step  # no junk past the count either
         assert sorted(os.listdir(folder)) == ["o.h5", "o.h5.skipped.csv"], (step, os.listdir(folder))
+
+
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.parametrize("part", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_a_kill_at_every_step_of_a_repair_leaves_the_store_to_repair_again(kill_shim, tmp_path, h5cli, part):
+    # `h5stream repair` killed after each of its file changes in turn (half of them in make test, by k % 2): the
+    # store is the old one still marked (readers refuse it) or the rebuilt one, and the next repair ends with
+    # exactly the committed rows, no temporary file and no marker.
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=10, size=(20, 24), fmt="png", seed=3)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    assert h5cli("ingest", src, ref / "o.h5", "--size", "8", "--block-rows", "4", "--workers", "0")[0] == 0
+    want = _store_state(ref / "o.h5")
+    mark_flushing(str(ref / "o.h5"))
+
+    def killed_repair(folder, after, log=None):
+        env = dict(os.environ, LD_PRELOAD=kill_shim, KILL_DIR=str(folder), KILL_AFTER=str(after))
+        if log is not None:
+            env["KILL_LOG"] = str(log)
+        return subprocess.run([sys.executable, "-m", "h5stream", "repair", str(folder / "o.h5")], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    whole, log = tmp_path / "whole", tmp_path / "steps.log"
+    shutil.copytree(ref, whole)
+    assert killed_repair(whole, 0, log).returncode == 0
+    steps = log.read_text().splitlines()
+    assert any(s.endswith("o.h5.creating") for s in steps) and any(" rename" in s for s in steps), steps
+    for k, step in enumerate(steps, start=1):
+        if k % 2 != part:
+            continue
+        folder = tmp_path / f"k{k}"
+        shutil.copytree(ref, folder)
+        out = folder / "o.h5"
+        assert killed_repair(folder, k).returncode == -signal.SIGKILL, step
+        if os.path.exists(flushing_path(out)):
+            assert h5cli("info", out)[0] == 1, step  # refused until repaired
+        else:
+            got = _store_state(out)
+            assert all(np.array_equal(got[key], want[key]) for key in ("images", "labels", "paths")), step
+        code, stdout, err = h5cli("repair", out)
+        assert code == 0, (step, err)
+        got = _store_state(out)
+        for key in ("images", "labels", "paths"):
+            assert np.array_equal(got[key], want[key]), (step, key)
+        assert [got[key] for key in ("rows", "stored", "skipped")] == [want[key] for key in ("rows", "stored",
+                                                                                             "skipped")], step
+        assert sorted(os.listdir(folder)) == ["o.h5"], (step, os.listdir(folder))
 
 
 def test_append_removes_what_a_killed_overwrite_left_beside_a_store(class_src, tmp_path, h5cli):
