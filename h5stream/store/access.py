@@ -57,6 +57,7 @@ from h5stream.errors import (
     StoreReadError,
 )
 from h5stream.remote.config import is_url
+from h5stream.store.lock import lock_holders
 
 T = TypeVar("T")
 
@@ -66,7 +67,6 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 SETTLE_S = 5.0
 """How long :func:`read_consistent` keeps trying while another process writes the file."""
 
-PROC_LOCKS = "/proc/locks"
 
 STOP_POLL_S = 0.1
 """How often a :class:`StoppableFile` read in progress looks at its stop flag."""
@@ -300,33 +300,11 @@ def _raise_io_failure(path: str, raw: io.FileIO, exc: BaseException) -> None:
 
 
 def writer_pids(path: str | os.PathLike) -> list[int]:
-    """Processes other than this one holding a write lock on ``path`` (HDF5 writers lock the whole file).
-
-    Read from ``/proc/locks`` (Linux), which takes no lock itself, so asking never
-    gets in a writer's way.  [] where that is unavailable or nobody writes.
-    """
-    try:
-        st = os.stat(path)
-        with open(PROC_LOCKS, encoding="ascii", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
+    """Processes other than this one holding a write lock on ``path`` (HDF5 writers lock the whole file), read
+    without taking a lock (:func:`~h5stream.store.lock.lock_holders`); [] where that is unavailable or nobody
+    writes."""
     me = os.getpid()
-    pids = []
-    for line in lines:
-        fields = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 8786 fe:00:2154971 0 EOF"; waiters carry a "->" and hold nothing.
-        if len(fields) < 6 or fields[1] == "->" or fields[3] != "WRITE":
-            continue
-        try:
-            pid = int(fields[4])
-            major, minor, inode = fields[5].split(":")
-            dev = os.makedev(int(major, 16), int(minor, 16))
-        except ValueError:
-            continue
-        if int(inode) == st.st_ino and dev == st.st_dev and pid != me and pid not in pids:
-            pids.append(pid)
-    return pids
+    return [pid for pid in lock_holders(path) or () if pid != me]
 
 
 def busy_error(path: str, pids: list[int], what: str) -> StoreBusyError:

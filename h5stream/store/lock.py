@@ -63,31 +63,42 @@ def _release(fd: int, sidecar: str) -> None:
 PROC_LOCKS = "/proc/locks"
 
 
-def is_held(store_path: str | os.PathLike) -> bool | None:
-    """Whether some process (this one included) holds the writer's lock on ``store_path``, read from
-    ``/proc/locks`` without taking it (so asking never turns a writer away); None where that cannot be told."""
+def lock_holders(path: str | os.PathLike) -> list[int] | None:
+    """Processes holding a write lock on the file at ``path`` (flock, POSIX or OFD: HDF5 writers lock the whole
+    file, a writer of ours its sidecar), this one included.  Read from ``/proc/locks`` (Linux), which takes no
+    lock itself, so asking never turns a writer away.  [] where the file is not there, None where
+    ``/proc/locks`` cannot be read."""
     try:
-        st = os.stat(lock_path(store_path))
-    except FileNotFoundError:
-        return False  # every holder keeps the sidecar until it releases it
+        st = os.stat(path)
     except OSError:
-        return None
+        return []
     try:
         with open(PROC_LOCKS, encoding="ascii", errors="replace") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return None
+    pids = []
     for line in lines:
-        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 8786 fe:00:2154971 0 EOF"; waiters carry a "->"
-        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "WRITE":
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 8786 fe:00:2154971 0 EOF"; waiters carry a "->" and hold nothing.
+        if len(fields) < 6 or fields[1] == "->" or fields[3] != "WRITE":
             continue
         try:
+            pid = int(fields[4])
             major, minor, inode = fields[5].split(":")
-            if int(inode) == st.st_ino and os.makedev(int(major, 16), int(minor, 16)) == st.st_dev:
-                return True
+            dev = os.makedev(int(major, 16), int(minor, 16))
         except ValueError:
             continue
-    return False
+        if int(inode) == st.st_ino and dev == st.st_dev and pid not in pids:
+            pids.append(pid)
+    return pids
+
+
+def is_held(store_path: str | os.PathLike) -> bool | None:
+    """Whether some process (this one included) holds the writer's lock on ``store_path`` (see
+    :func:`lock_holders`); None where that cannot be told."""
+    holders = lock_holders(lock_path(store_path))  # every holder keeps the sidecar until it releases it
+    return None if holders is None else bool(holders)
 
 
 class StoreLock:
