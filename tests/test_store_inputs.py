@@ -296,6 +296,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.alone  # any other test's command or ingest would sweep the killed creator's segment first
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_command_sweeps_segments_of_killed_streams(base_store, tmp_path, h5cli, command):
