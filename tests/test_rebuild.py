@@ -14,6 +14,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+import tables
 
 from h5stream.errors import StoreFormatError
 from h5stream.store import read_meta, schema
@@ -67,6 +68,25 @@ def test_readers_refuse_a_store_left_mid_update_until_repair_rebuilds_it_whole(s
     assert verify_store(store).ok
     nothing = f"{store}: nothing to repair (no writer was stopped while it rewrote the file)\n"
     assert h5cli("repair", store)[1] == nothing
+
+
+@pytest.mark.parametrize("compression", ["zlib", "blosc"])
+def test_a_rebuild_keeps_the_stores_compression(class_src, tmp_path, h5cli, compression):
+    root, _ = class_src
+    out = tmp_path / "c.h5"
+    assert h5cli("ingest", root, out, *ARGS, "--compression", compression)[0] == 0
+
+    def rows():  # through PyTables: plain h5py has no blosc
+        with tables.open_file(out, "r") as f:
+            return {k: f.root._f_get_child(k).read() for k in (schema.IMAGES, schema.LABELS, schema.PATHS)}
+
+    before, was = rows(), read_meta(out).compression
+    mark_flushing(str(out))
+    code, stdout, err = h5cli("repair", out)
+    assert code == 0, err
+    after = rows()
+    assert read_meta(out).compression == was and all(np.array_equal(after[k], before[k]) for k in before)
+    assert verify_store(out).ok
 
 
 def test_a_writer_at_work_is_not_taken_for_a_stopped_one(store):

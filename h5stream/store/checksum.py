@@ -286,7 +286,8 @@ def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | 
     return _expected(f, rows, block_rows)
 
 
-def _readable_by_h5py(dataset) -> bool:
+def readable_by_h5py(dataset) -> bool:
+    """Whether plain h5py has every filter of h5py ``dataset`` (not blosc, without hdf5plugin)."""
     import h5py
 
     dcpl = dataset.id.get_create_plist()
@@ -330,6 +331,13 @@ class _TablesRows(_H5pyRows):
         self._f.close()
 
 
+def row_reader(path: str, via_h5py: bool, remote=None):
+    """A reader of row ranges of a store's three arrays into caller-owned buffers (``read(name, start, stop,
+    out)``, ``close()``, ``errors``): plain h5py (a URL with the ``remote`` options), or PyTables, for a local
+    file, where h5py lacks a filter (``via_h5py`` False, see :func:`readable_by_h5py`)."""
+    return _H5pyRows(path, remote) if via_h5py else _TablesRows(path)
+
+
 def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYTES,
                  progress: Callable[[int, int], None] | None = None, remote=None) -> VerifyResult:
     """Read every committed row of ``path`` once, in order, and check each block against its digests.
@@ -363,7 +371,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
         n_blocks = -(-rows // block_rows)
         expected = _expected(f, rows, block_rows)
         dtypes = {name: (f[name].dtype, f[name].shape[1:]) for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
-        via_h5py = _readable_by_h5py(f[schema.IMAGES])
+        via_h5py = readable_by_h5py(f[schema.IMAGES])
     row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64)) for dt, shape in dtypes.values())
     slice_rows = max(1, slice_bytes // row_bytes // block_rows) * block_rows
     slice_rows = min(slice_rows, max(block_rows, rows))
@@ -372,7 +380,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     if not via_h5py and meta.remote is not None:
         raise StoreFormatError(f"{meta.path}: compressed with a filter only PyTables reads, which cannot read a URL; "
                                "verify a local copy")
-    source = _H5pyRows(meta.path, meta.remote) if via_h5py else _TablesRows(meta.path)
+    source = row_reader(meta.path, via_h5py, meta.remote)
     bad: list[BadBlock] = []
     try:
         for start in range(0, rows, slice_rows):

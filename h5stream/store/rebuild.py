@@ -22,7 +22,7 @@ import numpy as np
 
 from h5stream.errors import StoreFormatError
 from h5stream.store import handle, schema
-from h5stream.store.checksum import verify_store
+from h5stream.store.checksum import readable_by_h5py, row_reader, verify_store
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import read_meta
 
@@ -72,28 +72,38 @@ def rebuild(path: str, lock: StoreLock) -> int:
         raise StoreFormatError(
             f"{path}: a writer stopped while it updated this store's structure, and rows {bad.start}-{bad.stop - 1} "
             f"no longer match their checksums ({', '.join(bad.parts)}), so it cannot be rebuilt: {advice}")
+    order = (schema.IMAGES, schema.LABELS, schema.PATHS)
     with h5py.File(path, "r", locking=False) as f:
         attrs = f.attrs
         pad_fill = json.loads(attrs[schema.ATTR_PAD_FILL]) if schema.ATTR_PAD_FILL in attrs else None
+        background = json.loads(attrs[schema.ATTR_BACKGROUND])
+        compression = _compression(f[schema.IMAGES])
+        via_h5py = readable_by_h5py(f[schema.IMAGES])
+        step = copy_rows(meta.block_rows, meta.row_bytes)
+        bufs = {name: np.empty((min(step, max(1, meta.rows)), *f[name].shape[1:]), f[name].dtype) for name in order}
+    source = row_reader(path, via_h5py)  # PyTables where plain h5py lacks the filter (blosc)
+    try:
         writer = StoreWriter.create(
             path, image_shape=meta.image_shape, label_kind=meta.label_kind, label_shape=meta.label_shape,
             class_names=meta.class_names, label_columns=meta.label_columns, block_rows=meta.block_rows,
-            resize_mode=meta.resize_mode, background=json.loads(attrs[schema.ATTR_BACKGROUND]), pad_fill=pad_fill,
-            storage_order=meta.storage_order, order_seed=meta.order_seed,
-            compression=_compression(f[schema.IMAGES]), overwrite=True, expected_rows=max(1, meta.rows), lock=lock,
-            publish_early=False)
+            resize_mode=meta.resize_mode, background=background, pad_fill=pad_fill,
+            storage_order=meta.storage_order, order_seed=meta.order_seed, compression=compression, overwrite=True,
+            expected_rows=max(1, meta.rows), lock=lock, publish_early=False)
         try:
-            images, labels, paths = f[schema.IMAGES], f[schema.LABELS], f[schema.PATHS]
-            step = copy_rows(meta.block_rows, meta.row_bytes)
             for start in range(0, meta.rows, step):
                 stop = min(meta.rows, start + step)
-                writer.append(images[start:stop], labels[start:stop],
-                              [schema.decode_path(p) for p in paths[start:stop]])
+                for name in order:
+                    source.read(name, start, stop, bufs[name])
+                k = stop - start
+                writer.append(bufs[schema.IMAGES][:k], bufs[schema.LABELS][:k],
+                              [schema.decode_path(p) for p in bufs[schema.PATHS][:k]])
                 writer.commit()  # durable under the temporary name; the store keeps its name meanwhile
             writer.set_attr(schema.ATTR_SKIPPED, np.int64(meta.skipped_files))
         except BaseException:
             writer.discard()  # removes the temporary file: the store and its marker stay
             raise
+    finally:
+        source.close()
     writer.close()  # commits, takes the store's name (a rename) and syncs the folder
     handle.remove(handle.flushing_path(path))
     return meta.rows
