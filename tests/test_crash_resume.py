@@ -18,7 +18,8 @@ from h5stream.ingest.pack import storage_permutation
 from h5stream.samples import make_class_folder, nearest_class
 from h5stream.shm import segment_names
 from h5stream.store import read_meta
-from h5stream.store.handle import flushing_path, mark_flushing
+from h5stream.store.handle import mark_flushing
+from h5stream.store.schema import flushing_path
 
 
 N_CLASSES, PER_CLASS = 3, 400

@@ -19,7 +19,8 @@ import tables
 from h5stream.errors import StoreFormatError
 from h5stream.store import read_meta, schema
 from h5stream.store.checksum import verify_store
-from h5stream.store.handle import creating_path, flushing_path, mark_flushing
+from h5stream.store.handle import creating_path, mark_flushing
+from h5stream.store.schema import flushing_path
 from h5stream.store.lock import StoreLock, is_held, lock_path
 from h5stream.store.rebuild import copy_rows
 
@@ -87,6 +88,14 @@ def test_a_rebuild_keeps_the_stores_compression(class_src, tmp_path, h5cli, comp
     after = rows()
     assert read_meta(out).compression == was and all(np.array_equal(after[k], before[k]) for k in before)
     assert verify_store(out).ok
+
+
+def test_looking_for_the_marker_keeps_readers_off_pytables(store):
+    # Every read_meta looks for the marker: naming it must not load PyTables (the writer's library) in a reader.
+    code = ("import sys; from h5stream.store import read_meta; read_meta(sys.argv[1]); "
+            "print('tables' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", (done.stdout, done.stderr)
 
 
 def test_a_writer_at_work_is_not_taken_for_a_stopped_one(store):

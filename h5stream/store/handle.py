@@ -9,7 +9,7 @@ A new store is written under a temporary name, ``OUT`` + :data:`CREATING_SUFFIX`
 the folder (:func:`fsync_folder`).  After a failed write, :func:`cut_off` points
 HDF5's file descriptor at /dev/null, so nothing HDF5 still buffers reaches the
 file when the handle is closed.  While HDF5 rewrites a published store in place,
-a marker lies beside it (:func:`flushing_path`).
+a marker lies beside it (:func:`~h5stream.store.schema.flushing_path`).
 """
 
 from __future__ import annotations
@@ -20,22 +20,15 @@ import re
 import tables
 
 from h5stream.errors import StoreBusyError, StoreWriteError
+from h5stream.store.schema import flushing_path
 
 #: A new store is written as ``OUT`` + this until its first commit of rows (see :mod:`h5stream.store.writer`).
 CREATING_SUFFIX = ".creating"
-#: ``OUT`` + this is there while HDF5 rewrites a published store's structure in place (a flush or a close): one
-#: left behind says a writer stopped half-way through, and the store is rebuilt before it is written again.
-FLUSHING_SUFFIX = ".flushing"
 
 
 def creating_path(path: str | os.PathLike) -> str:
     """Where a new store at ``path`` is written before it takes its name."""
     return os.fspath(path) + CREATING_SUFFIX
-
-
-def flushing_path(path: str | os.PathLike) -> str:
-    """The marker beside the store at ``path`` that a flush of it is under way (see :data:`FLUSHING_SUFFIX`)."""
-    return os.fspath(path) + FLUSHING_SUFFIX
 
 
 def mark_flushing(path: str) -> None:

@@ -170,10 +170,9 @@ def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
 def _refuse_torn(path: str) -> None:
     """StoreFormatError for a store whose writer stopped while HDF5 rewrote it in place (its flushing marker is
     there and nobody holds the writer's lock: a writer that holds it is mid-flush, and reads settle)."""
-    from h5stream.store.handle import flushing_path
     from h5stream.store.lock import is_held
 
-    marker = flushing_path(path)
+    marker = schema.flushing_path(path)
     if os.path.exists(marker) and os.path.exists(path) and is_held(path) is False:
         raise StoreFormatError(
             f"{path}: its last writer stopped while it rewrote the file's structure in place ({marker} is there), "

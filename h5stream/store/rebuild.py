@@ -5,7 +5,7 @@ per flush.  A writer killed between two of them (SIGKILL, the OOM killer, a
 failed flush) can leave a file whose committed rows still read, but whose
 structure no longer takes a write: appending to it fails inside HDF5, or worse.
 The writer leaves a marker beside the store for as long as HDF5 writes in place
-(:func:`~h5stream.store.handle.flushing_path`); :func:`rebuild` is what the next
+(:func:`~h5stream.store.schema.flushing_path`); :func:`rebuild` is what the next
 writer does when it finds one: check the committed rows against their block
 checksums, copy them into a fresh file under the temporary name, and give that
 file the store's name.  The old file stays as it is until the new one replaces
@@ -105,10 +105,10 @@ def rebuild(path: str, lock: StoreLock) -> int:
     finally:
         source.close()
     writer.close()  # commits, takes the store's name (a rename) and syncs the folder
-    handle.remove(handle.flushing_path(path))
+    handle.remove(schema.flushing_path(path))
     return meta.rows
 
 
 def needs_rebuild(path: str | os.PathLike) -> bool:
     """Whether a writer left the store at ``path`` half-way through an in-place update (its marker is there)."""
-    return os.path.exists(handle.flushing_path(path))
+    return os.path.exists(schema.flushing_path(path))

@@ -104,6 +104,17 @@ def decode_path(stored: bytes) -> str:
     return stored.decode("utf-8", "surrogateescape")
 
 
+#: ``OUT`` + this lies beside a published store while HDF5 rewrites it in place (a flush, a close): one left
+#: behind says a writer stopped half-way, and the store is rebuilt before it is read or written again (see
+#: :mod:`h5stream.store.rebuild`).  Named here, with no PyTables import, because every reader looks for it.
+FLUSHING_SUFFIX = ".flushing"
+
+
+def flushing_path(out_path) -> str:
+    """The marker beside the store at ``out_path`` that HDF5 is rewriting it in place (:data:`FLUSHING_SUFFIX`)."""
+    return str(out_path) + FLUSHING_SUFFIX
+
+
 def skipped_report_path(out_path: str) -> str:
     """Where ingest lists skipped files (CSV: path,reason) for the store at ``out_path``."""
     return str(out_path) + ".skipped.csv"

@@ -56,7 +56,7 @@ writer that fails or is discarded before the rename removes it.
 
 Once published, the store is rewritten in place by every flush (and by the
 close): meanwhile a marker lies beside it
-(:func:`~h5stream.store.handle.flushing_path`), removed once the flush is
+(:func:`~h5stream.store.schema.flushing_path`), removed once the flush is
 durable.  A marker left behind (a writer killed mid-flush, or a flush that
 failed) makes readers refuse the store and :meth:`StoreWriter.open_append`
 rebuild it from its committed rows first (:mod:`h5stream.store.rebuild`).
@@ -456,8 +456,7 @@ class StoreWriter:
             # marker stays, so the next writer rebuilds it.
             raise self._fail(exc, cut_back=False) from exc
         self._space.flushed()
-        if marked:
-            handle.remove(handle.flushing_path(self._file))
+        self._unmark_flushing(marked)
 
     def _mark_flushing(self) -> bool:
         """Before HDF5 rewrites a published store in place: the marker beside it (True), so a writer killed
@@ -467,6 +466,11 @@ class StoreWriter:
             return False
         handle.mark_flushing(self._file)
         return True
+
+    def _unmark_flushing(self, marked: bool) -> None:
+        """After HDF5's in-place writes are durable: the marker :meth:`_mark_flushing` made goes."""
+        if marked:
+            handle.remove(schema.flushing_path(self._file))
 
     def _fail(self, exc: BaseException, *, cut_back: bool) -> StoreWriteError:
         """Close after a failed write (see :meth:`discard`) and say what failed and what is kept."""
@@ -517,8 +521,7 @@ class StoreWriter:
         self._close_raw()
         marked = self._mark_flushing()
         self._f.close()
-        if marked:
-            handle.remove(handle.flushing_path(self._file))
+        self._unmark_flushing(marked)
 
     def _close_raw(self) -> None:
         if self._raw is not None:
