@@ -194,7 +194,7 @@ def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[in
     from h5stream.read.runs import plan_runs
     from h5stream.remote.source import MAX_REQUEST_BYTES, request_spans
     from h5stream.store.meta import read_meta
-    from h5stream.stream import layout_function
+    from h5stream.config import layout_function
 
     meta = read_meta(path)
     offsets = locate(meta, cache_labels=False).image_chunks

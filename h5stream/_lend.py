@@ -27,8 +27,11 @@ holds one past the call that took it.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import numpy as np
+
+from h5stream._io import aligned_empty, private_memory
 
 
 class _Anchor(np.ndarray):
@@ -77,3 +80,113 @@ class Lender:
             self._lent[k] = None
             return False
         return True
+
+
+class ArrayArena:
+    """Recycles batch-sized arrays so writers fill memory that is already mapped.
+
+    Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
+    makes writing into them several times slower than the copy itself.  The arena
+    keeps up to ``max_sets`` page-aligned buffers of ``batch_rows`` rows and hands
+    out arrays on them (lent: see :class:`~h5stream._lend.Lender`).  A buffer is
+    reused only once nothing refers to the array last made on it, nor to any
+    view of that array, so a caller may keep a batch as long as it likes: it is
+    never overwritten.  Used from one thread (its owner's).
+    """
+
+    def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
+        self.batch_rows = int(batch_rows)
+        self.row_shape = tuple(row_shape)
+        self.dtype = np.dtype(dtype)
+        self.max_sets = int(max_sets)
+        self._sets: list[Lender] = []
+        self._next = 0
+
+    def __call__(self, n: int) -> np.ndarray:
+        if n > self.batch_rows:
+            return aligned_empty((n, *self.row_shape), self.dtype)
+        count = len(self._sets)
+        for i in range(count):
+            k = (self._next + i) % count
+            if not self._sets[k].in_use(0):
+                self._next = (k + 1) % count
+                return self._sets[k].lend(0)[:n]
+        shape = (1, self.batch_rows, *self.row_shape)
+        lender = Lender(private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize), shape, self.dtype)
+        if count < self.max_sets:
+            self._sets.append(lender)
+        return lender.lend(0)[:n]  # direct reads can land in it: a buffer starts on a page boundary
+
+
+def may_lend(lent: int, held_since, taken: int, lent_slots: int, kept_slots: int) -> bool:
+    """Whether batch number ``taken`` (1, 2, ... in hand-over order) may be lent as a view of its slot, with
+    ``lent`` slots lent and still held, lent at batch numbers ``held_since`` (needed only when ``lent >=
+    lent_slots``).  Pure; the rule of :class:`SlotLender`.
+
+    Up to ``lent_slots`` views may be held (the usual loop holds the previous batch while it takes the
+    next); a view still held ``lent_slots`` batches after it was lent is *kept* (a batch kept for good, such as
+    the first one looked at for its shapes), and up to ``kept_slots`` kept ones
+    (:data:`~h5stream.budget.KEPT_SLOTS`) do not count, so keeping one batch does not make every later batch a copy.
+    """
+    if lent >= lent_slots:
+        old = taken - lent_slots  # lent this batch or before: held that long, it is kept
+        lent -= min(sum(1 for t in held_since if t <= old), kept_slots)
+    return lent < lent_slots
+
+
+class SlotLender:
+    """Hands finished output slots to the consumer: each lent as a view while few are held, else copied.
+
+    The one lend-or-copy rule of the pooled feed (slots of its worker pool) and of the feeder's training-process
+    side (slots of the feeder's pool, mapped here).  ``lender``: the slots' :class:`Lender`; ``release(slot)``
+    gives a slot back to whoever refills it (the pool's ring, or the feeder's next message); ``copies``: the
+    :class:`ArrayArena` copies land in.  Up to ``lent_slots`` views may be held, and ``kept_slots`` views kept
+    for good do not count (:func:`may_lend`); beyond that a batch is a copy and its slot goes back at once.  No
+    array the consumer holds is ever written to.
+
+    Owns the list of lent slots; used from one thread, the consumer's (the one inside the stream).
+    """
+
+    def __init__(self, lender: Lender, release: Callable[[int], None], copies: ArrayArena, *, lent_slots: int,
+                 kept_slots: int):
+        self.slots, self._release, self.copies = lender, release, copies
+        self.lent_slots, self.kept_slots = int(lent_slots), int(kept_slots)
+        self._lent: list[int] = []  # slots lent and maybe still held, oldest first
+        self._lent_at: dict[int, int] = {}  # lent slot -> the hand-over number it was lent at
+        self.taken = 0  # batches handed over (lent or copied)
+        self.copied = 0  # batches handed over as copies (the consumer kept too many)
+
+    @property
+    def lent(self) -> tuple[int, ...]:
+        """The slots lent and not reclaimed yet, oldest first."""
+        return tuple(self._lent)
+
+    def reclaim(self) -> int:
+        """Release every lent slot nothing refers to any more (see :class:`Lender`); how many stay lent."""
+        still = []
+        for slot in self._lent:
+            if self.slots.in_use(slot):
+                still.append(slot)
+            else:
+                self._release(slot)
+        self._lent = still
+        return len(still)
+
+    def hand_over(self, slot: int, rows: int) -> np.ndarray:
+        """The first ``rows`` rows of finished slot ``slot`` for the consumer: a view lent from it, or a copy
+        (after which the slot is released).  Reclaims first, so slots the consumer dropped do not count."""
+        self.taken += 1
+        lent = self.reclaim()
+        held = [self._lent_at[s] for s in self._lent] if lent >= self.lent_slots else ()
+        if may_lend(lent, held, self.taken, self.lent_slots, self.kept_slots):
+            x = self.slots.lend(slot)[:rows]
+            self._lent.append(slot)
+            self._lent_at[slot] = self.taken
+            return x
+        self.copied += 1
+        x = self.copies(rows)
+        try:
+            x[...] = self.slots.part(slot)[:rows]
+        finally:
+            self._release(slot)
+        return x

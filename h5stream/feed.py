@@ -12,7 +12,7 @@ an uncompressed store is already in the page cache, its tasks name their rows
 by byte offset and the workers read them from the file themselves; otherwise
 the reader reads (or, compressed, decodes) each batch into a shared-memory
 *input slot*.  Both recycle their output arrays
-(:class:`~h5stream.read.reader.ArrayArena`).  Used by :mod:`h5stream.stream`.
+(:class:`~h5stream._lend.ArrayArena`).  Used by :mod:`h5stream.stream`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,40 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from h5stream._lend import ArrayArena, SlotLender
 from h5stream._wait import Channel, stop_when
-from h5stream.budget import KEPT_SLOTS, StreamPlan
+from h5stream.budget import KEPT_SLOTS
 from h5stream.errors import ChecksumError, H5StreamError, ReaderError, WorkerError
-from h5stream.read.reader import ArrayArena, Batch, Reader, direct_reads
-from h5stream.store.meta import StoreMeta
+from h5stream.read.reader import Batch, Reader, direct_reads
+
+if TYPE_CHECKING:
+    from h5stream.config import StreamConfig
+
+
+class Feed(Protocol):
+    """What a :class:`~h5stream.stream.Stream` asks of its feed: batches in order, restartable at any position.
+
+    Made from a :class:`~h5stream.config.StreamConfig` alone; owns every thread, process and shared segment
+    behind it and allocates exactly what ``config.plan`` counts.  Every method runs in the consumer's thread
+    (the one inside the stream).
+    """
+
+    def start(self, epoch: int, batch: int) -> None:
+        """(Re)start at batch ``batch`` of epoch ``epoch``; whatever was made ahead is dropped."""
+
+    def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """The next batch in order: ``(epoch, index, images, stored labels)``; a :class:`ReaderError` (or a
+        subclass) within the config's ``timeout_s`` if none comes."""
+
+    def stats(self) -> dict:
+        """Counters for monitoring (see :meth:`h5stream.stream.Stream.stats`)."""
+
+    def close(self) -> None:
+        """Stop and free everything; idempotent."""
 
 class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread.
@@ -37,11 +62,12 @@ class InlineFeed:
     stream, see :class:`h5stream.stream.Stream`); ``_allocate`` in the reader thread.
     """
 
-    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False, verify: bool | str = True):
-        self.meta, self._layout, self.plan = meta, layout, plan
-        self._augment, self._seed, self._timeout_s, self._direct_io = augment, seed, timeout_s, direct_io
-        self._verify = verify
+    def __init__(self, config: StreamConfig):
+        meta, plan, augment = config.meta, config.plan, config.augment
+        self.meta, self._layout, self.plan = meta, config.layout, plan
+        self._augment, self._seed, self._timeout_s, self._direct_io = augment, config.seed, config.timeout_s, \
+            config.direct_io
+        self._verify = config.verify_reads
         self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, plan.reader_batches)
         self._out = None
         if augment is not None:
@@ -118,13 +144,15 @@ class PooledFeed:
     feed's stop flag is set.
     """
 
-    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False, verify: bool | str = True):
+    def __init__(self, config: StreamConfig):
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.shm import SharedArray, new_prefix
 
-        self.meta, self._layout, self.plan = meta, layout, plan
-        self._seed, self._timeout_s, self._direct_io, self._verify = seed, timeout_s, direct_io, verify
+        meta, plan, augment, timeout_s, direct_io = (config.meta, config.plan, config.augment, config.timeout_s,
+                                                     config.direct_io)
+        self.meta, self._layout, self.plan = meta, config.layout, plan
+        self._seed, self._timeout_s, self._direct_io, self._verify = (config.seed, timeout_s, direct_io,
+                                                                      config.verify_reads)
         bs = plan.batch_size
         self._n_in = plan.input_slots
         prefix = new_prefix()
@@ -143,14 +171,13 @@ class PooledFeed:
         except BaseException:
             self._inputs.close()
             raise
-        self._out = ArrayArena(bs, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
+        self._lender = SlotLender(self._pool.output_lender, self._pool.release,
+                                  ArrayArena(bs, meta.image_shape, augment.output_dtype(), plan.consumer_sets),
+                                  lent_slots=plan.lent_slots, kept_slots=KEPT_SLOTS)
         self._free = Channel(self._n_in)  # free input slots: the reader thread takes, the consumer gives back
         self._stop: threading.Event | None = None
         self._error: ReaderError | None = None  # a batch did not come in time: the order is lost, raised again
         self._submitted: deque[_Submitted] = deque()  # batches in the pool, in order
-        self._taken = 0  # batches handed to the consumer (each lent slot is stamped with it: see _hand_over)
-        self._lent_at: dict[int, int] = {}  # lent slot -> self._taken when it was lent
-        self._copied = 0  # batches handed over as copies (the consumer kept too many)
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
@@ -231,7 +258,7 @@ class PooledFeed:
         # The slots the consumer dropped since the last call go back to the ring and take the reader's next
         # batches before this call waits: the workers get them as early as they can, and what follows the
         # wait (when the caches are cold) is little more than taking the result.
-        lent = self._pool.reclaim()
+        self._lender.reclaim()
         self._top_up()
         if not self._submitted:
             try:
@@ -272,40 +299,17 @@ class PooledFeed:
         self.reader.add_wait(time.monotonic() - counted)
         if done.seq != item.seq:  # pragma: no cover - internal invariant
             raise RuntimeError(f"pool out of step: got batch {done.seq}, expected {item.seq}")
-        copied = self._copied
+        copied = self._lender.copied
         try:
-            x = self._hand_over(done, lent)
+            # Lent as a view of its output slot while the consumer holds few (the usual loop holds the previous
+            # batch), else copied: see SlotLender.
+            x = self._lender.hand_over(done.slot, done.rows)
         finally:
             if item.in_slot is not None:
                 self._free.put(item.in_slot)
-        if self._copied != copied:
+        if self._lender.copied != copied:
             self._top_up()  # into the slot the copy freed, before the caller's training step
         return item.epoch, item.index, x, item.labels
-
-    def _hand_over(self, done, lent: int) -> np.ndarray:
-        """The rows of finished batch ``done`` for the consumer: its output slot lent as a view, or a copy;
-        ``lent``: the slots lent and still held (:meth:`WorkerPool.reclaim`).
-
-        Zero-copy hand-off: the consumer gets a view of the output slot, which returns to the ring once the
-        consumer drops it.  A consumer that keeps batches (a list of them, a framework holding the memory)
-        would hold every slot so, beyond ``plan.lent_slots`` live views, it gets copies instead.  A slot
-        still held ``plan.lent_slots`` batches after it was lent is *kept* (one batch kept for good, such as
-        the first one looked at for its shapes, while the usual loop holds the previous batch): up to
-        :data:`~h5stream.budget.KEPT_SLOTS` of them stop counting among the lent ones, so keeping one batch
-        does not make every later batch a copy.  No array the consumer holds is ever written to.  Consumer
-        thread."""
-        self._taken += 1
-        held = [self._lent_at[slot] for slot in self._pool.lent_slots] if lent >= self.plan.lent_slots else ()
-        if may_lend(lent, held, self._taken, self.plan.lent_slots):
-            self._lent_at[done.slot] = self._taken
-            return self._pool.lend(done)
-        self._copied += 1
-        x = self._out(done.rows)
-        try:
-            x[...] = self._pool.slot_view(done.slot)[:done.rows]
-        finally:
-            self._pool.release(done.slot)
-        return x
 
     def _late_worker(self, t0: float) -> ReaderError | None:
         """The error naming the worker that has the next batch in order, if one has it.  Consumer thread."""
@@ -343,7 +347,7 @@ class PooledFeed:
     def stats(self) -> dict:
         s = _reader_stats(self.reader)
         s["pool_in_flight"] = self._pool.in_flight
-        s["copied_batches"] = self._copied
+        s["copied_batches"] = self._lender.copied
         s["worker_pids"] = self._pool.pids
         return s
 
@@ -356,22 +360,6 @@ class PooledFeed:
                 self._pool.close()
             finally:
                 self._inputs.close()
-
-
-def may_lend(lent: int, held_since, taken: int, lent_slots: int) -> bool:
-    """Whether batch number ``taken`` (1, 2, ... in hand-over order) may be lent as a view of its slot, with
-    ``lent`` slots lent and still held, lent at batch numbers ``held_since`` (needed only when ``lent >=
-    lent_slots``).  Pure; the rule of both the pooled feed and the feeder's training-process side.
-
-    Up to ``lent_slots`` views may be held (the usual loop holds the previous batch while it takes the
-    next); a view still held ``lent_slots`` batches after it was lent is *kept* (a batch kept for good, such as
-    the first one looked at for its shapes), and up to :data:`~h5stream.budget.KEPT_SLOTS` kept ones do not
-    count, so keeping one batch does not make every later batch a copy.
-    """
-    if lent >= lent_slots:
-        old = taken - lent_slots  # lent this batch or before: held that long, it is kept
-        lent -= min(sum(1 for t in held_since if t <= old), KEPT_SLOTS)
-    return lent < lent_slots
 
 
 def _reader_stats(reader: Reader | None) -> dict:

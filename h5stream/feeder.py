@@ -60,11 +60,10 @@ from h5stream import errors
 from h5stream._procpool import death_report, stopped
 from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream._wait import POLL_S, check_stops
-from h5stream.budget import FEEDER_IN_FLIGHT, StreamPlan
+from h5stream._lend import ArrayArena, SlotLender
+from h5stream.budget import FEEDER_IN_FLIGHT, KEPT_SLOTS
+from h5stream.config import StreamConfig
 from h5stream.errors import H5StreamError, ReaderError
-from h5stream.feed import may_lend
-from h5stream.read.reader import ArrayArena
-from h5stream.store.meta import StoreMeta
 
 START, NEXT, STATS, STOP = "start", "next", "stats", "stop"
 READY, FATAL, STARTED, BATCH, ERROR = "ready", "fatal", "started", "batch", "error"
@@ -183,8 +182,7 @@ def feeder_main(conn, parts: bytes) -> None:
     try:
         from h5stream.feed import PooledFeed
 
-        meta, layout, plan, kwargs = pickle.loads(parts)
-        feed = PooledFeed(meta, layout, plan, **kwargs)
+        feed = PooledFeed(pickle.loads(parts))
     except BaseException as exc:
         _send(conn, (FATAL, None, error_payload(exc)))
         return
@@ -360,29 +358,25 @@ class ProcessFeed:
     every :data:`~h5stream._wait.POLL_S` for a held-back Ctrl-C.
     """
 
-    def __init__(self, meta: StoreMeta, layout, plan: StreamPlan, *, augment, seed: int, timeout_s: float,
-                 direct_io: bool = False, verify: bool | str = True):
+    def __init__(self, config: StreamConfig):
         from h5stream.shm import SharedArray
 
-        self.meta, self.plan, self._timeout_s = meta, plan, timeout_s
+        meta, plan = config.meta, config.plan
+        self.meta, self.plan, self._timeout_s = meta, plan, config.timeout_s
         self._labels_as = (np.dtype(meta.label_dtype), tuple(meta.label_shape))
         self._in_flight = FEEDER_IN_FLIGHT
         # The feeder's PooledFeed lends every slot: the trainer decides what to copy, and its slots on their way
         # here are counted as lent there.
         child_plan = dataclasses.replace(plan, lent_slots=plan.lent_slots + self._in_flight)
-        kwargs = dict(augment=augment, seed=seed, timeout_s=timeout_s, direct_io=direct_io, verify=verify)
-        parts = pickle.dumps((meta, layout, child_plan, kwargs))
+        parts = pickle.dumps(dataclasses.replace(config, plan=child_plan))
         self._state = state = _FeederState()
         # Before multiprocessing's exit handler, which would wait for the (non-daemon) feeder forever.
         self._finalizer = mp_util.Finalize(None, _shutdown, args=(state,), exitpriority=10)
         self._generation = 0
         self._outstanding = 0  # NEXT requests of this generation not answered yet
         self._answers: deque = deque()  # answers of this generation received while waiting for another message
-        self._freed: list[int] = []  # slots to tell the feeder about with the next message
-        self._lent: list[int] = []  # slots whose views the caller may still hold
-        self._taken = 0  # batches handed to the caller (each lent slot is stamped with it: see may_lend)
-        self._lent_at: dict[int, int] = {}  # lent slot -> self._taken when it was lent
-        self._copied = 0  # batches handed over as copies (the caller kept too many)
+        self._freed: list[int] = []  # slots to tell the feeder about with the next message (one list, kept)
+        self._lender: SlotLender | None = None  # lends the slots' views, or copies (set once the slots are mapped)
         self._error: BaseException | None = None  # the feeder is gone: raised again by every call
         self._waited_s = 0.0
         self._ready = False  # the feeder answered READY
@@ -392,13 +386,15 @@ class ProcessFeed:
                                          hide_main=b"__main__" not in parts, daemon=False)
             state.proc, state.conn = procs[0], conns[0]
             state.inbox = _Inbox(state.conn.fileno(), POLL_S)
-            ready = self._receive(max(60.0, timeout_s) * 2, "started", ready=True)
+            ready = self._receive(max(60.0, config.timeout_s) * 2, "started", ready=True)
             self.pid, spec, self.worker_pids = ready[2], ready[3], ready[4]
             self._ready = True
             self._last_stats = {"worker_pids": self.worker_pids}
             state.slots = SharedArray.attach(spec)
-            self._slots = state.slots.lender()
-            self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
+            self._lender = SlotLender(state.slots.lender(), self._freed.append,
+                                      ArrayArena(plan.batch_size, meta.image_shape, config.augment.output_dtype(),
+                                                 plan.consumer_sets),
+                                      lent_slots=plan.lent_slots, kept_slots=KEPT_SLOTS)
         except BaseException:
             self.close()
             raise
@@ -406,7 +402,8 @@ class ProcessFeed:
     # -- messages ------------------------------------------------------------------------------------------------
 
     def _send(self, kind: str, *args) -> None:
-        freed, self._freed = self._freed, []
+        freed = list(self._freed)
+        self._freed.clear()
         if self._error is not None:
             raise self._error
         if not _send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
@@ -501,7 +498,7 @@ class ProcessFeed:
         return msg
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
-        """The next batch: a view of its output slot (lent by :func:`~h5stream.feed.may_lend`'s rule, as the
+        """The next batch: a view of its output slot (lent by :class:`~h5stream._lend.SlotLender`'s rule, as the
         pooled feed lends), else a copy; what the feeder's ``PooledFeed.next`` raised, as the same exception.
         Consumer thread."""
         msg = self._answer()
@@ -512,33 +509,14 @@ class ProcessFeed:
             _, _, epoch, index, slot, rows, labels = msg
             if slot < 0:
                 return epoch, index, rows, labels  # the pixels came through the pipe
-            self._taken += 1
-            lent = self._reclaim()
-            held = [self._lent_at[s] for s in self._lent] if lent >= self.plan.lent_slots else ()
-            if may_lend(lent, held, self._taken, self.plan.lent_slots):
-                x = self._slots.lend(slot)[:rows]
-                self._lent.append(slot)
-                self._lent_at[slot] = self._taken
-            else:
-                self._copied += 1
-                x = self._out(rows)
-                x[...] = self._slots.part(slot)[:rows]
-                self._freed.append(slot)
-            return epoch, index, x, labels
+            return epoch, index, self._lender.hand_over(slot, rows), labels
         finally:
             if self._error is None:
                 self._top_up()  # the feeder makes the next batch while the caller trains on this one
 
-    def _reclaim(self) -> int:
-        """Free every lent slot nothing refers to any more (``WorkerPool.reclaim``'s rule); how many stay lent."""
-        still = []
-        for slot in self._lent:
-            if self._slots.in_use(slot):
-                still.append(slot)
-            else:
-                self._freed.append(slot)
-        self._lent = still
-        return len(still)
+    @property
+    def _copied_batches(self) -> int:
+        return self._lender.copied if self._lender is not None else 0
 
     def stats(self) -> dict:
         """The feeder's ``PooledFeed`` stats and its pid; ``wait_s`` is the seconds this process waited for
@@ -546,7 +524,7 @@ class ProcessFeed:
         died), the last stats it sent.  Consumer thread."""
         if self._state.closed or self._error is not None:  # the feeder is gone: what this side knows
             return {**self._last_stats, "feeder_pid": self.pid, "wait_s": self._waited_s,
-                    "copied_batches": self._copied}
+                    "copied_batches": self._copied_batches}
         self._send(STATS)
         while True:
             msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "answered")
@@ -555,7 +533,8 @@ class ProcessFeed:
             self._answers.append(msg)  # a batch asked for earlier: next() takes it
         # wait_s: this process's waits (the consumer's); the feeder's own waits for its pool: feeder_wait_s.
         self._last_stats = {**msg[2], "feeder_wait_s": msg[2].get("wait_s", 0.0)}
-        return {**self._last_stats, "wait_s": self._waited_s, "feeder_pid": self.pid, "copied_batches": self._copied}
+        return {**self._last_stats, "wait_s": self._waited_s, "feeder_pid": self.pid,
+                "copied_batches": self._copied_batches}
 
     def close(self) -> None:
         """Stop the feeder (it closes its pool) and unmap the slots; idempotent.  Lent views stay readable."""

@@ -21,16 +21,15 @@ import weakref
 import numpy as np
 
 from h5stream import _interrupt as interrupt
-from h5stream.budget import StreamPlan, plan_stream
+from h5stream.budget import StreamPlan
+from h5stream.config import StreamConfig, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
-from h5stream.feed import InlineFeed, PooledFeed
+from h5stream.feed import Feed, InlineFeed, PooledFeed
 from h5stream.feeder import ProcessFeed
-from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.options import StreamOptions
-from h5stream.order.epoch import EpochLayout, epoch_layout
-from h5stream.order.split import BOTH, subset_rows
-from h5stream.read.source import resolve_direct_io
+from h5stream.order.epoch import EpochLayout
+from h5stream.order.split import BOTH
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -212,63 +211,11 @@ class Stream:
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=options.remote)
-        if meta.rows == 0:
-            raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
-        self._shard = options.shard or (0, 1)
-        self.subset = options.subset
-        self._rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
-        self._labels: LabelEncoding = label_encoding(meta, options.label_mode)
-        resume = options.resume
-        seed = options.seed
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
-        if resume is not None and "seed" in resume:
-            seed = int(resume["seed"])
-        self.meta: StoreMeta = meta
-        self.batch_size = options.batch_size
-        self.shuffle = options.shuffled
-        self.seed = int(seed)
-        self.drop_remainder = options.drop_remainder
-        self.timeout_s = options.timeout_s
-        if meta.remote is not None and options.direct_io is True:
-            raise ConfigError(f"{meta.path}: direct_io=True is for a local store; leave it at 'auto' for a URL")
-        self.direct_io: bool = meta.remote is None and resolve_direct_io(meta.path, options.direct_io)
-        self.augment = self._prepare_augment(options.augment)
-        self.workers = options.workers
-        if self.workers and self.augment is None:
-            raise ConfigError("workers > 0 needs augment=h5stream.Augment(...): without a transform there is "
-                              "nothing for worker processes to do (reading already runs in its own thread)")
-        if self.workers:
-            self.augment.ensure_picklable()
-            _warn_if_more_workers_than_cores(self.workers)
-        rows_per_fill = options.rows_per_fill
-        if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
-            rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
-        unit_bytes = options.read_unit
-        if unit_bytes is None and resume is not None and "unit_rows" in resume:
-            unit_bytes = int(resume["unit_rows"]) * meta.row_bytes  # likewise
-        start, stop = self._rows
-        from h5stream.read.locate import check_chunks
-
-        chunk_cache = check_chunks(meta)  # one line for a layout that cannot stream; else the cache it needs
-        self.plan: StreamPlan = plan_stream(meta, options.memory_budget, self.batch_size, augment=self.augment,
-                                            workers=self.workers, rows_per_fill=rows_per_fill,
-                                            epoch_rows=stop - start, out_label_row_bytes=self._labels.extra_row_bytes,
-                                            direct_io=self.direct_io, unit_bytes=unit_bytes,
-                                            verify_reads=options.verify_reads, chunk_cache_bytes=chunk_cache,
-                                            feeder=options.feeder)
-        # A plain function of the epoch (no reference to self: the reader thread holds it).
-        self._layout_fn = layout_function(
-            stop, self.plan, self.seed, self._shard, self.shuffle, self.drop_remainder, start_row=start,
-        )
-        first = self._layout(0)
-        self._n_batches = first.n_batches
-        if self._n_batches == 0:
-            raise ConfigError(
-                f"{meta.path}: {stop - start} rows give no full batch of {self.batch_size}"
-                + (f" per shard ({self._shard[1]} shards)" if self._shard[1] > 1 else "")
-                + " with drop_remainder=True; lower batch_size or set drop_remainder=False"
-            )
+        config = resolve(meta, options, gather_facts(meta, options))
+        if config.workers:
+            _warn_if_more_workers_than_cores(config.workers)
+        self.config: StreamConfig = fit_feature_stats(config)
+        self._n_batches = self.config.layout(0).n_batches
         self._epoch, self._batch = 0, 0
         self._closed = False
         self._busy = threading.Lock()  # held by the one thread inside next() / iter() / restore(); never waited on
@@ -278,20 +225,13 @@ class Stream:
         interrupt.install()
         interrupt.hold()  # Ctrl-C while threads and workers start: raised where no lock is half taken
         try:
-            if self.workers:
-                feed_class = ProcessFeed if options.feeder else PooledFeed
-                self._feed = feed_class(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s, direct_io=self.direct_io,
-                                        verify=options.verify_reads)
-            else:
-                self._feed = InlineFeed(meta, self._layout_fn, self.plan, augment=self.augment, seed=self.seed,
-                                        timeout_s=self.timeout_s, direct_io=self.direct_io,
-                                        verify=options.verify_reads)
+            feed_class = InlineFeed if not config.workers else ProcessFeed if config.feeder else PooledFeed
+            self._feed: Feed = feed_class(self.config)
             # The feed owns the thread, processes and shared memory; it never refers back to this object,
             # so garbage collection of an unclosed stream still reaches this finalizer.
             self._finalizer = weakref.finalize(self, self._feed.close)
-            if resume is not None:
-                self.restore(resume)
+            if config.resume is not None:
+                self.restore(config.resume)
             else:
                 self._feed.start(0, 0)
         except OSError as exc:
@@ -319,6 +259,56 @@ class Stream:
         if getattr(self, "_finalizer", None) is not None:
             self.close()
 
+    # -- what it runs by (read-only views of self.config) ------------------------------
+    @property
+    def meta(self) -> StoreMeta:
+        """The store's :class:`~h5stream.store.meta.StoreMeta` as read at ``open``."""
+        return self.config.meta
+
+    @property
+    def plan(self) -> StreamPlan:
+        """The memory plan the stream allocates by (``plan.describe()`` states it)."""
+        return self.config.plan
+
+    @property
+    def seed(self) -> int:
+        """The seed in force: the one given, drawn (``seed=None``) or taken from the resumed state."""
+        return self.config.seed
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def shuffle(self) -> bool:
+        return self.config.shuffle
+
+    @property
+    def drop_remainder(self) -> bool:
+        return self.config.drop_remainder
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.timeout_s
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether the pixels are read past the page cache (``O_DIRECT``)."""
+        return self.config.direct_io
+
+    @property
+    def augment(self):
+        """The :class:`~h5stream.Augment` (with its fitted feature statistics), or None."""
+        return self.config.augment
+
+    @property
+    def workers(self) -> int:
+        return self.config.workers
+
+    @property
+    def subset(self) -> str | None:
+        return self.config.subset
+
     # -- what it yields -------------------------------------------------------------
     @property
     def class_names(self) -> list[str] | None:
@@ -328,7 +318,7 @@ class Stream:
     @property
     def rows(self) -> int:
         """Rows one epoch covers, over all shards: the store's committed rows, or its subset's."""
-        return self._rows[1] - self._rows[0]
+        return self.config.epoch_rows
 
     @property
     def image_dtype(self) -> np.dtype:
@@ -338,27 +328,27 @@ class Stream:
     @property
     def label_mode(self) -> str | None:
         """``"int"``, ``"categorical"``, ``"binary"``, or None: batches are images alone."""
-        return self._labels.mode
+        return self.config.labels.mode
 
     @property
     def yields_labels(self) -> bool:
         """Whether a batch is ``(images, labels)`` (True) or ``images`` alone (``label_mode=None``)."""
-        return self._labels.yields_labels
+        return self.config.labels.yields_labels
 
     @property
     def label_shape(self) -> tuple[int, ...] | None:
         """Shape of one yielded label: ``()`` for class indices, ``(n_classes,)`` one-hot, ``(1,)`` binary;
         None with ``label_mode=None``."""
-        return self._labels.shape
+        return self.config.labels.shape
 
     @property
     def label_dtype(self) -> np.dtype | None:
         """dtype of the yielded labels (int64 class indices, float32 otherwise; None with ``label_mode=None``)."""
-        return self._labels.dtype
+        return self.config.labels.dtype
 
     # -- layout -------------------------------------------------------------------
     def _layout(self, epoch: int) -> EpochLayout:
-        return self._layout_fn(epoch)
+        return self.config.layout(epoch)
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """Row ids (int64) in the exact order this stream yields them in ``epoch`` (default: the current one).
@@ -414,7 +404,7 @@ class Stream:
             if self._batch == self._n_batches:
                 self._epoch, self._batch = self._epoch + 1, 0
                 it.done = True
-            return self._labels.batch(x, y)
+            return self.config.labels.batch(x, y)
 
     @contextlib.contextmanager
     def _entered(self, what: str):
@@ -437,10 +427,11 @@ class Stream:
     # -- resume -------------------------------------------------------------------
     def _layout_signature(self) -> dict:
         return {
-            "rows": self.meta.rows, "row_start": self._rows[0], "row_stop": self._rows[1], "subset": self.subset,
+            "rows": self.meta.rows, "row_start": self.config.rows[0], "row_stop": self.config.rows[1],
+            "subset": self.subset,
             "batch_size": self.batch_size, "rows_per_fill": self.plan.rows_per_fill,
             "unit_rows": self.plan.unit_rows,
-            "shard_index": self._shard[0], "shard_count": self._shard[1], "shuffle": int(self.shuffle),
+            "shard_index": self.config.shard[0], "shard_count": self.config.shard[1], "shuffle": int(self.shuffle),
             "drop_remainder": int(self.drop_remainder),
         }
 
@@ -518,27 +509,6 @@ class Stream:
         subset = f" subset={self.subset!r}" if self.subset else ""
         return (f"<h5stream.Stream {self.meta.path!r}{subset} rows={self.rows} batch_size={self.batch_size} "
                 f"batches={self._n_batches} epoch={self._epoch} {'closed' if self._closed else 'open'}>")
-
-    # -- augmentation ---------------------------------------------------------------
-    def _prepare_augment(self, augment):
-        if augment is None:
-            return None
-        from h5stream.augment import Augment
-
-        if not isinstance(augment, Augment):
-            raise ConfigError(f"augment must be an h5stream.Augment, got {type(augment).__name__}")
-        if augment.needs_feature_stats:
-            from h5stream.augment.stats import compute_feature_stats
-
-            # Keras fits the statistics on the training data and applies them to both subsets: so the training
-            # rows, all shards of them (every replica normalises alike), whichever subset this stream is.
-            options = self.options
-            training = subset_rows(self.meta.rows, options.validation_split,
-                                   "training" if options.validation_split is not None else None,
-                                   self.meta.storage_order, self.meta.path)
-            mean, std = compute_feature_stats(self.meta.path, rows=training, remote=self.meta.remote)
-            augment = augment.with_feature_stats(mean, std)  # workers get them inside the pickled Augment
-        return augment
 
     # -- framework adapters (imported only when asked for) -------------------------
     def keras(self, device=None, **opts):
@@ -623,32 +593,3 @@ def _refuse_in_a_starting_worker() -> None:
             "top-level code to find a function defined in it (the Augment's preprocessing_function); put the "
             "script's code under `if __name__ == \"__main__\":`, or define the function in a module of its own"
         )
-
-
-def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
-                    drop_remainder: bool = False, start_row: int = 0) -> LayoutFunction:
-    """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)`` under ``plan`` (pure; holds no stream;
-    picklable, for a feeder process)."""
-    return LayoutFunction(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, plan.unit_rows, seed,
-                          None if shard is None else tuple(shard), bool(shuffle), bool(drop_remainder), start_row)
-
-
-@dataclasses.dataclass(frozen=True)
-class LayoutFunction:
-    """:func:`layout_function`'s result: plain values, called with the epoch."""
-
-    rows: int
-    block_rows: int
-    rows_per_fill: int
-    batch_size: int
-    unit_rows: int
-    seed: int
-    shard: tuple[int, int] | None
-    shuffle: bool
-    drop_remainder: bool
-    start_row: int
-
-    def __call__(self, epoch: int) -> EpochLayout:
-        return epoch_layout(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
-                            shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
-                            unit_rows=self.unit_rows, start_row=self.start_row)

@@ -130,7 +130,7 @@ def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path,
     from h5stream.budget import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.read.reader import Reader
-    from h5stream.stream import layout_function
+    from h5stream.config import layout_function
 
     rows = 2500  # labels are chunked by 1024 rows: runs cross chunk boundaries
     ids = np.arange(rows)

@@ -184,14 +184,16 @@ LAYERS = (
     ("stream", ("h5stream.stream",)),
     ("feeder", ("h5stream.feeder",)),
     ("feed", ("h5stream.feed", "h5stream.options", "h5stream.measure")),
+    ("config", ("h5stream.config",)),
     ("budget", ("h5stream.budget",)),
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
     ("order / store", ("h5stream.order", "h5stream.store")),
     ("remote transport", ("h5stream.remote",)),
     ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
-    ("low level", ("h5stream._io", "h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
+    ("low level", ("h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
                    "h5stream._monitor", "h5stream.samples")),
     ("lent memory", ("h5stream._lend",)),
+    ("raw I/O", ("h5stream._io",)),
     ("errors", ("h5stream.errors",)),
 )
 """Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first

@@ -198,7 +198,7 @@ def test_direct_io_with_labels_read_by_offset_and_augmenting_workers(direct_stor
     path, meta, images, labels = direct_store
     from h5stream.budget import plan_stream
     from h5stream.read.reader import Reader
-    from h5stream.stream import layout_function
+    from h5stream.config import layout_function
 
     plan = plan_stream(meta, 16 << 20, 50)
     layout = layout_function(meta.rows, plan, seed=5)

@@ -111,7 +111,7 @@ def test_budget_counts_the_workers(store):
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=aug, workers=2) as pooled:
         feed, plan = pooled._feed, pooled.plan
         assert feed._inputs.array.shape[0] == plan.input_slots * 32 and feed._pool.n_slots == plan.out_slots
-        assert feed._out.max_sets == plan.consumer_sets
+        assert feed._lender.copies.max_sets == plan.consumer_sets
         assert pooled.plan.pool_bytes > 2 * (24 << 20)
         assert pooled.plan.total_bytes <= 300 << 20
         assert pooled.plan.rows_per_fill <= inline_fill
@@ -147,7 +147,7 @@ def test_batches_are_lent_without_copy_and_kept_ones_stay_intact(store):
         # may be); every other one is a copy.
         assert flags[:lent_slots + KEPT_SLOTS] == [True] * (lent_slots + KEPT_SLOTS)
         assert not any(flags[lent_slots + KEPT_SLOTS:])
-        assert s._feed._pool.lent == lent_slots + KEPT_SLOTS
+        assert len(s._feed._lender.lent) == lent_slots + KEPT_SLOTS
         assert s.stats()["copied_batches"] == len(kept) - lent_slots - KEPT_SLOTS
     second = _epochs(store, n_epochs=2, augment=aug, workers=0)[len(expected):]
     assert len(kept) == len(second)

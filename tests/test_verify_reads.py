@@ -194,7 +194,7 @@ def test_damaged_labels_raise(store):
     from h5stream.budget import plan_stream
     from h5stream.read.reader import Reader
     from h5stream.store.meta import read_meta
-    from h5stream.stream import layout_function
+    from h5stream.config import layout_function
 
     reference = batches(store)
     offset, _ = chunk(store, "labels", 0)

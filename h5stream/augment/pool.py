@@ -30,7 +30,7 @@ Threads and processes:
   pool's lock.
 * The public methods are safe to call from two threads: a producer
   (``submit``; the feed's reader thread) and a consumer (``get``,
-  ``slot_view``, ``lend``, ``reclaim``, ``release``, ``discard_pending``; the
+  ``slot_view``, ``output_lender``, ``release``, ``discard_pending``; the
   thread that iterates the stream).  Each method's docstring names its side.
   Every blocking call takes a timeout and wakes on ``close()`` (the stop flag)
   or on a worker failure; none blocks forever.
@@ -317,42 +317,12 @@ class WorkerPool:
         Consumer thread."""
         return self._lender().part(slot)
 
-    def lend(self, batch: Result) -> np.ndarray:
-        """Hand ``batch``'s rows to the caller without a copy: a view into its output slot.
-
-        The slot stays out of the ring while anything refers to the view (or
-        to a view of it: see :class:`~h5stream._lend.Lender`); :meth:`reclaim`
-        gives it back once nothing does.  So a caller may keep the array as
-        long as it likes, but every array kept holds a slot: lend only while
-        :meth:`lent` is small, and copy otherwise.  Consumer thread only.
-        """
-        view = self._lender().lend(batch.slot)[: batch.rows]
-        self._state.lent.append(batch.slot)
-        return view
-
-    def reclaim(self) -> int:
-        """Release every lent slot nothing refers to any more; return how many stay lent.  Consumer thread only."""
-        state = self._state
-        if state.lender is None:
-            return len(state.lent)
-        still = []
-        for slot in state.lent:
-            if state.lender.in_use(slot):
-                still.append(slot)
-            else:
-                self.release(slot)
-        state.lent = still
-        return len(still)
-
     @property
-    def lent(self) -> int:
-        """Slots lent to the consumer (see :meth:`lend`) and not reclaimed yet.  Consumer thread."""
-        return len(self._state.lent)
-
-    @property
-    def lent_slots(self) -> tuple[int, ...]:
-        """The slots lent to the consumer and not reclaimed yet, oldest first.  Consumer thread."""
-        return tuple(self._state.lent)
+    def output_lender(self):
+        """The output slots' :class:`~h5stream._lend.Lender`, for the consumer's
+        :class:`~h5stream._lend.SlotLender`, which lends finished slots as views and :meth:`release` s them once
+        nothing refers to them.  StreamClosedError once the pool is closed.  Consumer thread."""
+        return self._lender()
 
     def release(self, slot: int) -> None:
         """Give a slot obtained from :meth:`get` back to the ring.  Consumer thread."""

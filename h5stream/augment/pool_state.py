@@ -105,7 +105,6 @@ class PoolState:
         self.order = InOrder()  # finished tasks' (slot, rows, error), handed over in seq order
         self.slots: SharedArray | None = None
         self.lender = None  # the output slots as lent to the consumer (a Lender: see SharedArray.lender)
-        self.lent: list[int] = []  # slots handed to the consumer without a copy (see WorkerPool.lend)
         self.reading: int | None = None  # the thread in collect_until()'s wait on the pipes, if one is
         self.wake_r, self.wake_w = os.pipe()  # written once, by shutdown: ends a wait on the pipes
 
@@ -267,6 +266,6 @@ def shutdown(state: PoolState) -> None:
         except OSError:
             pass
     state.wake_r = state.wake_w = -1
-    state.lender, state.lent = None, []
+    state.lender = None
     if state.slots is not None:
         state.slots.close()

@@ -86,7 +86,7 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     from h5stream.order import quality
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
-    from h5stream.stream import layout_function
+    from h5stream.config import layout_function
 
     from h5stream.read.locate import check_chunks
     from h5stream.read.source import resolve_direct_io

@@ -61,8 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream._io import aligned_empty, private_memory
-from h5stream._lend import Lender
+from h5stream._io import aligned_empty
 from h5stream._wait import POLL_S, Channel, Stopped, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
@@ -74,7 +73,7 @@ from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
 
-__all__ = ["POLL_S", "ArrayArena", "Batch", "Reader", "Stopped", "direct_reads"]
+__all__ = ["POLL_S", "Batch", "Reader", "Stopped", "direct_reads"]
 
 CACHE_SPAN_GAP_BYTES = 8 << 20
 """Runs of a fill at most this far apart in the file are asked about together whether they are in the page
@@ -108,42 +107,6 @@ class Batch:
 @dataclass(frozen=True)
 class _Failure:
     exc: BaseException
-
-
-class ArrayArena:
-    """Recycles batch-sized arrays so writers fill memory that is already mapped.
-
-    Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
-    makes writing into them several times slower than the copy itself.  The arena
-    keeps up to ``max_sets`` page-aligned buffers of ``batch_rows`` rows and hands
-    out arrays on them (lent: see :class:`~h5stream._lend.Lender`).  A buffer is
-    reused only once nothing refers to the array last made on it, nor to any
-    view of that array, so a caller may keep a batch as long as it likes: it is
-    never overwritten.  Used from one thread (its owner's).
-    """
-
-    def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
-        self.batch_rows = int(batch_rows)
-        self.row_shape = tuple(row_shape)
-        self.dtype = np.dtype(dtype)
-        self.max_sets = int(max_sets)
-        self._sets: list[Lender] = []
-        self._next = 0
-
-    def __call__(self, n: int) -> np.ndarray:
-        if n > self.batch_rows:
-            return aligned_empty((n, *self.row_shape), self.dtype)
-        count = len(self._sets)
-        for i in range(count):
-            k = (self._next + i) % count
-            if not self._sets[k].in_use(0):
-                self._next = (k + 1) % count
-                return self._sets[k].lend(0)[:n]
-        shape = (1, self.batch_rows, *self.row_shape)
-        lender = Lender(private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize), shape, self.dtype)
-        if count < self.max_sets:
-            self._sets.append(lender)
-        return lender.lend(0)[:n]  # direct reads can land in it: a buffer starts on a page boundary
 
 
 class _Pending:

@@ -1,0 +1,239 @@
+"""One configuration step: a store's metadata and the user's options in, everything a stream runs by out.
+
+:func:`resolve` is a pure function ``(meta, options, facts) -> StreamConfig``:
+every check that needs the store, every default that depends on it (the
+shuffle, the subset's rows, the label encoding, the memory plan, the epoch
+layout) is decided there, once, and the frozen :class:`StreamConfig` is handed
+down whole -- to the feed, to the feeder process (pickled once), to the worker
+pool -- instead of a dozen keyword arguments re-read at every level.
+
+What the environment says (a drawn seed, whether the file system takes
+``O_DIRECT``, the HDF5 chunk cache the store's layout needs, the memory the
+machine has) is gathered first by :func:`gather_facts`, the one step here that
+does I/O, into :class:`Facts`: so the same ``(meta, options, facts)`` always
+give the same configuration, and tests build any of them by hand.
+
+The one part of a configuration that costs a pass over the data, the
+per-channel statistics of ``featurewise_center`` / ``featurewise_std_normalization``,
+is fitted after :func:`resolve` has accepted everything else
+(:func:`fit_feature_stats`): a wrong option never waits for a pass over the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING
+
+from h5stream.budget import StreamPlan, plan_stream
+from h5stream.errors import ConfigError
+from h5stream.labels import LabelEncoding, label_encoding
+from h5stream.order.epoch import EpochLayout, epoch_layout
+from h5stream.order.split import subset_rows
+from h5stream.store.meta import StoreMeta
+
+if TYPE_CHECKING:
+    from h5stream.options import StreamOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What the environment says, gathered by :func:`gather_facts` (or written by hand in a test).
+
+    ``drawn_seed``: the seed used when ``options.seed`` is None (and no resumed
+    state names one); ``direct_io``: whether this store would be read past the
+    page cache under ``options.direct_io`` (False for a URL); ``chunk_cache_bytes``:
+    HDF5's chunk cache for a store whose chunks split images (0 otherwise);
+    ``available_bytes``: the memory the plan may take at most (None: no limit).
+    """
+
+    drawn_seed: int = 0
+    direct_io: bool = False
+    chunk_cache_bytes: int = 0
+    available_bytes: int | None = None
+
+
+def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
+    """The facts :func:`resolve` needs about this machine and the store's file (see :class:`Facts`).  Raises
+    what those probes raise: :class:`~h5stream.StoreFormatError` for a chunk layout that cannot stream,
+    :class:`ConfigError` for ``direct_io=True`` on a file system that refuses it."""
+    from h5stream.budget import available_memory_bytes
+    from h5stream.read.locate import check_chunks
+    from h5stream.read.source import resolve_direct_io
+
+    direct = False
+    if meta.remote is None:
+        direct = resolve_direct_io(meta.path, options.direct_io)
+    return Facts(drawn_seed=int.from_bytes(os.urandom(8), "little") >> 1, direct_io=direct,
+                 chunk_cache_bytes=check_chunks(meta), available_bytes=available_memory_bytes())
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutFunction:
+    """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)``: plain values (picklable, for a feeder
+    process), called with the epoch.  Holds no stream: the reader thread keeps it."""
+
+    rows: int
+    block_rows: int
+    rows_per_fill: int
+    batch_size: int
+    unit_rows: int
+    seed: int
+    shard: tuple[int, int] | None
+    shuffle: bool
+    drop_remainder: bool
+    start_row: int
+
+    def __call__(self, epoch: int) -> EpochLayout:
+        return epoch_layout(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
+                            shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
+                            unit_rows=self.unit_rows, start_row=self.start_row)
+
+
+def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
+                    drop_remainder: bool = False, start_row: int = 0) -> LayoutFunction:
+    """The :class:`LayoutFunction` of rows ``[start_row, rows)`` under ``plan``.  Pure."""
+    return LayoutFunction(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, plan.unit_rows, seed,
+                          None if shard is None else tuple(shard), bool(shuffle), bool(drop_remainder), start_row)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """Everything a stream runs by, decided once by :func:`resolve`; frozen, picklable.
+
+    ``rows``: the ``[start, stop)`` row range one epoch covers (the store, or
+    its subset); ``shard``: ``(index, count)``; ``seed``: the seed in force
+    (given, drawn, or the resumed state's); ``augment``: the
+    :class:`~h5stream.Augment` (with its feature statistics once fitted) or
+    None; ``verify_reads``: ``True``, ``"once"`` or ``False``; ``plan``: the
+    memory plan the feed allocates by; ``layout``: ``epoch -> EpochLayout``;
+    ``resume``: the state to continue from, or None.
+    """
+
+    meta: StoreMeta
+    subset: str | None
+    rows: tuple[int, int]
+    shard: tuple[int, int]
+    batch_size: int
+    shuffle: bool
+    seed: int
+    drop_remainder: bool
+    labels: LabelEncoding
+    augment: object
+    workers: int
+    feeder: bool
+    timeout_s: float
+    direct_io: bool
+    verify_reads: bool | str
+    plan: StreamPlan
+    layout: LayoutFunction
+    resume: dict | None
+    validation_split: float | None = None
+
+    @property
+    def path(self) -> str:
+        return self.meta.path
+
+    @property
+    def epoch_rows(self) -> int:
+        """Rows one epoch covers, over all shards."""
+        return self.rows[1] - self.rows[0]
+
+    @property
+    def needs_feature_stats(self) -> bool:
+        """Whether the augmentation normalises by statistics not fitted yet (see :func:`fit_feature_stats`)."""
+        return self.augment is not None and self.augment.needs_feature_stats
+
+
+def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConfig:
+    """The configuration of a stream over the store ``meta`` with ``options`` on a machine described by
+    ``facts``.  Pure: no I/O, the same inputs give the same result.
+
+    Raises :class:`ConfigError` for options that do not fit the store (no
+    committed rows, a label mode its labels cannot take, workers with nothing to
+    do, a batch size that leaves no batch), and :class:`~h5stream.BudgetError`
+    for a memory budget that cannot hold the plan; each one line saying what to
+    change.  The order of the epoch depends on the seed, on ``rows_per_fill``
+    and on ``unit_rows``: a resumed state names all three, and they win over
+    what the options and the budget would give.
+    """
+    if meta.rows == 0:
+        raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
+    rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
+    labels = label_encoding(meta, options.label_mode)
+    resume = options.resume
+    seed = facts.drawn_seed if options.seed is None else options.seed
+    if resume is not None and "seed" in resume:
+        seed = int(resume["seed"])
+    if meta.remote is not None and options.direct_io is True:
+        raise ConfigError(f"{meta.path}: direct_io=True is for a local store; leave it at 'auto' for a URL")
+    direct_io = meta.remote is None and facts.direct_io
+    augment = _checked_augment(options.augment)
+    workers = options.workers
+    if workers and augment is None:
+        raise ConfigError("workers > 0 needs augment=h5stream.Augment(...): without a transform there is "
+                          "nothing for worker processes to do (reading already runs in its own thread)")
+    if workers:
+        augment.ensure_picklable()
+    rows_per_fill = options.rows_per_fill
+    if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
+        rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
+    unit_bytes = options.read_unit
+    if unit_bytes is None and resume is not None and "unit_rows" in resume:
+        unit_bytes = int(resume["unit_rows"]) * meta.row_bytes  # likewise
+    start, stop = rows
+    batch_size = options.batch_size
+    plan = plan_stream(meta, options.memory_budget, batch_size, augment=augment, workers=workers,
+                       rows_per_fill=rows_per_fill, epoch_rows=stop - start,
+                       out_label_row_bytes=labels.extra_row_bytes, direct_io=direct_io, unit_bytes=unit_bytes,
+                       available_bytes=facts.available_bytes, verify_reads=options.verify_reads,
+                       chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder)
+    shard = options.shard or (0, 1)
+    layout = layout_function(stop, plan, int(seed), shard, options.shuffled, options.drop_remainder,
+                             start_row=start)
+    if layout(0).n_batches == 0:
+        raise ConfigError(
+            f"{meta.path}: {stop - start} rows give no full batch of {batch_size}"
+            + (f" per shard ({shard[1]} shards)" if shard[1] > 1 else "")
+            + " with drop_remainder=True; lower batch_size or set drop_remainder=False"
+        )
+    return StreamConfig(
+        meta=meta, subset=options.subset, rows=rows, shard=shard, batch_size=batch_size, shuffle=options.shuffled,
+        seed=int(seed), drop_remainder=options.drop_remainder, labels=labels, augment=augment, workers=workers,
+        feeder=options.feeder, timeout_s=options.timeout_s, direct_io=direct_io,
+        verify_reads=options.verify_reads, plan=plan, layout=layout, resume=resume,
+        validation_split=options.validation_split,
+    )
+
+
+def _checked_augment(augment):
+    """``augment`` if it is an :class:`~h5stream.Augment` (or None); else :class:`ConfigError`."""
+    if augment is None:
+        return None
+    from h5stream.augment import Augment
+
+    if not isinstance(augment, Augment):
+        raise ConfigError(f"augment must be an h5stream.Augment, got {type(augment).__name__}")
+    return augment
+
+
+def fit_feature_stats(config: StreamConfig) -> StreamConfig:
+    """``config`` with its augmentation's per-channel mean and std fitted, when it normalises featurewise (else
+    ``config`` itself).  One pass over the rows trained on.
+
+    Keras fits the statistics on the training data and applies them to both
+    subsets: so the training rows, all shards of them (every replica
+    normalises alike), whichever subset this stream is.  The result is kept in
+    this process's memory for the next stream of the same, unchanged file; the
+    workers get the statistics inside the pickled ``Augment``.
+    """
+    if not config.needs_feature_stats:
+        return config
+    from h5stream.augment.stats import compute_feature_stats
+
+    meta = config.meta
+    training = subset_rows(meta.rows, config.validation_split,
+                           "training" if config.validation_split is not None else None,
+                           meta.storage_order, meta.path)
+    mean, std = compute_feature_stats(meta.path, rows=training, remote=meta.remote)
+    return dataclasses.replace(config, augment=config.augment.with_feature_stats(mean, std))
