@@ -40,113 +40,63 @@ _LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", 
 def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mirrors h5py.File / builtins.open
     """Open a store for streaming: ``Stream(path, StreamOptions(...))``.  See :class:`Stream` for what it yields.
 
-    ``batch_size``: rows per batch (the last batches of an epoch may be
-    smaller unless ``drop_remainder=True``).
+    The same options give the same batches, with 0, 1 or N workers, in a
+    feeder process or not, from a local file or its URL; docs/design.md
+    ("Options of open") explains each option at length.
 
-    ``memory_budget`` (bytes, or "512MB" / "1.5GiB") bounds everything the
-    stream allocates, worker processes included.  None (default): 256 MiB for
-    reading and shuffling (more if one batch needs more) plus what the
-    ``workers`` need on top, so any worker count runs, with the same order;
-    ``stream.plan.describe()`` states the split.  A budget below the minimum
-    raises :class:`~h5stream.BudgetError` naming the budget, worker count or
-    batch size that would fit.
+    Args:
+        path: the store (``OUT.h5``), or a URL: ``s3://bucket/key`` or
+            ``http(s)://host/path`` (a server that honours ``Range``).
+        batch_size: rows per batch; the last batch of an epoch may be smaller
+            unless ``drop_remainder=True``.
+        memory_budget: bytes (or ``"512MB"``, ``"1.5GiB"``) that bound
+            everything the stream allocates, workers included.  None: 256 MiB
+            for reading and shuffling plus what the workers need on top, so any
+            worker count runs with the same order (``stream.plan.describe()``).
+        shuffle: reshuffle every epoch (default: True, False for
+            ``subset="validation"``).
+        seed: fixes the order (None draws one, recorded in ``state()``).
+        drop_remainder: drop the last, smaller batch of each epoch (of each shard).
+        shard: ``(index, count)``: one of ``count`` disjoint parts of every
+            epoch, for data-parallel training.
+        resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.
+        augment: an :class:`~h5stream.Augment` applied to every batch.
+        workers: augment in this many spawned processes (0: in the consumer's thread).
+        rows_per_fill: the shuffle window in rows (default: what the budget
+            leaves); pass it to get the same batches under any budget that holds it.
+        timeout_s: seconds to wait for a batch before raising :class:`~h5stream.ReaderError`.
+        validation_split: the fraction of rows, the last ones of the store,
+            that form the validation subset (Keras' convention; the store must
+            be in shuffled storage order).
+        subset: ``"training"``, ``"validation"`` or ``"both"`` (returns the pair).
+        label_mode: ``"int"`` (labels as stored), ``"categorical"`` (one-hot
+            float32), ``"binary"`` (float32 ``(n, 1)``, two classes) or None
+            (batches are the images alone, for ``model.predict``).
+        remote: an :class:`h5stream.RemoteOptions` or a dict of its fields
+            (``endpoint``, ``region``, ``profile``, ``anonymous``, ``timeout_s``,
+            ``max_in_flight``, ``headers``) for a URL.
+        direct_io: read past the page cache (``O_DIRECT``): ``"auto"`` for a
+            store larger than the memory that could cache it, True, False.
+        read_unit: bytes (or ``"4MiB"``) that rows move between fills in, and
+            the size of most reads (default 1 to 4 MiB); changes the order.
+        verify_reads: check the rows read against the store's block checksums:
+            ``"once"`` (each block on its first read; labels always), True
+            (every read), False.
+        feeder: run the reader and the workers' bookkeeping in a feeder
+            process (needs ``workers > 0``); the training process takes one
+            small message per batch.
 
-    ``shuffle``: reshuffle every epoch (default: True, False for
-    ``subset="validation"``); ``seed`` fixes the order (None draws one,
-    recorded in ``state()``).
+    Returns:
+        A :class:`Stream`, or ``(training, validation)`` with ``subset="both"``.
 
-    ``validation_split=f, subset="training" | "validation" | "both"`` (Keras'
-    ``image_dataset_from_directory`` convention): the last ``int(f * rows)``
-    rows of the store are the validation subset, the rows before them the
-    training subset.  The same for every seed, disjoint, together every
-    committed row; the store must be in shuffled storage order (see
-    :mod:`h5stream.order.split`).  Open one stream per subset with the same
-    ``validation_split`` (or both at once, below); the validation stream is unshuffled by default and
-    augmented only if given ``augment``.
-
-    ``label_mode``: ``"int"`` (default; labels as stored), ``"categorical"``
-    (one-hot float32, ``len(class_names)`` wide) or ``"binary"`` (float32
-    ``(n, 1)``, two-class stores) or None (no labels, see below); see
-    :mod:`h5stream.labels`.
-
-    ``augment=h5stream.Augment(...)`` transforms every batch, in the consumer's
-    thread or in ``workers`` spawned processes.  ``shard=(index, count)``
-    streams one of ``count`` disjoint parts (data-parallel training).
-    ``featurewise_center`` / ``featurewise_std_normalization`` use the
-    per-channel mean and std of the rows trained on, as Keras'
-    ``ImageDataGenerator.fit`` over the training data: with
-    ``validation_split``, the training subset's, for the validation stream
-    too; else every committed row's; all shards together, so every replica
-    normalises alike.  ``open`` computes them in one pass over those rows
-    (kept in this process's memory for the next stream of the same, unchanged
-    file) and the workers get them with the ``Augment``.  Reading never writes
-    the store.
-    ``resume`` is a dict from :meth:`Stream.state`.  ``timeout_s``: how long
-    to wait for a batch before raising :class:`~h5stream.ReaderError`.
-
-    ``path`` may be a URL: ``s3://bucket/key`` (credentials, region and
-    endpoint from the usual AWS environment variables and files) or
-    ``http(s)://host/path`` (a server that honours ``Range``).  ``remote``
-    (an :class:`h5stream.RemoteOptions` or a dict of its fields: ``endpoint``,
-    ``region``, ``profile``, ``anonymous``, ``timeout_s``, ``max_in_flight``,
-    ``headers``) says how to reach it.  Every guarantee of a local store holds.
-
-    ``direct_io`` (local stores): read the pixels past the page cache
-    (``O_DIRECT``).  ``"auto"`` (default) does so for a store larger than the
-    memory the page cache could keep of it (``MemAvailable``): such a store is
-    read from the disk every epoch anyway, and the page cache would only add a
-    kernel copy, read-ahead and reclaim.  ``True`` forces it (a file system
-    that refuses ``O_DIRECT`` raises :class:`~h5stream.ConfigError`), ``False``
-    never.  ``stream.direct_io`` says which applies; its buffers (4 MiB) come
-    on top of the default budget, out of a given one.
-
-    The order of an epoch depends on the seed and on ``rows_per_fill`` (the
-    shuffle window, ``stream.plan.rows_per_fill``), which by default is what
-    the budget leaves after everything else.  Pass ``rows_per_fill`` to get the
-    same batches under any budget that holds it; ``resume`` takes it from the
-    state.
-
-    ``read_unit`` (bytes or a string like ``"4MiB"``; default 1/32 of the
-    fill and at most 1/1152 of the epoch, between 1 and 4 MiB: a whole chunk
-    for a store of a few GB or more under the default budget): the
-    contiguous piece rows move between fills in, and so the size of most
-    reads (rounded down to a power-of-two part of a chunk, at most a chunk).
-    Smaller units make two epochs' orders less alike; larger ones mean fewer,
-    larger reads, which an object store serves with far less work per byte.
-    It changes the order: a URL and its local file get the same default under
-    the same options, so the same batches; ``resume`` takes it from the state.
-
-    ``verify_reads`` (default ``"once"``): check the rows and labels read
-    against the store's block checksums (``h5stream verify`` checks the same
-    ones), on every read path -- local, ``O_DIRECT``, a URL, worker processes
-    reading rows themselves -- and raise :class:`~h5stream.ChecksumError` (a
-    :class:`~h5stream.ReaderError`) naming the file and the rows before a batch
-    holding a damaged row goes out.  ``"once"`` checks each block the first
-    time this stream reads it (reading it whole once more unless a read already
-    holds all of it) and labels always: damage in the file is caught in the
-    first epoch, at no cost after it.  ``True`` also checks every later read row
-    by row (8 bytes a row kept), which catches bytes that change on disk while
-    training, at the cost of a hash of every byte read.  A store without
-    checksums streams unchecked.  False streams a damaged file as it is.
-
-    ``subset="both"`` (with ``validation_split``) returns the pair
-    ``(training, validation)`` of streams, as Keras'
-    ``image_dataset_from_directory(subset="both")`` does: both take every
-    other option as given (``augment`` and ``workers`` included, each stream
-    its own workers, as Keras' ``ImageDataGenerator`` augments its validation
-    subset too; open the subsets one by one for an unaugmented validation
-    stream); the validation stream is unshuffled unless ``shuffle=True``.
-    ``resume`` is refused there: each subset resumes from its own state.
-
-    ``label_mode=None``: the stream yields the images alone (``x``, not
-    ``(x, y)``), for ``model.predict`` (every adapter takes it).
-
-    ``feeder=True`` (with ``workers > 0``): the reader thread and the workers'
-    bookkeeping run in one more process, the feeder (the workers are its
-    children); the training process only takes one small message per batch
-    and lends the batch from shared memory, as without it.  Same batches,
-    resume, errors and memory budget (which counts the feeder).  See
-    :mod:`h5stream.feeder`.
+    Raises:
+        StoreNotFoundError: no file (or object) at ``path``.
+        StoreFormatError: the file is not a store h5stream can stream.
+        ConfigError: an option that does not fit the store, or each other.
+        BudgetError: a memory budget (or machine) that cannot hold the plan;
+            the message names the budget, workers or batch size that fit.
+        ResourceLimitError: a process limit (open files, a file size limit)
+            too low to start the stream; the message names the limit.
     """
     options = StreamOptions(*args, **kwargs)
     if options.subset != BOTH:

@@ -111,7 +111,8 @@ def test_one_batch_kept_for_good_makes_no_later_batch_a_copy_with_the_feeder(sto
     expected = _batches(store, n_epochs=3, workers=2)
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, augment=AUG, workers=2,
                        feeder=True) as s:
-        slots = [s._feed._lender.slots.part(k) for k in range(len(s._feed._lender.slots))]  # as the training process maps them
+        mapped = s._feed._lender.slots  # the output slots as the training process maps them
+        slots = [mapped.part(k) for k in range(len(mapped))]
 
         def lent(x) -> bool:
             return any(np.shares_memory(x, slot) for slot in slots)
