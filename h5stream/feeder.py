@@ -57,7 +57,7 @@ from collections import deque
 import numpy as np
 
 from h5stream import errors
-from h5stream._procpool import death_report, stopped
+from h5stream._procpool import death_report, frames, stopped
 from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream._wait import POLL_S, check_stops
 from h5stream._lend import ArrayArena, SlotLender
@@ -264,9 +264,9 @@ def _send(conn, msg, labels_as=(None, ())) -> bool:
 
 
 class _Inbox:
-    """The trainer's end of the feeder's pipe (a socket pair), read as ``Connection`` frames (a 4-byte
-    big-endian length, or -1 and an 8-byte one, then the bytes) with one blocking ``recv`` for whatever has
-    come, which returns after ``wait_s`` at the latest (``SO_RCVTIMEO``): one system call per answer, where
+    """The trainer's end of the feeder's pipe (a socket pair), read as ``Connection`` frames
+    (:func:`~h5stream._procpool.frames`, the one parser of that framing) with one blocking ``recv`` for whatever
+    has come, which returns after ``wait_s`` at the latest (``SO_RCVTIMEO``): one system call per answer, where
     ``Connection.recv_bytes`` makes two and a wait on a selector one more.  Owned by the
     :class:`_FeederState`; consumer thread."""
 
@@ -276,23 +276,12 @@ class _Inbox:
         whole = int(wait_s)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
                               struct.pack("ll", whole, int((wait_s - whole) * 1e6)))
-        self._buf = bytearray()
+        self._partial = b""  # the start of a message not received whole yet
+        self._messages: deque[bytes] = deque()
 
     def pop(self) -> bytes | None:
         """The next whole message received, or None."""
-        buf = self._buf
-        if len(buf) < 4:
-            return None
-        size, head = int.from_bytes(buf[:4], "big", signed=True), 4
-        if size == -1:
-            if len(buf) < 12:
-                return None
-            size, head = int.from_bytes(buf[4:12], "big"), 12
-        if len(buf) < head + size:
-            return None
-        data = bytes(buf[head:head + size])
-        del buf[:head + size]
-        return data
+        return self._messages.popleft() if self._messages else None
 
     def fill(self) -> bool | None:
         """Take what has come, waiting up to ``wait_s`` for something: True if something came, False if
@@ -305,7 +294,10 @@ class _Inbox:
             return None
         if not data:
             return None
-        self._buf += data
+        data = self._partial + data
+        messages, used = frames(data)
+        self._messages.extend(bytes(m) for m in messages)
+        self._partial = data[used:]
         return True
 
     def close(self) -> None:

@@ -144,6 +144,28 @@ def test_frames_give_back_every_whole_message_wherever_the_bytes_are_cut():
         assert used <= cut and (cut == len(data)) == (len(first) == len(want))
 
 
+def test_frames_parse_what_multiprocessing_connection_itself_sends():
+    """The framing is CPython's (private to ``multiprocessing.connection``): pin it against what a real
+    ``Connection.send_bytes`` writes, short and long messages, so a Python that changes it fails here first."""
+    import multiprocessing
+    import os
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    try:
+        sent = [b"", b"x", bytes(range(256)) * 300]
+        for payload in sent:
+            writer.send_bytes(payload)
+        writer.close()
+        data = b""
+        while chunk := os.read(reader.fileno(), 1 << 16):
+            data += chunk
+        messages, used = frames(data)
+        assert [bytes(m) for m in messages] == sent and used == len(data)
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_a_wait_sleeping_on_one_worker_reads_the_others_answers_when_it_ends_and_wakes_when_that_one_dies(two):
     """``sleep_on`` names the worker whose answer is awaited: another worker's answer does not end the sleep but
     is read when it ends (at the timeout here), and the awaited worker's death ends it (its process sentinel)."""
