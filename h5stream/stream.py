@@ -32,6 +32,7 @@ from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import BOTH, subset_rows
 from h5stream.read.source import resolve_direct_io
 from h5stream.store.meta import StoreMeta, read_meta
+from h5stream.store.progress import warn_unfinished
 
 STATE_VERSION = 1
 _LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shard_index",
@@ -148,6 +149,11 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     and lends the batch from shared memory, as without it.  Same batches,
     resume, errors and memory budget (which counts the feeder).  See
     :mod:`h5stream.feeder`.
+
+    A store whose ingest did not finish (stopped before every file it found
+    was stored or skipped; ``h5stream info`` says so) streams the rows it
+    holds, with one ``UserWarning`` naming the counts and the command that
+    finishes it; ``allow_unfinished=True`` streams it without the warning.
     """
     options = StreamOptions(*args, **kwargs)
     if options.subset != BOTH:
@@ -157,7 +163,7 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
                           "subset='training' / 'validation' and its own resume=")
     training = Stream(path, dataclasses.replace(options, subset="training"))
     try:
-        validation = Stream(path, dataclasses.replace(options, subset="validation"))
+        validation = Stream(path, dataclasses.replace(options, subset="validation", allow_unfinished=True))
     except BaseException:
         training.close()
         raise
@@ -214,6 +220,7 @@ class Stream:
         meta = read_meta(path, remote=options.remote)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
+        warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
         self._shard = options.shard or (0, 1)
         self.subset = options.subset
         self._rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
