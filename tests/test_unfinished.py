@@ -247,3 +247,25 @@ def test_damaged_progress_attributes_are_one_line_errors(tmp_path):
         f.attrs["ingest_rows_before"] = np.int64(5)  # more than the 4 committed rows
     with pytest.raises(StoreFormatError, match="ingest_rows_before"):
         read_meta(out)
+
+
+def test_an_append_records_what_it_sets_out_to_store_same_source_or_another(class_src_copy, tmp_path, h5cli):
+    root, written = class_src_copy
+    out = tmp_path / "grow.h5"
+    assert h5cli("ingest", root, out, "--size", "8", "--workers", "0")[0] == 0
+    make_class_folder(os.path.join(root, "more"), classes=["cat"], per_class=3, size=(8, 8), fmt="png", seed=7)
+    os.rename(os.path.join(root, "more", "cat"), os.path.join(root, "cat", "more"))  # 3 new files of class cat
+    code, _, err = h5cli("ingest", root, out, "--append", "--workers", "0")
+    assert code == 0, err
+    n = len(written) + 3
+    assert read_meta(out).ingest == IngestProgress(n, n, 0, root, None, ())
+    other = tmp_path / "other"
+    for rel, _ in make_class_folder(other, classes=["cat", "dog"], per_class=2, size=(8, 8), fmt="png", seed=8):
+        folder, name = os.path.split(rel)  # names of their own: --append takes a stored relative path as stored
+        os.rename(other / rel, other / folder / ("other_" + name))
+    code, _, err = h5cli("ingest", other, out, "--append", "--workers", "0", "--classes", "dog,cat")
+    assert code == 1 and "--classes must start with the store's classes" in err, err
+    code, _, err = h5cli("ingest", other, out, "--append", "--workers", "0")  # a finished store takes other files
+    assert code == 0, err
+    progress = read_meta(out).ingest
+    assert progress == IngestProgress(4, 4, 0, str(other), None, ()) and read_meta(out).rows == n + 4
