@@ -74,8 +74,8 @@ def summary(result) -> str:
 
 def _stop_on_sigterm(stopped_by: list[int]):
     """Make SIGTERM stop the run as Ctrl-C does (a KeyboardInterrupt, so what was appended is committed),
-    noting it in ``stopped_by``.  Returns the handler to put back, None where none was installed (not the
-    main thread, or SIGTERM ignored)."""
+    noting it in ``stopped_by`` (the handler runs in the main thread, as Python runs every signal handler).
+    Returns the handler to put back, None where none was installed (not the main thread, or SIGTERM ignored)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread() \
