@@ -49,6 +49,7 @@ class StreamOptions:
     read_unit: int | str | None = None
     verify_reads: bool | str = "once"
     feeder: bool = False
+    allow_unfinished: bool = False
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -70,6 +71,8 @@ class StreamOptions:
         if self.feeder and not self.workers:
             raise ConfigError("feeder=True runs the reader and the worker pool in a feeder process: it needs "
                               "workers > 0 (and an augment); pass workers=N, or leave feeder=False")
+        if not isinstance(self.allow_unfinished, bool):
+            raise ConfigError(f"allow_unfinished must be True or False, got {self.allow_unfinished!r}")
         check_direct_io(self.direct_io)
         if not (isinstance(self.verify_reads, bool) or self.verify_reads == "once"):
             raise ConfigError(f"verify_reads must be True, 'once' or False, got {self.verify_reads!r}")

@@ -31,6 +31,7 @@ from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout
 from h5stream.order.split import BOTH
 from h5stream.store.meta import StoreMeta, read_meta
+from h5stream.store.progress import warn_unfinished
 
 STATE_VERSION = 1
 _LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shard_index",
@@ -85,6 +86,9 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         feeder: run the reader and the workers' bookkeeping in a feeder
             process (needs ``workers > 0``); the training process takes one
             small message per batch.
+        allow_unfinished: stream a store whose ingest did not finish without
+            the one ``UserWarning`` (naming the counts and the command that
+            finishes it) that ``open`` gives otherwise.
 
     Returns:
         A :class:`Stream`, or ``(training, validation)`` with ``subset="both"``.
@@ -106,7 +110,7 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
                           "subset='training' / 'validation' and its own resume=")
     training = Stream(path, dataclasses.replace(options, subset="training"))
     try:
-        validation = Stream(path, dataclasses.replace(options, subset="validation"))
+        validation = Stream(path, dataclasses.replace(options, subset="validation", allow_unfinished=True))
     except BaseException:
         training.close()
         raise
@@ -162,6 +166,7 @@ class Stream:
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=options.remote)
         config = resolve(meta, options, gather_facts(meta, options))
+        warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
         if config.workers:
             _warn_if_more_workers_than_cores(config.workers)
         self.config: StreamConfig = fit_feature_stats(config)

@@ -102,7 +102,20 @@ def describe(path: str) -> dict:
         "skipped_report": report if os.path.exists(report) else None,
         "format_version": meta.format_version,
         "checksums": meta.checksum,
+        "ingest": _ingest(meta),
     }
+
+
+def _ingest(meta) -> dict | None:
+    """How far the store's last ingest got (None for a store written before ingests recorded it): files to
+    store, stored, skipped, whether it finished, and the command that finishes it."""
+    from h5stream.store.progress import continue_command, unfinished_message
+
+    p = meta.ingest
+    if p is None:
+        return None
+    return {"files": p.files, "stored": p.stored, "skipped": p.skipped, "finished": p.finished,
+            "unfinished": unfinished_message(meta), "command": continue_command(p, meta.path)}
 
 
 def label_kind_text(info: dict) -> str:
@@ -133,6 +146,7 @@ def format_text(info: dict) -> str:
     lines = [
         f"{info['path']}",
         f"  rows            {info['rows']}",
+        *([f"  {info['ingest']['unfinished']}"] if (info.get("ingest") or {}).get("unfinished") else []),
         f"  images          {h}x{w}x{c} {info['dtype']} (resize: {info['resize']})",
         f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
         + (f" columns {', '.join(info['label_columns'])}" if info["label_columns"] else ""),

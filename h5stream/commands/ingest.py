@@ -4,11 +4,17 @@ Everything is validated before OUT is created; bad image files are skipped,
 listed in ``OUT.skipped.csv`` and counted, never written as partial rows;
 what is left out on purpose (hidden entries, files the labels CSV does not
 list) is listed there too and counted apart, by kind.
+
+Ctrl-C or SIGTERM stops the run after committing what it appended, and says
+how far it got and the command that finishes it (exit 130, or 143 for
+SIGTERM): ``h5stream: interrupted: 1,280 of 19,200 files stored; finish with
+`h5stream ingest SRC OUT.h5 ... --append```.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
 
 from h5stream.errors import ConfigError
@@ -66,6 +72,42 @@ def summary(result) -> str:
             f"{result.rows} rows, {_mib(result.file_bytes)}")
 
 
+def _stop_on_sigterm(stopped_by: list[int]):
+    """Make SIGTERM stop the run as Ctrl-C does (a KeyboardInterrupt, so what was appended is committed),
+    noting it in ``stopped_by`` (the handler runs in the main thread, as Python runs every signal handler).
+    Returns the handler to put back, None where none was installed (not the main thread, or SIGTERM ignored)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        return None
+
+    def stop(signum, _frame):
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _how_far(out: str) -> str:
+    """What an interrupted run leaves at ``out``: how many of its files are stored and the command that
+    finishes it."""
+    from h5stream.errors import H5StreamError, StoreNotFoundError
+    from h5stream.store.meta import read_meta
+    from h5stream.store.progress import continue_command, progress_text
+
+    try:
+        meta = read_meta(out)
+    except StoreNotFoundError:  # stopped before its first commit
+        return f"{out} was not created; nothing was stored"
+    except H5StreamError as exc:  # e.g. stopped while HDF5 rewrote it: the error says what to run
+        return str(exc)
+    progress = meta.ingest
+    if progress is None or progress.finished:  # stopped before this run recorded itself, or after it finished
+        return f"{out} keeps its {meta.rows:,} committed rows; run the same command with --append to continue"
+    return f"{progress_text(progress)}; finish with `{continue_command(progress, out)}`"
+
+
 def run(args) -> int:
     from h5stream.ingest.pack import COMMIT_ROWS, IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
 
@@ -76,7 +118,7 @@ def run(args) -> int:
         print(f"h5stream: --workers {workers} is more than this machine can use; decoding with {max_workers()} "
               f"({WORKERS_PER_CPU} per CPU available)", file=sys.stderr)
         workers = max_workers()
-    result = ingest(IngestOptions(
+    opts = IngestOptions(
         src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns,
         classes=parse_names(args.classes, "--classes"), label_kind=args.label_kind, follow_links=args.follow_links,
         pad_fill=parse_pad_fill(args.pad_fill) if args.pad_fill is not None else None, size=size,
@@ -85,7 +127,19 @@ def run(args) -> int:
         commit_rows=COMMIT_ROWS if args.commit_rows is None else args.commit_rows,
         compression=None if args.compression == "none" else args.compression,
         append=args.append, overwrite=args.overwrite, strict=args.strict,
-    ))
+    )
+    stopped_by: list[int] = []
+    previous = _stop_on_sigterm(stopped_by)
+    try:
+        result = ingest(opts)
+    except KeyboardInterrupt:  # the ingest committed what it appended before this reached here
+        signum = stopped_by[0] if stopped_by else signal.SIGINT
+        print(f"h5stream: interrupted{' (SIGTERM)' if signum == signal.SIGTERM else ''}: {_how_far(args.out)}",
+              file=sys.stderr)
+        return 128 + signum
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(summary(result))
     if (result.skipped or result.left_out) and result.report_path:
         print(f"{'skipped files' if result.skipped else 'files left out'} and reasons: {result.report_path}")

@@ -4,7 +4,10 @@ Exit codes: 0 every committed row matched; 1 damage found (a block's bytes
 differ from its checksum, or HDF5 cannot read it), or the file cannot be
 opened as a store; 3 nothing (or not everything) could be checked: the store
 has no checksums, or the last block's digests are for another row count (an
-ingest is writing the file, or a crash interrupted a commit).  The work is :func:`h5stream.store.checksum.verify_store`.
+ingest is writing the file, or a crash interrupted a commit); 4 the store is
+unfinished: its last ingest stopped before every file it found was stored or
+skipped (see :mod:`h5stream.store.progress`), whatever the rows it holds
+checked (damage, 1, is said first).  The work is :func:`h5stream.store.checksum.verify_store`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import sys
 
 EXIT_DAMAGED = 1
 EXIT_UNCHECKED = 3
+EXIT_UNFINISHED = 4
 
 
 def _rows(a: int, b: int) -> str:
@@ -21,6 +25,23 @@ def _rows(a: int, b: int) -> str:
 
 
 
+
+
+def _unfinished(path: str) -> str | None:
+    """"unfinished: ... finish with `...`" for a store whose last ingest did not finish, else None."""
+    from h5stream.store.meta import read_meta
+    from h5stream.store.progress import unfinished_message
+
+    return unfinished_message(read_meta(path))
+
+
+def _checked(result) -> str:
+    """What verify could say of the rows an unfinished store holds."""
+    if not result.has_checksums:
+        return f"its {result.rows} rows have no checksums to check"
+    unchecked = sum(z - y for y, z in result.unchecked)
+    return f"{result.checked_rows} rows match their checksums" + (
+        f", {unchecked} have none to check yet" if unchecked else "")
 
 
 def run(args) -> int:
@@ -42,6 +63,10 @@ def run(args) -> int:
         for bar in bars:
             bar.close()
     path = args.path
+    unfinished = None if result.bad else _unfinished(path)
+    if unfinished is not None:
+        print(f"h5stream: error: {path}: {unfinished}; {_checked(result)}", file=sys.stderr)
+        return EXIT_UNFINISHED
     if not result.has_checksums:
         print(f"h5stream: error: {path}: no checksums stored, nothing verified; re-ingest it "
               f"(`h5stream ingest SRC NEW.h5`) to get a store that `h5stream verify` can check", file=sys.stderr)

@@ -58,6 +58,7 @@ import numpy as np
 
 from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
                              StoreWriteError, descriptor_limit)
+from h5stream.ingest import job
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
 from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report
@@ -520,19 +521,27 @@ def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, 
     labels_all = pending_labels(pending, source.label_kind, {n: i for i, n in enumerate(target.class_names or ())},
                                 label_shape)
 
+    run_skipped = 0  # this run's files skipped so far (each once), for its progress (see ingest.job)
+
     def record_skip(rel: str, why: str) -> None:
+        nonlocal run_skipped
         if opts.strict:
             raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
         report.add(rel, why)
+        run_skipped += 1
 
     written_skipped = None  # the skipped_files value this run last set (an attribute write costs ~0.4 ms)
+    written_run_skipped = 0
 
     def commit() -> None:
-        nonlocal written_skipped
+        nonlocal written_skipped, written_run_skipped
         report.flush()  # the report is never behind the count that points to it
         if report.skipped != written_skipped:
             writer.set_attr(schema.ATTR_SKIPPED, np.int64(report.skipped))
             written_skipped = report.skipped
+        if run_skipped != written_run_skipped:
+            job.record_skipped(writer, run_skipped)
+            written_run_skipped = run_skipped
         writer.commit()
 
     for rel, why in rejected:
@@ -623,6 +632,10 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
                       classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links)
     appending = opts.append and os.path.exists(opts.out)
     target = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
+    if appending:
+        from h5stream.store.meta import read_meta
+
+        job.check_continues(read_meta(opts.out), opts)
 
     report_path = schema.skipped_report_path(opts.out)
     reported = read_report(report_path) if appending else {}
@@ -643,6 +656,8 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
     try:
         pool.start()  # workers boot while the store is created
         writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
+        folders = sum(kind == UNREADABLE for _, kind, _ in left_out)  # each skipped, as a file is
+        job.start(writer, opts, already + len(pending) + len(rejected) + folders, start_rows - already)
         # A report from an older file of this name no longer applies; --overwrite drops that file with it, so
         # no store is ever paired with another run's report.
         for old in ([] if appending else [report_path] + ([opts.out] if opts.overwrite else [])):

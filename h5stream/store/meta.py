@@ -20,6 +20,7 @@ import numpy as np
 from h5stream.errors import StoreFormatError
 from h5stream.store import schema
 from h5stream.store.access import read_consistent
+from h5stream.store.progress import IngestProgress, parse_source
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class StoreMeta:
     file_bytes: int
     checksum: str | None = None
     """Hash of the stored block checksums (``"xxh3_64"``), ``None`` for a store without them."""
+    ingest: IngestProgress | None = None
+    """How far the last ingest got (:mod:`h5stream.store.progress`); None for a store written before it."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
@@ -288,4 +291,20 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         format_version=format_version,
         file_bytes=int(f.id.get_filesize()),
         checksum=checksum,
+        ingest=_ingest_progress(path, attrs, committed),
     )
+
+
+def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:
+    """The last ingest's progress from the root attributes, None when it recorded none (an older store)."""
+    if schema.ATTR_INGEST_FILES not in attrs:
+        return None
+    files = _int_attr(attrs, schema.ATTR_INGEST_FILES, 0, path=path, low=0)
+    before = _int_attr(attrs, schema.ATTR_INGEST_ROWS_BEFORE, 0, path=path, low=0, high=committed,
+                       want=f"an integer in 0..{committed} (committed_rows)")
+    skipped = _int_attr(attrs, schema.ATTR_INGEST_SKIPPED, 0, path=path, low=0)
+    raw = _str_attr(attrs, schema.ATTR_INGEST_SOURCE, "", path=path)
+    source = parse_source(raw)
+    if source is None:
+        raise _bad(path, schema.ATTR_INGEST_SOURCE, raw, 'JSON {"src": ..., "labels": ..., "options": [...]}')
+    return IngestProgress(files, committed - before, skipped, *source)

@@ -77,6 +77,7 @@ def rebuild(path: str, lock: StoreLock) -> int:
         attrs = f.attrs
         pad_fill = json.loads(attrs[schema.ATTR_PAD_FILL]) if schema.ATTR_PAD_FILL in attrs else None
         background = json.loads(attrs[schema.ATTR_BACKGROUND])
+        progress = {name: attrs[name] for name in schema.INGEST_ATTRS if name in attrs}  # unfinished stays so
         compression = _compression(f[schema.IMAGES])
         via_h5py = readable_by_h5py(f[schema.IMAGES])
         step = copy_rows(meta.block_rows, meta.row_bytes)
@@ -99,6 +100,8 @@ def rebuild(path: str, lock: StoreLock) -> int:
                               [schema.decode_path(p) for p in bufs[schema.PATHS][:k]])
                 writer.commit()  # durable under the temporary name; the store keeps its name meanwhile
             writer.set_attr(schema.ATTR_SKIPPED, np.int64(meta.skipped_files))
+            for name, value in progress.items():
+                writer.set_attr(name, value)
         except BaseException:
             writer.discard()  # removes the temporary file: the store and its marker stay
             raise

@@ -34,6 +34,14 @@ reads every one of them):
     checksum_tail     str    JSON {"rows": R, "images": hex, "labels": hex, "paths": hex}:
                              the digests of the last, partial block when the store had R
                              rows ({"rows": R} alone when R is a multiple of block_rows)
+    ingest_files       int   files the last ingest set out to store (its source's image files, the files it
+                             rejected unopened, its unreadable folders); absent in stores written before it
+                             (they count as finished; see :mod:`h5stream.store.progress`)
+    ingest_rows_before int   committed rows that are not that ingest's files: it stored
+                             committed_rows - ingest_rows_before of them
+    ingest_skipped     int   its files skipped so far, each listed in OUT.skipped.csv
+    ingest_source      str   JSON {"src": absolute SRC, "labels": absolute CSV or null, "options": [flags]}:
+                             what ``h5stream ingest SRC OUT <flags> --append`` needs to finish it
 """
 
 from __future__ import annotations
@@ -62,6 +70,12 @@ ATTR_BLOCK_ROWS = "block_rows"
 ATTR_SKIPPED = "skipped_files"
 ATTR_CHECKSUM = "checksum"
 ATTR_CHECKSUM_TAIL = "checksum_tail"
+ATTR_INGEST_FILES = "ingest_files"
+ATTR_INGEST_ROWS_BEFORE = "ingest_rows_before"
+ATTR_INGEST_SKIPPED = "ingest_skipped"
+ATTR_INGEST_SOURCE = "ingest_source"
+#: What the last ingest recorded of its progress: copied whole when a store is rebuilt.
+INGEST_ATTRS = (ATTR_INGEST_FILES, ATTR_INGEST_ROWS_BEFORE, ATTR_INGEST_SKIPPED, ATTR_INGEST_SOURCE)
 
 LABEL_CLASS = "class"
 LABEL_REGRESSION = "regression"

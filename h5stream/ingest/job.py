@@ -1,0 +1,91 @@
+"""What an ingest records in its store so that an unfinished one never looks finished.
+
+:func:`start` sets, before the run's first commit, the files the run sets out to
+account for, the rows of the store that are not its files and the source and
+flags that continue it (see :mod:`h5stream.store.progress`); the ingest's
+commits then raise its skipped count once the skip report is flushed.  On
+``--append`` :func:`check_continues` refuses a different source while the
+store's last ingest is unfinished: recording the new one would forget the old
+one's missing files.  Used by the ingest's one thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from h5stream.errors import ConfigError
+from h5stream.store import schema
+from h5stream.store.progress import continue_command, progress_text, source_attr
+
+
+def continue_options(opts) -> list[str]:
+    """The flags of ``opts`` (an :class:`~h5stream.ingest.pack.IngestOptions`) that say which files are ingested
+    and how, as ``h5stream ingest`` takes them (pure): what an ``--append`` that finishes the run passes again.
+    ``--labels`` is recorded apart (a path); how the work is done (workers, commit rows, progress bar) is not."""
+    flags: list[str] = []
+    if opts.label_columns:
+        flags += ["--label-columns", ",".join(opts.label_columns)]
+    if opts.label_kind is not None:
+        flags += ["--label-kind", opts.label_kind]
+    if opts.classes:
+        flags += ["--classes", ",".join(opts.classes)]
+    if opts.follow_links:
+        flags.append("--follow-links")
+    if opts.size is not None:
+        h, w = opts.size
+        flags += ["--size", str(h) if h == w else f"{h}x{w}"]
+    if opts.resize is not None:
+        flags += ["--resize", opts.resize]
+    if opts.pad_fill is not None:
+        flags += ["--pad-fill", ",".join(map(str, opts.pad_fill))]
+    if opts.channels is not None:
+        flags += ["--channels", str(opts.channels)]
+    if opts.order is not None:
+        flags += ["--order", opts.order]
+    if opts.seed is not None:
+        flags += ["--seed", str(opts.seed)]
+    if opts.block_rows is not None:
+        flags += ["--block-rows", str(opts.block_rows)]
+    if opts.strict:
+        flags.append("--strict")
+    return flags
+
+
+def _source_key(src: str, labels: str | None, options) -> tuple:
+    """What names the files of an ingest: its source, labels CSV and the flags that choose or label files."""
+    options = list(options)
+    chosen = []
+    for flag in ("--label-columns", "--label-kind", "--classes"):
+        if flag in options:
+            at = options.index(flag)
+            chosen.append(tuple(options[at:at + 2]))
+    return src, labels, tuple(chosen), "--follow-links" in options
+
+
+def check_continues(meta, opts) -> None:
+    """ConfigError when ``meta``'s store (appended to by ``opts``) holds an unfinished ingest of other files."""
+    from h5stream.store.progress import parse_source
+
+    progress = meta.ingest
+    if progress is None or progress.finished:
+        return
+    src, labels, options = parse_source(source_attr(opts.src, opts.labels_csv, continue_options(opts)))
+    if _source_key(src, labels, options) == _source_key(progress.src, progress.labels, progress.options):
+        return
+    raise ConfigError(
+        f"{opts.out}: its ingest of {progress.src} is unfinished ({progress_text(progress)}); finish it first "
+        f"with `{continue_command(progress, opts.out)}`, then append {opts.src}")
+
+
+def start(writer, opts, files: int, rows_before: int) -> None:
+    """Record on ``writer`` (flushed with its next commit) that this run sets out to account for ``files``
+    files and that ``rows_before`` of the store's committed rows are not its files; none skipped yet."""
+    writer.set_attr(schema.ATTR_INGEST_FILES, np.int64(files))
+    writer.set_attr(schema.ATTR_INGEST_ROWS_BEFORE, np.int64(rows_before))
+    writer.set_attr(schema.ATTR_INGEST_SKIPPED, np.int64(0))
+    writer.set_attr(schema.ATTR_INGEST_SOURCE, source_attr(opts.src, opts.labels_csv, continue_options(opts)))
+
+
+def record_skipped(writer, skipped: int) -> None:
+    """This run's files skipped so far, all of them in the flushed skip report (set before a commit)."""
+    writer.set_attr(schema.ATTR_INGEST_SKIPPED, np.int64(skipped))
