@@ -11,7 +11,7 @@ Loaders, each for ``--steps`` training steps of the same model:
   in the training loop;
 * ``h5stream device`` -- ``stream.torch(device=...)``: uploaded ahead (the
   training loop's ``next()`` issues the copies of the batches ahead) and converted
-  on the device; ``h5stream device thread``: the same with ``upload="thread"``;
+  on the device;
 * ``torchvision`` -- ``ImageFolder`` + ``DataLoader(pin_memory=True)`` over
   ``--tv-images`` JPEGs already at ``--size`` (decoded, augmented alike, cycled),
   if torchvision is installed (otherwise the row says so).
@@ -29,11 +29,10 @@ code does) while the stream feeds it, against its rate alone.
 On any device, a table of h5stream's CPU in the training process per batch,
 thread by thread (:func:`thread_breakdown`), for ``--breakdown-workers`` x
 ``--breakdown-batches``: the ``next()`` calls in the training thread, the
-reader thread, its I/O threads, the pool's collector thread (builds that have one) and the upload thread,
+reader thread, its I/O threads and the pool's collector thread (builds that have one),
 over a whole epoch in steady state, with workers both without and with ``open(..., feeder=True)`` (the reader
 and the pool in a process of their own).  ``--workers N`` makes every h5stream row augment in N workers
-(:data:`AUGMENT`) and torchvision's row augment alike, and adds the rows "h5stream device feeder" and "h5stream
-device feeder thread".
+(:data:`AUGMENT`) and torchvision's row augment alike, and adds the row "h5stream device feeder".
 ``--breakdown-only`` prints just the per-thread table::
 
     python -m benchmarks.gpu --breakdown-only --rows 16384 --size 64 --torch-threads 1
@@ -68,7 +67,7 @@ def thread_cpu_s(prefix: str = "h5stream") -> float:
     return total
 
 
-THREAD_GROUPS = (("h5stream-upload", "upload"), ("h5stream-pool-collector", "collector"),
+THREAD_GROUPS = (("h5stream-pool-collector", "collector"),
                  ("h5stream-reader-io", "io"), ("h5stream-reader", "reader"))
 """Thread name prefix -> the part of h5stream it is (first match wins)."""
 
@@ -98,19 +97,18 @@ def clock_delta(before: dict, after: dict) -> dict[str, float]:
 
 
 def thread_breakdown(path: str, batch_size: int, workers: int, device: str | None = "cpu",
-                     feeder: bool = False, upload: str = "inline") -> dict:
+                     feeder: bool = False) -> dict:
     """CPU milliseconds per batch of every h5stream thread in this process, over a whole epoch in steady state.
 
-    ``consumer``: the ``next()`` calls in the taking (training) thread; the others by thread (``reader``,
-    ``io``, ``collector``, ``upload``), each from its own CPU clock.  ``workers > 0`` augments in that many
-    processes (their CPU is not the training process's).  ``device``: through ``stream.torch(device=...)``
+    ``consumer``: the ``next()`` calls in the taking (training) thread, the uploads of a device included; the
+    others by thread (``reader``, ``io``, ``collector``), each from its own CPU clock.  ``workers > 0`` augments
+    in that many processes (their CPU is not the training process's).  ``device``: through ``stream.torch(device=...)``
     as uint8 NHWC (no conversion: on CUDA that would be GPU work), or None for the plain numpy iterator;
-    ``upload copy`` is the part of ``upload`` that copies the pixels into the new tensors, what a CUDA
+    ``upload copy`` is the part of ``consumer`` that copies the pixels into the new tensors, what a CUDA
     device's DMA does without the CPU.  The first epoch is left out (opening, the first fill, the page
-    cache); the second is measured but for its last batches (its upload thread ends with them).  A stream of
+    cache); the second is measured but for its last batches.  A stream of
     fewer than 5 batches an epoch is skipped.  ``feeder``: ``open(..., feeder=True)``, the reader and the pool in
-    a process of their own (needs ``workers > 0``).  ``upload``: the device adapter's ``upload=`` (``"inline"``:
-    the uploads are part of ``consumer``).
+    a process of their own (needs ``workers > 0``).
     """
     import h5stream
 
@@ -118,12 +116,12 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     with h5stream.open(path, batch_size=batch_size, seed=0, drop_remainder=True, workers=workers,
                        augment=augment, feeder=feeder) as s:
         if len(s) < 5:
-            return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "upload": upload,
+            return {"batch_size": batch_size, "workers": workers, "feeder": feeder,
                     "skipped": f"{len(s)} batches an epoch"}
-        ds = s.torch(device=device, upload=upload) if device is not None else s
+        ds = s.torch(device=device) if device is not None else s
         for _ in ds:
             pass
-        steps = len(s) - 3  # the upload thread queues the last two and ends: keep it alive and measured
+        steps = len(s) - 3  # the steady state: not the pass's last uploads, issued with nothing left to read
         it = iter(ds)
         consumer = 0.0
         copy0 = ds.stats()["upload_copy_cpu_s"] if device is not None else 0.0
@@ -141,7 +139,7 @@ def thread_breakdown(path: str, batch_size: int, workers: int, device: str | Non
     ms = {"consumer": 1e3 * consumer / steps, **{g: 1e3 * v / steps for g, v in sorted(spent.items())}}
     ms["total"] = sum(v for g, v in ms.items() if g != "upload copy")
     ms["total less copy"] = ms["total"] - ms.get("upload copy", 0.0)
-    return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "upload": upload, "steps": steps,
+    return {"batch_size": batch_size, "workers": workers, "feeder": feeder, "steps": steps,
             "device": device, "images_per_s": steps * batch_size / wall, "cpu_ms_per_batch": ms}
 
 
@@ -292,15 +290,12 @@ def run(args) -> dict:
     breakdown = []
     breakdown_device = None if args.breakdown_device == "none" else args.breakdown_device
     feeders = {"off": (False,), "on": (True,), "both": (False, True)}[args.breakdown_feeder]
-    uploads = ("thread", "inline") if args.breakdown_upload == "both" else (args.breakdown_upload,)
     for workers in _ints(args.breakdown_workers):
         for feeder in feeders if workers else (False,):
-            for upload in uploads if breakdown_device is not None else ("inline",):
-                for bs in _ints(args.breakdown_batches):
-                    log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, upload {upload}, batch {bs}")
-                    row = attempt(lambda w=workers, f=feeder, b=bs, u=upload:
-                                  thread_breakdown(path, b, w, breakdown_device, f, u))
-                    breakdown.append({"batch_size": bs, "workers": workers, "feeder": feeder, "upload": upload, **row})
+            for bs in _ints(args.breakdown_batches):
+                log(f"per-thread CPU: workers={workers}{', feeder' if feeder else ''}, batch {bs}")
+                row = attempt(lambda w=workers, f=feeder, b=bs: thread_breakdown(path, b, w, breakdown_device, f))
+                breakdown.append({"batch_size": bs, "workers": workers, "feeder": feeder, **row})
     if args.breakdown_only:
         return {"device": "cpu", "rows": args.rows, "size": args.size, "torch": torch.__version__,
                 "cpu_count": os.cpu_count(), "breakdown": breakdown}
@@ -341,15 +336,12 @@ def run(args) -> dict:
             return timed(torch, device, endless(lambda: ds), steps,
                          lambda x, y: train(*on_device(torch, x, y, device)), warmup)
     rows["h5stream cpu"] = attempt(cpu_row)
-    for name, feeder, upload in (("h5stream device", False, "inline"), ("h5stream device thread", False, "thread"),
-                                 ("h5stream device feeder", True, "inline"),
-                                 ("h5stream device feeder thread", True, "thread")):
+    for name, feeder in (("h5stream device", False), ("h5stream device feeder", True)):
         if feeder and not args.workers:
             continue  # the feeder runs the worker pool: no workers, no feeder
-        log(f"{name}: stream.torch(device={str(device)!r}, upload={upload!r})"
-            + (", open(..., feeder=True)" if feeder else ""))
-        rows[name] = attempt(lambda f=feeder, u=upload: device_row(torch, h5stream, device, path, opts, f, u, steps,
-                                                                   warmup, train))
+        log(f"{name}: stream.torch(device={str(device)!r})" + (", open(..., feeder=True)" if feeder else ""))
+        rows[name] = attempt(lambda f=feeder: device_row(torch, h5stream, device, path, opts, f, steps, warmup,
+                                                         train))
     rows["torchvision"] = attempt(lambda: torchvision_row(args, torch, device, steps, train, warmup))
     limit = rows["limit"]["images_per_s"]
     for r in rows.values():
@@ -379,26 +371,23 @@ def attempt(measure) -> dict:
         return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
 
 
-def device_row(torch, h5stream, device, path: str, opts: dict, feeder: bool, upload: str, steps: int, warmup: int,
+def device_row(torch, h5stream, device, path: str, opts: dict, feeder: bool, steps: int, warmup: int,
                train) -> dict:
-    """``stream.torch(device=..., upload=upload)`` feeding ``train``: :func:`timed`, plus h5stream's CPU in this
-    process per batch over the timed steps (its threads but the upload thread from their own clocks, the upload
-    threads from the adapter's count, and the ``next()`` calls, which hold the uploads when inline), the page-locked
+    """``stream.torch(device=...)`` feeding ``train``: :func:`timed`, plus h5stream's CPU in this process per batch
+    over the timed steps (its threads from their own clocks, and the ``next()`` calls, which hold the uploads), the
+    page-locked
     bytes, and the peak memory of this process tree (sum of PSS, sampled every 0.1 s from the opening of the
     stream) over the stream's memory budget."""
     from h5stream.measure import ResourceSampler
 
     with ResourceSampler(0.1) as sampler, h5stream.open(path, **opts, feeder=feeder) as s:
-        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD, upload=upload)
+        ds = s.torch(device=device, dtype="float32", layout="channels_last", mean=MEAN, std=STD)
         batches = endless(lambda: ds)
         for _ in range(warmup):
             train(*next(batches))
-        before, upload0 = thread_clocks(), ds.stats()["upload_cpu_s"]
+        before = thread_clocks()
         row = timed(torch, device, batches, steps, train)
-        spent = clock_delta(before, thread_clocks())
-        threads_s = sum(v for g, v in spent.items() if g != "upload")
-        if upload == "thread":  # inline, the uploads run in next() and are counted there
-            threads_s += ds.stats()["upload_cpu_s"] - upload0
+        threads_s = sum(clock_delta(before, thread_clocks()).values())
         row["h5stream_thread_cpu_ms_per_batch"] = 1e3 * threads_s / row["steps"] + row["next_cpu_ms_per_batch"]
         row["pinned_bytes"] = ds.stats()["pinned_bytes"]
         row["budget_bytes"] = int(s.plan.budget_bytes)
@@ -428,7 +417,7 @@ def python_step_cost(args, h5stream, path, opts) -> dict:
             ds = s.torch(**kwargs)
             threads0 = thread_cpu_s()
             r = timed(torch, device, endless(lambda ds=ds: ds), args.steps, step)
-            upload = ds.stats()["upload_cpu_s"] if kwargs else 0.0
+            upload = ds.stats()["upload_cpu_s"] if kwargs else 0.0  # issued in next(), on no thread of h5stream's
             fed = r["images_per_s"] / opts["batch_size"]
             out[name] = {"steps_per_s": fed, "vs_alone": fed / alone,
                          "h5stream_thread_cpu_ms_per_batch": 1e3 * (thread_cpu_s() - threads0 + upload) / r["steps"]}
@@ -475,21 +464,20 @@ def format_breakdown(rows: list[dict]) -> list[str]:
     """The per-thread table: CPU-ms per batch of each h5stream thread of the training process."""
     if not rows:
         return []
-    groups = ["consumer", "reader", "io", "collector", "upload", "other", "total", "upload copy", "total less copy"]
+    groups = ["consumer", "reader", "io", "collector", "other", "total", "upload copy", "total less copy"]
     device = rows[0].get("device")
     how = f"stream.torch(device={device!r}), uint8 NHWC" if device else "numpy batches"
     lines = [f"h5stream's CPU in the training process, ms per batch over an epoch (thread CPU clocks; {how}; "
              "'upload copy' is what a GPU's DMA does):",
-             f"{'workers':>7} {'feeder':>6} {'upload':>6} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups)
+             f"{'workers':>7} {'feeder':>6} {'batch':>5} " + " ".join(f"{g:>11}" for g in groups)
              + f" {'images/s':>9}"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"{r['workers']:>7} {_yes(r):>6} {r.get('upload', '-'):>6} {r['batch_size']:>5} "
-                         f"skipped: {r['skipped']}")
+            lines.append(f"{r['workers']:>7} {_yes(r):>6} {r['batch_size']:>5} skipped: {r['skipped']}")
             continue
         ms = r["cpu_ms_per_batch"]
         cells = " ".join(f"{ms[g]:>11.3f}" if g in ms else f"{'-':>11}" for g in groups)
-        lines.append(f"{r['workers']:>7} {_yes(r):>6} {r.get('upload', '-'):>6} {r['batch_size']:>5} {cells} "
+        lines.append(f"{r['workers']:>7} {_yes(r):>6} {r['batch_size']:>5} {cells} "
                      f"{r['images_per_s']:>9.0f}")
     return lines
 
@@ -555,8 +543,6 @@ def main(argv=None) -> int:
                    help="the table's stream.torch(device=...), uint8 NHWC; 'none': the plain numpy iterator")
     p.add_argument("--breakdown-feeder", choices=("off", "on", "both"), default="both",
                    help="rows with workers measured without and/or with open(..., feeder=True)")
-    p.add_argument("--breakdown-upload", choices=("thread", "inline", "both"), default="inline",
-                   help="the device adapter's upload= in the per-thread table")
     p.add_argument("--breakdown-only", action="store_true", help="only the per-thread CPU table")
     p.add_argument("--python-work", type=int, default=20000, help="loop iterations of the stand-in step (no GPU)")
     return run_cli(p, argv, run, format_text)

@@ -8,7 +8,7 @@ batches; the client's CPU per GB; memory against the budget; time to the first b
 
 Makes the store with :func:`benchmarks.data.make_bench_file` when missing, starts ``weed server -s3`` on
 127.0.0.1 (:class:`benchmarks.seaweed.SeaweedS3`, data under ``--data``), uploads the store, and runs each
-measurement in a fresh process (``h5stream bench``'s :func:`~h5stream.commands.bench.measure_stream` for the
+measurement in a fresh process (``h5stream bench``'s :func:`~h5stream.measure.passes.measure_stream` for the
 streams, so memory is sampled the same way).  The streams use h5stream's default options unless
 ``--memory-budget`` or ``--read-unit`` is given.
 
@@ -88,7 +88,7 @@ def child(argv: list[str]) -> int:
     ``ceiling URL [RANGES.npy]``, ``open URL``, ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
-        from h5stream.commands.bench import measure_stream
+        from h5stream.measure.passes import measure_stream
         from h5stream.errors import ConfigError
         from h5stream.read.plan import parse_bytes
         from h5stream.read.source import resolve_direct_io

@@ -53,9 +53,8 @@ def private_memory(nbytes: int) -> mmap.mmap:
     """``nbytes`` (at least 1) of fresh anonymous memory, starting on a page boundary.
 
     Private memory: Python's default mapping is shared memory, whose every page costs a fault through the
-    shared-memory file system on first touch, about 0.25 CPU-second more per GB first written (0.6 instead of
-    0.85 s/GB filling fresh 3 MiB arrays).  Not huge pages: on first touch they cost more where the kernel must
-    find the memory (up to 1.7 against 0.6 s/GB on a virtual machine)."""
+    shared-memory file system on first touch.  Not huge pages: on first touch they cost more where the kernel must
+    find the memory.  (The figures: docs/performance.md, "Design figures".)"""
     nbytes = max(int(nbytes), 1)
     if _PRIVATE is None or _ANONYMOUS is None:  # not POSIX: the platform's own anonymous memory
         return mmap.mmap(-1, nbytes)

@@ -113,8 +113,8 @@ slots on top of :func:`out_slots`, answered or being made while the consumer tra
 FEEDER_OVERHEAD_BYTES = 48 << 20
 """Private memory of the feeder process besides what the plan counts anyway (its batches, fill index, label
 cache and the byte source's buffers, which it holds instead of the training process): an interpreter with
-numpy, h5py and HDF5 loaded, and its copies of library pages.  Measured: 24-30 MiB unique (USS) in steady
-state, 24 px and 128 px stores, with room to spare."""
+numpy, h5py and HDF5 loaded, and its copies of library pages (what it was sized from: docs/performance.md,
+"Design figures")."""
 
 
 def out_slots(workers: int) -> int:

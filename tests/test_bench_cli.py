@@ -1,6 +1,9 @@
 """`h5stream bench` and `h5stream info --shuffle-report` on a tiny real class-sorted store."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,8 +67,29 @@ def test_bench_json_has_every_figure_with_sane_values(sorted_store, capsys, tmp_
         r["steady_samples_per_s"] / r["baselines"]["random_row_samples_per_s"])
 
 
+INSTALLED_BENCH = """
+import json, sys
+sys.modules["benchmarks"] = None  # what an installed h5stream has: benchmarks/ is a folder of the clone only
+from h5stream import cli
+sys.exit(cli.main(["bench", sys.argv[1], "--json", "--cold", "--memory-budget", "8MiB", "--random-seconds", "0.2"]))
+"""
+
+
+def test_bench_runs_with_the_installed_package_alone(sorted_store, tmp_path):
+    """`h5stream bench` is a command of the installed package: it measures (memory from the monitor process, --cold
+    from the evictor) with nothing from the clone's benchmarks/, from any folder."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)  # the package only; the folder it runs in is elsewhere
+    done = subprocess.run([sys.executable, "-c", INSTALLED_BENCH, sorted_store], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout)
+    assert r["cold"] is True and r["mem_samples"] >= 2 and r["peak_mem_bytes"] > 0
+    assert r["baselines"]["sequential_samples_per_s"] > 0
+
+
 def test_epoch_rates_keep_start_up_out_of_the_comparison():
-    from h5stream.commands.bench import epoch_rates
+    from h5stream.measure.passes import epoch_rates
 
     r = epoch_rates(100, 1000, [2.0, 3.0, 4.0], open_s=1.0, first_batch_s=1.5)
     assert (r["startup_s"], r["first_batch_s"], r["first_epoch_s"]) == (1.0, 1.5, 2.0)
@@ -89,7 +113,7 @@ def test_bench_cold_and_table(sorted_store, capsys):
 
 
 def test_bench_random_rows_are_capped_and_extrapolated(sorted_store):
-    from h5stream.commands.bench import measure_random_rows
+    from h5stream.measure.passes import measure_random_rows
     from h5stream.store.meta import read_meta
 
     meta = read_meta(sorted_store)

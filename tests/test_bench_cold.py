@@ -40,7 +40,7 @@ def test_the_large_store_is_sized_from_ram_and_refused_without_room(tmp_path):
     assert not (tmp_path / "huge.h5").exists()
 
 
-@pytest.mark.parametrize("budget", [cold.BUDGET, "1GiB"])
+@pytest.mark.parametrize("budget", [pytest.param(cold.BUDGET, marks=pytest.mark.slow), "1GiB"])
 def test_the_random_disk_pattern_reads_the_stream_s_own_unit(tmp_path, budget):
     """disk_random's piece is the unit the stream itself plans (h5stream's rule, from the fill), not a fixed
     1 MiB: the two sizes in the table are the same."""

@@ -36,7 +36,7 @@ def store(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("workers,cold", [(0, False), (1, True)])
+@pytest.mark.parametrize("workers,cold", [(0, False), pytest.param(1, True, marks=pytest.mark.slow)])
 def test_measure_stream_reports_positive_figures(store, workers, cold):
     r = bp.measure_stream_rate(store, workers=workers, repeats=2, cold=cold)
     for key in ("images_per_s", "repeats_images_per_s", "images_per_repeat", "first_batch_s", "main_process_cores",
@@ -48,6 +48,7 @@ def test_measure_stream_reports_positive_figures(store, workers, cold):
     assert r["output_dtype"] == "uint8" and r["workers"] == workers and r["cold"] is cold
 
 
+@pytest.mark.slow
 def test_stall_collector_measures_a_real_wait(store):
     # One worker needs >= 32 * SLOW_IMAGE_S per batch and at most out_slots(1) batches are ahead of a consumer
     # that never pauses, so most of the remaining batches' production time must show up as waiting.

@@ -1,4 +1,5 @@
-"""Smoke test of the scaling benchmark on a tiny generated folder (its columns, caps and --json, not speed)."""
+"""Smoke test of the scaling benchmark on a tiny generated folder (its columns, caps and --json, not speed); the
+pure helpers of its figures.  make test runs the benchmark with one worker count, make test-all with two."""
 
 from __future__ import annotations
 
@@ -25,16 +26,18 @@ def assert_rate_of_cost(rate: float, per: float, cost: float) -> None:
     assert rate == pytest.approx(per / cost, abs=slack)
 
 
-def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_path, capsys):
+@pytest.mark.parametrize("workers", [[1], pytest.param([1, 2], marks=pytest.mark.slow)], ids=["1", "1,2"])
+def test_bench_scaling_reports_rates_parent_costs_and_caps_per_worker_count(tmp_path, capsys, workers):
     partial = tmp_path / "partial.json"
-    assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", "1,2", "--epochs", "1",
+    assert scaling.main(["--n", "40", "--source", "24", "--size", "16", "--workers", ",".join(map(str, workers)),
+                         "--epochs", "1",
                          "--epochs-per-worker", "--rounds", "1", "--machine-seconds", "0.2", "--json",
                          "--data", str(tmp_path), "--partial", str(partial)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["complete"] is True and json.loads(partial.read_text()) == result  # the last one written
     assert result["images"] == 40 and result["short_images"] == 10
     assert result["batch_size"] == 256 and result["rounds"] == 1 and result["epochs_per_worker"] is True
-    assert [row["workers"] for row in result["rows"]] == [1, 2]
+    assert [row["workers"] for row in result["rows"]] == workers
     for row in result["rows"]:
         assert row["stream_images"] == 40 * row["workers"]  # one epoch of the 40 rows per worker
         assert row["ingest_images_per_s"] > 0 and row["stream_images_per_s"] > 0

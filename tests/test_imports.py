@@ -179,11 +179,12 @@ LAYERS = (
     ("python -m h5stream", ("h5stream.__main__",)),
     ("cli", ("h5stream.cli",)),
     ("commands", ("h5stream.commands",)),
+    ("measurement", ("h5stream.measure",)),
     ("adapters", ("h5stream.adapters", "h5stream.keras")),
     ("public API", ("h5stream",)),
     ("stream", ("h5stream.stream",)),
     ("feeder", ("h5stream.feeder",)),
-    ("feed", ("h5stream.feed", "h5stream.options", "h5stream.measure")),
+    ("feed", ("h5stream.feed", "h5stream.options")),
     ("config", ("h5stream.config",)),
     ("budget", ("h5stream.budget",)),
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
@@ -191,7 +192,7 @@ LAYERS = (
     ("remote transport", ("h5stream.remote",)),
     ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
     ("low level", ("h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
-                   "h5stream._monitor", "h5stream.samples")),
+                   "h5stream.samples")),
     ("lent memory", ("h5stream._lend",)),
     ("raw I/O", ("h5stream._io",)),
     ("errors", ("h5stream.errors",)),
@@ -282,6 +283,73 @@ def test_imports_point_down_the_layers_over_the_whole_package():
             if theirs < mine or (theirs == mine and _package(module) != _package(target)):
                 wrong.append(f"{module} ({LAYERS[mine][0]}) -> {target} ({LAYERS[theirs][0]})")
     assert wrong == []
+
+
+KNOWN_CIRCLES = [
+    # StoreWriter rebuilds a store before an append, and the rebuild writes through StoreWriter: "rebuild before
+    # append" is a policy for the callers; being moved there.  Remove this entry with the circle.
+    {"h5stream.store.rebuild", "h5stream.store.writer"},
+]
+"""Import circles that exist and are due to go; any other circle fails the test below."""
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module of ``graph`` (module -> modules it imports):
+    each is a set of modules that import one another round a circle.  Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        circles.append(component)
+    return circles
+
+
+def test_import_circles_are_found_in_a_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "d"}, "f": {"g"}, "g": {"f"}}
+    assert sorted(map(sorted, import_circles(graph))) == [["a", "b", "c"], ["f", "g"]]
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circle_among_the_package_modules():
+    """Over every import of the package, top level or inside a function (a function-level import still makes the
+    two modules depend on each other), no module reaches itself again, but the known circles being removed."""
+    modules = _modules()
+    graph = {module: _imports(module, path, modules) & set(modules) for module, path in modules.items()}
+    circles = import_circles(graph)
+    assert [sorted(c) for c in circles if c not in KNOWN_CIRCLES] == []
+    assert [sorted(c) for c in KNOWN_CIRCLES if c not in circles] == [], "a known circle is gone: remove its entry"
 
 
 def test_subcommands_share_helpers_through_one_module_and_never_import_each_other():

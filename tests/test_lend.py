@@ -92,7 +92,7 @@ def test_every_batch_lent_on_a_part_has_the_same_long_lived_outermost_array():
     is freed: for a lent part it is the part's anchor, the same for every lend (not the fresh array of each),
     and it lives as long as the lender."""
     pytest.importorskip("torch")
-    from h5stream.adapters.torch_device import owner_array
+    from h5stream.adapters._host_pins import owner_array
 
     lender = _lender()
     owner = owner_array(lender.lend(1)[2:])

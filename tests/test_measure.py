@@ -9,8 +9,10 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.measure import tree_pss_bytes
 from conftest import SESSION_PIDS
 from h5stream import measure
+from h5stream.measure.sampler import _child_label
 from h5stream.errors import StoreNotFoundError
 
 CHILD_MIB = 96
@@ -41,11 +43,11 @@ def end_child(child):
 
 
 def test_tree_pss_counts_a_child_process():
-    before = measure.tree_pss_bytes()
+    before = tree_pss_bytes()
     child = start_child()
     try:
-        during = measure.tree_pss_bytes()
-        without = measure.tree_pss_bytes(exclude_pids=(child.pid,))
+        during = tree_pss_bytes()
+        without = tree_pss_bytes(exclude_pids=(child.pid,))
     finally:
         end_child(child)
     assert during - before > (CHILD_MIB - 16) << 20
@@ -180,7 +182,7 @@ def test_evict_missing_file_is_a_clear_error(tmp_path):
 
 def test_child_labels_number_workers_and_name_multiprocessing_helpers():
     taken = {}
-    taken["1"] = measure._child_label("python -c from multiprocessing.resource_tracker import main;main(5)", taken)
-    taken["2"] = measure._child_label("python -c from multiprocessing.spawn import spawn_main; spawn_main()", taken)
-    taken["3"] = measure._child_label("python -c from multiprocessing.spawn import spawn_main; spawn_main()", taken)
+    taken["1"] = _child_label("python -c from multiprocessing.resource_tracker import main;main(5)", taken)
+    taken["2"] = _child_label("python -c from multiprocessing.spawn import spawn_main; spawn_main()", taken)
+    taken["3"] = _child_label("python -c from multiprocessing.spawn import spawn_main; spawn_main()", taken)
     assert taken == {"1": "mp-resource-tracker", "2": "worker-1", "3": "worker-2"}

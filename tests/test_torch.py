@@ -1,7 +1,7 @@
-"""torch adapter on a device: ``stream.torch(device=...)``, its upload thread, conversions, pinning, DDP.
+"""torch adapter on a device: ``stream.torch(device=...)``, its uploads ahead, conversions, pinning, DDP.
 
-Runs without TensorFlow.  ``device="cpu"`` runs the whole pipeline (upload
-thread, ring, conversions on the device); the CUDA-only parts (streams,
+Runs without TensorFlow.  ``device="cpu"`` runs the whole pipeline (uploads
+ahead, ring, conversions on the device); the CUDA-only parts (streams,
 events, page-locking) run where CUDA exists and are skipped elsewhere, but
 the page-locking bookkeeping is checked everywhere with a recording
 registrar.
@@ -23,7 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import h5stream  # noqa: E402
-from h5stream.adapters.torch_device import UPLOADS, HostPins, convert, device_options  # noqa: E402
+from h5stream.adapters._host_pins import HostPins  # noqa: E402
+from h5stream.adapters.torch_device import convert, device_options  # noqa: E402
 from h5stream.errors import ChecksumError, ConfigError, StreamClosedError  # noqa: E402
 from h5stream.store.writer import write_arrays  # noqa: E402
 from conftest import collect  # noqa: E402
@@ -47,8 +48,8 @@ def store(tmp_path_factory):
     return path
 
 
-def upload_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "h5stream-upload"]
+def h5stream_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("h5stream")]
 
 
 def reference(x: np.ndarray, dtype=None, layout="NHWC", mean=None, std=None) -> torch.Tensor:
@@ -89,14 +90,13 @@ def test_convert_matches_a_numpy_reference(opts):
         assert got.is_contiguous(memory_format=torch.channels_last) and got.shape == (5, 3, 4, 6)
 
 
-@pytest.mark.parametrize("upload", UPLOADS)
 @pytest.mark.parametrize("opts", CONVERSIONS[1:5], ids=["f32", "f16-nchw", "bf16-cl-norm", "norm-nchw"])
-def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts, upload):
-    """Two epochs, with read-ahead through the upload thread or inline: batch for batch what the plain adapter
-    yields from a stream of the same seed, after the same conversion."""
+def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts):
+    """Two epochs, with the uploads ahead: batch for batch what the plain adapter yields from a stream of the
+    same seed, after the same conversion."""
     resolved = device_options("cpu", channels=3, **opts)
     with h5stream.open(store, batch_size=BATCH, seed=7) as plain, h5stream.open(store, batch_size=BATCH, seed=7) as s:
-        ds = s.torch(device="cpu", upload=upload, **opts)
+        ds = s.torch(device="cpu", **opts)
         assert len(ds) == len(plain.torch())
         for _ in range(2):
             want = [(reference(x.numpy(), resolved.dtype, resolved.layout, resolved.mean, resolved.std), y)
@@ -109,105 +109,79 @@ def test_device_cpu_gives_the_plain_adapters_batches_converted(store, opts, uplo
         assert ds.stats()["batches"] == 2 * len(plain)
 
 
-@pytest.mark.parametrize("upload", UPLOADS)
 @pytest.mark.parametrize("batch_size", [2, BATCH])
-def test_a_stream_without_labels_gives_its_images_alone_on_the_device(store, batch_size, upload):
+def test_a_stream_without_labels_gives_its_images_alone_on_the_device(store, batch_size):
     """``label_mode=None`` (what ``predict`` takes): each batch is the images tensor alone, as the plain adapter
     yields it.  A 2-row batch once came out as one image plus another as its "labels"."""
     opened = [h5stream.open(store, batch_size=batch_size, seed=5, label_mode=None) for _ in range(2)]
     with opened[0] as plain, opened[1] as s:
         want = list(plain.torch())
-        got = list(s.torch(device="cpu", upload=upload))
+        got = list(s.torch(device="cpu"))
         assert len(got) == len(want) == len(plain)
         for g, w in zip(got, want):
             assert isinstance(g, torch.Tensor) and g.shape == (len(w), 4, 5, 3) and torch.equal(g, w)
 
 
-@pytest.mark.parametrize("upload", UPLOADS)
-def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store, upload):
-    """The upload thread (or the inline uploader) reads ahead; a pass left after two batches loses none: the next
-    pass serves the whole epoch the left one began, as the plain adapter does."""
+def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store):
+    """The uploads read ahead; a pass left after two batches loses none: the next pass serves the whole epoch the
+    left one began, as the plain adapter does."""
     with h5stream.open(store, batch_size=BATCH, seed=3) as s:
-        ds = s.torch(device="cpu", batches_ahead=3, upload=upload)
+        ds = s.torch(device="cpu", batches_ahead=3)
         it = iter(ds)
         first = [next(it)[1] for _ in range(2)]
-        again = [y for _, y in ds]  # a new iter replaces the live one: its thread is stopped first
+        again = [y for _, y in ds]  # a new iter replaces the live one
         assert len(again) == len(s)
         np.testing.assert_array_equal(torch.cat(again).numpy(), s.epoch_order(0))
         np.testing.assert_array_equal(torch.cat(first).numpy(), s.epoch_order(0)[:2 * BATCH])
-        assert len(upload_threads()) == 0
 
 
-def test_the_upload_thread_ends_at_close_at_stream_close_and_when_dropped(store):
+def test_a_pass_ends_at_close_at_stream_close_and_when_dropped(store):
     with h5stream.open(store, batch_size=BATCH, seed=1) as s:
-        # close() of the dataset, mid-pass
-        ds = s.torch(device="cpu", upload="thread")
+        # close() of the dataset, mid-pass: it refuses from then on, and the stream stays usable
+        ds = s.torch(device="cpu")
         it = iter(ds)
         next(it)
-        assert len(upload_threads()) == 1
         ds.close()
-        assert upload_threads() == []
         with pytest.raises(StreamClosedError):
             list(ds)
-        # the iterator dropped mid-pass
-        ds = s.torch(device="cpu", upload="thread")
-        it = iter(ds)
-        next(it)
-        assert len(upload_threads()) == 1
-        del it
-        collect(lambda: upload_threads() == [])
-        assert upload_threads() == []
-        # stream.close() mid-pass: the next next() raises, and the thread has ended
-        it = iter(ds)
+        assert len(list(s.torch(device="cpu"))) == len(s)
+        # stream.close() mid-pass: the next next() raises
+        it = iter(s.torch(device="cpu"))
         next(it)
         s.close()
         with pytest.raises(StreamClosedError):
-            for _ in it:
-                pass
-        assert upload_threads() == []
+            next(it)
     # the stream and the dataset dropped with a pass under way: all of it is collected
     s = h5stream.open(store, batch_size=BATCH, seed=1)
-    ds = s.torch(device="cpu", upload="thread")
+    ds = s.torch(device="cpu")
     it = iter(ds)
     next(it)
     alive = weakref.ref(s)
     del s, ds, it
     collect(lambda: alive() is None)
-    assert alive() is None and upload_threads() == []
+    assert alive() is None
 
 
-def test_inline_upload_runs_no_thread_and_gives_the_threads_batches_from_a_feeder(store):
-    """``upload="inline"``: the training loop's ``next()`` issues the uploads ahead; no h5stream thread is left in
-    the process with the feeder, and the batches are the upload thread's, for two epochs."""
+def test_the_uploads_run_in_no_thread_and_give_the_in_process_pools_batches_from_a_feeder(store):
+    """The training loop's ``next()`` issues the uploads ahead: with the feeder no h5stream thread is left in the
+    process, and the batches are those of the same pool run in the process, for two epochs."""
     aug = h5stream.Augment(horizontal_flip=True)
     opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
     with h5stream.open(store, batch_size=BATCH, seed=4, workers=1, augment=aug) as a:
-        threaded = a.torch(device="cpu", upload="thread", **opts)
-        want = [list(threaded) for _ in range(2)]
-        threaded.close()
+        in_process = a.torch(device="cpu", **opts)
+        want = [list(in_process) for _ in range(2)]
+        in_process.close()
     with h5stream.open(store, batch_size=BATCH, seed=4, workers=1, augment=aug, feeder=True) as b:
-        inline = b.torch(device="cpu", upload="inline", **opts)
+        fed = b.torch(device="cpu", **opts)
         for epoch in range(2):
-            for (tx, ty), (ix, iy) in zip(want[epoch], inline, strict=True):
-                assert torch.equal(tx, ix) and torch.equal(ty, iy)
+            for (wx, wy), (gx, gy) in zip(want[epoch], fed, strict=True):
+                assert torch.equal(wx, gx) and torch.equal(wy, gy)
                 # the feeder process holds the reader and the pool, and nothing uploads in a thread
-                assert not [t.name for t in threading.enumerate() if t.name.startswith("h5stream")]
-        assert inline.stats()["batches"] == 2 * len(b) and inline.stats()["upload_alive"] is False
-        # closed mid-pass: the dataset refuses, the stream stays usable
-        it = iter(inline)
-        next(it)
-        inline.close()
-        with pytest.raises(StreamClosedError):
-            list(inline)
-        it = iter(b.torch(device="cpu", upload="inline"))
-        next(it)
-        b.close()
-        with pytest.raises(StreamClosedError):
-            next(it)
+                assert h5stream_threads() == []
+        assert fed.stats()["batches"] == 2 * len(b)
 
 
-@pytest.mark.parametrize("upload", UPLOADS)
-def test_a_read_error_comes_after_exactly_the_batches_before_it_on_the_device(tmp_path, upload):
+def test_a_read_error_comes_after_exactly_the_batches_before_it_on_the_device(tmp_path):
     """A block that fails its checksum mid-epoch: the device adapter hands over exactly the batches the plain
     stream yields before the error, then raises the same ChecksumError."""
     import h5py
@@ -231,7 +205,7 @@ def test_a_read_error_comes_after_exactly_the_batches_before_it_on_the_device(tm
     assert 0 < len(plain) < len(clean)
     got = []
     with pytest.raises(ChecksumError) as err, h5stream.open(path, **kw) as s:
-        for x, y in s.torch(device="cpu", upload=upload):
+        for x, y in s.torch(device="cpu"):
             i = len(got)
             assert np.array_equal(x.numpy(), clean[i][0]) and np.array_equal(y.numpy(), clean[i][1])
             got.append(y)
@@ -302,7 +276,8 @@ def test_page_locking_falls_back_to_pageable_memory_when_registering_fails():
     (dict(device="cpu", mean=(1.0, 2.0)), "2 values for images of 3 channels"),
     (dict(device="cpu", std=0), "std must be > 0"),
     (dict(device="cpu", batches_ahead=0), "batches_ahead"),
-    (dict(device="cpu", upload="async"), r"upload='async'\): choose one of \['inline', 'thread'\]"),
+    (dict(device="cpu", upload="thread"), r"^stream.torch\(upload='thread'\): the upload option was removed; the "
+                                          r"default does the same .*: drop upload=$"),
     (dict(device="cpu", pin=True), "unknown option"),
     (dict(dtype="float32"), "give device="),
 ] + ([] if CUDA else [(dict(device="cuda"), "sees no CUDA device")]))
@@ -322,7 +297,7 @@ def test_a_dataloader_that_would_batch_again_is_refused(store):
 
 def assert_cuda_batches_equal(cpu, gpu) -> None:
     """Two epochs of the CUDA dataset ``gpu`` equal the CPU dataset ``cpu``'s, from page-locked memory, all of it
-    unregistered and no thread left at ``close()``."""
+    unregistered at ``close()``."""
     for _ in range(2):
         for (cx, cy), (gx, gy) in zip(cpu, gpu, strict=True):
             assert gx.is_cuda and gy.is_cuda
@@ -330,28 +305,26 @@ def assert_cuda_batches_equal(cpu, gpu) -> None:
     stats = gpu.stats()
     assert stats["pinned_bytes"] > 0 and stats["pin_failures"] == 0
     gpu.close()
-    assert gpu.stats()["pinned_bytes"] == 0 and upload_threads() == []
+    assert gpu.stats()["pinned_bytes"] == 0
 
 
 @needs_cuda
-@pytest.mark.parametrize("upload", UPLOADS)
-def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(store, upload):
+def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(store):
     opts = dict(dtype="float16", layout="channels_last", mean=(120.0, 110.0, 100.0), std=64.0)
     with h5stream.open(store, batch_size=BATCH, seed=5) as a, h5stream.open(store, batch_size=BATCH, seed=5) as b:
-        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", upload=upload, **opts)
+        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
         assert_cuda_batches_equal(cpu, gpu)
 
 
 @needs_cuda
-@pytest.mark.parametrize("upload", UPLOADS)
 @pytest.mark.parametrize("feeder", [False, True], ids=["pool", "feeder"])
-def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, feeder, upload):
+def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, feeder):
     """The worker pool's shared-memory output slots (mapped by the feeder's trainer side, with the feeder) are
     page-locked in place and uploaded: the same batches as the CPU pipeline of the same pool, two epochs."""
     opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
     pool = dict(batch_size=BATCH, seed=5, workers=2, augment=h5stream.Augment(horizontal_flip=True))
     with h5stream.open(store, **pool) as a, h5stream.open(store, **pool, feeder=feeder) as b:
-        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", upload=upload, **opts)
+        cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
         assert_cuda_batches_equal(cpu, gpu)
 
 
@@ -438,11 +411,10 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device thread",
-                                      "h5stream device feeder", "h5stream device feeder thread", "torchvision"}
+    assert set(result["loaders"]) == {"limit", "ram", "h5stream cpu", "h5stream device", "h5stream device feeder",
+                                      "torchvision"}
     assert result["workers"] == 1 and result["augment"]["horizontal_flip"] is True
     assert result["loaders"]["h5stream device feeder"]["images_per_s"] > 0
-    assert result["loaders"]["h5stream device feeder thread"]["images_per_s"] > 0
     # the per-thread table: workers 0 once, workers 1 without and with the feeder, for each batch size
     assert [(r["workers"], r["feeder"], r["batch_size"]) for r in result["breakdown"]] == [
         (0, False, 32), (0, False, 256), (1, False, 32), (1, False, 256), (1, True, 32), (1, True, 256)]
@@ -451,6 +423,5 @@ def test_the_gpu_benchmark_runs_small_and_prints_json(tmp_path):
     assert result["python_step"]["device cpu, feeder"]["steps_per_s"] > 0
     small, too_big = result["breakdown"][:2]  # per thread of the training process; 256 rows give one batch of 256
     assert {"consumer", "reader", "total"} <= set(small["cpu_ms_per_batch"]) and "skipped" in too_big
-    assert "upload" not in small["cpu_ms_per_batch"]  # inline (the default): the uploads are the consumer's
     fed = result["breakdown"][4]["cpu_ms_per_batch"]  # the feeder: no h5stream thread left in the training process
-    assert {"consumer", "total"} <= set(fed) and not {"reader", "upload", "io"} & set(fed)
+    assert {"consumer", "total"} <= set(fed) and not {"reader", "io"} & set(fed)

@@ -103,7 +103,7 @@ step scaling 300 $PY -m benchmarks.scaling --n "$SCALING_N" --workers "${SCALING
     --epochs 1 --epochs-per-worker --data "$DATA" --json --partial "$RES/scaling.partial.json"
 GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --warmup 20 --data $DATA --json"
 step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --breakdown-workers 2,14 \
-    --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both --breakdown-upload both
+    --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both
 step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
     --json

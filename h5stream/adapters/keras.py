@@ -81,16 +81,16 @@ class DeviceBatches(StreamBatches):
     synchronous ``torch.as_tensor(x, device=...)`` in the training thread,
     and passes a tensor already on its device through untouched.  So this
     dataset hands it the batches of :mod:`h5stream.adapters.torch_device`:
-    uploaded by h5stream's upload thread from page-locked memory, one pass per
-    Keras epoch, converted on the device (``dtype``, ``layout``, ``mean`` /
+    uploaded ahead from page-locked memory by ``__getitem__`` itself, one pass
+    per Keras epoch, converted on the device (``dtype``, ``layout``, ``mean`` /
     ``std``).  A batch Keras asks for outside an epoch (a peek) is converted in
     the asking thread and kept for the epoch, as :class:`StreamBatches` does.
 
     Threads: ``__getitem__`` and the epoch hooks run in Keras' training thread
-    (``workers=1`` without multiprocessing: Keras runs no enqueuer); the
-    upload thread runs from ``on_epoch_begin`` to ``on_epoch_end``.  Owns that
-    thread and the page-locked registrations; ``close()`` (idempotent) or
-    dropping the object releases them, and the stream stays open.
+    (``workers=1`` without multiprocessing: Keras runs no enqueuer); a pass's
+    uploads run from ``on_epoch_begin`` to ``on_epoch_end``.  Owns the
+    page-locked registrations; ``close()`` (idempotent) or dropping the object
+    releases them, and the stream stays open.
     """
 
     def __init__(self, stream, opts):
@@ -126,20 +126,36 @@ class DeviceBatches(StreamBatches):
         self._passes.end_pass()
 
     def stats(self) -> dict:
-        """The upload thread's counters (see :meth:`h5stream.adapters.torch_device.DeviceIterable.stats`)."""
+        """The uploads' counters (see :meth:`h5stream.adapters.torch_device.DeviceIterable.stats`)."""
         return self._state.snapshot()
 
     def close(self) -> None:
-        """Stop the upload thread and unregister the page-locked memory.  Idempotent; the stream stays open."""
+        """End the epoch's uploads and unregister the page-locked memory.  Idempotent; the stream stays open."""
         self._finalizer()
 
 
 def as_keras(stream, device=None, **opts) -> StreamBatches:
-    """What ``model.fit`` / ``evaluate`` / ``predict`` take directly: ``model.fit(train.keras(), epochs=5)``.
+    """The stream as what ``model.fit`` / ``evaluate`` / ``predict`` take directly: ``model.fit(train.keras())``.
 
-    ``device`` (Keras' torch backend only: ``"cuda"``, ``"cuda:1"``, ``"cpu"``): batches as torch tensors
-    already there, with the options of ``stream.torch(device=...)`` (``dtype``, ``layout``, ``mean``, ``std``,
-    ``batches_ahead``, ``upload``); see :class:`DeviceBatches`.  Without it, numpy batches.
+    Args:
+        stream: an open :class:`h5stream.Stream`; the dataset uses only its public API and shares its batch
+            sequence with every other adapter of it.
+        device: None for numpy batches (every Keras backend).  A torch device (``"cuda"``, ``"cuda:1"``,
+            ``"cpu"``; Keras' torch backend only) for torch tensors already there, uploaded ahead.
+        **opts: with ``device`` only, the options of :func:`h5stream.adapters.torch.as_torch`: ``dtype``,
+            ``layout``, ``mean``, ``std``, ``batches_ahead``.
+
+    Returns:
+        A ``keras.utils.PyDataset`` of ``len(stream)`` batches per epoch, ``(x, y)`` (``x`` alone for a stream
+        opened with ``label_mode=None``): a :class:`StreamBatches`, or with ``device`` a
+        :class:`DeviceBatches`, whose ``close()`` lets go of the page-locked registrations (the stream stays
+        open).
+
+    Raises:
+        ConfigError: an option without ``device``; ``device`` on a backend other than torch; an unknown option
+            or a bad value (the message names it and the valid choices).
+        MissingDependencyError: Keras (with ``device``, torch too) cannot be imported (an ImportError; the
+            message names what to install).
     """
     if device is None:
         if opts:
@@ -153,15 +169,9 @@ def as_keras(stream, device=None, **opts) -> StreamBatches:
         raise ConfigError(f"stream.keras(device={device!r}) hands Keras torch tensors: it needs Keras' torch "
                           f"backend (KERAS_BACKEND=torch), and this Keras runs on {backend}; {why}: use "
                           "stream.keras()")
-    from h5stream.adapters.torch_device import OPTIONS, device_options
+    from h5stream.adapters.torch_device import device_options_for
 
-    unknown = sorted(set(opts) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(f"stream.keras(): unknown option(s) {unknown}; the options are {list(OPTIONS)}")
-    shape = stream.meta.image_shape
-    channels = shape[-1] if len(shape) == 3 else 1
-    return DeviceBatches(stream, device_options(device, channels=channels, image_dtype=stream.image_dtype,
-                                                caller="stream.keras", **opts))
+    return DeviceBatches(stream, device_options_for(stream, device, opts, caller="stream.keras"))
 
 
 def balanced_class_weight(labels, n_classes: int | None = None) -> dict[int, float]:

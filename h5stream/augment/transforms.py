@@ -242,12 +242,36 @@ def _draw_shift(spec, draws, value_stream, sign_stream, size):
 class Augment:
     """Random augmentation with ``ImageDataGenerator``'s parameters; immutable and picklable.
 
-    Call it on a uint8 batch ``(n, H, W, C)`` with ``seed``, ``epoch`` and the
-    rows' global ids; it returns ``(n, H, W, C)`` of :meth:`output_dtype`.  A
-    row's output depends only on its pixels, ``(seed, epoch, row_id)`` and
-    these parameters, never on the rest of the batch.  Instances are cheap to
-    copy and safe to share between threads; ``preprocessing_function`` must be
-    picklable (a module-level function) to reach spawn-started workers.
+    Give it to ``h5stream.open(..., augment=Augment(...), workers=N)``, or call it on a uint8 batch
+    ``(n, H, W, C)`` with ``seed``, ``epoch`` and the rows' global ids (:meth:`__call__`).  A row's output
+    depends only on its pixels, ``(seed, epoch, row_id)`` and these parameters, never on the rest of the batch.
+    Instances are cheap to copy and safe to share between threads.
+
+    Args (Keras' names and meanings; each off by default):
+        rotation_range: degrees, a rotation drawn from ``[-r, r]``.
+        width_shift_range, height_shift_range: a float < 1 (a fraction of the width / height), a float >= 1 or
+            an int (pixels; an int draws whole pixels), or a list of choices.
+        shear_range: degrees, drawn from ``[-s, s]``.
+        zoom_range: a float ``z`` (factors from ``[1 - z, 1 + z]``) or a pair ``[lower, upper]``, ``0 < lower``.
+        channel_shift_range: a shift drawn from ``[-c, c]`` in pixel units, one per image, added to every channel.
+        brightness_range: None or a pair ``[lower, upper]`` of brightness factors.
+        horizontal_flip, vertical_flip: flip half of the rows.
+        fill_mode: how points outside the image are filled, one of ``FILL_MODES`` (``"nearest"`` by default);
+            ``cval``: the value for ``"constant"`` (0-255).
+        preprocessing_function: ``image -> image`` of the same shape, per row, on float32 pixels after the
+            random transforms (as Keras' ``standardize`` runs it, before ``rescale``); a module-level function to
+            reach worker processes (which are spawned).
+        rescale: a factor multiplied in after ``preprocessing_function`` (outputs become float); None or 0: none.
+        featurewise_center, featurewise_std_normalization: per-channel mean / std of the store, computed by
+            ``h5stream.open`` (or attached with :meth:`with_feature_stats`); std normalisation implies centring.
+        samplewise_center, samplewise_std_normalization: each image's own mean / std.
+        dtype: the output dtype, one of uint8, float16, float32, float64; None: uint8 when nothing produces
+            floats, else float32 (:meth:`output_dtype`).
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range, an unknown ``fill_mode`` or ``dtype``, a
+            ``preprocessing_function`` that is not callable, or ``dtype=uint8`` with an option that produces
+            floats; the message names the parameter and what it takes.
     """
 
     rotation_range: float
@@ -446,14 +470,22 @@ class Augment:
         return p
 
     def __call__(self, images_uint8, *, seed: int, epoch: int, row_ids, out=None) -> np.ndarray:
-        """Augment a batch: uint8 ``(n, H, W, C)`` -> ``(n, H, W, C)`` of :meth:`output_dtype`.
+        """Augment a batch.  Does not modify the input.
 
-        ``row_ids`` (int64[n]) are the rows' global indices; with ``seed`` and
-        ``epoch`` they alone decide each sample's random parameters.  When
-        ``out`` is given (C-contiguous, right shape and dtype; it may be a view
-        into shared memory, and must not overlap ``images_uint8``) the result
-        is written there and ``out`` is returned.  Does not modify the input.
-        Exceptions from ``preprocessing_function`` propagate unchanged.
+        Args:
+            images_uint8: uint8 ``(n, H, W, C)``.
+            seed, epoch, row_ids: ``row_ids`` (int64[n]) are the rows' global indices; with ``seed`` and
+                ``epoch`` they alone decide each sample's random parameters.
+            out: None, or where to write the result: C-contiguous, of the result's shape and dtype, not
+                overlapping ``images_uint8`` (it may be a view into shared memory).
+
+        Returns:
+            ``(n, H, W, C)`` of :meth:`output_dtype`: ``out`` when given, else a new array.
+
+        Raises:
+            ConfigError: images that are not uint8 ``(n, H, W, C)``, ``row_ids`` / ``out`` that do not fit them,
+                featurewise options without statistics (:meth:`with_feature_stats`), a ``preprocessing_function``
+                that changes the shape.  Its other exceptions propagate unchanged.
         """
         images = np.asarray(images_uint8)
         if images.dtype != np.uint8 or images.ndim != 4:

@@ -67,10 +67,10 @@ from h5stream.store import schema
 from h5stream.store.lock import StoreLock
 
 ORDERS = ("shuffled", "sorted")
-#: Rows between commits (at least; a commit ends on a block boundary).  A commit costs the writing process ≈ 2-3 ms
-#: of CPU whatever its size (two flushes with fsync, the labels, paths and checksums since the last one): 256 rows
-#: made it ≈ 10 µs of every row's ≈ 35, 1024 makes it ≈ 2-3.  What a crash loses grows with it: at most 1024 rows
-#: (or one block) of decoding, about a second on one core.
+#: Rows between commits (at least; a commit ends on a block boundary).  A commit costs the writing process the same
+#: CPU whatever its size (two flushes with fsync, the labels, paths and checksums since the last one), so fewer
+#: commits cost less per row; what a crash loses grows with it: at most 1024 rows (or one block) of decoding.  The
+#: figures: docs/performance.md, "Commits every 1024 rows".
 COMMIT_ROWS = 1024
 #: Decoded chunks whose slots the pool keeps for the writing loop: the disk writes one chunk's blocks while the
 #: loop takes the next (the writing process's work and the disk's time overlap instead of adding up).

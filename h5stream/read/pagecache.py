@@ -3,8 +3,9 @@
 :class:`Residency` maps a file once (a private mapping that is never touched,
 so it costs no memory) and tells which pages of a byte range are cached:
 whether all are through Linux's ``cachestat`` (6.5+: one count per range,
-about 3x cheaper than ``mincore`` on a 1 MiB run, where the reader spent most
-of its CPU), which page each is through ``mincore``.  The
+cheaper than ``mincore``'s page by page answer where the reader spent most of
+its CPU; docs/performance.md has the figures), which page each is through
+``mincore``.  The
 reader uses it to decide, fill by fill, whether worker processes may read
 rows straight from the page cache or whether the reader should read them
 itself; :mod:`h5stream.measure` uses it to watch a file go cold.  Where

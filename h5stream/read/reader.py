@@ -77,8 +77,8 @@ __all__ = ["POLL_S", "Batch", "Reader", "Stopped", "direct_reads"]
 
 CACHE_SPAN_GAP_BYTES = 8 << 20
 """Runs of a fill at most this far apart in the file are asked about together whether they are in the page
-cache: asking about the pages between them costs less than asking once more (``cachestat`` counts a MiB of
-cached pages in about 0.2 us; a question costs about 2 us)."""
+cache: asking about the pages between them costs less than asking once more (the figures: docs/performance.md,
+"Design figures")."""
 
 CLOSE_WAIT_S = 0.5
 """Longest :meth:`Reader.close` waits for the thread to end (it ends within :data:`POLL_S` unless a read hangs)."""

@@ -152,9 +152,9 @@ CLIENT_PER_READ_BYTES = 3 << 20
 
 
 def client_memory_bytes(options: RemoteOptions) -> int:
-    """The memory a stream's remote client may hold, counted in its budget: measured at about 8.6 MiB after
-    the open plus 2.8 MiB per read in flight (1.5 MiB bodies collected whole; 2.1 MiB streaming 3 MiB ones in
-    256 KiB pieces), rounded up."""
+    """The memory a stream's remote client may hold, counted in its budget: :data:`CLIENT_BASE_BYTES` plus
+    :data:`CLIENT_PER_READ_BYTES` per read in flight, each a measurement rounded up (docs/performance.md,
+    "Design figures")."""
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
 
 

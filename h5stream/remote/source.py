@@ -45,8 +45,9 @@ MAX_REQUEST_BYTES = 64 << 20
 stays ample."""
 
 COLLECT_BYTES = 3 << 19
-"""A response of at most this many bytes (1.5 MiB) is collected whole before it is copied out; measured: 2.8 MiB
-held per read in flight, 8 in flight, within :data:`~h5stream.remote.config.CLIENT_PER_READ_BYTES`."""
+"""A response of at most this many bytes (1.5 MiB) is collected whole before it is copied out; what that holds per
+read in flight stays within :data:`~h5stream.remote.config.CLIENT_PER_READ_BYTES` (docs/performance.md, "Design
+figures")."""
 
 STREAM_CHUNK_BYTES = 256 << 10
 """A longer response arrives in pieces of about this size, each copied into the buffers as it comes."""

@@ -1,6 +1,6 @@
 """The sampling loop behind :class:`h5stream.measure.ResourceSampler`, run as its own process.
 
-Run by file path (``python _monitor.py PID INTERVAL_S``) so it imports only the
+Run by file path (``python monitor.py PID INTERVAL_S``) so it imports only the
 standard library and psutil, never the h5stream package.  Sampling from
 another process keeps the samples on time even while the measured process's
 threads hold the GIL, and keeps the sampler's own memory out of the figures.
