@@ -54,4 +54,4 @@ def test_extras_never_bring_a_tensorflow_unless_asked_for(project):
         if name != "tf-cpu":
             assert not any(n.startswith("tensorflow") for n in _names(requirements)), name
     with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
-        assert "-e '.[tf-cpu,dev]'" in f.read()  # what make test and make demo install
+        assert "-e '.[tf-cpu,dev]'" in f.read()  # what make test installs (make demo: the core alone)
