@@ -21,6 +21,7 @@ import weakref
 import numpy as np
 
 from h5stream import _interrupt as interrupt
+from h5stream._cores import suggested_workers, usable_cores
 from h5stream.budget import StreamPlan, plan_stream
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
@@ -586,22 +587,14 @@ class _EpochIterator:
         return self._stream._next_batch(self)
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on macOS / Windows
-        return os.cpu_count() or 1
-
-
 def _warn_if_more_workers_than_cores(workers: int) -> None:
     """Warn (the stream still opens) when worker processes outnumber the cores: each is one core's work, and the
     extra ones only add memory and contention."""
     cores = usable_cores()
     if workers > cores:
         warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
-                      f"extra workers only cost memory and context switches; workers={max(1, cores - 1)} leaves a "
-                      "core to the training loop", UserWarning, stacklevel=4)
+                      f"extra workers only cost memory and context switches; workers={suggested_workers(cores)} "
+                      "leaves a core to the training loop", UserWarning, stacklevel=4)
 
 
 def _refuse_in_a_starting_worker() -> None:
