@@ -327,6 +327,23 @@ class Stream:
         return list(self.meta.class_names) if self.meta.class_names is not None else None
 
     @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """``{class name: label index}``, as torchvision's ``ImageFolder.class_to_idx``; None for regression."""
+        names = self.class_names
+        return None if names is None else {name: index for index, name in enumerate(names)}
+
+    @property
+    def file_paths(self) -> list[str]:
+        """Each row's source path (relative to the ingest's SRC, from ``/paths``), in row order, for this stream's
+        rows (its subset's), as Keras' ``Dataset.file_paths``.  Read on first use, on the calling thread with a
+        handle of its own (not the reader's), and kept."""
+        if getattr(self, "_file_paths", None) is None:
+            from h5stream.store.meta import read_paths
+
+            self._file_paths = read_paths(self.meta.path, *self._rows, remote=self.options.remote)
+        return list(self._file_paths)
+
+    @property
     def rows(self) -> int:
         """Rows one epoch covers, over all shards: the store's committed rows, or its subset's."""
         return self._rows[1] - self._rows[0]
