@@ -11,7 +11,9 @@ Without --data, class-per-folder images are generated with h5stream.samples.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -55,7 +57,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.batch_size, args.size = 1, 16, 24
-    work = args.work or tempfile.mkdtemp(prefix="h5stream-classifier-")
+    work = args.work
+    if work is None:  # a folder of our own: removed when the script exits (--work keeps yours)
+        work = tempfile.mkdtemp(prefix="h5stream-classifier-")
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     src, val_src = args.data, args.val_data
     if src is None:
         per_class = 12 if args.quick else 150

@@ -12,7 +12,9 @@ encodes the target are generated with h5stream.samples.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -48,7 +50,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.batch_size, args.size = 1, 16, 24
-    work = args.work or tempfile.mkdtemp(prefix="h5stream-regression-")
+    work = args.work
+    if work is None:  # a folder of our own: removed when the script exits (--work keeps yours)
+        work = tempfile.mkdtemp(prefix="h5stream-regression-")
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     src, val_src = args.data, args.val_data
     labels, val_labels = args.labels, args.val_labels
     if src is None:

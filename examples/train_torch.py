@@ -15,7 +15,9 @@ batch the same shape, which CUDA graphs need: ``--compile`` wraps the model in
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -43,7 +45,10 @@ def main(argv=None) -> int:
     import torch
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    work = args.work or tempfile.mkdtemp(prefix="h5stream-torch-")
+    work = args.work
+    if work is None:  # a folder of our own: removed when the script exits (--work keeps yours)
+        work = tempfile.mkdtemp(prefix="h5stream-torch-")
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     src = args.data
     if src is None:
         src = os.path.join(work, "images")

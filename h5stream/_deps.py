@@ -21,7 +21,7 @@ CV2_FIX = (
 KERAS_FIX = "pip install keras (Keras 3), plus a backend: tensorflow, jax or torch"
 TENSORFLOW_FIX = "pip install tensorflow (or tensorflow-cpu on a machine without a GPU)"
 TORCH_FIX = "pip install torch"
-OBSTORE_FIX = "pip install 'h5stream[remote]' (or pip install obstore)"
+OBSTORE_FIX = "pip install obstore (or, in h5stream's clone, pip install -e '.[remote]')"
 
 
 def require(module: str, fix: str, *, needed_for: str):

@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from h5stream._cores import suggested_workers, usable_cores
 from h5stream.errors import BudgetError, ConfigError
 from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, mib_at_least, unit_rows_for
 
@@ -451,8 +452,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     if budget_bytes is not None and budget_bytes < minimum(workers, batch_size):
         alternatives = []
         fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
-        if fewer:
-            w = fewer[-1]
+        if fewer:  # and no more than the cores take, as the stream's warning about workers says
+            w = min(fewer[-1], suggested_workers(usable_cores()))
             alternatives.append(f"use workers={w}" + (" (augment in the training process)" if w == 0 else ""))
         if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
             lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it

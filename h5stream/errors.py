@@ -17,6 +17,11 @@ class ConfigError(H5StreamError, ValueError):
     """An argument is out of range or malformed (batch size, shard, budget string...)."""
 
 
+class OptionNameError(ConfigError, TypeError):
+    """A keyword argument names no option (often another library's name for one); a ``TypeError`` too, as Python's
+    own unexpected-keyword error is."""
+
+
 class BudgetError(ConfigError):
     """The memory budget cannot hold the minimum the stream needs; the message says the minimum."""
 

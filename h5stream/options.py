@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import KW_ONLY, dataclass
 
+from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
 from h5stream.errors import ConfigError
 from h5stream.labels import LABEL_MODES
 from h5stream.order.epoch import check_shard
@@ -94,3 +95,8 @@ class StreamOptions:
     def shuffled(self) -> bool:
         """Whether epochs are shuffled: ``shuffle``, which defaults to True except for the validation subset."""
         return self.subset != "validation" if self.shuffle is None else self.shuffle
+
+
+# A keyword that names no option (Keras' image_size, batchsize, ...) is one line saying what h5stream calls it.
+StreamOptions.__init__ = checked_kwargs(StreamOptions.__init__, where="h5stream.open()", hints=OPEN_HINTS,
+                                        elsewhere=AUGMENT_NAMES)

@@ -21,6 +21,7 @@ import weakref
 import numpy as np
 
 from h5stream import _interrupt as interrupt
+from h5stream._cores import suggested_workers, usable_cores
 from h5stream.budget import StreamPlan
 from h5stream.config import StreamConfig, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
@@ -165,10 +166,10 @@ class Stream:
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=options.remote)
+        if options.workers and options.augment is not None:  # before a BudgetError, which suggests the same count
+            _warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
         warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
-        if config.workers:
-            _warn_if_more_workers_than_cores(config.workers)
         self.config: StreamConfig = fit_feature_stats(config)
         self._n_batches = self.config.layout(0).n_batches
         self._epoch, self._batch = 0, 0
@@ -269,6 +270,23 @@ class Stream:
     def class_names(self) -> list[str] | None:
         """The store's class names (label ``i`` is ``class_names[i]``), or None for regression targets."""
         return list(self.meta.class_names) if self.meta.class_names is not None else None
+
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """``{class name: label index}``, as torchvision's ``ImageFolder.class_to_idx``; None for regression."""
+        names = self.class_names
+        return None if names is None else {name: index for index, name in enumerate(names)}
+
+    @property
+    def file_paths(self) -> list[str]:
+        """Each row's source path (relative to the ingest's SRC, from ``/paths``), in row order, for this stream's
+        rows (its subset's), as Keras' ``Dataset.file_paths``.  Read on first use, on the calling thread with a
+        handle of its own (not the reader's), and kept."""
+        if getattr(self, "_file_paths", None) is None:
+            from h5stream.store.meta import read_paths
+
+            self._file_paths = read_paths(self.meta.path, *self.config.rows, remote=self.options.remote)
+        return list(self._file_paths)
 
     @property
     def rows(self) -> int:
@@ -511,22 +529,14 @@ class _EpochIterator:
         return self._stream._next_batch(self)
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on macOS / Windows
-        return os.cpu_count() or 1
-
-
 def _warn_if_more_workers_than_cores(workers: int) -> None:
     """Warn (the stream still opens) when worker processes outnumber the cores: each is one core's work, and the
     extra ones only add memory and contention."""
     cores = usable_cores()
     if workers > cores:
         warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
-                      f"extra workers only cost memory and context switches; workers={max(1, cores - 1)} leaves a "
-                      "core to the training loop", UserWarning, stacklevel=4)
+                      f"extra workers only cost memory and context switches; workers={suggested_workers(cores)} "
+                      "leaves a core to the training loop", UserWarning, stacklevel=4)
 
 
 def _refuse_in_a_starting_worker() -> None:

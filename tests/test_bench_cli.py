@@ -108,8 +108,21 @@ def test_bench_cold_and_table(sorted_store, capsys):
     assert "cold page cache" in out
     for row in ("h5stream stream, epoch 1 after open()", "h5stream stream, epoch 1 ", "start-up included",
                 "h5py sequential read_direct", "single contiguous chunk shuffle", "h5py one row per call, random",
-                "stream is = the stream's rate over epoch 1 after open()", "batch label TVD", "Kendall tau"):
+                "stream is = the stream's rate over epoch 1 after open()", "batch label TVD", "Kendall tau",
+                "epoch 1 is the stream's slowest: each block is read for the first time and,",
+                "`--epochs 3` compares the steady state"):
         assert row in out
+
+
+def test_bench_says_where_the_plot_went_and_what_epochs_2_and_later_are(sorted_store, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "b.png"
+    code = main(["bench", sorted_store, "--epochs", "2", "--memory-budget", BUDGET, "--random-seconds", "0.5",
+                 "--plot", str(plot)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.rstrip().splitlines()[-1] == f"plot written to {plot}" and plot.stat().st_size > 0
+    assert "h5stream stream, epochs 2+" in out and "epoch 1 is the stream's slowest" not in out
 
 
 def test_bench_random_rows_are_capped_and_extrapolated(sorted_store):

@@ -29,3 +29,21 @@ def test_example_runs_quick(script, flags, expect, tmp_path):
     assert expect in proc.stdout
     assert os.path.exists(tmp_path / "train.h5") and os.path.exists(tmp_path / "val.h5")
     assert "ran out of data" not in proc.stderr
+    if script == "train_classifier.py":  # 48 rows in batches of 16: the first step of fit builds the model
+        assert "over 2 of 3 steps: the first, which builds the model, is not timed" in proc.stdout
+
+
+@pytest.mark.parametrize("script, flags", [
+    ("train_regression.py", []),
+    pytest.param("train_classifier.py", [], marks=pytest.mark.slow),
+    pytest.param("train_torch.py", ["--device", "cpu"], marks=pytest.mark.slow),
+])
+def test_example_without_work_removes_its_temporary_folder(script, flags, tmp_path):
+    if script == "train_torch.py":
+        pytest.importorskip("torch")
+    env = dict(os.environ, TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1",
+               TF_NUM_INTEROP_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--quick", *flags],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert [name for name in os.listdir(tmp_path) if name.startswith("h5stream-")] == []

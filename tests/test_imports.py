@@ -192,7 +192,7 @@ LAYERS = (
     ("remote transport", ("h5stream.remote",)),
     ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
     ("low level", ("h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
-                   "h5stream.samples")),
+                   "h5stream.samples", "h5stream._kwargs", "h5stream._cores")),
     ("lent memory", ("h5stream._lend",)),
     ("raw I/O", ("h5stream._io",)),
     ("errors", ("h5stream.errors",)),

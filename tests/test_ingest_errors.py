@@ -54,7 +54,7 @@ def add_bad_files(root):
         "cat/truncated.jpg": "truncated",
         "cat/empty.jpg": "empty",
         "cat/notes.jpg": "not an image",
-        "cat/readme.txt": "extension",
+        "cat/readme.txt": "extension",  # left out (not an image), as Keras leaves it; listed, not skipped
         "cat/dangling.png": "unreadable",
         "cat/huge.png": "too large",
     }
@@ -73,24 +73,25 @@ def test_bad_files_are_skipped_listed_and_counted(class_src_copy, tmp_path, h5cl
     out = tmp_path / "b.h5"
     code, stdout, err = h5cli("ingest", root, out, "--size", "16", "--workers", "2")
     assert code == 0, err
-    assert "ingested 18, skipped 6" in stdout
+    assert "ingested 18, skipped 5, left out 1 (1 not an image)" in stdout
     report = read_report(out)
     assert set(report) == set(bad)
     for rel, keyword in bad.items():
         assert keyword in report[rel], (rel, report[rel])
+    assert report["cat/readme.txt"].startswith("left out: ")
     meta = read_meta(out)
-    assert meta.rows == 18 and meta.skipped_files == 6
+    assert meta.rows == 18 and meta.skipped_files == 5
     with h5py.File(out, "r") as f:  # every stored row is a whole, correct image
         paths = [p.decode() for p in f["paths"][:18]]
         assert sorted(paths) == sorted(r for r, _ in written)
         for rel, image in zip(paths, f["images"][:18]):
             np.testing.assert_array_equal(image, decode_file(os.path.join(root, rel), DecodeSpec(size=(16, 16))))
     code, stdout, _ = h5cli("info", out)
-    assert code == 0 and "skipped files   6" in stdout
+    assert code == 0 and "skipped files   5" in stdout
     # Appending again re-tries the bad files but neither duplicates them in the report nor in the count.
     code, stdout, _ = h5cli("ingest", root, out, "--append", "--workers", "0")
-    assert code == 0 and "ingested 0, skipped 6" in stdout
-    assert read_meta(out).skipped_files == 6 and len(read_report(out)) == 6
+    assert code == 0 and "ingested 0, skipped 5" in stdout
+    assert read_meta(out).skipped_files == 5 and len(read_report(out)) == 6
 
 
 def test_decode_reasons_are_specific(tmp_path):
@@ -99,12 +100,12 @@ def test_decode_reasons_are_specific(tmp_path):
         decode_file(str(tmp_path / "h.png"), DecodeSpec(size=(8, 8)))
 
 
-@pytest.mark.parametrize("bad_kind", ["empty.jpg", "readme.txt"])
+@pytest.mark.parametrize("bad_kind", ["empty.jpg", "notes.jpg"])
 def test_strict_fails_and_writes_nothing(class_src_copy, tmp_path, h5cli, bad_kind):
     root, _ = class_src_copy
-    add_bad_files(root)
-    keep = {"empty.jpg", "readme.txt"} - {bad_kind}
-    for name in ["truncated.jpg", "notes.jpg", "dangling.png", "huge.png", *keep]:
+    add_bad_files(root)  # readme.txt stays: not an image, left out, so --strict does not stop on it
+    keep = {"empty.jpg", "notes.jpg"} - {bad_kind}
+    for name in ["truncated.jpg", "dangling.png", "huge.png", *keep]:
         os.unlink(os.path.join(root, "cat", name))
     out = tmp_path / "strict.h5"
     code, stdout, err = h5cli("ingest", root, out, "--strict", "--workers", "1", "--size", "8")

@@ -54,4 +54,15 @@ def test_extras_never_bring_a_tensorflow_unless_asked_for(project):
         if name != "tf-cpu":
             assert not any(n.startswith("tensorflow") for n in _names(requirements)), name
     with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
-        assert "-e '.[tf-cpu,dev]'" in f.read()  # what make test and make demo install
+        assert "-e '.[tf-cpu,dev]'" in f.read()  # what make test installs (make demo: the core alone)
+
+
+def test_the_readme_lists_every_extra_as_installed_from_a_clone(project):
+    """h5stream is installed from a clone: `pip install 'h5stream[x]'` names nothing an index has."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    listed = set(re.findall(r"^\| `\[([a-z-]+)\]` \|", readme, re.MULTILINE))
+    assert listed == set(project["project"]["optional-dependencies"])
+    assert "install 'h5stream[" not in readme and 'install "h5stream[' not in readme
+    assert "pip install -e '.[remote]'" in readme
+    assert "--index-url https://download.pytorch.org/whl/cpu" in readme  # torch without its CUDA libraries

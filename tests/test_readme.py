@@ -164,3 +164,12 @@ def test_every_test_the_reliability_doc_names_exists_where_it_says():
     for module, name in cited:
         where = [module] if module else list(sources)
         assert any(f"def {name}(" in sources[m] for m in where if m in sources), (module, name)
+
+
+def test_the_readme_is_a_short_user_document():
+    """What it is, install, quick start, features, one table per benchmark; the detail lives in docs/."""
+    with open(README, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= 250, len(lines)
+    for doc in ("docs/design.md", "docs/performance.md", "docs/reliability.md"):
+        assert any(doc in line for line in lines), doc

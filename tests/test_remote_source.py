@@ -293,7 +293,8 @@ def test_without_the_client_library_opening_a_url_names_the_extra_to_install():
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["import_error"] and "\n" not in result["error"]
-    assert "pip install 'h5stream[remote]'" in result["error"]
+    assert "pip install obstore" in result["error"] and "pip install -e '.[remote]'" in result["error"]
+    assert "'h5stream[remote]'" not in result["error"]  # h5stream is installed from a clone, not an index
 
 
 def test_a_web_server_that_wants_a_header_gets_it_from_the_options(range_server):

@@ -335,6 +335,7 @@ class StallMonitor(keras.callbacks.Callback):
         self._wait_s = 0.0
         self._step_s = 0.0
         self._steps = 0
+        self._untimed = 0  # the first step of fit, in this epoch
         self._t_begin = None
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -349,6 +350,7 @@ class StallMonitor(keras.callbacks.Callback):
         t_end = time.perf_counter()
         if not self._warm:
             self._warm = True
+            self._untimed = 1
             return
         try:
             _, t_ready = self._passes.record(batch + 1)
@@ -369,5 +371,7 @@ class StallMonitor(keras.callbacks.Callback):
             logs["data_wait_fraction"] = fraction
             logs["data_wait_s"] = self._wait_s
         if self.verbose:
+            steps = (f"{self._steps} of {self._steps + self._untimed} steps: the first, which builds the model, "
+                     "is not timed" if self._untimed else f"{self._steps} steps")
             print(f"h5stream: epoch {epoch + 1}: {100 * fraction:.1f}% of step time waiting for data "
-                  f"({self._wait_s:.2f} s of {self._step_s:.2f} s, {self._steps} steps)")
+                  f"({self._wait_s:.2f} s of {self._step_s:.2f} s over {steps})")

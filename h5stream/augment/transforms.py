@@ -41,6 +41,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from h5stream._kwargs import AUGMENT_HINTS, checked_kwargs
 from h5stream.augment import rng
 from h5stream.augment.warp import _check_fill_mode, _cv2, _plan_scratch, _warp_into, affine_matrices
 from h5stream.errors import ConfigError
@@ -601,3 +602,7 @@ class Augment:
             x += offset.astype(np.float32)
         elif scale != 1.0:
             x *= np.float32(scale)
+
+
+# ImageDataGenerator's names Augment does not take (zca_whitening, ...) are one line each, refused by name.
+Augment.__init__ = checked_kwargs(Augment.__init__, where="h5stream.Augment()", hints=AUGMENT_HINTS)

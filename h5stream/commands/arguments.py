@@ -11,7 +11,7 @@ COMMANDS = {
     "ingest": "decode a folder of images into an HDF5 store",
     "info": "describe a store (rows, shapes, classes, layout)",
     "bench": "measure the stream against its baselines on a store",
-    "preview": "write a PNG grid of images as the stream yields them",
+    "preview": "write a grid of images as the stream yields them (PNG, JPEG, WebP, ...: --out's name says)",
     "verify": "check every committed row against the store's block checksums",
     "repair": "rebuild a store whose writer was stopped while it rewrote the file in place",
 }
@@ -34,10 +34,13 @@ def _ingest(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="folder with one subfolder per class, or any folder plus --labels")
     parser.add_argument("out", metavar="OUT.h5", help="store to create (or extend with --append)")
     parser.add_argument("--labels", metavar="FILE.csv",
-                        help="CSV with a 'path' or 'filename' column (relative to SRC) and label columns: "
-                        "a column of names gives classes, numeric columns regression targets")
+                        help="comma-separated CSV with a 'path' or 'filename' column (files in SRC: relative to it, "
+                        "or absolute) and label columns: a column of names gives classes, numeric columns "
+                        "regression targets")
+    parser.add_argument("--path-column", metavar="NAME",
+                        help="the --labels column naming the files, as Keras' x_col (default: path or filename)")
     parser.add_argument("--label-columns", metavar="A,B",
-                        help="label columns to use from --labels (default: every column but path/filename)")
+                        help="label columns to use from --labels (default: every column but the path column)")
     parser.add_argument("--label-kind", choices=("class", "regression"),
                         help="how to read the --labels column: class names, or numbers (default: class when a "
                         "value is not a number, so 0/1 stay regression targets unless you pass class)")
@@ -72,11 +75,14 @@ def _ingest(parser) -> None:
     mode.add_argument("--append", action="store_true",
                       help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")
     mode.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--strict", action="store_true", help="fail (exit 1) on the first file that would be skipped")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail (exit 1) on the first image that would be skipped (files that are not images, "
+                        "by extension, are left out either way)")
 
 
 def _info(parser) -> None:
-    parser.add_argument("path", metavar="OUT.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("path", metavar="STORE",
+                        help="store written by `h5stream ingest` (a path, or an s3:// or https:// URL)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--shuffle-report", action="store_true",
                         help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
@@ -114,7 +120,8 @@ def _bench(parser) -> None:
 
 def _preview(parser) -> None:
     parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
-    parser.add_argument("--out", required=True, metavar="PNG", help="where to write the grid")
+    parser.add_argument("--out", required=True, metavar="GRID.png",
+                        help="image file to write; its extension picks the format (.png, .jpg, .webp, ...)")
     parser.add_argument("--augment", default=None, metavar="standard|JSON",
                         help="augment as the stream would (preset or Augment kwargs)")
     parser.add_argument("--rows", type=int, default=6, help="grid rows (default 6)")
@@ -123,7 +130,7 @@ def _preview(parser) -> None:
     parser.add_argument("--scale", type=int, default=None,
                         help=f"integer zoom per tile (default: tiles >= {MIN_TILE_PX} px wide)")
     parser.add_argument("--memory-budget", default=None,
-                        help="stream memory budget (default: h5stream.open's, which fits any --workers)")
+                        help="stream memory budget (default: h5stream.open's)")
 
 
 def _verify(parser) -> None:

@@ -1,4 +1,4 @@
-"""`h5stream info OUT.h5 [--json]`: describe a store without reading pixels.
+"""`h5stream info STORE [--json]`: describe a store without reading pixels.
 
 :func:`describe` builds a plain dict (the ``--json`` object); :func:`format_text`
 renders it for people.  Flags that add sections (a later ``--shuffle-report``)
@@ -64,6 +64,24 @@ def space_used(f, rows: int, row_bytes: int, file_bytes: int) -> dict:
             "metadata_bytes": max(0, int(file_bytes) - chunk_bytes)}
 
 
+def hdf5_nodes(f) -> dict:
+    """``{"/name": {"shape": [...], "dtype": "uint8"}}`` of the datasets at the root of open h5py file ``f``,
+    h5stream's own first (``/images``, ``/labels``, ``/paths``, ``/checksums``): the names plain h5py or PyTables
+    code opens.  A fixed-size byte string's dtype reads ``S<bytes>``."""
+    from h5stream.store import schema
+
+    own = [schema.IMAGES, schema.LABELS, schema.PATHS, schema.CHECKSUMS]
+    names = [n for n in own if n in f] + sorted(n for n in f if n not in own)
+    nodes = {}
+    for name in names:
+        node = f.get(name)
+        if hasattr(node, "shape") and hasattr(node, "dtype"):
+            dtype = node.dtype
+            nodes[f"/{name}"] = {"shape": list(node.shape),
+                                 "dtype": f"S{dtype.itemsize}" if dtype.kind == "S" else str(dtype)}
+    return nodes
+
+
 def describe(path: str) -> dict:
     """The store's description: the keys of ``info --json`` (see README FORMAT)."""
     from h5stream.store import schema
@@ -72,9 +90,9 @@ def describe(path: str) -> dict:
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
-    chunks, filters, space = read_consistent(path, lambda f: (
+    chunks, filters, space, nodes = read_consistent(path, lambda f: (
         f[schema.IMAGES].chunks, _filter_names(f[schema.IMAGES]),
-        space_used(f, meta.rows, meta.row_bytes, meta.file_bytes)))
+        space_used(f, meta.rows, meta.row_bytes, meta.file_bytes), hdf5_nodes(f)))
     classes = None
     if meta.label_kind == schema.LABEL_CLASS and meta.class_names is not None:
         counts = class_counts(path, meta.rows, len(meta.class_names))
@@ -103,6 +121,7 @@ def describe(path: str) -> dict:
         "format_version": meta.format_version,
         "checksums": meta.checksum,
         "ingest": _ingest(meta),
+        "nodes": nodes,
     }
 
 
@@ -171,6 +190,9 @@ def format_text(info: dict) -> str:
         "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
                                  else "none (re-ingest to add them)"),
     ]
+    for index, (name, node) in enumerate(info.get("nodes", {}).items()):
+        shape = "(" + ", ".join(map(str, node["shape"])) + ("," if len(node["shape"]) == 1 else "") + ")"
+        lines.append(f"  {'HDF5 nodes' if index == 0 else '':<16}{name:<11} {shape} {node['dtype']}")
     for key, section in info.get("sections", {}).items():
         lines.append(f"  {key}")
         lines.extend(f"    {line}" for line in section)

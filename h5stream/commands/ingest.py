@@ -119,7 +119,7 @@ def run(args) -> int:
               f"({WORKERS_PER_CPU} per CPU available)", file=sys.stderr)
         workers = max_workers()
     opts = IngestOptions(
-        src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns,
+        src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns, path_column=args.path_column,
         classes=parse_names(args.classes, "--classes"), label_kind=args.label_kind, follow_links=args.follow_links,
         pad_fill=parse_pad_fill(args.pad_fill) if args.pad_fill is not None else None, size=size,
         resize=args.resize, channels=args.channels, order=args.order, seed=args.seed,

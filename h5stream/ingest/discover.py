@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import SourceError
+from h5stream.ingest.csvrows import PATH_COLUMNS, path_column, relative_path
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
 )
-PATH_COLUMNS = ("path", "filename")
 
 # Kinds of Source.left_out entries (the ingest summary counts each).
 HIDDEN = "hidden"
@@ -54,6 +54,7 @@ UNREADABLE = "unreadable folder"
 SYMLINK = "symlink not followed"
 LOOP = "symlink loop"
 NOT_CHOSEN = "class not chosen"
+NOT_IMAGE = "not an image"
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[s
     module docstring); ``follow_links`` enters symlinked folders below it.
     Files directly in ``root`` are ignored (as in Keras).  Files under a class
     folder (recursively) with an image extension become items; any other
-    non-hidden file is rejected with a reason (it shows up in the skip report).
+    file (``README.md``, ``Thumbs.db``) is left out by its extension, as Keras'
+    allowlist leaves it, and listed, but is not a skipped file.
     """
     root = os.fspath(root)
     _check_root(root)
@@ -245,6 +247,8 @@ def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[s
             reason = _reject_reason(rel)
             if reason is None:
                 items.append(Item(rel, name))
+            elif not _is_image_name(rel):
+                walk.left_out.append((rel, NOT_IMAGE, f"{reason}; only image files are ingested"))
             else:
                 rejected.append((rel, reason))
     if not items:
@@ -322,15 +326,17 @@ def class_order(values, classes: tuple[str, ...] | None) -> tuple[str, ...]:
 
 def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
                  label_columns: list[str] | None = None, label_kind: str | None = None,
-                 classes: list[str] | tuple[str, ...] | None = None, follow_links: bool = False) -> Source:
-    """CSV mode: a ``path`` or ``filename`` column relative to ``root`` plus label columns.
+                 classes: list[str] | tuple[str, ...] | None = None, follow_links: bool = False,
+                 path_col: str | None = None) -> Source:
+    """CSV mode: a ``path`` or ``filename`` column (or ``path_col``, Keras' ``x_col``) naming files inside
+    ``root`` (relative, or absolute inside it), plus label columns.
 
     ``label_columns`` picks the columns (default: every other column).  The
     kind of labels is :func:`csv_label_kind`'s.  Regression: one column gives
     (N,) float32 targets, K columns (N, K).  Class: one column of class names;
     ``class_names`` in :func:`class_order`, or ``classes`` (which chooses them:
-    rows of other classes are left out; a chosen class no row has stays, with
-    no rows, so splits can share one label list).  A row naming a file that is
+    rows of other classes are left out; a chosen class the column lacks is
+    refused, as a folder ingest refuses a class it has no folder for).  A row naming a file that is
     not there is rejected (skipped and listed, as an unreadable image is).
     Duplicate paths, paths leaving ``root``, unknown columns or non-numeric
     regression labels are :class:`SourceError` — the whole CSV is checked
@@ -349,12 +355,9 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
     if not rows:
         raise SourceError(f"{csv_path}: empty; the first row must name the columns (path or filename, then labels)")
     header = [h.strip() for h in rows[0]]
-    path_col = next((c for c in PATH_COLUMNS if c in header), None)
-    if path_col is None:
-        raise SourceError(f"{csv_path}: no 'path' or 'filename' column in header {header}; "
-                          f"add one naming each image relative to {root}")
+    path_col = path_column(header, csv_path, root, path_col)
     if label_columns is None:
-        label_columns = [c for c in header if c not in PATH_COLUMNS and c]
+        label_columns = [c for c in header if c != path_col and c not in PATH_COLUMNS and c]
         if not label_columns:
             raise SourceError(f"{csv_path}: no label columns besides {path_col!r}; add one label column")
     for c in label_columns:
@@ -371,13 +374,9 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         where = f"{csv_path} line {line_no}"
         if len(row) < len(header):
             raise SourceError(f"{where}: {len(row)} fields, the header has {len(header)}")
-        rel = row[path_idx].strip().replace("\\", "/")
-        if not rel:
+        if not row[path_idx].strip():
             raise SourceError(f"{where}: empty {path_col!r}")
-        rel = os.path.normpath(rel).replace(os.sep, "/")
-        full = os.path.join(root, rel)
-        if os.path.isabs(rel) or not os.path.realpath(full).startswith(root_real + os.sep):
-            raise SourceError(f"{where}: {rel!r} is outside {root}; paths must be relative to the source folder")
+        rel = relative_path(row[path_idx], root, root_real, where)
         if rel in seen:
             raise SourceError(f"{where}: {rel!r} is listed twice; each image must appear once")
         seen.add(rel)
@@ -390,6 +389,11 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         raise SourceError(f"{csv_path}: class labels come from one column, and {len(label_columns)} are label "
                           f"columns ({', '.join(label_columns)}); pick one with --label-columns, or pass "
                           "--label-kind regression for numeric targets")
+    in_csv = class_order((c[0] for _, _, c in lines), None) if kind == schema.LABEL_CLASS else None
+    missing = [c for c in chosen or () if in_csv is not None and c not in in_csv]
+    if missing:
+        raise SourceError(f"--classes: column {label_columns[0]!r} of {csv_path} has no class "
+                          f"{', '.join(map(repr, missing))}; its classes are {', '.join(in_csv)}")
     items: list[Item] = []
     rejected: list[tuple[str, str]] = []
     left_out: list[tuple[str, str, str]] = []
@@ -413,7 +417,6 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
             items.append(Item(rel, label))
         else:
             rejected.append((rel, reason))
-    in_csv = class_order((c[0] for _, _, c in lines), None) if kind == schema.LABEL_CLASS else None
     if not items and not rejected:
         raise SourceError(f"{csv_path}: no row has a class in --classes ({', '.join(chosen or ())}); "
                           f"column {label_columns[0]!r} holds {', '.join(in_csv or ())}")
@@ -445,14 +448,14 @@ def _not_listed(root: str, listed: set[str], csv_name: str,
 
 def discover(root: str | os.PathLike, labels_csv: str | os.PathLike | None = None,
              label_columns: list[str] | None = None, *, classes: list[str] | tuple[str, ...] | None = None,
-             label_kind: str | None = None, follow_links: bool = False) -> Source:
+             label_kind: str | None = None, follow_links: bool = False, path_col: str | None = None) -> Source:
     """Folder mode when ``labels_csv`` is None, CSV mode otherwise (where the CSV names the files, and
     ``follow_links`` only makes the walk for files it does not list enter every symlinked folder)."""
     if labels_csv is None:
-        if label_columns:
-            raise SourceError("--label-columns needs --labels FILE.csv")
+        if label_columns or path_col:
+            raise SourceError(f"{'--label-columns' if label_columns else '--path-column'} needs --labels FILE.csv")
         if label_kind == schema.LABEL_REGRESSION:
             raise SourceError("--label-kind regression needs --labels FILE.csv with numeric columns; "
                               "class folders give class labels")
         return discover_class_folders(root, classes, follow_links)
-    return discover_csv(root, labels_csv, label_columns, label_kind, classes, follow_links)
+    return discover_csv(root, labels_csv, label_columns, label_kind, classes, follow_links, path_col)

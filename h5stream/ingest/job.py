@@ -23,6 +23,8 @@ def continue_options(opts) -> list[str]:
     and how, as ``h5stream ingest`` takes them (pure): what an ``--append`` that finishes the run passes again.
     ``--labels`` is recorded apart (a path); how the work is done (workers, commit rows, progress bar) is not."""
     flags: list[str] = []
+    if opts.path_column:
+        flags += ["--path-column", opts.path_column]
     if opts.label_columns:
         flags += ["--label-columns", ",".join(opts.label_columns)]
     if opts.label_kind is not None:
@@ -55,7 +57,7 @@ def _source_key(src: str, labels: str | None, options) -> tuple:
     """What names the files of an ingest: its source, labels CSV and the flags that choose or label files."""
     options = list(options)
     chosen = []
-    for flag in ("--label-columns", "--label-kind", "--classes"):
+    for flag in ("--path-column", "--label-columns", "--label-kind", "--classes"):
         if flag in options:
             at = options.index(flag)
             chosen.append(tuple(options[at:at + 2]))

@@ -91,6 +91,7 @@ class IngestOptions:
     out: str
     labels_csv: str | None = None
     label_columns: tuple[str, ...] | None = None
+    path_column: str | None = None  # CSV: the column naming the files (default: path or filename)
     classes: tuple[str, ...] | None = None  # choose and order the classes (folders or a CSV class column)
     label_kind: str | None = None  # CSV: None decides by the column (text: class, numbers: regression)
     follow_links: bool = False  # enter symlinked folders below the class folders
@@ -629,7 +630,8 @@ def ingest(opts: IngestOptions) -> IngestResult:
 def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> IngestResult:
     workers = min(opts.workers, max_workers())
     source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None,
-                      classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links)
+                      classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links,
+                      path_col=opts.path_column)
     appending = opts.append and os.path.exists(opts.out)
     target = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
     if appending:

@@ -308,3 +308,18 @@ def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:
     if source is None:
         raise _bad(path, schema.ATTR_INGEST_SOURCE, raw, 'JSON {"src": ..., "labels": ..., "options": [...]}')
     return IngestProgress(files, committed - before, skipped, *source)
+
+
+def read_paths(path: str | os.PathLike, start: int, stop: int, *, remote=None) -> list[str]:
+    """Rows ``start..stop-1`` of ``/paths`` as str (:func:`~h5stream.store.schema.decode_path`: each row's source
+    path relative to the ingest's SRC), in row order; on a handle of its own, in the calling thread.
+
+    Raises StoreFormatError where the store has no ``/paths`` or fewer rows than ``stop``."""
+    def read(f: h5py.File) -> list[str]:
+        paths = _dataset(os.fspath(path), f, schema.PATHS)
+        if paths.shape[0] < stop:
+            raise StoreFormatError(f"{path}: /{schema.PATHS} has {paths.shape[0]} rows, fewer than the {stop} "
+                                   "committed; the store is damaged: re-ingest it")
+        return [schema.decode_path(bytes(p)) for p in paths[start:stop]]
+
+    return read_consistent(path, read, remote=remote)

@@ -1,0 +1,57 @@
+"""A labels CSV's path cells and header, read as Keras' ``flow_from_dataframe`` users write them (pure).
+
+A path cell may be relative to SRC or absolute inside it (a DataFrame built with ``os.path.join(root, name)``);
+the path column may have any name (Keras' ``x_col``); a header that names no path column because the file is
+separated by ``;`` or tabs (a spreadsheet's export in many locales) gets a hint saying so.
+"""
+
+from __future__ import annotations
+
+import os
+
+from h5stream.errors import SourceError
+
+PATH_COLUMNS = ("path", "filename")
+OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "'|'"}
+
+
+def path_column(header: list[str], csv_path: str, root: str, chosen: str | None = None) -> str:
+    """The header's path column: ``chosen`` (``--path-column``), else the first of :data:`PATH_COLUMNS`.
+
+    Raises SourceError naming the header, with a delimiter hint where a cell holds ``;``, a tab or ``|``."""
+    if chosen is not None and chosen in header:
+        return chosen
+    if chosen is None:
+        found = next((c for c in PATH_COLUMNS if c in header), None)
+        if found is not None:
+            return found
+    hint = next((f"; the header holds {name}: save the file comma-separated (h5stream reads CSV with commas)"
+                 for sep, name in OTHER_DELIMITERS.items() if any(sep in cell for cell in header)), "")
+    if chosen is not None:
+        raise SourceError(f"{csv_path}: no column {chosen!r} (--path-column) in header {header}{hint}")
+    raise SourceError(f"{csv_path}: no 'path' or 'filename' column in header {header}{hint}; add one naming "
+                      f"each image relative to {root}, or name yours with --path-column")
+
+
+def relative_path(cell: str, root: str, root_real: str, where: str) -> str:
+    """The POSIX path relative to ``root`` that ``cell`` names: as given when relative; when absolute, relative to
+    ``root`` (as written, or with the folders above it resolved).  Raises SourceError for a path that leads
+    outside ``root`` (``root_real``: ``os.path.realpath(root)``)."""
+    cell = cell.strip().replace("\\", "/")
+    if os.path.isabs(cell):
+        full = os.path.normpath(cell)
+        for base, candidate in ((os.path.abspath(root), full),
+                                (root_real, os.path.join(os.path.realpath(os.path.dirname(full)),
+                                                         os.path.basename(full)))):
+            if candidate.startswith(base.rstrip(os.sep) + os.sep):
+                cell = os.path.relpath(candidate, base)
+                break
+        else:
+            raise SourceError(f"{where}: {cell!r} is outside the source folder {root}; give paths inside it, "
+                              "relative to it or absolute")
+    rel = os.path.normpath(cell).replace(os.sep, "/")
+    if rel.startswith("../") or rel == ".." or not os.path.realpath(os.path.join(root, rel)).startswith(
+            root_real + os.sep):
+        raise SourceError(f"{where}: {rel!r} is outside the source folder {root}; paths must be relative to it "
+                          "(or absolute inside it)")
+    return rel
