@@ -1,0 +1,190 @@
+"""A process forked after ``open`` leaves the parent's stream exactly as it was, and cannot use it itself.
+
+Each scenario runs in a script of its own (``python -c``): its forked children
+end the way a user's do (``sys.exit``, an uncaught exception, ``os._exit``,
+garbage collection and ``atexit``), which must end that script's child, never
+pytest.  A child reports over a pipe; the script waits for it with
+``os.waitpid`` before it goes on, then saves the batches its stream gave, which
+the test compares with an unforked stream of the same options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+
+import h5stream
+from h5stream.shm import segment_names
+from h5stream.store.writer import write_arrays
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = 200
+OPTIONS = dict(batch_size=32, seed=7, memory_budget="300MiB")
+MODES = {"inline": {}, "pool": {"workers": 2}, "feeder": {"workers": 2, "feeder": True}}
+
+SCRIPT = r"""
+import gc, json, os, sys
+import numpy as np
+import h5stream
+
+path, out, mode = sys.argv[1:4]
+kw = {"inline": {}, "pool": {"workers": 2}, "feeder": {"workers": 2, "feeder": True}}[mode]
+AUG = h5stream.Augment.preset("standard", rescale=1 / 255)
+OPTIONS = dict(batch_size=32, seed=7, memory_budget="300MiB", augment=AUG, **kw)
+
+def use_all(s, it):
+    # Every use of the stream in the child, each reported as (exception type, message) or None.
+    ops = {"next": lambda: next(it), "iter": lambda: iter(s), "state": s.state, "stats": s.stats,
+           "restore": lambda: s.restore(state_at_fork)}
+    got = {}
+    for name, op in ops.items():
+        try:
+            op()
+            got[name] = None
+        except Exception as exc:
+            got[name] = [type(exc).__name__, str(exc)]
+    return got
+
+def fork(ending, s, it):
+    # Fork; the child reports over a pipe and ends by ``ending``; the parent waits for it.  Returns what it said.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        report = {"pid": os.getpid()}
+        try:
+            if ending == "use":
+                report["uses"] = use_all(s, it)
+                s.close()  # the child's copy only
+                report["closed"] = s.closed
+                report["after_close"] = use_all(s, it)["next"]
+            elif ending == "own stream":
+                with h5stream.open(path, **OPTIONS) as own:
+                    report["own"] = [float(x.sum()) for x, _ in own]
+                    stats = own.stats()
+                    report["own_pids"] = list(stats.get("worker_pids", [])) + [stats.get("feeder_pid") or os.getpid()]
+                    report["own_segments"] = [n for n in os.listdir("/dev/shm")
+                                              if any(n.startswith(f"h5s_{p}_") for p in report["own_pids"])]
+        finally:
+            os.write(w, json.dumps(report).encode())
+            os.close(w)
+        if ending == "exception":
+            raise RuntimeError("the forked child fails")
+        if ending == "os._exit":
+            os._exit(3)
+        if ending == "garbage":
+            del s, it
+            gc.collect()
+        sys.exit(0)  # atexit and weakref finalizers run here, in the child
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    report = json.loads(data)
+    report["exit"] = os.waitstatus_to_exitcode(status)
+    return report
+
+s = h5stream.open(path, **OPTIONS)
+stats = s.stats()
+pids = list(stats.get("worker_pids", [])) + ([stats["feeder_pid"]] if stats.get("feeder_pid") else [])
+it = iter(s)
+held = []  # batches the parent still holds across each fork (lent slots), and a new batch between forks
+reports = []
+for ending in ("exit", "exception", "use", "os._exit", "garbage", "own stream"):
+    x, y = next(it)
+    held.append((x, y))
+    if ending == "use":
+        state_at_fork = s.state()
+    reports.append(fork(ending, s, it))
+batches = held + [(x.copy(), y.copy()) for x, y in it]  # the rest of the epoch ...
+batches += [(x.copy(), y.copy()) for x, y in s]  # ... and the next one
+np.savez(out, x=np.concatenate([x for x, _ in batches]), y=np.concatenate([y for _, y in batches]),
+         sizes=[len(x) for x, _ in batches])
+state = s.state()
+s.close()
+print(json.dumps({"reports": reports, "pids": pids, "me": os.getpid(), "state": state}))
+"""
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 255, (ROWS, 16, 16, 3), dtype=np.uint8)
+    path = tmp_path_factory.mktemp("fork") / "f.h5"
+    write_arrays(path, images, np.arange(ROWS) % 5, block_rows=16)
+    return str(path)
+
+
+def _unforked(store):
+    """Two epochs of an unforked stream of the same options (workers=0: the batches do not depend on workers)."""
+    aug = h5stream.Augment.preset("standard", rescale=1 / 255)
+    with h5stream.open(store, augment=aug, **OPTIONS) as s:
+        xs = [(x.copy(), y.copy()) for _ in range(2) for x, y in s]
+        return xs, s.state()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_forked_child_leaves_the_parents_stream_as_it_was_and_cannot_use_it(store, tmp_path, mode):
+    out = tmp_path / "batches.npz"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, store, str(out), mode], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    reports = {r_end: r for r_end, r in zip(("exit", "exception", "use", "os._exit", "garbage", "own stream"),
+                                            result["reports"])}
+    # Each child ended the way it was told to, and nothing of the parent's went with it.
+    assert [r["exit"] for r in result["reports"]] == [0, 1, 0, 3, 0, 0]
+    assert proc.stderr.count("Traceback") == 1 and "RuntimeError: the forked child fails" in proc.stderr, proc.stderr
+
+    # The parent's batches: exactly those of an unforked stream, the rest of the epoch and the next epoch.
+    expected, expected_state = _unforked(store)
+    with np.load(out) as saved:
+        sizes, x, y = saved["sizes"].tolist(), saved["x"], saved["y"]
+    assert sizes == [len(b) for b, _ in expected]
+    assert np.array_equal(x, np.concatenate([b for b, _ in expected]))
+    assert np.array_equal(y, np.concatenate([labels for _, labels in expected]))
+    assert result["state"] == expected_state
+    n = len(expected) // 2  # batches per epoch
+
+    # In the child, every use of the stream is one line naming both processes; close() releases nothing.
+    used = reports["use"]
+    for op in ("next", "iter", "state", "stats", "restore"):
+        assert used["uses"][op] is not None, f"{op} in the forked child raised nothing"
+        kind, message = used["uses"][op]
+        assert kind == "ForkedStreamError", (op, kind, message)
+        assert "\n" not in message
+        assert f"opened in process {result['me']}, used in forked child {used['pid']}: open a stream in the child" \
+            in message
+    assert used["closed"] is True and used["after_close"][0] == "ForkedStreamError"
+
+    # A stream the child opens itself works, and is its own: its segments and workers ended with the child.
+    own = reports["own stream"]
+    assert len(own["own"]) == n and own["own"] == pytest.approx([float(x.sum()) for x, _ in expected[:n]])
+    if mode != "inline":
+        assert own["own_segments"]  # it made segments of its own (the check below is not vacuous)
+    assert all(_gone(pid) for pid in own["own_pids"])
+    # Nothing of the script's own stream is left either.
+    for pid in [result["me"], *result["pids"], *(r["pid"] for r in result["reports"]), *own["own_pids"]]:
+        assert segment_names(f"h5s_{pid}_") == [], pid
+    assert result["pids"] or mode == "inline"
+    assert all(_gone(pid) for pid in result["pids"])
