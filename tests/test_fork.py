@@ -188,3 +188,77 @@ def test_a_forked_child_leaves_the_parents_stream_as_it_was_and_cannot_use_it(st
         assert segment_names(f"h5s_{pid}_") == [], pid
     assert result["pids"] or mode == "inline"
     assert all(_gone(pid) for pid in result["pids"])
+
+
+ADAPTER_SCRIPT = r"""
+import gc, json, os, sys
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+import h5stream
+
+path, out = sys.argv[1:3]
+s = h5stream.open(path, batch_size=32, seed=7, memory_budget="300MiB")
+ds = s.torch()
+dev = s.torch(device="cpu", upload="thread")  # an upload thread runs at the fork: its lock and queue
+it = iter(dev)
+held = [next(it), next(it)]
+
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    uses = {}
+    for name, op in (("next of the parent's pass", lambda: next(it)), ("iter(torch dataset)", lambda: iter(ds)),
+                     ("iter(device dataset)", lambda: iter(dev)), ("a new adapter", lambda: iter(s.torch()))):
+        try:
+            op()
+            uses[name] = None
+        except Exception as exc:
+            uses[name] = [type(exc).__name__, str(exc)]
+    os.write(w, json.dumps({"pid": os.getpid(), "uses": uses}).encode())
+    os.close(w)
+    del it, held, ds, dev, s
+    gc.collect()
+    sys.exit(0)  # the adapters' finalizers, then the stream's, run here
+os.close(w)
+report = json.loads(os.read(r, 1 << 16))
+_, status = os.waitpid(pid, 0)
+report["exit"] = os.waitstatus_to_exitcode(status)
+
+# A DataLoader forked from this process: its worker cannot iterate the stream, and this one is unaffected.
+try:
+    next(iter(DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")))
+    report["loader"] = None
+except Exception as exc:
+    report["loader"] = type(exc).__name__
+
+batches = held + list(it) + list(iter(dev))  # the rest of the pass (one epoch), then the next one
+np.savez(out, x=np.concatenate([x.numpy() for x, _ in batches]), y=np.concatenate([y.numpy() for _, y in batches]))
+dev.close()
+s.close()
+report["me"] = os.getpid()
+print(json.dumps(report))
+"""
+
+
+def test_adapters_in_a_forked_child_raise_the_one_line_and_the_parents_passes_go_on(store, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "batches.npz"
+    proc = subprocess.run([sys.executable, "-c", ADAPTER_SCRIPT, store, str(out)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["exit"] == 0, proc.stderr
+    for name, raised in report["uses"].items():
+        assert raised is not None, f"{name} in the forked child raised nothing"
+        kind, message = raised
+        assert kind == "ForkedStreamError" and "\n" not in message, (name, kind, message)
+        assert f"opened in process {report['me']}, used in forked child {report['pid']}" in message
+    assert report["loader"] == "ConfigError"  # the loader's worker is told to use num_workers=0
+
+    with h5stream.open(store, **OPTIONS) as s:
+        expected = [(x.copy(), y.copy()) for _ in range(2) for x, y in s]
+    with np.load(out) as saved:
+        assert np.array_equal(saved["x"], np.concatenate([x for x, _ in expected]))
+        assert np.array_equal(saved["y"], np.concatenate([y for _, y in expected]))

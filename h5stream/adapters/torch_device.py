@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream import _deps
+from h5stream._fork import OwnerOnly
 from h5stream._wait import Channel, Stopped
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError, ReaderError, StreamClosedError
@@ -247,7 +248,8 @@ class HostPins:
                 self._pins[ptr] = (nbytes, None)
                 self.failures += 1
             return False
-        fin = weakref.finalize(owner, self._forget, ptr)
+        # Not in a forked child: the registration, and the lock an upload thread may have held, are the parent's.
+        fin = weakref.finalize(owner, OwnerOnly(functools.partial(self._forget, ptr)))
         fin.atexit = False  # at exit the process's mappings go with it
         with self._lock:
             self._pins[ptr] = (nbytes, fin)
@@ -418,6 +420,7 @@ class _Uploader:
     def get(self):
         """The next :class:`_Ready`, ``END``, or raises what the upload thread raised.  In the consumer's
         thread."""
+        self._passes.check_process()  # a process forked from the stream's: before the queue's lock
         deadline = time.monotonic() + self._stream.timeout_s
         t0 = time.perf_counter()
         try:
@@ -484,6 +487,7 @@ class _InlineUploader(_Uploader):
     def get(self):
         """The next :class:`_Ready` or ``END``; raises the stream's error after the batches before it.  In the
         consumer's thread."""
+        self._passes.check_process()  # a process forked from the stream's
         if self._stream.closed:
             raise StreamClosedError(f"{self._stream.meta.path}: the stream was closed while the torch "
                                     "adapter waited for a batch")
@@ -560,7 +564,7 @@ class DeviceIterable(IterableDataset):
         self.options = opts
         self._passes = passes_for(stream)
         self._state = DeviceState(opts)
-        self._finalizer = weakref.finalize(self, self._state.close)
+        self._finalizer = weakref.finalize(self, OwnerOnly(self._state.close))  # nothing in a forked child
 
     def __len__(self) -> int:
         return self._passes.n
