@@ -22,6 +22,12 @@ collection, ``atexit``, ``weakref.finalize``).  So:
   from the child's copy of that set right after a fork (``os.register_at_fork``).
   There is no public API for it; where the set is not there (another Python),
   nothing is removed;
+* the child's copies of the parent's ends of the workers' and the feeder's
+  pipes (:func:`release_in_forks`) are pointed at ``/dev/null`` in the child
+  right after the fork: a worker or feeder whose parent dies sees its pipe end
+  and exits, as it does unforked, not only once the last forked child is gone
+  too.  The fd numbers stay taken, so the copies the child's objects close
+  later are those of ``/dev/null``, never a file the child opened since;
 * using a stream in the child (``iter``, ``next``, ``state``, ``restore``,
   ``stats``, the adapters) raises :class:`~h5stream.errors.ForkedStreamError`
   (:func:`check_owner`) before it touches anything; ``close()`` there only
@@ -39,6 +45,8 @@ from h5stream.errors import ForkedStreamError
 
 _started: weakref.WeakSet = weakref.WeakSet()
 """The ``multiprocessing`` processes h5stream started in this process (workers, feeder)."""
+_ends: weakref.WeakSet = weakref.WeakSet()
+"""This process's ends of the pipes to those processes (objects with ``fileno()``)."""
 
 
 def owner_pid() -> int:
@@ -88,13 +96,39 @@ def disown_in_forks(procs: Iterable) -> None:
         _started.add(proc)
 
 
+def release_in_forks(ends: Iterable) -> None:
+    """Register this process's ends of pipes to its workers or feeder (``Connection`` or ``socket`` objects): a
+    child forked from here does not hold them open.  Any thread."""
+    for end in ends:
+        _ends.add(end)
+
+
 def _after_fork_in_child() -> None:
-    """Right after ``os.fork()``, in the child (its only thread): forget the parent's h5stream processes."""
+    """Right after ``os.fork()``, in the child (its only thread): forget the parent's h5stream processes and let go
+    of its pipe ends."""
     children = getattr(multiprocessing.process, "_children", None)
     if isinstance(children, set):
         for proc in list(_started):
             children.discard(proc)
     _started.clear()
+    ends = list(_ends)
+    _ends.clear()
+    if not ends:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        for end in ends:
+            try:
+                fd = end.fileno()
+                if fd >= 0 and fd != null:
+                    os.dup2(null, fd, inheritable=False)
+            except (OSError, ValueError):
+                pass  # closed already: nothing of the parent's held
+    finally:
+        os.close(null)
 
 
 if hasattr(os, "register_at_fork"):

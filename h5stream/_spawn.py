@@ -23,7 +23,7 @@ import time
 import types
 from collections.abc import Callable, Sequence
 
-from h5stream._fork import disown_in_forks
+from h5stream._fork import disown_in_forks, release_in_forks
 
 #: Thread-pool sizes a spawned worker inherits through its environment unless the user set them.
 #: A worker is one core's worth of work; numpy's OpenBLAS otherwise starts a thread per core at import,
@@ -135,6 +135,7 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         for conn in child_conns:
             conn.close()
+    release_in_forks(conns)
     return procs, conns
 
 

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = 200
+SAFETY_S = 60.0
 OPTIONS = dict(batch_size=32, seed=7, memory_budget="300MiB")
 MODES = {"inline": {}, "pool": {"workers": 2}, "feeder": {"workers": 2, "feeder": True}}
 
@@ -262,3 +263,51 @@ def test_adapters_in_a_forked_child_raise_the_one_line_and_the_parents_passes_go
     with np.load(out) as saved:
         assert np.array_equal(saved["x"], np.concatenate([x for x, _ in expected]))
         assert np.array_equal(saved["y"], np.concatenate([y for _, y in expected]))
+
+
+ORPHAN_SCRIPT = r"""
+import json, os, signal, sys
+import h5stream
+
+path, mode = sys.argv[1:3]
+kw = {"pool": {"workers": 2}, "feeder": {"workers": 2, "feeder": True}}[mode]
+s = h5stream.open(path, batch_size=32, seed=7, memory_budget="300MiB",
+                  augment=h5stream.Augment.preset("standard", rescale=1 / 255), **kw)
+it = iter(s)
+next(it)
+stats = s.stats()
+pid = os.fork()
+if pid == 0:
+    sys.stdin.read()  # lives on until the test closes its stdin
+    os._exit(0)
+print(json.dumps({"me": os.getpid(), "child": pid, "worker_pids": stats["worker_pids"],
+                  "feeder_pid": stats.get("feeder_pid")}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the parent dies, its forked child lives on
+"""
+
+
+@pytest.mark.parametrize("mode", ["pool", "feeder"])
+def test_workers_and_feeder_of_a_killed_parent_exit_while_its_forked_child_lives_on(store, mode):
+    from h5stream.shm import sweep_stale_segments
+
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, store, mode], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    child = None
+    try:
+        info = json.loads(proc.stdout.readline())
+        child = psutil.Process(info["child"])
+        assert proc.wait(timeout=SAFETY_S) == -9
+        ours = [psutil.Process(p) for p in info["worker_pids"] + [info["feeder_pid"]] if p is not None and
+                not _gone(p)]
+        _, alive = psutil.wait_procs(ours, timeout=SAFETY_S)  # a safety net: they exit as soon as they see the end
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE  # the fork still holds its copies
+        assert alive == [], f"the killed parent's processes still run beside its forked child: {alive}"
+    finally:
+        proc.stdin.close()
+        if child is not None:
+            psutil.wait_procs([child], timeout=SAFETY_S)
+        proc.stdout.close()
+        proc.stderr.close()
+    sweep_stale_segments()  # what the killed parent created (the next stream does the same)
+    assert segment_names(f"h5s_{info['me']}_") == [] and segment_names(f"h5s_{info['feeder_pid']}_") == []
