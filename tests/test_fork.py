@@ -311,3 +311,52 @@ def test_workers_and_feeder_of_a_killed_parent_exit_while_its_forked_child_lives
         proc.stderr.close()
     sweep_stale_segments()  # what the killed parent created (the next stream does the same)
     assert segment_names(f"h5s_{info['me']}_") == [] and segment_names(f"h5s_{info['feeder_pid']}_") == []
+
+
+CTRL_C_SCRIPT = r"""
+import json, os, signal, sys, threading
+import h5stream
+
+inside, release_r, release_w = threading.Event(), *os.pipe()
+
+def blocking(x):  # runs in the main thread, inside next() (Ctrl-C is held back there), once per image
+    inside.set()
+    os.read(release_r, 1)
+    return x
+
+def fork_meanwhile(report):
+    inside.wait()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # this thread is the child's main (and only) thread, inside no h5stream call
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+            got = "nothing"
+        except KeyboardInterrupt:
+            got = "KeyboardInterrupt"
+        os.write(w, got.encode())
+        os._exit(0)
+    os.close(w)
+    report["child"] = os.read(r, 100).decode()
+    os.waitpid(pid, 0)
+    os.close(release_w)  # every later image goes through at once
+
+report = {}
+with h5stream.open(sys.argv[1], batch_size=32, seed=7, augment=h5stream.Augment(preprocessing_function=blocking)) as s:
+    t = threading.Thread(target=fork_meanwhile, args=(report,))
+    t.start()
+    x, y = next(iter(s))
+    t.join()
+    report["parent_batch"] = len(x)
+print(json.dumps(report))
+"""
+
+
+def test_ctrl_c_reaches_a_child_forked_by_another_thread_while_the_main_thread_waits_in_the_stream(store):
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, store], capture_output=True, text=True,
+                          timeout=SAFETY_S, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"child": "KeyboardInterrupt", "parent_batch": 32}
