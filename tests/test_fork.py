@@ -360,3 +360,51 @@ def test_ctrl_c_reaches_a_child_forked_by_another_thread_while_the_main_thread_w
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"child": "KeyboardInterrupt", "parent_batch": 32}
+
+
+WRITER_SCRIPT = r"""
+import gc, json, os, sys
+import numpy as np
+from PIL import Image
+from h5stream.ingest.decode import DecodeSpec
+from h5stream.ingest.pool import DecodePool
+from h5stream.store.lock import StoreLock, lock_holders, lock_path
+
+folder, store = sys.argv[1:3]
+names = [f"{i}.png" for i in range(8)]
+for i, name in enumerate(names):
+    Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(os.path.join(folder, name))
+lock = StoreLock.acquire(store)
+pool = DecodePool(1, DecodeSpec(size=(8, 8)).shape, rows_per_task=2)
+pool.start()
+pid = os.fork()
+if pid == 0:
+    lock.release()  # the child's copy: a no-op
+    pool.close()
+    del lock, pool
+    gc.collect()
+    sys.exit(0)  # and the finalizers at exit
+_, status = os.waitpid(pid, 0)
+report = {"child_exit": os.waitstatus_to_exitcode(status), "sidecar": os.path.exists(lock_path(store)),
+          "holders": lock_holders(lock_path(store)), "me": os.getpid()}
+chunks = [names[i:i + 2] for i in range(0, 8, 2)]
+report["pixels"] = [int(images[k, 0, 0, 0]) for images, reasons, _ in pool.imap(folder, chunks, DecodeSpec(size=(8, 8)))
+                    for k in range(len(reasons))]
+pool.close()
+lock.release()
+report["sidecar_after_release"] = os.path.exists(lock_path(store))
+print(json.dumps(report))
+"""
+
+
+def test_a_child_forked_during_a_write_leaves_the_lock_and_the_decode_workers_to_the_parent(tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    proc = subprocess.run([sys.executable, "-c", WRITER_SCRIPT, str(folder), str(tmp_path / "out.h5")],
+                          capture_output=True, text=True, timeout=SAFETY_S, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["child_exit"] == 0
+    assert report["sidecar"] and report["holders"] == [report["me"]]  # still the parent's, and only its
+    assert report["pixels"] == list(range(8))  # its decode worker still serves it
+    assert report["sidecar_after_release"] is False
