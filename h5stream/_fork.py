@@ -11,13 +11,14 @@ collection, ``atexit``, ``weakref.finalize``).  So:
 
 * every owner of a resource records the pid that made it, and its cleanup
   does nothing in another process: :class:`OwnerOnly` wraps a finalizer (the
-  stream's, the adapters'); the worker pool's state, the shared segments
+  stream's, the adapters', the writer's lock's, ingest's decode pool's); the
+  worker pool's state, the shared segments
   (:mod:`h5stream.shm`) and the feeder's state (a ``multiprocessing``
   ``Finalize``, pid-checked by ``multiprocessing``) check it themselves;
 * ``multiprocessing`` keeps the processes it started in a set the child
   inherits (``multiprocessing.process._children``), and its exit handler, in
-  the child too, SIGTERMs the daemonic ones (the augment workers) and joins
-  the rest (the feeder: "can only join a child process").  The processes
+  the child too, SIGTERMs the daemonic ones (the augment and decode workers)
+  and joins the rest (the feeder: "can only join a child process").  The processes
   h5stream starts are registered here (:func:`disown_in_forks`) and removed
   from the child's copy of that set right after a fork (``os.register_at_fork``).
   There is no public API for it; where the set is not there (another Python),
