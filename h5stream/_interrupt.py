@@ -24,6 +24,7 @@ handler is not a Python function (ignored, default action) nothing is installed.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -71,6 +72,20 @@ def release() -> None:
         _depth -= 1
         if not _depth:
             raise_pending()
+
+
+def _after_fork_in_child() -> None:
+    """In a child forked by a thread other than the main one: that thread is the child's main thread, and it is
+    inside no h5stream call (whatever the parent's main thread was in), so a Ctrl-C there is not held back."""
+    global _main, _depth
+    me = threading.get_ident()
+    if me != _main:
+        _main, _depth = me, 0
+        _owed.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def raise_pending() -> None:

@@ -23,6 +23,8 @@ import time
 import types
 from collections.abc import Callable, Sequence
 
+from h5stream._fork import disown_in_forks, release_in_forks
+
 #: Thread-pool sizes a spawned worker inherits through its environment unless the user set them.
 #: A worker is one core's worth of work; numpy's OpenBLAS otherwise starts a thread per core at import,
 #: threads that only compete.
@@ -102,7 +104,8 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
     are killed and the error propagates.  ``daemon`` (default): multiprocessing
     terminates the process at this interpreter's exit, and forbids it children
     of its own; a process that starts workers (the feeder) is started with
-    ``daemon=False`` and must be stopped by its owner before exit.
+    ``daemon=False`` and must be stopped by its owner before exit.  A process
+    forked from this one leaves them alone (:func:`h5stream._fork.disown_in_forks`).
     """
     ctx = mp.get_context("spawn")
     procs, conns, child_conns = [], [], []
@@ -119,6 +122,7 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
             for proc in procs:
                 proc.start()
                 started.append(proc)
+                disown_in_forks((proc,))
     except BaseException:
         for proc in started:
             proc.kill()
@@ -131,6 +135,7 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         for conn in child_conns:
             conn.close()
+    release_in_forks(conns)
     return procs, conns
 
 

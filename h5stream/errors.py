@@ -73,6 +73,11 @@ class StreamIterationError(H5StreamError, RuntimeError):
     ``iter(stream)`` (or ``restore``) replaced."""
 
 
+class ForkedStreamError(StreamIterationError):
+    """A stream was used in a process forked from the one that opened it (``os.fork``, a ``fork`` pool or
+    DataLoader): its threads, workers and pipes are the parent's; the child opens a stream of its own."""
+
+
 class MissingDependencyError(H5StreamError, ImportError):
     """A package h5stream needs here (OpenCV, a framework) cannot be imported; the message names what to install."""
 

@@ -57,6 +57,7 @@ from collections import deque
 import numpy as np
 
 from h5stream import errors
+from h5stream._fork import release_in_forks
 from h5stream._procpool import death_report, frames, stopped
 from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream._wait import POLL_S, check_stops
@@ -272,6 +273,7 @@ class _Inbox:
 
     def __init__(self, fd: int, wait_s: float):
         self._sock = socket.socket(fileno=os.dup(fd))
+        release_in_forks((self._sock,))  # a child forked from here must not hold the feeder's pipe open
         self._sock.settimeout(None)  # blocking: the kernel's own receive timeout ends the wait
         whole = int(wait_s)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,

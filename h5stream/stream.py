@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from h5stream import _fork
 from h5stream import _interrupt as interrupt
 from h5stream._cores import suggested_workers, usable_cores
 from h5stream.budget import StreamPlan
@@ -153,7 +154,10 @@ class Stream:
       :class:`~h5stream.StreamIterationError` at once.  Handing the stream from
       thread to thread between calls (as ``tf.data`` does) is fine;
     * after ``close()`` every ``next()`` of a live iterator raises
-      :class:`~h5stream.StreamClosedError` (a ``for`` loop does not just end).
+      :class:`~h5stream.StreamClosedError` (a ``for`` loop does not just end);
+    * a process forked after ``open`` leaves the stream as it was: in the
+      child every use raises :class:`~h5stream.ForkedStreamError`, ``close()``
+      releases nothing, and its exit stops nothing (see :mod:`h5stream._fork`).
     """
 
     def __init__(self, path: str | os.PathLike, options: StreamOptions | None = None):
@@ -174,6 +178,7 @@ class Stream:
         self._n_batches = self.config.layout(0).n_batches
         self._epoch, self._batch = 0, 0
         self._closed = False
+        self._owner_pid = _fork.owner_pid()  # everything below belongs to this process, not to a forked child
         self._busy = threading.Lock()  # held by the one thread inside next() / iter() / restore(); never waited on
         self._generation = 0  # bumped by iter() and restore(): iterators of an older one are replaced
         self._resumed = False  # restore() set the position: the next iter() continues it instead of leaving it
@@ -185,7 +190,7 @@ class Stream:
             self._feed: Feed = feed_class(self.config)
             # The feed owns the thread, processes and shared memory; it never refers back to this object,
             # so garbage collection of an unclosed stream still reaches this finalizer.
-            self._finalizer = weakref.finalize(self, self._feed.close)
+            self._finalizer = weakref.finalize(self, _fork.OwnerOnly(self._feed.close))
             if config.resume is not None:
                 self.restore(config.resume)
             else:
@@ -411,6 +416,7 @@ class Stream:
     def state(self) -> dict:
         """Where the stream stands: a small dict of ints (and the subset's name); ``restore`` /
         ``open(resume=...)`` continue from it, and refuse a state of another subset or layout."""
+        _fork.check_owner(self._owner_pid, self.meta.path)
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
                 **self._layout_signature()}
 
@@ -447,9 +453,11 @@ class Stream:
     # -- lifecycle ----------------------------------------------------------------
     def stats(self) -> dict:
         """Counters for monitoring: queue fill, batches, seconds the consumer waited, bytes read."""
+        _fork.check_owner(self._owner_pid, self.meta.path)
         return {**self._feed.stats(), "epoch": self._epoch, "batch": self._batch}
 
     def _check_open(self) -> None:
+        _fork.check_owner(self._owner_pid, self.meta.path)
         if self._closed:
             raise StreamClosedError(f"{self.meta.path}: the stream is closed; open it again with h5stream.open(...)")
 
@@ -457,11 +465,14 @@ class Stream:
         """Stop the reader (and workers) and free the buffers.  Idempotent.
 
         A Ctrl-C arriving meanwhile is raised once everything is released (a
-        fraction of a second), not in the middle of it (see :mod:`h5stream._interrupt`).
+        fraction of a second), not in the middle of it (see :mod:`h5stream._interrupt`).  In a process forked
+        after ``open``, only this copy is marked closed: what it would stop is the parent's.
         """
         if self._closed:
             return
         self._closed = True
+        if not _fork.in_owner(self._owner_pid):
+            return
         interrupt.hold()
         try:
             self._finalizer()

@@ -193,6 +193,7 @@ LAYERS = (
     ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
     ("low level", ("h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
                    "h5stream.samples", "h5stream._kwargs", "h5stream._cores")),
+    ("fork safety", ("h5stream._fork",)),
     ("lent memory", ("h5stream._lend",)),
     ("raw I/O", ("h5stream._io",)),
     ("errors", ("h5stream.errors",)),
@@ -200,9 +201,9 @@ LAYERS = (
 """Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first
 two parts of the name: ``h5stream.store.meta`` may import ``h5stream.store.schema``)."""
 
-ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps", "h5stream._wait")
+ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps", "h5stream._wait", "h5stream._fork")
 """Besides each other, adapters use only the public API (and the one-line import errors, and the one stoppable
-wait that every thread of the package waits with)."""
+wait that every thread of the package waits with, and the fork check every owner of a resource makes)."""
 
 ALLOWED_UPWARD = {
     # Stream.keras() / tf_dataset() / torch() hand the stream to its adapter, imported only when called.

@@ -47,6 +47,7 @@ def check_iteration(ds, depth: int) -> None:
             "an h5stream torch dataset cannot run in DataLoader worker processes; "
             f"use {USE} and h5stream.open(..., workers=N)"
         )
+    ds._passes.check_process()  # a process forked from the stream's: before anything takes a lock
 
 
 def refuse_pickling():

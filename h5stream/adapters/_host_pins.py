@@ -8,12 +8,14 @@ asynchronous DMA and nothing is allocated or copied per batch (see
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
 import numpy as np
 
 from h5stream import _deps
+from h5stream._fork import OwnerOnly
 
 torch = _deps.torch()
 
@@ -66,7 +68,8 @@ class HostPins:
                 self._pins[ptr] = (nbytes, None)
                 self.failures += 1
             return False
-        fin = weakref.finalize(owner, self._forget, ptr)
+        # Not in a forked child: the registration, and the lock an upload may have held, are the parent's.
+        fin = weakref.finalize(owner, OwnerOnly(functools.partial(self._forget, ptr)))
         fin.atexit = False  # at exit the process's mappings go with it
         with self._lock:
             self._pins[ptr] = (nbytes, fin)

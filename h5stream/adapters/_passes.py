@@ -23,7 +23,10 @@ the stream's exact sequence of batches:
 
 Pure Python, no framework imports.  All methods are thread-safe (one lock); the
 stream itself is only ever touched under that lock, from whichever thread holds it
-(the stream takes calls from any thread, one at a time).
+(the stream takes calls from any thread, one at a time).  In a process forked
+from the stream's, every method raises :class:`~h5stream.ForkedStreamError`
+before it takes that lock (a thread of the parent may have held it at the fork,
+and none of the parent's threads runs in the child).
 
 The stream owns its :class:`Passes` (it lives in the stream's
 ``_adapter_passes``, the one attribute of the stream this package touches) and
@@ -37,16 +40,27 @@ keeps is its own: see :mod:`h5stream.adapters.tf` and
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 
+from h5stream import _fork
 from h5stream.errors import ConfigError
 
 RECORD_WINDOW = 4096
 """Batches of the current pass whose state/time are kept; the model is never this far behind the feed."""
 
 _PASSES_LOCK = threading.Lock()
+
+
+def _new_lock_in_a_forked_child() -> None:
+    global _PASSES_LOCK
+    _PASSES_LOCK = threading.Lock()  # the parent's may have been held, by a thread that the child does not have
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_a_forked_child)
 
 
 def passes_for(stream) -> Passes:
@@ -65,6 +79,7 @@ class Passes:
     def __init__(self, stream):
         self.stream = stream
         self.n = len(stream)
+        self._pid = _fork.owner_pid()  # the stream's process (iter(stream) below raises in any other)
         self._lock = threading.Lock()
         # The stream's epoch iterator, taken now: it continues a restored (resumed) state's epoch; after an epoch
         # left mid-way by some other iterator, it starts the next epoch, and _pos_state below says so.
@@ -80,6 +95,7 @@ class Passes:
     # -- passes -------------------------------------------------------------------
     def begin_pass(self) -> int:
         """Start a pass (replaying an abandoned one); returns its id for :meth:`next_batch`."""
+        self.check_process()
         with self._lock:
             if self._active and self._served < self.n:
                 self._rewind(self._start_state)
@@ -92,6 +108,7 @@ class Passes:
 
     def end_pass(self) -> None:
         """The framework ended its pass; an incomplete pass is rewound so the next one replays it."""
+        self.check_process()
         with self._lock:
             if self._active and self._served < self.n:
                 self._rewind(self._start_state)
@@ -104,6 +121,7 @@ class Passes:
         ``pass_id`` None: the caller cannot tell passes apart (a Keras PyDataset);
         outside a pass the batch is a peek, kept for the next pass.
         """
+        self.check_process()
         with self._lock:
             if pass_id is not None and (pass_id != self._pass_id or not self._active):
                 return None
@@ -128,6 +146,7 @@ class Passes:
         ``consumed == 0`` gives the state the pass began at (and no time).  Raises
         :class:`ConfigError` if that batch is older than the kept window.
         """
+        self.check_process()
         with self._lock:
             if consumed == 0:
                 return dict(self._start_state), None
@@ -141,12 +160,18 @@ class Passes:
 
     def restore(self, state: dict) -> None:
         """Continue from ``state`` (a dict from ``Stream.state()``); ends any pass and drops peeked batches."""
+        self.check_process()
         with self._lock:
             self._rewind(state)
             self._active = False
             self._served = 0
             self._start_state = self._pos_state
             self._records.clear()
+
+    def check_process(self) -> None:
+        """Raise :class:`~h5stream.ForkedStreamError` in a process forked from the stream's.  Any thread; takes
+        no lock."""
+        _fork.check_owner(self._pid, self.stream.meta.path)
 
     # -- internals (lock held) --------------------------------------------------------
     def _rewind(self, state: dict) -> None:

@@ -97,11 +97,12 @@ class DeviceBatches(StreamBatches):
         super().__init__(stream)
         import weakref
 
+        from h5stream._fork import OwnerOnly
         from h5stream.adapters.torch_device import DeviceState
 
         self.options = opts
         self._state = DeviceState(opts)
-        self._finalizer = weakref.finalize(self, self._state.close)
+        self._finalizer = weakref.finalize(self, OwnerOnly(self._state.close))  # nothing in a forked child
 
     def __getitem__(self, index):
         from h5stream.adapters.torch_device import END, hand_over, upload_now
@@ -118,6 +119,7 @@ class DeviceBatches(StreamBatches):
         return hand_over(item, self.options)
 
     def on_epoch_begin(self):
+        self._passes.check_process()  # a process forked from the stream's: before the state's lock
         self._state.stop_uploader()
         self._state.start(self._passes, self._passes.begin_pass())
 

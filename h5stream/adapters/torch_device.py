@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream import _deps
+from h5stream._fork import OwnerOnly
 from h5stream.adapters._dataloader import check_iteration, refuse_pickling
 from h5stream.adapters._host_pins import HostPins
 from h5stream.adapters._passes import passes_for
@@ -243,6 +244,7 @@ class _Uploader:
 
     def get(self):
         """The next :class:`_Ready` or ``END``; raises the stream's error after the batches before it."""
+        self._passes.check_process()  # a process forked from the stream's
         if self._stream.closed:
             raise StreamClosedError(f"{self._stream.meta.path}: the stream was closed while the torch "
                                     "adapter waited for a batch")
@@ -375,7 +377,7 @@ class DeviceIterable(IterableDataset):
         self.options = opts
         self._passes = passes_for(stream)
         self._state = DeviceState(opts)
-        self._finalizer = weakref.finalize(self, self._state.close)
+        self._finalizer = weakref.finalize(self, OwnerOnly(self._state.close))  # nothing in a forked child
 
     def __len__(self) -> int:
         return self._passes.n

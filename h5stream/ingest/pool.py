@@ -23,6 +23,7 @@ once it is between tasks.  The worker side (set-up and task) is here too:
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import weakref
 from collections import deque
@@ -31,6 +32,7 @@ import numpy as np
 import xxhash
 
 from h5stream import _deps
+from h5stream._fork import OwnerOnly
 from h5stream._procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
 from h5stream._spawn import keep_freed_heap
 from h5stream.errors import BudgetError, ResourceLimitError, WorkerError
@@ -130,7 +132,8 @@ class DecodePool:
         self.timeout_s = timeout_s
         self.rows_per_task = rows_per_task  # the most files one task may carry (fewer where /dev/shm is short)
         self._state = _State()
-        self._finalizer = weakref.finalize(self, _stop, self._state, CLOSE_TIMEOUT_S)
+        # Not in a forked child: the workers, their pipes and the slots are this process's.
+        self._finalizer = weakref.finalize(self, OwnerOnly(functools.partial(_stop, self._state, CLOSE_TIMEOUT_S)))
         self._finished = False
         self._started = False
         if workers > 0:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 import time
 import weakref
 
+from h5stream._fork import OwnerOnly
 from h5stream.errors import StoreBusyError, StoreWriteError
 
 LOCK_SUFFIX = ".lock"
@@ -105,13 +107,15 @@ class StoreLock:
     """Held: only its owner writes ``store_path``.  Not thread-safe; :meth:`release` is idempotent.
 
     Use :meth:`acquire`; a lock that is never released is released when the object is collected, and by
-    the kernel when the process ends however it ends.
+    the kernel when the process ends however it ends.  A process forked while it is held releases nothing
+    (``release()`` there is a no-op): the lock stays the parent's.
     """
 
     def __init__(self, store_path: str, fd: int, sidecar: str):
         self.store_path = store_path
         self.sidecar = sidecar
-        self._finalizer = weakref.finalize(self, _release, fd, sidecar)
+        # Not in a forked child: removing the sidecar there would let a second writer in beside this one.
+        self._finalizer = weakref.finalize(self, OwnerOnly(functools.partial(_release, fd, sidecar)))
 
     @classmethod
     def acquire(cls, store_path: str | os.PathLike) -> StoreLock:
