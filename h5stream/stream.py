@@ -125,7 +125,8 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     holding a damaged row goes out.  ``"once"`` checks each block the first
     time this stream reads it (reading it whole once more unless a read already
     holds all of it) and labels always: damage in the file is caught in the
-    first epoch, at no cost after it.  ``True`` also checks every later read row
+    first epoch, at no cost after it; over a URL, whose bytes are fetched anew
+    on every read, every read is checked.  ``True`` also checks every later read row
     by row (8 bytes a row kept), which catches bytes that change on disk while
     training, at the cost of a hash of every byte read.  A store without
     checksums streams unchecked.  False streams a damaged file as it is.
