@@ -4,13 +4,14 @@ file's batches, whatever memory the remote client takes.  Real HTTP server on 12
 from __future__ import annotations
 
 import os
+import re
 
 import h5py
 import numpy as np
 import pytest
 
 import h5stream
-from h5stream.errors import ChecksumError
+from h5stream.errors import BudgetError, ChecksumError
 from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -64,3 +65,33 @@ def test_bytes_a_server_changes_under_the_same_etag_after_the_first_epoch_raise_
     assert served < len(reference[1])
     msg = str(info.value)
     assert msg.startswith(f"{url}: ") and "(block " in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("budget", ["64MiB", "96MiB", "160MiB"])
+def test_a_url_gives_its_local_files_batches_under_a_given_budget_or_says_what_to_pass(range_server, budget):
+    """16000 rows of 3 KiB (47 MiB) in 64-row blocks: under 64 and 96 MiB the local file's fill leaves no room
+    for the remote client (36 MiB), under 160 MiB it does (the whole epoch).  The URL gives the local file's
+    batches, or a BudgetError naming the rows_per_fill that fits, with which the URL and the local file give the
+    same batches again; never other batches in silence."""
+    path = make(range_server.root / "big.h5", rows=16000, side=32, block_rows=64)
+    url = range_server.url + "big.h5"
+    kw = dict(batch_size=64, memory_budget=budget, seed=5)
+
+    def epoch(where, **extra):
+        with h5stream.open(where, **kw, **extra) as s:
+            return s.plan, [np.column_stack([x.reshape(len(x), -1)[:, :8], y]) for x, y in s]
+
+    here_plan, here = epoch(path)
+    try:
+        there_plan, there = epoch(url, remote={"timeout_s": 10})
+    except BudgetError as exc:
+        msg = str(exc)
+        assert msg.startswith(f"{url}: ") and f"hold {here_plan.rows_per_fill} rows" in msg and "\n" not in msg
+        assert budget != "160MiB", msg  # the client fits beside the whole epoch
+        fits = int(re.search(r"rows_per_fill=(\d+)", msg).group(1))
+        assert fits < here_plan.rows_per_fill
+        here_plan, here = epoch(path, rows_per_fill=fits)
+        there_plan, there = epoch(url, rows_per_fill=fits, remote={"timeout_s": 10})
+        assert there_plan.total_bytes <= there_plan.budget_bytes
+    assert (there_plan.rows_per_fill, there_plan.unit_rows) == (here_plan.rows_per_fill, here_plan.unit_rows)
+    assert len(there) == len(here) == 250 and all(np.array_equal(a, b) for a, b in zip(here, there))
