@@ -31,6 +31,7 @@ from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import BOTH, subset_rows
 from h5stream.read.source import resolve_direct_io
+from h5stream.remote.config import stream_remote
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -212,7 +213,7 @@ class Stream:
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_meta(path, remote=options.remote)
+        meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
         self._shard = options.shard or (0, 1)
