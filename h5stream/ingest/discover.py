@@ -45,6 +45,8 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
 )
 PATH_COLUMNS = ("path", "filename")
+MAX_LINE_CHARS = 1 << 20
+"""Longest line of a labels CSV, in characters: a path and its labels take far less."""
 
 # Kinds of Source.left_out entries (the ingest summary counts each).
 HIDDEN = "hidden"
@@ -343,7 +345,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         raise SourceError(f"{csv_path}: no such labels file; --labels takes a CSV with a path or filename column")
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh))
+            rows = list(csv.reader(bounded_lines(fh, csv_path)))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SourceError(f"{csv_path}: cannot read as CSV ({exc})") from None
     if not rows:
@@ -423,6 +425,22 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         root, kind, tuple(items), class_names=class_names, label_columns=tuple(label_columns),
         rejected=tuple(rejected), left_out=tuple(left_out) + _not_listed(root, seen, csv_name, follow_links),
     )
+
+
+def bounded_lines(fh, csv_path: str, limit: int = MAX_LINE_CHARS):
+    """The lines of the text file ``fh``, each read with at most ``limit`` characters before its newline: a longer
+    one raises :class:`SourceError` naming it once that much is read, not once it is all in memory (a 1 GB line
+    took 2 GB)."""
+    line_no = 0
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > limit and not line.endswith("\n"):
+            raise SourceError(f"{csv_path} line {line_no}: longer than {limit:,} characters; a labels CSV has one "
+                              "image per line, its path and its labels (is this the labels file?)")
+        yield line
 
 
 def _not_listed(root: str, listed: set[str], csv_name: str,
