@@ -61,7 +61,7 @@ from h5stream._procpool import death_report, stopped
 from h5stream._spawn import reap_workers, spawn_workers, worker_signals
 from h5stream._wait import POLL_S, check_stops
 from h5stream.budget import FEEDER_IN_FLIGHT, StreamPlan
-from h5stream.errors import H5StreamError, ReaderError
+from h5stream.errors import H5StreamError, ReaderError, descriptor_limit
 from h5stream.feed import may_lend
 from h5stream.read.reader import ArrayArena
 from h5stream.store.meta import StoreMeta
@@ -129,7 +129,8 @@ def error_payload(exc: BaseException) -> tuple:
 
 def rebuild_error(payload: tuple, where: str) -> BaseException:
     """The exception of :func:`error_payload` again (trainer side): the same type and message, the feeder's
-    traceback as its cause.  One not of h5stream's is a :class:`ReaderError` naming it."""
+    traceback as its cause.  One not of h5stream's is a :class:`ReaderError` naming it, but for running out of
+    file descriptors: that ``OSError`` is kept, so the stream names the limit as without the feeder."""
     data, name, message, tb = payload
     exc = None
     if data is not None:
@@ -144,7 +145,7 @@ def rebuild_error(payload: tuple, where: str) -> BaseException:
                 exc = cls(message)
             except Exception:
                 exc = None
-    if not isinstance(exc, H5StreamError):
+    if not isinstance(exc, H5StreamError) and not (isinstance(exc, OSError) and descriptor_limit(exc.errno)):
         exc = ReaderError(f"{where}: the feeder process raised {name}: {message}")
     exc.__cause__ = _FeederTraceback(tb)
     return exc
