@@ -451,7 +451,7 @@ class ProcessFeed:
         """The error for a feeder that ended; kept for every later call."""
         proc = self._state.proc
         proc.join(1.0)
-        report = death_report("h5stream feeder process", 0, proc.pid, proc.exitcode, self._ready, _OOM_FIX)
+        report = death_report("h5stream feeder process", None, proc.pid, proc.exitcode, self._ready, _OOM_FIX)
         self._error = ReaderError(f"{self.meta.path}: {report}; go on from the stream's state() "
                                   "(open(..., resume=state))")
         return self._error
