@@ -413,15 +413,17 @@ class ProcessFeed:
         if not _send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
             raise self._died()
 
-    def _receive(self, timeout_s: float, what: str, ready: bool = False) -> tuple:
+    def _receive(self, timeout_s: float, what: str, ready: bool = False, stopped_s: float | None = None) -> tuple:
         """The next message from the feeder: answers of an older generation dropped (their slots freed), within
         ``timeout_s``, else :class:`ReaderError`; the feeder's death a :class:`ReaderError` at once.  ``ready``:
-        the start-up answer (a failed start-up raises its error)."""
+        the start-up answer (a failed start-up raises its error).  ``stopped_s``: a feeder found stopped once
+        this long has passed is named then (a stopped feeder sends nothing, so no grace is owed to it)."""
         if self._error is not None:
             raise self._error
         state = self._state
         inbox = state.inbox
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
         while True:
             data = inbox.pop()
             if data is None:
@@ -432,7 +434,10 @@ class ProcessFeed:
                     check_stops()  # a Ctrl-C held back since the stream was entered
                     if not state.proc.is_alive():
                         raise self._died()
-                    if time.monotonic() >= deadline:
+                    now = time.monotonic()
+                    if stopped_s is not None and now >= t0 + stopped_s and stopped(state.proc.pid):
+                        raise self._late(stopped_s, what)
+                    if now >= deadline:
                         raise self._late(timeout_s, what)
                 continue
             msg = unpack(data, *self._labels_as)
@@ -483,7 +488,7 @@ class ProcessFeed:
         self._answers.clear()
         self._waited_s = 0.0
         self._send(START, int(epoch), int(batch))
-        msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "restarted")
+        msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "restarted", stopped_s=self._timeout_s)
         if msg[0] == ERROR:
             raise rebuild_error(msg[2], self.meta.path)
         self._top_up()
@@ -497,7 +502,7 @@ class ProcessFeed:
         if self._answers:
             return self._answers.popleft()
         t0 = time.monotonic()
-        msg = self._receive(self._timeout_s + ANSWER_GRACE_S, "sent a batch")
+        msg = self._receive(self._timeout_s + ANSWER_GRACE_S, "sent a batch", stopped_s=self._timeout_s)
         self._waited_s += time.monotonic() - t0
         return msg
 

@@ -352,9 +352,11 @@ def test_a_stopped_feeder_is_a_reader_error_naming_it_and_close_still_ends_it(st
         next(it)
         feeder = s.stats()["feeder_pid"]
         os.kill(feeder, signal.SIGSTOP)
-        with pytest.raises(ReaderError, match=rf"feeder process \(pid {feeder}\) is stopped .*kill -CONT {feeder}"):
+        named = rf"feeder process \(pid {feeder}\) is stopped .*kill -CONT {feeder}"
+        with pytest.raises(ReaderError, match=named) as info:
             for _ in range(len(s)):
                 next(it)
+        assert "has not sent a batch in 1 s;" in str(info.value)  # named after timeout_s, as promised
     finally:
         s.close()  # kills the stopped feeder (it obeys nothing else); no_leaks checks nothing is left
     assert not psutil.pid_exists(feeder)
