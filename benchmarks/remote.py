@@ -383,8 +383,9 @@ def run(args) -> dict:
             urls = {"remote": url, "remote_http": server.http_url(KEY)}
             env = child_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                             AWS_ENDPOINT_URL=server.endpoint, AWS_EC2_METADATA_DISABLED="true")
-            # A given budget: the remote client's memory comes out of it, so the URL's fill is smaller; every
-            # stream then uses that fill, and all give the same batches.  The default budget gives both the same.
+            # A given budget: the remote client's memory comes out of it, so the URL may need a fill smaller
+            # than the local file's; every stream is given the URL's fill, and all give the same batches.  The
+            # default budget gives both the same.
             fill = None if args.memory_budget is None else remote_rows_per_fill(local, args)
             with h5stream.open(local, batch_size=args.batch_size, memory_budget=args.memory_budget,
                                seed=args.seed, rows_per_fill=fill, read_unit=args.read_unit) as s:
@@ -435,14 +436,20 @@ def remote_rows_per_fill(local: str, args) -> int:
     import dataclasses
 
     from h5stream.budget import plan_stream
+    from h5stream.errors import BudgetError
     from h5stream.read.plan import parse_bytes
     from h5stream.remote import RemoteOptions
     from h5stream.store.meta import read_meta
 
     meta = dataclasses.replace(read_meta(local), remote=RemoteOptions())
     unit = None if args.read_unit is None else parse_bytes(args.read_unit, what="read_unit")
-    return plan_stream(meta, parse_bytes(args.memory_budget), args.batch_size, unit_bytes=unit,
-                       available_bytes=None).rows_per_fill
+    try:
+        return plan_stream(meta, parse_bytes(args.memory_budget), args.batch_size, unit_bytes=unit,
+                           available_bytes=None).rows_per_fill
+    except BudgetError as exc:  # the local file's fill leaves no room for the client: the most that does
+        if getattr(exc, "rows_per_fill", None) is None:
+            raise
+        return exc.rows_per_fill
 
 
 def _cpu_s(pid: int) -> float:

@@ -161,13 +161,14 @@ def _send(conn, msg) -> bool:
 # -- parent side ---------------------------------------------------------------------------------------------------
 
 
-def death_report(role: str, worker: int, pid: int | None, exitcode: int | None, started: bool, oom_fix: str,
-                 startup_hint: str = "") -> str:
+def death_report(role: str, worker: int | None, pid: int | None, exitcode: int | None, started: bool,
+                 oom_fix: str, startup_hint: str = "") -> str:
     """The one account of a worker that ended on its own (pure): who, how, and what to do.
 
-    ``role`` names the pool's workers ("decode worker"); a negative ``exitcode`` is the signal that killed it
-    (SIGKILL, the out-of-memory killer's, gets ``oom_fix``); ``started``: whether it had answered "ready"
-    (if not, it died during start-up, and ``startup_hint`` says what usually causes that).
+    ``role`` names the pool's workers ("decode worker"), ``worker`` the one that died (None for a process
+    that is no pool's worker, such as the feeder: then only its pid is given); a negative ``exitcode`` is the
+    signal that killed it (SIGKILL, the out-of-memory killer's, gets ``oom_fix``); ``started``: whether it had
+    answered "ready" (if not, it died during start-up, and ``startup_hint`` says what usually causes that).
     """
     if exitcode is not None and exitcode < 0:
         try:
@@ -183,7 +184,8 @@ def death_report(role: str, worker: int, pid: int | None, exitcode: int | None, 
     when = ""
     if not started:
         when, hint = " during start-up", f"{hint}; its traceback, if any, is on stderr above{startup_hint}"
-    return f"{role} died{when}: worker {worker} (pid {pid}) {how}{hint}"
+    who = f"worker {worker} (pid {pid})" if worker is not None else f"pid {pid}"
+    return f"{role} died{when}: {who} {how}{hint}"
 
 
 def pick_worker(in_flight: Sequence[int], eligible: Iterable[int], cap: int) -> int | None:

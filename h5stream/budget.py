@@ -43,20 +43,22 @@ transform), a remote client, direct I/O and the checksums their shares on top, s
 workers, or reading the same file from a URL or past the page cache, neither
 fails nor changes the epoch order.
 With a budget, those shares come out of it, and the order depends on the
-worker count (and on reading from a URL) through ``rows_per_fill``; a caller that needs
-the same order whatever the workers (or the budget) fixes ``rows_per_fill``
-instead, and the plan checks that it fits.
+worker count through ``rows_per_fill``; a caller that needs the same order
+whatever the workers (or the budget) fixes ``rows_per_fill`` instead, and the
+plan checks that it fits.  A URL gets its local file's fill under the same
+budget, or :class:`BudgetError` when the client does not fit beside it.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import numpy as np
 
 from h5stream._cores import suggested_workers, usable_cores
 from h5stream.errors import BudgetError, ConfigError
-from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, mib_at_least, unit_rows_for
+from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, mib_at_least, unit_rows_for, url_plan
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 """Memory for reading and shuffling when no budget is given; augmentation gets its share on top."""
@@ -426,17 +428,19 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         from h5stream.read.source import DIRECT_IO_BYTES
 
         direct = DIRECT_IO_BYTES
-    verify = 0
-    if verify_reads and getattr(meta, "checksum", None) is not None:
-        from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
-        from h5stream.read.verify import check_memory_bytes
+    from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
+    from h5stream.read.verify import check_memory_bytes
 
-        remote = getattr(meta, "remote", None)
-        in_flight = (remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io
-                     else LocalFile.max_in_flight)
-        verify = check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight)
+    def verify_bytes(in_flight: int) -> int:
+        if not verify_reads or getattr(meta, "checksum", None) is None:
+            return 0
+        return check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight)
 
-    def plan(budget, workers, batch_size, fill=rows_per_fill):
+    remote = getattr(meta, "remote", None)
+    verify = verify_bytes(remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io
+                          else LocalFile.max_in_flight)
+
+    def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify):
         return plan_memory(
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
             block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
@@ -465,7 +469,11 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
                            + (" and the remote client" if client else ""), tuple(alternatives))
-    result = plan(budget_bytes, workers, batch_size)
+    if client and budget_bytes is not None and rows_per_fill is None:  # the local file's order, or BudgetError
+        result = url_plan(partial(plan, budget_bytes, workers, batch_size), meta.path, budget_bytes, client,
+                          verify_bytes(LocalFile.max_in_flight))
+    else:
+        result = plan(budget_bytes, workers, batch_size)
     if unit_bytes is None and meta.compression is None:
         # The default unit grows with the fill (planned with the smallest one, whose bookkeeping is the largest).
         epoch_bytes = (meta.rows if epoch_rows is None else int(epoch_rows)) * meta.row_bytes

@@ -64,7 +64,7 @@ from h5stream._wait import POLL_S, check_stops
 from h5stream._lend import ArrayArena, SlotLender
 from h5stream.budget import FEEDER_IN_FLIGHT, KEPT_SLOTS
 from h5stream.config import StreamConfig
-from h5stream.errors import H5StreamError, ReaderError
+from h5stream.errors import H5StreamError, ReaderError, descriptor_limit
 
 START, NEXT, STATS, STOP = "start", "next", "stats", "stop"
 READY, FATAL, STARTED, BATCH, ERROR = "ready", "fatal", "started", "batch", "error"
@@ -129,7 +129,8 @@ def error_payload(exc: BaseException) -> tuple:
 
 def rebuild_error(payload: tuple, where: str) -> BaseException:
     """The exception of :func:`error_payload` again (trainer side): the same type and message, the feeder's
-    traceback as its cause.  One not of h5stream's is a :class:`ReaderError` naming it."""
+    traceback as its cause.  One not of h5stream's is a :class:`ReaderError` naming it, but for running out of
+    file descriptors: that ``OSError`` is kept, so the stream names the limit as without the feeder."""
     data, name, message, tb = payload
     exc = None
     if data is not None:
@@ -144,7 +145,7 @@ def rebuild_error(payload: tuple, where: str) -> BaseException:
                 exc = cls(message)
             except Exception:
                 exc = None
-    if not isinstance(exc, H5StreamError):
+    if not isinstance(exc, H5StreamError) and not (isinstance(exc, OSError) and descriptor_limit(exc.errno)):
         exc = ReaderError(f"{where}: the feeder process raised {name}: {message}")
     exc.__cause__ = _FeederTraceback(tb)
     return exc
@@ -403,15 +404,17 @@ class ProcessFeed:
         if not _send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
             raise self._died()
 
-    def _receive(self, timeout_s: float, what: str, ready: bool = False) -> tuple:
+    def _receive(self, timeout_s: float, what: str, ready: bool = False, stopped_s: float | None = None) -> tuple:
         """The next message from the feeder: answers of an older generation dropped (their slots freed), within
         ``timeout_s``, else :class:`ReaderError`; the feeder's death a :class:`ReaderError` at once.  ``ready``:
-        the start-up answer (a failed start-up raises its error)."""
+        the start-up answer (a failed start-up raises its error).  ``stopped_s``: a feeder found stopped once
+        this long has passed is named then (a stopped feeder sends nothing, so no grace is owed to it)."""
         if self._error is not None:
             raise self._error
         state = self._state
         inbox = state.inbox
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
         while True:
             data = inbox.pop()
             if data is None:
@@ -422,7 +425,10 @@ class ProcessFeed:
                     check_stops()  # a Ctrl-C held back since the stream was entered
                     if not state.proc.is_alive():
                         raise self._died()
-                    if time.monotonic() >= deadline:
+                    now = time.monotonic()
+                    if stopped_s is not None and now >= t0 + stopped_s and stopped(state.proc.pid):
+                        raise self._late(stopped_s, what)
+                    if now >= deadline:
                         raise self._late(timeout_s, what)
                 continue
             msg = unpack(data, *self._labels_as)
@@ -441,7 +447,7 @@ class ProcessFeed:
         """The error for a feeder that ended; kept for every later call."""
         proc = self._state.proc
         proc.join(1.0)
-        report = death_report("h5stream feeder process", 0, proc.pid, proc.exitcode, self._ready, _OOM_FIX)
+        report = death_report("h5stream feeder process", None, proc.pid, proc.exitcode, self._ready, _OOM_FIX)
         self._error = ReaderError(f"{self.meta.path}: {report}; go on from the stream's state() "
                                   "(open(..., resume=state))")
         return self._error
@@ -473,7 +479,7 @@ class ProcessFeed:
         self._answers.clear()
         self._waited_s = 0.0
         self._send(START, int(epoch), int(batch))
-        msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "restarted")
+        msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "restarted", stopped_s=self._timeout_s)
         if msg[0] == ERROR:
             raise rebuild_error(msg[2], self.meta.path)
         self._top_up()
@@ -487,7 +493,7 @@ class ProcessFeed:
         if self._answers:
             return self._answers.popleft()
         t0 = time.monotonic()
-        msg = self._receive(self._timeout_s + ANSWER_GRACE_S, "sent a batch")
+        msg = self._receive(self._timeout_s + ANSWER_GRACE_S, "sent a batch", stopped_s=self._timeout_s)
         self._waited_s += time.monotonic() - t0
         return msg
 

@@ -32,6 +32,7 @@ from h5stream.feeder import ProcessFeed
 from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout
 from h5stream.order.split import BOTH
+from h5stream.remote.config import stream_remote
 from h5stream.store.meta import StoreMeta, read_meta
 from h5stream.store.progress import warn_unfinished
 
@@ -169,7 +170,7 @@ class Stream:
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_meta(path, remote=options.remote)
+        meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
         if options.workers and options.augment is not None:  # before a BudgetError, which suggests the same count
             _warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))

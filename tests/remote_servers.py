@@ -40,6 +40,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         fault = self.server.take_fault()
         if fault is not None and fault[0] == "stall":  # accept the request, never answer it
+            self.server.stalled.set()
             self.server.stopping.wait()
             self.close_connection = True
             return
@@ -137,7 +138,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self.stopping = threading.Event()
-        self.stalled = threading.Event()  # set when the first read of the bytes given to stall_bytes arrives
+        self.stalled = threading.Event()  # set when the first request stalled (stall_next, stall_bytes) arrives
         self._stall_span: tuple[int, int] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()

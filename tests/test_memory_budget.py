@@ -34,12 +34,18 @@ path, workers, augmented, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3] == 
 direct_io = sys.argv[5] == "1" if len(sys.argv) > 5 else "auto"
 augment = h5stream.Augment(**PRESETS["standard"]) if augmented else None
 budget = plan_stream(read_meta(path), None, {batch}, augment=augment, workers=workers).min_budget_bytes + extra
+fill = None
+if "://" in path:  # a URL gets its local file's fill, or the error naming the one that fits beside its client
+    try:
+        plan_stream(read_meta(path), budget, {batch}, augment=augment, workers=workers, verify_reads="once")
+    except h5stream.BudgetError as exc:
+        fill = exc.rows_per_fill
 if workers:
     evict_from_page_cache(path)
 gc.collect()
 with ResourceSampler(0.02) as sampler:
     with h5stream.open(path, batch_size={batch}, memory_budget=budget, augment=augment, workers=workers,
-                       direct_io=direct_io) as s:
+                       direct_io=direct_io, rows_per_fill=fill) as s:
         plan, rows = s.plan, 0
         for x, _ in s:
             rows += len(x)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.errors import ReaderError, RemoteUnavailableError, StoreNotFoundError
+from h5stream.errors import BudgetError, ReaderError, RemoteUnavailableError, StoreNotFoundError
 from h5stream.remote.config import RemoteOptions
 from h5stream.store.writer import write_arrays
 
@@ -187,7 +187,7 @@ def test_the_cli_says_in_one_line_when_credentials_are_wrong(aws_env, s3_store, 
 
 def test_bench_and_preview_take_a_url(range_server, h5cli, tmp_path):
     url = range_server.url + "store.h5"
-    code, out, err = h5cli("bench", url, "--json", "--epochs", "1", "--memory-budget", "64MiB")
+    code, out, err = h5cli("bench", url, "--json", "--epochs", "1", "--memory-budget", "96MiB")
     assert code == 0, err
     result = json.loads(out)
     assert result["file"] == url and result["rows_streamed"] == 2500 and result["baselines"] == {}
@@ -210,8 +210,12 @@ def test_the_remote_clients_memory_is_on_top_of_the_default_budget_and_inside_a_
     assert by_default[1].rows_per_fill == by_default[0].rows_per_fill  # the same batches as the local file
     assert by_default[1].budget_bytes == by_default[0].budget_bytes + by_default[1].remote_client_bytes
     budget = 256 << 20
-    given = plan_stream(local, budget, 32), plan_stream(remote, budget, 32)
-    assert given[1].total_bytes <= budget and given[1].rows_per_fill < given[0].rows_per_fill
+    with pytest.raises(BudgetError) as info:  # the local file's fill leaves no room for the client
+        plan_stream(remote, budget, 32)
+    fits = info.value.rows_per_fill
+    assert f"rows_per_fill={fits}" in str(info.value) and fits < plan_stream(local, budget, 32).rows_per_fill
+    given = plan_stream(local, budget, 32, rows_per_fill=fits), plan_stream(remote, budget, 32, rows_per_fill=fits)
+    assert given[1].total_bytes <= budget and given[1].rows_per_fill == given[0].rows_per_fill == fits
     assert "remote client" in given[1].describe()
 
 
@@ -300,7 +304,7 @@ def test_the_default_unit_is_a_whole_chunk_under_the_default_budget_for_a_url_an
     here, there = plan_stream(local, None, 32), plan_stream(remote, None, 32)
     assert here.rows_per_fill * local.row_bytes >= 96 << 20
     assert here.unit_rows == there.unit_rows == 1024 and here.rows_per_fill == there.rows_per_fill
-    small = plan_stream(remote, 96 << 20, 32)
+    small = plan_stream(local, 96 << 20, 32)  # the URL's, if its client fits beside this fill
     assert small.unit_rows == 256 and small.rows_per_fill // small.unit_rows >= 4
     assert plan_stream(remote, None, 32, unit_bytes=1 << 20).unit_rows == 256  # a given read_unit is kept
     few = dataclasses.replace(remote, rows=100_000)

@@ -393,20 +393,23 @@ _FEW_FILES = """
 import resource, sys
 import h5stream
 resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
-with h5stream.open(sys.argv[1], batch_size=32, workers=2, augment=h5stream.Augment(horizontal_flip=True)) as s:
+with h5stream.open(sys.argv[1], batch_size=32, workers=2, augment=h5stream.Augment(horizontal_flip=True),
+                   feeder=sys.argv[2] == "feeder") as s:
     print(sum(len(x) for x, _ in s))
 """
 
 
-def test_a_stream_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path):
+@pytest.mark.parametrize("how", ["pooled", "feeder"])
+def test_a_stream_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path, how):
     """``ulimit -n 16`` leaves too few descriptors for two workers' pipes: a ResourceLimitError naming the limit,
-    the fix and the worker count, not an OSError from deep inside multiprocessing; nothing left behind."""
+    the fix and the worker count, not an OSError from deep inside multiprocessing; nothing left behind.  The same
+    with the feeder process, where the workers' pipes run out in the feeder."""
     path = tmp_path / "s.h5"
     rng = np.random.default_rng(0)
     write_arrays(path, rng.integers(0, 255, (256, 16, 16, 3), dtype=np.uint8), np.arange(256) % 3, block_rows=16)
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(h5stream.__file__))}
-    done = subprocess.run([sys.executable, "-c", _FEW_FILES, str(path)], capture_output=True, text=True, timeout=120,
-                          env=env)
+    done = subprocess.run([sys.executable, "-c", _FEW_FILES, str(path), how], capture_output=True, text=True,
+                          timeout=120, env=env)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("h5stream.errors.ResourceLimitError: ") and "ulimit -n is 16" in last, done.stderr

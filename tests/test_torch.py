@@ -280,11 +280,14 @@ def test_page_locking_falls_back_to_pageable_memory_when_registering_fails():
                                           r"default does the same .*: drop upload=$"),
     (dict(device="cpu", pin=True), "unknown option"),
     (dict(dtype="float32"), "give device="),
-] + ([] if CUDA else [(dict(device="cuda"), "sees no CUDA device")]))
+] + ([] if CUDA else [(dict(device="cuda"), "sees no CUDA device")])
+  + ([] if torch.backends.mps.is_available() else [(dict(device="mps"), r"cannot use a mps device \(torch\.backends")])
+  + ([] if torch.xpu.is_available() else [(dict(device="xpu"), "cannot use a xpu device")]))
 def test_bad_device_options_are_refused_with_the_fix(store, kwargs, match):
     with h5stream.open(store, batch_size=BATCH, seed=0) as s:
-        with pytest.raises(ConfigError, match=match):
+        with pytest.raises(ConfigError, match=match) as info:
             s.torch(**kwargs)
+    assert "\n" not in str(info.value)
 
 
 def test_a_dataloader_that_would_batch_again_is_refused(store):

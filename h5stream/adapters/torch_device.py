@@ -72,6 +72,8 @@ from h5stream.errors import ConfigError, StreamClosedError
 torch = _deps.torch()
 from torch.utils.data import IterableDataset  # noqa: E402 - after the guarded import of torch
 
+from h5stream.adapters._devices import unavailable  # noqa: E402 - imports torch too
+
 HOST_SLOTS = 2
 """Host batches the uploader holds at once (the stream's plan lets its consumer hold two)."""
 
@@ -130,6 +132,9 @@ def device_options(device, *, dtype=None, layout="NHWC", mean=None, std=None, ba
                               "(torch.cuda.is_available() is False); use device='cpu' or a CUDA build of torch")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+    elif (why := unavailable(dev)) is not None:
+        raise ConfigError(f"{caller}(device={device!r}): this torch cannot use a {dev.type} device ({why}); use "
+                          "device='cpu'" + (" or 'cuda'" if torch.cuda.is_available() else ""))
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ConfigError(f"{caller}(dtype={dtype!r}): choose one of {sorted(DTYPES)}")

@@ -2,7 +2,9 @@
 
 A path cell may be relative to SRC or absolute inside it (a DataFrame built with ``os.path.join(root, name)``);
 the path column may have any name (Keras' ``x_col``); a header that names no path column because the file is
-separated by ``;`` or tabs (a spreadsheet's export in many locales) gets a hint saying so.
+separated by ``;`` or tabs (a spreadsheet's export in many locales) gets a hint saying so.  The file is read
+line by line with a bound on a line's length (:func:`bounded_lines`), so a file that is not a labels CSV costs
+no more memory than that before its one-line error.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 from h5stream.errors import SourceError
 
 PATH_COLUMNS = ("path", "filename")
+MAX_LINE_CHARS = 1 << 20
+"""Longest line of a labels CSV, in characters: a path and its labels take far less."""
 OTHER_DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "'|'"}
 
 
@@ -55,3 +59,19 @@ def relative_path(cell: str, root: str, root_real: str, where: str) -> str:
         raise SourceError(f"{where}: {rel!r} is outside the source folder {root}; paths must be relative to it "
                           "(or absolute inside it)")
     return rel
+
+
+def bounded_lines(fh, csv_path: str, limit: int = MAX_LINE_CHARS):
+    """The lines of the text file ``fh``, each read with at most ``limit`` characters before its newline: a longer
+    one raises :class:`SourceError` naming it once that much is read, not once it is all in memory (a 1 GB line
+    took 2 GB)."""
+    line_no = 0
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > limit and not line.endswith("\n"):
+            raise SourceError(f"{csv_path} line {line_no}: longer than {limit:,} characters; a labels CSV has one "
+                              "image per line, its path and its labels (is this the labels file?)")
+        yield line

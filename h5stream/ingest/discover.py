@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import SourceError
-from h5stream.ingest.csvrows import PATH_COLUMNS, path_column, relative_path
+from h5stream.ingest.csvrows import PATH_COLUMNS, bounded_lines, path_column, relative_path
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
@@ -349,7 +349,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         raise SourceError(f"{csv_path}: no such labels file; --labels takes a CSV with a path or filename column")
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh))
+            rows = list(csv.reader(bounded_lines(fh, csv_path)))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SourceError(f"{csv_path}: cannot read as CSV ({exc})") from None
     if not rows:

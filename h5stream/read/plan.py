@@ -109,3 +109,36 @@ def budget_error(budget_bytes: int, min_budget: int, what: str, alternatives: tu
         f"memory budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(min_budget)} "
         f"({min_budget} bytes) for {what}: " + ", or ".join(fixes)
     )
+
+
+
+def url_plan(plan, url: str, budget_bytes: int, client_bytes: int, local_verify_bytes: int):
+    """The plan of a stream over ``url`` under a given budget, with its local file's order.
+
+    ``plan(fill=None, client=..., verify=...)`` plans with the URL's own shares by default.  The local file
+    (read through the page cache: no client, its own check buffers) gets fills of some size under this budget;
+    the URL gets the same fills, and so the same unit and the same batches, when its client fits beside them,
+    else :class:`BudgetError` naming the fill that fits and the default budget: a smaller fill would silently
+    change the order."""
+    here = plan(client=0, verify=local_verify_bytes)
+    try:
+        return plan(fill=here.rows_per_fill)
+    except BudgetError:
+        fits = plan().rows_per_fill
+    raise url_order_error(url, budget_bytes, here.rows_per_fill, client_bytes, fits)
+
+
+def url_order_error(url: str, budget_bytes: int, local_fill: int, client_bytes: int, fits: int) -> BudgetError:
+    """The error for a URL whose remote client (``client_bytes``) does not fit beside the fills of ``local_fill``
+    rows that its local file gets under the same ``budget_bytes``: a smaller fill would change the order, so the
+    caller chooses (``fits``: the most rows per fill that fit beside the client, also kept as the error's
+    ``rows_per_fill``)."""
+    error = BudgetError(
+        f"{url}: under memory_budget={mib_at_least(budget_bytes)!r} the local file's shuffle fills hold "
+        f"{local_fill} rows, and the remote client's {format_bytes(client_bytes)} does not fit beside them (a "
+        f"smaller fill would give other batches than the local file): pass rows_per_fill={fits}, the most that "
+        "fits here (give the local file the same for the same batches), or leave memory_budget unset (the "
+        "client's memory then comes on top of the default)"
+    )
+    error.rows_per_fill = fits
+    return error

@@ -68,7 +68,7 @@ from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets, spans
 from h5stream.read.source import ByteSource, open_source
-from h5stream.read.verify import BlockCheck, check_buffers
+from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
@@ -217,7 +217,8 @@ class Reader:
     mismatch ends the thread with :class:`~h5stream.errors.ChecksumError`
     before any batch holding those rows goes out, and deferred batches carry
     their rows' digests for the receivers to check.  ``verify="once"``
-    checks the rows of each block on its first read only (labels always).
+    checks the rows of each block on its first read only (labels always),
+    except over a URL, where every read is checked.
     Threads: each method's docstring says which thread runs it -- the
     *consumer* (one thread at a time: :meth:`get`, :meth:`poll`, :meth:`add_wait`), the
     *reader thread* (``_run`` and what it calls), its *I/O threads*
@@ -414,7 +415,7 @@ class Reader:
                 self._check = BlockCheck.from_digests(
                     path, self.meta.rows, self.meta.block_rows, self.meta.row_bytes, where.digests,
                     max_buffers=check_buffers(getattr(self._source, "max_in_flight", 2)),
-                    every_read=self._verify is True,
+                    every_read=checks_every_read(self._verify, self.meta.remote is not None),
                 )
                 if self._check is not None and self.all_labels is not None:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start

@@ -52,6 +52,14 @@ MAX_BUFFERS = 4
 """Block-sized buffers a :class:`BlockCheck` makes at most (one per read in flight that learns a block)."""
 
 
+def checks_every_read(verify: bool | str, remote: bool) -> bool:
+    """Whether every read of a learned block is checked row by row (pure): with ``verify_reads=True``, and with
+    ``"once"`` for a store read from a URL.  ``"once"`` trusts a block already checked because a local file's
+    bytes stay put; a URL's are fetched again on every read, from a server or proxy that may serve other bytes
+    under the same ETag, and they are in memory anyway, so checking them costs one hash per row."""
+    return verify is True or (verify == "once" and remote)
+
+
 def check_buffers(max_in_flight: int) -> int:
     """Block-sized buffers a :class:`BlockCheck` may make for a source keeping ``max_in_flight`` reads going."""
     return min(MAX_BUFFERS, max(2, int(max_in_flight)))

@@ -116,6 +116,21 @@ def remote_options(value) -> RemoteOptions:
     raise ConfigError(f"remote must be None, a dict or h5stream.RemoteOptions, got {type(value).__name__}")
 
 
+def stream_remote(path, options: RemoteOptions | None, timeout_s: float) -> RemoteOptions | None:
+    """The remote options of a stream over ``path`` with ``timeout_s`` (pure; ``options`` as given for a local
+    path): the client's ``timeout_s`` is the stream's where that is shorter, unless ``options`` set one other than
+    the default, so ``open(url, timeout_s=5)`` gives up on a server that stopped answering within 5 s, and says
+    so."""
+    if not is_url(path):
+        return options
+    options = RemoteOptions() if options is None else options
+    if options.timeout_s == RemoteOptions.timeout_s and timeout_s < options.timeout_s:
+        from dataclasses import replace
+
+        return replace(options, timeout_s=float(timeout_s))
+    return options
+
+
 def client_settings(options: RemoteOptions) -> tuple[dict, dict]:
     """``(client_options, retry_config)`` for the client such that one request fails within ``timeout_s``.
 

@@ -126,7 +126,7 @@ class RemoteFile(io.RawIOBase):
             if n:
                 try:
                     self._read(self._pos, view[:n])
-                except H5StreamError as exc:  # the source's retries and timeout_s are spent: final
+                except (H5StreamError, KeyboardInterrupt) as exc:  # retries and timeout_s spent, or Ctrl-C: final
                     # A copy: the original will pass through h5py's frames, which hold HDF5 objects.
                     self.error = type(exc)(*exc.args)
                     raise

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from h5stream import _deps
 from h5stream.errors import H5StreamError, RemoteError, StoreFormatError
+from h5stream.remote.calls import interruptible, on_main_thread
 from h5stream.remote.config import (
     Location,
     RemoteOptions,
@@ -150,7 +151,7 @@ class RemoteSource:
 
         self._count(requests=1)
         try:
-            meta = obstore.head(self._store, self.location.key)
+            meta = interruptible(obstore.head, self._store, self.location.key)
         except Exception as exc:  # noqa: BLE001 - every client failure becomes an h5stream error
             raise self._error(exc) from None
         self.size = int(meta["size"])
@@ -192,7 +193,14 @@ class RemoteSource:
                                    f"{self.size} bytes; the store's metadata does not match its data")
         sink = _Scatter(views)
         for start, end in request_spans(offset, length, MAX_REQUEST_BYTES):
-            self._get(start, end, sink)
+            if not on_main_thread():
+                self._get(start, end, sink)
+                continue
+            # On a thread of its own, so Ctrl-C is raised at once, and into memory of its own, which a request
+            # given up on may go on writing: the caller's buffers may be freed by then.
+            piece = bytearray(end - start)
+            interruptible(self._get, start, end, _Scatter([memoryview(piece)]))
+            sink.write(memoryview(piece))
 
     def read(self, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` as a new bytes object (for small reads; see :meth:`readinto`)."""
