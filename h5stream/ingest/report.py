@@ -105,7 +105,7 @@ class SkipReport:
         """The report opened for appending, created (``O_EXCL``) if it is not there; never through a link."""
         flags = os.O_WRONLY | os.O_APPEND
         try:
-            fd = sidecar.open_fd(self.path, flags | os.O_CREAT | os.O_EXCL)
+            fd = sidecar.open_fd(self.path, flags | os.O_CREAT | os.O_EXCL, owner=False)  # new: ours
             self._created = True
         except FileExistsError as exc:
             if isinstance(exc, StoreExistsError):  # something not ours is there

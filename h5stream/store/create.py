@@ -87,7 +87,8 @@ def write_empty(tmp: str, image_shape: tuple[int, int, int], label_kind: str, la
     except RuntimeError as exc:  # h5py reports a close that could not write as RuntimeError
         code, reason = handle.describe(exc)
         raise OSError(code or errno.EIO, reason) from exc
-    own = sidecar.open_fd(tmp, os.O_RDONLY)  # the regular file HDF5 just made, or a refusal
+    # The regular file HDF5 just made (ours by construction, whoever the file system says owns it), or a refusal.
+    own = sidecar.open_fd(tmp, os.O_RDONLY, owner=False)
     try:
         made = sidecar.identity(own)
         _lay_out(sidecar.fd_path(own, tmp), os.fstat(own).st_size, image_shape, label_kind, label_shape, block_rows,
