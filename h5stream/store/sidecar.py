@@ -7,10 +7,11 @@ names first: a symbolic link to another file (a plain ``open`` would truncate or
 folder, a FIFO (an ``open`` would hang), another user's file, or a hard link to a file elsewhere.  So:
 
 * every such file is opened with ``O_NOFOLLOW`` (a link is refused, never followed) and ``O_NONBLOCK`` (a FIFO
-  fails at once), and what was opened is checked with ``fstat`` to be :func:`ours` before a byte is written;
+  fails at once), and what was opened is checked with ``fstat`` to be ours (:func:`refusal`) before a byte
+  is written: a regular file, of this user, with no other hard link;
 * a file is created with ``O_CREAT | O_NOFOLLOW`` (``O_EXCL`` where it must be new), which makes it at the
   name itself, never at the end of a link;
-* a stale one left by a killed run is replaced only when it is :func:`ours`; anything else is refused with
+* a stale one left by a killed run is replaced only when it is ours; anything else is refused with
   one line naming it (:class:`~h5stream.errors.StoreExistsError`), before anything is written.
 
 :func:`check_beside` is what the writer's lock runs once it holds the store, so a refusal comes first, with
@@ -104,7 +105,7 @@ def clear(path: str) -> None:
 
 def open_fd(path: str, flags: int, mode: int = 0o644, *, owner: bool = True) -> int:
     """``os.open(path, flags)`` without following a link at ``path`` and without hanging on a FIFO; the file
-    opened is checked to be ours (``owner=False``: a regular file with one link, anyone's).  Returns a
+    opened is checked to be ours (``owner=False``: a regular file with no other hard link, anyone's).  Returns a
     blocking, close-on-exec descriptor.  Raises StoreExistsError for anything else at ``path``, OSError for
     the system's other refusals."""
     try:
