@@ -183,6 +183,10 @@ def test_a_new_store_is_not_made_where_a_symlink_lies(class_src, tmp_path, h5cli
     code, _, err = h5cli("ingest", root, dangling, *ARGS)
     assert_refused(code, err, str(dangling))
     assert "symbolic link" in err and os.path.islink(dangling) and os.listdir(elsewhere) == []
+    nowhere = tmp_path / "nowhere.h5"
+    os.symlink(tmp_path / "missing" / "nowhere.h5", nowhere)  # the lock's folder (the link resolved) is missing
+    code, _, err = h5cli("ingest", root, nowhere, *ARGS)
+    assert code == 1 and err.count("\n") == 1 and "does not exist" in err and "free some space" not in err, err
     linked = tmp_path / "linked.h5"
     os.symlink(os.path.basename(victim), linked)
     code, _, err = h5cli("ingest", root, linked, *ARGS, "--overwrite")

@@ -141,7 +141,8 @@ class StoreLock:
             except OSError as exc:
                 denied = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
                 fix = ("h5stream needs write access to the store's folder" if denied
-                       else "free some space, then run again")
+                       else "its folder does not exist (a symbolic link to a missing place?)"
+                       if exc.errno == errno.ENOENT else "free some space, then run again")
                 raise StoreWriteError(f"{store_path}: cannot create the lock file {sidecar} ({exc.strerror}); {fix}",
                                       errno=exc.errno, strerror=exc.strerror) from exc
             try:
