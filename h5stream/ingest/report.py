@@ -9,6 +9,10 @@ made the images: a cell that starts with ``=``, ``+``, ``-``, ``@``, a tab or a
 carriage return would run as a formula (CSV injection), so it is written with
 a single quote in front, as OWASP advises; a cell that starts with a quote
 gets one more, so :func:`read_report` gives back every name exactly.
+
+The report is read, created and appended to without following a link at its
+name, and only when it is a regular file of ours (:mod:`h5stream.store.sidecar`):
+a link planted there is refused in one line, its target never written.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import csv
 import os
 
-from h5stream.errors import StoreWriteError
+from h5stream.errors import StoreExistsError, StoreWriteError
+from h5stream.store import sidecar
 
 #: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
 LEFT_OUT = "left out: "
@@ -36,10 +41,17 @@ def unescape_cell(text: str) -> str:
 
 def read_report(path: str) -> dict[str, str]:
     """{path: reason} of an existing skip report."""
-    if not os.path.exists(path):
-        return {}
     try:
-        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+        fd = sidecar.open_fd(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return {}
+    except StoreExistsError:
+        raise
+    except OSError as exc:
+        raise StoreWriteError(f"{path}: cannot read the skip report ({exc.strerror})", errno=exc.errno,
+                              strerror=exc.strerror) from exc
+    try:
+        with open(fd, newline="", encoding="utf-8", errors="surrogateescape") as fh:
             rows = list(csv.reader(fh))
     except OSError as exc:
         raise StoreWriteError(f"{path}: cannot read the skip report ({exc.strerror})", errno=exc.errno,
@@ -53,7 +65,9 @@ class SkipReport:
 
     :meth:`flush` makes the rows added so far durable; :meth:`discard` drops the ones added since, so a run
     that fails leaves no half-written line.  Paths are written as :func:`h5stream.store.schema.encode_path`
-    stores them (a name that is not valid UTF-8 keeps its bytes).  Write failures raise StoreWriteError.
+    stores them (a name that is not valid UTF-8 keeps its bytes).  Write failures raise StoreWriteError;
+    something else than a report of ours at ``path`` (a link, a folder, another user's file) raises
+    StoreExistsError at the first entry, with nothing written.
     """
 
     def __init__(self, path: str, reported: dict[str, str]):
@@ -74,17 +88,31 @@ class SkipReport:
             return
         try:
             if self._fh is None:
-                self._created = not os.path.exists(self.path)
-                self._fh = open(self.path, "a", newline="", encoding="utf-8", errors="surrogateescape")
+                self._fh = open(self._open_fd(), "a", newline="", encoding="utf-8", errors="surrogateescape")
                 self._good_size = self._fh.tell()
                 self._csv = csv.writer(self._fh)
                 if self._good_size == 0:
                     self._csv.writerow(["path", "reason"])
             self._csv.writerow([escape_cell(rel), escape_cell(why)])
+        except StoreExistsError:
+            raise
         except OSError as exc:
             raise self._failed(exc) from exc
         self.paths.add(rel)
         self.skipped += not why.startswith(LEFT_OUT)
+
+    def _open_fd(self) -> int:
+        """The report opened for appending, created (``O_EXCL``) if it is not there; never through a link."""
+        flags = os.O_WRONLY | os.O_APPEND
+        try:
+            fd = sidecar.open_fd(self.path, flags | os.O_CREAT | os.O_EXCL, owner=False)  # new: ours
+            self._created = True
+        except FileExistsError as exc:
+            if isinstance(exc, StoreExistsError):  # something not ours is there
+                raise
+            fd = sidecar.open_fd(self.path, flags)  # a report of ours from an earlier run (or a refusal)
+            self._created = False
+        return fd
 
     def flush(self) -> None:
         if self._fh is not None:
@@ -107,14 +135,24 @@ class SkipReport:
         if self._fh is None:
             return
         fh, self._fh = self._fh, None
+        fd = None
+        try:
+            fd = os.dup(fh.fileno())  # cut back through the file opened, never through whatever has its name now
+        except OSError:
+            pass
         try:
             fh.close()  # may fail to write its buffer: what it did write is cut off below
         except OSError:
             pass
+        if fd is None:
+            return
         try:
             if self._created and self._good_size == 0:
+                sidecar.check_same(self.path, fd)
                 os.unlink(self.path)
-            elif os.path.getsize(self.path) > self._good_size:
-                os.truncate(self.path, self._good_size)
+            elif os.fstat(fd).st_size > self._good_size:
+                os.ftruncate(fd, self._good_size)
         except OSError:
             pass
+        finally:
+            os.close(fd)

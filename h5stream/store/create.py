@@ -19,7 +19,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError
-from h5stream.store import checksum, handle, layout, schema
+from h5stream.store import checksum, handle, layout, schema, sidecar
 from h5stream.store.meta import read_meta
 from h5stream.store.space import SpaceGuard
 
@@ -71,18 +71,46 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
 
 
 def write_empty(tmp: str, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
-                block_rows: int, image_filters, expected_rows: int, attrs: dict) -> None:
-    """Lay out an empty store in ``tmp``, durable and verified to open; raises OSError (StoreFormatError if it
-    does not open) on any failure, leaving ``tmp`` for the caller to remove."""
+                block_rows: int, image_filters, expected_rows: int, attrs: dict) -> tuple[int, int]:
+    """Lay out an empty store in ``tmp`` (where nothing may lie yet), durable and verified to open; returns the
+    (device, inode) of the file made, for the writer to check that it opens that one
+    (:func:`~h5stream.store.handle.open_for_writing`).  Raises OSError (StoreFormatError if it does not open,
+    StoreExistsError if something else is at ``tmp``) on any failure, leaving ``tmp`` for the caller to remove.
+
+    HDF5 opens files by name and follows links (and opening an HDF5 file for writing writes to it).  Safe
+    here: HDF5 creates ``tmp`` exclusively (``O_CREAT | O_EXCL`` never follows a link nor opens a file
+    already there, so a link planted at ``tmp`` fails the create, its target untouched); the file made is
+    then opened once more here, without following a link, and HDF5 reopens it through that descriptor
+    (``/proc/self/fd/N`` names the open file itself, whatever lies at ``tmp`` by then)."""
     try:
         layout.create_empty_file(tmp)
-        early = image_filters is None and layout.EARLY_PIXEL_CHUNKS
-        if early:  # the writer writes whole blocks where HDF5 put them (see layout)
-            layout.create_images_allocated_early(tmp, schema.IMAGES, image_shape, block_rows)
     except RuntimeError as exc:  # h5py reports a close that could not write as RuntimeError
         code, reason = handle.describe(exc)
         raise OSError(code or errno.EIO, reason) from exc
-    f = tables.open_file(tmp, mode="a", chunk_cache_size=0)
+    # The regular file HDF5 just made (ours by construction, whoever the file system says owns it), or a refusal.
+    own = sidecar.open_fd(tmp, os.O_RDONLY, owner=False)
+    try:
+        made = sidecar.identity(own)
+        _lay_out(sidecar.fd_path(own, tmp), os.fstat(own).st_size, image_shape, label_kind, label_shape, block_rows,
+                 image_filters, expected_rows, attrs)
+    finally:
+        os.close(own)
+    read_meta(tmp)  # the complete file opens; a close that failed unseen would show here
+    return made
+
+
+def _lay_out(name: str, size: int, image_shape: tuple[int, int, int], label_kind: str, label_shape: tuple[int, ...],
+             block_rows: int, image_filters, expected_rows: int, attrs: dict) -> None:
+    """Add the store's arrays and attributes to the empty HDF5 file that HDF5 opens as ``name`` (``size``
+    bytes), flush it within reserved space and sync it (see :func:`write_empty`)."""
+    early = image_filters is None and layout.EARLY_PIXEL_CHUNKS
+    if early:  # the writer writes whole blocks where HDF5 put them (see layout)
+        try:
+            layout.create_images_allocated_early(name, schema.IMAGES, image_shape, block_rows)
+        except RuntimeError as exc:
+            code, reason = handle.describe(exc)
+            raise OSError(code or errno.EIO, reason) from exc
+    f = tables.open_file(name, mode="a", chunk_cache_size=0)
     try:
         if not early:
             f.create_earray(
@@ -99,11 +127,11 @@ def write_empty(tmp: str, image_shape: tuple[int, int, int], label_kind: str, la
             f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
             chunkshape=(1024,), expectedrows=expected_rows,
         )
-        for name, value in attrs.items():
-            f.root._v_attrs[name] = value
+        for key, value in attrs.items():
+            f.root._v_attrs[key] = value
         checksum.create_nodes(f)
         fd = handle.file_descriptor(f)
-        guard = SpaceGuard(fd, f.get_filesize, os.path.getsize(tmp))
+        guard = SpaceGuard(fd, f.get_filesize, size)
         guard.reserve(0)
         f.flush()
         guard.check_within()
@@ -118,4 +146,3 @@ def write_empty(tmp: str, image_shape: tuple[int, int, int], label_kind: str, la
             code, reason = handle.describe(exc)
             raise OSError(code or errno.EIO, reason) from exc
         raise
-    read_meta(tmp)  # the complete file opens; a close that failed unseen would show here

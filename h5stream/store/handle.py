@@ -20,10 +20,8 @@ import re
 import tables
 
 from h5stream.errors import StoreBusyError, StoreWriteError
-from h5stream.store.schema import flushing_path
-
-#: A new store is written as ``OUT`` + this until its first commit of rows (see :mod:`h5stream.store.writer`).
-CREATING_SUFFIX = ".creating"
+from h5stream.store import sidecar
+from h5stream.store.schema import CREATING_SUFFIX, flushing_path
 
 
 def creating_path(path: str | os.PathLike) -> str:
@@ -33,8 +31,9 @@ def creating_path(path: str | os.PathLike) -> str:
 
 def mark_flushing(path: str) -> None:
     """Put the marker beside ``path`` (an empty file; a process kill cannot undo it once this returns).
-    Raises OSError when it cannot be made."""
-    os.close(os.open(flushing_path(path), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    Raises OSError when it cannot be made, StoreExistsError when something else than a marker of ours is in
+    its place (never followed: see :mod:`h5stream.store.sidecar`)."""
+    os.close(sidecar.open_fd(flushing_path(path), os.O_WRONLY | os.O_CREAT))
 
 
 def describe(exc: BaseException) -> tuple[int | None, str]:
@@ -54,12 +53,20 @@ def describe(exc: BaseException) -> tuple[int | None, str]:
 WRITER_METADATA_CACHE_BYTES = 32 << 20
 
 
-def open_for_writing(path: str) -> tables.File:
+def open_for_writing(path: str, made: tuple[int, int] | None = None) -> tables.File:
     """PyTables handle with the chunk cache off (every chunk write happens, and is checked, where it is asked
     for) and a metadata cache of :data:`WRITER_METADATA_CACHE_BYTES`.  Raises StoreBusyError when HDF5's own
-    lock is held elsewhere, StoreWriteError otherwise."""
+    lock is held elsewhere, StoreWriteError otherwise.
+
+    ``made``: the (device, inode) of the file created at ``path`` (:func:`~h5stream.store.create.write_empty`).
+    HDF5 opens by name and follows a link, so ``path`` is checked to be that file (not a link put there since)
+    before HDF5 opens it, and the file HDF5 opened to be that one after, before anything is written through
+    the handle (StoreExistsError).  Between the two checks only someone who may rename files in the folder
+    could swap it; in a sticky folder such as /tmp, nobody but its owner may."""
+    if made is not None:
+        sidecar.check_is(path, made)
     try:
-        return tables.open_file(path, mode="a", chunk_cache_size=0, metadata_cache_size=WRITER_METADATA_CACHE_BYTES)
+        f = tables.open_file(path, mode="a", chunk_cache_size=0, metadata_cache_size=WRITER_METADATA_CACHE_BYTES)
     except (tables.HDF5ExtError, OSError) as exc:
         if "unable to lock file" in str(exc):
             raise StoreBusyError(
@@ -67,6 +74,13 @@ def open_for_writing(path: str) -> tables.File:
             ) from exc
         code, reason = describe(exc)
         raise StoreWriteError(f"{path}: cannot open it for writing ({reason})", errno=code, strerror=reason) from exc
+    if made is not None:
+        try:
+            sidecar.check_same(path, file_descriptor(f) if f.isopen else None, made)
+        except BaseException:
+            close_cut_off(f)  # nothing reaches the file that is not ours
+            raise
+    return f
 
 
 def file_descriptor(f: tables.File) -> int | None:

@@ -60,14 +60,15 @@ def index_node_bytes(rank: int, k: int = INDEX_K) -> int:
 
 
 def create_empty_file(path: str) -> None:
-    """An empty HDF5 file at ``path`` with pages of :data:`PAGE_BYTES` and a chunk-index fanout of
-    :data:`INDEX_K` (where it can be set).  Raises what h5py raises on failure: OSError, or RuntimeError for a
-    close that could not write."""
+    """A new, empty HDF5 file at ``path`` with pages of :data:`PAGE_BYTES` and a chunk-index fanout of
+    :data:`INDEX_K` (where it can be set).  Created exclusively (``O_CREAT | O_EXCL``): anything at ``path``,
+    a link included, fails it, and nothing is written there.  Raises what h5py raises on failure: OSError
+    (FileExistsError when something is at ``path``), or RuntimeError for a close that could not write."""
     fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
     fcpl.set_file_space_strategy(h5py.h5f.FSPACE_STRATEGY_PAGE, False, 1)
     fcpl.set_file_space_page_size(PAGE_BYTES)
     set_index_k(fcpl, INDEX_K)
-    h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fcpl=fcpl).close()
+    h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_EXCL, fcpl=fcpl).close()
 
 
 def create_images_allocated_early(path: str, name: str, image_shape: tuple[int, ...], block_rows: int) -> None:

@@ -8,6 +8,12 @@ a killed writer blocks nobody: its leftover sidecar is taken over, and removed b
 
 The lock is ``flock(LOCK_EX | LOCK_NB)``: it belongs to one open file description, so a second writer in the
 same process is refused as well.  The holder writes its pid into the sidecar for the refusal message.
+
+The sidecar is opened without following a link and checked to be a regular file of ours before its holder
+writes to it (:mod:`h5stream.store.sidecar`); it is created with ``O_CREAT | O_NOFOLLOW`` and not ``O_EXCL``
+because a stale one is shared on purpose (its holder may be alive).  Once held, the other files a writer makes
+beside the store are checked (:func:`~h5stream.store.sidecar.check_beside`), so a writer refuses anything
+planted there before it writes a byte.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import time
 import weakref
 
 from h5stream._fork import OwnerOnly
-from h5stream.errors import StoreBusyError, StoreWriteError
+from h5stream.errors import StoreBusyError, StoreExistsError, StoreWriteError
+from h5stream.store import sidecar as sidecars
 
 LOCK_SUFFIX = ".lock"
 #: A refused writer reads the holder's pid; a holder between taking the lock and writing its pid (or one
@@ -55,7 +62,7 @@ def _holder_pid(fd: int) -> int | None:
 def _release(fd: int, sidecar: str) -> None:
     """Remove the sidecar while still holding it (so nobody can take a file about to vanish), then unlock."""
     try:
-        if os.fstat(fd).st_ino == os.stat(sidecar).st_ino:
+        if os.fstat(fd).st_ino == os.lstat(sidecar).st_ino:
             os.unlink(sidecar)
     except OSError:
         pass  # already gone, or its folder is read-only now: a stale sidecar is harmless
@@ -121,18 +128,25 @@ class StoreLock:
     def acquire(cls, store_path: str | os.PathLike) -> StoreLock:
         """Take the lock or raise :class:`StoreBusyError` at once, naming the process that holds it.
 
-        Raises :class:`StoreWriteError` when the sidecar cannot be created (read-only folder).
+        Raises :class:`StoreWriteError` when the sidecar cannot be created (read-only folder), and
+        :class:`~h5stream.errors.StoreExistsError` (one line naming it) when something h5stream did not make
+        lies at its name or at another name a writer uses beside the store (a symbolic link, a folder, a
+        FIFO, another user's file): nothing is written then.
         """
         store_path = os.fspath(store_path)
         sidecar = lock_path(store_path)
         deadline = time.monotonic() + PID_WAIT_S
         while True:
             try:
-                fd = os.open(sidecar, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                # Anyone's regular file: a live holder may be another user; its owner is checked once held.
+                fd = sidecars.open_fd(sidecar, os.O_RDWR | os.O_CREAT, owner=False)
+            except StoreExistsError:
+                raise
             except OSError as exc:
                 denied = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
                 fix = ("h5stream needs write access to the store's folder" if denied
-                       else "free some space, then run again")
+                       else "its folder does not exist (a symbolic link to a missing place?)"
+                       if exc.errno == errno.ENOENT else "free some space, then run again")
                 raise StoreWriteError(f"{store_path}: cannot create the lock file {sidecar} ({exc.strerror}); {fix}",
                                       errno=exc.errno, strerror=exc.strerror) from exc
             try:
@@ -150,12 +164,21 @@ class StoreLock:
                     pid=pid,
                 ) from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(sidecar).st_ino
+                same = os.fstat(fd).st_ino == os.lstat(sidecar).st_ino
             except FileNotFoundError:
                 same = False
             if not same:  # the previous holder removed this sidecar after we opened it: take the new one
                 os.close(fd)
                 continue
+            why = sidecars.refusal(os.fstat(fd))
+            if why is not None:  # held, yet not ours: never written, never removed
+                os.close(fd)
+                raise sidecars.refused(sidecar, why)
+            try:
+                sidecars.check_beside(store_path)
+            except BaseException:
+                _release(fd, sidecar)
+                raise
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -61,6 +61,11 @@ def aligned(address: int, offset: int, nbytes: int, align: int = ALIGN_BYTES) ->
     return nbytes > 0 and address % align == 0 and offset % align == 0 and nbytes % align == 0
 
 
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 class RawChunks:
     """An ``O_DIRECT`` descriptor of one store file, for whole chunks at the offsets HDF5 gives, written in order
     by a thread of its own (see the module doc)."""
@@ -76,16 +81,25 @@ class RawChunks:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def open(cls, path: str) -> RawChunks | None:
-        """A direct descriptor of ``path``, or None where the file system refuses ``O_DIRECT`` (or has none).
-        It stays valid when the file is renamed."""
+    def open(cls, path: str, same_as: int | None = None) -> RawChunks | None:
+        """A direct descriptor of ``path``, or None where the file system refuses ``O_DIRECT`` (or has none), or
+        where the file opened is not the one open at descriptor ``same_as`` (HDF5's: a name replaced since HDF5
+        opened it gets no direct write).  It stays valid when the file is renamed."""
         flag = getattr(os, "O_DIRECT", 0)
         if not flag:
             return None
         try:
-            return cls(os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC))
+            fd = os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            ours = same_as is None or _identity(fd) == _identity(same_as)
+        except OSError:
+            ours = False
+        if not ours:
+            os.close(fd)
+            return None
+        return cls(fd)
 
     @property
     def submitted(self) -> int:

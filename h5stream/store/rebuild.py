@@ -82,10 +82,11 @@ def rebuild(path: str, lock: StoreLock) -> int:
         via_h5py = readable_by_h5py(f[schema.IMAGES])
         step = copy_rows(meta.block_rows, meta.row_bytes)
         bufs = {name: np.empty((min(step, max(1, meta.rows)), *f[name].shape[1:]), f[name].dtype) for name in order}
+    target = os.path.realpath(path)  # a symlinked store is rebuilt where the link points: the link stays a link
     source = row_reader(path, via_h5py)  # PyTables where plain h5py lacks the filter (blosc)
     try:
         writer = StoreWriter.create(
-            path, image_shape=meta.image_shape, label_kind=meta.label_kind, label_shape=meta.label_shape,
+            target, image_shape=meta.image_shape, label_kind=meta.label_kind, label_shape=meta.label_shape,
             class_names=meta.class_names, label_columns=meta.label_columns, block_rows=meta.block_rows,
             resize_mode=meta.resize_mode, background=background, pad_fill=pad_fill,
             storage_order=meta.storage_order, order_seed=meta.order_seed, compression=compression, overwrite=True,

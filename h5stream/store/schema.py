@@ -118,6 +118,10 @@ def decode_path(stored: bytes) -> str:
     return stored.decode("utf-8", "surrogateescape")
 
 
+#: A new store (or a rebuilt one) is written as ``OUT`` + this until it takes its name (see
+#: :mod:`h5stream.store.writer`); named here so that :mod:`h5stream.store.sidecar` needs no PyTables.
+CREATING_SUFFIX = ".creating"
+
 #: ``OUT`` + this lies beside a published store while HDF5 rewrites it in place (a flush, a close): one left
 #: behind says a writer stopped half-way, and the store is rebuilt before it is read or written again (see
 #: :mod:`h5stream.store.rebuild`).  Named here, with no PyTables import, because every reader looks for it.

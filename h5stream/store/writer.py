@@ -79,6 +79,7 @@ import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
 from h5stream.store import checksum, handle, layout, rebuild, schema  # noqa: F401 - layout: tests patch it through here
+from h5stream.store import sidecar
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
 from h5stream.store.lock import StoreLock
@@ -132,7 +133,7 @@ class StoreWriter:
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
         self._resume_checksums()
         # Owned; None where the file system refuses direct writes.  Used for chunks HDF5 allocated ahead.
-        self._raw = RawChunks.open(self._file) if self._whole_chunks else None
+        self._raw = RawChunks.open(self._file, self._fd) if self._whole_chunks else None
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -179,10 +180,13 @@ class StoreWriter:
             if os.path.exists(path) and not overwrite:  # again, now that no other writer can make it
                 raise StoreExistsError(f"{path}: already exists; pass --append to add to it "
                                        "or --overwrite to replace it")
-            tmp = creating_path(path)  # a leftover of a killed run is ours (we hold the lock): overwritten
+            sidecar.refuse_link(path)  # the rename would replace a link, not the file it names
+            tmp = creating_path(path)
+            sidecar.clear(tmp)  # a killed run's leftover is ours (we hold the lock); anything else is refused
             try:
-                write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, image_filters, expected_rows, attrs)
-                writer = cls(handle.open_for_writing(tmp), lock=lock if owned else None)
+                made = write_empty(tmp, (h, w, c), label_kind, label_shape, block_rows, image_filters,
+                                   expected_rows, attrs)
+                writer = cls(handle.open_for_writing(tmp, made), lock=lock if owned else None)
             except (StoreWriteError, StoreFormatError, OSError) as exc:
                 handle.remove(tmp)
                 code = getattr(exc, "errno", None)
@@ -203,7 +207,7 @@ class StoreWriter:
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
-            handle.remove(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
+            sidecar.clear(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
             if rebuild.needs_rebuild(path):  # a writer stopped while HDF5 rewrote the store in place
                 rebuild.rebuild(os.fspath(path), lock)
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
@@ -362,6 +366,7 @@ class StoreWriter:
     def _publish(self) -> None:
         """Give a new store its name: rename the temporary file (committed, durable), then sync the folder."""
         try:
+            sidecar.check_same(self._file, self._fd)  # still the file written (a rename never follows a link)
             os.replace(self._file, self._publish_to)
         except OSError as exc:
             raise self._fail(exc, cut_back=False) from exc
