@@ -22,8 +22,8 @@ import numpy as np
 
 from h5stream import _interrupt as interrupt
 from h5stream.budget import StreamPlan, plan_stream
-from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
-                             descriptor_limit)
+from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StoreFormatError, StreamClosedError,
+                             StreamIterationError, descriptor_limit)
 from h5stream.feed import InlineFeed, PooledFeed
 from h5stream.feeder import ProcessFeed
 from h5stream.labels import LabelEncoding, label_encoding
@@ -212,6 +212,8 @@ class Stream:
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=options.remote)
+        if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
+            raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
         self._shard = options.shard or (0, 1)

@@ -13,7 +13,7 @@ COMMANDS = {
     "bench": "measure the stream against its baselines on a store",
     "preview": "write a PNG grid of images as the stream yields them",
     "verify": "check every committed row against the store's block checksums",
-    "repair": "rebuild a store whose writer was stopped while it rewrote the file in place",
+    "repair": "rebuild a store whose writer was stopped mid-update; name the files of damaged rows",
 }
 """Subcommand -> one-line help; ``h5stream.commands.<name>`` runs it."""
 

@@ -102,6 +102,7 @@ def describe(path: str) -> dict:
         "skipped_report": report if os.path.exists(report) else None,
         "format_version": meta.format_version,
         "checksums": meta.checksum,
+        "checksum_problem": meta.checksum_problem,
     }
 
 
@@ -154,8 +155,9 @@ def format_text(info: dict) -> str:
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
         *_space_lines(info),
         f"  skipped files   {info['skipped_files']}" + (f" (see {report})" if report else ""),
-        "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
-                                 else "none (re-ingest to add them)"),
+        "  checksums       " + (f"DAMAGED: {info['checksum_problem'].split(': ', 1)[-1]}" if info["checksum_problem"]
+                                 else f"{info['checksums']} per block (check with `h5stream verify`)"
+                                 if info["checksums"] else "none (re-ingest to add them)"),
     ]
     for key, section in info.get("sections", {}).items():
         lines.append(f"  {key}")

@@ -212,7 +212,14 @@ class StoreWriter:
                     f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
                     "ingest into a new file"
                 )
-            writer = cls(handle.open_for_writing(os.fspath(path)), lock=lock if owned else None)
+            if meta.checksum_problem is not None:  # appending would hash damaged rows anew and hide the damage
+                raise StoreFormatError(f"{meta.checksum_problem}; nothing can be appended to it")
+            h5 = handle.open_for_writing(os.fspath(path))
+            try:
+                writer = cls(h5, lock=lock if owned else None)
+            except BaseException:  # refused by its checksums (checksum.resume), nothing written: not left open
+                h5.close()
+                raise
         except BaseException:
             if owned:
                 lock.release()
