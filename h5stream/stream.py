@@ -31,6 +31,7 @@ from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import BOTH, subset_rows
 from h5stream.read.source import resolve_direct_io
+from h5stream.store.access import writer_pids
 from h5stream.store.meta import StoreMeta, read_meta
 
 STATE_VERSION = 1
@@ -214,6 +215,11 @@ class Stream:
         meta = read_meta(path, remote=options.remote)
         if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
             raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
+        if meta.uncommitted_rows and meta.remote is None and not writer_pids(meta.path):
+            warnings.warn(f"{meta.path}: rows {meta.rows}-{meta.rows + meta.uncommitted_rows - 1} were written and "
+                          "never committed (a writer stopped mid-commit, or committed_rows was lowered); streaming "
+                          f"the {meta.rows} committed rows; `h5stream repair {meta.path}` drops the others",
+                          UserWarning, stacklevel=3)
         if meta.rows == 0:
             raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
         self._shard = options.shard or (0, 1)

@@ -115,12 +115,14 @@ def test_a_count_below_the_checksums_checks_its_last_block_against_the_wider_che
     code, out, err = h5cli("verify", path)
     assert code == 3 and err.count("\n") == 1
     assert "the 500 committed rows match" in err and "rows 500-599 were written and not committed" in err
-    assert stream_all(path) == 500
+    with pytest.warns(UserWarning, match="rows 500-599 were written and never committed") as caught:
+        assert stream_all(path) == 500
+    assert len(caught) == 1 and "h5stream repair" in str(caught[0].message)
     flip_pixel(path, 470)
     code, out, err = h5cli("verify", path)
     assert code == 1 and "rows 448-499 do not match their checksum (images)" in err, err
-    with pytest.raises(ReaderError) as info:  # the damaged committed row is never handed out
-        stream_all(path)
+    with pytest.raises(ReaderError) as info, pytest.warns(UserWarning, match="never committed"):
+        stream_all(path)  # the damaged committed row is never handed out
     assert isinstance(info.value, ChecksumError) or isinstance(info.value.__cause__, ChecksumError), info.value
     assert "448" in str(info.value) and "499" in str(info.value)
     with pytest.raises(StoreFormatError, match="rows 448-499 do not match their checksum"):
@@ -239,6 +241,8 @@ def test_repair_of_a_sound_store_says_nothing_to_repair(tmp_path, h5cli):
     assert code == 0 and err == "" and "nothing to repair" in out and "600 committed rows match" in out
 
 
-def test_verify_result_of_a_sound_store_has_no_leftovers(tmp_path):
-    result = checksum.verify_store(make_store(tmp_path / "ok.h5"))
+def test_verify_result_of_a_sound_store_has_no_leftovers(tmp_path, recwarn):
+    path = make_store(tmp_path / "ok.h5")
+    result = checksum.verify_store(path)
     assert result.ok and result.uncommitted is None and result.checked_rows == ROWS
+    assert stream_all(path) == ROWS and not [w for w in recwarn if issubclass(w.category, UserWarning)]

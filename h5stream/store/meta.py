@@ -48,6 +48,8 @@ class StoreMeta:
     checksum_problem: str | None = None
     """One line (path first) saying which committed rows have no checksum, or that the checksum table cannot be
     read: damage (see :mod:`h5stream.store.coverage`), which verifying readers refuse; None when all is well."""
+    uncommitted_rows: int = 0
+    """Rows past ``rows`` that checksums were written for: a commit in flight, or one a writer stopped half-way."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
@@ -274,7 +276,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
             raise StoreFormatError(f"{path}: a store with /{schema.CHECKSUMS} needs /{schema.PATHS}, bytes of shape "
                                    f"(N,) with N >= {committed}, found {found}; the file is damaged (re-ingest it)")
         checksum = _str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
-    problem = _checksum_problem(path, f, committed, block_rows, checksums, stored)
+    problem, uncommitted = _checksum_problem(path, f, committed, block_rows, checksums, stored)
     return StoreMeta(
         path=path,
         rows=committed,
@@ -294,17 +296,19 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         file_bytes=int(f.id.get_filesize()),
         checksum=checksum,
         checksum_problem=problem,
+        uncommitted_rows=uncommitted,
     )
 
 
 def _checksum_problem(path: str, f: h5py.File, committed: int, block_rows: int, checksums: h5py.Dataset | None,
-                      stored: int) -> str | None:
-    """:attr:`StoreMeta.checksum_problem` of the open file ``f``.  While another process writes the file, a
-    problem is raised instead (:func:`read_consistent` reads again: the writer may be mid-flush)."""
+                      stored: int) -> tuple[str | None, int]:
+    """:attr:`StoreMeta.checksum_problem` and :attr:`StoreMeta.uncommitted_rows` of the open file ``f``.  While
+    another process writes the file, a problem is raised instead (:func:`read_consistent` reads again: the writer
+    may be mid-flush)."""
     attrs = f.attrs
     has_attrs = schema.ATTR_CHECKSUM in attrs or schema.ATTR_CHECKSUM_TAIL in attrs
     if checksums is None and not has_attrs:
-        return None  # written before checksums existed
+        return None, 0  # written before checksums existed
     tail = coverage.tail_from_json(attrs.get(schema.ATTR_CHECKSUM_TAIL))
     paths = f[schema.PATHS] if schema.PATHS in f else None
     stored = min(stored, paths.shape[0]) if paths is not None else stored
@@ -321,5 +325,5 @@ def _checksum_problem(path: str, f: h5py.File, committed: int, block_rows: int, 
     except StoreFormatError as exc:
         if not is_url(path) and writer_pids(path):
             raise
-        return str(exc)
-    return None
+        return str(exc), 0
+    return None, tail[0] - committed
