@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import struct
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -19,6 +23,7 @@ import h5stream
 from h5stream.errors import ChecksumError, ReaderError, StoreFormatError
 from h5stream.store import checksum
 from h5stream.store.writer import StoreWriter, write_arrays
+from test_crash_resume import kill_shim  # noqa: F401 - a fixture: the LD_PRELOAD library that SIGKILLs
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -149,18 +154,22 @@ def test_checksums_for_rows_the_arrays_do_not_hold_are_damage(tmp_path, h5cli):
 
 
 def test_problem_is_none_for_every_state_a_commit_passes_through():
-    # Pure: the states of StoreWriter.commit (digests staged and flushed, then the count raised).
+    # Pure: the states of StoreWriter.commit (digests staged and flushed with their rows, then the count raised).
     from h5stream.store import coverage
 
+    d = (1, 2, 3)
     for committed, tail_rows in [(0, 0), (100, 100), (128, 128), (100, 130), (100, 200), (128, 256)]:
-        stored = tail_rows
-        assert coverage.problem(committed, stored, 64, tail_rows // 64, (tail_rows, None),
-                                has_checksum_attrs=True) is None
+        tail = (tail_rows, d if tail_rows % 64 else None)
+        assert coverage.problem(committed, tail_rows, 64, tail_rows // 64, tail, has_checksum_attrs=True) is None
     assert coverage.problem(100, 100, 64, None, None, has_checksum_attrs=False) is None  # before checksums
+    assert coverage.problem(128, 128, 64, 2, None, has_checksum_attrs=True) is None  # a lost tail covered nothing
     assert "rows 64-99" in coverage.problem(100, 100, 64, 1, (64, None), has_checksum_attrs=True)
-    assert coverage.partial_span(100, 64, (130, None)) == (64, 128)
-    assert coverage.partial_span(100, 64, (120, None)) == (64, 120)
-    assert coverage.partial_span(100, 64, (100, None)) is None and coverage.partial_span(128, 64, (200, None)) is None
+    assert "rows 64-99" in coverage.problem(100, 100, 64, 1, None, has_checksum_attrs=True)
+    assert "rows 64-99" in coverage.problem(100, 100, 64, 2, (130, d), has_checksum_attrs=True)  # arrays cut
+    assert coverage.partial_source(100, 64, 2, (130, d), 130) == ("table", 128)
+    assert coverage.partial_source(100, 64, 1, (120, d), 120) == ("tail", 120)
+    assert coverage.partial_source(100, 64, 1, (100, d), 100) == ("tail", 100)
+    assert coverage.partial_source(100, 64, 1, (120, d), 110) is None
 
 
 # -- a damaged checksum table -----------------------------------------------------------------------------------
@@ -246,3 +255,95 @@ def test_verify_result_of_a_sound_store_has_no_leftovers(tmp_path, recwarn):
     result = checksum.verify_store(path)
     assert result.ok and result.uncommitted is None and result.checked_rows == ROWS
     assert stream_all(path) == ROWS and not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+# -- repair --source: damaged pixel blocks decoded again from their files -----------------------------------------
+
+
+def ingested(class_src, tmp_path, h5cli, *extra):
+    root, _ = class_src
+    src = tmp_path / "src"
+    shutil.copytree(root, src)
+    path = tmp_path / "dmg.h5"
+    assert h5cli("ingest", src, path, "--size", "8", "--block-rows", "4", "--workers", "0", *extra)[0] == 0
+    return src, path
+
+
+def test_repair_from_the_source_restores_damaged_blocks_to_their_ingested_bytes(class_src, tmp_path, h5cli):
+    src, path = ingested(class_src, tmp_path, h5cli)
+    good = path.read_bytes()
+    flip_pixel_at(path, 5, block_rows=4, row_bytes=8 * 8 * 3)
+    flip_pixel_at(path, 17, block_rows=4, row_bytes=8 * 8 * 3)  # block 4: rows 16-17 of 18, the partial last one
+    assert path.read_bytes() != good
+    code, out, err = h5cli("repair", path, "--source", src)
+    assert code == 0 and err == "", err
+    assert "restored 6 damaged rows in 2 blocks" in out and "18 committed rows match their checksums" in out
+    assert path.read_bytes() == good  # exactly the bytes that were ingested, nothing else written
+    assert h5cli("verify", path)[0] == 0
+
+
+def test_repair_from_a_changed_source_restores_nothing_and_says_why(class_src, tmp_path, h5cli):
+    src, path = ingested(class_src, tmp_path, h5cli)
+    with h5py.File(path, "r") as f:
+        rel = bytes(f["paths"][6]).decode()
+    from PIL import Image
+
+    Image.new("RGB", (30, 40), (1, 2, 3)).save(src / rel, format="PNG" if rel.endswith(".png") else "JPEG")
+    flip_pixel_at(path, 5, block_rows=4, row_bytes=8 * 8 * 3)
+    damaged = path.read_bytes()
+    code, out, err = h5cli("repair", path, "--source", src)
+    assert code == 1 and err.count("\n") == 1 and "rows 4-7 do not match their checksum" in err, err
+    assert "--source restored 0 of 1 damaged blocks" in err and "other bytes than were ingested" in err
+    assert len(out.splitlines()) == 4  # the files to ingest again are still listed
+    assert path.read_bytes() == damaged
+
+
+def test_repair_from_the_source_leaves_a_compressed_store_as_it_is(class_src, tmp_path, h5cli):
+    src, path = ingested(class_src, tmp_path, h5cli, "--compression", "zlib")
+    with h5py.File(path, "r") as f:
+        info = f["images"].id.get_chunk_info_by_coord((4, 0, 0, 0))
+    with open(path, "r+b") as fh:  # a byte inside the deflate stream
+        fh.seek(info.byte_offset + info.size // 2)
+        b = fh.read(1)
+        fh.seek(info.byte_offset + info.size // 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    damaged = path.read_bytes()
+    code, out, err = h5cli("repair", path, "--source", src)
+    assert code == 1 and err.count("\n") == 1 and "rows 4-7" in err and "--source restored 0 of 1" in err, err
+    assert path.read_bytes() == damaged
+
+
+def test_repair_from_the_source_killed_after_each_of_its_writes_is_finished_by_the_next(class_src, tmp_path, h5cli,
+                                                                                        request):
+    shim = request.getfixturevalue("kill_shim")
+    src, path = ingested(class_src, tmp_path, h5cli)
+    good = path.read_bytes()
+    flip_pixel_at(path, 5, block_rows=4, row_bytes=8 * 8 * 3)
+    flip_pixel_at(path, 9, block_rows=4, row_bytes=8 * 8 * 3)
+    damaged = path.read_bytes()
+
+    def killed_repair(after, log=None):
+        env = dict(os.environ, LD_PRELOAD=shim, KILL_DIR=str(tmp_path), KILL_AFTER=str(after))
+        if log is not None:
+            env["KILL_LOG"] = str(log)
+        return subprocess.run([sys.executable, "-m", "h5stream", "repair", str(path), "--source", str(src)],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    log = tmp_path / "steps.log"
+    assert killed_repair(0, log).returncode == 0 and path.read_bytes() == good
+    steps = [s for s in log.read_text().splitlines() if s.endswith("dmg.h5")]
+    assert sum(" pwrite" in s for s in steps) == 2, steps  # one write per damaged block, and its sync
+    for k in range(1, len(steps) + 1):
+        path.write_bytes(damaged)
+        assert killed_repair(k).returncode == -signal.SIGKILL, k
+        assert h5cli("verify", path)[0] in (0, 1)  # restored or still damaged, never anything else
+        code, out, err = h5cli("repair", path, "--source", src)
+        assert code == 0 and path.read_bytes() == good, (k, err)
+    # A block killed half-way through its write: part restored, part not; it still fails, and is restored.
+    with h5py.File(path, "r") as f:
+        at = f["images"].id.get_chunk_info_by_coord((4, 0, 0, 0)).byte_offset
+    half = bytearray(damaged)
+    half[at:at + 2 * ROW_BYTES] = good[at:at + 2 * ROW_BYTES]
+    path.write_bytes(bytes(half))
+    assert h5cli("verify", path)[0] == 1
+    assert h5cli("repair", path, "--source", src)[0] == 0 and path.read_bytes() == good

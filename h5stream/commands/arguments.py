@@ -132,6 +132,9 @@ def _verify(parser) -> None:
 
 def _repair(parser) -> None:
     parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("--source", metavar="SRC", default=None,
+                        help="the folder the store was ingested from: damaged pixel blocks are decoded again from "
+                             "their files and written back where the result matches their checksums")
 
 
 _ARGUMENTS = {"ingest": _ingest, "info": _info, "bench": _bench, "preview": _preview, "verify": _verify,

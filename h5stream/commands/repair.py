@@ -15,9 +15,15 @@ itself: the error names them, and stdout lists the source files they were
 ingested from (one a line, as stored: relative to the ingest's source folder),
 so that exactly those can be ingested again; or restore the file from a copy.
 
-Exit codes: 0 rebuilt, commit leftovers dropped, or nothing to do; 1 the store
-cannot be rebuilt or written, has damaged rows (listed as above), or committed
-rows without a checksum (the message says which; the file is left as it was).
+With ``--source SRC`` (the folder the store was ingested from), damaged pixel
+blocks are decoded again from their files and written back where the result
+has the block's recorded checksum (:mod:`h5stream.ingest.restore`); what cannot
+be restored so is reported as above.
+
+Exit codes: 0 rebuilt, damaged blocks restored, commit leftovers dropped, or
+nothing to do; 1 the store cannot be rebuilt or written, has damaged rows that
+were not restored (listed as above), or committed rows without a checksum (the
+message says which; the file is left as it was, but for blocks restored).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def run(args) -> int:
             print(f"{path}: rebuilt from its {rows} committed rows")
             return 0
         result = verify_store(path)  # StoreFormatError (one line) for committed rows without a checksum
+        if result.bad and getattr(args, "source", None):
+            return _restore(path, args.source, result)
         if result.bad:
             return _report_damage(path, result)
         if result.uncommitted:
@@ -64,7 +72,31 @@ def run(args) -> int:
     return 0
 
 
-def _report_damage(path: str, result) -> int:
+def _restore(path: str, source: str, result) -> int:
+    """``--source``: restore what :mod:`h5stream.ingest.restore` can, then check the store again and report."""
+    import os
+
+    from h5stream.errors import SourceError
+    from h5stream.ingest.restore import restore_blocks
+    from h5stream.store.checksum import verify_store
+
+    if not os.path.isdir(source):
+        raise SourceError(f"--source {source}: no such folder; give the folder {path} was ingested from")
+    outcomes = restore_blocks(path, source, result.bad, result.rows, result.block_rows)
+    restored = [o for o in outcomes if o.restored]
+    after = verify_store(path)
+    if after.bad:
+        left = next((o for o in outcomes if not o.restored), None)
+        why = f" (rows {left.start}-{left.stop - 1}: {left.reason})" if left is not None else ""
+        return _report_damage(path, after, f"; --source restored {len(restored)} of {len(outcomes)} damaged blocks"
+                                            f", not the others{why}")
+    rows = sum(o.stop - o.start for o in restored)
+    print(f"{path}: restored {rows} damaged rows in {len(restored)} blocks from their source files in {source}; "
+          f"its {after.rows} committed rows match their checksums")
+    return 0
+
+
+def _report_damage(path: str, result, note: str = "") -> int:
     """Name the damaged rows (stderr, one line) and list the source files they came from (stdout)."""
     named, unnamed = _damaged_paths(path, result.bad)
     out = sys.stdout.buffer
@@ -81,7 +113,7 @@ def _report_damage(path: str, result) -> int:
         listed += f"; {unnamed} of the damaged rows have damaged or unreadable paths, so the files are not known"
     print(f"h5stream: error: {path}: rows {first.start}-{first.stop - 1} {what}; {len(result.bad)} of "
           f"{result.blocks} blocks damaged ({rows} rows); repair cannot restore their bytes: restore the file "
-          f"from a copy, {listed}", file=sys.stderr)
+          f"from a copy, {listed}{note}", file=sys.stderr)
     return EXIT_DAMAGED
 
 

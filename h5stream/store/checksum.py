@@ -171,24 +171,26 @@ def resume(h5file, committed_rows: int) -> BlockHasher | None:
     images, labels, paths = (root._f_get_child(n) for n in (schema.IMAGES, schema.LABELS, schema.PATHS))
     stored = min(images.nrows, labels.nrows, paths.nrows)
     tail = tail_from_json(attrs[schema.ATTR_CHECKSUM_TAIL] if schema.ATTR_CHECKSUM_TAIL in attrs else None)
-    # The arrays may be cut back to committed_rows already (a rollback): rows past it are not looked at then.
-    what = coverage.problem(committed_rows, max(stored, tail[0] if tail else 0), block_rows,
-                            None if sums is None else sums.nrows, tail, has_checksum_attrs=has_attrs)
+    what = coverage.problem(committed_rows, stored, block_rows, None if sums is None else sums.nrows, tail,
+                            has_checksum_attrs=has_attrs)
     if what is not None:
         raise coverage.damage_error(h5file.filename, what + "; nothing can be appended to it")
+    if sums is None:
+        return None  # an empty store whose table is gone: it goes on without checksums
     if algorithm != ALGORITHM:
         raise StoreFormatError(
             f"{h5file.filename}: checksums made with {algorithm!r}, this h5stream writes {ALGORITHM!r}; "
             "ingest into a new file"
         )
-    span = coverage.partial_span(committed_rows, block_rows, tail)
-    if span is not None and stored >= span[1]:
-        want = coverage.expected(committed_rows, block_rows, sums.read(), tail)[-1][0]
-        got = block_digests(*(a.read(*span) for a in (images, labels, paths)))
+    want, stop = (coverage.expected(committed_rows, block_rows, sums.read(), tail, stored)[-1]
+                  if committed_rows % block_rows else (None, committed_rows))
+    if stop > committed_rows:  # a digest that also covers rows never committed: check the block with them
+        start = committed_rows // block_rows * block_rows
+        got = block_digests(*(a.read(start, stop) for a in (images, labels, paths)))
         differ = [p for p, g, w in zip(PARTS, got, want) if g != w]
         if differ:
             raise StoreFormatError(
-                f"{h5file.filename}: rows {span[0]}-{committed_rows - 1} do not match their checksum "
+                f"{h5file.filename}: rows {start}-{committed_rows - 1} do not match their checksum "
                 f"({', '.join(differ)}); nothing can be appended to it: {coverage.FIX}")
     complete = min(sums.nrows, committed_rows // block_rows)
     if sums.nrows > complete:
@@ -289,7 +291,7 @@ def _expected(f, rows: int, block_rows: int, path: str) -> list[tuple[Digests, i
     if algorithm != ALGORITHM:
         raise StoreFormatError(f"{path}: checksums made with {algorithm!r}; this h5stream checks {ALGORITHM!r} "
                                "(open it with verify_reads=False to stream it unchecked)")
-    return coverage.expected(rows, block_rows, table, tail)
+    return coverage.expected(rows, block_rows, table, tail, stored)
 
 
 def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | None] | None:
@@ -438,7 +440,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                 progress(stop * row_bytes, rows * row_bytes)
     finally:
         source.close()
-    uncommitted = (rows, tail[0]) if tail[0] > rows else None
+    uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None
     return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), (), rows * row_bytes,
                         time.perf_counter() - t0, uncommitted)
 

@@ -16,10 +16,12 @@ refuse such a file until it is rebuilt):
 ``R > committed_rows`` is a commit in flight, or a writer stopped between the
 two flushes (a *torn commit*): the rows up to ``R`` are on disk, so the block
 holding the last committed rows is checked against the digest that covers it,
-read up to where that digest ends (:func:`partial_span`).  Any other state is
-damage (a shortened or deleted table, a lost tail, an edited count):
-:func:`problem` says which rows are left without a digest, and readers refuse
-the store rather than stream those rows unchecked.
+read up to where that digest ends (:func:`partial_source`).  A committed row
+left without a digest is damage (a shortened or deleted table, a lost tail, an
+edited count): :func:`problem` names those rows, and readers refuse the store
+rather than stream them unchecked.  (A writer killed inside a flush may leave
+the tail unreadable; the flushing marker then makes the store be rebuilt, and
+that needs digests only for the committed rows.)
 
 A store with neither ``/checksums`` nor the ``checksum`` and ``checksum_tail``
 attributes was written before checksums existed (format version 1 covers such
@@ -68,9 +70,23 @@ def _rows(a: int, b: int) -> str:
     return f"row {a}" if b - a == 1 else f"rows {a}-{b - 1}"
 
 
+def partial_source(committed: int, block_rows: int, table_rows: int, tail: Tail | None,
+                   stored: int) -> tuple[str, int] | None:
+    """Where the digest of the last committed block comes from when that block is partial: ``("tail", stop)``
+    or ``("table", stop)``, ``stop`` being the row where the rows it covers end (past ``committed`` for a commit
+    in flight or torn); None when no digest covers the block or the rows it covers are not all stored."""
+    b = committed // block_rows
+    if tail is not None and tail[1] is not None and committed <= tail[0] < (b + 1) * block_rows \
+            and tail[0] <= stored:
+        return "tail", tail[0]
+    if table_rows > b and (b + 1) * block_rows <= stored:
+        return "table", (b + 1) * block_rows
+    return None
+
+
 def problem(committed: int, stored: int, block_rows: int, table_rows: int | None, tail: Tail | None, *,
             has_checksum_attrs: bool) -> str | None:
-    """What is wrong with a store's digests, in words, or None when the commit protocol could have left them so.
+    """Which committed rows have no digest to be checked with, and why, in words; None when every one has.
 
     ``committed``: ``committed_rows``; ``stored``: rows present in all three arrays; ``table_rows``: rows of
     ``/checksums`` (None: no table); ``tail``: :func:`tail_from_json` of ``checksum_tail`` (None: missing or
@@ -80,24 +96,27 @@ def problem(committed: int, stored: int, block_rows: int, table_rows: int | None
         if not has_checksum_attrs:
             return None  # written before checksums existed: read unchecked, as always
         return (f"{_rows(0, committed)} have no checksum (the /{schema.CHECKSUMS} table is gone)" if committed
-                else f"the /{schema.CHECKSUMS} table is gone")
-    if tail is None:
-        first = min(table_rows * block_rows, committed)
+                else None)
+    complete = committed // block_rows
+    first = end = min(table_rows, complete) * block_rows
+    if table_rows < complete:
+        end = complete * block_rows
+    if committed % block_rows and partial_source(committed, block_rows, table_rows, tail, stored) is None:
+        end = committed
+    if first >= end:
+        return None
+    if table_rows < complete:
+        why = f"/{schema.CHECKSUMS} has {table_rows} rows for {complete} complete committed blocks"
+    elif tail is None:
         why = f"the {schema.ATTR_CHECKSUM_TAIL} attribute is missing or unreadable"
-        return f"{_rows(first, committed)} have no checksum ({why})" if first < committed else why
-    tail_rows = tail[0]
-    if table_rows != tail_rows // block_rows:
-        why = (f"/{schema.CHECKSUMS} has {table_rows} rows, but {schema.ATTR_CHECKSUM_TAIL} was written with "
-               f"{tail_rows // block_rows} complete blocks")
-        first, last = table_rows * block_rows, min(committed, tail_rows // block_rows * block_rows)
-        return f"{_rows(first, last)} have no checksum ({why})" if first < last else why
-    if tail_rows < committed:
-        return (f"{_rows(tail_rows // block_rows * block_rows, committed)} have no checksum (the checksums cover "
-                f"{tail_rows} rows, committed_rows is {committed})")
-    if tail_rows > stored:
-        return (f"its checksums cover {tail_rows} rows but only {stored} are stored (committed_rows is "
-                f"{committed}); rows are written before their checksums, so the arrays were cut short")
-    return None
+    elif tail[0] < committed:
+        why = f"the checksums cover {tail[0]} rows, committed_rows is {committed}"
+    elif tail[0] > stored:
+        why = (f"its checksums cover {tail[0]} rows but only {stored} are stored; rows are written before their "
+               "checksums, so the arrays were cut short")
+    else:
+        why = "no checksum covers the last committed block"
+    return f"{_rows(first, end)} have no checksum ({why})"
 
 
 def damage_error(path: str, what: str) -> StoreFormatError:
@@ -106,30 +125,16 @@ def damage_error(path: str, what: str) -> StoreFormatError:
                             f"{FIX}")
 
 
-def partial_span(committed: int, block_rows: int, tail: Tail) -> tuple[int, int] | None:
-    """For a commit in flight or torn (``tail`` for more rows than ``committed``): rows ``[start, stop)`` whose
-    stored digest covers the last, partial committed block -- the block's row in ``/checksums`` (``stop`` its
-    end) or the tail (``stop`` its row count); reading them checks the committed rows among them.  None when the
-    last committed block is complete or the tail is for ``committed`` rows (the ordinary case)."""
-    tail_rows = tail[0]
-    if committed % block_rows == 0 or tail_rows <= committed:
-        return None
-    start = committed // block_rows * block_rows
-    return start, min(start + block_rows, tail_rows)
-
-
-def expected(committed: int, block_rows: int, table: np.ndarray, tail: Tail) -> list[tuple[Digests, int]]:
+def expected(committed: int, block_rows: int, table: np.ndarray, tail: Tail | None,
+             stored: int) -> list[tuple[Digests, int]]:
     """Per committed block, its digests and the row where the rows they cover end (past ``committed`` only for
-    the block :func:`partial_span` names), for a store :func:`problem` passed."""
-    n_blocks = -(-committed // block_rows)
+    a partial last block whose digest also covers rows not committed, see :func:`partial_source`), for a store
+    :func:`problem` passed."""
     out = [(tuple(int(v) for v in table[b]), (b + 1) * block_rows) for b in range(committed // block_rows)]
-    if len(out) < n_blocks:
-        span = partial_span(committed, block_rows, tail)
-        b = n_blocks - 1
-        if span is not None and b < len(table):
-            out.append((tuple(int(v) for v in table[b]), span[1]))
-        else:  # the tail: for committed rows, or for more rows in the same block
-            out.append((tail[1], span[1] if span is not None else committed))
+    if committed % block_rows:
+        where, stop = partial_source(committed, block_rows, len(table), tail, stored)
+        b = committed // block_rows
+        out.append((tail[1] if where == "tail" else tuple(int(v) for v in table[b]), stop))
     return out
 
 

@@ -326,4 +326,4 @@ def _checksum_problem(path: str, f: h5py.File, committed: int, block_rows: int, 
         if not is_url(path) and writer_pids(path):
             raise
         return str(exc), 0
-    return None, tail[0] - committed
+    return None, max(0, tail[0] - committed) if tail is not None else 0

@@ -387,8 +387,8 @@ class StoreWriter:
         self.attrs[schema.ATTR_COMMITTED] = np.int64(rows)
         self._flush()
         self.committed_rows = rows
+        self._resume_checksums()  # while the rows its digests cover are there to check the block they cut
         self._truncate_to_committed()
-        self._resume_checksums()
 
     def set_attr(self, name: str, value) -> None:
         self.attrs[name] = value
