@@ -215,13 +215,13 @@ class Stream:
         meta = read_meta(path, remote=options.remote)
         if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
             raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
-        if meta.uncommitted_rows and meta.remote is None and not writer_pids(meta.path):
+        if meta.rows == 0:
+            raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
+        if meta.uncommitted_rows and (meta.remote is not None or not writer_pids(meta.path)):  # no commit in flight
             warnings.warn(f"{meta.path}: rows {meta.rows}-{meta.rows + meta.uncommitted_rows - 1} were written and "
                           "never committed (a writer stopped mid-commit, or committed_rows was lowered); streaming "
                           f"the {meta.rows} committed rows; `h5stream repair {meta.path}` drops the others",
                           UserWarning, stacklevel=3)
-        if meta.rows == 0:
-            raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
         self._shard = options.shard or (0, 1)
         self.subset = options.subset
         self._rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)

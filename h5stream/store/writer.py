@@ -356,7 +356,7 @@ class StoreWriter:
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
-        self._write_pending(checksums=True)  # block digests travel with the data they cover
+        self._write_pending(checksums=True)  # digests with their rows, flushed before the count: see store/coverage.py
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
