@@ -26,7 +26,7 @@ import os
 from typing import TYPE_CHECKING
 
 from h5stream.budget import StreamPlan, plan_stream
-from h5stream.errors import ConfigError
+from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.order.epoch import EpochLayout, epoch_layout
 from h5stream.order.split import subset_rows
@@ -149,7 +149,9 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     """The configuration of a stream over the store ``meta`` with ``options`` on a machine described by
     ``facts``.  Pure: no I/O, the same inputs give the same result.
 
-    Raises :class:`ConfigError` for options that do not fit the store (no
+    Raises :class:`~h5stream.StoreFormatError` for a store whose committed
+    rows lack checksums (damage) unless ``verify_reads=False``, and
+    :class:`ConfigError` for options that do not fit the store (no
     committed rows, a label mode its labels cannot take, workers with nothing to
     do, a batch size that leaves no batch), and :class:`~h5stream.BudgetError`
     for a memory budget that cannot hold the plan; each one line saying what to
@@ -157,6 +159,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     and on ``unit_rows``: a resumed state names all three, and they win over
     what the options and the budget would give.
     """
+    if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
+        raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
     if meta.rows == 0:
         raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
     rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)

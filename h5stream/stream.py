@@ -34,7 +34,7 @@ from h5stream.order.epoch import EpochLayout
 from h5stream.order.split import BOTH
 from h5stream.remote.config import stream_remote
 from h5stream.store.meta import StoreMeta, read_meta
-from h5stream.store.progress import warn_unfinished
+from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
 STATE_VERSION = 1
 _LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shard_index",
@@ -174,6 +174,7 @@ class Stream:
         if options.workers and options.augment is not None:  # before a BudgetError, which suggests the same count
             _warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
+        warn_uncommitted(meta)
         warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
         self.config: StreamConfig = fit_feature_stats(config)
         self._n_batches = self.config.layout(0).n_batches

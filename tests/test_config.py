@@ -97,3 +97,10 @@ def test_featurewise_statistics_are_not_fitted_by_resolve():
     """The one pass over the data comes after every option was accepted (h5stream.config.fit_feature_stats)."""
     config = resolve(meta(), StreamOptions(augment=h5stream.Augment(featurewise_center=True)), FACTS)
     assert config.needs_feature_stats
+
+
+def test_a_store_with_committed_rows_without_checksums_is_refused_unless_reads_are_not_verified():
+    damaged = dataclasses.replace(meta(), checksum_problem=f"{NOWHERE}: rows 0-99 have no checksum")
+    with pytest.raises(h5stream.StoreFormatError, match="rows 0-99 have no checksum.*verify_reads=False"):
+        resolve(damaged, StreamOptions(), FACTS)
+    assert resolve(damaged, StreamOptions(verify_reads=False), FACTS).verify_reads is False

@@ -67,7 +67,8 @@ def test_readers_refuse_a_store_left_mid_update_until_repair_rebuilds_it_whole(s
                  schema.ATTR_ORDER_SEED, schema.ATTR_BACKGROUND, schema.ATTR_CHECKSUM_TAIL):
         assert attrs_after[name] == attrs[name], name
     assert verify_store(store).ok
-    nothing = f"{store}: nothing to repair (no writer was stopped while it rewrote the file)\n"
+    nothing = (f"{store}: nothing to repair (no writer was stopped while it rewrote the file, and its {n} committed "
+               "rows match their checksums)\n")
     assert h5cli("repair", store)[1] == nothing
 
 

@@ -137,17 +137,16 @@ def test_rollback_rehashes_the_block_it_cuts(tmp_path):
 CRASH_SCRIPT = r"""
 import os, sys
 import numpy as np
-from h5stream.store import checksum
 from h5stream.store.writer import StoreWriter
 w = StoreWriter.open_append(sys.argv[1])
 w.append(np.full((9, 8, 8, 3), 7, np.uint8), np.zeros(9, np.int64), [f"x{i}" for i in range(9)])
-checksum.stage(w._f, w._hasher)  # what commit() does first ...
-w._f.flush()
+w._write_pending(checksums=True)  # what commit() does first: labels, paths and their digests ...
+w._flush()  # ... made durable ...
 os._exit(0)  # ... and the process dies before committed_rows is raised
 """
 
 
-def test_a_crash_between_digests_and_count_leaves_rows_unchecked_until_append(tmp_path, h5cli):
+def test_a_crash_between_digests_and_count_is_checked_and_reported_until_append(tmp_path, h5cli):
     path = tmp_path / "k.h5"
     make_store(path, rows=20, block_rows=8)
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(path)], capture_output=True, text=True, timeout=120,
@@ -156,9 +155,12 @@ def test_a_crash_between_digests_and_count_leaves_rows_unchecked_until_append(tm
     assert stored(path)[2] == 29  # the tail names 29 rows; 20 are committed
     code, _, err = h5cli("verify", path)
     assert code == 3
-    assert err.count("\n") == 1 and "rows 16-19 have no checksum to check" in err and "--append" in err
+    assert err.count("\n") == 1 and "the 20 committed rows match" in err and "rows 20-28 were written and not " \
+        "committed" in err and "--append" in err
     result = checksum.verify_store(path)
-    assert result.bad == () and result.unchecked == ((16, 20),) and result.checked_rows == 16
+    # rows 16-19 are checked against block 2's digest, which covers rows 16-23 (on disk, not committed)
+    assert result.bad == () and result.unchecked == () and result.checked_rows == 20
+    assert result.uncommitted == (20, 29)
     with StoreWriter.open_append(path):  # drops the 9 leftover rows and their digests, re-hashes rows 16-19
         pass
     assert_checksums_match(path)

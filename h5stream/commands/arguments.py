@@ -13,7 +13,7 @@ COMMANDS = {
     "bench": "measure the stream against its baselines on a store",
     "preview": "write a grid of images as the stream yields them (PNG, JPEG, WebP, ...: --out's name says)",
     "verify": "check every committed row against the store's block checksums",
-    "repair": "rebuild a store whose writer was stopped while it rewrote the file in place",
+    "repair": "rebuild a store whose writer was stopped mid-update; name the files of damaged rows",
 }
 """Subcommand -> one-line help; ``h5stream.commands.<name>`` runs it."""
 
@@ -139,6 +139,9 @@ def _verify(parser) -> None:
 
 def _repair(parser) -> None:
     parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("--source", metavar="SRC", default=None,
+                        help="the folder the store was ingested from: damaged pixel blocks are decoded again from "
+                             "their files and written back where the result matches their checksums")
 
 
 _ARGUMENTS = {"ingest": _ingest, "info": _info, "bench": _bench, "preview": _preview, "verify": _verify,

@@ -122,6 +122,7 @@ def describe(path: str) -> dict:
         "checksums": meta.checksum,
         "ingest": _ingest(meta),
         "nodes": nodes,
+        "checksum_problem": meta.checksum_problem,
     }
 
 
@@ -187,8 +188,9 @@ def format_text(info: dict) -> str:
         f"  file size       {info['file_bytes']} bytes ({info['file_bytes'] / (1 << 20):.1f} MiB)",
         *_space_lines(info),
         f"  skipped files   {info['skipped_files']}" + (f" (see {report})" if report else ""),
-        "  checksums       " + (f"{info['checksums']} per block (check with `h5stream verify`)" if info["checksums"]
-                                 else "none (re-ingest to add them)"),
+        "  checksums       " + (f"DAMAGED: {info['checksum_problem'].split(': ', 1)[-1]}" if info["checksum_problem"]
+                                 else f"{info['checksums']} per block (check with `h5stream verify`)"
+                                 if info["checksums"] else "none (re-ingest to add them)"),
     ]
     for index, (name, node) in enumerate(info.get("nodes", {}).items()):
         shape = "(" + ", ".join(map(str, node["shape"])) + ("," if len(node["shape"]) == 1 else "") + ")"

@@ -1,4 +1,4 @@
-"""`h5stream repair FILE.h5`: rebuild a store whose writer was stopped while HDF5 rewrote it in place.
+"""`h5stream repair FILE.h5`: rebuild a torn store, drop a torn commit, or say which rows are damaged.
 
 A writer killed half-way through a flush (SIGKILL, the OOM killer) can leave
 the file's HDF5 structure torn; the marker beside it (``FILE.h5.flushing``)
@@ -6,17 +6,38 @@ says so, and readers refuse the file until it is rebuilt.  This copies the
 committed rows, checked against their block checksums, into a fresh file that
 takes the store's name (:func:`h5stream.store.rebuild.rebuild`); `h5stream
 ingest SRC FILE.h5 --append` does the same before it adds to the store.
-Exit codes: 0 rebuilt, or nothing to do; 1 the store cannot be rebuilt or
-written (the message says why; the file is left as it was).
+
+Without a marker it reads every committed row once and checks it against its
+checksum (:func:`h5stream.store.checksum.verify_store`).  Rows a writer wrote
+but never committed are dropped (the next ``--append`` would drop them too).
+Rows whose bytes differ from their checksum cannot be restored from the file
+itself: the error names them, and stdout lists the source files they were
+ingested from (one a line, as stored: relative to the ingest's source folder),
+so that exactly those can be ingested again; or restore the file from a copy.
+
+With ``--source SRC`` (the folder the store was ingested from), damaged pixel
+blocks are decoded again from their files and written back where the result
+has the block's recorded checksum (:mod:`h5stream.ingest.restore`); what cannot
+be restored so is reported as above.
+
+Exit codes: 0 rebuilt, damaged blocks restored, commit leftovers dropped, or
+nothing to do; 1 the store cannot be rebuilt or written, has damaged rows that
+were not restored (listed as above), or committed rows without a checksum (the
+message says which; the file is left as it was, but for blocks restored).
 """
 
 from __future__ import annotations
+
+import sys
+
+EXIT_DAMAGED = 1
 
 
 def run(args) -> int:
     import os
 
     from h5stream.errors import StoreNotFoundError
+    from h5stream.store.checksum import verify_store
     from h5stream.store.lock import StoreLock
     from h5stream.store.rebuild import needs_rebuild, rebuild
 
@@ -24,9 +45,100 @@ def run(args) -> int:
     if not os.path.exists(path):
         raise StoreNotFoundError(f"{path}: no such file")
     with StoreLock.acquire(path) as lock:  # a writer at work holds it: refused, one line
-        if not needs_rebuild(path):
-            print(f"{path}: nothing to repair (no writer was stopped while it rewrote the file)")
+        if needs_rebuild(path):
+            rows = rebuild(path, lock)
+            print(f"{path}: rebuilt from its {rows} committed rows")
             return 0
-        rows = rebuild(path, lock)
-    print(f"{path}: rebuilt from its {rows} committed rows")
+        result = verify_store(path)  # StoreFormatError (one line) for committed rows without a checksum
+        if result.bad and getattr(args, "source", None):
+            return _restore(path, args.source, result)
+        if result.bad:
+            return _report_damage(path, result)
+        if result.uncommitted:
+            from h5stream.store.writer import StoreWriter
+
+            with StoreWriter.open_append(path, lock=lock):  # drops them and their checksums
+                pass
+            a, b = result.uncommitted
+            print(f"{path}: dropped rows {a}-{b - 1}, written but never committed (a writer stopped mid-commit); "
+                  f"its {result.rows} committed rows match their checksums")
+            return 0
+    if not result.has_checksums:
+        print(f"{path}: nothing to repair (no writer was stopped while it rewrote the file; the store has no "
+              "checksums, so its rows cannot be checked)")
+    else:
+        print(f"{path}: nothing to repair (no writer was stopped while it rewrote the file, and its {result.rows} "
+              "committed rows match their checksums)")
     return 0
+
+
+def _restore(path: str, source: str, result) -> int:
+    """``--source``: restore what :mod:`h5stream.ingest.restore` can, then check the store again and report."""
+    import os
+
+    from h5stream.errors import SourceError
+    from h5stream.ingest.restore import restore_blocks
+    from h5stream.store.checksum import verify_store
+
+    if not os.path.isdir(source):
+        raise SourceError(f"--source {source}: no such folder; give the folder {path} was ingested from")
+    outcomes = restore_blocks(path, source, result.bad, result.rows, result.block_rows)
+    restored = [o for o in outcomes if o.restored]
+    after = verify_store(path)
+    if after.bad:
+        left = next((o for o in outcomes if not o.restored), None)
+        why = f" (rows {left.start}-{left.stop - 1}: {left.reason})" if left is not None else ""
+        return _report_damage(path, after, f"; --source restored {len(restored)} of {len(outcomes)} damaged blocks"
+                                            f", not the others{why}")
+    rows = sum(o.stop - o.start for o in restored)
+    print(f"{path}: restored {rows} damaged rows in {len(restored)} blocks from their source files in {source}; "
+          f"its {after.rows} committed rows match their checksums")
+    return 0
+
+
+def _report_damage(path: str, result, note: str = "") -> int:
+    """Name the damaged rows (stderr, one line) and list the source files they came from (stdout)."""
+    named, unnamed = _damaged_paths(path, result.bad)
+    out = sys.stdout.buffer
+    for stored in named:
+        out.write(stored + b"\n")
+    out.flush()
+    first = result.bad[0]
+    what = ("cannot be read" if first.parts == ("unreadable",)
+            else f"do not match their checksum ({', '.join(first.parts)})")
+    rows = sum(b.stop - b.start for b in result.bad)
+    listed = (f"or ingest again the {len(named)} source files listed on stdout (paths relative to the ingest's "
+              "source folder)") if named else "or ingest the source again"
+    if unnamed:
+        listed += f"; {unnamed} of the damaged rows have damaged or unreadable paths, so the files are not known"
+    print(f"h5stream: error: {path}: rows {first.start}-{first.stop - 1} {what}; {len(result.bad)} of "
+          f"{result.blocks} blocks damaged ({rows} rows); repair cannot restore their bytes: restore the file "
+          f"from a copy, {listed}{note}", file=sys.stderr)
+    return EXIT_DAMAGED
+
+
+def _damaged_paths(path: str, bad) -> tuple[list[bytes], int]:
+    """``(stored paths of the damaged rows whose paths matched their checksum, count of the other damaged rows)``:
+    a block whose paths differ, or that could not be read, names no file."""
+    import h5py
+    import numpy as np
+
+    from h5stream.store import schema
+    from h5stream.store.checksum import readable_by_h5py, row_reader
+
+    named_blocks = [b for b in bad if "paths" not in b.parts and b.parts != ("unreadable",)]
+    unnamed = sum(b.stop - b.start for b in bad) - sum(b.stop - b.start for b in named_blocks)
+    if not named_blocks:
+        return [], unnamed
+    with h5py.File(path, "r", locking=False) as f:
+        dtype, via_h5py = f[schema.PATHS].dtype, readable_by_h5py(f[schema.PATHS])
+    source = row_reader(path, via_h5py)
+    named: list[bytes] = []
+    try:
+        for b in named_blocks:
+            buf = np.empty(b.stop - b.start, dtype)
+            source.read(schema.PATHS, b.start, b.stop, buf)
+            named.extend(bytes(p) for p in buf)
+    finally:
+        source.close()
+    return named, unnamed

@@ -1,13 +1,16 @@
 """`h5stream verify FILE.h5`: read every committed row once and check it against the stored block checksums.
 
 Exit codes: 0 every committed row matched; 1 damage found (a block's bytes
-differ from its checksum, or HDF5 cannot read it), or the file cannot be
-opened as a store; 3 nothing (or not everything) could be checked: the store
-has no checksums, or the last block's digests are for another row count (an
-ingest is writing the file, or a crash interrupted a commit); 4 the store is
-unfinished: its last ingest stopped before every file it found was stored or
-skipped (see :mod:`h5stream.store.progress`), whatever the rows it holds
-checked (damage, 1, is said first).  The work is :func:`h5stream.store.checksum.verify_store`.
+differ from its checksum, or HDF5 cannot read it; committed rows without a
+checksum, which commits write before they publish rows; a checksum table HDF5
+cannot read), or the file cannot be opened as a store; 3 the store has no
+checksums (written before they existed), so nothing was checked, or rows past
+``committed_rows`` have checksums (an ingest is committing them, or a writer
+stopped mid-commit): the committed rows matched, the others are not the store's
+yet; 4 the store is unfinished: its last ingest stopped before every file it found
+was stored or skipped (see :mod:`h5stream.store.progress`), whatever the rows it
+holds checked (damage, 1, is said first).  The work is
+:func:`h5stream.store.checksum.verify_store`.
 """
 
 from __future__ import annotations
@@ -78,12 +81,11 @@ def run(args) -> int:
         print(f"h5stream: error: {path}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
               f"{result.blocks} blocks damaged; restore the file from a copy or re-ingest it", file=sys.stderr)
         return EXIT_DAMAGED
-    if result.unchecked:
-        a, b = result.unchecked[0]
-        unchecked = sum(z - y for y, z in result.unchecked)
-        print(f"h5stream: error: {path}: {_rows(a, b)} have no checksum to check ({unchecked} rows: an ingest is "
-              f"writing the file, or a commit was interrupted; `h5stream ingest SRC {path} --append` recomputes "
-              f"it); the other {result.checked_rows} rows match", file=sys.stderr)
+    if result.uncommitted:
+        a, b = result.uncommitted
+        print(f"h5stream: error: {path}: the {result.rows} committed rows match their checksums, but {_rows(a, b)} "
+              f"were written and not committed (an ingest is committing them, or a writer stopped mid-commit: "
+              f"`h5stream ingest SRC {path} --append` drops them and goes on)", file=sys.stderr)
         return EXIT_UNCHECKED
     rate = result.bytes_read / result.seconds / 1e6 if result.seconds > 0 else float("inf")
     print(f"{path}: OK, {result.rows} rows in {result.blocks} blocks match their checksums "

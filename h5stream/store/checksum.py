@@ -9,11 +9,14 @@ changes whenever rows are appended, so its digests live in the root attribute
 ``checksum_tail`` together with the row count they were computed for (see
 :mod:`h5stream.store.schema`).  Plain h5py reads both.
 
-Trust follows the ``committed_rows`` protocol: row ``b`` of ``/checksums`` is
-used only when block ``b`` lies wholly below ``committed_rows``, and the tail
-only when its row count equals ``committed_rows``.  Anything else is left over
-by a crash; :func:`resume` (called when a writer opens the store) drops it and
-recomputes the partial block from the committed rows.
+Trust follows the ``committed_rows`` protocol: digests are written before
+the count that publishes their rows, so every committed row has one, and a
+committed row without one is damage (:mod:`h5stream.store.coverage`).  Digests
+for rows past ``committed_rows`` are a commit in flight or torn by a crash: the
+last committed block is then checked against the digest that covers it, read
+to where that digest ends; :func:`resume` (called when a writer opens the
+store) checks it so, drops the digests past the count and recomputes the
+partial block from the committed rows.
 
 :class:`BlockHasher` is the pure part (bytes in, digests out, no I/O);
 :func:`create_nodes`, :func:`resume` and :func:`stage` are what
@@ -34,18 +37,14 @@ import numpy as np
 import xxhash
 
 from h5stream.errors import StoreFormatError
-from h5stream.store import schema
+from h5stream.store import coverage, schema
+from h5stream.store.coverage import PARTS, Digests, tail_from_json  # noqa: F401 - tail_from_json: part of this API
 from h5stream.store.meta import read_meta
 
 # xxh3-64: the fastest of the well-kept hashes (xxhash, crc32c, google-crc32c, zlib.crc32), and it releases the GIL.
 ALGORITHM = "xxh3_64"
-PARTS = ("images", "labels", "paths")
-"""Column order of ``/checksums`` and keys of ``checksum_tail``."""
-
 VERIFY_SLICE_BYTES = 64 << 20
 """Bytes (images + labels + paths) :func:`verify_store` reads per slice: large sequential reads."""
-
-Digests = tuple[int, int, int]
 
 
 def _contiguous(a) -> np.ndarray:
@@ -138,19 +137,6 @@ def tail_to_json(rows: int, digests: Digests | None) -> str:
     return json.dumps(value)
 
 
-def tail_from_json(text) -> tuple[int, Digests | None] | None:
-    """Parse ``checksum_tail``; ``None`` when it is missing or unreadable (the tail then counts as unchecked)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    try:
-        value = json.loads(str(text))
-        rows = int(value["rows"])
-        digests = tuple(int(value[name], 16) for name in PARTS) if PARTS[0] in value else None
-    except (TypeError, ValueError, KeyError):
-        return None
-    return rows, digests
-
-
 # -- the writer's side (PyTables) ------------------------------------------------------
 
 
@@ -168,26 +154,48 @@ def create_nodes(h5file) -> None:
 def resume(h5file, committed_rows: int) -> BlockHasher | None:
     """The hasher for rows appended after ``committed_rows``; ``None`` for a store without checksums.
 
-    Drops rows of ``/checksums`` that are not wholly below ``committed_rows``
-    (a crash's leftovers) and re-reads the committed rows of the last, partial
-    block (and of any complete block missing its row) to hash them again.
+    Refuses (:class:`StoreFormatError`) a store whose committed rows lack digests or whose last committed block
+    does not match the digest that covers it past ``committed_rows`` (a torn commit): appending would hash them
+    anew and so hide the damage.  Then drops rows of ``/checksums`` that are not wholly below
+    ``committed_rows`` (a crash's leftovers) and re-reads the committed rows of the last, partial block to hash
+    them again.
     """
     root = h5file.root
-    if schema.CHECKSUMS not in root:
+    attrs = root._v_attrs
+    has_attrs = schema.ATTR_CHECKSUM in attrs or schema.ATTR_CHECKSUM_TAIL in attrs
+    if schema.CHECKSUMS not in root and not has_attrs:
         return None
-    algorithm = root._v_attrs[schema.ATTR_CHECKSUM] if schema.ATTR_CHECKSUM in root._v_attrs else None
+    algorithm = attrs[schema.ATTR_CHECKSUM] if schema.ATTR_CHECKSUM in attrs else None
+    block_rows = int(attrs[schema.ATTR_BLOCK_ROWS])
+    sums = root._f_get_child(schema.CHECKSUMS) if schema.CHECKSUMS in root else None
+    images, labels, paths = (root._f_get_child(n) for n in (schema.IMAGES, schema.LABELS, schema.PATHS))
+    stored = min(images.nrows, labels.nrows, paths.nrows)
+    tail = tail_from_json(attrs[schema.ATTR_CHECKSUM_TAIL] if schema.ATTR_CHECKSUM_TAIL in attrs else None)
+    what = coverage.problem(committed_rows, stored, block_rows, None if sums is None else sums.nrows, tail,
+                            has_checksum_attrs=has_attrs)
+    if what is not None:
+        raise coverage.damage_error(h5file.filename, what + "; nothing can be appended to it")
+    if sums is None:
+        return None  # an empty store whose table is gone: it goes on without checksums
     if algorithm != ALGORITHM:
         raise StoreFormatError(
             f"{h5file.filename}: checksums made with {algorithm!r}, this h5stream writes {ALGORITHM!r}; "
             "ingest into a new file"
         )
-    block_rows = int(root._v_attrs[schema.ATTR_BLOCK_ROWS])
-    sums = root._f_get_child(schema.CHECKSUMS)
+    want, stop = (coverage.expected(committed_rows, block_rows, sums.read(), tail, stored)[-1]
+                  if committed_rows % block_rows else (None, committed_rows))
+    if stop > committed_rows:  # a digest that also covers rows never committed: check the block with them
+        start = committed_rows // block_rows * block_rows
+        got = block_digests(*(a.read(start, stop) for a in (images, labels, paths)))
+        differ = [p for p, g, w in zip(PARTS, got, want) if g != w]
+        if differ:
+            raise StoreFormatError(
+                f"{h5file.filename}: rows {start}-{committed_rows - 1} do not match their checksum "
+                f"({', '.join(differ)}); nothing can be appended to it: {coverage.FIX}")
     complete = min(sums.nrows, committed_rows // block_rows)
     if sums.nrows > complete:
         sums.truncate(complete)
     hasher = BlockHasher(block_rows, complete * block_rows)
-    images, labels, paths = (root._f_get_child(n) for n in (schema.IMAGES, schema.LABELS, schema.PATHS))
     for start in range(complete * block_rows, committed_rows, block_rows):
         stop = min(start + block_rows, committed_rows)
         hasher.add(images.read(start, stop), labels.read(start, stop), paths.read(start, stop))
@@ -229,9 +237,11 @@ class VerifyResult:
     """What :func:`verify_store` found.  Row ranges are ``(start, stop)``, stop exclusive.
 
     ``algorithm`` is ``None`` for a store without checksums (then nothing was
-    read).  ``unchecked`` lists committed rows that have no trusted digest: an
-    ingest is writing the file, or a crash interrupted a commit (``h5stream
-    ingest --append`` recomputes it).
+    read, and ``unchecked`` holds every row).  ``uncommitted``: rows past
+    ``committed_rows`` that digests were written for, ``(committed_rows, R)``:
+    an ingest is committing them, or a writer stopped between writing them and
+    publishing them (``h5stream ingest --append`` drops them); the committed
+    rows were checked all the same.
     """
 
     path: str
@@ -243,6 +253,7 @@ class VerifyResult:
     unchecked: tuple[tuple[int, int], ...]
     bytes_read: int
     seconds: float
+    uncommitted: tuple[int, int] | None = None
 
     @property
     def has_checksums(self) -> bool:
@@ -260,30 +271,52 @@ class VerifyResult:
         return self.has_checksums and not self.bad and not self.unchecked
 
 
-def _expected(f, rows: int, block_rows: int) -> list[Digests | None]:
-    """Trusted digests per committed block (``None``: none to trust), from an open h5py file."""
-    n_blocks = -(-rows // block_rows)
-    complete = min(rows // block_rows, f[schema.CHECKSUMS].shape[0])
-    table = f[schema.CHECKSUMS][:complete].astype(np.uint64)
-    expected: list[Digests | None] = [tuple(int(v) for v in row) for row in table]
-    expected += [None] * (n_blocks - complete)
-    tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
-    if rows % block_rows and tail is not None and tail[0] == rows and tail[1] is not None:
-        expected[-1] = tail[1]
-    return expected
-
-
-def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | None] | None:
-    """Per committed block, the digests a reader may trust (``None`` where there are none), from an open h5py
-    file; ``None`` for a store without checksums.  Raises :class:`StoreFormatError` for another algorithm."""
-    if schema.CHECKSUMS not in f:
+def _expected(f, rows: int, block_rows: int, path: str) -> list[tuple[Digests, int]] | None:
+    """Per committed block of the open h5py file ``f``, its digests and the row where the rows they cover end
+    (:func:`coverage.expected <h5stream.store.coverage.expected>`); None for a store written before checksums.
+    :class:`StoreFormatError` for committed rows without digests, another algorithm or a table HDF5 cannot read."""
+    attrs = f.attrs
+    has_attrs = schema.ATTR_CHECKSUM in attrs or schema.ATTR_CHECKSUM_TAIL in attrs
+    if schema.CHECKSUMS not in f and not has_attrs:
         return None
-    algorithm = f.attrs.get(schema.ATTR_CHECKSUM)
+    table = coverage.read_table(f, path) if schema.CHECKSUMS in f else None
+    tail = tail_from_json(attrs.get(schema.ATTR_CHECKSUM_TAIL))
+    stored = min(f[name].shape[0] for name in (schema.IMAGES, schema.LABELS, schema.PATHS) if name in f)
+    what = coverage.problem(rows, stored, block_rows, None if table is None else len(table), tail,
+                            has_checksum_attrs=has_attrs)
+    if what is not None:
+        raise coverage.damage_error(path, what)
+    algorithm = attrs.get(schema.ATTR_CHECKSUM)
     algorithm = algorithm.decode() if isinstance(algorithm, bytes) else algorithm
     if algorithm != ALGORITHM:
         raise StoreFormatError(f"{path}: checksums made with {algorithm!r}; this h5stream checks {ALGORITHM!r} "
                                "(open it with verify_reads=False to stream it unchecked)")
-    return _expected(f, rows, block_rows)
+    return coverage.expected(rows, block_rows, table, tail, stored)
+
+
+def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | None] | None:
+    """Per committed block, the digests of its committed rows, from an open h5py file; ``None`` for a store
+    without checksums.  Raises :class:`StoreFormatError` where :func:`_expected` does.
+
+    Where a commit is in flight or torn, the digest of the last committed block covers rows past
+    ``committed_rows``: those rows are read here and checked with it, and the block's committed rows get
+    digests of their own.  A part (images, labels, paths) that does not match keeps the digest it has, which
+    its committed rows then fail against when the stream reads them (a :class:`ChecksumError` naming them).
+    """
+    expected = _expected(f, rows, block_rows, path)
+    if expected is None:
+        return None
+    out: list[Digests | None] = [want for want, _ in expected]
+    if expected and expected[-1][1] > rows and not readable_by_h5py(f[schema.IMAGES]):
+        out[-1] = None  # a filter plain h5py lacks (blosc): the stream reads it through HDF5, unchecked there
+    elif expected and expected[-1][1] > rows:
+        want, stop = expected[-1]
+        start = (len(expected) - 1) * block_rows
+        arrays = [f[name][start:stop] for name in (schema.IMAGES, schema.LABELS, schema.PATHS)]
+        got = block_digests(*arrays)
+        own = block_digests(*(a[:rows - start] for a in arrays))
+        out[-1] = tuple(o if g == w else w for o, g, w in zip(own, got, want))
+    return out
 
 
 def readable_by_h5py(dataset) -> bool:
@@ -347,34 +380,32 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     slice.  A slice HDF5 cannot read is read again block by block, so one
     damaged chunk marks only its own block.  Raises :class:`StoreNotFoundError`
     / :class:`StoreFormatError` (via :func:`read_meta`) for a missing or foreign
-    file; damage is reported in the result, not raised.  Opens its own handles.  A URL is read with the
-    ``remote`` options (see :func:`read_meta`).
+    file, and for committed rows without digests or a checksum table HDF5 cannot read (see
+    :mod:`h5stream.store.coverage`); damage to rows is reported in the result, not raised.  Opens its own
+    handles.  A URL is read with the ``remote`` options (see :func:`read_meta`).
     """
     from h5stream.store.access import open_h5_readonly
 
     t0 = time.perf_counter()
     meta = read_meta(path, remote=remote)
+    if meta.checksum_problem is not None:  # committed rows without digests, or a table HDF5 cannot read
+        raise StoreFormatError(meta.checksum_problem)
     rows, block_rows = meta.rows, meta.block_rows
     n_blocks = -(-rows // block_rows)
     with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote) as f:
-        if schema.CHECKSUMS not in f:
-            return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
-                                time.perf_counter() - t0)
-        algorithm = f.attrs.get(schema.ATTR_CHECKSUM)
-        algorithm = algorithm.decode() if isinstance(algorithm, bytes) else algorithm
-        if algorithm != ALGORITHM:
-            raise StoreFormatError(
-                f"{meta.path}: checksums made with {algorithm!r}; this h5stream checks {ALGORITHM!r}"
-            )
-        # The count read with the tail it must match: an ingest may have committed more since read_meta.
+        # The count read with the digests it must match: an ingest may have committed more since read_meta.
         rows = int(f.attrs.get(schema.ATTR_COMMITTED, rows))
         n_blocks = -(-rows // block_rows)
-        expected = _expected(f, rows, block_rows)
+        expected = _expected(f, rows, block_rows, meta.path)
+        if expected is None:
+            return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
+                                time.perf_counter() - t0)
+        tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
         dtypes = {name: (f[name].dtype, f[name].shape[1:]) for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
         via_h5py = readable_by_h5py(f[schema.IMAGES])
     row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64)) for dt, shape in dtypes.values())
     slice_rows = max(1, slice_bytes // row_bytes // block_rows) * block_rows
-    slice_rows = min(slice_rows, max(block_rows, rows))
+    slice_rows = min(slice_rows, -(-max(block_rows, rows) // block_rows) * block_rows)  # whole blocks
     bufs = {name: np.empty((slice_rows, *shape), dtype=dt) for name, (dt, shape) in dtypes.items()}
     order = (schema.IMAGES, schema.LABELS, schema.PATHS)
     if not via_h5py and meta.remote is not None:
@@ -393,17 +424,15 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                 readable = False
             for b0 in range(start, stop, block_rows):
                 b1 = min(b0 + block_rows, stop)
-                want = expected[b0 // block_rows]
-                if want is None:
-                    continue
-                if not readable:
+                want, covered = expected[b0 // block_rows]
+                if not readable or covered > b1:  # covered > b1: a digest also of rows past committed_rows
                     try:
                         for name in order:
-                            source.read(name, b0, b1, bufs[name][b0 - start:])
+                            source.read(name, b0, covered, bufs[name][b0 - start:])
                     except source.errors as exc:
                         bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
                         continue
-                got = block_digests(*(bufs[name][b0 - start:b1 - start] for name in order))
+                got = block_digests(*(bufs[name][b0 - start:covered - start] for name in order))
                 parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
                 if parts:
                     bad.append(BadBlock(b0, b1, parts))
@@ -411,16 +440,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                 progress(stop * row_bytes, rows * row_bytes)
     finally:
         source.close()
-    unchecked = _merge([(b * block_rows, min((b + 1) * block_rows, rows)) for b, w in enumerate(expected) if w is None])
-    return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), unchecked, rows * row_bytes,
-                        time.perf_counter() - t0)
+    uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None
+    return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), (), rows * row_bytes,
+                        time.perf_counter() - t0, uncommitted)
 
-
-def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    out: list[tuple[int, int]] = []
-    for a, b in ranges:
-        if out and out[-1][1] == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return tuple(out)

@@ -18,8 +18,9 @@ import h5py
 import numpy as np
 
 from h5stream.errors import StoreFormatError
-from h5stream.store import schema
-from h5stream.store.access import read_consistent
+from h5stream.remote.config import is_url
+from h5stream.store import coverage, schema
+from h5stream.store.access import read_consistent, writer_pids
 from h5stream.store.progress import IngestProgress, parse_source
 
 
@@ -47,6 +48,11 @@ class StoreMeta:
     """Hash of the stored block checksums (``"xxh3_64"``), ``None`` for a store without them."""
     ingest: IngestProgress | None = None
     """How far the last ingest got (:mod:`h5stream.store.progress`); None for a store written before it."""
+    checksum_problem: str | None = None
+    """One line (path first) saying which committed rows have no checksum, or that the checksum table cannot be
+    read: damage (see :mod:`h5stream.store.coverage`), which verifying readers refuse; None when all is well."""
+    uncommitted_rows: int = 0
+    """Rows past ``rows`` that checksums were written for: a commit in flight, or one a writer stopped half-way."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
@@ -160,7 +166,7 @@ def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
     :class:`StoreBusyError` if another process writing it never let its metadata
     be read whole.
     """
-    from h5stream.remote.config import is_url, remote_options
+    from h5stream.remote.config import remote_options
 
     if is_url(path):
         options = remote_options(remote)
@@ -273,6 +279,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
             raise StoreFormatError(f"{path}: a store with /{schema.CHECKSUMS} needs /{schema.PATHS}, bytes of shape "
                                    f"(N,) with N >= {committed}, found {found}; the file is damaged (re-ingest it)")
         checksum = _str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
+    problem, uncommitted = _checksum_problem(path, f, committed, block_rows, checksums, stored)
     return StoreMeta(
         path=path,
         rows=committed,
@@ -292,6 +299,8 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         file_bytes=int(f.id.get_filesize()),
         checksum=checksum,
         ingest=_ingest_progress(path, attrs, committed),
+        checksum_problem=problem,
+        uncommitted_rows=uncommitted,
     )
 
 
@@ -323,3 +332,32 @@ def read_paths(path: str | os.PathLike, start: int, stop: int, *, remote=None) -
         return [schema.decode_path(bytes(p)) for p in paths[start:stop]]
 
     return read_consistent(path, read, remote=remote)
+
+
+def _checksum_problem(path: str, f: h5py.File, committed: int, block_rows: int, checksums: h5py.Dataset | None,
+                      stored: int) -> tuple[str | None, int]:
+    """:attr:`StoreMeta.checksum_problem` and :attr:`StoreMeta.uncommitted_rows` of the open file ``f``.  While
+    another process writes the file, a problem is raised instead (:func:`read_consistent` reads again: the writer
+    may be mid-flush)."""
+    attrs = f.attrs
+    has_attrs = schema.ATTR_CHECKSUM in attrs or schema.ATTR_CHECKSUM_TAIL in attrs
+    if checksums is None and not has_attrs:
+        return None, 0  # written before checksums existed
+    tail = coverage.tail_from_json(attrs.get(schema.ATTR_CHECKSUM_TAIL))
+    paths = f[schema.PATHS] if schema.PATHS in f else None
+    stored = min(stored, paths.shape[0]) if paths is not None else stored
+    what = coverage.problem(committed, stored, block_rows, None if checksums is None else checksums.shape[0], tail,
+                            has_checksum_attrs=has_attrs)
+    try:
+        if what is not None:
+            raise coverage.damage_error(path, what)
+        if checksums is not None and checksums.shape[0]:
+            # Its first and last rows: damage to the table's index (HDF5's B-tree) is found here, in one line,
+            # rather than by the reader thread.
+            coverage.read_table(f, path, 0, 1)
+            coverage.read_table(f, path, checksums.shape[0] - 1)
+    except StoreFormatError as exc:
+        if not is_url(path) and writer_pids(path):
+            raise
+        return str(exc), 0
+    return None, max(0, tail[0] - committed) if tail is not None else 0

@@ -116,3 +116,20 @@ def warn_unfinished(meta, allow: bool, stacklevel: int = 4) -> None:
         warnings.warn(f"{meta.path}: {message}; its batches hold only the rows stored so far "
                       "(allow_unfinished=True streams them without this warning)", UserWarning,
                       stacklevel=stacklevel)
+
+
+def warn_uncommitted(meta, stacklevel: int = 4) -> None:
+    """Warn (a :class:`UserWarning`) that rows past ``meta.rows`` were written and never committed (a writer
+    stopped mid-commit, or ``committed_rows`` was lowered), unless a writer is committing them now.  The stream
+    serves the committed rows only; ``h5stream repair`` drops the others."""
+    if not meta.uncommitted_rows:
+        return
+    if meta.remote is None:
+        from h5stream.store.access import writer_pids
+
+        if writer_pids(meta.path):
+            return  # a commit in flight
+    warnings.warn(f"{meta.path}: rows {meta.rows}-{meta.rows + meta.uncommitted_rows - 1} were written and "
+                  "never committed (a writer stopped mid-commit, or committed_rows was lowered); streaming "
+                  f"the {meta.rows} committed rows; `h5stream repair {meta.path}` drops the others",
+                  UserWarning, stacklevel=stacklevel)

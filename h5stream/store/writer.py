@@ -216,7 +216,14 @@ class StoreWriter:
                     f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
                     "ingest into a new file"
                 )
-            writer = cls(handle.open_for_writing(os.fspath(path)), lock=lock if owned else None)
+            if meta.checksum_problem is not None:  # appending would hash damaged rows anew and hide the damage
+                raise StoreFormatError(f"{meta.checksum_problem}; nothing can be appended to it")
+            h5 = handle.open_for_writing(os.fspath(path))
+            try:
+                writer = cls(h5, lock=lock if owned else None)
+            except BaseException:  # refused by its checksums (checksum.resume), nothing written: not left open
+                h5.close()
+                raise
         except BaseException:
             if owned:
                 lock.release()
@@ -353,7 +360,7 @@ class StoreWriter:
 
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
-        self._write_pending(checksums=True)  # block digests travel with the data they cover
+        self._write_pending(checksums=True)  # digests with their rows, flushed before the count: see store/coverage.py
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
@@ -385,8 +392,8 @@ class StoreWriter:
         self.attrs[schema.ATTR_COMMITTED] = np.int64(rows)
         self._flush()
         self.committed_rows = rows
+        self._resume_checksums()  # while the rows its digests cover are there to check the block they cut
         self._truncate_to_committed()
-        self._resume_checksums()
 
     def set_attr(self, name: str, value) -> None:
         self.attrs[name] = value

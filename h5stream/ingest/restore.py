@@ -1,0 +1,103 @@
+"""Restore damaged pixel blocks of a store from the source files they were ingested from (`repair --source`).
+
+A block whose image bytes no longer match their digest, while its labels and
+paths still match theirs, names exactly the files its rows came from.  Those
+files are decoded again with the store's own decode settings (size, channels,
+resize mode, background, pad fill); only when the decoded block has the very
+digest the store recorded for it -- the same bytes as were ingested, proven by
+the checksum itself -- are they written back, over the block's chunk, where
+h5py's chunk index says it lies, then synced.  A block decoded to other bytes
+(a source file changed since, another decoder) is left as it is and named.
+
+Crash safety: nothing but the pixel bytes of blocks that already fail their
+checksum is written, and only with bytes that match it; HDF5's metadata is not
+touched.  A process killed mid-write leaves such a block partly restored, still
+failing its checksum, and running the repair again restores it.  The caller
+holds the store's lock, so no writer works meanwhile.  Compressed stores
+(whose chunks change size) are not restored in place: they are named too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from h5stream.ingest.decode import SkipFile, decode_file
+from h5stream.ingest.pack import schema_background
+from h5stream.ingest.spec import DecodeSpec
+from h5stream.store import coverage, schema
+from h5stream.store.checksum import digest, tail_from_json
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of the damaged rows ``[start, stop)``: ``restored``, or the ``reason`` they were not."""
+
+    start: int
+    stop: int
+    restored: bool
+    reason: str = ""
+
+
+def restore_blocks(path: str, source_root: str, bad, rows: int, block_rows: int) -> list[Outcome]:
+    """Restore the blocks ``bad`` (:class:`~h5stream.store.checksum.BadBlock`) of the store at ``path`` (``rows``
+    committed rows) from the files under ``source_root``; one :class:`Outcome` per block, in order."""
+    background, pad_fill = schema_background(path)
+    with h5py.File(path, "r", locking=False) as f:
+        images = f[schema.IMAGES]
+        h, w, c = images.shape[1:]
+        spec = DecodeSpec(size=(h, w), resize=_str(f.attrs.get(schema.ATTR_RESIZE, "stretch")), channels=c,
+                          background=background, pad_fill=pad_fill)
+        compressed = images.id.get_create_plist().get_nfilters() > 0
+        table = coverage.read_table(f, path)
+        tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
+        stored = min(f[name].shape[0] for name in (schema.IMAGES, schema.LABELS, schema.PATHS))
+        wants = coverage.expected(rows, block_rows, table, tail, stored)
+        named = [b for b in bad if b.parts == ("images",)]  # their paths match their checksum: the files are known
+        places = {b.start: images.id.get_chunk_info_by_coord((b.start, 0, 0, 0)).byte_offset for b in named}
+        relpaths = {b.start: [bytes(p) for p in f[schema.PATHS][b.start:b.stop]] for b in named}
+    out = []
+    for b in bad:
+        want, covered = wants[b.start // block_rows]
+        if b.parts != ("images",):
+            why = "they could not be read" if b.parts == ("unreadable",) else f"their {', '.join(b.parts)} differ too"
+            out.append(Outcome(b.start, b.stop, False, f"{why}, so their files are not known for sure"))
+        elif compressed:
+            out.append(Outcome(b.start, b.stop, False, "the store is compressed, so a block cannot be rewritten in "
+                                                       "place"))
+        elif covered != b.stop:
+            out.append(Outcome(b.start, b.stop, False, "their checksum also covers rows that were never committed"))
+        else:
+            out.append(_restore(path, source_root, spec, b.start, b.stop, relpaths[b.start], want[0], places[b.start]))
+    return out
+
+
+def _restore(path: str, root: str, spec: DecodeSpec, start: int, stop: int, relpaths: list[bytes], want: int,
+             at: int) -> Outcome:
+    block = np.empty((stop - start, *spec.shape), np.uint8)
+    for i, rel in enumerate(relpaths):
+        name = os.path.join(root, schema.decode_path(rel))
+        try:
+            block[i] = decode_file(name, spec)
+        except SkipFile as exc:
+            return Outcome(start, stop, False, f"{name} cannot be decoded ({exc})")
+    if digest(block) != want:
+        return Outcome(start, stop, False, "decoded again, their files give other bytes than were ingested (changed "
+                                           "since, or decoded by other library versions)")
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = block.tobytes()
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], at + written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return Outcome(start, stop, True)
+
+
+def _str(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
