@@ -152,7 +152,7 @@ def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path,
             assert np.array_equal(batch.labels, labels[batch.row_ids])
             assert (batch.images == pattern(batch.row_ids)[:, None, None, None]).all()
             seen.append(batch.row_ids)
-        assert reader._label_offsets is not None and reader.all_labels is None  # the path under test
+        assert reader._rows._label_offsets is not None and reader.all_labels is None  # the path under test
     finally:
         reader.close()
     assert sorted(np.concatenate(seen).tolist()) == sorted(2 * ids.tolist())

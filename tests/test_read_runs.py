@@ -154,14 +154,16 @@ class _Cache:
 
 
 def _advise(runs, source):
+    import threading
     from types import SimpleNamespace
 
-    from h5stream.read.reader import Reader
+    from h5stream.read.rows import RowReader
 
-    reader = Reader.__new__(Reader)  # the page-cache questions alone: no thread, no file
-    reader._offsets, reader._source = np.zeros(1, np.int64), source
-    reader.meta, reader._counts = SimpleNamespace(row_bytes=1000), {"advised_bytes": 0}
-    return reader._advise(runs)
+    rows = RowReader(SimpleNamespace(row_bytes=1000), source, offsets=np.zeros(1, np.int64), label_offsets=None,
+                     images=None, labels=None, check=None, stop=threading.Event())  # no thread, no file
+    missing = rows.advise(runs)
+    assert rows.advised_bytes == sum(r.rows * 1000 for r in missing)
+    return missing
 
 
 @pytest.mark.parametrize("seed", range(20))

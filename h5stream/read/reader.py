@@ -50,23 +50,21 @@ the reader is stopped and every later ``get`` raises the same error.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream._io import aligned_empty
 from h5stream._wait import POLL_S, Channel, Stopped, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, images_dataset, locate
-from h5stream.read.runs import Run, chunk_pieces, placement, plan_runs, row_offsets, spans
+from h5stream.read.fill import Batch, Failure, FillJob, IOThreads, Pending
+from h5stream.read.rows import RowReader
+from h5stream.read.runs import placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, open_source
 from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read
 from h5stream.store import schema
@@ -75,120 +73,8 @@ from h5stream.store.meta import StoreMeta
 
 __all__ = ["POLL_S", "Batch", "Reader", "Stopped", "direct_reads"]
 
-CACHE_SPAN_GAP_BYTES = 8 << 20
-"""Runs of a fill at most this far apart in the file are asked about together whether they are in the page
-cache: asking about the pages between them costs less than asking once more (the figures: docs/performance.md,
-"Design figures")."""
-
 CLOSE_WAIT_S = 0.5
 """Longest :meth:`Reader.close` waits for the thread to end (it ends within :data:`POLL_S` unless a read hangs)."""
-
-
-@dataclass
-class Batch:
-    """A batch as the reader hands it on.  ``images``/``labels``/``row_ids`` belong to the receiver.
-
-    ``slot`` is whatever the allocator attached (e.g. a shared-memory slot index), else None.
-    A batch without images carries ``file_offsets`` (every row's byte offset) and, where the reads are
-    checked, ``checks``: ``(digests, checked)``, every row's xxh3-64 and whether it is to be checked (see
-    :meth:`h5stream.read.verify.BlockCheck.expected`), for the receiver that reads the rows.
-    """
-
-    epoch: int
-    index: int
-    images: np.ndarray
-    labels: np.ndarray
-    row_ids: np.ndarray
-    slot: object = None
-    file_offsets: np.ndarray | None = None
-    checks: tuple[np.ndarray, np.ndarray] | None = None
-
-
-@dataclass(frozen=True)
-class _Failure:
-    exc: BaseException
-
-
-class _Pending:
-    """A batch being assembled: arrays, a byte view of its images, and how many rows are still missing."""
-
-    __slots__ = ("batch", "missing", "rows")
-
-    def __init__(self, batch: Batch, missing: int):
-        self.batch = batch
-        self.missing = missing
-        images = batch.images
-        self.rows = memoryview(images.reshape(-1)).cast("B") if images is not None and images.size else None
-
-
-class _FillJob:
-    """One fill being read: its runs and, for every buffer position, the batch and row it lands at.
-
-    Pixels go straight into the batches; labels and row ids are gathered into small per-fill arrays and
-    scattered when the fill is complete, which is also when its batches count the rows as arrived.
-    """
-
-    def __init__(self, epoch: int, batch: np.ndarray, offset: np.ndarray, row_ids: np.ndarray,
-                 labels: np.ndarray | None, runs: list[Run], yielded: np.ndarray):
-        self.epoch = epoch
-        self.batch = batch  # buffer position -> batch index, -1: read but not used
-        self.offset = offset  # buffer position -> row in its batch
-        # The buffer positions that go to a batch, in the order they are yielded: by batch, and within a batch
-        # row after row (see placement), so each batch's rows are one slice of it.
-        used = batch[yielded] >= 0
-        self.yielded = yielded if used.all() else yielded[used]
-        self.first_batch = int(batch[self.yielded[0]]) if len(self.yielded) else 0
-        self.n_batches = int(batch[self.yielded[-1]]) + 1 - self.first_batch if len(self.yielded) else 0
-        self.row_ids = row_ids
-        self.labels = labels  # None: read with the runs when the fill completes
-        self.runs = runs
-        self.to_read = runs  # the runs read into batches (deferred batches' rows are read by their receivers)
-        self.done = 0  # runs of to_read read or handed to the I/O threads
-        self.targets: dict[int, _Pending] = {}
-        self.futures: list = []
-
-
-class _IOThreads:
-    """A fixed set of daemon threads running submitted calls: ``concurrent.futures.ThreadPoolExecutor`` without
-    its join at interpreter exit, which would wait for good on a read that hangs.  Created, used and shut down
-    by the reader thread."""
-
-    def __init__(self, n: int, name: str):
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, fn, *args) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._calls.put((future, fn, args))
-        return future
-
-    def _work(self) -> None:
-        while (call := self._calls.get()) is not None:
-            future, fn, args = call
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # Stopped included: the waiter re-raises it
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-    def shutdown(self) -> None:
-        """Cancel the calls not started, let the running ones finish, end the threads."""
-        while True:
-            try:
-                call = self._calls.get_nowait()
-            except queue.Empty:
-                break
-            if call is not None:
-                call[0].cancel()
-        for _ in self._threads:
-            self._calls.put(None)
-        for t in self._threads:
-            t.join()
 
 
 class Reader:
@@ -222,7 +108,7 @@ class Reader:
     Threads: each method's docstring says which thread runs it -- the
     *consumer* (one thread at a time: :meth:`get`, :meth:`poll`, :meth:`add_wait`), the
     *reader thread* (``_run`` and what it calls), its *I/O threads*
-    (``_read_runs``) or *any* (``close``, idempotent; ``stats``,
+    (:meth:`RowReader.read_runs <h5stream.read.rows.RowReader.read_runs>`) or *any* (``close``, idempotent; ``stats``,
     ``queue_fill``, ``alive``).  ``stats`` has one writer per counter: the
     reader thread counts what was read (its I/O threads hand their counts
     back with their results), the consumer what it waited.  The threads are daemons, and stop within :data:`POLL_S` once
@@ -264,18 +150,15 @@ class Reader:
         self._cache_labels = bool(cache_labels)
         self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
-        self._learned: set[int] = set()  # blocks whose digests are learned (by _learn_runs)
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
-        self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         # Set by the reader thread when it opens the store:
         self._source: ByteSource | None = None
         self._offsets: np.ndarray | None = None  # byte offset of each image chunk; None: read through HDF5
-        self._label_offsets = None  # (byte offset of each label chunk, rows per chunk) where stored uncompressed
-        self._images = self._labels = None  # HDF5 datasets, for what only HDF5 can read
-        self._io: _IOThreads | None = None
+        self._rows: RowReader | None = None  # what it reads rows and labels with
+        self._io: IOThreads | None = None
         self._io_threads = 0
         # Batches being assembled and handed out, owned by the reader thread:
-        self._pending: dict[tuple[int, int], _Pending] = {}
+        self._pending: dict[tuple[int, int], Pending] = {}
         self._bounds: dict[int, np.ndarray] = {}  # epoch -> its batch boundaries
         self._next_emit: tuple[int, int] | None = None  # the next batch to hand out
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -321,7 +204,7 @@ class Reader:
 
     def _take(self, item) -> Batch:
         """``item`` taken from the queue: the batch, or the thread's failure raised.  Consumer thread."""
-        if isinstance(item, _Failure):
+        if isinstance(item, Failure):
             if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
                 self._fail(StoreBusyError(str(item.exc)), item.exc)
             if isinstance(item.exc, ChecksumError):  # likewise
@@ -396,19 +279,19 @@ class Reader:
         path = self.meta.path
         try:
             where = locate(self.meta, self._cache_labels, digests=self._verify)
-            self._offsets, self._label_offsets, self.all_labels = where.image_chunks, where.label_chunks, where.labels
+            self._offsets, self.all_labels = where.image_chunks, where.labels
+            images = labels = None  # HDF5 datasets, for what only HDF5 can read
             if self.defer_pixels and self._offsets is None:
                 raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
             with contextlib.ExitStack() as stack:
-                if self._offsets is None or (self.all_labels is None and self._label_offsets is None):
+                if self._offsets is None or (self.all_labels is None and where.label_chunks is None):
                     # Only HDF5 can read these rows (compressed), and it trusts metadata a writer rewrites.
                     writers = writer_pids(path)
                     if writers:
                         raise busy_error(path, writers, "a compressed store can only be read through HDF5 "
                                                         "metadata that the writer keeps changing")
                     f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
-                    self._images = images_dataset(f)
-                    self._labels = f[schema.LABELS]
+                    images, labels = images_dataset(f), f[schema.LABELS]
                 self._source = self._open_source()
                 stack.callback(self._source.close)
                 self._counts["direct_io"] = int(bool(getattr(self._source, "direct", False)))
@@ -419,20 +302,23 @@ class Reader:
                 )
                 if self._check is not None and self.all_labels is not None:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start
+                self._rows = RowReader(self.meta, self._source, offsets=self._offsets,
+                                       label_offsets=where.label_chunks, images=images, labels=labels,
+                                       check=self._check, stop=self._stop)
                 if self._offsets is not None:
                     self._io_threads = max(1, int(self._source.max_in_flight))
-                    self._io = _IOThreads(self._io_threads, self._thread.name + "-io")
+                    self._io = IOThreads(self._io_threads, self._thread.name + "-io")
                     stack.callback(self._io.shutdown)
                 self._pump()
         except Stopped:
             pass
         except BaseException as exc:  # delivered to the consumer, never lost
             try:
-                self._put(_Failure(exc))
+                self._put(Failure(exc))
             except Stopped:
                 pass
 
-    def _jobs(self) -> Iterator[_FillJob]:
+    def _jobs(self) -> Iterator[FillJob]:
         """Fill jobs in reading order, epoch after epoch, from the start position.  Reader thread."""
         epoch, first_batch = self._start
         self._next_emit = (epoch, first_batch)
@@ -450,7 +336,7 @@ class Reader:
                 row_ids = layout.fill_row_ids(fill)
                 labels = None if self.all_labels is None else self.all_labels[row_ids]
                 runs = plan_runs(layout.fill_segments(fill), self._offsets, self.meta.block_rows, self.meta.row_bytes)
-                yield _FillJob(epoch, batch, offset, row_ids, labels, runs, permutation)
+                yield FillJob(epoch, batch, offset, row_ids, labels, runs, permutation)
             self._bounds.pop(epoch - 2, None)
             epoch, first_batch = epoch + 1, 0
 
@@ -492,7 +378,7 @@ class Reader:
         p = self._pending.pop(key)
         self._put(p.batch)
 
-    def _batch(self, epoch: int, j: int, images: bool = True) -> _Pending:
+    def _batch(self, epoch: int, j: int, images: bool = True) -> Pending:
         """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images).  Reader
         thread."""
         key = (epoch, j)
@@ -505,11 +391,11 @@ class Reader:
             checks = None
             if not images and self._check is not None and self._check.every_read:
                 checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
-            p = self._pending[key] = _Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
+            p = self._pending[key] = Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
         return p
 
     # -- one fill ------------------------------------------------------------------
-    def _start_fill(self, job: _FillJob) -> None:
+    def _start_fill(self, job: FillJob) -> None:
         """Advise the source ahead, allocate the fill's batches (may block on a bounded allocator), and hand
         the pixel reads to the I/O threads when there are any.
 
@@ -518,7 +404,8 @@ class Reader:
         cache may drop what it fetches before a receiver gets to it.  A batch shared with the previous fill
         keeps the kind it was made with: its rows are read here if it has images, else read past.  Reader thread.
         """
-        missing = self._advise(job.runs)
+        missing = self._rows.advise(job.runs)
+        self._counts["advised_bytes"] = self._rows.advised_bytes
         deferred = self.defer_pixels and not missing
         for j in range(job.first_batch, job.first_batch + job.n_batches):  # the fill's batches, in order
             job.targets[j] = self._batch(job.epoch, j, images=not deferred)
@@ -535,15 +422,15 @@ class Reader:
             # in file order and finish within one read of each other, so the device's queue stays full to the
             # end of the fill; a fill costs k futures instead of one per run.
             runs, lock = iter(job.to_read), threading.Lock()
-            job.futures = [self._io.submit(self._read_runs, job, runs, lock) for _ in range(self._io_threads)]
+            job.futures = [self._io.submit(self._rows.read_runs, job, runs, lock) for _ in range(self._io_threads)]
             job.done = len(job.to_read)
 
-    def _step(self, job: _FillJob, n_runs: int) -> None:
+    def _step(self, job: FillJob, n_runs: int) -> None:
         """Read up to ``n_runs`` more runs of ``job`` in this thread (no-op when the I/O threads have them).
         Reader thread."""
         stop = min(len(job.to_read), job.done + n_runs)
         while job.done < stop:
-            self._count_read(*self._read_pixels(job, job.to_read[job.done]))
+            self._count_read(*self._rows.read_pixels(job, job.to_read[job.done]))
             job.done += 1
 
     def _count_read(self, seconds: float, nbytes: int) -> None:
@@ -551,7 +438,7 @@ class Reader:
         self._counts["read_s"] += seconds
         self._counts["read_bytes"] += nbytes
 
-    def _complete(self, job: _FillJob) -> None:
+    def _complete(self, job: FillJob) -> None:
         """Finish every read of the fill, then count its rows as arrived in their batches.  Reader thread."""
         self._step(job, len(job.to_read))
         wait_futures(job.futures, check=self._check_stop)
@@ -559,12 +446,12 @@ class Reader:
             self._count_read(*f.result())
         job.futures = []
         if job.labels is None:
-            job.labels = self._read_labels(job.runs, len(job.row_ids))
+            job.labels = self._rows.read_labels(job.runs, len(job.row_ids))
         file_offsets = None
         if any(t.batch.file_offsets is not None for t in job.targets.values()):
             file_offsets = row_offsets(job.runs, len(job.row_ids), self.meta.row_bytes)
             if self._check is not None:  # the receivers check rows against their digests: learn them first
-                self._learn_runs(job.runs)
+                self._rows.learn_runs(job.runs)
         # Gathered once for the whole fill, in yield order; each batch then takes one slice of each.
         yielded = job.yielded
         labels, row_ids = job.labels[yielded], job.row_ids[yielded]
@@ -591,128 +478,3 @@ class Reader:
         self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
         if self._check is not None:
             self._counts["verify_learn_bytes"] = self._check.learned_bytes
-
-    def _learn_runs(self, runs: list[Run]) -> None:
-        """Learn the digests of every block ``runs`` touch (see :meth:`BlockCheck.learn_rows`), asking only about
-        blocks not known learned yet: a learned block stays learned.  Reader thread."""
-        block_rows, known = self.meta.block_rows, self._learned
-        if len(known) >= -(-self.meta.rows // block_rows):
-            return  # every block is learned: the usual case from the second epoch on
-        for run in runs:
-            blocks = range(run.src // block_rows, (run.src + run.rows - 1) // block_rows + 1)
-            if not known.issuperset(blocks):
-                self._check.learn_rows(run.src, run.rows, self._read_block)
-                known.update(blocks)
-
-    # -- I/O -------------------------------------------------------------------------
-    def _advise(self, runs: list[Run]) -> list[Run]:
-        """Advise the source to fetch a fill's runs ahead, skipping runs already cached; return the runs not
-        known to be cached (every run where the source cannot tell).  Reader thread."""
-        if self._offsets is None:
-            return []
-        cached = getattr(self._source, "cached", None)
-        advise = getattr(self._source, "advise_willneed", None)
-        row_bytes = self.meta.row_bytes
-        missing = []
-        if cached is not None:
-            # One question per span of nearby runs (usually one per fill) instead of one per run; a span not
-            # wholly cached is asked about run by run.
-            for offset, length, members in spans(runs, row_bytes, CACHE_SPAN_GAP_BYTES):
-                if len(members) > 1 and cached(offset, length):
-                    continue
-                missing.extend(run for run in members if not cached(run.offset, run.rows * row_bytes))
-        else:
-            missing = runs
-        for run in missing:
-            length = run.rows * row_bytes
-            if advise is not None:
-                advise(run.offset, length)
-                self._counts["advised_bytes"] += length
-        return missing
-
-    def _read_runs(self, job: _FillJob, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
-        """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left;
-        return the seconds and bytes read.  An I/O thread."""
-        seconds = nbytes = 0
-        while True:
-            with lock:
-                run = next(runs, None)
-            if run is None:
-                return seconds, nbytes
-            t, n = self._read_pixels(job, run)
-            seconds += t
-            nbytes += n
-
-    def _read_pixels(self, job: _FillJob, run: Run) -> tuple[float, int]:
-        """Read one run of rows straight into their batches; return the seconds and bytes it took.  An I/O
-        thread when there are any, else the reader thread."""
-        if self._stop.is_set():
-            raise Stopped
-        dest, src, n, off = run
-        t0 = time.perf_counter()
-        row_bytes = self.meta.row_bytes
-        targets = job.targets
-        batches = job.batch[dest:dest + n].tolist()
-        offsets = job.offset[dest:dest + n].tolist()
-        if off is not None:
-            scratch = memoryview(self._scratch)
-            views = [
-                targets[b].rows[k * row_bytes:(k + 1) * row_bytes] if b >= 0 and targets[b].rows is not None
-                else scratch  # not used here: dropped, or (deferred batch) read by the batch's receiver
-                for b, k in zip(batches, offsets)
-            ]
-            self._source.readinto(off, views)
-            if self._check is not None:
-                self._check.images(src, [None if v is scratch else v for v in views], self._read_block)
-        else:  # compressed: HDF5 decodes; only ever called from the reader thread
-            rows = self._images[src:src + n]
-            if self._check is not None:
-                self._check.images(src, [rows[i] if b >= 0 else None for i, b in enumerate(batches)],
-                                   self._read_block)
-            for i, (b, k) in enumerate(zip(batches, offsets)):
-                if b >= 0:
-                    targets[b].batch.images[k] = rows[i]
-        return time.perf_counter() - t0, n * row_bytes
-
-    def _read_block(self, start: int, stop: int, out: memoryview) -> None:
-        """Read the image bytes of rows ``[start, stop)``, which lie in one block, into ``out``: by byte
-        offset (from an I/O thread or the reader thread), or (compressed) through HDF5, then only from the
-        reader thread.  What :class:`BlockCheck` learns a block with."""
-        if self._offsets is not None:
-            block = start // self.meta.block_rows
-            offset = int(self._offsets[block]) + (start - block * self.meta.block_rows) * self.meta.row_bytes
-            self._source.readinto(offset, [out])
-        else:
-            rows = np.frombuffer(out, np.uint8).reshape(stop - start, *self.meta.image_shape)
-            self._images.read_direct(rows, np.s_[start:stop], np.s_[0:stop - start])
-
-    def _read_labels(self, runs: list[Run], n: int) -> np.ndarray:
-        """Labels of a fill in buffer order, run by run (when they are not all cached).  Checked reads take
-        the whole blocks around each run, checked against their digests.  Reader thread."""
-        labels = np.empty((n, *self.meta.label_shape), self.meta.label_dtype)
-        for dest, src, k, _off in runs:
-            span = None if self._check is None else self._check.widen(src, k)
-            if span is None:
-                self._read_label_rows(src, src + k, labels[dest:dest + k])
-                continue
-            a, b = span
-            rows = np.empty((b - a, *self.meta.label_shape), self.meta.label_dtype)
-            self._read_label_rows(a, b, rows)
-            self._check.labels(a, rows)
-            labels[dest:dest + k] = rows[src - a:src - a + k]
-        return labels
-
-    def _read_label_rows(self, start: int, stop: int, out: np.ndarray) -> None:
-        """Labels of rows ``[start, stop)`` into ``out``: by byte offset where the labels are stored
-        uncompressed, else through HDF5.  Reader thread."""
-        if stop <= start:
-            return
-        if self._label_offsets is None:
-            self._labels.read_direct(out, np.s_[start:stop], np.s_[0:stop - start])
-            return
-        chunk_offsets, chunk_rows = self._label_offsets
-        row_bytes = self.meta.label_row_bytes
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        for first, chunk, within, m in chunk_pieces(start, stop - start, chunk_rows):  # may span label chunks
-            a = first * row_bytes
-            self._source.readinto(int(chunk_offsets[chunk]) + within * row_bytes, [view[a:a + m * row_bytes]])
