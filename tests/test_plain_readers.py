@@ -120,3 +120,7 @@ def test_default_h5py_and_pytables_read_exactly_the_committed_rows_while_an_inge
         assert list(f["paths"][:committed]) == by_h5py[2]
     code, _, err = h5cli("verify", out)
     assert code == 0, err
+    with h5py.File(out, "r"):  # a reader holding the file keeps the next writer out, in one line
+        code, _, err = h5cli("ingest", root, out, *ARGS, "--append")
+    assert code == 1 and err.count("\n") == 1 and "another program has it open" in err, err
+    assert read_meta(out).rows == len(written)
