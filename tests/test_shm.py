@@ -138,20 +138,20 @@ def _exited_pid() -> int:
     return int(done.stdout)
 
 
-@pytest.mark.alone  # another test's stream would sweep the dead creators' segments first
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
-def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only():
+def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only(own_shm_namespace):
+    # In a namespace of this test's own: no other h5stream process on the machine sweeps these names first.
     from h5stream.shm import _start_ticks, sweep_stale_segments
 
-    me, mine = os.getpid(), _start_ticks(os.getpid())
+    ns, me, mine = own_shm_namespace, os.getpid(), _start_ticks(os.getpid())
     dead = _exited_pid()
     names = {
-        f"h5s_{dead}_s{mine:x}_aaaain__0": False,  # creator exited
-        f"h5s_{dead}_0123abcdout__0": False,  # older name without a start time, creator exited
-        f"h5s_{me}_s{mine + 1:x}_bbbbin__0": False,  # this pid, but a process that started at another time
-        f"h5s_{me}_s{mine:x}_ccccin__0": True,  # this very process
-        f"h5s_{me}_0123abcdout__0": True,  # this pid, no start time to tell: kept
-        f"h5s_not_a_pid_{dead}": True,  # not a name h5stream makes
+        f"{ns}_{dead}_s{mine:x}_aaaain__0": False,  # creator exited
+        f"{ns}_{dead}_0123abcdout__0": False,  # older name without a start time, creator exited
+        f"{ns}_{me}_s{mine + 1:x}_bbbbin__0": False,  # this pid, but a process that started at another time
+        f"{ns}_{me}_s{mine:x}_ccccin__0": True,  # this very process
+        f"{ns}_{me}_0123abcdout__0": True,  # this pid, no start time to tell: kept
+        f"{ns}_not_a_pid_{dead}": True,  # not a name h5stream makes
     }
     for name in names:
         _raw_segment(name)
@@ -159,17 +159,48 @@ def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only():
         removed = set(sweep_stale_segments())
         assert {n for n, kept in names.items() if not kept} <= removed
         assert not {n for n, kept in names.items() if kept} & removed
-        present = set(segment_names("h5s_"))
+        present = set(segment_names(f"{ns}_"))
         assert {n for n, kept in names.items() if kept} <= present
         assert not {n for n, kept in names.items() if not kept} & present
     finally:
-        import _posixshmem
+        _unlink_all(names)
 
-        for name in names:
-            try:
-                _posixshmem.shm_unlink("/" + name)
-            except FileNotFoundError:
-                pass
+
+def test_a_sweep_leaves_the_segments_of_other_namespaces_alone(own_shm_namespace, monkeypatch):
+    from h5stream.shm import NAMESPACE_ENV, _start_ticks, new_prefix, sweep_stale_segments
+
+    other = own_shm_namespace + "b"  # a namespace this one's name starts: still another one
+    dead, start = _exited_pid(), _start_ticks(os.getpid())
+    ours, theirs = f"{own_shm_namespace}_{dead}_s{start:x}_aaaain__0", f"{other}_{dead}_s{start:x}_aaaain__0"
+    assert new_prefix().startswith(f"{own_shm_namespace}_{os.getpid()}_")
+    for name in (ours, theirs):
+        _raw_segment(name)
+    try:
+        assert sweep_stale_segments() == [ours]  # the other namespace's dead segment is not this process's to sweep
+        assert os.path.exists(f"/dev/shm/{theirs}")
+        monkeypatch.setenv(NAMESPACE_ENV, other)
+        assert sweep_stale_segments() == [theirs]
+    finally:
+        _unlink_all((ours, theirs))
+
+
+@pytest.mark.parametrize("value", ["a_b", "x" * 17, "../x", "h5s "])
+def test_a_namespace_that_is_not_a_name_is_one_line_from_every_command(value, monkeypatch, h5cli, tmp_path):
+    from h5stream.shm import NAMESPACE_ENV
+
+    monkeypatch.setenv(NAMESPACE_ENV, value)
+    code, _, err = h5cli("info", tmp_path / "missing.h5")
+    assert code == 1 and err.count("\n") == 1 and f"{NAMESPACE_ENV}={value!r}" in err and "letters or digits" in err
+
+
+def _unlink_all(names) -> None:
+    import _posixshmem
+
+    for name in names:
+        try:
+            _posixshmem.shm_unlink("/" + name)
+        except FileNotFoundError:
+            pass
 
 
 def test_new_prefix_carries_pid_and_start_time():

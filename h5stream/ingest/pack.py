@@ -363,8 +363,7 @@ def _resolve_new(opts: IngestOptions, source: Source) -> IngestTarget:
 
 
 def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
-    import h5py
-
+    from h5stream.store.access import open_h5_readonly
     from h5stream.store.meta import read_meta
 
     out = opts.out
@@ -411,8 +410,8 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         if tuple(meta.label_columns or ()) != tuple(source.label_columns):
             mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
     stored: set[str] = set()
-    # locking=False: this process holds the store's lock, and HDF5's own would clash with an open reader's.
-    with h5py.File(out, "r", locking=False) as f:
+    # Through a file object: no HDF5 lock to clash with a reader's, no handle shared with one of this process.
+    with open_h5_readonly(out) as f:
         paths = f[schema.PATHS]
         for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
             stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
@@ -430,9 +429,9 @@ def schema_background(path: str) -> tuple[tuple[int, int, int], tuple[int, int, 
     """The store's (alpha background, pad fill); a store without ``pad_fill`` padded with its background."""
     import json
 
-    import h5py
+    from h5stream.store.access import open_h5_readonly
 
-    with h5py.File(path, "r", locking=False) as f:
+    with open_h5_readonly(path) as f:
         raws = f.attrs.get(schema.ATTR_BACKGROUND), f.attrs.get(schema.ATTR_PAD_FILL)
 
     def rgb(raw):

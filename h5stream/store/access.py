@@ -57,7 +57,7 @@ from h5stream.errors import (
     StoreReadError,
 )
 from h5stream.remote.config import is_url
-from h5stream.store.lock import lock_holders
+from h5stream.store.lock import lock_holders, lock_path
 
 T = TypeVar("T")
 
@@ -300,11 +300,15 @@ def _raise_io_failure(path: str, raw: io.FileIO, exc: BaseException) -> None:
 
 
 def writer_pids(path: str | os.PathLike) -> list[int]:
-    """Processes other than this one holding a write lock on ``path`` (HDF5 writers lock the whole file), read
-    without taking a lock (:func:`~h5stream.store.lock.lock_holders`); [] where that is unavailable or nobody
-    writes."""
+    """Processes other than this one writing ``path``: holding h5stream's writer lock on it (whose HDF5 lock on
+    the file is shared with readers, see :func:`~h5stream.store.handle.share_with_readers`), or an exclusive
+    lock on the file itself (another program's HDF5 writer).  Read without taking a lock
+    (:func:`~h5stream.store.lock.lock_holders`); [] where that is unavailable or nobody writes."""
     me = os.getpid()
-    return [pid for pid in lock_holders(path) or () if pid != me]
+    pids: list[int] = []
+    for locked in (lock_path(path), path):
+        pids += [pid for pid in lock_holders(locked) or () if pid != me and pid not in pids]
+    return pids
 
 
 def busy_error(path: str, pids: list[int], what: str) -> StoreBusyError:

@@ -14,6 +14,8 @@ a marker lies beside it (:func:`~h5stream.store.schema.flushing_path`).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 
@@ -53,10 +55,15 @@ def describe(exc: BaseException) -> tuple[int | None, str]:
 WRITER_METADATA_CACHE_BYTES = 32 << 20
 
 
+def _held_elsewhere(path: str) -> StoreBusyError:
+    return StoreBusyError(f"{path}: another program has it open (HDF5's file lock); close it there, then run again")
+
+
 def open_for_writing(path: str, made: tuple[int, int] | None = None) -> tables.File:
     """PyTables handle with the chunk cache off (every chunk write happens, and is checked, where it is asked
-    for) and a metadata cache of :data:`WRITER_METADATA_CACHE_BYTES`.  Raises StoreBusyError when HDF5's own
-    lock is held elsewhere, StoreWriteError otherwise.
+    for) and a metadata cache of :data:`WRITER_METADATA_CACHE_BYTES`, whose HDF5 file lock lets readers in
+    (:func:`share_with_readers`).  Raises StoreBusyError when HDF5's own lock is held elsewhere, StoreWriteError
+    otherwise.
 
     ``made``: the (device, inode) of the file created at ``path`` (:func:`~h5stream.store.create.write_empty`).
     HDF5 opens by name and follows a link, so ``path`` is checked to be that file (not a link put there since)
@@ -69,18 +76,41 @@ def open_for_writing(path: str, made: tuple[int, int] | None = None) -> tables.F
         f = tables.open_file(path, mode="a", chunk_cache_size=0, metadata_cache_size=WRITER_METADATA_CACHE_BYTES)
     except (tables.HDF5ExtError, OSError) as exc:
         if "unable to lock file" in str(exc):
-            raise StoreBusyError(
-                f"{path}: another program has it open (HDF5's file lock); close it there, then run again"
-            ) from exc
+            raise _held_elsewhere(path) from exc
         code, reason = describe(exc)
         raise StoreWriteError(f"{path}: cannot open it for writing ({reason})", errno=code, strerror=reason) from exc
-    if made is not None:
-        try:
+    try:
+        if made is not None:
             sidecar.check_same(path, file_descriptor(f) if f.isopen else None, made)
-        except BaseException:
-            close_cut_off(f)  # nothing reaches the file that is not ours
-            raise
+        share_with_readers(f)
+    except BaseException:
+        close_cut_off(f)  # nothing was written through it, nor reaches a file that is not ours
+        raise
     return f
+
+
+def share_with_readers(f: tables.File) -> None:
+    """Turn the exclusive lock HDF5 takes on a file it opens for writing into a shared one.
+
+    HDF5 ``flock()``s a file it opens for writing with ``LOCK_EX`` and for reading with ``LOCK_SH``, so while the
+    writer holds it a plain ``h5py.File(path)`` or ``tables.open_file(path)`` is turned away ("unable to lock
+    file").  h5stream's writer keeps other writers out with its own lock (:mod:`h5stream.store.lock`) and
+    publishes rows through ``committed_rows``, so readers may come in: with the lock shared, default readers
+    open the store, and any other program opening it for writing (``LOCK_EX``) is still refused.  The kernel
+    changes a lock's kind by dropping it and taking the new one; a program that took the file in between makes
+    this raise StoreBusyError.  A file system without ``flock`` (HDF5 then took no lock) is left as it is."""
+    fd = file_descriptor(f)
+    if fd is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise _held_elsewhere(f.filename) from exc
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            code, reason = describe(exc)
+            raise StoreWriteError(f"{f.filename}: cannot lock it for writing ({reason})", errno=code,
+                                  strerror=reason) from exc
 
 
 def file_descriptor(f: tables.File) -> int | None:
