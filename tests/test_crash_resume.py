@@ -227,9 +227,36 @@ WRITES = {"hdf5": ["--size", "8", "--commit-rows", "8", "--workers", "0"],
           "direct": ["--size", "64", "--block-rows", "4", "--commit-rows", "8", "--workers", "1"]}
 
 
+def sampled_steps(steps: list[str], stride: int = 7) -> set[int]:
+    """The steps (1-based) a kill sweep in `make test` takes: the first and the last change of every kind (the call
+    and the file it changes: the lock, the skip report, HDF5's writes to the temporary or published store, the
+    rename, ...) and every ``stride``-th step.  `make test-all` takes the rest too, so every step is killed at."""
+    first, last = {}, {}
+    for k, line in enumerate(steps, start=1):
+        _, call, path = line.split(" ", 2)
+        kind = (call, os.path.basename(path))
+        first.setdefault(kind, k)
+        last[kind] = k
+    return set(first.values()) | set(last.values()) | set(range(stride, len(steps) + 1, stride))
+
+
+def test_the_sample_of_a_kill_sweep_takes_every_kind_of_change_first_and_last():
+    steps = ["1 open o.h5.lock", "2 pwrite o.h5.creating", "3 pwrite o.h5.creating", "4 pwrite o.h5.creating",
+             "5 rename o.h5", "6 pwrite o.h5", "7 fsync o.h5", "8 pwrite o.h5", "9 pwrite o.h5"]
+    assert sampled_steps(steps, stride=4) == {1, 2, 4, 5, 6, 9, 7, 8}
+
+
+#: Which steps a sweep kills at: a sample of every kind of change in `make test`, the rest in `make test-all`.
+PARTS = ["sample", pytest.param("rest", marks=pytest.mark.slow)]
+
+
+def _in_part(k: int, part: str, sample: set[int]) -> bool:
+    return (k in sample) == (part == "sample")
+
+
 @pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("writes", list(WRITES))
-@pytest.mark.parametrize("part", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("part", PARTS)
 def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill_shim, tmp_path, h5cli, part,
                                                                             writes):
     # A real ingest process SIGKILLs itself right after each of its changes to files in OUT's folder in turn (HDF5's
@@ -239,8 +266,8 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
     # commits rewrite headers and attributes, several writes each) one that readers refuse until it is rebuilt;
     # `--append` must finish it exactly, leaving no temporary file or marker.  (HDF5 rewrites headers in place and
     # the superblock last: a store visible under its name during its first flush of rows could be left
-    # unreadable, "addr overflow ... eoa = 8192".)  Part p kills after steps k with k % 3 == p: make test runs a
-    # third of the steps, the slow tests the rest.
+    # unreadable, "addr overflow ... eoa = 8192".)  make test kills at a sample of the steps that holds every kind
+    # of change (sampled_steps), the slow tests at the rest.
     src = tmp_path / "src"
     make_class_folder(src, classes=2, per_class=10, size=(20, 24), fmt="png", seed=3)
     (src / "class_0" / "broken.png").write_bytes(b"not a png")  # the skip report is written too
@@ -264,8 +291,9 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
     want = _store_state(ref / "o.h5")
     assert want["rows"] == 20 and want["stored"] == [20, 20, 20]
 
+    sample = sampled_steps(steps)
     for k, step in enumerate(steps, start=1):
-        if k % 3 != part:
+        if not _in_part(k, part, sample):
             continue
         folder = tmp_path / f"k{k}"
         folder.mkdir()
@@ -303,9 +331,9 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
 
 
 @pytest.mark.usefixtures("no_leaks")
-@pytest.mark.parametrize("part", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("part", PARTS)
 def test_a_kill_at_every_step_of_a_repair_leaves_the_store_to_repair_again(kill_shim, tmp_path, h5cli, part):
-    # `h5stream repair` killed after each of its file changes in turn (half of them in make test, by k % 2): the
+    # `h5stream repair` killed after each of its file changes in turn (a sample of every kind in make test): the
     # store is the old one still marked (readers refuse it) or the rebuilt one, and the next repair ends with
     # exactly the committed rows, no temporary file and no marker.
     src = tmp_path / "src"
@@ -328,8 +356,9 @@ def test_a_kill_at_every_step_of_a_repair_leaves_the_store_to_repair_again(kill_
     assert killed_repair(whole, 0, log).returncode == 0
     steps = log.read_text().splitlines()
     assert any(s.endswith("o.h5.creating") for s in steps) and any(" rename" in s for s in steps), steps
+    sample = sampled_steps(steps)
     for k, step in enumerate(steps, start=1):
-        if k % 2 != part:
+        if not _in_part(k, part, sample):
             continue
         folder = tmp_path / f"k{k}"
         shutil.copytree(ref, folder)
