@@ -48,6 +48,27 @@ def regression_src(tmp_path_factory):
     return str(root), csv_path, rows
 
 
+@pytest.fixture(scope="session")
+def small_class_store(tmp_path_factory, class_src):
+    """A store of ``class_src`` at 8 px (18 rows, 2 classes), ingested once per session; read it, never write it."""
+    from h5stream import cli
+
+    path = tmp_path_factory.mktemp("small") / "s.h5"
+    assert cli.main(["ingest", class_src[0], str(path), "--size", "8", "--workers", "0"]) == 0
+    return str(path)
+
+
+def committed_rows(path) -> int:
+    """The committed count as another process sees it now (0 while the file is not there or mid-update)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r", locking=False) as f:  # a reader that only polls a counter skips HDF5's lock
+            return int(f.attrs.get("committed_rows", 0))
+    except (OSError, KeyError):
+        return 0
+
+
 @pytest.fixture
 def class_src_copy(class_src, tmp_path):
     """A private, writable copy of ``class_src`` (for tests that add or break files)."""

@@ -20,20 +20,12 @@ from h5stream.shm import segment_names
 from h5stream.store import read_meta
 from h5stream.store.handle import mark_flushing
 from h5stream.store.schema import flushing_path
+from conftest import committed_rows
 
 
 N_CLASSES, PER_CLASS = 3, 400
 DEADLINE_S = 120.0
 
-
-def committed_rows(path) -> int:
-    """The committed count as another process sees it now (0 while the file is not there or mid-update)."""
-    try:
-        # The writer holds HDF5's lock; a reader that only polls a counter may skip it.
-        with h5py.File(path, "r", locking=False) as f:
-            return int(f.attrs.get("committed_rows", 0))
-    except (OSError, KeyError):
-        return 0
 
 
 def append_finishes_the_set(cmd, out, written) -> None:

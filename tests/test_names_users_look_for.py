@@ -16,11 +16,9 @@ from h5stream import cli
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, class_src):
-    path = tmp_path_factory.mktemp("names") / "s.h5"
-    assert cli.main(["ingest", class_src[0], str(path), "--size", "8", "--workers", "0"]) == 0
-    return str(path)
+@pytest.fixture
+def store(small_class_store):
+    return small_class_store
 
 
 def test_info_names_the_hdf5_nodes_with_their_shapes_and_types(h5cli, store):

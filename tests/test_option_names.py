@@ -66,13 +66,9 @@ def test_augment_refuses_imagedatagenerators_names_it_does_not_take_by_name():
     assert h5stream.Augment.preset("standard", rescale=1 / 255).rescale == pytest.approx(1 / 255)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, class_src):
-    from h5stream import cli
-
-    path = tmp_path_factory.mktemp("names") / "s.h5"
-    assert cli.main(["ingest", class_src[0], str(path), "--size", "8", "--workers", "0"]) == 0
-    return str(path)
+@pytest.fixture
+def store(small_class_store):
+    return small_class_store
 
 
 def test_the_budget_error_and_the_warning_suggest_the_same_worker_count(store, monkeypatch):

@@ -25,6 +25,7 @@ from h5stream.store.handle import mark_flushing
 from h5stream.store.schema import flushing_path
 from h5stream.store.progress import IngestProgress, continue_command, progress_text
 from h5stream.store.writer import write_arrays
+from conftest import committed_rows
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -34,14 +35,6 @@ DEADLINE_S = 120.0
 INTERRUPTED = re.compile(r"h5stream: interrupted(?: \(SIGTERM\))?: ([\d,]+) of ([\d,]+) files stored; "
                          r"finish with `([^`]+)`")
 
-
-def committed_rows(path) -> int:
-    """The committed count as another process sees it now (0 while the file is not there or mid-update)."""
-    try:
-        with h5py.File(path, "r", locking=False) as f:
-            return int(f.attrs.get("committed_rows", 0))
-    except (OSError, KeyError):
-        return 0
 
 
 @pytest.fixture(scope="module")
