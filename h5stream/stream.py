@@ -23,7 +23,6 @@ import numpy as np
 from h5stream import _fork
 from h5stream import _interrupt as interrupt
 from h5stream._cores import suggested_workers, usable_cores
-from h5stream.budget import StreamPlan
 from h5stream.config import StreamConfig, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
@@ -33,7 +32,7 @@ from h5stream.options import StreamOptions
 from h5stream.order.epoch import EpochLayout
 from h5stream.order.split import BOTH
 from h5stream.remote.config import stream_remote
-from h5stream.store.meta import StoreMeta, read_meta
+from h5stream.store.meta import read_meta
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
 STATE_VERSION = 1
@@ -125,6 +124,11 @@ open.__signature__ = inspect.Signature(
      *inspect.signature(StreamOptions).parameters.values()],
     return_annotation="Stream | tuple[Stream, Stream]",
 )
+
+
+def _from_config(name: str, doc: str) -> property:
+    """A read-only attribute of :class:`Stream` that is its config's ``name``."""
+    return property(lambda stream: getattr(stream.config, name), doc=doc)
 
 
 class Stream:
@@ -223,54 +227,17 @@ class Stream:
             self.close()
 
     # -- what it runs by (read-only views of self.config) ------------------------------
-    @property
-    def meta(self) -> StoreMeta:
-        """The store's :class:`~h5stream.store.meta.StoreMeta` as read at ``open``."""
-        return self.config.meta
-
-    @property
-    def plan(self) -> StreamPlan:
-        """The memory plan the stream allocates by (``plan.describe()`` states it)."""
-        return self.config.plan
-
-    @property
-    def seed(self) -> int:
-        """The seed in force: the one given, drawn (``seed=None``) or taken from the resumed state."""
-        return self.config.seed
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.batch_size
-
-    @property
-    def shuffle(self) -> bool:
-        return self.config.shuffle
-
-    @property
-    def drop_remainder(self) -> bool:
-        return self.config.drop_remainder
-
-    @property
-    def timeout_s(self) -> float:
-        return self.config.timeout_s
-
-    @property
-    def direct_io(self) -> bool:
-        """Whether the pixels are read past the page cache (``O_DIRECT``)."""
-        return self.config.direct_io
-
-    @property
-    def augment(self):
-        """The :class:`~h5stream.Augment` (with its fitted feature statistics), or None."""
-        return self.config.augment
-
-    @property
-    def workers(self) -> int:
-        return self.config.workers
-
-    @property
-    def subset(self) -> str | None:
-        return self.config.subset
+    meta = _from_config("meta", "The store's :class:`~h5stream.store.meta.StoreMeta` as read at ``open``.")
+    plan = _from_config("plan", "The memory plan the stream allocates by (``plan.describe()`` states it).")
+    seed = _from_config("seed", "The seed in force: the one given, drawn (``seed=None``) or the resumed state's.")
+    batch_size = _from_config("batch_size", "Rows per batch (the last of an epoch may have fewer).")
+    shuffle = _from_config("shuffle", "Whether every epoch is reshuffled.")
+    drop_remainder = _from_config("drop_remainder", "Whether each epoch's last, smaller batch is dropped.")
+    timeout_s = _from_config("timeout_s", "Seconds a batch may take before :class:`~h5stream.ReaderError`.")
+    direct_io = _from_config("direct_io", "Whether the pixels are read past the page cache (``O_DIRECT``).")
+    augment = _from_config("augment", "The :class:`~h5stream.Augment` (feature statistics fitted), or None.")
+    workers = _from_config("workers", "Worker processes (0: the transform runs in the consumer's thread).")
+    subset = _from_config("subset", "``\"training\"``, ``\"validation\"`` or None (the whole store).")
 
     # -- what it yields -------------------------------------------------------------
     @property
