@@ -4,6 +4,7 @@ suggests a number of workers (the budget's error and the stream's warning)."""
 from __future__ import annotations
 
 import os
+import warnings
 
 
 def usable_cores() -> int:
@@ -18,3 +19,13 @@ def suggested_workers(cores: int) -> int:
     """The most augmenting workers worth starting on ``cores`` cores: one each, less one core left to the training
     loop (at least one worker).  Each worker is a core's work; more only add memory and context switches."""
     return max(1, int(cores) - 1)
+
+
+def warn_if_more_workers_than_cores(workers: int, stacklevel: int = 4) -> None:
+    """Warn (``h5stream.open`` goes on) when worker processes outnumber the cores: each is one core's work, and the
+    extra ones only add memory and contention."""
+    cores = usable_cores()
+    if workers > cores:
+        warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
+                      f"extra workers only cost memory and context switches; workers={suggested_workers(cores)} "
+                      "leaves a core to the training loop", UserWarning, stacklevel=stacklevel)

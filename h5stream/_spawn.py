@@ -161,3 +161,26 @@ def reap_workers(procs: Sequence, timeout_s: float) -> None:
             if proc.exitcode is None:
                 stop()
                 proc.join(1.0)
+
+
+def refuse_in_a_starting_worker() -> None:
+    """Raise :class:`ConfigError` if this process is a spawned worker re-running its parent's script.
+
+    With ``workers > 0`` and an ``Augment`` that refers to a function of the
+    training script itself (``preprocessing_function`` defined there), each
+    worker must re-run the script's top-level code, as ``__mp_main__``, to find
+    that function (spawn's rule; h5stream's workers skip the script otherwise,
+    see this module).  A script without the ``__main__`` guard would
+    then open the stream again in every worker, and start workers of its own;
+    ``multiprocessing`` marks that phase with ``_inheriting``.
+    """
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        from h5stream.errors import ConfigError
+
+        raise ConfigError(
+            "h5stream.open ran while an augment worker was starting: a worker re-runs the training script's "
+            "top-level code to find a function defined in it (the Augment's preprocessing_function); put the "
+            "script's code under `if __name__ == \"__main__\":`, or define the function in a module of its own"
+        )

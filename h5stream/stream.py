@@ -15,14 +15,14 @@ import dataclasses
 import inspect
 import os
 import threading
-import warnings
 import weakref
 
 import numpy as np
 
 from h5stream import _fork
 from h5stream import _interrupt as interrupt
-from h5stream._cores import suggested_workers, usable_cores
+from h5stream._cores import warn_if_more_workers_than_cores
+from h5stream._spawn import refuse_in_a_starting_worker
 from h5stream.config import StreamConfig, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
@@ -170,13 +170,13 @@ class Stream:
         if not isinstance(options, StreamOptions):
             raise ConfigError(f"options must be an h5stream.options.StreamOptions, got {type(options).__name__}")
         self.options = options
-        _refuse_in_a_starting_worker()
+        refuse_in_a_starting_worker()
         from h5stream.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
         if options.workers and options.augment is not None:  # before a BudgetError, which suggests the same count
-            _warn_if_more_workers_than_cores(options.workers)
+            warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
         warn_uncommitted(meta)
         warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
@@ -507,34 +507,3 @@ class _EpochIterator:
         last batch; :class:`StreamClosedError` after ``close()``, :class:`StreamIterationError` if replaced or
         if another thread is inside the stream."""
         return self._stream._next_batch(self)
-
-
-def _warn_if_more_workers_than_cores(workers: int) -> None:
-    """Warn (the stream still opens) when worker processes outnumber the cores: each is one core's work, and the
-    extra ones only add memory and contention."""
-    cores = usable_cores()
-    if workers > cores:
-        warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
-                      f"extra workers only cost memory and context switches; workers={suggested_workers(cores)} "
-                      "leaves a core to the training loop", UserWarning, stacklevel=4)
-
-
-def _refuse_in_a_starting_worker() -> None:
-    """Raise :class:`ConfigError` if this process is a spawned worker re-running its parent's script.
-
-    With ``workers > 0`` and an ``Augment`` that refers to a function of the
-    training script itself (``preprocessing_function`` defined there), each
-    worker must re-run the script's top-level code, as ``__mp_main__``, to find
-    that function (spawn's rule; h5stream's workers skip the script otherwise,
-    see :mod:`h5stream._spawn`).  A script without the ``__main__`` guard would
-    then open the stream again in every worker, and start workers of its own;
-    ``multiprocessing`` marks that phase with ``_inheriting``.
-    """
-    import multiprocessing
-
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise ConfigError(
-            "h5stream.open ran while an augment worker was starting: a worker re-runs the training script's "
-            "top-level code to find a function defined in it (the Augment's preprocessing_function); put the "
-            "script's code under `if __name__ == \"__main__\":`, or define the function in a module of its own"
-        )
