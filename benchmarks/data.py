@@ -133,7 +133,7 @@ def make_jpegs(root: str, n: int, *, size: tuple[int, int] | None = None, seed: 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from h5stream._spawn import main_module_hidden
+    from h5stream.concurrency.spawn import main_module_hidden
     from h5stream.samples import make_realistic_jpegs
 
     kw = dict(seed=seed) if size is None else dict(seed=seed, size=size)

@@ -194,7 +194,7 @@ def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[in
     from h5stream.read.runs import plan_runs
     from h5stream.remote.source import MAX_REQUEST_BYTES, request_spans
     from h5stream.store.meta import read_meta
-    from h5stream.config import layout_function
+    from h5stream.streaming.config import layout_function
 
     meta = read_meta(path)
     offsets = locate(meta, cache_labels=False).image_chunks
@@ -435,7 +435,7 @@ def remote_rows_per_fill(local: str, args) -> int:
     """The fill a stream of this store over a URL plans under ``--memory-budget`` (no request needed)."""
     import dataclasses
 
-    from h5stream.budget import plan_stream
+    from h5stream.streaming.budget import plan_stream
     from h5stream.errors import BudgetError
     from h5stream.read.plan import parse_bytes
     from h5stream.remote import RemoteOptions

@@ -101,7 +101,7 @@ def ingest_child(argv: list[str]) -> int:
     import numpy.random  # noqa: F401
     import tqdm  # noqa: F401
 
-    import h5stream.shm  # noqa: F401
+    import h5stream.memory.shm  # noqa: F401
     import h5stream.store.writer  # noqa: F401
     from h5stream.ingest.pack import IngestOptions, ingest
 
@@ -199,7 +199,7 @@ def kernel_child(argv: list[str]) -> int:
 def machine_rate(kind: str, source: str, size: int, processes: int, seconds: float = 1.0) -> float:
     """Images/s of ``processes`` :func:`kernel_child` processes running together (their rates summed): what this
     machine gives that many independent workers, with no pool, parent or pipe."""
-    from h5stream._spawn import SINGLE_THREAD_ENV  # what h5stream's workers run with: one BLAS thread each
+    from h5stream.concurrency.spawn import SINGLE_THREAD_ENV  # what h5stream's workers run with: one BLAS thread each
 
     procs = [subprocess.Popen(child_command("benchmarks.scaling:kernel_child", kind, source, size, seconds),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

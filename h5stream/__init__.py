@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from h5stream.augment import Augment
     from h5stream.remote import RemoteOptions
     from h5stream.store import StoreMeta, read_meta
-    from h5stream.stream import Stream, open  # noqa: A004
+    from h5stream.streaming.stream import Stream, open  # noqa: A004
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
@@ -46,8 +46,8 @@ _LAZY = {
     "RemoteOptions": "h5stream.remote",
     "StoreMeta": "h5stream.store",
     "read_meta": "h5stream.store",
-    "Stream": "h5stream.stream",
-    "open": "h5stream.stream",
+    "Stream": "h5stream.streaming.stream",
+    "open": "h5stream.streaming.stream",
 }
 #: Submodules reachable as attributes (``h5stream.keras.ResumeCallback``), imported on first access.
 _LAZY_SUBMODULES = ("keras",)

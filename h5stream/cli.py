@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep_shared_memory() -> None:
     """Unlink the /dev/shm segments of h5stream processes killed with their whole process group (SIGKILL of a
     job), before any command runs: every command clears them, not only those that open a stream or ingest."""
-    from h5stream.shm import sweep_stale_segments
+    from h5stream.memory.shm import sweep_stale_segments
 
     sweep_stale_segments()
 

@@ -99,7 +99,7 @@ MY_SEGMENTS = f"h5s_{os.getpid()}_"
 
 def _my_segments() -> set[str]:
     """The segments this test process made, in any namespace (a test may set one of its own)."""
-    from h5stream.shm import segment_names
+    from h5stream.memory.shm import segment_names
 
     mine = re.compile(rf"^[A-Za-z0-9]+_{os.getpid()}_")
     return {name for name in segment_names("") if mine.match(name)}
@@ -107,10 +107,10 @@ def _my_segments() -> set[str]:
 
 @pytest.fixture
 def own_shm_namespace(monkeypatch) -> str:
-    """A shared-memory namespace of this test's own (:func:`h5stream.shm.shm_namespace`), set in the environment
+    """A shared-memory namespace of this test's own (:func:`h5stream.memory.shm.shm_namespace`), set in the environment
     of this process and so of every process it starts: the segments h5stream processes of this test leave are
     swept by this test's processes only, never first by another h5stream process on the machine."""
-    from h5stream.shm import NAMESPACE_ENV
+    from h5stream.memory.shm import NAMESPACE_ENV
 
     namespace = f"t{os.getpid()}{secrets.token_hex(3)}"
     monkeypatch.setenv(NAMESPACE_ENV, namespace)

@@ -213,7 +213,7 @@ def test_info_shuffle_report_bad_budget(sorted_store, capsys):
 
 
 def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store, capsys):
-    from h5stream.budget import plan_stream
+    from h5stream.streaming.budget import plan_stream
     from h5stream.store.meta import read_meta
 
     meta = read_meta(sorted_store)

@@ -58,7 +58,7 @@ def test_stall_collector_measures_a_real_wait(store):
     for key in ("wall_s", "stats_wait_s", "own_wait_s", "stats_wait_fraction", "own_wait_fraction", "handoff_s",
                 "own_wait_median_ms", "own_wait_p99_ms", "consumer_images_per_s"):
         assert key in r, key
-    from h5stream.budget import out_slots
+    from h5stream.streaming.budget import out_slots
 
     must_wait_s = (batches - out_slots(1)) * 32 * SLOW_IMAGE_S
     assert r["stats_wait_s"] >= 0.5 * must_wait_s

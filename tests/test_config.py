@@ -1,4 +1,5 @@
-"""h5stream.config.resolve: one pure step from (store metadata, options, facts) to everything a stream runs by.
+"""h5stream.streaming.config.resolve: one pure step from (store metadata, options, facts) to everything a stream runs
+by.
 
 Pure means no I/O: these tests resolve configurations of stores that do not exist on disk (any file access would
 raise), and check that the same inputs give the same configuration, that what a resumed state names wins, and
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.budget import plan_stream
-from h5stream.config import Facts, StreamConfig, layout_function, resolve
+from h5stream.streaming.budget import plan_stream
+from h5stream.streaming.config import Facts, StreamConfig, layout_function, resolve
 from h5stream.errors import BudgetError, ConfigError
-from h5stream.options import StreamOptions
+from h5stream.streaming.options import StreamOptions
 from h5stream.store.meta import StoreMeta
 
 NOWHERE = "/nonexistent/h5stream-config-test/store.h5"  # never opened: resolve does no I/O
@@ -94,7 +95,8 @@ def test_the_machine_memory_fact_bounds_the_plan():
 
 
 def test_featurewise_statistics_are_not_fitted_by_resolve():
-    """The one pass over the data comes after every option was accepted (h5stream.config.fit_feature_stats)."""
+    """The one pass over the data comes after every option was accepted
+    (h5stream.streaming.config.fit_feature_stats)."""
     config = resolve(meta(), StreamOptions(augment=h5stream.Augment(featurewise_center=True)), FACTS)
     assert config.needs_feature_stats
 

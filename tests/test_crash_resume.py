@@ -16,7 +16,7 @@ import pytest
 
 from h5stream.ingest.pack import storage_permutation
 from h5stream.samples import make_class_folder, nearest_class
-from h5stream.shm import segment_names
+from h5stream.memory.shm import segment_names
 from h5stream.store import read_meta
 from h5stream.store.handle import mark_flushing
 from h5stream.store.schema import flushing_path

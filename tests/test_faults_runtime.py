@@ -27,7 +27,7 @@ import tables
 import h5stream
 from conftest import unprivileged_argv
 from h5stream.errors import StoreBusyError, StorePermissionError
-from h5stream.shm import segment_names
+from h5stream.memory.shm import segment_names
 from h5stream.store import read_meta
 from h5stream.store.writer import write_arrays
 
@@ -127,10 +127,10 @@ def test_info_runs_while_the_user_holds_a_default_h5py_handle(store, h5cli):
 
 @pytest.mark.parametrize("kind", ["class", "regression"])
 def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path, kind):
-    from h5stream.budget import plan_stream
+    from h5stream.streaming.budget import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.read.reader import Reader
-    from h5stream.config import layout_function
+    from h5stream.streaming.config import layout_function
 
     rows = 2500  # labels are chunked by 1024 rows: runs cross chunk boundaries
     ids = np.arange(rows)
@@ -527,7 +527,8 @@ UNREADABLE = textwrap.dedent(
     import h5stream
     from h5stream import cli
     from h5stream.errors import StorePermissionError
-    import h5stream.stream, h5stream.feed, h5stream.shm, h5stream.order.quality, h5stream.read.plan  # noqa: F401
+    import h5stream.memory.shm, h5stream.order.quality, h5stream.read.plan  # noqa: F401
+    import h5stream.streaming.feeds, h5stream.streaming.stream  # noqa: F401
 
     path, out = sys.argv[1], sys.argv[2]
     if os.access(path, os.R_OK):

@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.budget import plan_stream
+from h5stream.streaming.budget import plan_stream
 from h5stream.errors import ConfigError, ReaderError, WorkerError
-from h5stream.shm import segment_names
+from h5stream.memory.shm import segment_names
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
 
@@ -136,7 +136,7 @@ def test_feeder_needs_workers():
 
 
 def test_the_plan_counts_the_feeder(store):
-    from h5stream.budget import FEEDER_IN_FLIGHT, FEEDER_OVERHEAD_BYTES
+    from h5stream.streaming.budget import FEEDER_IN_FLIGHT, FEEDER_OVERHEAD_BYTES
 
     meta = read_meta(store)
     pooled = plan_stream(meta, None, 32, augment=AUG, workers=2)

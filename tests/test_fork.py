@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.shm import segment_names
+from h5stream.memory.shm import segment_names
 from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -288,7 +288,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # the parent dies, its forked child lives 
 
 @pytest.mark.parametrize("mode", ["pool", "feeder"])
 def test_workers_and_feeder_of_a_killed_parent_exit_while_its_forked_child_lives_on(store, mode):
-    from h5stream.shm import sweep_stale_segments
+    from h5stream.memory.shm import sweep_stale_segments
 
     proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, store, mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

@@ -27,7 +27,7 @@ import pytest
 
 import h5stream
 from h5stream.errors import ReaderError, StoreFormatError
-from h5stream.shm import segment_names
+from h5stream.memory.shm import segment_names
 from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

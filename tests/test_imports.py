@@ -182,34 +182,35 @@ LAYERS = (
     ("measurement", ("h5stream.measure",)),
     ("adapters", ("h5stream.adapters", "h5stream.keras")),
     ("public API", ("h5stream",)),
-    ("stream", ("h5stream.stream",)),
-    ("feeder", ("h5stream.feeder",)),
-    ("feed", ("h5stream.feed", "h5stream.options")),
-    ("config", ("h5stream.config",)),
-    ("budget", ("h5stream.budget",)),
+    ("stream", ("h5stream.streaming.stream",)),
+    ("feeder", ("h5stream.streaming.process_feed",)),
+    ("feed", ("h5stream.streaming.feeds", "h5stream.streaming.options")),
+    ("config", ("h5stream.streaming.config",)),
+    ("budget", ("h5stream.streaming.budget",)),
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
     ("order / store", ("h5stream.order", "h5stream.store")),
     ("remote transport", ("h5stream.remote",)),
-    ("process pool, waits", ("h5stream._procpool", "h5stream._wait")),
-    ("low level", ("h5stream._spawn", "h5stream.shm", "h5stream._interrupt", "h5stream._deps",
-                   "h5stream.samples", "h5stream._kwargs", "h5stream._cores")),
-    ("fork safety", ("h5stream._fork",)),
-    ("lent memory", ("h5stream._lend",)),
-    ("raw I/O", ("h5stream._io",)),
+    ("process pool, waits", ("h5stream.concurrency.procpool", "h5stream.concurrency.wait")),
+    ("low level", ("h5stream.concurrency.spawn", "h5stream.memory.shm", "h5stream.concurrency.interrupt",
+                   "h5stream._deps", "h5stream.samples", "h5stream._kwargs", "h5stream.concurrency.cores")),
+    ("fork safety", ("h5stream.concurrency.fork",)),
+    ("lent memory", ("h5stream.memory.lend",)),
+    ("raw I/O", ("h5stream.memory.rawio",)),
     ("errors", ("h5stream.errors",)),
 )
 """Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first
 two parts of the name: ``h5stream.store.meta`` may import ``h5stream.store.schema``)."""
 
-ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps", "h5stream._wait", "h5stream._fork")
+ADAPTERS_MAY_IMPORT = ("h5stream", "h5stream.errors", "h5stream._deps", "h5stream.concurrency.wait",
+                       "h5stream.concurrency.fork")
 """Besides each other, adapters use only the public API (and the one-line import errors, and the one stoppable
 wait that every thread of the package waits with, and the fork check every owner of a resource makes)."""
 
 ALLOWED_UPWARD = {
     # Stream.keras() / tf_dataset() / torch() hand the stream to its adapter, imported only when called.
-    ("h5stream.stream", "h5stream.adapters.keras"),
-    ("h5stream.stream", "h5stream.adapters.tf"),
-    ("h5stream.stream", "h5stream.adapters.torch"),
+    ("h5stream.streaming.stream", "h5stream.adapters.keras"),
+    ("h5stream.streaming.stream", "h5stream.adapters.tf"),
+    ("h5stream.streaming.stream", "h5stream.adapters.torch"),
 }
 
 

@@ -608,7 +608,7 @@ def test_a_chunk_the_caller_holds_stays_unchanged_until_it_asks_past_it_and_ever
     """imap(hold=1): a chunk's rows stay as they were while the caller takes the next chunk, and are reused only
     once it asks for the one after; with the fewest result slots a pool has (one worker, two slots: a small
     /dev/shm) every chunk still comes, in order."""
-    from h5stream import shm
+    from h5stream.memory import shm
     from h5stream.ingest.pool import DecodePool
 
     names = [f"{i:03d}.png" for i in range(40)]

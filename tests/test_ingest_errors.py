@@ -244,7 +244,7 @@ def test_cli_error_in_a_real_process_has_no_traceback(tmp_path):
 def test_too_little_shared_memory_for_the_decode_slots_is_one_line(class_src, tmp_path, h5cli):
     # 16384 x 16384 rows: one slot of 16 rows is 12 GiB, and the two a single worker needs must fit in half of
     # what /dev/shm has free; refused before any allocation, and before the store is created.
-    from h5stream.shm import shm_free_bytes
+    from h5stream.memory.shm import shm_free_bytes
 
     root, _ = class_src
     free = shm_free_bytes()

@@ -77,7 +77,7 @@ def test_subset_both_refuses_resume_and_a_stream_alone(store):
     with pytest.raises(ConfigError, match="its own resume="):
         h5stream.open(store, validation_split=0.25, subset="both", resume={"version": 1})
     with pytest.raises(ConfigError, match="returns \\(training, validation\\)"):
-        h5stream.Stream(store, h5stream.options.StreamOptions(validation_split=0.25, subset="both"))
+        h5stream.Stream(store, h5stream.streaming.options.StreamOptions(validation_split=0.25, subset="both"))
 
 
 def test_subset_both_closes_the_training_stream_when_the_validation_one_cannot_open(store):

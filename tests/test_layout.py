@@ -12,7 +12,7 @@ import pytest
 import tables
 
 from conftest import direct_io_folder
-from h5stream._io import aligned_empty
+from h5stream.memory.rawio import aligned_empty
 from h5stream.store import layout, schema
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import StoreWriter, write_arrays

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream._io import private_memory
-from h5stream._lend import Lender
+from h5stream.memory.rawio import private_memory
+from h5stream.memory.lend import Lender
 from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

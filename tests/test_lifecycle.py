@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from h5stream.augment.pool import WorkerPool
-from h5stream.shm import SharedArray, new_prefix, segment_names
+from h5stream.memory.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import StreamClosedError, WorkerError
 from conftest import collect
 
@@ -147,7 +147,7 @@ SCRIPT = textwrap.dedent(
     import sys
     import numpy as np
     from h5stream.augment.pool import WorkerPool
-    from h5stream.shm import SharedArray, new_prefix
+    from h5stream.memory.shm import SharedArray, new_prefix
 
 
     def copy(images, *, seed, epoch, row_ids, out=None):
@@ -229,7 +229,7 @@ def test_workers_skip_the_main_script_when_the_transform_lives_elsewhere(tmp_pat
                 sys.path.insert(0, {os.path.dirname(__file__)!r})
                 from test_lifecycle import Behave
                 from h5stream.augment.pool import WorkerPool
-                from h5stream.shm import SharedArray, new_prefix
+                from h5stream.memory.shm import SharedArray, new_prefix
                 with SharedArray.create((4, 2, 2, 1), np.uint8, new_prefix()) as src, WorkerPool(
                     Behave(), [src.spec], workers=1, batch_rows=2, n_slots=1
                 ) as pool:

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 import h5stream
-from h5stream._cores import suggested_workers
+from h5stream.concurrency.cores import suggested_workers
 from h5stream._kwargs import OPEN_HINTS
 from h5stream.errors import BudgetError, ConfigError, OptionNameError
 

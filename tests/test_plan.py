@@ -2,7 +2,7 @@
 
 import pytest
 
-from h5stream.budget import (
+from h5stream.streaming.budget import (
     BATCH_INDEX_ROW_BYTES,
     CONSUMER_SETS,
     DEFAULT_BUDGET_BYTES,

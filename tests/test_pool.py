@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from h5stream.augment.pool import FileSource, Result, WorkerPool
-from h5stream.shm import SharedArray, new_prefix, segment_names
+from h5stream.memory.shm import SharedArray, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 
 MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from conftest import finishes_within
 
-from h5stream._procpool import (
+from h5stream.concurrency.procpool import (
     DONE,
     ERROR,
     EXITED,

@@ -196,9 +196,9 @@ def test_forced_direct_io_streams_the_same_batches_as_the_page_cache(direct_stor
 
 def test_direct_io_with_labels_read_by_offset_and_augmenting_workers(direct_store):
     path, meta, images, labels = direct_store
-    from h5stream.budget import plan_stream
+    from h5stream.streaming.budget import plan_stream
     from h5stream.read.reader import Reader
-    from h5stream.config import layout_function
+    from h5stream.streaming.config import layout_function
 
     plan = plan_stream(meta, 16 << 20, 50)
     layout = layout_function(meta.rows, plan, seed=5)
@@ -252,7 +252,7 @@ def test_direct_io_is_for_local_stores(direct_store, tmp_path):
 
 
 def test_the_plan_counts_the_bounce_buffers_on_top_of_the_default_budget(direct_store):
-    from h5stream.budget import plan_stream
+    from h5stream.streaming.budget import plan_stream
 
     meta = direct_store[1]
     plain, direct = plan_stream(meta, None, 50), plan_stream(meta, None, 50, direct_io=True)
@@ -293,7 +293,7 @@ def test_a_run_is_cached_only_when_its_own_pages_are(direct_dir):
 
 
 def test_preadv_all_fills_more_buffers_than_one_call_takes(tmp_path):
-    from h5stream._io import IOV_MAX, preadv_all
+    from h5stream.memory.rawio import IOV_MAX, preadv_all
 
     data = np.random.default_rng(3).integers(0, 256, 3 * IOV_MAX + 17, dtype=np.uint8).tobytes()
     path = tmp_path / "f.bin"
@@ -344,7 +344,7 @@ def test_a_new_stores_rows_are_read_in_place_and_an_old_layout_still_bounces(dir
 
 def test_a_direct_read_into_a_buffer_off_the_device_block_still_gives_the_bytes(data_file):
     path, data = data_file
-    from h5stream._io import aligned_empty
+    from h5stream.memory.rawio import aligned_empty
 
     src = source.DirectFile(path)
     try:
@@ -364,7 +364,7 @@ def test_a_direct_read_into_a_buffer_off_the_device_block_still_gives_the_bytes(
 def test_batch_memory_is_private_to_the_process_and_page_aligned():
     """The arrays batches are read into (aligned_empty) are private anonymous memory: a page boundary for direct
     reads, and no shared-memory file behind it, whose first touch costs a fault through tmpfs per page."""
-    from h5stream._io import aligned_empty
+    from h5stream.memory.rawio import aligned_empty
 
     a = aligned_empty((3, 1000, 7))
     a[:] = 1

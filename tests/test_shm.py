@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from h5stream.shm import SharedArray, SharedSpec, new_prefix, segment_names
+from h5stream.memory.shm import SharedArray, SharedSpec, new_prefix, segment_names
 from h5stream.errors import ConfigError, WorkerError
 from conftest import collect
 
@@ -76,7 +76,7 @@ def test_attach_in_unrelated_process_neither_unlinks_nor_warns():
     # and print a "leaked shared_memory" warning.
     with SharedArray.create((3,), np.uint8, new_prefix()) as arr:
         code = (
-            "import pickle, sys; from h5stream.shm import SharedArray;"
+            "import pickle, sys; from h5stream.memory.shm import SharedArray;"
             "a = SharedArray.attach(pickle.loads(bytes.fromhex(sys.argv[1]))); a.array[:] = [5, 6, 7]"
         )
         done = subprocess.run(
@@ -114,7 +114,7 @@ def test_attach_rejects_spec_larger_than_segment():
 
 def test_more_than_dev_shm_holds_is_refused_before_allocating():
     from h5stream.errors import BudgetError
-    from h5stream.shm import shm_free_bytes
+    from h5stream.memory.shm import shm_free_bytes
 
     free = shm_free_bytes()
     if free is None:
@@ -141,7 +141,7 @@ def _exited_pid() -> int:
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only(own_shm_namespace):
     # In a namespace of this test's own: no other h5stream process on the machine sweeps these names first.
-    from h5stream.shm import _start_ticks, sweep_stale_segments
+    from h5stream.memory.shm import _start_ticks, sweep_stale_segments
 
     ns, me, mine = own_shm_namespace, os.getpid(), _start_ticks(os.getpid())
     dead = _exited_pid()
@@ -167,7 +167,7 @@ def test_sweep_unlinks_segments_of_dead_or_replaced_creators_only(own_shm_namesp
 
 
 def test_a_sweep_leaves_the_segments_of_other_namespaces_alone(own_shm_namespace, monkeypatch):
-    from h5stream.shm import NAMESPACE_ENV, _start_ticks, new_prefix, sweep_stale_segments
+    from h5stream.memory.shm import NAMESPACE_ENV, _start_ticks, new_prefix, sweep_stale_segments
 
     other = own_shm_namespace + "b"  # a namespace this one's name starts: still another one
     dead, start = _exited_pid(), _start_ticks(os.getpid())
@@ -186,7 +186,7 @@ def test_a_sweep_leaves_the_segments_of_other_namespaces_alone(own_shm_namespace
 
 @pytest.mark.parametrize("value", ["a_b", "x" * 17, "../x", "h5s "])
 def test_a_namespace_that_is_not_a_name_is_one_line_from_every_command(value, monkeypatch, h5cli, tmp_path):
-    from h5stream.shm import NAMESPACE_ENV
+    from h5stream.memory.shm import NAMESPACE_ENV
 
     monkeypatch.setenv(NAMESPACE_ENV, value)
     code, _, err = h5cli("info", tmp_path / "missing.h5")
@@ -204,7 +204,7 @@ def _unlink_all(names) -> None:
 
 
 def test_new_prefix_carries_pid_and_start_time():
-    from h5stream.shm import _NAME, _start_ticks
+    from h5stream.memory.shm import _NAME, _start_ticks
 
     prefix = new_prefix()
     m = _NAME.match(prefix + "in__0")
@@ -219,7 +219,7 @@ def test_a_segment_over_the_file_size_limit_names_that_limit_not_dev_shm():
         "import resource, numpy as np\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))\n"
         "from h5stream.errors import ResourceLimitError\n"
-        "from h5stream.shm import SharedArray, new_prefix, segment_limit_bytes, segment_names\n"
+        "from h5stream.memory.shm import SharedArray, new_prefix, segment_limit_bytes, segment_names\n"
         "assert segment_limit_bytes() == 1 << 20\n"
         "with SharedArray.create((1 << 20,), np.uint8, new_prefix()) as ok:\n"
         "    ok.array[-1] = 1\n"

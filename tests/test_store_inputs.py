@@ -263,7 +263,7 @@ def test_featurewise_statistics_are_the_training_rows_for_both_subsets(base_stor
 _KILLED_CREATOR = """
 import sys
 import numpy as np
-from h5stream.shm import SharedArray, new_prefix
+from h5stream.memory.shm import SharedArray, new_prefix
 segment = SharedArray.create((4096,), np.uint8, new_prefix())  # registered with this process's resource tracker
 print(segment.name, flush=True)
 sys.stdin.read()  # until killed
@@ -327,7 +327,7 @@ def test_the_plan_is_refused_beyond_the_available_memory_and_the_named_fixes_fit
     import dataclasses
     import re
 
-    from h5stream.budget import plan_stream
+    from h5stream.streaming.budget import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
 

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.budget import KEPT_SLOTS, plan_stream
+from h5stream.streaming.budget import KEPT_SLOTS, plan_stream
 from h5stream.errors import ConfigError, WorkerError
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays
@@ -197,7 +197,7 @@ def test_batches_kept_beyond_the_kept_slot_are_copies_and_all_stay_intact(store)
 
 
 def _segments():
-    from h5stream.shm import segment_names
+    from h5stream.memory.shm import segment_names
 
     return set(segment_names(f"h5s_{__import__('os').getpid()}_"))
 
@@ -289,7 +289,7 @@ def test_fills_not_in_the_page_cache_are_read_by_the_reader(tmp_path):
 def test_only_the_iterating_thread_hands_tasks_to_the_workers_and_no_collector_runs(store, monkeypatch):
     """The reader thread hands over whole fills; the thread that iterates submits them as output slots come free
     and reads the workers' answers itself: no other thread of the process wakes per batch for the pool."""
-    from h5stream._procpool import Workers
+    from h5stream.concurrency.procpool import Workers
 
     senders = set()
     for name in ("send", "send_raw"):

@@ -1,4 +1,4 @@
-"""The stoppable waits (h5stream._wait): every thread of a stream waits without raising anything to poll."""
+"""The stoppable waits (h5stream.concurrency.wait): every thread of a stream waits without raising anything to poll."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream._wait import Channel, Stopped, stop_when, wait_until
+from h5stream.concurrency.wait import Channel, Stopped, stop_when, wait_until
 from h5stream.errors import ReaderError
 from h5stream.store.writer import write_arrays
 

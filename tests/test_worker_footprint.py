@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from h5stream.budget import TRANSFORM_LIBRARY_BYTES, WORKER_OVERHEAD_BYTES
+from h5stream.streaming.budget import TRANSFORM_LIBRARY_BYTES, WORKER_OVERHEAD_BYTES
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -24,7 +24,7 @@ import json, sys
 import numpy as np, psutil
 from h5stream.augment import PRESETS, Augment
 from h5stream.augment.pool import WorkerPool
-from h5stream.shm import SharedArray, new_prefix
+from h5stream.memory.shm import SharedArray, new_prefix
 from worker_probe import ReportModules
 
 rows, shape, report = 16, (96, 96, 3), sys.argv[1]

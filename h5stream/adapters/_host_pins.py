@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from h5stream import _deps
-from h5stream._fork import OwnerOnly
+from h5stream.concurrency.fork import OwnerOnly
 
 torch = _deps.torch()
 

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import deque
 
-from h5stream import _fork
+from h5stream.concurrency import fork as _fork
 from h5stream.errors import ConfigError
 
 RECORD_WINDOW = 4096

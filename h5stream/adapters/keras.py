@@ -97,7 +97,7 @@ class DeviceBatches(StreamBatches):
         super().__init__(stream)
         import weakref
 
-        from h5stream._fork import OwnerOnly
+        from h5stream.concurrency.fork import OwnerOnly
         from h5stream.adapters.torch_device import DeviceState
 
         self.options = opts

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream import _deps
-from h5stream._fork import OwnerOnly
+from h5stream.concurrency.fork import OwnerOnly
 from h5stream.adapters._dataloader import check_iteration, refuse_pickling
 from h5stream.adapters._host_pins import HostPins
 from h5stream.adapters._passes import passes_for

@@ -1,10 +1,10 @@
 """A pool of augmenting worker processes that exchange only indices.
 
-The augment front end of the process-pool core (:mod:`h5stream._procpool`).
+The augment front end of the process-pool core (:mod:`h5stream.concurrency.procpool`).
 Generic: it knows nothing about HDF5.  The owner (the feed) submits tasks
 ``(source_index, positions, row_ids, epoch, seed)`` on its *sources*:
 
-* a :class:`~h5stream.shm.SharedSpec`, shared arrays the owner fills (its
+* a :class:`~h5stream.memory.shm.SharedSpec`, shared arrays the owner fills (its
   input slots): ``positions`` are one contiguous run of rows, which the
   worker transforms where they lie;
 * a :class:`FileSource`, fixed-size rows stored uncompressed in a file:
@@ -52,7 +52,7 @@ import numpy as np
 from h5stream.augment.pool_state import PoolState, Task, shutdown, worker_error
 from h5stream.augment.worker import FileSource, pack_task, run_task, setup
 from h5stream.errors import ConfigError, StreamClosedError
-from h5stream.shm import SharedArray, SharedSpec, new_prefix
+from h5stream.memory.shm import SharedArray, SharedSpec, new_prefix
 
 __all__ = [
     "FileSource",
@@ -307,7 +307,7 @@ class WorkerPool:
         return Result(seq, slot, rows)
 
     def _lender(self):
-        """The output slots' :class:`~h5stream._lend.Lender`; StreamClosedError once the pool is closed."""
+        """The output slots' :class:`~h5stream.memory.lend.Lender`; StreamClosedError once the pool is closed."""
         if self._state.slots is None or self._state.slots.array is None or self._state.lender is None:
             raise StreamClosedError("the augment worker pool is closed; open a new stream")
         return self._state.lender
@@ -319,8 +319,8 @@ class WorkerPool:
 
     @property
     def output_lender(self):
-        """The output slots' :class:`~h5stream._lend.Lender`, for the consumer's
-        :class:`~h5stream._lend.SlotLender`, which lends finished slots as views and :meth:`release` s them once
+        """The output slots' :class:`~h5stream.memory.lend.Lender`, for the consumer's
+        :class:`~h5stream.memory.lend.SlotLender`, which lends finished slots as views and :meth:`release` s them once
         nothing refers to them.  StreamClosedError once the pool is closed.  Consumer thread."""
         return self._lender()
 
@@ -372,7 +372,7 @@ class WorkerPool:
 
     @property
     def output_slots(self):
-        """The shared output slots (a :class:`~h5stream.shm.SharedArray` the pool owns: read its ``spec`` for
+        """The shared output slots (a :class:`~h5stream.memory.shm.SharedArray` the pool owns: read its ``spec`` for
         another process to map them, and its addresses; never close it).  Any thread."""
         return self._state.slots
 

@@ -1,6 +1,6 @@
 """What a :class:`~h5stream.augment.pool.WorkerPool` owns, kept apart from the pool object.
 
-:class:`PoolState` holds the workers (a :class:`~h5stream._procpool.Workers`),
+:class:`PoolState` holds the workers (a :class:`~h5stream.concurrency.procpool.Workers`),
 the slots and the task bookkeeping.  No thread of the pool's own reads the
 workers' pipes: the thread that waits for a result (the consumer, or the
 constructor waiting for start-up) reads them itself
@@ -26,14 +26,15 @@ import traceback
 from collections import deque
 from typing import Callable
 
-from h5stream import _wait
-from h5stream._procpool import DONE, ERROR, EXITED, FATAL, READY, InOrder, Workers, pick_worker
-from h5stream._procpool import stopped as stopped  # the feed asks it of a late worker's pid
+from h5stream.concurrency import wait as _wait
+from h5stream.concurrency.procpool import DONE, ERROR, EXITED, FATAL, READY, InOrder, Workers, pick_worker
+from h5stream.concurrency.procpool import stopped as stopped  # the feed asks it of a late worker's pid
 from h5stream.errors import StreamClosedError, WorkerError
-from h5stream.shm import SharedArray
+from h5stream.memory.shm import SharedArray
 
 POLL_S = _wait.POLL_S
-"""Longest a wait goes without looking for a held-back Ctrl-C (:mod:`h5stream._wait`'s, the one of every wait)."""
+"""Longest a wait goes without looking for a held-back Ctrl-C (:mod:`h5stream.concurrency.wait`'s, the one of every
+wait)."""
 
 
 class RemoteTraceback(Exception):
@@ -123,9 +124,10 @@ class PoolState:
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
              on: threading.Condition | None = None) -> None:
         """Wait on ``on`` (default cond) until predicate() holds; raises on close, failure or timeout (one
-        TimeoutError, at the deadline), and :class:`~h5stream._wait.Stopped` once a stop scope of the calling
-        thread is set (:func:`h5stream._wait.stop_when`).  A :func:`~h5stream._wait.wait_until` wait: a Ctrl-C
-        held back by :mod:`h5stream._interrupt` is raised within :data:`POLL_S`.  Any thread, cond held."""
+        TimeoutError, at the deadline), and :class:`~h5stream.concurrency.wait.Stopped` once a stop scope of the calling
+        thread is set (:func:`h5stream.concurrency.wait.stop_when`).  A :func:`~h5stream.concurrency.wait.wait_until`
+        wait: a Ctrl-C
+        held back by :mod:`h5stream.concurrency.interrupt` is raised within :data:`POLL_S`.  Any thread, cond held."""
         if not _wait.wait_until(on or self.cond, predicate, deadline=time.monotonic() + timeout_s, check=self.check):
             raise TimeoutError(f"augment worker pool: {what} within {timeout_s:g} s")
 
@@ -139,11 +141,11 @@ class PoolState:
         """Read the workers' messages and file them until ``ready()`` holds; then return ``take()`` (None
         without it).  ``ready``, ``take`` and ``sleep_on`` run with the lock held, ``take`` in the same hold
         as the ``ready()`` that held.  Raises on close, failure or timeout (TimeoutError, at the deadline),
-        :class:`~h5stream._wait.Stopped` once a stop scope of the calling thread is set, and a held-back
+        :class:`~h5stream.concurrency.wait.Stopped` once a stop scope of the calling thread is set, and a held-back
         Ctrl-C within :data:`POLL_S`.  Whatever is in the pipes is read first even when ``ready()`` already
         holds, so a dead worker is reported at the next call and the tasks in flight are counted fresh.
         ``sleep_on()``: the worker whose answer is awaited, whose pipe alone ends a sleep (see
-        :meth:`~h5stream._procpool.Workers.wait`), or None.  ``what`` (or what it returns, made only for the
+        :meth:`~h5stream.concurrency.procpool.Workers.wait`), or None.  ``what`` (or what it returns, made only for the
         error) says what did not happen.
 
         The thread that waits for a result; the lock not held.  One thread at a time reads the pipes: a
@@ -221,7 +223,8 @@ class PoolState:
             self.for_producer.notify_all()  # worker capacity came free (free slots are the usual limit)
 
     def handle(self, w: int, msg) -> None:
-        """File message ``msg`` of worker ``w`` (see :mod:`h5stream._procpool`); the thread in :meth:`collect_until`,
+        """File message ``msg`` of worker ``w`` (see :mod:`h5stream.concurrency.procpool`); the thread in
+        :meth:`collect_until`,
         lock held."""
         kind = msg[0]
         if kind == DONE:

@@ -1,9 +1,9 @@
 """The worker side of :class:`~h5stream.augment.pool.WorkerPool`: what runs in each spawned process.
 
-Each worker runs the core's loop (:func:`h5stream._procpool.serve`) with
+Each worker runs the core's loop (:func:`h5stream.concurrency.procpool.serve`) with
 :func:`setup` (attach the sources and output slots, unpickle the transform)
 and :func:`run_task`.  A task's body is bytes (:func:`pack_task`, sent with
-:meth:`~h5stream._procpool.Workers.send_raw`: no pickling either way), which
+:meth:`~h5stream.concurrency.procpool.Workers.send_raw`: no pickling either way), which
 :func:`unpack_task` reads as ``(slot, source_index, where, row_ids, epoch,
 seed, checks)``: ``where`` is the first row of a run in a shared-memory source
 (transformed where it lies, never copied), or for a :class:`FileSource` the
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream._io import first_mismatch, preadv_all
-from h5stream._procpool import TaskFailed
+from h5stream.memory.rawio import first_mismatch, preadv_all
+from h5stream.concurrency.procpool import TaskFailed
 from h5stream.errors import ChecksumError
-from h5stream.shm import SharedArray
+from h5stream.memory.shm import SharedArray
 
 
 _HEAD = struct.Struct("<iiqiqBB")

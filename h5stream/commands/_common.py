@@ -81,12 +81,12 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window and ``read_unit`` sets the unit
     as ``h5stream.open`` does.
     """
-    from h5stream.budget import plan_stream
-    from h5stream.options import StreamOptions
+    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.options import StreamOptions
     from h5stream.order import quality
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
-    from h5stream.config import layout_function
+    from h5stream.streaming.config import layout_function
 
     from h5stream.read.locate import check_chunks
     from h5stream.read.source import resolve_direct_io

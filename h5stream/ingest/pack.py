@@ -267,7 +267,7 @@ class _BlockWriter:
 
     def __init__(self, writer, block_rows: int, row_shape: tuple[int, ...], label_shape: tuple[int, ...],
                  label_dtype):
-        from h5stream._io import aligned_empty
+        from h5stream.memory.rawio import aligned_empty
 
         self._writer = writer
         self.block_rows = block_rows

@@ -1,7 +1,7 @@
 """Ingest's decode processes: chunks of files in, decoded rows in shared memory out, in submission order.
 
 :class:`DecodePool` is the ingest front end of the process-pool core
-(:mod:`h5stream._procpool`): ``workers`` spawned processes, each serving
+(:mod:`h5stream.concurrency.procpool`): ``workers`` spawned processes, each serving
 tasks ``(root, relpaths, spec, slot, digest_rows)``: the worker decodes the
 files straight into result slot ``slot`` (one shared-memory segment the pool
 owns) and answers with the files' skip reasons and the xxh3-64 digest of
@@ -32,9 +32,9 @@ import numpy as np
 import xxhash
 
 from h5stream import _deps
-from h5stream._fork import OwnerOnly
-from h5stream._procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
-from h5stream._spawn import keep_freed_heap
+from h5stream.concurrency.fork import OwnerOnly
+from h5stream.concurrency.procpool import DONE, ERROR, EXITED, FATAL, InOrder, Workers, pick_worker
+from h5stream.concurrency.spawn import keep_freed_heap
 from h5stream.errors import BudgetError, ResourceLimitError, WorkerError
 from h5stream.ingest.spec import FD_LIMIT_ERRNOS
 
@@ -54,9 +54,9 @@ _CONTINUE = "committed rows are kept, rerun with --append to continue"
 
 def _setup(results_spec):
     """A decode worker's set-up: one core's worth of OpenCV, glibc's heap kept between photos, the result slots
-    (a :class:`~h5stream.shm.SharedSpec` shaped (slots, rows, H, W, C), owned and unlinked by the parent)."""
+    (a :class:`~h5stream.memory.shm.SharedSpec` shaped (slots, rows, H, W, C), owned and unlinked by the parent)."""
     from h5stream.ingest.decode import cv2
-    from h5stream.shm import SharedArray
+    from h5stream.memory.shm import SharedArray
 
     cv2.setNumThreads(1)  # one decode process = one core
     keep_freed_heap()  # no page faults for the same few hundred KiB image after image
@@ -123,7 +123,7 @@ class DecodePool:
 
     def __init__(self, workers: int, row_shape: tuple[int, ...], rows_per_task: int = MAX_FILES_PER_TASK,
                  timeout_s: float = 600.0):
-        from h5stream.shm import sweep_stale_segments
+        from h5stream.memory.shm import sweep_stale_segments
 
         if workers > 0:
             _deps.cv2_present()  # the workers import it; this process never does
@@ -137,7 +137,7 @@ class DecodePool:
         self._finished = False
         self._started = False
         if workers > 0:
-            from h5stream.shm import SharedArray, new_prefix, segment_limit_bytes, shm_free_bytes
+            from h5stream.memory.shm import SharedArray, new_prefix, segment_limit_bytes, shm_free_bytes
 
             row_bytes = int(np.prod(row_shape, dtype=np.int64))
             max_segment = segment_limit_bytes()

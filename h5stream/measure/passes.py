@@ -51,7 +51,7 @@ def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, wor
                    interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None, direct_io="auto", read_unit=None):
     """Time ``epochs`` epochs of the stream; returns (figures + orders + yielded labels, Timeline)."""
     import h5stream
-    import h5stream.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
+    import h5stream.streaming.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
     from h5stream.measure.sampler import ResourceSampler, peak_rss_bytes, reset_peak_rss
 
     bar = _bar(progress, 0, "stream", unit="row")

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from h5stream._io import preadv_all  # noqa: F401 - re-exported: the reader reads through it
+from h5stream.memory.rawio import preadv_all  # noqa: F401 - re-exported: the reader reads through it
 
 _libc = None
 _libc_gil = None

@@ -1,6 +1,6 @@
 """Byte sizes as people write them, and the unit of rows a read moves.  Pure, no I/O.
 
-The memory budget itself (every allocation a stream makes) is :mod:`h5stream.budget`.
+The memory budget itself (every allocation a stream makes) is :mod:`h5stream.streaming.budget`.
 """
 
 from __future__ import annotations

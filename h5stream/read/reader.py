@@ -34,7 +34,7 @@ checksums where it has them (:mod:`h5stream.read.verify`), right after it
 lands and before any batch holding it goes out; receivers that read rows
 themselves get their rows' digests with the batch.
 
-Every blocking wait is a stoppable wait (:mod:`h5stream._wait`) that looks at
+Every blocking wait is a stoppable wait (:mod:`h5stream.concurrency.wait`) that looks at
 the stop flag at least every :data:`POLL_S`, so :meth:`Reader.close` always
 returns promptly.  An exception in the thread is
 queued and re-raised by the consumer as :class:`ReaderError` with the cause.
@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from h5stream._wait import POLL_S, Channel, Stopped, wait_futures
+from h5stream.concurrency.wait import POLL_S, Channel, Stopped, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, images_dataset, locate
@@ -171,7 +171,7 @@ class Reader:
         """Next batch in order.  Consumer thread.
 
         Waits until ``deadline`` (a ``time.monotonic()`` value; default: ``timeout_s`` from now), running a
-        Ctrl-C held back meanwhile (see :mod:`h5stream._interrupt`) within :data:`POLL_S`.  Raises
+        Ctrl-C held back meanwhile (see :mod:`h5stream.concurrency.interrupt`) within :data:`POLL_S`.  Raises
         :class:`ReaderError` if the thread failed, ended or went quiet; the reader is then stopped and every
         later call raises the same error.
         """

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from h5stream._io import aligned_empty
-from h5stream._wait import Stopped
+from h5stream.memory.rawio import aligned_empty
+from h5stream.concurrency.wait import Stopped
 from h5stream.read.fill import FillJob
 from h5stream.read.runs import Run, chunk_pieces, spans
 from h5stream.read.source import ByteSource

@@ -38,7 +38,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
-from h5stream._io import preadv_all
+from h5stream.memory.rawio import preadv_all
 from h5stream.errors import ConfigError
 from h5stream.read.pagecache import Residency
 from h5stream.read.runs import aligned_span, inner_ends

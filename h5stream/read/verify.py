@@ -17,7 +17,7 @@ together from digests of its parts.  So:
   is read whole and the read's own rows are checked against it, so the error
   still names them.  Every read from then on -- any rows,
   by any I/O thread or worker process -- is checked row by row against those
-  (:func:`~h5stream._io.first_mismatch`), right after it lands, while the rows are still in
+  (:func:`~h5stream.memory.rawio.first_mismatch`), right after it lands, while the rows are still in
   the CPU's cache.  A read that holds a whole block learns it from its own
   rows and reads nothing again.
 * **Labels** are small (8 bytes a row): each label read is widened to whole
@@ -28,7 +28,7 @@ block whose digests are for another row count) are not checked.  A mismatch
 raises :class:`~h5stream.errors.ChecksumError` before any row of the read is
 handed out.
 
-Worker processes check rows with the same :func:`h5stream._io.first_mismatch`
+Worker processes check rows with the same :func:`h5stream.memory.rawio.first_mismatch`
 and :meth:`ChecksumError.for_rows <h5stream.errors.ChecksumError.for_rows>`.
 """
 
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import xxhash
 
-from h5stream._io import aligned_empty, first_mismatch
+from h5stream.memory.rawio import aligned_empty, first_mismatch
 from h5stream.errors import ChecksumError
 
 ReadBlock = Callable[[int, int, memoryview], None]

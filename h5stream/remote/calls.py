@@ -3,8 +3,9 @@
 The client (obstore) blocks in its own runtime until a request succeeds or ``timeout_s`` runs out, and Python
 runs a signal handler only between bytecodes: a Ctrl-C during an ``open`` of a URL whose server stopped answering
 was raised only once the client gave up, many seconds later.  :func:`interruptible` runs such a call on a daemon
-thread while the main thread waits in :func:`h5stream._wait.wait_until`, which raises a Ctrl-C (held back by
-:mod:`h5stream._interrupt` or not) within :data:`~h5stream._wait.POLL_S`.  The call given up on ends by itself
+thread while the main thread waits in :func:`h5stream.concurrency.wait.wait_until`, which raises a Ctrl-C (held back by
+:mod:`h5stream.concurrency.interrupt` or not) within :data:`~h5stream.concurrency.wait.POLL_S`.  The call given up on
+ends by itself
 within ``timeout_s``; a daemon, its thread never keeps the process alive.  It must write only into memory of its
 own (see :meth:`h5stream.remote.source.RemoteSource.readinto`): the caller's buffers may be gone by then.
 Other threads make the call themselves (signals reach only the main thread).
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from h5stream._wait import wait_until
+from h5stream.concurrency.wait import wait_until
 
 T = TypeVar("T")
 

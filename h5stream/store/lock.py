@@ -25,7 +25,7 @@ import os
 import time
 import weakref
 
-from h5stream._fork import OwnerOnly
+from h5stream.concurrency.fork import OwnerOnly
 from h5stream.errors import StoreBusyError, StoreExistsError, StoreWriteError
 from h5stream.store import sidecar as sidecars
 

@@ -50,7 +50,7 @@ from collections import deque
 
 import numpy as np
 
-from h5stream._wait import wait_until
+from h5stream.concurrency.wait import wait_until
 
 #: Memory, offsets and lengths of a direct write are multiples of this (the largest logical block in use).
 ALIGN_BYTES = 4096

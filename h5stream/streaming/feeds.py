@@ -2,7 +2,7 @@
 
 A feed delivers ``(epoch, index, images, labels)`` in order and owns every
 resource behind it; it allocates exactly what its
-:class:`~h5stream.budget.StreamPlan` counts.  :class:`InlineFeed` runs the
+:class:`~h5stream.streaming.budget.StreamPlan` counts.  :class:`InlineFeed` runs the
 transform (if any) in the consumer's thread.  :class:`PooledFeed` submits one
 task per batch (indices only) to a :class:`~h5stream.augment.pool.WorkerPool`
 and lends each finished output slot to the consumer as a view (copying only
@@ -12,7 +12,7 @@ an uncompressed store is already in the page cache, its tasks name their rows
 by byte offset and the workers read them from the file themselves; otherwise
 the reader reads (or, compressed, decodes) each batch into a shared-memory
 *input slot*.  Both recycle their output arrays
-(:class:`~h5stream._lend.ArrayArena`).  Used by :mod:`h5stream.stream`.
+(:class:`~h5stream.memory.lend.ArrayArena`).  Used by :mod:`h5stream.streaming.stream`.
 """
 
 from __future__ import annotations
@@ -24,20 +24,21 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from h5stream._lend import ArrayArena, SlotLender
-from h5stream._wait import Channel, stop_when
-from h5stream.budget import KEPT_SLOTS
+from h5stream.memory.lend import ArrayArena, SlotLender
+from h5stream.concurrency.wait import Channel, stop_when
+from h5stream.streaming.budget import KEPT_SLOTS
 from h5stream.errors import ChecksumError, H5StreamError, ReaderError, WorkerError
 from h5stream.read.reader import Batch, Reader, direct_reads
 
 if TYPE_CHECKING:
-    from h5stream.config import StreamConfig
+    from h5stream.streaming.config import StreamConfig
 
 
 class Feed(Protocol):
-    """What a :class:`~h5stream.stream.Stream` asks of its feed: batches in order, restartable at any position.
+    """What a :class:`~h5stream.streaming.stream.Stream` asks of its feed: batches in order, restartable at any
+    position.
 
-    Made from a :class:`~h5stream.config.StreamConfig` alone; owns every thread, process and shared segment
+    Made from a :class:`~h5stream.streaming.config.StreamConfig` alone; owns every thread, process and shared segment
     behind it and allocates exactly what ``config.plan`` counts.  Every method runs in the consumer's thread
     (the one inside the stream).
     """
@@ -50,7 +51,7 @@ class Feed(Protocol):
         subclass) within the config's ``timeout_s`` if none comes."""
 
     def stats(self) -> dict:
-        """Counters for monitoring (see :meth:`h5stream.stream.Stream.stats`)."""
+        """Counters for monitoring (see :meth:`h5stream.streaming.stream.Stream.stats`)."""
 
     def close(self) -> None:
         """Stop and free everything; idempotent."""
@@ -59,7 +60,7 @@ class InlineFeed:
     """Reader thread + (optional) augmentation in the consumer's thread.
 
     Threads: ``start``, ``next``, ``stats`` and ``close`` run in the consumer's thread (the one inside the
-    stream, see :class:`h5stream.stream.Stream`); ``_allocate`` in the reader thread.
+    stream, see :class:`h5stream.streaming.stream.Stream`); ``_allocate`` in the reader thread.
     """
 
     def __init__(self, config: StreamConfig):
@@ -140,13 +141,13 @@ class PooledFeed:
     and reads the workers' answers (the pool has no thread of its own):
     nothing in this process wakes per batch but the consumer, and the reader
     thread once per fill.  ``_allocate`` (the reader's hook) runs in the reader
-    thread, whose waits end with :class:`~h5stream._wait.Stopped` once the
+    thread, whose waits end with :class:`~h5stream.concurrency.wait.Stopped` once the
     feed's stop flag is set.
     """
 
     def __init__(self, config: StreamConfig):
         from h5stream.augment.pool import FileSource, WorkerPool
-        from h5stream.shm import SharedArray, new_prefix
+        from h5stream.memory.shm import SharedArray, new_prefix
 
         meta, plan, augment, timeout_s, direct_io = (config.meta, config.plan, config.augment, config.timeout_s,
                                                      config.direct_io)

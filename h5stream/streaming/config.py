@@ -25,7 +25,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
-from h5stream.budget import StreamPlan, plan_stream
+from h5stream.streaming.budget import StreamPlan, plan_stream
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.order.epoch import EpochLayout, epoch_layout
@@ -33,7 +33,7 @@ from h5stream.order.split import subset_rows
 from h5stream.store.meta import StoreMeta
 
 if TYPE_CHECKING:
-    from h5stream.options import StreamOptions
+    from h5stream.streaming.options import StreamOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
     """The facts :func:`resolve` needs about this machine and the store's file (see :class:`Facts`).  Raises
     what those probes raise: :class:`~h5stream.StoreFormatError` for a chunk layout that cannot stream,
     :class:`ConfigError` for ``direct_io=True`` on a file system that refuses it."""
-    from h5stream.budget import available_memory_bytes
+    from h5stream.streaming.budget import available_memory_bytes
     from h5stream.read.locate import check_chunks
     from h5stream.read.source import resolve_direct_io
 

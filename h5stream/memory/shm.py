@@ -50,7 +50,7 @@ from multiprocessing import resource_tracker
 
 import numpy as np
 
-from h5stream._lend import Lender
+from h5stream.memory.lend import Lender
 from h5stream.errors import BudgetError, ConfigError, ResourceLimitError, StreamClosedError, WorkerError
 
 try:  # CPython on POSIX; the module multiprocessing.shared_memory is built on
@@ -300,7 +300,8 @@ class SharedArray:
         self._finalizer = weakref.finalize(self, _release, self._state)
 
     def lender(self) -> Lender:
-        """A :class:`~h5stream._lend.Lender` of the items along axis 0 (lent as arrays made directly on the mapping,
+        """A :class:`~h5stream.memory.lend.Lender` of the items along axis 0 (lent as arrays made directly on the
+        mapping,
         so whether anything still refers to a lent item is known by weak reference).  Like any view, what it
         lends keeps the mapping alive."""
         mm = self._state["mmap"]

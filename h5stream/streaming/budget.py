@@ -56,7 +56,7 @@ from functools import partial
 
 import numpy as np
 
-from h5stream._cores import suggested_workers, usable_cores
+from h5stream.concurrency.cores import suggested_workers, usable_cores
 from h5stream.errors import BudgetError, ConfigError
 from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, mib_at_least, unit_rows_for, url_plan
 

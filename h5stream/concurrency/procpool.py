@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from h5stream._spawn import reap_workers, spawn_workers, worker_signals
+from h5stream.concurrency.spawn import reap_workers, spawn_workers, worker_signals
 
 READY, FATAL, DONE, ERROR, EXITED = "ready", "fatal", "done", "error", "exited"
 """The first item of every message a front end receives from :meth:`Workers.wait`."""
@@ -104,7 +104,7 @@ def failure(exc: BaseException, stage: str) -> Failure:
 
 
 def serve(conn, setup: Callable, handle: Callable, stage: str, *setup_args) -> None:
-    """What every worker process runs (the ``target`` of :func:`~h5stream._spawn.spawn_workers`).
+    """What every worker process runs (the ``target`` of :func:`~h5stream.concurrency.spawn.spawn_workers`).
 
     Ignores SIGINT (the parent governs shutdown), runs ``state = setup(*setup_args)`` and answers ``("ready",
     pid)``, or ``("fatal", failure)`` and returns when it raised.  Then serves each task ``(seq, body)`` with
@@ -277,7 +277,8 @@ class Workers:
     def start(self, setup: Callable, handle: Callable, stage: str, args: Sequence[tuple], *, name: str,
               hide_main: bool = True) -> None:
         """Spawn one worker per entry of ``args``, each running :func:`serve` with ``setup(*args[i])`` (see
-        :func:`~h5stream._spawn.spawn_workers`).  Returns at once: their "ready" comes through :meth:`wait`."""
+        :func:`~h5stream.concurrency.spawn.spawn_workers`).  Returns at once: their "ready" comes through
+        :meth:`wait`."""
         self.procs, self.conns = spawn_workers(serve, [(setup, handle, stage, *a) for a in args], name=name,
                                                hide_main=hide_main)
         self._open = dict(enumerate(self.conns))

@@ -2,7 +2,7 @@
 parent's main script, one thread each (ingest and augment); glibc's heap kept between images in decode workers.
 
 :func:`spawn_workers` is the start-up of the process-pool core
-(:mod:`h5stream._procpool`) that both worker pools stand on: one ``spawn``
+(:mod:`h5stream.concurrency.procpool`) that both worker pools stand on: one ``spawn``
 process and one duplex pipe per worker, SIGINT blocked while they start and
 ignored in them from birth (the parent alone handles Ctrl-C and stops them).
 Pipes rather than ``multiprocessing`` queues: a queue's named POSIX semaphores
@@ -23,7 +23,7 @@ import time
 import types
 from collections.abc import Callable, Sequence
 
-from h5stream._fork import disown_in_forks, release_in_forks
+from h5stream.concurrency.fork import disown_in_forks, release_in_forks
 
 #: Thread-pool sizes a spawned worker inherits through its environment unless the user set them.
 #: A worker is one core's worth of work; numpy's OpenBLAS otherwise starts a thread per core at import,
@@ -105,7 +105,7 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
     terminates the process at this interpreter's exit, and forbids it children
     of its own; a process that starts workers (the feeder) is started with
     ``daemon=False`` and must be stopped by its owner before exit.  A process
-    forked from this one leaves them alone (:func:`h5stream._fork.disown_in_forks`).
+    forked from this one leaves them alone (:func:`h5stream.concurrency.fork.disown_in_forks`).
     """
     ctx = mp.get_context("spawn")
     procs, conns, child_conns = [], [], []

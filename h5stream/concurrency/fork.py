@@ -13,7 +13,7 @@ collection, ``atexit``, ``weakref.finalize``).  So:
   does nothing in another process: :class:`OwnerOnly` wraps a finalizer (the
   stream's, the adapters', the writer's lock's, ingest's decode pool's); the
   worker pool's state, the shared segments
-  (:mod:`h5stream.shm`) and the feeder's state (a ``multiprocessing``
+  (:mod:`h5stream.memory.shm`) and the feeder's state (a ``multiprocessing``
   ``Finalize``, pid-checked by ``multiprocessing``) check it themselves;
 * ``multiprocessing`` keeps the processes it started in a set the child
   inherits (``multiprocessing.process._children``), and its exit handler, in

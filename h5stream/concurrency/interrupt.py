@@ -12,8 +12,8 @@ SIGINT's that passes every signal straight on, except while the main thread is
 between :func:`hold` and :func:`release` (waiting for a batch, opening,
 closing): then the signal is only recorded, and the real handler runs at
 :func:`raise_pending`, which the waits call between their polls (where no lock
-is half taken), or at :func:`release` at the latest.  Every wait is one of :mod:`h5stream._wait`'s, which
-look every :data:`~h5stream._wait.POLL_S`, so the interrupt is still raised within a
+is half taken), or at :func:`release` at the latest.  Every wait is one of :mod:`h5stream.concurrency.wait`'s, which
+look every :data:`~h5stream.concurrency.wait.POLL_S`, so the interrupt is still raised within a
 fraction of a second; outside h5stream nothing changes.  ``hold`` / ``release``
 are a counter, cheap enough for every batch.
 

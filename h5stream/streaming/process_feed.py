@@ -2,7 +2,7 @@
 
 ``h5stream.open(..., workers=N, feeder=True)`` makes the stream's feed a
 :class:`ProcessFeed`.  It starts one spawned *feeder* process that runs an
-ordinary :class:`~h5stream.feed.PooledFeed` (the reader thread, and the
+ordinary :class:`~h5stream.streaming.feeds.PooledFeed` (the reader thread, and the
 worker pool, whose workers are the feeder's children).  The training process
 keeps none of its threads: per batch it sends one small request and receives
 one small answer ``(epoch, index, out-slot, rows, labels)``.  The pixels stay
@@ -19,7 +19,7 @@ Protocol (pure data over one duplex pipe, in order both ways):
 * feeder -> trainer ``(kind, generation, *payload)``: ``READY`` (its pid and
   the slot segment's spec), ``STARTED``, ``BATCH``, ``ERROR``, ``STATS``.
 
-The trainer keeps :data:`~h5stream.budget.FEEDER_IN_FLIGHT` ``NEXT`` requests
+The trainer keeps :data:`~h5stream.streaming.budget.FEEDER_IN_FLIGHT` ``NEXT`` requests
 outstanding, so the feeder is always making the next batch while the caller
 trains on this one.  ``start`` bumps the generation: the feeder skips requests
 of an older one still in its pipe, and the trainer drops (and frees) answers of
@@ -27,7 +27,7 @@ an older one.  Slot accounting: the trainer lends at most ``plan.lent_slots``
 views (copying beyond them, as ``PooledFeed`` does); the feeder keeps a view of
 every slot answered and not freed yet, so its own ``PooledFeed`` (told
 ``lent_slots + FEEDER_IN_FLIGHT``) never reuses one; the plan counts those
-slots (:func:`h5stream.budget.plan_memory` with ``feeder=True``).
+slots (:func:`h5stream.streaming.budget.plan_memory` with ``feeder=True``).
 
 Errors raised by the feeder's ``PooledFeed`` reach the trainer as the same
 exception type and message.  The feeder's death is a
@@ -36,7 +36,7 @@ process sentinel); a feeder that answers nothing within ``timeout_s`` (stopped)
 is one too.  The feeder exits when the training process dies (its parent's
 sentinel, or the pipe's end), closing its pool; a feeder killed with its whole
 process group leaves segments the next stream's sweep removes
-(:func:`h5stream.shm.sweep_stale_segments`, by the creator's pid).
+(:func:`h5stream.memory.shm.sweep_stale_segments`, by the creator's pid).
 """
 
 from __future__ import annotations
@@ -57,13 +57,13 @@ from collections import deque
 import numpy as np
 
 from h5stream import errors
-from h5stream._fork import release_in_forks
-from h5stream._procpool import death_report, frames, stopped
-from h5stream._spawn import reap_workers, spawn_workers, worker_signals
-from h5stream._wait import POLL_S, check_stops
-from h5stream._lend import ArrayArena, SlotLender
-from h5stream.budget import FEEDER_IN_FLIGHT, KEPT_SLOTS
-from h5stream.config import StreamConfig
+from h5stream.concurrency.fork import release_in_forks
+from h5stream.concurrency.procpool import death_report, frames, stopped
+from h5stream.concurrency.spawn import reap_workers, spawn_workers, worker_signals
+from h5stream.concurrency.wait import POLL_S, check_stops
+from h5stream.memory.lend import ArrayArena, SlotLender
+from h5stream.streaming.budget import FEEDER_IN_FLIGHT, KEPT_SLOTS
+from h5stream.streaming.config import StreamConfig
 from h5stream.errors import H5StreamError, ReaderError, descriptor_limit
 
 START, NEXT, STATS, STOP = "start", "next", "stats", "stop"
@@ -174,7 +174,7 @@ def _on_sigterm(signum, frame):
 
 
 def feeder_main(conn, parts: bytes) -> None:
-    """What the feeder process runs (the target of :func:`~h5stream._spawn.spawn_workers`): build the
+    """What the feeder process runs (the target of :func:`~h5stream.concurrency.spawn.spawn_workers`): build the
     ``PooledFeed`` from ``parts`` (pickled), answer ``READY``, then serve the trainer's messages in order until
     ``STOP``, the pipe's end or the parent's death; the feed is closed on every way out.  Main thread of the
     feeder; its ``PooledFeed`` runs its reader thread as usual."""
@@ -182,7 +182,7 @@ def feeder_main(conn, parts: bytes) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     parent = mp.parent_process()
     try:
-        from h5stream.feed import PooledFeed
+        from h5stream.streaming.feeds import PooledFeed
 
         feed = PooledFeed(pickle.loads(parts))
     except BaseException as exc:
@@ -267,7 +267,8 @@ def _send(conn, msg, labels_as=(None, ())) -> bool:
 
 class _Inbox:
     """The trainer's end of the feeder's pipe (a socket pair), read as ``Connection`` frames
-    (:func:`~h5stream._procpool.frames`, the one parser of that framing) with one blocking ``recv`` for whatever
+    (:func:`~h5stream.concurrency.procpool.frames`, the one parser of that framing) with one blocking ``recv`` for
+    whatever
     has come, which returns after ``wait_s`` at the latest (``SO_RCVTIMEO``): one system call per answer, where
     ``Connection.recv_bytes`` makes two and a wait on a selector one more.  Owned by the
     :class:`_FeederState`; consumer thread."""
@@ -340,21 +341,21 @@ def _shutdown(state: _FeederState) -> None:
         if state.slots is not None:
             state.slots.close()  # our mapping; lent views keep it alive as long as they live
         if state.proc is not None and state.proc.exitcode not in (0, None):
-            from h5stream.shm import sweep_stale_segments
+            from h5stream.memory.shm import sweep_stale_segments
 
             sweep_stale_segments()  # the feeder did not close its pool: its segments, by its pid
 
 
 class ProcessFeed:
-    """:class:`~h5stream.feed.PooledFeed`'s interface, the feed running in a feeder process (module doc).
+    """:class:`~h5stream.streaming.feeds.PooledFeed`'s interface, the feed running in a feeder process (module doc).
 
     Threads: every method runs in the consumer's thread (the one inside the
     stream); the training process has no thread of h5stream's.  Its waits look
-    every :data:`~h5stream._wait.POLL_S` for a held-back Ctrl-C.
+    every :data:`~h5stream.concurrency.wait.POLL_S` for a held-back Ctrl-C.
     """
 
     def __init__(self, config: StreamConfig):
-        from h5stream.shm import SharedArray
+        from h5stream.memory.shm import SharedArray
 
         meta, plan = config.meta, config.plan
         self.meta, self.plan, self._timeout_s = meta, plan, config.timeout_s
@@ -498,7 +499,7 @@ class ProcessFeed:
         return msg
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
-        """The next batch: a view of its output slot (lent by :class:`~h5stream._lend.SlotLender`'s rule, as the
+        """The next batch: a view of its output slot (lent by :class:`~h5stream.memory.lend.SlotLender`'s rule, as the
         pooled feed lends), else a copy; what the feeder's ``PooledFeed.next`` raised, as the same exception.
         Consumer thread."""
         msg = self._answer()

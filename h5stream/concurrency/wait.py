@@ -13,7 +13,7 @@ at once when the other side acts, and otherwise every :data:`POLL_S` to:
   flag that ends every wait of this thread, including waits inside code that
   takes no flag of its own (the worker pool's ``submit``), by raising
   :class:`Stopped`,
-* run a Ctrl-C held back by :mod:`h5stream._interrupt` (main thread), so it
+* run a Ctrl-C held back by :mod:`h5stream.concurrency.interrupt` (main thread), so it
   is raised within :data:`POLL_S`.
 
 Nothing is raised while waiting but to end the wait: a deadline passing gives
@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from h5stream import _interrupt as interrupt
+from h5stream.concurrency import interrupt
 
 __all__ = ["POLL_S", "Channel", "Stopped", "check_stops", "stop_when", "wait_futures", "wait_until"]
 

@@ -19,16 +19,16 @@ import weakref
 
 import numpy as np
 
-from h5stream import _fork
-from h5stream import _interrupt as interrupt
-from h5stream._cores import warn_if_more_workers_than_cores
-from h5stream._spawn import refuse_in_a_starting_worker
-from h5stream.config import StreamConfig, fit_feature_stats, gather_facts, resolve
+from h5stream.concurrency import fork as _fork
+from h5stream.concurrency import interrupt
+from h5stream.concurrency.cores import warn_if_more_workers_than_cores
+from h5stream.concurrency.spawn import refuse_in_a_starting_worker
+from h5stream.streaming.config import StreamConfig, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
-from h5stream.feed import Feed, InlineFeed, PooledFeed
-from h5stream.feeder import ProcessFeed
-from h5stream.options import StreamOptions
+from h5stream.streaming.feeds import Feed, InlineFeed, PooledFeed
+from h5stream.streaming.process_feed import ProcessFeed
+from h5stream.streaming.options import StreamOptions
 from h5stream.order.epoch import EpochLayout
 from h5stream.order.split import BOTH
 from h5stream.remote.config import stream_remote
@@ -162,16 +162,17 @@ class Stream:
       :class:`~h5stream.StreamClosedError` (a ``for`` loop does not just end);
     * a process forked after ``open`` leaves the stream as it was: in the
       child every use raises :class:`~h5stream.ForkedStreamError`, ``close()``
-      releases nothing, and its exit stops nothing (see :mod:`h5stream._fork`).
+      releases nothing, and its exit stops nothing (see :mod:`h5stream.concurrency.fork`).
     """
 
     def __init__(self, path: str | os.PathLike, options: StreamOptions | None = None):
         options = StreamOptions() if options is None else options
         if not isinstance(options, StreamOptions):
-            raise ConfigError(f"options must be an h5stream.options.StreamOptions, got {type(options).__name__}")
+            raise ConfigError("options must be an h5stream.streaming.options.StreamOptions, "
+                              f"got {type(options).__name__}")
         self.options = options
         refuse_in_a_starting_worker()
-        from h5stream.shm import sweep_stale_segments
+        from h5stream.memory.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
@@ -339,7 +340,7 @@ class Stream:
         with self._entered("next()"):
             if it.generation != self._generation:  # replaced by the thread that was inside until just now
                 raise StreamIterationError(self._replaced())
-            interrupt.hold()  # a Ctrl-C in a wait is raised between its polls (see h5stream._interrupt)
+            interrupt.hold()  # a Ctrl-C in a wait is raised between its polls (see h5stream.concurrency.interrupt)
             try:
                 got_epoch, index, x, y = self._feed.next()
             finally:
@@ -434,7 +435,7 @@ class Stream:
         """Stop the reader (and workers) and free the buffers.  Idempotent.
 
         A Ctrl-C arriving meanwhile is raised once everything is released (a
-        fraction of a second), not in the middle of it (see :mod:`h5stream._interrupt`).  In a process forked
+        fraction of a second), not in the middle of it (see :mod:`h5stream.concurrency.interrupt`).  In a process forked
         after ``open``, only this copy is marked closed: what it would stop is the parent's.
         """
         if self._closed:

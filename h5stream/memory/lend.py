@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from h5stream._io import aligned_empty, private_memory
+from h5stream.memory.rawio import aligned_empty, private_memory
 
 
 class _Anchor(np.ndarray):
@@ -88,7 +88,7 @@ class ArrayArena:
     Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
     makes writing into them several times slower than the copy itself.  The arena
     keeps up to ``max_sets`` page-aligned buffers of ``batch_rows`` rows and hands
-    out arrays on them (lent: see :class:`~h5stream._lend.Lender`).  A buffer is
+    out arrays on them (lent: see :class:`~h5stream.memory.lend.Lender`).  A buffer is
     reused only once nothing refers to the array last made on it, nor to any
     view of that array, so a caller may keep a batch as long as it likes: it is
     never overwritten.  Used from one thread (its owner's).
@@ -126,7 +126,8 @@ def may_lend(lent: int, held_since, taken: int, lent_slots: int, kept_slots: int
     Up to ``lent_slots`` views may be held (the usual loop holds the previous batch while it takes the
     next); a view still held ``lent_slots`` batches after it was lent is *kept* (a batch kept for good, such as
     the first one looked at for its shapes), and up to ``kept_slots`` kept ones
-    (:data:`~h5stream.budget.KEPT_SLOTS`) do not count, so keeping one batch does not make every later batch a copy.
+    (:data:`~h5stream.streaming.budget.KEPT_SLOTS`) do not count, so keeping one batch does not make every later
+    batch a copy.
     """
     if lent >= lent_slots:
         old = taken - lent_slots  # lent this batch or before: held that long, it is kept
