@@ -261,13 +261,12 @@ def plan_memory(
 ) -> StreamPlan:
     """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
 
-    ``budget_bytes=None``: :data:`DEFAULT_BUDGET_BYTES` plus augmentation's
-    share (see the module doc).  ``augment``: batches are transformed, in
-    the training process or in ``workers`` processes (which copy rows without it); ``out_row_bytes`` is one
-    output row (differs from ``row_bytes`` when augmentation emits float32); ``out_label_row_bytes`` is what a yielded
-    label takes besides the stored one (a one-hot row, say).
-    ``rows_per_fill`` fixes the fill size (rounded down to whole blocks, at
-    most the epoch) instead of taking what the budget leaves;
+    ``budget_bytes=None``: :data:`DEFAULT_BUDGET_BYTES` plus augmentation's share (see the module doc).
+    ``augment``: batches are transformed, in the training process or in ``workers`` processes (which copy rows
+    without it); ``out_row_bytes`` is one output row (differs from ``row_bytes`` when augmentation emits
+    float32); ``out_label_row_bytes`` is what a yielded label takes besides the stored one (a one-hot row, say).
+    ``rows_per_fill`` fixes the fill size (rounded down to whole blocks, at most the epoch) instead of taking what
+    the budget leaves;
     :class:`BudgetError` if it does not fit.  ``epoch_rows`` (default
     ``rows``) is how many contiguous rows an epoch covers when it streams part
     of the file (a validation split).  ``remote_client_bytes``: what the client of
@@ -458,7 +457,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
         if fewer:  # and no more than the cores take, as the stream's warning about workers says
             w = min(fewer[-1], suggested_workers(usable_cores()))
-            alternatives.append(f"use workers={w}" + (" (all of it in the training process)" if w == 0 else ""))
+            inline = f" ({'augment' if augment is not None else 'read'} in the training process)" if w == 0 else ""
+            alternatives.append(f"use workers={w}{inline}")
         if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
             lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
             while lo < hi:
