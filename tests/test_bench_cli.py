@@ -213,11 +213,12 @@ def test_info_shuffle_report_bad_budget(sorted_store, capsys):
 
 
 def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store, capsys):
+    import h5stream
     from h5stream.streaming.budget import plan_stream
     from h5stream.store.meta import read_meta
 
-    meta = read_meta(sorted_store)
-    tight = str(plan_stream(meta, 1 << 40, 32, workers=2).min_budget_bytes + (1 << 20))
+    meta = read_meta(sorted_store)  # the report plans augmenting workers (their transform's library counted)
+    tight = str(plan_stream(meta, 1 << 40, 32, workers=2, augment=h5stream.Augment()).min_budget_bytes + (1 << 20))
 
     def report(*extra):
         assert main(["info", sorted_store, "--shuffle-report", "--memory-budget", tight, "--json", *extra]) == 0

@@ -76,7 +76,6 @@ def test_direct_io_is_the_fact_for_a_local_store_and_refused_when_asked_for_a_ur
 
 @pytest.mark.parametrize(("store", "options", "match"), [
     (meta(rows=0), StreamOptions(), "no committed rows"),
-    (meta(), StreamOptions(workers=2), "nothing for worker processes to do"),
     (meta(), StreamOptions(augment="flip"), "augment must be an h5stream.Augment"),
     (meta(rows=10), StreamOptions(batch_size=32, drop_remainder=True), "give no full batch of 32"),
     (meta(order="by_class"), StreamOptions(validation_split=0.2, subset="training"), "shuffled order"),
@@ -85,6 +84,22 @@ def test_options_that_do_not_fit_the_store_are_one_line(store, options, match):
     with pytest.raises(ConfigError, match=match) as caught:
         resolve(store, options, FACTS)
     assert "\n" not in str(caught.value)
+
+
+def test_workers_without_an_augment_copy_the_rows_as_stored_and_load_no_transform():
+    """workers > 0 with no augmentation is a plain stream read in the workers: they run the identity copy, the
+    batches stay uint8, and the plan counts the workers but not a transform's library."""
+    from h5stream.augment.worker import copy_rows
+    from h5stream.streaming.budget import TRANSFORM_LIBRARY_BYTES
+
+    plain = resolve(meta(), StreamOptions(workers=2), FACTS)
+    augmented = resolve(meta(), StreamOptions(workers=2, augment=h5stream.Augment(horizontal_flip=True)), FACTS)
+    assert plain.transform is copy_rows and plain.output_dtype == np.uint8 and plain.augment is None
+    assert augmented.transform is augmented.augment
+    assert plain.plan.workers == 2 and plain.plan.out_slots == augmented.plan.out_slots
+    assert plain.plan.pool_bytes == augmented.plan.pool_bytes - TRANSFORM_LIBRARY_BYTES
+    assert pickle.loads(pickle.dumps(plain)) == plain
+    assert resolve(meta(), StreamOptions(workers=2, feeder=True), FACTS).plan.feeder
 
 
 def test_the_machine_memory_fact_bounds_the_plan():

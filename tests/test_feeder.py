@@ -80,6 +80,29 @@ def test_the_feeder_gives_the_same_batches_for_a_shard_and_after_restore_and_res
     assert _same(whole, resumed)
 
 
+def test_the_feeder_without_an_augment_gives_the_batches_of_workers_0_and_resumes_exactly(store):
+    """``workers=N, feeder=True`` and no augment: reading leaves the training process (its workers read the rows
+    into the output slots); the same uint8 batches as workers=0 over two epochs, restored and resumed exactly."""
+    kw = dict(batch_size=32, memory_budget="300MiB", seed=4)
+    with h5stream.open(store, **kw) as s:
+        whole = [(x.copy(), y.copy()) for _ in range(2) for x, y in s]
+    with h5stream.open(store, workers=2, feeder=True, **kw) as s:
+        assert s.image_dtype == np.uint8 and s.stats()["feeder_pid"] not in (None, os.getpid())
+        fed = [(x.copy(), y.copy()) for _ in range(2) for x, y in s]
+        it = iter(s)  # the third epoch: left after 3 batches and one more read beyond the state
+        head = [(x.copy(), y.copy()) for x, y in (next(it), next(it), next(it))]
+        state = s.state()
+        next(it)
+        s.restore(state)
+        restored = head + [(x.copy(), y.copy()) for x, y in s]
+    assert fed[0][0].dtype == np.uint8 and _same(whole, fed)
+    with h5stream.open(store, workers=2, feeder=True, resume=state, **kw) as r:
+        resumed = head + [(x.copy(), y.copy()) for x, y in r]
+    with h5stream.open(store, resume=state, **kw) as r:
+        inline = head + [(x.copy(), y.copy()) for x, y in r]
+    assert len(inline) == len(whole) // 2 and _same(inline, restored) and _same(inline, resumed)
+
+
 def test_the_feeder_streams_a_url_store_as_its_local_file(range_server):
     local = str(range_server.root / "store.h5")
     url = range_server.url + "store.h5"
@@ -135,18 +158,22 @@ def test_feeder_needs_workers():
         h5stream.open("unused.h5", feeder=True)
 
 
-def test_the_plan_counts_the_feeder(store):
+@pytest.mark.parametrize("augment", [AUG, None], ids=["augment", "plain"])
+def test_the_plan_counts_the_feeder(store, augment):
     from h5stream.streaming.budget import FEEDER_IN_FLIGHT, FEEDER_OVERHEAD_BYTES
 
     meta = read_meta(store)
-    pooled = plan_stream(meta, None, 32, augment=AUG, workers=2)
-    fed = plan_stream(meta, None, 32, augment=AUG, workers=2, feeder=True)
+    pooled = plan_stream(meta, None, 32, augment=augment, workers=2)
+    fed = plan_stream(meta, None, 32, augment=augment, workers=2, feeder=True)
     assert fed.feeder and not pooled.feeder
     assert fed.out_slots == pooled.out_slots + FEEDER_IN_FLIGHT
     assert fed.input_slots == pooled.input_slots + FEEDER_IN_FLIGHT
     assert fed.pool_bytes > pooled.pool_bytes + FEEDER_OVERHEAD_BYTES
     assert fed.rows_per_fill == pooled.rows_per_fill  # the default budget adds the feeder's share on top
     assert fed.total_bytes <= fed.budget_bytes
+    if augment is None:  # what the stream runs by is this plan
+        with h5stream.open(store, batch_size=32, workers=2, feeder=True, verify_reads=False) as s:
+            assert s.plan == fed and s._feed._lender.copies.max_sets == fed.consumer_sets
 
 
 def _gone(pids) -> bool:

@@ -67,7 +67,7 @@ def store(tmp_path_factory):
 
 
 @pytest.mark.parametrize("extra_mib", [8, 24])
-@pytest.mark.parametrize("workers,augmented", [(0, False), (0, True), (2, True)])
+@pytest.mark.parametrize("workers,augmented", [(0, False), (0, True), (2, True), (2, False)])
 def test_peak_memory_of_the_process_tree_stays_within_the_budget(store, workers, augmented, extra_mib):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, store, str(workers), str(int(augmented)),
                            str(extra_mib << 20)], capture_output=True, text=True, timeout=120)

@@ -119,11 +119,60 @@ def test_budget_counts_the_workers(store):
         h5stream.open(store, batch_size=32, memory_budget="64MiB", augment=aug, workers=2)
 
 
-def test_workers_need_an_augment(store):
-    with pytest.raises(ConfigError, match="augment"):
-        h5stream.open(store, workers=2)
+def test_an_augment_must_be_an_augment(store):
     with pytest.raises(ConfigError, match="Augment"):
-        h5stream.open(store, augment=lambda x: x)
+        h5stream.open(store, augment=lambda x: x, workers=2)
+
+
+def test_plain_workers_give_exactly_the_batches_of_workers_0_and_resume_exactly(store):
+    """workers without an augment read the rows into their output slots themselves (the reader copies no
+    pixel): the same uint8 batches as workers=0 over two epochs, lent as views of the slots, and a stream
+    resumed mid-epoch from state() gives exactly the rest."""
+    plain = _epochs(store)
+    n = len(plain) // 2
+    kw = dict(batch_size=32, memory_budget="300MiB", seed=11, workers=2)
+    with pinned_in_page_cache(store), h5stream.open(store, **kw) as s:
+        assert s._feed.direct and s.image_dtype == np.uint8
+        pooled, lent = [], []
+        for _ in range(2):
+            for x, y in s:
+                lent.append(_lent(s, x))
+                pooled.append((x.copy(), y.copy()))
+        del x
+        stats = s.stats()
+        it = iter(s)  # the third epoch, stopped mid-way
+        for _ in range(5):
+            next(it)
+        state = s.state()
+        rest = [(x.copy(), y.copy()) for x, y in it]
+    assert all(lent) and stats["read_bytes"] == 0 and stats["deferred_bytes"] >= 2 * ROWS * 24 * 24 * 3
+    assert len(pooled) == len(plain) and pooled[0][0].dtype == np.uint8
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(plain, pooled))
+    with h5stream.open(store, resume=state, **kw) as r:
+        again = [(x.copy(), y.copy()) for x, y in r]
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=11, resume=state) as r:
+        inline = [(x.copy(), y.copy()) for x, y in r]
+    assert len(rest) == len(again) == len(inline) == n - 5
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[0], c[0]) and np.array_equal(a[1], b[1])
+               for a, b, c in zip(rest, again, inline))
+
+
+def test_the_plan_counts_plain_workers_as_it_runs_them(store):
+    """The feed allocates what the plan counts for workers without an augment: uint8 output slots and copies,
+    the input ring, and no transform library."""
+    from h5stream.streaming.budget import TRANSFORM_LIBRARY_BYTES
+
+    meta = read_meta(store)
+    aug = h5stream.Augment(horizontal_flip=True)
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", workers=2) as pooled:
+        feed, plan = pooled._feed, pooled.plan
+        assert feed._inputs.array.shape[0] == plan.input_slots * 32 and feed._pool.n_slots == plan.out_slots
+        assert feed._pool.out_dtype == np.uint8 and feed._lender.copies.max_sets == plan.consumer_sets
+        assert plan.pool_bytes == plan_stream(meta, 300 << 20, 32, augment=aug, workers=2).pool_bytes \
+            - TRANSFORM_LIBRARY_BYTES
+        assert plan.output_bytes > 0 and plan.total_bytes <= 300 << 20
+    with pytest.raises(h5stream.BudgetError, match="2 workers"):
+        h5stream.open(store, batch_size=32, memory_budget="24MiB", workers=2)
 
 
 def _lent(stream, x) -> bool:
@@ -217,12 +266,13 @@ def test_workers_read_a_cached_store_themselves(store):
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(pooled, inline))
 
 
-def test_compressed_store_goes_through_shared_input_slots(tmp_path):
+@pytest.mark.parametrize("augmented", [True, False], ids=["augment", "plain"])
+def test_compressed_store_goes_through_shared_input_slots(tmp_path, augmented):
     rng = np.random.default_rng(5)
     images = rng.integers(0, 255, (300, 16, 16, 3), dtype=np.uint8)
     path = tmp_path / "z.h5"
     write_arrays(path, images, np.arange(300) % 3, block_rows=16, compression="zlib")
-    aug = h5stream.Augment(vertical_flip=True, rotation_range=5)
+    aug = h5stream.Augment(vertical_flip=True, rotation_range=5) if augmented else None
     runs = {}
     for w in (0, 1):
         before = _segments()
@@ -234,7 +284,8 @@ def test_compressed_store_goes_through_shared_input_slots(tmp_path):
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(runs[0], runs[1]))
 
 
-def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
+@pytest.mark.parametrize("augmented", [True, False], ids=["augment", "plain"])
+def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path, augmented):
     rng = np.random.default_rng(2)
     path = tmp_path / "t.h5"
     write_arrays(path, rng.integers(0, 255, (3000, 24, 24, 3), dtype=np.uint8), np.arange(3000) % 5, block_rows=16)
@@ -242,7 +293,7 @@ def test_a_truncated_file_read_by_the_workers_is_a_reader_error(tmp_path):
     # itself (all of them, under this budget).  Pinned in the cache, the fills are the workers' to read.
     with pinned_in_page_cache(path):
         s = h5stream.open(path, batch_size=32, memory_budget="300MiB", seed=0,
-                          augment=h5stream.Augment(horizontal_flip=True), workers=1)
+                          augment=h5stream.Augment(horizontal_flip=True) if augmented else None, workers=1)
         batches = iter(s)
         next(batches)  # the reader has the chunk index by now; only the workers touch the pixels from here on
         assert s.stats()["deferred_bytes"] > 0

@@ -181,6 +181,30 @@ def test_the_uploads_run_in_no_thread_and_give_the_in_process_pools_batches_from
         assert fed.stats()["batches"] == 2 * len(b)
 
 
+@pytest.mark.parametrize("feeder", [False, True], ids=["pool", "feeder"])
+def test_plain_workers_give_the_tensors_of_workers_0_on_the_device(store, feeder):
+    """``open(path, workers=N[, feeder=True])`` with no augment, then ``torch(device=...)``: the uint8 tensors
+    (and float ones converted on the device) of the stream read in the training process, for two epochs; with
+    the feeder no h5stream thread is left in the training process."""
+    opts = [dict(), dict(dtype="float32", layout="NCHW", mean=127.5, std=64.0)]
+    with h5stream.open(store, batch_size=BATCH, seed=4) as a:
+        want = []
+        for o in opts:
+            ds = a.torch(device="cpu", **o)
+            want.append([[(x.clone(), y.clone()) for x, y in ds] for _ in range(2)])
+            ds.close()
+    with h5stream.open(store, batch_size=BATCH, seed=4, workers=2, feeder=feeder) as b:
+        for o, expected in zip(opts, want):
+            ds = b.torch(device="cpu", **o)
+            for epoch in range(2):
+                for (wx, wy), (gx, gy) in zip(expected[epoch], ds, strict=True):
+                    assert gx.dtype == wx.dtype == (torch.uint8 if not o else torch.float32)
+                    assert torch.equal(wx, gx) and torch.equal(wy, gy)
+                    if feeder:
+                        assert h5stream_threads() == []
+            ds.close()
+
+
 def test_a_read_error_comes_after_exactly_the_batches_before_it_on_the_device(tmp_path):
     """A block that fails its checksum mid-epoch: the device adapter hands over exactly the batches the plain
     stream yields before the error, then raises the same ChecksumError."""
@@ -320,12 +344,15 @@ def test_cuda_batches_equal_the_cpu_pipelines_and_come_from_page_locked_memory(s
 
 
 @needs_cuda
+@pytest.mark.parametrize("augmented", [True, False], ids=["augment", "plain"])
 @pytest.mark.parametrize("feeder", [False, True], ids=["pool", "feeder"])
-def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, feeder):
+def test_cuda_batches_made_in_the_pools_shared_slots_equal_the_cpu_pipelines(store, feeder, augmented):
     """The worker pool's shared-memory output slots (mapped by the feeder's trainer side, with the feeder) are
-    page-locked in place and uploaded: the same batches as the CPU pipeline of the same pool, two epochs."""
+    page-locked in place and uploaded: the same batches as the CPU pipeline of the same pool, two epochs; with no
+    augment too (the workers copy the rows into the slots)."""
     opts = dict(dtype="float32", layout="channels_last", mean=127.5, std=64.0)
-    pool = dict(batch_size=BATCH, seed=5, workers=2, augment=h5stream.Augment(horizontal_flip=True))
+    pool = dict(batch_size=BATCH, seed=5, workers=2,
+                augment=h5stream.Augment(horizontal_flip=True) if augmented else None)
     with h5stream.open(store, **pool) as a, h5stream.open(store, **pool, feeder=feeder) as b:
         cpu, gpu = a.torch(device="cpu", **opts), b.torch(device="cuda", **opts)
         assert_cuda_batches_equal(cpu, gpu)

@@ -13,6 +13,10 @@ rows' xxh3-64 to check them against.  A task's result is
 None: the rows are in the slot.  A failure to get a task's rows is reported
 with stage ``"read"``, one of the transform with stage ``"transform"``.
 
+The transform :func:`copy_rows` is the plain stream's (``workers`` without an
+augmentation): a worker reads a file source's rows straight into the output
+slot, or copies an input slot's rows there, the one copy of every pixel.
+
 A worker imports numpy and the modules the transform needs, never h5py; it
 ignores SIGINT (the parent governs shutdown).
 """
@@ -111,6 +115,13 @@ class _FileRows:
             raise ChecksumError.for_rows(self.path, row, row, "images")
 
 
+def copy_rows(images: np.ndarray, *, seed, epoch, row_ids, out: np.ndarray) -> None:
+    """The identity transform: ``images`` into ``out`` as they are (uint8 as stored).  The pool's transform for
+    a stream with workers and no augmentation; :func:`run_task` reads a file source's rows straight into the
+    output slot for it instead of through the gather buffer."""
+    out[...] = images
+
+
 class _Worker:
     """What one worker holds between tasks: the transform, the sources, the output slots, a buffer for file rows."""
 
@@ -125,7 +136,7 @@ def setup(transform_bytes: bytes, source_specs, slot_spec, batch_rows: int) -> _
                for spec in source_specs]
     file_spec = next((spec for spec in source_specs if isinstance(spec, FileSource)), None)
     gather = None  # rows read from a file land here; shared-memory rows are transformed where they lie
-    if file_spec is not None:
+    if file_spec is not None and transform is not copy_rows:  # the plain copy reads into the output slot
         gather = np.empty((batch_rows, *file_spec.shape[1:]), dtype=np.dtype(file_spec.dtype))
     return _Worker(transform, sources, SharedArray.attach(slot_spec), gather)
 
@@ -135,8 +146,10 @@ def run_task(worker: _Worker, body) -> None:
     slot, src, where, row_ids, epoch, seed, checks = unpack_task(body)
     n = len(row_ids)
     source = worker.sources[src]
+    out = worker.slots.array[slot, :n]
     if isinstance(source, _FileRows):
-        images = worker.gather[:n]
+        # The plain copy reads the rows where they go: one copy, from the page cache into the slot.
+        images = out if worker.transform is copy_rows else worker.gather[:n]
         try:
             source.read(where, images)
             if checks is not None:
@@ -146,7 +159,8 @@ def run_task(worker: _Worker, body) -> None:
     else:
         # One contiguous run the submitter keeps untouched until the result is taken: no copy.
         images = source[where:where + n]
-    out = worker.slots.array[slot, :n]
+    if images is out:
+        return
     result = worker.transform(images, seed=seed, epoch=epoch, row_ids=row_ids, out=out)
     if result is not None and result is not out:
         result = np.asarray(result)

@@ -81,6 +81,7 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window and ``read_unit`` sets the unit
     as ``h5stream.open`` does.
     """
+    from h5stream.augment import Augment
     from h5stream.streaming.budget import plan_stream
     from h5stream.streaming.options import StreamOptions
     from h5stream.order import quality
@@ -96,6 +97,7 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.  What
     # else shapes the plan is what h5stream.open gives it by default (read checks once, direct I/O "auto").
     plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill,
+                       augment=Augment() if workers else None,  # augmenting workers load a transform's library
                        epoch_rows=meta.rows, direct_io=resolve_direct_io(meta.path, "auto"), unit_bytes=unit,
                        verify_reads=StreamOptions.verify_reads, chunk_cache_bytes=check_chunks(meta),
                        available_bytes=None)

@@ -261,14 +261,12 @@ def plan_memory(
 ) -> StreamPlan:
     """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
 
-    ``budget_bytes=None``: :data:`DEFAULT_BUDGET_BYTES` plus augmentation's
-    share (see the module doc).  ``augment``: batches are transformed, in
-    the training process or in ``workers`` processes (``workers > 0``
-    implies it); ``out_row_bytes`` is one output row (differs from ``row_bytes`` when
-    augmentation emits float32); ``out_label_row_bytes`` is what a yielded
-    label takes besides the stored one (a one-hot row, say).
-    ``rows_per_fill`` fixes the fill size (rounded down to whole blocks, at
-    most the epoch) instead of taking what the budget leaves;
+    ``budget_bytes=None``: :data:`DEFAULT_BUDGET_BYTES` plus augmentation's share (see the module doc).
+    ``augment``: batches are transformed, in the training process or in ``workers`` processes (which copy rows
+    without it); ``out_row_bytes`` is one output row (differs from ``row_bytes`` when augmentation emits
+    float32); ``out_label_row_bytes`` is what a yielded label takes besides the stored one (a one-hot row, say).
+    ``rows_per_fill`` fixes the fill size (rounded down to whole blocks, at most the epoch) instead of taking what
+    the budget leaves;
     :class:`BudgetError` if it does not fit.  ``epoch_rows`` (default
     ``rows``) is how many contiguous rows an epoch covers when it streams part
     of the file (a validation split).  ``remote_client_bytes``: what the client of
@@ -281,7 +279,7 @@ def plan_memory(
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    augment = bool(augment or workers)
+    transforms, augment = bool(augment), bool(augment or workers)  # workers without a transform copy rows
     bs = int(batch_size)
     out_row_bytes = row_bytes if out_row_bytes is None else out_row_bytes
     epoch_rows = rows if epoch_rows is None else int(epoch_rows)
@@ -300,7 +298,8 @@ def plan_memory(
     n_out = out_slots(workers) + (FEEDER_IN_FLIGHT if feeder else 0)
     pool = transform = 0
     if workers:
-        pool = (workers * (WORKER_OVERHEAD_BYTES + bs * row_bytes) + TRANSFORM_LIBRARY_BYTES + RESOURCE_TRACKER_BYTES
+        pool = (workers * (WORKER_OVERHEAD_BYTES + bs * row_bytes) + RESOURCE_TRACKER_BYTES
+                + (TRANSFORM_LIBRARY_BYTES if transforms else 0)
                 + n_out * (batch_bytes + bs * out_row_bytes)  # an input slot per output slot, and the output slot
                 + (FEEDER_OVERHEAD_BYTES if feeder else 0))
     elif augment:
@@ -458,7 +457,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
         if fewer:  # and no more than the cores take, as the stream's warning about workers says
             w = min(fewer[-1], suggested_workers(usable_cores()))
-            alternatives.append(f"use workers={w}" + (" (augment in the training process)" if w == 0 else ""))
+            inline = f" ({'augment' if augment is not None else 'read'} in the training process)" if w == 0 else ""
+            alternatives.append(f"use workers={w}{inline}")
         if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
             lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
             while lo < hi:

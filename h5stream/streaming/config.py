@@ -25,6 +25,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from h5stream.streaming.budget import StreamPlan, plan_stream
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.labels import LabelEncoding, label_encoding
@@ -140,6 +142,22 @@ class StreamConfig:
         return self.rows[1] - self.rows[0]
 
     @property
+    def transform(self):
+        """What the worker pool runs on every batch: the augmentation, or (``workers`` without one) the plain
+        copy of the rows into the output slot (:func:`~h5stream.augment.worker.copy_rows`), so the workers do
+        the reading and the one copy of every pixel in place of the training process."""
+        if self.augment is not None:
+            return self.augment
+        from h5stream.augment.worker import copy_rows
+
+        return copy_rows
+
+    @property
+    def output_dtype(self) -> np.dtype:
+        """dtype of the images the feed yields: the augmentation's output dtype, else uint8 as stored."""
+        return np.dtype(self.augment.output_dtype()) if self.augment is not None else np.dtype(np.uint8)
+
+    @property
     def needs_feature_stats(self) -> bool:
         """Whether the augmentation normalises by statistics not fitted yet (see :func:`fit_feature_stats`)."""
         return self.augment is not None and self.augment.needs_feature_stats
@@ -152,8 +170,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     Raises :class:`~h5stream.StoreFormatError` for a store whose committed
     rows lack checksums (damage) unless ``verify_reads=False``, and
     :class:`ConfigError` for options that do not fit the store (no
-    committed rows, a label mode its labels cannot take, workers with nothing to
-    do, a batch size that leaves no batch), and :class:`~h5stream.BudgetError`
+    committed rows, a label mode its labels cannot take, a batch size that
+    leaves no batch), and :class:`~h5stream.BudgetError`
     for a memory budget that cannot hold the plan; each one line saying what to
     change.  The order of the epoch depends on the seed, on ``rows_per_fill``
     and on ``unit_rows``: a resumed state names all three, and they win over
@@ -174,10 +192,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     direct_io = meta.remote is None and facts.direct_io
     augment = _checked_augment(options.augment)
     workers = options.workers
-    if workers and augment is None:
-        raise ConfigError("workers > 0 needs augment=h5stream.Augment(...): without a transform there is "
-                          "nothing for worker processes to do (reading already runs in its own thread)")
-    if workers:
+    if workers and augment is not None:
         augment.ensure_picklable()
     rows_per_fill = options.rows_per_fill
     if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:

@@ -120,7 +120,9 @@ class _Submitted(NamedTuple):
 
 
 class PooledFeed:
-    """Reader thread + a pool of augmenting worker processes that read or receive the pixels.
+    """Reader thread + a pool of worker processes that read or receive the pixels and augment them (or, with no
+    augmentation, copy them into the output slots as they are: :attr:`StreamConfig.transform
+    <h5stream.streaming.config.StreamConfig.transform>`).
 
     ``direct`` (uncompressed store): a fill that is already in the page cache
     goes to the pool as byte offsets, and the workers ``preadv`` the rows into
@@ -149,8 +151,8 @@ class PooledFeed:
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.memory.shm import SharedArray, new_prefix
 
-        meta, plan, augment, timeout_s, direct_io = (config.meta, config.plan, config.augment, config.timeout_s,
-                                                     config.direct_io)
+        meta, plan, timeout_s, direct_io = config.meta, config.plan, config.timeout_s, config.direct_io
+        out_dtype = config.output_dtype
         self.meta, self._layout, self.plan = meta, config.layout, plan
         self._seed, self._timeout_s, self._direct_io, self._verify = (config.seed, timeout_s, direct_io,
                                                                       config.verify_reads)
@@ -166,14 +168,14 @@ class PooledFeed:
             sources.append(FileSource(meta.path, (meta.rows, *meta.image_shape), "uint8"))
         try:
             self._pool = WorkerPool(
-                augment, sources, workers=plan.workers, batch_rows=bs, n_slots=plan.out_slots,
-                out_dtype=augment.output_dtype(), prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
+                config.transform, sources, workers=plan.workers, batch_rows=bs, n_slots=plan.out_slots,
+                out_dtype=out_dtype, prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
             )
         except BaseException:
             self._inputs.close()
             raise
         self._lender = SlotLender(self._pool.output_lender, self._pool.release,
-                                  ArrayArena(bs, meta.image_shape, augment.output_dtype(), plan.consumer_sets),
+                                  ArrayArena(bs, meta.image_shape, out_dtype, plan.consumer_sets),
                                   lent_slots=plan.lent_slots, kept_slots=KEPT_SLOTS)
         self._free = Channel(self._n_in)  # free input slots: the reader thread takes, the consumer gives back
         self._stop: threading.Event | None = None

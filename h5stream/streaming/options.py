@@ -71,7 +71,7 @@ class StreamOptions:
             raise ConfigError(f"feeder must be True or False, got {self.feeder!r}")
         if self.feeder and not self.workers:
             raise ConfigError("feeder=True runs the reader and the worker pool in a feeder process: it needs "
-                              "workers > 0 (and an augment); pass workers=N, or leave feeder=False")
+                              "workers > 0 (with or without an augment); pass workers=N, or leave feeder=False")
         if not isinstance(self.allow_unfinished, bool):
             raise ConfigError(f"allow_unfinished must be True or False, got {self.allow_unfinished!r}")
         check_direct_io(self.direct_io)

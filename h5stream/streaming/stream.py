@@ -64,7 +64,9 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
             epoch, for data-parallel training.
         resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.
         augment: an :class:`~h5stream.Augment` applied to every batch.
-        workers: augment in this many spawned processes (0: in the consumer's thread).
+        workers: spawned processes that augment the batches, or without
+            ``augment`` read them (copy the rows into shared memory the
+            batches are lent from); 0: in the consumer's thread.
         rows_per_fill: the shuffle window in rows (default: what the budget
             leaves); pass it to get the same batches under any budget that holds it.
         timeout_s: seconds to wait for a batch before raising :class:`~h5stream.ReaderError`.
@@ -86,8 +88,9 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
             ``"once"`` (each block on its first read; labels always), True
             (every read), False.
         feeder: run the reader and the workers' bookkeeping in a feeder
-            process (needs ``workers > 0``); the training process takes one
-            small message per batch.
+            process (needs ``workers > 0``, with or without ``augment``); the
+            training process keeps no h5stream thread and takes one small
+            message per batch.
         allow_unfinished: stream a store whose ingest did not finish without
             the one ``UserWarning`` (naming the counts and the command that
             finishes it) that ``open`` gives otherwise.
@@ -176,7 +179,7 @@ class Stream:
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
         meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
-        if options.workers and options.augment is not None:  # before a BudgetError, which suggests the same count
+        if options.workers:  # before a BudgetError, which suggests the same count
             warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
         warn_uncommitted(meta)
@@ -271,7 +274,7 @@ class Stream:
     @property
     def image_dtype(self) -> np.dtype:
         """dtype of the yielded images: uint8 as stored, or the augmentation's output dtype."""
-        return np.dtype(self.augment.output_dtype()) if self.augment is not None else np.dtype(np.uint8)
+        return self.config.output_dtype
 
     @property
     def label_mode(self) -> str | None:
