@@ -484,11 +484,15 @@ def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_
 
 def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appending: bool, n_pending: int,
                  lock: StoreLock):
-    """The store to write: opened for append (class list extended) or created.  Returns (writer, start rows)."""
+    """The store to write: opened for append (class list extended; a store whose writer stopped mid-flush rebuilt
+    first) or created.  Returns (writer, start rows)."""
+    from h5stream.store import rebuild
     from h5stream.store.writer import StoreWriter
 
     spec = target.spec
     if appending:
+        if rebuild.needs_rebuild(opts.out):  # a writer stopped while HDF5 rewrote the store in place
+            rebuild.rebuild(opts.out, lock)
         writer = StoreWriter.open_append(opts.out, lock=lock)
         if source.label_kind == schema.LABEL_CLASS and len(target.class_names) != len(writer.meta["class_names"] or ()):
             import json

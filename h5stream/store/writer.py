@@ -58,8 +58,10 @@ Once published, the store is rewritten in place by every flush (and by the
 close): meanwhile a marker lies beside it
 (:func:`~h5stream.store.schema.flushing_path`), removed once the flush is
 durable.  A marker left behind (a writer killed mid-flush, or a flush that
-failed) makes readers refuse the store and :meth:`StoreWriter.open_append`
-rebuild it from its committed rows first (:mod:`h5stream.store.rebuild`).
+failed) makes readers refuse the store, and :meth:`StoreWriter.open_append`
+too: whoever appends rebuilds it from its committed rows first
+(:mod:`h5stream.store.rebuild`; ``h5stream ingest --append`` and ``h5stream
+repair`` do).
 
 A new store's file is laid out as :mod:`h5stream.store.layout` says (pages,
 chunk-index fanout, label chunk size) by :mod:`h5stream.store.create`; stores
@@ -78,7 +80,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
-from h5stream.store import checksum, handle, layout, rebuild, schema  # noqa: F401 - layout: tests patch it through here
+from h5stream.store import checksum, handle, layout, schema  # noqa: F401 - layout: tests patch it through here
 from h5stream.store import sidecar
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
@@ -203,13 +205,20 @@ class StoreWriter:
 
     @classmethod
     def open_append(cls, path: str | os.PathLike, *, lock: StoreLock | None = None) -> StoreWriter:
-        """Open an existing store for appending, dropping rows past ``committed_rows`` left by a crash."""
+        """Open an existing store for appending, dropping rows past ``committed_rows`` left by a crash.
+
+        A store whose flushing marker is there (a writer stopped while HDF5 rewrote it in place) is refused
+        with :class:`~h5stream.errors.StoreFormatError`: the caller rebuilds it first
+        (:func:`h5stream.store.rebuild.rebuild`, under the same lock)."""
         owned = lock is None
         lock = StoreLock.acquire(path) if owned else lock
         try:
             sidecar.clear(creating_path(path))  # a new store's leftover from a killed --overwrite: never published
-            if rebuild.needs_rebuild(path):  # a writer stopped while HDF5 rewrote the store in place
-                rebuild.rebuild(os.fspath(path), lock)
+            marker = schema.flushing_path(path)
+            if os.path.exists(marker):  # its structure may be torn: appending could fail inside HDF5, or worse
+                raise StoreFormatError(
+                    f"{path}: its last writer stopped while it rewrote the file's structure in place ({marker} is "
+                    f"there); rebuild it before appending: `h5stream repair {path}`")
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
             if meta.format_version != schema.FORMAT_VERSION:
                 raise StoreFormatError(
