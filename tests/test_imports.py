@@ -287,11 +287,7 @@ def test_imports_point_down_the_layers_over_the_whole_package():
     assert wrong == []
 
 
-KNOWN_CIRCLES = [
-    # StoreWriter rebuilds a store before an append, and the rebuild writes through StoreWriter: "rebuild before
-    # append" is a policy for the callers; being moved there.  Remove this entry with the circle.
-    {"h5stream.store.rebuild", "h5stream.store.writer"},
-]
+KNOWN_CIRCLES: list[set[str]] = []
 """Import circles that exist and are due to go; any other circle fails the test below."""
 
 

@@ -297,7 +297,7 @@ def test_crop_and_pad_geometry(tmp_path):
 def test_block_split_writes_whole_blocks_from_boundaries_and_stages_the_rest():
     """Every split of new rows: head + whole + tail is all of them, the head only closes the open block, the
     whole blocks start and end on boundaries, and what is staged is less than a block."""
-    from h5stream.ingest.pack import block_split
+    from h5stream.ingest.write import block_split
 
     for block in (1, 4, 64, 100):
         for rows in range(0, 3 * block + 2):
@@ -388,7 +388,7 @@ def test_decode_layout_shrinks_slots_before_refusing_but_not_below_the_floor():
 @pytest.mark.parametrize("workers", [0, 1, 2, 3, 16])
 @pytest.mark.parametrize("n", [0, 1, 5, 63, 64, 65, 500, 3000, 10007])
 def test_task_sizes_cover_every_file_once_big_first_small_last(n, workers):
-    from h5stream.ingest.pack import task_sizes
+    from h5stream.ingest.write import task_sizes
 
     sizes = task_sizes(n, workers, max_files=64, min_files=4)
     assert sum(sizes) == n and all(0 < k <= 64 for k in sizes)
@@ -405,7 +405,7 @@ def test_task_sizes_cover_every_file_once_big_first_small_last(n, workers):
 @pytest.mark.parametrize("workers", [1, 2, 16])
 @pytest.mark.parametrize("block_rows", [1, 8, 64])
 def test_tasks_are_whole_blocks_from_a_boundary_while_every_worker_has_a_block_to_do(workers, block_rows):
-    from h5stream.ingest.pack import next_task_size, task_sizes
+    from h5stream.ingest.write import next_task_size, task_sizes
 
     for n in (0, 7, 64, 500, 3000, 10007):
         sizes = task_sizes(n, workers, max_files=64, min_files=4, block_rows=block_rows)

@@ -162,3 +162,17 @@ def test_a_rebuild_that_cannot_be_written_leaves_the_store_and_its_marker(store)
     assert done.returncode == 0, done.stderr
     after, n_after, _ = _rows(store)
     assert n_after == n and all(np.array_equal(after[k], before[k]) for k in before)
+
+
+def test_the_writer_refuses_to_append_to_a_marked_store_and_leaves_the_rebuild_to_its_caller(store):
+    # "Rebuild before append" is the callers' policy (`ingest --append`, `repair`); StoreWriter only refuses, so
+    # nothing is ever appended to a structure that may be torn.
+    from h5stream.store.writer import StoreWriter
+
+    mark_flushing(str(store))
+    saved = store.read_bytes()
+    with pytest.raises(StoreFormatError, match="h5stream repair") as info:
+        StoreWriter.open_append(store)
+    assert "\n" not in str(info.value) and "rewrote the file's structure in place" in str(info.value)
+    assert store.read_bytes() == saved and os.path.exists(flushing_path(store))
+    assert not os.path.exists(lock_path(store)) and not os.path.exists(creating_path(store))

@@ -170,17 +170,17 @@ def test_channel_shift_adds_and_clips_to_the_image_range():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_channel_shift_arithmetic_equals_clip_for_every_shift(seed):
-    """_shift_into's min/max rewrite of clip(x + s, min, max), for every shift including the all-clipped ends."""
+    """shift_into's min/max rewrite of clip(x + s, min, max), for every shift including the all-clipped ends."""
     import cv2
 
-    from h5stream.augment.transforms import _shift_into
+    from h5stream.augment.pixels import shift_into
 
     rs = np.random.default_rng(seed)
     lo, hi = sorted(rs.integers(0, 256, 2))
     image = rs.integers(lo, hi + 1, (7, 15), dtype=np.uint8)
     for shift in [s for s in range(-256, 257) if s]:
         got = image.copy()
-        _shift_into(cv2, got, shift)
+        shift_into(cv2, got, shift)
         want = np.clip(image.astype(int) + shift, image.min(), image.max())
         np.testing.assert_array_equal(got, want, err_msg=f"shift {shift}")
 
@@ -188,9 +188,9 @@ def test_channel_shift_arithmetic_equals_clip_for_every_shift(seed):
 def test_fast_path_equals_the_general_path_at_full_size():
     """128x128 RGB, fill nearest, uint8 out: the batched fast path (two conversion groups, the second partial)
     gives the pixels of the per-image path that float32 output takes."""
-    from h5stream.augment.transforms import _group_size
+    from h5stream.augment.pixels import group_size
 
-    n = _group_size(128, 128) + 4
+    n = group_size(128, 128) + 4
     rs = np.random.default_rng(3)
     images = rs.integers(0, 256, (n, 128, 128, 3), dtype=np.uint8)
     images[::3] //= 4  # dark images: the shift clips to a small max

@@ -25,6 +25,11 @@ Differences from Keras, all deliberate:
   and must be attached with :meth:`Augment.with_feature_stats`; using featurewise
   normalisation without them raises instead of Keras' warning.
 
+The parameters are checked, and the shifts drawn, in Keras' forms by
+:mod:`h5stream.augment.params`; the uint8 colour ops and the batched warp of
+the common case live in :mod:`h5stream.augment.pixels`, the warp in
+:mod:`h5stream.augment.warp`.
+
 Everything here is pure and thread-safe except that :meth:`Augment.__call__`
 sets OpenCV's global thread count to 1 for its duration (restored after), so
 that one worker process uses one core.
@@ -34,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 import pickle
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -42,7 +46,7 @@ from types import MappingProxyType
 import numpy as np
 
 from h5stream._kwargs import AUGMENT_HINTS, checked_kwargs
-from h5stream.augment import rng
+from h5stream.augment import params, pixels, rng
 from h5stream.augment.warp import _check_fill_mode, _cv2, _plan_scratch, _warp_into, affine_matrices
 from h5stream.errors import ConfigError
 
@@ -63,177 +67,7 @@ PRESETS = MappingProxyType(
     }
 )
 
-_OUTPUT_DTYPES = ("uint8", "float16", "float32", "float64")
 _EPS = 1e-6  # Keras' guard in std normalisation
-_TRUNC = 2  # cv2.THRESH_TRUNC (cv2 itself is imported lazily)
-
-
-# --------------------------------------------------------------------------- colour
-
-
-def _shift_into(cv2, flat, shift):
-    """Keras' ``apply_channel_shift`` in place on a 2-D uint8 view: ``clip(x + shift, min(x), max(x))``.
-
-    ``shift`` is a non-zero int.  Each step (cv2.threshold TRUNC, numpy add or
-    subtract with a scalar) is one SIMD pass that never leaves [0, 255]; cv2.min
-    / cv2.add and numpy's minimum with a scalar are slower.
-    """
-    lo, hi = cv2.minMaxLoc(flat)[:2]
-    lo, hi = int(lo), int(hi)
-    if shift > 0:
-        if hi - shift < lo:
-            flat.fill(hi)  # every x + shift lies above the image's max
-        else:
-            cv2.threshold(flat, hi - shift, 255, _TRUNC, flat)  # min(x, hi - shift)
-            np.add(flat, shift, out=flat)
-        return
-    down = -shift
-    if lo + down > hi:
-        flat.fill(lo)
-    else:
-        # max(x - down, lo) == (hi - down) - min(hi - x, hi - lo - down), every term in [0, 255].
-        np.subtract(hi, flat, out=flat)
-        cv2.threshold(flat, hi - lo - down, 255, _TRUNC, flat)
-        np.subtract(hi - down, flat, out=flat)
-
-
-def _color_into(cv2, img, shift, brightness):
-    """Keras' channel shift then brightness, in place on one uint8 image.
-
-    ``shift`` (int, already rounded) is added to every channel and clipped to
-    the image's own [min, max], as ``apply_channel_shift`` does;
-    ``brightness`` (float or None) scales like PIL's ``ImageEnhance.Brightness``
-    (multiply, truncate, clip to 255), as ``apply_brightness_shift`` does.
-    """
-    flat = img.reshape(img.shape[0], -1)  # 2-D view: a scalar then applies to every channel
-    if brightness is None:
-        if shift != 0:
-            _shift_into(cv2, flat, shift)
-        return
-    levels = np.arange(256, dtype=np.int32)
-    if shift != 0:
-        lo, hi = (int(v) for v in cv2.minMaxLoc(flat)[:2])
-        levels = np.clip(levels + shift, lo, hi)
-    # PIL blends with black in single precision and truncates.
-    scaled = np.floor(levels.astype(np.float32) * np.float32(brightness))
-    lut = np.clip(scaled, 0, 255).astype(np.uint8)
-    cv2.LUT(flat, lut, dst=flat)
-
-
-# Images per RGB <-> RGBA conversion call in the fast path: one call per group instead of two per image saves
-# the call overhead, and the group's two RGBA buffers stay small enough to share a core's cache with the padded
-# source.
-_GROUP_BYTES = 256 << 10
-
-
-def _group_size(h, w) -> int:
-    return max(1, _GROUP_BYTES // (h * w * 4))
-
-
-def _warp_rgba_padded_shift(cv2, images, matrices, scratch, out, shifts):
-    """``_warp_into`` (fill "nearest", RGBA scratch, replicate padding) + ``_color_into`` (shift only), batched.
-
-    The same OpenCV operations per image as the general path, hence the same
-    pixels; the conversions run once per group of images, arguments are
-    positional (the bindings parse keywords slowly), and the channel shift is
-    a last pass over ``out``.
-    """
-    n, h, w, c = images.shape
-    src4, dst4 = scratch.src4, scratch.dst4
-    group = src4.shape[0]
-    size, flags, replicate = (w, h), cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, cv2.BORDER_REPLICATE
-    to4, to3 = cv2.COLOR_RGB2RGBA, cv2.COLOR_RGBA2RGB
-    pads, full = scratch.pads, scratch.full
-    mats = matrices.copy()
-    mats[:, :, 2] += np.asarray(pads, np.float64)[:, None]  # the matrices refer to the unpadded images
-    for start in range(0, n, group):
-        stop = min(start + group, n)
-        k = stop - start
-        cv2.cvtColor(images[start:stop].reshape(k * h, w, c), to4, src4[:k].reshape(k * h, w, 4))
-        for s4, d4, mat, pad in zip(src4[:k], dst4[:k], mats[start:stop], pads[start:stop]):
-            if pad:
-                padded = full[: h + 2 * pad, : w + 2 * pad]  # scratch.padded(pad, h, w), inline
-                cv2.copyMakeBorder(s4, pad, pad, pad, pad, replicate, padded)
-                cv2.warpAffine(padded, mat, size, d4, flags, replicate)
-            else:
-                cv2.warpAffine(s4, mat, size, d4, flags, replicate)
-        cv2.cvtColor(dst4[:k].reshape(k * h, w, 4), to3, out[start:stop].reshape(k * h, w, c))
-    for flat, shift in zip(out.reshape(n, h, w * c), shifts.tolist()):
-        if shift:
-            _shift_into(cv2, flat, shift)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _number(name, value, low=0.0, high=math.inf):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigError(f"Augment: {name}={value!r} must be a finite number")
-    if not low <= value <= high:
-        bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-        raise ConfigError(f"Augment: {name}={value!r} must be {bounds}")
-    return value
-
-
-def _flag(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"Augment: {name}={value!r} must be True or False")
-    return bool(value)
-
-
-def _shift_spec(name, value):
-    """Keras' three forms: int n (whole pixels in (-n, n)), float (fraction if < 1, else pixels), list (choices)."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        values = np.asarray(value)
-        if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.number):
-            raise ConfigError(f"Augment: {name}={value!r} must be a number or a non-empty 1-D list of numbers")
-        if not np.all(np.isfinite(values)):
-            raise ConfigError(f"Augment: {name}={value!r} must contain finite numbers")
-        return tuple(float(v) for v in values)
-    value = _number(name, value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    return float(value)
-
-
-def _zoom_spec(value):
-    if isinstance(value, (list, tuple, np.ndarray)):
-        if len(value) != 2:
-            raise ConfigError(f"Augment: zoom_range={value!r} must be a float or a pair [lower, upper]")
-        lo, hi = (float(_number("zoom_range", v)) for v in value)
-    else:
-        z = float(_number("zoom_range", value))
-        lo, hi = 1.0 - z, 1.0 + z
-    if not 0 < lo <= hi:
-        raise ConfigError(
-            f"Augment: zoom_range={value!r} gives zoom factors [{lo:g}, {hi:g}]; they must satisfy 0 < lower <= upper"
-        )
-    return (lo, hi)
-
-
-def _brightness_spec(value):
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple, np.ndarray)) or len(value) != 2:
-        raise ConfigError(f"Augment: brightness_range={value!r} must be None or a pair [lower, upper], e.g. [0.8, 1.2]")
-    lo, hi = (float(_number("brightness_range", v)) for v in value)
-    if lo > hi:
-        raise ConfigError(f"Augment: brightness_range={value!r} must have lower <= upper")
-    return (lo, hi)
-
-
-def _draw_shift(spec, draws, value_stream, sign_stream, size):
-    """Shift in pixels per sample, drawn as Keras' get_random_transform does (``draws``: :class:`rng.Draws`)."""
-    if isinstance(spec, int):
-        sign = np.where(draws.coin(sign_stream), 1.0, -1.0)
-        return draws.integers(value_stream, spec).astype(np.float64) * sign
-    if isinstance(spec, tuple):
-        sign = np.where(draws.coin(sign_stream), 1.0, -1.0)
-        values = np.asarray(spec, dtype=np.float64)
-        shift = values[draws.integers(value_stream, len(spec))] * sign
-        return shift * size if values.max() < 1 else shift
-    shift = draws.uniform(value_stream, -spec, spec)
-    return shift * size if spec < 1 else shift
 
 
 # --------------------------------------------------------------------------- Augment
@@ -321,35 +155,28 @@ class Augment:
         if preprocessing_function is not None and not callable(preprocessing_function):
             raise ConfigError(f"Augment: preprocessing_function={preprocessing_function!r} is not callable")
         if rescale is not None:
-            rescale = float(_number("rescale", rescale, low=-math.inf)) or None  # Keras: a falsy rescale is off
-        if dtype is not None:
-            try:
-                dtype = np.dtype(dtype)
-            except TypeError as exc:
-                raise ConfigError(f"Augment: dtype={dtype!r} is not a dtype; "
-                                  f"use one of {', '.join(_OUTPUT_DTYPES)}") from exc
-            if dtype.name not in _OUTPUT_DTYPES:
-                raise ConfigError(f"Augment: dtype={dtype} is not supported; use one of {', '.join(_OUTPUT_DTYPES)}")
-        featurewise_std_normalization = _flag("featurewise_std_normalization", featurewise_std_normalization)
-        samplewise_std_normalization = _flag("samplewise_std_normalization", samplewise_std_normalization)
+            rescale = float(params.number("rescale", rescale, low=-math.inf)) or None  # Keras: a falsy rescale is off
+        dtype = params.dtype_spec(dtype)
+        featurewise_std_normalization = params.flag("featurewise_std_normalization", featurewise_std_normalization)
+        samplewise_std_normalization = params.flag("samplewise_std_normalization", samplewise_std_normalization)
         values = dict(
-            rotation_range=float(_number("rotation_range", rotation_range)),
-            width_shift_range=_shift_spec("width_shift_range", width_shift_range),
-            height_shift_range=_shift_spec("height_shift_range", height_shift_range),
-            shear_range=float(_number("shear_range", shear_range)),
-            zoom_range=_zoom_spec(zoom_range),
-            channel_shift_range=float(_number("channel_shift_range", channel_shift_range)),
-            brightness_range=_brightness_spec(brightness_range),
-            horizontal_flip=_flag("horizontal_flip", horizontal_flip),
-            vertical_flip=_flag("vertical_flip", vertical_flip),
+            rotation_range=float(params.number("rotation_range", rotation_range)),
+            width_shift_range=params.shift_spec("width_shift_range", width_shift_range),
+            height_shift_range=params.shift_spec("height_shift_range", height_shift_range),
+            shear_range=float(params.number("shear_range", shear_range)),
+            zoom_range=params.zoom_spec(zoom_range),
+            channel_shift_range=float(params.number("channel_shift_range", channel_shift_range)),
+            brightness_range=params.brightness_spec(brightness_range),
+            horizontal_flip=params.flag("horizontal_flip", horizontal_flip),
+            vertical_flip=params.flag("vertical_flip", vertical_flip),
             fill_mode=fill_mode,
-            cval=float(_number("cval", cval, high=255.0)),
+            cval=float(params.number("cval", cval, high=255.0)),
             rescale=rescale,
             preprocessing_function=preprocessing_function,
             # Keras: std normalisation implies centring.
-            featurewise_center=_flag("featurewise_center", featurewise_center) or featurewise_std_normalization,
+            featurewise_center=params.flag("featurewise_center", featurewise_center) or featurewise_std_normalization,
             featurewise_std_normalization=featurewise_std_normalization,
-            samplewise_center=_flag("samplewise_center", samplewise_center) or samplewise_std_normalization,
+            samplewise_center=params.flag("samplewise_center", samplewise_center) or samplewise_std_normalization,
             samplewise_std_normalization=samplewise_std_normalization,
             dtype=dtype,
             feature_mean=None,
@@ -445,12 +272,12 @@ class Augment:
         r = self.rotation_range
         p["theta"] = draws.uniform(rng.STREAM_THETA, -r, r) if r else zeros
         p["tx"] = (
-            _draw_shift(self.width_shift_range, draws, rng.STREAM_SHIFT_X, rng.STREAM_SHIFT_X_SIGN, width)
+            params.draw_shift(self.width_shift_range, draws, rng.STREAM_SHIFT_X, rng.STREAM_SHIFT_X_SIGN, width)
             if self.width_shift_range
             else zeros
         )
         p["ty"] = (
-            _draw_shift(self.height_shift_range, draws, rng.STREAM_SHIFT_Y, rng.STREAM_SHIFT_Y_SIGN, height)
+            params.draw_shift(self.height_shift_range, draws, rng.STREAM_SHIFT_Y, rng.STREAM_SHIFT_Y_SIGN, height)
             if self.height_shift_range
             else zeros
         )
@@ -538,7 +365,7 @@ class Augment:
         bright = p["brightness"]
         scratch = None
         if matrices is not None:
-            scratch = _plan_scratch(matrices, (h, w, c), np.uint8, self.fill_mode, group=_group_size(h, w))
+            scratch = _plan_scratch(matrices, (h, w, c), np.uint8, self.fill_mode, group=pixels.group_size(h, w))
         staging = np.empty((h, w, c), np.uint8) if out_u8 is None else None
         threads = cv2.getNumThreads()
         cv2.setNumThreads(1)  # one worker process = one core
@@ -547,7 +374,7 @@ class Augment:
                     and work_f32 is None and bright is None):
                 # The common case (the "standard" preset, uint8 out), with the per-image Python glue hoisted:
                 # the same OpenCV calls as _warp_into's RGBA + padding path, so the same pixels.
-                _warp_rgba_padded_shift(cv2, images, matrices, scratch, out_u8, shifts)
+                pixels.warp_rgba_padded_shift(cv2, images, matrices, scratch, out_u8, shifts)
                 return
             for i in range(n):
                 dst = out_u8[i] if out_u8 is not None else staging
@@ -561,7 +388,7 @@ class Augment:
                     if p["flip_vertical"][i]:
                         src = src[::-1]
                     np.copyto(dst, src)
-                _color_into(cv2, dst, int(shifts[i]), None if bright is None else float(bright[i]))
+                pixels.color_into(cv2, dst, int(shifts[i]), None if bright is None else float(bright[i]))
                 if work_f32 is not None:
                     work_f32[i] = dst
         finally:

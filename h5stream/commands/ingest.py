@@ -109,7 +109,8 @@ def _how_far(out: str) -> str:
 
 
 def run(args) -> int:
-    from h5stream.ingest.pack import COMMIT_ROWS, IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
+    from h5stream.ingest.options import COMMIT_ROWS
+    from h5stream.ingest.pack import IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
 
     size = parse_size(args.size) if args.size is not None else None
     columns = parse_names(args.label_columns, "--label-columns")

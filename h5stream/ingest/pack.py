@@ -3,7 +3,8 @@
 :func:`ingest` is the whole ``h5stream ingest`` job as a function:
 
 1. **Validate** everything that can be checked without decoding (source,
-   labels, OUT, compatibility with an existing store) before writing a byte.
+   labels, OUT: :mod:`h5stream.ingest.options`; compatibility with an
+   existing store: :mod:`h5stream.ingest.append`) before writing a byte.
 2. **Order** the discovered files: sorted walk order, or a permutation seeded
    by ``seed`` (:func:`storage_permutation`).  On ``append`` the permutation is
    taken over *all* discovered files and then the ones already stored are
@@ -13,21 +14,23 @@
    a fixed ring of shared-memory slots: at most ``4 * workers`` chunks in
    flight, fewer where /dev/shm is small, so memory stays bounded when the
    writer is slower) or in-process when ``workers == 0``.  A chunk is sized
-   when a slot frees (:func:`next_task_size`): whole blocks from a block
-   boundary while every worker has a block to do, so the workers also
-   checksum the blocks they decode.
-4. **Write** in order from this thread only, block by block: every chunk is
-   written whole, once, straight from the decode slot where the rows fill it
-   (:func:`block_split`; only rows around a skipped file, the chunks in flight
-   when it was found, or a short task are copied, into one staging block, and
-   hashed here).  The disk writes a chunk's blocks (the store's I/O thread)
-   while this thread takes the next chunk (:data:`HELD_CHUNKS`).  After every
-   ``commit_rows`` rows or more
-   (ending on a block boundary) the store is flushed and then
-   ``committed_rows`` raised (see :class:`~h5stream.store.writer.StoreWriter`).
-   With the default 4 MiB blocks a crash loses at most max(1024 rows, one
-   block) of decoding.  The skip report is flushed before each commit so it
-   is never behind the ``skipped_files`` attribute.
+   when a slot frees (:func:`~h5stream.ingest.write.next_task_size`): whole
+   blocks from a block boundary while every worker has a block to do, so the
+   workers also checksum the blocks they decode.
+4. **Write** in order from this thread only, block by block
+   (:mod:`h5stream.ingest.write`): every chunk is written whole, once,
+   straight from the decode slot where the rows fill it
+   (:func:`~h5stream.ingest.write.block_split`; only rows around a skipped
+   file, the chunks in flight when it was found, or a short task are copied,
+   into one staging block, and hashed here).  The disk writes a chunk's
+   blocks (the store's I/O thread) while this thread takes the next chunk
+   (:data:`~h5stream.ingest.write.HELD_CHUNKS`).  After every
+   ``commit_rows`` rows or more (ending on a block boundary) the store is
+   flushed and then ``committed_rows`` raised (see
+   :class:`~h5stream.store.writer.StoreWriter`).  With the default 4 MiB
+   blocks a crash loses at most max(1024 rows, one block) of decoding.  The
+   skip report is flushed before each commit so it is never behind the
+   ``skipped_files`` attribute.
 
 One ingest writes a store at a time: :func:`ingest` takes the store's lock
 (:class:`~h5stream.store.lock.StoreLock`) before anything else and refuses at
@@ -47,82 +50,29 @@ naming ``ulimit -n``; what was committed is kept.
 from __future__ import annotations
 
 import errno
-import numbers
 import os
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from h5stream.errors import (ConfigError, ResourceLimitError, SourceError, StoreExistsError, StoreFormatError,
-                             StoreWriteError, descriptor_limit)
+from h5stream.errors import ConfigError, ResourceLimitError, SourceError, StoreWriteError, descriptor_limit
 from h5stream.ingest import job
+from h5stream.ingest.append import open_append, resolve_append
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
-from h5stream.ingest.pool import MAX_FILES_PER_TASK, DecodePool
-from h5stream.ingest.report import LEFT_OUT, SkipReport, read_report
-from h5stream.ingest.spec import DEFAULT_PAD_FILL, FD_LIMIT_ERRNOS, DecodeSpec
+from h5stream.ingest.options import ORDERS, IngestOptions, IngestTarget, check_options, resolve_new
+from h5stream.ingest.pool import DecodePool
+from h5stream.ingest.report import SkipReport, read_report
+from h5stream.ingest.spec import FD_LIMIT_ERRNOS
+from h5stream.ingest.write import write_all
 from h5stream.store import schema
 from h5stream.store.lock import StoreLock
 
-ORDERS = ("shuffled", "sorted")
-#: Rows between commits (at least; a commit ends on a block boundary).  A commit costs the writing process the same
-#: CPU whatever its size (two flushes with fsync, the labels, paths and checksums since the last one), so fewer
-#: commits cost less per row; what a crash loses grows with it: at most 1024 rows (or one block) of decoding.  The
-#: figures: docs/performance.md, "Commits every 1024 rows".
-COMMIT_ROWS = 1024
-#: Decoded chunks whose slots the pool keeps for the writing loop: the disk writes one chunk's blocks while the
-#: loop takes the next (the writing process's work and the disk's time overlap instead of adding up).
-HELD_CHUNKS = 1
-#: The last tasks shrink to this many files, so no worker finishes long after the others.
-MIN_FILES_PER_TASK = 4
+__all__ = ["IngestOptions", "IngestResult", "ingest"]
+
 #: Decode processes per CPU at most: beyond two, more only cost memory (decoding is CPU-bound; a second
 #: process per core covers what waits on slow storage).
 WORKERS_PER_CPU = 2
-MAX_SEED = 2**63 - 1  # the order_seed attribute is an int64
-
-
-@dataclass(frozen=True)
-class IngestOptions:
-    """Everything one ingest run needs.  ``spec.size`` etc. may be None on append (taken from the store)."""
-
-    src: str
-    out: str
-    labels_csv: str | None = None
-    label_columns: tuple[str, ...] | None = None
-    path_column: str | None = None  # CSV: the column naming the files (default: path or filename)
-    classes: tuple[str, ...] | None = None  # choose and order the classes (folders or a CSV class column)
-    label_kind: str | None = None  # CSV: None decides by the column (text: class, numbers: regression)
-    follow_links: bool = False  # enter symlinked folders below the class folders
-    pad_fill: tuple[int, int, int] | None = None  # None: black on a new store, the store's on append
-    size: tuple[int, int] | None = None
-    resize: str | None = None
-    channels: int | None = None
-    order: str | None = None
-    seed: int | None = None
-    workers: int = 0
-    block_rows: int | None = None
-    compression: str | None = None
-    append: bool = False
-    overwrite: bool = False
-    strict: bool = False
-    commit_rows: int = COMMIT_ROWS
-    progress: bool | None = None  # None: a bar only when stderr is a terminal
-
-
-@dataclass(frozen=True)
-class IngestTarget:
-    """What one run writes, resolved from the options and, on ``--append``, from the store: the decoding, the
-    storage order and its seed, the class list (new classes appended), the relative paths already stored, and the
-    rows the store holds before the run."""
-
-    spec: DecodeSpec
-    order: str
-    seed: int
-    class_names: tuple[str, ...] | None
-    stored: frozenset[str]
-    start_rows: int
 
 
 @dataclass(frozen=True)
@@ -194,254 +144,6 @@ def storage_permutation(n: int, order: str, seed: int) -> np.ndarray:
     raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
 
 
-# -- decode tasks ---------------------------------------------------------------------
-
-
-def next_task_size(left: int, workers: int, offset: int = 0, block_rows: int = 1,
-                   max_files: int = MAX_FILES_PER_TASK, min_files: int = MIN_FILES_PER_TASK) -> int:
-    """How many files the next decode task takes (pure): ``left`` files still to hand out, the task's rows
-    would start ``offset`` rows into a store block of ``block_rows`` rows.
-
-    Guided self-scheduling: a task takes a quarter of what each worker still has to do
-    (``left / (4 * workers)``), at most ``max_files`` and at least ``min_files``: big tasks while there is
-    plenty (few messages, workers never waiting on the parent), small ones at the end (no worker decoding a
-    long last task while the others are idle).  While every worker still has a block's worth to do and a task
-    can hold a block, tasks are whole blocks from a block boundary (a multiple of ``block_rows``; after a
-    skipped file, the next task ends on a boundary again), so the decode workers can checksum whole blocks and
-    the writer writes them straight from the decode slot.
-    """
-    cap = max(1, int(max_files))
-    floor = max(1, min(int(min_files), cap))
-    per = 4 * max(1, int(workers))
-    left, b = int(left), max(1, int(block_rows))
-    balanced = min(left, cap, max(floor, -(-left // per)))
-    if b > cap or left < max(1, int(workers)) * b:
-        return balanced
-    gap = -int(offset) % b
-    return gap if gap else max(b, balanced // b * b)
-
-
-def task_sizes(n_files: int, workers: int, max_files: int = MAX_FILES_PER_TASK,
-               min_files: int = MIN_FILES_PER_TASK, block_rows: int = 1) -> list[int]:
-    """The sizes :func:`next_task_size` gives, in order, for ``n_files`` files from a block boundary when no
-    file is skipped (pure); they add up to ``n_files``."""
-    sizes, left = [], int(n_files)
-    while left > 0:
-        k = next_task_size(left, workers, sum(sizes), block_rows, max_files, min_files)
-        sizes.append(k)
-        left -= k
-    return sizes
-
-
-def block_split(rows: int, staged: int, n: int, block_rows: int) -> tuple[int, int, int]:
-    """How ``n`` new rows go to a store that holds ``rows`` rows with ``staged`` more waiting to complete its
-    current block (pure): ``(head, whole, tail)``, in that order.
-
-    ``head`` rows join the staged ones (up to the next block boundary, when one is still open), ``whole`` rows
-    (a multiple of ``block_rows``, starting on a boundary) are written as they are, and ``tail`` rows (fewer than
-    a block) start a new staged run.  So every write but the last starts on a block boundary and ends on one.
-    """
-    gap = -(rows + staged) % block_rows  # rows still missing from the open block (0: on a boundary)
-    head = min(gap, n)
-    if head < gap:
-        return head, 0, 0
-    rest = n - head
-    whole = rest - rest % block_rows
-    return head, whole, rest - whole
-
-
-class _BlockWriter:
-    """Hands decoded rows to a :class:`~h5stream.store.writer.StoreWriter` in whole blocks (HDF5 chunks).
-
-    Whole blocks are appended straight from the rows given (a decode slot,
-    which the pool keeps for the caller until its blocks are written: see
-    ``_write_all``), written by the store's I/O thread while the ingest goes
-    on, with the image digests the decode workers
-    computed for them, so on the common path no row is copied or hashed here.
-    Rows that do not make a whole block from a block boundary (around a
-    skipped file, a short last task, a store that ends mid-block) are copied
-    into a staging buffer of one block (page-aligned, so it too is written
-    direct) and appended once it is full, or by :meth:`write_staged`.  Owned
-    and used by the ingest thread.
-    """
-
-    def __init__(self, writer, block_rows: int, row_shape: tuple[int, ...], label_shape: tuple[int, ...],
-                 label_dtype):
-        from h5stream.memory.rawio import aligned_empty
-
-        self._writer = writer
-        self.block_rows = block_rows
-        self._images = aligned_empty((block_rows, *row_shape), np.uint8)
-        self._labels = np.empty((block_rows, *label_shape), label_dtype)
-        self._paths: list[str] = []
-
-    @property
-    def rows(self) -> int:
-        """Rows appended or staged so far: where the next rows given will start in the store."""
-        return self._writer.rows + len(self._paths)
-
-    def add(self, images: np.ndarray, labels: np.ndarray, paths: list[str], digests=()) -> None:
-        """Append (or stage) these rows, in order; ``digests``: the image checksums of whole blocks of
-        ``images`` from its first row (see :meth:`~h5stream.store.writer.StoreWriter.append`).  StoreWriteError
-        from the store."""
-        head, whole, tail = block_split(self._writer.rows, len(self._paths), len(paths), self.block_rows)
-        if head:
-            self._stage(images[:head], labels[:head], paths[:head])
-            if (self._writer.rows + len(self._paths)) % self.block_rows == 0:
-                self.write_staged()
-        if whole:
-            end = head + whole
-            self._writer.append(images[head:end], labels[head:end], paths[head:end], () if head else digests,
-                                wait=False)
-        if tail:
-            self._stage(images[-tail:], labels[-tail:], paths[-tail:])
-
-    def _stage(self, images: np.ndarray, labels: np.ndarray, paths: list[str]) -> None:
-        at, n = len(self._paths), len(paths)
-        self._images[at:at + n] = images
-        self._labels[at:at + n] = labels
-        self._paths.extend(paths)
-
-    def write_staged(self) -> None:
-        """Append the staged rows (a block, or the last rows of the run)."""
-        n = len(self._paths)
-        if n:
-            self._writer.append(self._images[:n], self._labels[:n], self._paths)
-            self._paths = []
-
-
-def pending_labels(pending: list[Item], label_kind: str, class_index: dict[str, int],
-                   label_shape: tuple[int, ...]) -> np.ndarray:
-    """The label of every pending item, in order, as the store holds it (pure): class indices (int64) or
-    regression targets (float32 of ``label_shape`` per row)."""
-    if label_kind == schema.LABEL_CLASS:
-        return np.fromiter((class_index[it.label] for it in pending), np.int64, len(pending))
-    return np.array([it.label for it in pending], dtype=np.float32).reshape((len(pending), *label_shape))
-
-
-# -- validation ---------------------------------------------------------------------
-
-
-def _check_options(opts: IngestOptions) -> None:
-    """Everything about the options and OUT that can be refused before the store is locked."""
-    if opts.append and opts.overwrite:
-        raise ConfigError("--append and --overwrite contradict each other; pick one")
-    if opts.workers < 0:
-        raise ConfigError(f"--workers must be >= 0, got {opts.workers}")
-    if opts.seed is not None and not 0 <= opts.seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {opts.seed}")
-    if opts.block_rows is not None and opts.block_rows < 1:
-        raise ConfigError(f"--block-rows must be >= 1, got {opts.block_rows}")
-    if isinstance(opts.commit_rows, bool) or not isinstance(opts.commit_rows, numbers.Integral) or opts.commit_rows < 1:
-        raise ConfigError(f"--commit-rows must be an integer >= 1, got {opts.commit_rows!r}")
-    if opts.order is not None and opts.order not in ORDERS:
-        raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
-    out = opts.out
-    if os.path.isdir(out):
-        if opts.append:
-            raise StoreExistsError(f"{out}: is a directory; give the .h5 file to append to")
-        raise StoreExistsError(f"{out}: is a directory; give a file name such as {os.path.join(out, 'train.h5')}")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"{out}: folder {parent} does not exist; create it first")
-
-
-def _resolve_new(opts: IngestOptions, source: Source) -> IngestTarget:
-    out = opts.out
-    if os.path.exists(out) and not opts.overwrite:
-        raise StoreExistsError(f"{out}: already exists; pass --append to add to it or --overwrite to replace it")
-    size = opts.size or (128, 128)
-    return IngestTarget(
-        spec=DecodeSpec(size=size, resize=opts.resize or "stretch", channels=opts.channels or 3,
-                        pad_fill=opts.pad_fill or DEFAULT_PAD_FILL),
-        order=opts.order or "shuffled",
-        seed=0 if opts.seed is None else opts.seed,
-        class_names=tuple(source.class_names) if source.class_names is not None else None,
-        stored=frozenset(),
-        start_rows=0,
-    )
-
-
-def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
-    from h5stream.store.access import open_h5_readonly
-    from h5stream.store.meta import read_meta
-
-    out = opts.out
-    try:
-        meta = read_meta(out)
-    except StoreFormatError as exc:  # not ours to judge: a file we cannot read is never removed
-        raise StoreFormatError(f"{exc}; --append only adds to a store it can read: move {out} away "
-                               "(it is left as it is) and run without --append to start a new one") from exc
-
-    def mismatch(what, theirs, ours, flag):
-        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; "
-                          f"drop {flag} or ingest into a new file")
-
-    h, w, c = meta.image_shape
-    if opts.size is not None and tuple(opts.size) != (h, w):
-        mismatch("size", f"{h}x{w}", f"{opts.size[0]}x{opts.size[1]}", "--size")
-    if opts.channels is not None and opts.channels != c:
-        mismatch("channels", c, opts.channels, "--channels")
-    if opts.resize is not None and opts.resize != meta.resize_mode:
-        mismatch("resize mode", meta.resize_mode, opts.resize, "--resize")
-    if opts.order is not None and opts.order != meta.storage_order:
-        mismatch("order", meta.storage_order, opts.order, "--order")
-    if opts.seed is not None and meta.storage_order == "shuffled" and opts.seed != meta.order_seed:
-        mismatch("order seed", meta.order_seed, opts.seed, "--seed")
-    if opts.block_rows is not None and opts.block_rows != meta.block_rows:
-        mismatch("block rows", meta.block_rows, opts.block_rows, "--block-rows")
-    if source.label_kind != meta.label_kind:
-        raise ConfigError(
-            f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
-            "ingest into a new file"
-        )
-    background, pad_fill = schema_background(out)
-    if opts.pad_fill is not None and tuple(opts.pad_fill) != pad_fill:
-        mismatch("pad fill", ",".join(map(str, pad_fill)), ",".join(map(str, opts.pad_fill)), "--pad-fill")
-    class_names = None
-    if meta.label_kind == schema.LABEL_CLASS:
-        class_names = list(meta.class_names or ())
-        if opts.classes is not None and tuple(opts.classes[:len(class_names)]) != tuple(class_names):
-            raise ConfigError(f"{out}: store has classes {', '.join(class_names)} in this order, --classes gives "
-                              f"{', '.join(opts.classes)}; label indices cannot change, so --classes must start "
-                              "with the store's classes (new ones after them)")
-        class_names += [n for n in source.class_names if n not in class_names]  # new classes get new indices
-    else:
-        if tuple(meta.label_columns or ()) != tuple(source.label_columns):
-            mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
-    stored: set[str] = set()
-    # Through a file object: no HDF5 lock to clash with a reader's, no handle shared with one of this process.
-    with open_h5_readonly(out) as f:
-        paths = f[schema.PATHS]
-        for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
-            stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
-    return IngestTarget(
-        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background, pad_fill=pad_fill),
-        order=meta.storage_order,
-        seed=max(meta.order_seed, 0),
-        class_names=tuple(class_names) if class_names is not None else None,
-        stored=frozenset(stored),
-        start_rows=meta.rows,
-    )
-
-
-def schema_background(path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """The store's (alpha background, pad fill); a store without ``pad_fill`` padded with its background."""
-    import json
-
-    from h5stream.store.access import open_h5_readonly
-
-    with open_h5_readonly(path) as f:
-        raws = f.attrs.get(schema.ATTR_BACKGROUND), f.attrs.get(schema.ATTR_PAD_FILL)
-
-    def rgb(raw):
-        raw = raw.decode() if isinstance(raw, bytes) else str(raw)
-        return tuple(int(v) for v in json.loads(raw))
-
-    background = (255, 255, 255) if raws[0] is None else rgb(raws[0])
-    return background, (background if raws[1] is None else rgb(raws[1]))
-
-
 def _continue_advice(exc: StoreWriteError) -> StoreWriteError:
     """``exc`` with what to do next: remove the cause, then ``--append`` (which also creates a missing store)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -483,17 +185,13 @@ def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_
 
 def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appending: bool, n_pending: int,
                  lock: StoreLock):
-    """The store to write: opened for append (class list extended) or created.  Returns (writer, start rows)."""
+    """The store to write: opened for append (class list extended; a store whose writer stopped mid-flush rebuilt
+    first) or created.  Returns (writer, start rows)."""
     from h5stream.store.writer import StoreWriter
 
     spec = target.spec
     if appending:
-        writer = StoreWriter.open_append(opts.out, lock=lock)
-        if source.label_kind == schema.LABEL_CLASS and len(target.class_names) != len(writer.meta["class_names"] or ()):
-            import json
-
-            writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(list(target.class_names)))
-            writer.commit()
+        writer = open_append(opts.out, target, source.label_kind, lock)
     else:
         label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
             len(source.label_columns),)
@@ -507,100 +205,6 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
     return writer, writer.committed_rows
 
 
-def _write_all(opts, source, target, pending, rejected, left_out, pool, writer, report) -> int:
-    """Decode ``pending`` through ``pool`` and append in order; returns the rows written.  ``rejected`` and
-    ``left_out`` entries go to the report (``--strict`` stops on a rejected file or an unreadable folder).
-
-    Per chunk the work is per block, not per row, where no file was skipped: the labels and paths are slices
-    taken once, and whole blocks go from the decode slot to the file.  A commit follows every ``commit_rows``
-    rows or more (ending on a block boundary), the skip report flushed first."""
-    from tqdm import tqdm
-
-    block_rows = int(writer.meta["block_rows"])
-    label_shape = tuple(writer.labels.shape[1:])
-    labels_all = pending_labels(pending, source.label_kind, {n: i for i, n in enumerate(target.class_names or ())},
-                                label_shape)
-
-    run_skipped = 0  # this run's files skipped so far (each once), for its progress (see ingest.job)
-
-    def record_skip(rel: str, why: str) -> None:
-        nonlocal run_skipped
-        if opts.strict:
-            raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
-        report.add(rel, why)
-        run_skipped += 1
-
-    written_skipped = None  # the skipped_files value this run last set (an attribute write costs ~0.4 ms)
-    written_run_skipped = 0
-
-    def commit() -> None:
-        nonlocal written_skipped, written_run_skipped
-        report.flush()  # the report is never behind the count that points to it
-        if report.skipped != written_skipped:
-            writer.set_attr(schema.ATTR_SKIPPED, np.int64(report.skipped))
-            written_skipped = report.skipped
-        if run_skipped != written_run_skipped:
-            job.record_skipped(writer, run_skipped)
-            written_run_skipped = run_skipped
-        writer.commit()
-
-    for rel, why in rejected:
-        record_skip(rel, why)
-    for rel, kind, why in left_out:
-        if kind == UNREADABLE:
-            record_skip(rel, why)
-        else:
-            report.add(rel, LEFT_OUT + why)
-    blocks = _BlockWriter(writer, block_rows, tuple(writer.images.shape[1:]), label_shape, labels_all.dtype)
-    # The disk writes a chunk's blocks while the next chunk is taken: the pool keeps the last HELD_CHUNKS slots
-    # for this loop, and before it asks for the next chunk (which frees the oldest) that chunk's writes are done.
-    written_by: deque[int] = deque()  # per chunk kept, the direct writes submitted once it was added
-    ingested = 0
-    starts, chunks = [0], []  # task k covers pending[starts[k]:starts[k + 1]], files chunks[k]
-    delivered = 0  # files of the tasks handed back so far
-
-    def next_chunks():
-        """Each task sized when a slot frees, to end on a block boundary if none of the files in flight is
-        skipped (see next_task_size)."""
-        while starts[-1] < len(pending):
-            in_flight = starts[-1] - delivered
-            k = next_task_size(len(pending) - starts[-1], pool.workers, blocks.rows + in_flight, block_rows,
-                               pool.rows_per_task)
-            chunks.append([it.relpath for it in pending[starts[-1]:starts[-1] + k]])
-            starts.append(starts[-1] + k)
-            yield chunks[-1]
-
-    bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
-               disable=None if opts.progress is None else not opts.progress)
-    try:
-        for chunk_no, (images, reasons, digests) in enumerate(
-                pool.imap(source.root, next_chunks(), target.spec, block_rows, hold=HELD_CHUNKS)):
-            paths, labels = chunks[chunk_no], labels_all[starts[chunk_no]:starts[chunk_no + 1]]
-            delivered = starts[chunk_no + 1]
-            kept = reasons.count(None)
-            if kept < len(reasons):
-                for rel, why in zip(paths, reasons):
-                    if why is not None:
-                        record_skip(rel, why)
-                keep = np.fromiter((why is None for why in reasons), bool, len(reasons))
-                paths, labels = [rel for rel, why in zip(paths, reasons) if why is None], labels[keep]
-            if kept:
-                blocks.add(images, labels, paths, digests)
-                ingested += kept
-            if writer.rows - writer.committed_rows >= opts.commit_rows:
-                commit()
-            written_by.append(writer.direct_writes)
-            if len(written_by) > HELD_CHUNKS:
-                writer.wait_direct_writes(written_by.popleft())  # its slot is freed by the next request
-            bar.update(len(reasons))
-        pool.finish()
-        blocks.write_staged()
-        commit()
-    finally:
-        bar.close()
-    return ingested
-
-
 def ingest(opts: IngestOptions) -> IngestResult:
     """Run one ingest (see the module docstring).  Raises H5StreamError subclasses on bad input.
 
@@ -611,7 +215,7 @@ def ingest(opts: IngestOptions) -> IngestResult:
     writing fails (the message says what is kept and how to continue).
     """
     clock = PhaseClock()
-    _check_options(opts)
+    check_options(opts)
     try:
         with StoreLock.acquire(opts.out) as lock:
             try:
@@ -632,7 +236,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
                       classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links,
                       path_col=opts.path_column)
     appending = opts.append and os.path.exists(opts.out)
-    target = _resolve_append(opts, source) if appending else _resolve_new(opts, source)
+    target = resolve_append(opts, source) if appending else resolve_new(opts, source)
     if appending:
         from h5stream.store.meta import read_meta
 
@@ -672,7 +276,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         report = SkipReport(report_path, reported)
         clock.mark("create")
         try:
-            ingested = _write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
+            ingested = write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
             clock.mark("write")
             report.close()
             if ingested or writer.published:

@@ -38,7 +38,7 @@ from h5stream.concurrency.spawn import keep_freed_heap
 from h5stream.errors import BudgetError, ResourceLimitError, WorkerError
 from h5stream.ingest.spec import FD_LIMIT_ERRNOS
 
-#: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.pack.task_sizes`).
+#: Files per decode task: at most this many (fewer towards the end, see :func:`~h5stream.ingest.write.task_sizes`).
 #: Tasks of ~64 photos keep each message's cost small next to the work it carries.
 MAX_FILES_PER_TASK = 64
 #: Result slots never hold fewer rows than this: below it, too little /dev/shm is refused (see DecodePool).

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from h5stream.ingest.decode import SkipFile, decode_file
-from h5stream.ingest.pack import schema_background
+from h5stream.ingest.append import schema_background
 from h5stream.ingest.spec import DecodeSpec
 from h5stream.store import coverage, schema
 from h5stream.store.checksum import digest, tail_from_json

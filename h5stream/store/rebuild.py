@@ -6,7 +6,9 @@ failed flush) can leave a file whose committed rows still read, but whose
 structure no longer takes a write: appending to it fails inside HDF5, or worse.
 The writer leaves a marker beside the store for as long as HDF5 writes in place
 (:func:`~h5stream.store.schema.flushing_path`); :func:`rebuild` is what the next
-writer does when it finds one: check the committed rows against their block
+writer runs when it finds one (``h5stream repair``, and ``h5stream ingest
+--append`` before it opens the store to append: the writer itself refuses a
+marked store): check the committed rows against their block
 checksums, copy them into a fresh file under the temporary name, and give that
 file the store's name.  The old file stays as it is until the new one replaces
 it, so a rebuild that fails or is killed can simply be run again.
@@ -25,6 +27,7 @@ from h5stream.store import handle, schema
 from h5stream.store.checksum import readable_by_h5py, row_reader, verify_store
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import read_meta
+from h5stream.store.writer import StoreWriter
 
 #: Rows copied per step: about this many bytes of pixels (whole blocks).
 COPY_BYTES = 64 << 20
@@ -58,8 +61,6 @@ def rebuild(path: str, lock: StoreLock) -> int:
     :class:`~h5stream.errors.StoreWriteError` when the copy cannot be written (the temporary file is removed,
     the store is left as it is).
     """
-    from h5stream.store.writer import StoreWriter  # the writer calls this module: imported when it is used
-
     advice = "ingest again into a new file (--overwrite)"
     try:
         meta = read_meta(path)

@@ -1,0 +1,118 @@
+"""``--append``: what an existing store dictates to the run that adds to it, and the store opened for it.
+
+:func:`resolve_append` checks the options against the store (size, channels, resize mode, order and seed, block
+rows, label kind and columns, pad fill, classes: a mismatch is one line naming the flag to drop) and takes from it
+what the run writes (:class:`~h5stream.ingest.options.IngestTarget`): the decoding, the order, the class list (new
+classes get new indices after the store's), the paths already stored, the rows it holds.  :func:`open_append`
+opens it for writing: a store whose writer stopped while HDF5 rewrote it in place is rebuilt from its committed
+rows first (:mod:`h5stream.store.rebuild`; the writer itself only refuses such a store), then a grown class list
+is recorded.  Run by the ingest's one thread, under the store's lock.
+"""
+
+from __future__ import annotations
+
+from h5stream.errors import ConfigError, StoreFormatError
+from h5stream.ingest.discover import Source
+from h5stream.ingest.options import IngestOptions, IngestTarget
+from h5stream.ingest.spec import DecodeSpec
+from h5stream.store import schema
+from h5stream.store.lock import StoreLock
+
+
+def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
+    from h5stream.store.access import open_h5_readonly
+    from h5stream.store.meta import read_meta
+
+    out = opts.out
+    try:
+        meta = read_meta(out)
+    except StoreFormatError as exc:  # not ours to judge: a file we cannot read is never removed
+        raise StoreFormatError(f"{exc}; --append only adds to a store it can read: move {out} away "
+                               "(it is left as it is) and run without --append to start a new one") from exc
+
+    def mismatch(what, theirs, ours, flag):
+        raise ConfigError(f"{out}: store has {what} {theirs}, this run asks for {ours}; "
+                          f"drop {flag} or ingest into a new file")
+
+    h, w, c = meta.image_shape
+    if opts.size is not None and tuple(opts.size) != (h, w):
+        mismatch("size", f"{h}x{w}", f"{opts.size[0]}x{opts.size[1]}", "--size")
+    if opts.channels is not None and opts.channels != c:
+        mismatch("channels", c, opts.channels, "--channels")
+    if opts.resize is not None and opts.resize != meta.resize_mode:
+        mismatch("resize mode", meta.resize_mode, opts.resize, "--resize")
+    if opts.order is not None and opts.order != meta.storage_order:
+        mismatch("order", meta.storage_order, opts.order, "--order")
+    if opts.seed is not None and meta.storage_order == "shuffled" and opts.seed != meta.order_seed:
+        mismatch("order seed", meta.order_seed, opts.seed, "--seed")
+    if opts.block_rows is not None and opts.block_rows != meta.block_rows:
+        mismatch("block rows", meta.block_rows, opts.block_rows, "--block-rows")
+    if source.label_kind != meta.label_kind:
+        raise ConfigError(
+            f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
+            "ingest into a new file"
+        )
+    background, pad_fill = schema_background(out)
+    if opts.pad_fill is not None and tuple(opts.pad_fill) != pad_fill:
+        mismatch("pad fill", ",".join(map(str, pad_fill)), ",".join(map(str, opts.pad_fill)), "--pad-fill")
+    class_names = None
+    if meta.label_kind == schema.LABEL_CLASS:
+        class_names = list(meta.class_names or ())
+        if opts.classes is not None and tuple(opts.classes[:len(class_names)]) != tuple(class_names):
+            raise ConfigError(f"{out}: store has classes {', '.join(class_names)} in this order, --classes gives "
+                              f"{', '.join(opts.classes)}; label indices cannot change, so --classes must start "
+                              "with the store's classes (new ones after them)")
+        class_names += [n for n in source.class_names if n not in class_names]  # new classes get new indices
+    else:
+        if tuple(meta.label_columns or ()) != tuple(source.label_columns):
+            mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
+    stored: set[str] = set()
+    # Through a file object: no HDF5 lock to clash with a reader's, no handle shared with one of this process.
+    with open_h5_readonly(out) as f:
+        paths = f[schema.PATHS]
+        for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
+            stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
+    return IngestTarget(
+        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background, pad_fill=pad_fill),
+        order=meta.storage_order,
+        seed=max(meta.order_seed, 0),
+        class_names=tuple(class_names) if class_names is not None else None,
+        stored=frozenset(stored),
+        start_rows=meta.rows,
+    )
+
+
+
+def schema_background(path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The store's (alpha background, pad fill); a store without ``pad_fill`` padded with its background."""
+    import json
+
+    from h5stream.store.access import open_h5_readonly
+
+    with open_h5_readonly(path) as f:
+        raws = f.attrs.get(schema.ATTR_BACKGROUND), f.attrs.get(schema.ATTR_PAD_FILL)
+
+    def rgb(raw):
+        raw = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return tuple(int(v) for v in json.loads(raw))
+
+    background = (255, 255, 255) if raws[0] is None else rgb(raws[0])
+    return background, (background if raws[1] is None else rgb(raws[1]))
+
+
+def open_append(out: str, target: IngestTarget, label_kind: str, lock: StoreLock):
+    """The store at ``out`` opened for appending under ``lock`` (the caller's): rebuilt from its committed rows
+    first when its last writer stopped mid-flush, and given ``target``'s class list when that grew.  Returns
+    the :class:`~h5stream.store.writer.StoreWriter`."""
+    from h5stream.store import rebuild
+    from h5stream.store.writer import StoreWriter
+
+    if rebuild.needs_rebuild(out):  # a writer stopped while HDF5 rewrote the store in place
+        rebuild.rebuild(out, lock)
+    writer = StoreWriter.open_append(out, lock=lock)
+    if label_kind == schema.LABEL_CLASS and len(target.class_names) != len(writer.meta["class_names"] or ()):
+        import json
+
+        writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(list(target.class_names)))
+        writer.commit()
+    return writer
