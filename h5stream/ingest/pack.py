@@ -313,7 +313,10 @@ class _BlockWriter:
 def pending_labels(pending: list[Item], label_kind: str, class_index: dict[str, int],
                    label_shape: tuple[int, ...]) -> np.ndarray:
     """The label of every pending item, in order, as the store holds it (pure): class indices (int64) or
-    regression targets (float32 of ``label_shape`` per row)."""
+    regression targets (float32 of ``label_shape`` per row), or :data:`~h5stream.store.schema.NO_LABEL` (int8)
+    for a store without labels."""
+    if label_kind == schema.LABEL_NONE:  # unlabeled stores
+        return np.full(len(pending), schema.NO_LABEL, np.int8)
     if label_kind == schema.LABEL_CLASS:
         return np.fromiter((class_index[it.label] for it in pending), np.int64, len(pending))
     return np.array([it.label for it in pending], dtype=np.float32).reshape((len(pending), *label_shape))
@@ -406,7 +409,7 @@ def _resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
                               f"{', '.join(opts.classes)}; label indices cannot change, so --classes must start "
                               "with the store's classes (new ones after them)")
         class_names += [n for n in source.class_names if n not in class_names]  # new classes get new indices
-    else:
+    elif meta.label_kind == schema.LABEL_REGRESSION:  # unlabeled stores: no columns to compare
         if tuple(meta.label_columns or ()) != tuple(source.label_columns):
             mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
     stored: set[str] = set()
@@ -470,7 +473,8 @@ def _out_of_descriptors(exc: OSError, workers: int) -> ResourceLimitError:
 def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_path: str) -> SourceError:
     """The one line for a new store that would hold no row: every file found was skipped."""
     where = (f"the files {opts.labels_csv} lists under {source.root}" if opts.labels_csv
-             else f"the class folders of {source.root}")
+             else f"the class folders of {source.root}" if source.label_kind != schema.LABEL_NONE
+             else source.root)  # unlabeled stores: the whole folder
     return SourceError(
         f"{opts.out}: not created: every one of the {skipped} files found in {where} was skipped "
         f"(reasons in {report_path}); it needs image files Pillow can read "
@@ -495,7 +499,8 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
             writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(list(target.class_names)))
             writer.commit()
     else:
-        label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
+        # unlabeled stores: one NO_LABEL per row, as a class store holds one index
+        label_shape = () if source.label_kind != schema.LABEL_REGRESSION or len(source.label_columns) == 1 else (
             len(source.label_columns),)
         writer = StoreWriter.create(
             opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,
