@@ -134,7 +134,7 @@ def test_stream_yields_images_alone_the_same_with_and_without_workers(flat, tmp_
     assert h5cli("ingest", root, out, "--labels", "none", *ARGS)[0] == 0
     with open_unlabeled(out) as s:
         assert s.label_mode is None and not s.yields_labels and s.label_shape is None
-        assert s.meta.class_names is None
+        assert s.meta.class_names is None and s.class_names is None
         batches = list(s)
     assert all(isinstance(b, np.ndarray) and b.dtype == np.uint8 for b in batches)
     rows = np.concatenate(batches)
@@ -265,3 +265,33 @@ def test_keras_predict_takes_an_unlabeled_stream(flat, tmp_path, h5cli):
     with h5py.File(out, "r") as f:
         expected = model.predict(f["images"][: len(made)], verbose=0)
     np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
+    with h5stream.open(out, batch_size=3, shuffle=False) as s:
+        ds = s.tf_dataset()
+        assert len(ds.element_spec.shape) == 4  # one tensor: the images, no labels
+        np.testing.assert_allclose(model.predict(ds, verbose=0), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_takes_an_unlabeled_stream(flat, tmp_path, h5cli):
+    torch = pytest.importorskip("torch")
+    root, made = flat
+    out = tmp_path / "o.h5"
+    assert h5cli("ingest", root, out, "--labels", "none", *ARGS)[0] == 0
+    with h5stream.open(out, batch_size=3, shuffle=False) as s:
+        batches = list(torch.utils.data.DataLoader(s.torch(), batch_size=None))
+    assert all(isinstance(x, torch.Tensor) for x in batches)
+    with h5py.File(out, "r") as f:
+        np.testing.assert_array_equal(torch.cat(batches).numpy(), f["images"][: len(made)])
+
+
+def test_bench_preview_and_the_shuffle_report_take_an_unlabeled_store(flat, tmp_path, h5cli):
+    root, made = flat
+    out = tmp_path / "o.h5"
+    assert h5cli("ingest", root, out, "--labels", "none", *ARGS)[0] == 0
+    code, text, err = h5cli("bench", out, "--no-baselines", "--json", "--batch-size", "2")
+    assert code == 0, err
+    result = json.loads(text)
+    assert result["rows_streamed"] == len(made) and result["order_matches_yield"] is None
+    code, text, err = h5cli("preview", out, "--out", tmp_path / "grid.png", "--rows", "2", "--cols", "2")
+    assert code == 0 and os.path.exists(tmp_path / "grid.png"), err
+    code, text, err = h5cli("info", out, "--shuffle-report")
+    assert code == 0 and "no labels: one bin" in text, err
