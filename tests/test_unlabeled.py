@@ -142,12 +142,14 @@ def test_stream_yields_images_alone_the_same_with_and_without_workers(flat, tmp_
     assert colours == sorted(made.values())  # every row exactly once
     augment = h5stream.Augment(horizontal_flip=True, brightness_range=[0.8, 1.2])
     got = {}
-    for workers in (0, 2):
-        with open_unlabeled(out, augment=augment, workers=workers) as s:
-            got[workers] = [b.copy() for b in s]
-            assert all(isinstance(b, np.ndarray) for b in got[workers])
-    assert len(got[0]) == len(got[2]) == len(batches)
-    assert all(np.array_equal(a, b) for a, b in zip(got[0], got[2]))
+    for workers, feeder in ((0, False), (2, False), (1, True)):
+        with open_unlabeled(out, augment=augment, workers=workers, feeder=feeder) as s:
+            got[workers, feeder] = [b.copy() for b in s]
+            assert all(isinstance(b, np.ndarray) for b in got[workers, feeder])
+    alone = got[0, False]
+    assert len(alone) == len(batches) and not np.array_equal(np.concatenate(alone), rows)  # augmented
+    for other in (got[2, False], got[1, True]):
+        assert len(other) == len(alone) and all(np.array_equal(a, b) for a, b in zip(alone, other))
 
 
 def test_label_modes_that_need_labels_are_refused_in_one_line(flat, tmp_path, h5cli):
