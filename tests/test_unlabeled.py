@@ -297,3 +297,18 @@ def test_bench_preview_and_the_shuffle_report_take_an_unlabeled_store(flat, tmp_
     assert code == 0 and os.path.exists(tmp_path / "grid.png"), err
     code, text, err = h5cli("info", out, "--shuffle-report")
     assert code == 0 and "no labels: one bin" in text, err
+
+
+def test_label_kind_none_over_labels_that_are_not_one_integer_a_row_is_one_line(regression_src, tmp_path, h5cli):
+    from h5stream.errors import StoreFormatError
+
+    root, csv_path, _ = regression_src
+    out = tmp_path / "r.h5"
+    assert h5cli("ingest", root, out, "--labels", csv_path, *ARGS)[0] == 0  # float32 (N, 2) targets
+    with h5py.File(out, "r+") as f:
+        f.attrs["label_kind"] = "none"
+    with pytest.raises(StoreFormatError) as info:
+        read_meta(out)
+    assert "\n" not in str(info.value) and "label_kind is 'none'" in str(info.value)
+    code, _, err = h5cli("info", out)
+    assert code != 0 and err.count("\n") == 1 and "label_kind is 'none'" in err
