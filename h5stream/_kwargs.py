@@ -37,7 +37,8 @@ OPEN_HINTS = {
     "follow_links": f"ingest follows symlinked folders with {_AT_INGEST} --follow-links`",
     "class_names": f"the classes are chosen at ingest ({_AT_INGEST} --classes A,B`); stream.class_names lists them",
     "classes": f"the classes are chosen at ingest ({_AT_INGEST} --classes A,B`); stream.class_names lists them",
-    "labels": f"the labels are stored at ingest (the class folders, or {_AT_INGEST} --labels FILE.csv`)",
+    "labels": f"the labels are stored at ingest (the class folders, {_AT_INGEST} --labels FILE.csv`, or none "
+              "with `--labels none`; label_mode=None yields the images alone from any store)",
     "directory": f"the stream reads a store: ingest the folder first ({_AT_INGEST}`) and open OUT.h5",
     "class_mode": "it is label_mode ('int', 'categorical', 'binary' or None)",
     "batchsize": "it is batch_size",

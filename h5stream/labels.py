@@ -11,7 +11,9 @@
   or autoencoders.  Any store.
 
 The last two need a class store with ``class_names``; a regression store's
-targets only come as stored.
+targets only come as stored.  A store without labels (``label_kind`` ``"none"``)
+takes only ``None``, which is its default (:data:`DEFAULT_LABEL_MODE`: ``"int"``
+for a store with labels).
 """
 
 from __future__ import annotations
@@ -21,9 +23,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream.errors import ConfigError, StoreFormatError
+from h5stream.store import schema
 from h5stream.store.meta import StoreMeta
 
 LABEL_MODES = ("int", "categorical", "binary", None)
+
+
+class _DefaultLabelMode:
+    """The ``label_mode`` nobody chose: ``"int"`` for a store with labels, None for one without.  Kept apart
+    from ``"int"`` so that ``label_mode="int"`` asked of a store without labels is refused, not ignored."""
+
+    def __repr__(self) -> str:
+        return "'int' (None for a store without labels)"
+
+    def __reduce__(self) -> str:
+        return "DEFAULT_LABEL_MODE"  # the one instance, also in a spawned process
+
+
+DEFAULT_LABEL_MODE = _DefaultLabelMode()
 
 
 @dataclass(frozen=True)
@@ -68,10 +85,16 @@ class LabelEncoding:
         return out
 
 
-def label_encoding(meta: StoreMeta, mode: str) -> LabelEncoding:
+def label_encoding(meta: StoreMeta, mode) -> LabelEncoding:
     """Check ``mode`` against the store and describe its output; :class:`ConfigError` says what fits instead."""
+    if mode is DEFAULT_LABEL_MODE:
+        mode = None if meta.label_kind == schema.LABEL_NONE else "int"
     if mode not in LABEL_MODES:
         raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {mode!r}")
+    if mode is not None and meta.label_kind == schema.LABEL_NONE:
+        raise ConfigError(f"{meta.path}: label_mode={mode!r} needs labels, and this store has none (it was "
+                          "ingested with --labels none); leave label_mode out (or pass None): batches are the "
+                          "images alone")
     if mode is None:
         return LabelEncoding(None, len(meta.class_names) if meta.class_names else None, None, None, meta.path)
     if mode == "int":

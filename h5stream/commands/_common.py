@@ -43,6 +43,8 @@ def label_bins(meta) -> str:
     """What the shuffle figures count labels by: the classes, or quantile bins of a regression target."""
     from h5stream.order import quality
 
+    if meta.label_kind == "none":
+        return "no labels: one bin"
     return "classes" if meta.label_kind == "class" else f"{quality.REGRESSION_BINS} quantile bins of label 0"
 
 

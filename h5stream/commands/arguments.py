@@ -31,19 +31,22 @@ def add_arguments(name: str, parser) -> None:
 
 
 def _ingest(parser) -> None:
-    parser.add_argument("src", metavar="SRC", help="folder with one subfolder per class, or any folder plus --labels")
+    parser.add_argument("src", metavar="SRC",
+                        help="folder with one subfolder per class, or any folder plus --labels (or --labels none)")
     parser.add_argument("out", metavar="OUT.h5", help="store to create (or extend with --append)")
-    parser.add_argument("--labels", metavar="FILE.csv",
+    parser.add_argument("--labels", metavar="FILE.csv|none",
                         help="comma-separated CSV with a 'path' or 'filename' column (files in SRC: relative to it, "
                         "or absolute) and label columns: a column of names gives classes, numeric columns "
-                        "regression targets")
+                        "regression targets; 'none': no labels, every image under SRC, subfolders too, sorted "
+                        "(as Keras' labels=None; ./none names a file called none)")
     parser.add_argument("--path-column", metavar="NAME",
                         help="the --labels column naming the files, as Keras' x_col (default: path or filename)")
     parser.add_argument("--label-columns", metavar="A,B",
                         help="label columns to use from --labels (default: every column but the path column)")
-    parser.add_argument("--label-kind", choices=("class", "regression"),
+    parser.add_argument("--label-kind", choices=("class", "regression", "none"),
                         help="how to read the --labels column: class names, or numbers (default: class when a "
-                        "value is not a number, so 0/1 stay regression targets unless you pass class)")
+                        "value is not a number, so 0/1 stay regression targets unless you pass class); none: "
+                        "the CSV only names the files, the store has no labels")
     parser.add_argument("--classes", metavar="A,B",
                         help="classes to keep, in label order (default: all, sorted); other class folders or "
                         "CSV rows are left out")

@@ -98,7 +98,7 @@ def run_bench(path, *, batch_size=32, memory_budget=BENCH_BUDGET, epochs=1, seed
     result.update(stream)
     result["order_matches_yield"] = bool(
         yielded.shape[0] == order0.size and np.array_equal(yielded, labels[order0][: yielded.shape[0]])
-    )
+    ) if meta.label_kind != "none" else None  # a store without labels yields none to compare
     result["baselines"] = {}
     if baselines:
         result["baselines"].update(measure_sequential(meta, cold=cold, progress=progress))

@@ -142,6 +142,8 @@ def label_kind_text(info: dict) -> str:
     """What the labels are, in words: class indices into ``classes`` (from folders or a CSV column of names) or
     regression targets (numeric CSV columns)."""
     columns = info["label_columns"] or []
+    if info["label_kind"] == "none":
+        return "none (ingested with --labels none: streams yield the images alone)"
     if info["label_kind"] == "class":
         where = f"CSV column {columns[0]}" if columns else "class folders"
         return f"class (index into the class names, from the {where})"
@@ -168,8 +170,9 @@ def format_text(info: dict) -> str:
         f"  rows            {info['rows']}",
         *([f"  {info['ingest']['unfinished']}"] if (info.get("ingest") or {}).get("unfinished") else []),
         f"  images          {h}x{w}x{c} {info['dtype']} (resize: {info['resize']})",
-        f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
-        + (f" columns {', '.join(info['label_columns'])}" if info["label_columns"] else ""),
+        (f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
+         + (f" columns {', '.join(info['label_columns'])}" if info["label_columns"] else ""))
+        if info["label_kind"] != "none" else "  labels          none",
         f"  label kind      {label_kind_text(info)}",
     ]
     if info["classes"] is not None:

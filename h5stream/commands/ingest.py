@@ -53,6 +53,17 @@ def parse_names(text: str | None, flag: str) -> tuple[str, ...] | None:
     return names
 
 
+def unlabeled_args(labels: str | None, label_kind: str | None) -> tuple[str | None, str | None]:
+    """``--labels none`` -> (no CSV, label kind ``none``): a store of the images alone; anything else as given
+    (``--labels ./none`` names a file called none)."""
+    if labels != "none":
+        return labels, label_kind
+    if label_kind not in (None, "none"):
+        raise ConfigError(f"--labels none asks for no labels, and --label-kind {label_kind} for {label_kind} "
+                          "labels; drop one of them")
+    return None, "none"
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
@@ -112,6 +123,7 @@ def run(args) -> int:
     from h5stream.ingest.options import COMMIT_ROWS
     from h5stream.ingest.pack import IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
 
+    labels_csv, label_kind = unlabeled_args(args.labels, args.label_kind)
     size = parse_size(args.size) if args.size is not None else None
     columns = parse_names(args.label_columns, "--label-columns")
     workers = default_workers() if args.workers is None else args.workers
@@ -120,8 +132,8 @@ def run(args) -> int:
               f"({WORKERS_PER_CPU} per CPU available)", file=sys.stderr)
         workers = max_workers()
     opts = IngestOptions(
-        src=args.src, out=args.out, labels_csv=args.labels, label_columns=columns, path_column=args.path_column,
-        classes=parse_names(args.classes, "--classes"), label_kind=args.label_kind, follow_links=args.follow_links,
+        src=args.src, out=args.out, labels_csv=labels_csv, label_columns=columns, path_column=args.path_column,
+        classes=parse_names(args.classes, "--classes"), label_kind=label_kind, follow_links=args.follow_links,
         pad_fill=parse_pad_fill(args.pad_fill) if args.pad_fill is not None else None, size=size,
         resize=args.resize, channels=args.channels, order=args.order, seed=args.seed,
         workers=workers, block_rows=args.block_rows,

@@ -74,7 +74,8 @@ def first_images(path, n: int, *, seed: int, augment=None, memory_budget=None):
 
     with h5stream.open(path, batch_size=n, memory_budget=memory_budget, shuffle=True, seed=seed, augment=augment) as s:
         xs, ys, have = [], [], 0
-        for x, y in s:
+        for batch in s:
+            x, y = batch if isinstance(batch, tuple) else (batch, np.full(len(batch), -1))  # a store without labels
             xs.append(x)
             ys.append(y)
             have += len(x)
@@ -87,6 +88,8 @@ def first_images(path, n: int, *, seed: int, augment=None, memory_budget=None):
 def label_title(label, meta) -> str:
     """A tile's title: the class name (class files) or the values, 3 significant digits (regression)."""
     values = np.atleast_1d(np.asarray(label))
+    if meta.label_kind == "none":
+        return ""
     if meta.label_kind == "class":
         k = int(values[0])
         names = meta.class_names or ()

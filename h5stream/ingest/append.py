@@ -63,7 +63,7 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
                               f"{', '.join(opts.classes)}; label indices cannot change, so --classes must start "
                               "with the store's classes (new ones after them)")
         class_names += [n for n in source.class_names if n not in class_names]  # new classes get new indices
-    else:
+    elif meta.label_kind == schema.LABEL_REGRESSION:  # unlabeled stores: no columns to compare
         if tuple(meta.label_columns or ()) != tuple(source.label_columns):
             mismatch("label columns", list(meta.label_columns or ()), list(source.label_columns), "--label-columns")
     stored: set[str] = set()

@@ -1,4 +1,4 @@
-"""Find the images to ingest and their labels: folder-per-class or folder + CSV.
+"""Find the images to ingest and their labels: folder-per-class, folder + CSV, or no labels.
 
 Pure functions over the file system (no decoding).  Each returns a
 :class:`Source`: the items in a deterministic walk order (sorted relative
@@ -23,6 +23,11 @@ classes); an all-numeric column stays a regression target (Keras needs
 ``class_mode="raw"`` for numbers, and refuses them as classes), unless
 ``label_kind="class"`` says otherwise.  Every unusable *source* raises a one-line
 :class:`SourceError` naming the folder/file/row and the fix.
+
+No labels (``label_kind="none"``, ``h5stream ingest --labels none``): every image
+file under the source, in its subfolders too, sorted by relative path, as Keras'
+``labels=None`` lists them; or the files a CSV's path column names (its other
+columns are not read).
 
 File names that are not valid UTF-8 are kept as Python reads them (surrogate
 escapes), so they open, and :func:`h5stream.store.schema.encode_path` stores
@@ -59,16 +64,17 @@ NOT_IMAGE = "not an image"
 
 @dataclass(frozen=True)
 class Item:
-    """One file to ingest.  ``label`` is a class name (folder mode) or a tuple of floats (CSV mode)."""
+    """One file to ingest.  ``label`` is a class name (folder mode), a tuple of floats (CSV mode) or None (no
+    labels)."""
 
     relpath: str
-    label: str | tuple[float, ...]
+    label: str | tuple[float, ...] | None
 
 
 @dataclass(frozen=True)
 class Source:
     root: str
-    label_kind: str  # schema.LABEL_CLASS | schema.LABEL_REGRESSION
+    label_kind: str  # schema.LABEL_CLASS | schema.LABEL_REGRESSION | schema.LABEL_NONE
     items: tuple[Item, ...]
     class_names: tuple[str, ...] | None = None  # index order: sorted, or as given by ``classes``
     label_columns: tuple[str, ...] | None = None  # CSV mode (the one class column, or the regression targets)
@@ -228,7 +234,8 @@ def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[s
                                   "only files in class subfolders are ingested"))
     if not found:
         raise SourceError(
-            f"{root}: no class subfolders; put images in one subfolder per class, or pass --labels FILE.csv"
+            f"{root}: no class subfolders; put images in one subfolder per class, pass --labels FILE.csv, "
+            "or --labels none for a store of the images alone (no labels)"
         )
     if chosen is None:
         classes = found
@@ -260,6 +267,27 @@ def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[s
                   left_out=tuple(walk.left_out))
 
 
+def discover_unlabeled(root: str | os.PathLike, follow_links: bool = False) -> Source:
+    """No labels: every image file under ``root``, in its subfolders too, sorted by relative path (Keras'
+    ``labels=None``); other files are left out by their extension, as in :func:`discover_class_folders`."""
+    root = os.fspath(root)
+    _check_root(root)
+    walk = _Walk(root, follow_links=follow_links)
+    items: list[Item] = []
+    rejected: list[tuple[str, str]] = []
+    for rel in walk.files(root):
+        reason = _reject_reason(rel)
+        if reason is None:
+            items.append(Item(rel, None))
+        elif not _is_image_name(rel):
+            walk.left_out.append((rel, NOT_IMAGE, f"{reason}; only image files are ingested"))
+        else:
+            rejected.append((rel, reason))
+    if not items and not rejected:
+        raise SourceError(f"{root}: no image files in it or below it ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    return Source(root, schema.LABEL_NONE, tuple(items), rejected=tuple(rejected), left_out=tuple(walk.left_out))
+
+
 def _list_root(root: str) -> list[os.DirEntry]:
     try:
         with os.scandir(root) as it:
@@ -268,7 +296,7 @@ def _list_root(root: str) -> list[os.DirEntry]:
         raise SourceError(f"{root}: cannot read this folder ({exc.strerror}); check its permissions") from None
 
 
-LABEL_KINDS = (schema.LABEL_CLASS, schema.LABEL_REGRESSION)
+LABEL_KINDS = schema.LABEL_KINDS
 
 
 def _is_number(text: str) -> bool:
@@ -302,8 +330,9 @@ def csv_label_kind(cells: dict[str, list[str]], label_kind: str | None, classes)
     regression otherwise (numbers, 0/1 included, as Keras' ``class_mode="raw"``)."""
     if label_kind is not None and label_kind not in LABEL_KINDS:
         raise SourceError(f"--label-kind must be one of {', '.join(LABEL_KINDS)}, got {label_kind!r}")
-    if classes is not None and label_kind == schema.LABEL_REGRESSION:
-        raise SourceError("--classes names classes, but --label-kind regression asks for numeric targets; "
+    if classes is not None and label_kind in (schema.LABEL_REGRESSION, schema.LABEL_NONE):
+        asks = "numeric targets" if label_kind == schema.LABEL_REGRESSION else "no labels"
+        raise SourceError(f"--classes names classes, but --label-kind {label_kind} asks for {asks}; "
                           "drop one of them")
     if label_kind is not None:
         return label_kind
@@ -356,10 +385,15 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         raise SourceError(f"{csv_path}: empty; the first row must name the columns (path or filename, then labels)")
     header = [h.strip() for h in rows[0]]
     path_col = path_column(header, csv_path, root, path_col)
+    unlabeled = label_kind == schema.LABEL_NONE
     if label_columns is None:
-        label_columns = [c for c in header if c != path_col and c not in PATH_COLUMNS and c]
-        if not label_columns:
-            raise SourceError(f"{csv_path}: no label columns besides {path_col!r}; add one label column")
+        label_columns = [] if unlabeled else [c for c in header if c != path_col and c not in PATH_COLUMNS and c]
+        if not label_columns and not unlabeled:
+            raise SourceError(f"{csv_path}: no label columns besides {path_col!r}; add one label column, or "
+                              "pass --label-kind none for a store of the images alone (no labels)")
+    elif unlabeled:
+        raise SourceError("--label-columns picks label columns, but --label-kind none asks for no labels; "
+                          "drop one of them")
     for c in label_columns:
         if c not in header:
             raise SourceError(f"{csv_path}: unknown label column {c!r}; the header has {header}")
@@ -404,6 +438,8 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
             if not cells[0]:
                 raise SourceError(f"{where}: column {label_columns[0]!r} is empty; every row needs its class name")
             label = cells[0]
+        elif unlabeled:
+            label = None
         else:
             label = tuple(_parse_float(v, where, c) for v, c in zip(cells, label_columns))
         if not os.path.lexists(os.path.join(root, rel)):
@@ -423,7 +459,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
     items.sort(key=lambda it: it.relpath)
     class_names = (chosen or in_csv) if kind == schema.LABEL_CLASS else None
     return Source(
-        root, kind, tuple(items), class_names=class_names, label_columns=tuple(label_columns),
+        root, kind, tuple(items), class_names=class_names, label_columns=None if unlabeled else tuple(label_columns),
         rejected=tuple(rejected), left_out=tuple(left_out) + _not_listed(root, seen, csv_name, follow_links),
     )
 
@@ -457,5 +493,8 @@ def discover(root: str | os.PathLike, labels_csv: str | os.PathLike | None = Non
         if label_kind == schema.LABEL_REGRESSION:
             raise SourceError("--label-kind regression needs --labels FILE.csv with numeric columns; "
                               "class folders give class labels")
+        if label_kind == schema.LABEL_NONE:
+            csv_label_kind({}, label_kind, classes)  # refuses --classes: there are no labels
+            return discover_unlabeled(root, follow_links)
         return discover_class_folders(root, classes, follow_links)
     return discover_csv(root, labels_csv, label_columns, label_kind, classes, follow_links, path_col)

@@ -21,13 +21,16 @@ from h5stream.store.progress import continue_command, progress_text, source_attr
 def continue_options(opts) -> list[str]:
     """The flags of ``opts`` (an :class:`~h5stream.ingest.pack.IngestOptions`) that say which files are ingested
     and how, as ``h5stream ingest`` takes them (pure): what an ``--append`` that finishes the run passes again.
-    ``--labels`` is recorded apart (a path); how the work is done (workers, commit rows, progress bar) is not."""
+    ``--labels FILE.csv`` is recorded apart (a path; ``--labels none`` is a flag); how the work is done
+    (workers, commit rows, progress bar) is not."""
     flags: list[str] = []
     if opts.path_column:
         flags += ["--path-column", opts.path_column]
     if opts.label_columns:
         flags += ["--label-columns", ",".join(opts.label_columns)]
-    if opts.label_kind is not None:
+    if opts.label_kind == schema.LABEL_NONE and not opts.labels_csv:
+        flags += ["--labels", "none"]  # no labels, no CSV: every image under SRC
+    elif opts.label_kind is not None:
         flags += ["--label-kind", opts.label_kind]
     if opts.classes:
         flags += ["--classes", ",".join(opts.classes)]
@@ -57,7 +60,7 @@ def _source_key(src: str, labels: str | None, options) -> tuple:
     """What names the files of an ingest: its source, labels CSV and the flags that choose or label files."""
     options = list(options)
     chosen = []
-    for flag in ("--path-column", "--label-columns", "--label-kind", "--classes"):
+    for flag in ("--labels", "--path-column", "--label-columns", "--label-kind", "--classes"):
         if flag in options:
             at = options.index(flag)
             chosen.append(tuple(options[at:at + 2]))

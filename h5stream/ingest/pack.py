@@ -172,7 +172,8 @@ def _out_of_descriptors(exc: OSError, workers: int) -> ResourceLimitError:
 def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_path: str) -> SourceError:
     """The one line for a new store that would hold no row: every file found was skipped."""
     where = (f"the files {opts.labels_csv} lists under {source.root}" if opts.labels_csv
-             else f"the class folders of {source.root}")
+             else f"the class folders of {source.root}" if source.label_kind != schema.LABEL_NONE
+             else source.root)  # unlabeled stores: the whole folder
     return SourceError(
         f"{opts.out}: not created: every one of the {skipped} files found in {where} was skipped "
         f"(reasons in {report_path}); it needs image files Pillow can read "
@@ -193,7 +194,8 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
     if appending:
         writer = open_append(opts.out, target, source.label_kind, lock)
     else:
-        label_shape = () if source.label_kind == schema.LABEL_CLASS or len(source.label_columns) == 1 else (
+        # unlabeled stores: one NO_LABEL per row, as a class store holds one index
+        label_shape = () if source.label_kind != schema.LABEL_REGRESSION or len(source.label_columns) == 1 else (
             len(source.label_columns),)
         writer = StoreWriter.create(
             opts.out, image_shape=spec.shape, label_kind=source.label_kind, label_shape=label_shape,

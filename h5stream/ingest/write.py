@@ -147,7 +147,10 @@ class _BlockWriter:
 def pending_labels(pending: list[Item], label_kind: str, class_index: dict[str, int],
                    label_shape: tuple[int, ...]) -> np.ndarray:
     """The label of every pending item, in order, as the store holds it (pure): class indices (int64) or
-    regression targets (float32 of ``label_shape`` per row)."""
+    regression targets (float32 of ``label_shape`` per row), or :data:`~h5stream.store.schema.NO_LABEL` (int8)
+    for a store without labels."""
+    if label_kind == schema.LABEL_NONE:  # unlabeled stores
+        return np.full(len(pending), schema.NO_LABEL, np.int8)
     if label_kind == schema.LABEL_CLASS:
         return np.fromiter((class_index[it.label] for it in pending), np.int64, len(pending))
     return np.array([it.label for it in pending], dtype=np.float32).reshape((len(pending), *label_shape))

@@ -73,9 +73,10 @@ def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, wor
         epoch_ends = []
         sampler.mark(samples=0)
         for epoch in range(epochs):
-            for x, y in stream:
+            for batch in stream:
+                x, y = batch if isinstance(batch, tuple) else (batch, None)  # None: a store without labels
                 rows += len(x)
-                if epoch == 0:
+                if epoch == 0 and y is not None:
                     yielded.append(y)
                 now = time.monotonic()
                 if first_batch_s is None:

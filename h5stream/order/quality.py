@@ -125,6 +125,8 @@ def quality_labels(labels: np.ndarray, label_kind: str, class_names: tuple[str, 
     bins, so the figure then says how well batches mix the label's range.
     """
     labels = np.asarray(labels)
+    if label_kind == "none":  # a store without labels: every row alike, one bin
+        return np.zeros(labels.shape[0], np.int64), 1
     if label_kind == "class":
         n_classes = len(class_names) if class_names else (int(labels.max()) + 1 if labels.size else 0)
         return labels.astype(np.int64, copy=False), max(1, n_classes)

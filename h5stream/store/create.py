@@ -45,8 +45,8 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
     h, w, c = (int(d) for d in image_shape)
     if min(h, w, c) < 1:
         raise ConfigError(f"image shape must be positive, got {tuple(image_shape)}")
-    if label_kind not in (schema.LABEL_CLASS, schema.LABEL_REGRESSION):
-        raise ConfigError(f"label_kind must be 'class' or 'regression', got {label_kind!r}")
+    if label_kind not in schema.LABEL_KINDS:
+        raise ConfigError(f"label_kind must be 'class', 'regression' or 'none', got {label_kind!r}")
     if block_rows < 1:
         raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
     attrs = {
@@ -117,7 +117,8 @@ def _lay_out(name: str, size: int, image_shape: tuple[int, int, int], label_kind
                 f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
                 chunkshape=(block_rows, *image_shape), filters=image_filters, expectedrows=expected_rows,
             )
-        label_atom = tables.Int64Atom() if label_kind == schema.LABEL_CLASS else tables.Float32Atom()
+        label_atom = {schema.LABEL_CLASS: tables.Int64Atom(), schema.LABEL_NONE: tables.Int8Atom()}.get(
+            label_kind, tables.Float32Atom())
         f.create_earray(
             f.root, schema.LABELS, label_atom, shape=(0, *label_shape),
             chunkshape=(layout.label_chunk_rows(label_atom.itemsize * int(np.prod(label_shape)), block_rows),

@@ -251,10 +251,14 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         )
     label_kind = _str_attr(attrs, schema.ATTR_LABEL_KIND,
                            schema.LABEL_CLASS if labels.dtype.kind in "iu" else schema.LABEL_REGRESSION,
-                           path=path, choices=(schema.LABEL_CLASS, schema.LABEL_REGRESSION))
+                           path=path, choices=schema.LABEL_KINDS)
     if label_kind == schema.LABEL_CLASS and labels.dtype.kind not in "iu":
         raise StoreFormatError(f"{path}: label_kind is 'class' but /{schema.LABELS} holds {labels.dtype}, not "
                                "integer class indices; the file is damaged or was not written by h5stream")
+    if label_kind == schema.LABEL_NONE and (labels.ndim != 1 or labels.dtype.kind not in "iu"):
+        raise StoreFormatError(f"{path}: label_kind is 'none' but /{schema.LABELS} holds {labels.dtype} "
+                               f"{labels.shape}, not one integer per row; the file is damaged or was not written "
+                               "by h5stream")
     row_bytes = int(np.prod(images.shape[1:], dtype=np.int64))
     chunks = images.chunks
     most_rows = max(1, MAX_CHUNK_BYTES // row_bytes)

@@ -5,6 +5,8 @@ Layout (format version 1)::
     /images   EArray uint8 (N, H, W, C), chunked (block_rows, H, W, C)
     /labels   EArray int64 (N,)            label_kind == "class"
               EArray float32 (N,) / (N, K) label_kind == "regression"
+              EArray int8 (N,), every row NO_LABEL (-1)   label_kind == "none" (a store without labels:
+              the array stays, so every reader, checksum and repair path reads a store of any kind alike)
     /paths    EArray of fixed-size bytes (N,): source path relative to SRC, UTF-8; a file name that is not
               valid UTF-8 keeps its own bytes (see :func:`encode_path`)
     /checksums  EArray uint64 (B, 3): per complete block (``block_rows`` rows), the
@@ -17,7 +19,7 @@ reads every one of them):
     committed_rows    int    rows whose images, labels and paths are all flushed;
                              written only after those rows are on disk.  Readers
                              use rows [0, committed_rows) and nothing beyond.
-    label_kind        str    "class" or "regression"
+    label_kind        str    "class", "regression" or "none" (no labels: /labels holds NO_LABEL)
     class_names       str    JSON list, index == label (class files), "null" otherwise
     label_columns     str    JSON list of CSV column names (regression), "null" otherwise
     image_height, image_width, channels   int
@@ -79,6 +81,11 @@ INGEST_ATTRS = (ATTR_INGEST_FILES, ATTR_INGEST_ROWS_BEFORE, ATTR_INGEST_SKIPPED,
 
 LABEL_CLASS = "class"
 LABEL_REGRESSION = "regression"
+LABEL_NONE = "none"
+LABEL_KINDS = (LABEL_CLASS, LABEL_REGRESSION, LABEL_NONE)
+
+NO_LABEL = -1
+"""What every row of ``/labels`` holds in a store of ``label_kind`` ``"none"`` (int8): no class index."""
 
 PATH_BYTES = 512
 """Item size of /paths; a longer relative path is skipped with a reason."""

@@ -14,7 +14,7 @@ from dataclasses import KW_ONLY, dataclass
 
 from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
 from h5stream.errors import ConfigError
-from h5stream.labels import LABEL_MODES
+from h5stream.labels import DEFAULT_LABEL_MODE, LABEL_MODES
 from h5stream.order.epoch import check_shard
 from h5stream.order.split import check_split
 from h5stream.read.plan import parse_bytes
@@ -44,7 +44,7 @@ class StreamOptions:
     timeout_s: float = 60.0
     validation_split: float | None = None
     subset: str | None = None
-    label_mode: str = "int"
+    label_mode: str | None = DEFAULT_LABEL_MODE  # "int", or None for a store without labels
     remote: object = None
     direct_io: bool | str = "auto"
     read_unit: int | str | None = None
@@ -65,7 +65,7 @@ class StreamOptions:
             raise ConfigError(f"shuffle must be True, False or None (the subset's default), got {self.shuffle!r}")
         if self.resume is not None and not isinstance(self.resume, dict):
             raise ConfigError(f"resume must be a dict from Stream.state(), got {type(self.resume).__name__}")
-        if self.label_mode not in LABEL_MODES:
+        if self.label_mode is not DEFAULT_LABEL_MODE and self.label_mode not in LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {', '.join(map(repr, LABEL_MODES))}, got {self.label_mode!r}")
         if not isinstance(self.feeder, bool):
             raise ConfigError(f"feeder must be True or False, got {self.feeder!r}")

@@ -246,7 +246,8 @@ class Stream:
     # -- what it yields -------------------------------------------------------------
     @property
     def class_names(self) -> list[str] | None:
-        """The store's class names (label ``i`` is ``class_names[i]``), or None for regression targets."""
+        """The store's class names (label ``i`` is ``class_names[i]``), or None for regression targets or a
+        store without labels."""
         return list(self.meta.class_names) if self.meta.class_names is not None else None
 
     @property
