@@ -136,8 +136,8 @@ def test_remote_patterns_benchmark_measures_every_pattern(tmp_path, capsys):
 @pytest.mark.slow
 def test_remote_benchmark_through_the_latency_proxy_reports_requests_per_gb_and_bytes_per_epoch(tmp_path, capsys):
     """A tiny store, the server warm, every URL run through a 5 ms / 200 MB/s proxy: each reader's row says how many
-    requests the proxy forwarded, per GB, and how many bytes it fetched per epoch (at least the rows' bytes: every
-    row crossed it); the table prints them."""
+    requests the proxy forwarded, per GB, and how many bytes it fetched per epoch (at least the bytes of the rows it
+    read: each crossed the proxy); the table prints them."""
     import json
 
     from benchmarks import remote
@@ -155,7 +155,7 @@ def test_remote_benchmark_through_the_latency_proxy_reports_requests_per_gb_and_
     for name in ("remote", "remote_http", "ceiling", "ceiling_http", "ceiling_own", "ceiling_http_own"):
         row = rows[f"{name}_warm_proxied"]
         assert row["wire_requests"] >= 2 and row["requests_per_gb"] > 0, (name, row)
-        assert row["fetched_bytes_per_epoch"] >= result["store_bytes"] * 0.9 and row["fetched_over_rows"] >= 1, row
+        assert row["fetched_bytes_per_epoch"] > 0 and row["fetched_over_rows"] >= 1, row  # each row crossed it
     assert rows["ceiling_own_warm_proxied"]["wire_requests"] == result["stream_requests"]["count"] + 1  # + its HEAD
     assert "wire_requests" not in rows["local_cold"]
     assert result["open_wire"]["requests"] == result["open_requests"], summary
@@ -190,8 +190,8 @@ def test_the_remote_benchmark_reports_what_the_proxy_counted_per_gb_and_per_epoc
     args = argparse.Namespace(memory_budget=None, read_unit=None, rounds=1, epochs=2)
     proxy = {"mode": "on", "latency_ms": 20.0, "bandwidth_mbs": 100.0, "burst_bytes": 256 << 10}
     result = summarize(runs, args, local=str(local), url="s3://b/k", start_s=1.0, upload_s=1.0, caches=("warm",),
-                       conditions=["warm_proxied"], proxy=proxy, pins={"note": "shared", "server": None, "client": None},
-                       requests=[(0, 10)])
+                       conditions=["warm_proxied"], proxy=proxy, requests=[(0, 10)],
+                       pins={"note": "shared", "server": None, "client": None})
     row, lim = result["rows"]["remote_warm_proxied"], result["rows"]["ceiling_warm_proxied"]
     assert row["requests_per_gb"] == pytest.approx(150) and row["fetched_bytes_per_epoch"] == pytest.approx(1.25e9)
     assert row["fetched_over_rows"] == pytest.approx(1.25)
