@@ -339,12 +339,13 @@ class _LoopState:
             up = asyncio.ensure_future(self._requests(c_reader, s_writer, link))
             down = asyncio.ensure_future(self._responses(s_reader, c_writer, link, latency_s))
             try:
-                # a failed or reset side ends both; a clean EOF on one side was passed on by its pump
+                # A client's EOF was passed on to the server, whose answer still flows; the server's end, or a
+                # failed or reset side, ends both.
                 done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
-                if down in done or any(t.exception() for t in done):
+                if down in done or any(t.exception() is not None for t in done):
                     up.cancel()
-                await asyncio.gather(up, down, return_exceptions=True)
-            finally:
+                    down.cancel()
+            finally:  # also when the proxy stops (this task cancelled)
                 up.cancel()
                 down.cancel()
                 await asyncio.gather(up, down, return_exceptions=True)
