@@ -69,6 +69,7 @@ from benchmarks.harness import (
     run_cli,
     warm,
 )
+from benchmarks.remote_wire import add_options, condition_label, proxy_settings, routes, wire_lines, wire_row
 
 KEY = "bench/store.h5"
 EVICT_EVERY_S = 0.5
@@ -364,6 +365,7 @@ def run(args) -> dict:
     from benchmarks.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3
     from h5stream.measure import evict_from_page_cache
 
+    proxy = proxy_settings(args)
     size = 128
     local = os.path.join(args.data, f"remote-{args.gb:g}g.h5")
     make_bench_file(local, rows=rows_for_gb(args.gb, size, 3), size=size, progress=True)
@@ -399,10 +401,15 @@ def run(args) -> dict:
                            fill or "default", args.read_unit or "default"]
             client = pins["client"]
 
-            def measured_on_server(argv, cache):
+            def via(route, name, argv):  # the run's requests and bytes through the route's proxy, if any
+                with route.counted(name) as wire:
+                    result = _run(argv, {**env, "AWS_ENDPOINT_URL": route.endpoint} if route.proxies else env, client)
+                return result | wire
+
+            def measured_on_server(argv, cache, route, name="remote"):
                 before = _cpu_s(server.process.pid)
                 with server_cache(workdir, cache):
-                    result = _run(argv, env, client)
+                    result = via(route, name, argv)
                 result["server_cpu_s"] = _cpu_s(server.process.pid) - before
                 return result
 
@@ -410,25 +417,30 @@ def run(args) -> dict:
                 evict_from_page_cache(local)
                 return _run(["stream", local, "direct", *stream_args], env, client)
 
-            runs = {}
-            for cache in caches:
-                for name in STREAMS:
-                    runs[f"{name}_{cache}"] = functools.partial(
-                        measured_on_server, ["stream", urls[name], "no", *stream_args], cache)
-                    runs[f"{LIMITS[name]}_{cache}"] = functools.partial(
-                        measured_on_server, ["ceiling", urls[name]], cache)
-                    runs[f"{LIMITS[name]}{OWN}_{cache}"] = functools.partial(
-                        measured_on_server, ["ceiling", urls[name], requests_path], cache)
-            runs["local_cold"] = local_cold
-            runs["open"] = lambda: _run(["open", url], env, client)
-            if not args.no_fsspec:
-                runs["fsspec"] = functools.partial(
-                    measured_on_server, ["fsspec", url, order_path, args.batch_size, args.fsspec_seconds], "cold")
-            rounds = interleave(runs, args.rounds)
+            with routes(proxy, urls, server.endpoint) as ways:  # directly, through the proxy, or both
+                runs = {}
+                for cache in caches:
+                    for way in ways:
+                        cond = cache + way.suffix
+                        for name in STREAMS:
+                            on = functools.partial(measured_on_server, cache=cache, route=way, name=name)
+                            runs[f"{name}_{cond}"] = functools.partial(on, ["stream", way.urls[name], "no",
+                                                                            *stream_args])
+                            runs[f"{LIMITS[name]}_{cond}"] = functools.partial(on, ["ceiling", way.urls[name]])
+                            runs[f"{LIMITS[name]}{OWN}_{cond}"] = functools.partial(
+                                on, ["ceiling", way.urls[name], requests_path])
+                runs["local_cold"] = local_cold
+                runs["open"] = functools.partial(via, ways[-1], "remote", ["open", url])
+                if not args.no_fsspec:
+                    runs["fsspec"] = functools.partial(
+                        measured_on_server, ["fsspec", url, order_path, args.batch_size, args.fsspec_seconds], "cold",
+                        ways[-1])
+                rounds = interleave(runs, args.rounds)
+                conditions = [cache + way.suffix for cache in caches for way in ways]
         finally:
             server.stop()
     return summarize(by_name(rounds), args, local=local, url=url, start_s=start_s, upload_s=upload_s,
-                     caches=caches, pins=pins, requests=requests)
+                     caches=caches, pins=pins, requests=requests, conditions=conditions, proxy=proxy)
 
 
 def remote_rows_per_fill(local: str, args) -> int:
@@ -471,6 +483,7 @@ def summarize(results: dict, args, **facts) -> dict:
         "upload_mb_per_s": store_bytes / facts["upload_s"] / 1e6,
         "memory_budget": args.memory_budget, "read_unit": args.read_unit, "rounds": args.rounds,
         "epochs": args.epochs, "server_caches": list(facts["caches"]),
+        "conditions": list(facts.get("conditions") or facts["caches"]), "proxy": facts.get("proxy"),
         "runs": results,
     }
     opens = results.get("open", [])
@@ -478,6 +491,7 @@ def summarize(results: dict, args, **facts) -> dict:
         out["open_requests"] = max(r["open_requests"] for r in opens)
         out["open_s"] = median(r["open_s"] for r in opens)
         out["chunks"], out["label_chunks"] = opens[0]["chunks"], opens[0]["label_chunks"]
+        out["open_wire"] = opens[0].get("wire")
     rows = {}
     for name, runs in results.items():
         if name == "open" or not runs:
@@ -505,6 +519,8 @@ def summarize(results: dict, args, **facts) -> dict:
             row["extrapolated"] = any(r.get("extrapolated") for r in runs)
         if "requests" in runs[0]:
             row["requests"] = runs[0]["requests"]
+        row.update(wire_row(runs, args.epochs if name.startswith(("remote", "local")) else
+                            None if name == "fsspec" else 1))
         rows[name] = row
     out["rows"] = rows
     same = [r["first_order_head"] for name, runs in results.items() if name.startswith(("remote", "local"))
@@ -515,7 +531,8 @@ def summarize(results: dict, args, **facts) -> dict:
         sizes = [end - start for start, end in requests]
         out["stream_requests"] = {"count": len(sizes), "mean_bytes": sum(sizes) / len(sizes),
                                   "aligned_4mib": sum(1 for s, e in requests if s % (4 << 20) == 0)}
-    for cache in facts["caches"]:
+    conds = out["conditions"]
+    for cache in conds:
         for name in STREAMS:
             stream, limit = rows.get(f"{name}_{cache}"), rows.get(f"{LIMITS[name]}_{cache}")
             own = rows.get(f"{LIMITS[name]}{OWN}_{cache}")
@@ -529,10 +546,10 @@ def summarize(results: dict, args, **facts) -> dict:
                 out[f"{name}_{cache}_over_own_gets_cpu_s_per_gb"] = (stream["steady_client_cpu_s_per_gb"]
                                                                      - own["client_cpu_s_per_gb"])
     ratios = [v for k, v in out.items() if k.endswith("_vs_server_limit")]
-    streams = [rows[f"{n}_{c}"] for n in STREAMS for c in facts["caches"] if f"{n}_{c}" in rows]
+    streams = [rows[f"{n}_{c}"] for n in STREAMS for c in conds if f"{n}_{c}" in rows]
     cpu = [r["client_cpu_s_per_gb"] for r in streams]
     cold, fs = rows.get("local_cold"), rows.get("fsspec")
-    remote = rows.get(f"remote_{facts['caches'][0]}")
+    remote = rows.get(f"remote_{conds[0]}")
     out["remote_vs_local_cold"] = remote["mb_per_s"] / cold["mb_per_s"] if remote and cold else None
     out["remote_vs_fsspec"] = remote["mb_per_s"] / fs["mb_per_s"] if remote and fs else None
     defaults = args.memory_budget is None and args.read_unit is None
@@ -549,6 +566,7 @@ def summarize(results: dict, args, **facts) -> dict:
 def format_text(r: dict) -> str:
     mib = 1 << 20
     budget = r["memory_budget"] or "default"
+    width = 70 if r.get("proxy") else 60
     lines = [
         f"{r['command']}",
         f"store {r['store_bytes'] / 1e9:.2f} GB at {r['url']} (SeaweedFS on 127.0.0.1, started in "
@@ -556,41 +574,46 @@ def format_text(r: dict) -> str:
         f"read_unit {r.get('read_unit') or 'default'}; {r['epochs']} epoch(s), {r['rounds']} round(s), medians; "
         f"{r['machine']['cpus']} CPUs: {r['cpus']}",
         "",
-        f"{'reader':<60}{'MB/s':>7}{'x limit':>9}{'x own':>7}{'client CPU':>15}{'server CPU':>12}{'first batch':>13}"
-        f"{'peak / budget':>17}",
-        f"{'':<60}{'':>7}{'':>9}{'':>7}{'s/GB (steady)':>15}{'s/GB':>12}{'':>13}{'MiB':>17}",
+        f"{'reader':<{width}}{'MB/s':>7}{'x limit':>9}{'x own':>7}{'client CPU':>15}{'server CPU':>12}"
+        f"{'first batch':>13}{'peak / budget':>17}",
+        f"{'':<{width}}{'':>7}{'':>9}{'':>7}{'s/GB (steady)':>15}{'s/GB':>12}{'':>13}{'MiB':>17}",
     ]
 
     def num(v, fmt):
         return format(v, fmt) if v is not None else "-"
 
-    def line(label, row, ratio=None, own=None, extra=""):
+    shown = {}  # row name -> its label, for the proxy's block
+
+    def line(label, key, ratio=None, own=None, extra=""):
+        row, shown[key] = r["rows"][key], label
         peak = (f"{row['peak_mem_bytes'] / mib:.0f} / {row['budget_bytes'] / mib:.0f}"
                 if "peak_mem_bytes" in row else "-")
         first = f"{row['first_batch_s']:.2f}s" if row.get("first_batch_s") is not None else "-"
         client = num(row.get("client_cpu_s_per_gb"), ".2f")
         if row.get("steady_client_cpu_s_per_gb") is not None:
             client += f" ({row['steady_client_cpu_s_per_gb']:.2f})"
-        lines.append(f"{label:<60}{row['mb_per_s']:>7.0f}{num(ratio, '.2f'):>9}{num(own, '.2f'):>7}"
+        lines.append(f"{label:<{width}}{row['mb_per_s']:>7.0f}{num(ratio, '.2f'):>9}{num(own, '.2f'):>7}"
                      f"{client:>15}{num(row.get('server_cpu_s_per_gb'), '.1f'):>12}"
                      f"{first:>13}{peak:>17}{extra}")
 
     rows = r["rows"]
-    for cache in r["server_caches"]:
+    conds = r.get("conditions") or r["server_caches"]
+    for cache in conds:
+        where = condition_label(cache)
         for name in STREAMS:
             if f"{name}_{cache}" in rows:
                 unit = rows[f"{name}_{cache}"].get("unit_rows")
-                line(f"h5stream, {LABELS[name]} (server {cache}, unit {unit} rows)", rows[f"{name}_{cache}"],
+                line(f"h5stream, {LABELS[name]} ({where}, unit {unit} rows)", f"{name}_{cache}",
                      r.get(f"{name}_{cache}_vs_server_limit"), r.get(f"{name}_{cache}_vs_own_ranges_limit"))
             if f"{LIMITS[name]}_{cache}" in rows:
-                line(f"server limit, {LABELS[name]}, aligned 4 MiB (server {cache})", rows[f"{LIMITS[name]}_{cache}"])
+                line(f"server limit, {LABELS[name]}, aligned 4 MiB ({where})", f"{LIMITS[name]}_{cache}")
             if f"{LIMITS[name]}{OWN}_{cache}" in rows:
-                line(f"server limit, {LABELS[name]}, the stream's ranges (server {cache})",
-                     rows[f"{LIMITS[name]}{OWN}_{cache}"], r.get(f"{name}_{cache}_own_ranges_vs_aligned"))
+                line(f"server limit, {LABELS[name]}, the stream's ranges ({where})",
+                     f"{LIMITS[name]}{OWN}_{cache}", r.get(f"{name}_{cache}_own_ranges_vs_aligned"))
     if "local_cold" in rows:
-        line("h5stream, local file (O_DIRECT)", rows["local_cold"])
+        line("h5stream, local file (O_DIRECT)", "local_cold")
     if "fsspec" in rows:
-        line("h5py over fsspec (s3fs, server cold)", rows["fsspec"],
+        line("h5py over fsspec (s3fs, server cold" + (" via proxy)" if r.get("proxy") else ")"), "fsspec",
              extra=" (extrapolated)" if rows["fsspec"].get("extrapolated") else "")
     lines.append("")
     lines.append("server limit: the whole object once, plain ranged GETs, 8 in flight, bodies dropped: aligned 4 MiB "
@@ -598,11 +621,11 @@ def format_text(r: dict) -> str:
                  "same server cache (the target's reference); x own: over the limit of its own ranges (on a limit "
                  "row: own ranges over aligned); client CPU: the whole run from before open(), and (steady) the "
                  "epochs after the first")
-    for cache in r["server_caches"]:
+    for cache in conds:
         for name in STREAMS:
             row, over = rows.get(f"{name}_{cache}"), r.get(f"{name}_{cache}_over_own_gets_cpu_s_per_gb")
             if row and over is not None:
-                lines.append(f"client CPU, {LABELS[name]} (server {cache}): first epoch "
+                lines.append(f"client CPU, {LABELS[name]} ({condition_label(cache)}): first epoch "
                              f"{row['first_epoch_client_cpu_s_per_gb']:.2f} s/GB (open, checksums learned), then "
                              f"{row['steady_client_cpu_s_per_gb']:.2f}, of which {over:+.2f} on top of the same GETs "
                              "with the bodies dropped (the copy into the batches, the reader, the consumer)")
@@ -617,6 +640,7 @@ def format_text(r: dict) -> str:
         lines.append(f"s3:// / local O_DIRECT: {r['remote_vs_local_cold']:.2f}x")
     if r["remote_vs_fsspec"] is not None:
         lines.append(f"s3:// / h5py+fsspec: {r['remote_vs_fsspec']:.1f}x")
+    lines += wire_lines(r, shown)
     lines.append(f"same batches remote and local: {r['same_order']}")
     lines += [f"target {name}: {'met' if ok else ('not met' if ok is not None else 'not measured')}"
               for name, ok in r["targets"].items()]
@@ -641,6 +665,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fsspec-seconds", type=float, default=60.0, help="time limit of the fsspec baseline")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec baseline (needs s3fs)")
+    add_options(parser)
     return run_cli(parser, argv, run, format_text)
 
 

