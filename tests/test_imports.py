@@ -183,7 +183,7 @@ LAYERS = (
     ("adapters", ("h5stream.adapters", "h5stream.keras")),
     ("public API", ("h5stream",)),
     ("stream", ("h5stream.streaming.stream",)),
-    ("feeder", ("h5stream.streaming.process_feed",)),
+    ("feeder", ("h5stream.streaming.process_feed", "h5stream.streaming.feeder_protocol")),
     ("feed", ("h5stream.streaming.feeds", "h5stream.streaming.options")),
     ("config", ("h5stream.streaming.config",)),
     ("budget", ("h5stream.streaming.budget",)),

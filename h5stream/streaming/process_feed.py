@@ -51,12 +51,10 @@ import signal
 import socket
 import struct
 import time
-import traceback
 from collections import deque
 
 import numpy as np
 
-from h5stream import errors
 from h5stream.concurrency.fork import release_in_forks
 from h5stream.concurrency.procpool import death_report, frames, stopped
 from h5stream.concurrency.spawn import reap_workers, spawn_workers, worker_signals
@@ -64,10 +62,10 @@ from h5stream.concurrency.wait import POLL_S, check_stops
 from h5stream.memory.lend import ArrayArena, SlotLender
 from h5stream.streaming.budget import FEEDER_IN_FLIGHT, KEPT_SLOTS
 from h5stream.streaming.config import StreamConfig
-from h5stream.errors import H5StreamError, ReaderError, descriptor_limit
+from h5stream.errors import ReaderError
+from h5stream.streaming.feeder_protocol import (BATCH, ERROR, FATAL, NEXT, READY, START, STARTED, STATS, STOP,
+                                                error_payload, rebuild_error, send, unpack)
 
-START, NEXT, STATS, STOP = "start", "next", "stats", "stop"
-READY, FATAL, STARTED, BATCH, ERROR = "ready", "fatal", "started", "batch", "error"
 
 #: Seconds the trainer waits for an answer beyond ``timeout_s``: the feeder's own wait for that batch began
 #: before the trainer's (it makes batches ahead), so its error, if any, comes first.
@@ -77,85 +75,6 @@ ANSWER_GRACE_S = 2.0
 CLOSE_TIMEOUT_S = 10.0
 
 _OOM_FIX = "lower memory_budget or workers"
-
-
-# -- the messages, as bytes ------------------------------------------------------------------------------------------
-
-_NEXT_HEAD = struct.Struct("<cq")  # b"N", generation; then the freed slots as int32
-_BATCH_HEAD = struct.Struct("<cqqqqq")  # b"B", generation, epoch, index, slot, rows; then the labels' bytes
-
-
-def pack(msg: tuple, label_dtype: np.dtype, label_shape: tuple) -> bytes:
-    """One message as bytes (pure).  The two of every batch, ``NEXT`` and a ``BATCH`` whose labels have the
-    store's dtype and shape, are packed by hand (a few microseconds less than a pickle on each side, in the
-    training process); every other message is a pickle (whose first byte is neither ``N`` nor ``B``)."""
-    kind = msg[0]
-    if kind == NEXT:
-        return _NEXT_HEAD.pack(b"N", msg[1]) + np.asarray(msg[2], np.int32).tobytes()
-    if kind == BATCH and msg[4] >= 0:
-        labels = msg[6]
-        if (isinstance(labels, np.ndarray) and labels.dtype == label_dtype
-                and labels.shape == (msg[5], *label_shape)):
-            return _BATCH_HEAD.pack(b"B", *msg[1:6]) + np.ascontiguousarray(labels).tobytes()
-    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def unpack(data: bytes, label_dtype: np.dtype, label_shape: tuple) -> tuple:
-    """The message :func:`pack` made (pure); a batch's labels are a writable array of their own."""
-    head = data[:1]
-    if head == b"N":
-        _, gen = _NEXT_HEAD.unpack_from(data)
-        return NEXT, gen, np.frombuffer(data, np.int32, offset=_NEXT_HEAD.size).tolist()
-    if head == b"B":
-        _, gen, epoch, index, slot, rows = _BATCH_HEAD.unpack_from(data)
-        labels = np.frombuffer(data, label_dtype, offset=_BATCH_HEAD.size).reshape(rows, *label_shape).copy()
-        return BATCH, gen, epoch, index, slot, rows, labels
-    return pickle.loads(data)
-
-
-# -- the error that crosses the pipe ---------------------------------------------------------------------------------
-
-
-def error_payload(exc: BaseException) -> tuple:
-    """``(pickled exception or None, type name, message, traceback text)`` of ``exc`` (feeder side)."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)  # an exception whose constructor takes other arguments does not come back
-    except Exception:
-        data = None
-    return data, type(exc).__name__, str(exc), tb
-
-
-def rebuild_error(payload: tuple, where: str) -> BaseException:
-    """The exception of :func:`error_payload` again (trainer side): the same type and message, the feeder's
-    traceback as its cause.  One not of h5stream's is a :class:`ReaderError` naming it, but for running out of
-    file descriptors: that ``OSError`` is kept, so the stream names the limit as without the feeder."""
-    data, name, message, tb = payload
-    exc = None
-    if data is not None:
-        try:
-            exc = pickle.loads(data)
-        except Exception:
-            exc = None
-    if exc is None:
-        cls = getattr(errors, name, None)
-        if isinstance(cls, type) and issubclass(cls, H5StreamError):
-            try:
-                exc = cls(message)
-            except Exception:
-                exc = None
-    if not isinstance(exc, H5StreamError) and not (isinstance(exc, OSError) and descriptor_limit(exc.errno)):
-        exc = ReaderError(f"{where}: the feeder process raised {name}: {message}")
-    exc.__cause__ = _FeederTraceback(tb)
-    return exc
-
-
-class _FeederTraceback(Exception):
-    """The feeder's traceback of an error re-raised in the training process (its ``__cause__``)."""
-
-    def __str__(self) -> str:
-        return f"\n\nin the feeder process:\n{self.args[0]}"
 
 
 # -- the feeder process --------------------------------------------------------------------------------------------
@@ -186,12 +105,12 @@ def feeder_main(conn, parts: bytes) -> None:
 
         feed = PooledFeed(pickle.loads(parts))
     except BaseException as exc:
-        _send(conn, (FATAL, None, error_payload(exc)))
+        send(conn, (FATAL, None, error_payload(exc)))
         return
     try:
         # The pool's output segment: the trainer maps it and reads its batches there.
         slots = feed.pool.output_slots
-        if not _send(conn, (READY, None, os.getpid(), slots.spec, feed.pool.pids)):
+        if not send(conn, (READY, None, os.getpid(), slots.spec, feed.pool.pids)):
             return
         _serve(conn, parent, feed, slots)
     finally:
@@ -250,16 +169,8 @@ def _serve(conn, parent, feed, slots) -> None:
                     held[slot] = x
                     reply = (BATCH, gen, epoch, index, slot, len(x), labels)
                 del x
-        if not _send(conn, reply, labels_as):
+        if not send(conn, reply, labels_as):
             return
-
-
-def _send(conn, msg, labels_as=(None, ())) -> bool:
-    try:
-        conn.send_bytes(pack(msg, *labels_as))
-        return True
-    except (EOFError, OSError):
-        return False
 
 
 # -- the training process's side -------------------------------------------------------------------------------------
@@ -328,7 +239,7 @@ def _shutdown(state: _FeederState) -> None:
     state.closed = True
     try:
         if state.conn is not None:
-            _send(state.conn, (STOP, None, ()))
+            send(state.conn, (STOP, None, ()))
         if state.proc is not None:
             if stopped(state.proc.pid):
                 state.proc.kill()  # a stopped feeder reads nothing and obeys no signal but SIGKILL
@@ -402,7 +313,7 @@ class ProcessFeed:
         self._freed.clear()
         if self._error is not None:
             raise self._error
-        if not _send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
+        if not send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
             raise self._died()
 
     def _receive(self, timeout_s: float, what: str, ready: bool = False, stopped_s: float | None = None) -> tuple:
