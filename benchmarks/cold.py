@@ -245,7 +245,7 @@ def disk_random(path: str, budget: str, direct_io="auto") -> dict:
 def stream_unit_bytes(path: str, budget: str, direct_io="auto") -> int:
     """The read unit (bytes) of the cold stream on ``path``: h5stream's own plan for it (``memory_budget=budget``,
     ``batch_size=BATCH_SIZE``, the stream's other defaults), whose default unit follows the fill."""
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.streaming.options import StreamOptions
     from h5stream.read.plan import parse_bytes
     from h5stream.read.source import resolve_direct_io

@@ -447,7 +447,7 @@ def remote_rows_per_fill(local: str, args) -> int:
     """The fill a stream of this store over a URL plans under ``--memory-budget`` (no request needed)."""
     import dataclasses
 
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.errors import BudgetError
     from h5stream.read.plan import parse_bytes
     from h5stream.remote import RemoteOptions

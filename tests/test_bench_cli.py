@@ -214,7 +214,7 @@ def test_info_shuffle_report_bad_budget(sorted_store, capsys):
 
 def test_info_shuffle_report_plans_for_workers_and_a_pinned_window(sorted_store, capsys):
     import h5stream
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.store.meta import read_meta
 
     meta = read_meta(sorted_store)  # the report plans augmenting workers (their transform's library counted)

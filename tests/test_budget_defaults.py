@@ -9,7 +9,8 @@ import pytest
 
 import h5stream
 from h5stream.errors import BudgetError
-from h5stream.streaming.budget import DEFAULT_BUDGET_BYTES, plan_stream
+from h5stream.streaming.budget import DEFAULT_BUDGET_BYTES
+from h5stream.streaming.planning import plan_stream
 from h5stream.read.plan import parse_bytes
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays

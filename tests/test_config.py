@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.streaming.budget import plan_stream
+from h5stream.streaming.planning import plan_stream
 from h5stream.streaming.config import Facts, StreamConfig, layout_function, resolve
 from h5stream.errors import BudgetError, ConfigError
 from h5stream.streaming.options import StreamOptions

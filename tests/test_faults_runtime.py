@@ -127,7 +127,7 @@ def test_info_runs_while_the_user_holds_a_default_h5py_handle(store, h5cli):
 
 @pytest.mark.parametrize("kind", ["class", "regression"])
 def test_labels_not_cached_are_read_by_byte_offset_across_label_chunks(tmp_path, kind):
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.read.reader import Reader
     from h5stream.streaming.config import layout_function

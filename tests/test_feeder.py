@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.streaming.budget import plan_stream
+from h5stream.streaming.planning import plan_stream
 from h5stream.errors import ConfigError, ReaderError, WorkerError
 from h5stream.memory.shm import segment_names
 from h5stream.store.meta import read_meta

@@ -186,6 +186,7 @@ LAYERS = (
     ("feeder", ("h5stream.streaming.process_feed", "h5stream.streaming.feeder_protocol")),
     ("feed", ("h5stream.streaming.feeds", "h5stream.streaming.options")),
     ("config", ("h5stream.streaming.config",)),
+    ("planning", ("h5stream.streaming.planning",)),
     ("budget", ("h5stream.streaming.budget",)),
     ("read / augment / ingest", ("h5stream.read", "h5stream.augment", "h5stream.ingest", "h5stream.labels")),
     ("order / store", ("h5stream.order", "h5stream.store")),

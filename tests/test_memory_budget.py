@@ -26,7 +26,7 @@ SCRIPT = r"""
 import gc, json, sys
 import h5stream, h5stream.streaming.stream
 from h5stream.augment import PRESETS
-from h5stream.streaming.budget import plan_stream
+from h5stream.streaming.planning import plan_stream
 from h5stream.measure import ResourceSampler, evict_from_page_cache
 from h5stream.store.meta import read_meta
 

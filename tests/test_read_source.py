@@ -196,7 +196,7 @@ def test_forced_direct_io_streams_the_same_batches_as_the_page_cache(direct_stor
 
 def test_direct_io_with_labels_read_by_offset_and_augmenting_workers(direct_store):
     path, meta, images, labels = direct_store
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.read.reader import Reader
     from h5stream.streaming.config import layout_function
 
@@ -252,7 +252,7 @@ def test_direct_io_is_for_local_stores(direct_store, tmp_path):
 
 
 def test_the_plan_counts_the_bounce_buffers_on_top_of_the_default_budget(direct_store):
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
 
     meta = direct_store[1]
     plain, direct = plan_stream(meta, None, 50), plan_stream(meta, None, 50, direct_io=True)

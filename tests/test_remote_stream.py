@@ -201,7 +201,7 @@ def test_bench_and_preview_take_a_url(range_server, h5cli, tmp_path):
 def test_the_remote_clients_memory_is_on_top_of_the_default_budget_and_inside_a_given_one(remote_store_file):
     import dataclasses
 
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
 
     local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=2_000_000)  # larger than any budget
     remote = dataclasses.replace(local, remote=RemoteOptions(max_in_flight=8))
@@ -296,7 +296,7 @@ def test_the_default_unit_is_a_whole_chunk_under_the_default_budget_for_a_url_an
     under 1 MiB: two epochs' orders stay unrelated)."""
     import dataclasses
 
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
 
     local = dataclasses.replace(h5stream.read_meta(remote_store_file), rows=2_000_000)
     assert (local.block_rows, local.row_bytes) == (1024, 3072)

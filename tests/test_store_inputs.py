@@ -327,7 +327,7 @@ def test_the_plan_is_refused_beyond_the_available_memory_and_the_named_fixes_fit
     import dataclasses
     import re
 
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.read.plan import parse_bytes
     from h5stream.store.meta import read_meta
 

@@ -8,7 +8,8 @@ import psutil
 import pytest
 
 import h5stream
-from h5stream.streaming.budget import KEPT_SLOTS, plan_stream
+from h5stream.streaming.budget import KEPT_SLOTS
+from h5stream.streaming.planning import plan_stream
 from h5stream.errors import ConfigError, WorkerError
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import write_arrays

@@ -191,7 +191,7 @@ def test_a_replaced_compressed_chunk_raises(tmp_path):
 
 def test_damaged_labels_raise(store):
     """Labels are checked too: all at once where the stream keeps them in memory, else read by read."""
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.read.reader import Reader
     from h5stream.store.meta import read_meta
     from h5stream.streaming.config import layout_function

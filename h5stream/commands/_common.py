@@ -84,7 +84,7 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     as ``h5stream.open`` does.
     """
     from h5stream.augment import Augment
-    from h5stream.streaming.budget import plan_stream
+    from h5stream.streaming.planning import plan_stream
     from h5stream.streaming.options import StreamOptions
     from h5stream.order import quality
     from h5stream.read.plan import parse_bytes

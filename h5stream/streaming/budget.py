@@ -1,6 +1,6 @@
 """The memory budget: every allocation a stream makes, counted in one place.  Pure arithmetic, no I/O.
 
-:func:`plan_stream` splits ``memory_budget`` into the parts a
+:func:`plan_memory` splits ``memory_budget`` into the parts a
 :class:`StreamPlan` lists, and the feed and the worker pool allocate exactly
 the counts the plan names (``reader_batches``, ``input_slots``,
 ``out_slots``, ``lent_slots``, ``consumer_sets``), so the plan is what runs:
@@ -51,14 +51,11 @@ budget, or :class:`BudgetError` when the client does not fit beside it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from functools import partial
+from dataclasses import asdict, dataclass
 
-import numpy as np
 
-from h5stream.concurrency.cores import suggested_workers, usable_cores
 from h5stream.errors import BudgetError, ConfigError
-from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, mib_at_least, unit_rows_for, url_plan
+from h5stream.read.plan import budget_error, format_bytes, mib_at_least
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 """Memory for reading and shuffling when no budget is given; augmentation gets its share on top."""
@@ -382,135 +379,4 @@ def plan_memory(
         verify_bytes=int(verify_bytes),
         chunk_cache_bytes=int(chunk_cache_bytes),
         feeder=feeder,
-    )
-
-
-def available_memory_bytes() -> int | None:
-    """Memory this process could allocate now: ``MemAvailable`` capped by its cgroup's limit (None: unknown)."""
-    from h5stream.read.source import cacheable_bytes
-
-    return cacheable_bytes()
-
-
-def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None, workers: int = 0,
-                rows_per_fill: int | None = None, epoch_rows: int | None = None,
-                out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None,
-                available_bytes: int | None | str = "auto", verify_reads: bool | str = False,
-                chunk_cache_bytes: int = 0, feeder: bool = False) -> StreamPlan:
-    """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
-    ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
-    read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default: 1 to 4 MiB,
-    :func:`~h5stream.read.plan.default_unit_bytes` of the fill and the epoch);
-    ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums);
-    ``chunk_cache_bytes``: HDF5's chunk cache for a store whose chunks split images; ``feeder``: the reader and
-    the pool run in a feeder process (``open(..., feeder=True)``).
-
-    ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
-    :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
-    largest batch size that fit this budget.
-
-    ``available_bytes``: the memory the plan may take at most, the machine's (:func:`available_memory_bytes`,
-    read once) for ``"auto"``, no limit for None (a plan only reported, never allocated).  A plan that needs
-    more raises :class:`BudgetError` naming the largest batch size (and budget) that fits, instead of a
-    stream that fails allocating, or is killed for memory, later.  Pure apart from that one reading.
-    """
-    out_row_bytes = None
-    if augment is not None:
-        out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
-    client = 0
-    if getattr(meta, "remote", None) is not None:
-        from h5stream.remote.config import client_memory_bytes
-
-        client = client_memory_bytes(meta.remote)
-    direct = 0
-    if direct_io:
-        from h5stream.read.source import DIRECT_IO_BYTES
-
-        direct = DIRECT_IO_BYTES
-    from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
-    from h5stream.read.verify import check_memory_bytes
-
-    def verify_bytes(in_flight: int) -> int:
-        if not verify_reads or getattr(meta, "checksum", None) is None:
-            return 0
-        return check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight)
-
-    remote = getattr(meta, "remote", None)
-    verify = verify_bytes(remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io
-                          else LocalFile.max_in_flight)
-
-    def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify):
-        return plan_memory(
-            budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
-            block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
-            out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
-            unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None, unit_bytes),
-            rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
-            verify_bytes=verify, chunk_cache_bytes=chunk_cache_bytes, feeder=feeder,
-        )
-
-    def minimum(workers, batch_size):
-        return plan(None, workers, batch_size, fill=None).min_budget_bytes  # independent of budget and fill
-
-    if budget_bytes is not None and budget_bytes < minimum(workers, batch_size):
-        alternatives = []
-        fewer = [w for w in range(workers) if minimum(w, batch_size) <= budget_bytes]
-        if fewer:  # and no more than the cores take, as the stream's warning about workers says
-            w = min(fewer[-1], suggested_workers(usable_cores()))
-            inline = f" ({'augment' if augment is not None else 'read'} in the training process)" if w == 0 else ""
-            alternatives.append(f"use workers={w}{inline}")
-        if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
-            lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
-            alternatives.append(f"lower batch_size to {lo}")
-        raise budget_error(budget_bytes, minimum(workers, batch_size),
-                           f"batch_size={batch_size}, {meta.block_rows}-row blocks"
-                           + (f" and {workers} workers" if workers else "")
-                           + (" and the remote client" if client else ""), tuple(alternatives))
-    if client and budget_bytes is not None and rows_per_fill is None:  # the local file's order, or BudgetError
-        result = url_plan(partial(plan, budget_bytes, workers, batch_size), meta.path, budget_bytes, client,
-                          verify_bytes(LocalFile.max_in_flight))
-    else:
-        result = plan(budget_bytes, workers, batch_size)
-    if unit_bytes is None and meta.compression is None:
-        # The default unit grows with the fill (planned with the smallest one, whose bookkeeping is the largest).
-        epoch_bytes = (meta.rows if epoch_rows is None else int(epoch_rows)) * meta.row_bytes
-        unit_rows = unit_rows_for(meta.block_rows, meta.row_bytes, False,
-                                  default_unit_bytes(result.rows_per_fill * meta.row_bytes, epoch_bytes))
-        result = replace(result, unit_rows=unit_rows)
-    if available_bytes == "auto":
-        available_bytes = available_memory_bytes()
-    if available_bytes is not None and result.total_bytes > available_bytes:
-        raise _unallocatable(result, int(available_bytes), batch_size, workers, budget_bytes,
-                             lambda bs: minimum(workers, bs))
-    return result
-
-
-def _unallocatable(result: StreamPlan, available: int, batch_size: int, workers: int, budget_bytes: int | None,
-                   minimum_for) -> BudgetError:
-    """The error for a plan of ``result.total_bytes`` on a machine with ``available`` bytes free: what to lower.
-
-    ``minimum_for(bs)``: the smallest budget of a stream with batch size ``bs`` (grows with ``bs``)."""
-    fixes = []
-    at_most = f"{max(1, available >> 20)}MiB"
-    if result.min_budget_bytes <= available:  # the batch fits: the budget is what the machine cannot hold
-        fixes.append(f"set memory_budget to {at_most!r} or less")
-    elif batch_size > 1 and minimum_for(1) <= available:
-        lo, hi = 1, batch_size - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if minimum_for(mid) <= available else (lo, mid - 1)
-        fixes.append(f"lower batch_size to {lo}"
-                     + (f" and memory_budget to {at_most!r} or less"
-                        if budget_bytes is not None and budget_bytes > available else ""))
-    if workers:
-        fixes.append("use fewer workers")
-    fixes.append("free memory on this machine")
-    what = f"batch_size={batch_size}" + (f" with {workers} workers" if workers else "")
-    budget = "the default budget" if budget_bytes is None else f"a memory budget of {format_bytes(budget_bytes)}"
-    return BudgetError(
-        f"{what} under {budget} would allocate {format_bytes(result.total_bytes)}, but this machine has only "
-        f"{format_bytes(available)} of memory available: " + ", or ".join(fixes)
     )

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from h5stream.streaming.budget import StreamPlan, plan_stream
+from h5stream.streaming.budget import StreamPlan
+from h5stream.streaming.planning import plan_stream
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.order.epoch import EpochLayout, epoch_layout
@@ -59,7 +60,7 @@ def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
     """The facts :func:`resolve` needs about this machine and the store's file (see :class:`Facts`).  Raises
     what those probes raise: :class:`~h5stream.StoreFormatError` for a chunk layout that cannot stream,
     :class:`ConfigError` for ``direct_io=True`` on a file system that refuses it."""
-    from h5stream.streaming.budget import available_memory_bytes
+    from h5stream.streaming.planning import available_memory_bytes
     from h5stream.read.locate import check_chunks
     from h5stream.read.source import resolve_direct_io
 
