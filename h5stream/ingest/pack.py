@@ -208,13 +208,26 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
 
 
 def ingest(opts: IngestOptions) -> IngestResult:
-    """Run one ingest (see the module docstring).  Raises H5StreamError subclasses on bad input.
+    """Run one ingest: what ``h5stream ingest`` runs (see the module docstring).
 
-    With ``strict`` the first skipped file raises :class:`SourceError`, and
-    whatever this run wrote is removed (new file) or rolled back (append).
-    Raises :class:`~h5stream.errors.StoreBusyError` at once when another
-    writer holds OUT, and :class:`~h5stream.errors.StoreWriteError` when
-    writing fails (the message says what is kept and how to continue).
+    Args:
+        opts: an :class:`IngestOptions`: the source folder (and labels CSV),
+            the store to write or ``append`` to, the size and resize mode, the
+            storage order, the decode workers, the block and commit sizes.
+
+    Returns:
+        An :class:`IngestResult`: rows ingested, files skipped and left out
+        (all listed in ``OUT.h5.skipped.csv``), the time each stage took.
+
+    Raises:
+        SourceError: a source that is not a class folder, a labels CSV or (``--labels none``) a folder of images;
+            with ``strict``, the first skipped file, after which whatever this run wrote is removed (new file)
+            or rolled back (append).
+        ConfigError: options that do not fit each other or, on ``append``, the store.
+        StoreBusyError: another writer holds OUT (at once).
+        StoreWriteError: writing failed (a full disk, a file size limit): the message says what is kept and how
+            to continue (``--append``).
+        ResourceLimitError: too few file descriptors for the decode workers; the message names the limit.
     """
     clock = PhaseClock()
     check_options(opts)
