@@ -24,7 +24,7 @@ from h5stream import _fork
 from h5stream import _interrupt as interrupt
 from h5stream._cores import suggested_workers, usable_cores
 from h5stream.budget import StreamPlan
-from h5stream.config import StreamConfig, fit_feature_stats, gather_facts, resolve
+from h5stream.config import StreamConfig, checked_state, fit_feature_stats, gather_facts, resolve, resume_point
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
 from h5stream.feed import Feed, InlineFeed, PooledFeed
@@ -36,9 +36,9 @@ from h5stream.remote.config import stream_remote
 from h5stream.store.meta import StoreMeta, read_meta
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
-STATE_VERSION = 1
-_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shard_index",
-                "shard_count", "shuffle", "drop_remainder")
+STATE_VERSION = 2
+_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shuffle",
+                "drop_remainder")
 
 
 def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mirrors h5py.File / builtins.open
@@ -177,7 +177,7 @@ class Stream:
         warn_uncommitted(meta)
         warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
         self.config: StreamConfig = fit_feature_stats(config)
-        self._n_batches = self.config.layout(0).n_batches
+        self._n_batches = self.config.layout.n_batches()  # of a plain epoch; a resumed one may have fewer
         self._epoch, self._batch = 0, 0
         self._closed = False
         self._owner_pid = _fork.owner_pid()  # everything below belongs to this process, not to a forked child
@@ -381,7 +381,7 @@ class Stream:
                 raise RuntimeError(f"feed out of step: got {(got_epoch, index)}, expected {(self._epoch, self._batch)}")
             # Advance before handing it over: state() taken after this batch resumes at the next one.
             self._batch += 1
-            if self._batch == self._n_batches:
+            if self._batch == self.config.layout.n_batches(self._epoch):
                 self._epoch, self._batch = self._epoch + 1, 0
                 it.done = True
             return self.config.labels.batch(x, y)
@@ -420,14 +420,14 @@ class Stream:
         ``open(resume=...)`` continue from it, and refuse a state of another subset or layout."""
         _fork.check_owner(self._owner_pid, self.meta.path)
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
-                **self._layout_signature()}
+                **self._layout_signature(), **self.config.layout.state_keys(self._epoch, self._batch)}
 
     def restore(self, state: dict) -> None:
         """Continue with exactly the batches that would have come after ``state`` was taken: the next ``iter``
-        serves the rest of the state's epoch.  Replaces any live iterator."""
+        serves the rest of the state's epoch.  Replaces any live iterator.  A state of another shard count
+        (docs/design.md, "Resume") needs a stream opened with ``resume=`` it."""
         self._check_open()
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version {STATE_VERSION})")
+        state = checked_state(state)
         mine = self._layout_signature()
         if state.get("subset") != self.subset:
             raise ConfigError(f"cannot resume: the state is of subset={state.get('subset')!r} but this stream is "
@@ -443,9 +443,18 @@ class Stream:
                                   f"but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if epoch < 0 or not 0 <= batch < self._n_batches:
-            raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: an epoch has {self._n_batches} batches")
+        epoch, batch, stages, legacy = resume_point(state, self.config.shard)
+        if not self.config.layout.serves(epoch, stages, legacy):
+            raise ConfigError(f"cannot restore a state of shard count {state.get('shard_count', 1)} (or of an epoch "
+                              "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
+                              "resume=state)")
+        n_batches = self.config.layout.n_batches(epoch)
+        if not 0 <= batch < n_batches:
+            raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
+        if "rows_consumed" in state and not legacy and \
+                int(state["rows_consumed"]) != self.config.layout.state_keys(epoch, batch)["rows_consumed"]:
+            raise ConfigError(f"cannot resume: the state says rows_consumed={state['rows_consumed']}, which its "
+                              "stages and batch do not give; pass the dict Stream.state() returned, unchanged")
         with self._entered("restore()"):
             self._epoch, self._batch = epoch, batch
             self._resumed = True
