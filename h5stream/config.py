@@ -167,7 +167,7 @@ class LayoutFunction:
 def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
                     drop_remainder: bool = False, start_row: int = 0, resume: dict | None = None) -> LayoutFunction:
     """The :class:`LayoutFunction` of rows ``[start_row, rows)`` under ``plan``, continuing the state ``resume``
-    (if any, see :func:`resume_point`).  Pure."""
+    (if any, see :func:`resume_point`; what is no state is left to ``Stream.restore`` to refuse).  Pure."""
     shard = (0, 1) if shard is None else tuple(int(v) for v in shard)
     resumed, stages, legacy = -1, (), False
     if resume is not None:
@@ -274,7 +274,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
                        chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder)
     shard = options.shard or (0, 1)
     layout = layout_function(stop, plan, int(seed), shard, options.shuffled, options.drop_remainder,
-                             start_row=start, resume=checked_state(resume))
+                             start_row=start, resume=resume if _is_state(resume) else None)
     if layout.n_batches() == 0:
         raise ConfigError(
             f"{meta.path}: {stop - start} rows give no full batch of {batch_size}"
@@ -290,12 +290,15 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     )
 
 
+def _is_state(state) -> bool:
+    return isinstance(state, dict) and state.get("version") in STATE_VERSIONS and {"epoch", "batch"} <= state.keys()
+
+
 def checked_state(state):
     """``state`` if it is a dict of a version :func:`resume_point` reads (or None); else :class:`ConfigError`."""
     if state is None:
         return None
-    if not isinstance(state, dict) or state.get("version") not in STATE_VERSIONS \
-            or not {"epoch", "batch"} <= state.keys():
+    if not _is_state(state):
         raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version "
                           f"{' or '.join(map(str, STATE_VERSIONS))})")
     return state

@@ -53,7 +53,7 @@ def test_global_order_does_not_depend_on_the_shard_count(rows, block, fill, bs, 
 @pytest.mark.parametrize("n,m", MOVES)
 def test_n_shards_save_m_shards_finish_every_row_once(rows, block, fill, bs, drop, n, m):
     for seed, epoch in itertools.product([0, 5, 987654321], [0, 3]):
-        def lay(shard, stages=()):
+        def lay(shard, stages=(), seed=seed, epoch=epoch):
             return epoch_layout(rows, block, fill, bs, seed, epoch, shard=shard, drop_remainder=drop, stages=stages)
 
         before_layouts = [lay((i, n)) for i in range(n)]
@@ -88,7 +88,7 @@ def test_n_shards_save_m_shards_finish_every_row_once(rows, block, fill, bs, dro
 def test_two_resumes_in_one_epoch(drop):
     rows, block, fill, bs = 2003, 16, 96, 8
     for seed in (1, 2, 3):
-        def lay(shard, stages=()):
+        def lay(shard, stages=(), seed=seed):
             return epoch_layout(rows, block, fill, bs, seed, 1, shard=shard, drop_remainder=drop, stages=stages)
 
         first = [lay((i, 4)) for i in range(4)]

@@ -8,39 +8,51 @@ An epoch covers rows ``[start_row, rows)`` of the file: all of it by default,
 or one part of a validation split (:mod:`h5stream.order.split`).  Blocks are
 the file's blocks; the part's first block may be cut at ``start_row``.
 
-The algorithm, for one epoch of one shard:
+The algorithm, for one epoch: first the epoch's *global order* (steps 1-3,
+the same for every shard count), then each shard's piece of it (step 4):
 
 1. **Blocks and units.**  The file is cut into blocks of ``block_rows``
    contiguous rows (the HDF5 chunk length).  A block may be cut further into
    *units* of ``unit_rows`` rows (still a contiguous read, of 1 to 4 MiB): the
    smaller the unit, the more independent two epochs' orders are (the
    epoch-to-epoch rank correlation shrinks like ``1/sqrt(units)``).
-2. **Shards.**  The blocks are permuted with ``(seed, epoch)`` (the same for
-   every shard), laid end to end, and the resulting row sequence is cut into
-   ``count`` contiguous pieces whose sizes differ by at most one row.  Shard
-   ``index`` owns piece ``index``: a list of *segments* (a block, or the part of
-   a block at a piece boundary).  Pieces are disjoint and cover every row, and do
-   not depend on any shard's memory budget.
-3. **Fills.**  The shard's segments, sorted by file position, are dealt into
-   *fills*: groups that together fit the shuffle buffer (``rows_per_fill``).  To
-   make every fill a miniature of the whole shard, the segments are split into
-   contiguous *strata* of ``n_fills`` segments each, each stratum is permuted, and
-   fill ``f`` takes the ``f``-th segment of every stratum (stratified sampling by
-   file position).  On a class-sorted file every fill then holds every class in
-   proportion, which a plain random choice of blocks does not give.
-4. **Rows.**  Inside a fill, rows are permuted with ``(seed, epoch, shard, fill)``.
-   The shard's epoch order is the fills' permutations end to end; batches are cut
-   from it, and a batch may straddle two consecutive fills.
+2. **Fills.**  The units, sorted by file position, are dealt into *fills*:
+   groups that together fit the shuffle buffer (``rows_per_fill``).  To make
+   every fill a miniature of the whole epoch, the units are split into
+   contiguous *strata* of ``n_fills`` units each, each stratum is permuted with
+   ``(seed, epoch)``, and fill ``f`` takes the ``f``-th unit of every stratum
+   (stratified sampling by file position).  On a class-sorted file every fill
+   then holds every class in proportion, which a plain random choice of blocks
+   does not give.
+3. **Rows.**  Inside a fill, rows are permuted with ``(seed, epoch, fill)``.
+   The global order is the fills' permutations end to end.
+4. **Shards.**  Shard ``(index, count)`` serves one contiguous piece of the
+   global order (:mod:`h5stream.order.pieces`: sizes differ by at most one
+   row), in batches cut from it; a batch may straddle two consecutive fills.
+   The shard reads every fill its piece touches; a fill at a piece boundary is
+   read whole by both shards, each serving its part of the fill's permutation
+   (:attr:`EpochLayout.windows`).  Pieces are disjoint and cover every row; the
+   concatenated pieces are the global order whatever ``count`` is, which is
+   what lets a state saved by ``N`` shards finish its epoch on ``M``
+   (``stages``, see :mod:`h5stream.order.pieces`).  The cost: up to two fills
+   per shard and epoch read and not all served (at most ``count - 1`` fills'
+   rows read twice over all shards), and every shard must have the same
+   ``rows_per_fill`` and ``unit_rows`` (the same budget, or ``rows_per_fill=``).
 
-With ``shuffle=False`` steps 2-4 keep file order: the epoch is rows
-``start_row..rows-1`` (of the shard's piece) in order.
+With ``shuffle=False`` steps 2-3 keep file order: the epoch is rows
+``start_row..rows-1`` in order, and a shard's piece a contiguous range of them.
 
 Batches per shard (:func:`batch_sizes`): every shard yields the same number of
 batches.  Without ``drop_remainder``, ``n_batches = ceil(rows / (count *
 batch_size))``; all batches are full except the last one or two of a shard, which
 share what is left (no row is dropped or repeated).  With ``drop_remainder``,
 ``n_batches = rows // (count * batch_size)`` full batches; the rows left over at
-the end of each shard's epoch order (different rows every epoch) are skipped.
+the end of each shard's piece (different rows every epoch) are skipped.
+
+States of version 1 were saved under another layout, whose order depended on
+the shard count: each shard permuted the blocks, took its piece of them and
+dealt that piece into fills of its own.  :func:`shard_layout` keeps it, so that
+such a state finishes its epoch exactly.
 """
 
 from __future__ import annotations
