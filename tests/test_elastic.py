@@ -224,3 +224,43 @@ def test_restore_of_another_shard_count_into_an_open_stream_is_refused(store):
             other.restore(state)
     with pytest.raises(ConfigError, match="rows_consumed"):
         h5stream.open(store, shard=(0, 3), resume={**state, "rows_consumed": 7}, **KW)
+
+
+def test_a_version_1_state_finishes_its_epoch_in_its_old_order_then_the_global_order_follows(store):
+    with h5stream.open(store, shard=(1, 4), **KW) as s:
+        it = iter(s)
+        next(it), next(it)
+        v2 = s.state()
+    v1 = {k: v for k, v in v2.items() if k not in ("stages", "rows_consumed")} | {"version": 1}
+    fill, unit = v2["rows_per_fill"], v2["unit_rows"]
+    old = shard_layout(ROWS, 32, fill, 40, 17, 0, shard=(1, 4), unit_rows=unit).order()
+    with h5stream.open(store, shard=(1, 4), resume=v1, **KW) as r:
+        it = iter(r)
+        first = _ids(next(it)[0])
+        assert r.state()["version"] == 1  # still the old order: only this shard continues it
+        rest = np.concatenate([first] + [_ids(x) for x, _ in it])
+        assert np.array_equal(rest, old[80:])
+        assert r.state()["version"] == 2 and r.state()["stages"] == []
+        nxt = np.concatenate([_ids(x) for x, _ in r])
+        assert np.array_equal(nxt, r.epoch_order(1)) and np.array_equal(nxt, epoch_layout(
+            ROWS, 32, fill, 40, 17, 1, shard=(1, 4), unit_rows=unit).order())
+    with pytest.raises(ConfigError, match=r"shard=\(1, 4\)"):
+        h5stream.open(store, shard=(1, 3), resume=v1, **KW)
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_adapters_and_a_feeder_process_continue_a_state_of_another_count(store):
+    from h5stream.adapters._passes import passes_for
+
+    kw = dict(KW, memory_budget="300MiB", rows_per_fill=256, augment=h5stream.Augment(rescale=1.0), workers=1)
+    with h5stream.open(store, shard=(0, 2), **kw) as s:
+        it = iter(s)
+        for _ in range(4):
+            next(it)
+        state = s.state()
+    with h5stream.open(store, shard=(1, 3), resume=state, **kw) as inline:
+        expected = [_ids(x) for x, _ in inline]
+    with h5stream.open(store, shard=(1, 3), resume=state, feeder=True, **kw) as fed:
+        passes_for(fed).restore(state)  # what ResumeCallback does with the state it saved: accepted in place
+        got = [_ids(x) for x, _ in fed]
+    assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
