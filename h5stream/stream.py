@@ -337,7 +337,8 @@ class Stream:
 
     # -- iteration ----------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches per epoch (for this shard)."""
+        """Batches per epoch (for this shard); the rest of an epoch resumed from a state of another shard count
+        may have fewer."""
         return self._n_batches
 
     @property
@@ -416,8 +417,9 @@ class Stream:
         }
 
     def state(self) -> dict:
-        """Where the stream stands: a small dict of ints (and the subset's name); ``restore`` /
-        ``open(resume=...)`` continue from it, and refuse a state of another subset or layout."""
+        """Where the stream stands: a small dict of ints (and the subset's name, and ``stages``: pairs of ints),
+        JSON as it is; ``restore`` / ``open(resume=...)`` continue from it, also with another shard count
+        (docs/design.md, "Resume"), and refuse a state of another subset or layout."""
         _fork.check_owner(self._owner_pid, self.meta.path)
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
                 **self._layout_signature(), **self.config.layout.state_keys(self._epoch, self._batch)}
