@@ -451,12 +451,14 @@ class Stream:
                               "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
                               "resume=state)")
         n_batches = self.config.layout.n_batches(epoch)
-        if not 0 <= batch < n_batches:
+        if not 0 <= batch < max(n_batches, 1):
             raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
         if "rows_consumed" in state and not legacy and \
                 int(state["rows_consumed"]) != self.config.layout.state_keys(epoch, batch)["rows_consumed"]:
             raise ConfigError(f"cannot resume: the state says rows_consumed={state['rows_consumed']}, which its "
                               "stages and batch do not give; pass the dict Stream.state() returned, unchanged")
+        if n_batches == 0:  # drop_remainder left no batch of that epoch's rest for these shards: the next one starts
+            epoch += 1
         with self._entered("restore()"):
             self._epoch, self._batch = epoch, batch
             self._resumed = True

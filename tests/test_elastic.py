@@ -264,3 +264,21 @@ def test_adapters_and_a_feeder_process_continue_a_state_of_another_count(store):
         passes_for(fed).restore(state)  # what ResumeCallback does with the state it saved: accepted in place
         got = [_ids(x) for x, _ in fed]
     assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_a_rest_that_gives_no_batch_to_the_new_shards_starts_the_next_epoch(store):
+    kw = dict(KW, drop_remainder=True)
+    with h5stream.open(store, shard=(3, 4), **kw) as s:
+        assert len(s) == ROWS // (4 * 40)
+        it = iter(s)
+        for _ in range(len(s) - 1):
+            next(it)
+        state = s.state()
+    left = ROWS - 4 * (len(s) - 1) * 40
+    assert 0 < left < 7 * 40  # 7 shards get no full batch of what is left
+    with h5stream.open(store, shard=(6, 7), resume=state, **kw) as r, \
+            h5stream.open(store, shard=(6, 7), **kw) as fresh:
+        assert r.epoch == 1 and r.state()["batch"] == 0
+        assert sum(1 for _ in fresh) == len(fresh)
+        got, want = [_ids(x) for x, _ in r], [_ids(x) for x, _ in fresh]
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
