@@ -151,6 +151,27 @@ class LayoutFunction:
             return (tuple(stages), legacy) == (self.stages, self.legacy)
         return not special
 
+    def position(self, state: dict) -> tuple[int, int]:
+        """``(epoch, batch)`` where a stream of this layout continues ``state`` (a state of its rows, batch size,
+        window and seed, checked before).  Raises :class:`ConfigError` for a state of another shard count
+        unless this function was made for it (``layout_function(..., resume=state)``), and for a state whose
+        position or ``rows_consumed`` does not add up."""
+        epoch, batch, stages, legacy = resume_point(state, self.shard or (0, 1))
+        if not self.serves(epoch, stages, legacy):
+            raise ConfigError(f"cannot restore a state of shard count {state.get('shard_count', 1)} (or of an epoch "
+                              "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
+                              "resume=state)")
+        n_batches = self.n_batches(epoch)
+        if not 0 <= batch < max(n_batches, 1):
+            raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
+        if "rows_consumed" in state and not legacy and \
+                int(state["rows_consumed"]) != self.state_keys(epoch, batch)["rows_consumed"]:
+            raise ConfigError(f"cannot resume: the state says rows_consumed={state['rows_consumed']}, which its "
+                              "stages and batch do not give; pass the dict Stream.state() returned, unchanged")
+        if n_batches == 0:  # drop_remainder left no batch of that epoch's rest for these shards: the next one starts
+            return epoch + 1, 0
+        return epoch, batch
+
     def state_keys(self, epoch: int, batch: int) -> dict:
         """The keys of ``Stream.state()`` that say where in ``epoch`` the shards stand: the state's version,
         the earlier ``stages`` and ``rows_consumed``, the rows of the epoch all shards have served together."""

@@ -24,7 +24,7 @@ from h5stream import _fork
 from h5stream import _interrupt as interrupt
 from h5stream._cores import suggested_workers, usable_cores
 from h5stream.budget import StreamPlan
-from h5stream.config import StreamConfig, checked_state, fit_feature_stats, gather_facts, resolve, resume_point
+from h5stream.config import StreamConfig, checked_state, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
 from h5stream.feed import Feed, InlineFeed, PooledFeed
@@ -445,20 +445,7 @@ class Stream:
                                   f"but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
-        epoch, batch, stages, legacy = resume_point(state, self.config.shard)
-        if not self.config.layout.serves(epoch, stages, legacy):
-            raise ConfigError(f"cannot restore a state of shard count {state.get('shard_count', 1)} (or of an epoch "
-                              "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
-                              "resume=state)")
-        n_batches = self.config.layout.n_batches(epoch)
-        if not 0 <= batch < max(n_batches, 1):
-            raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
-        if "rows_consumed" in state and not legacy and \
-                int(state["rows_consumed"]) != self.config.layout.state_keys(epoch, batch)["rows_consumed"]:
-            raise ConfigError(f"cannot resume: the state says rows_consumed={state['rows_consumed']}, which its "
-                              "stages and batch do not give; pass the dict Stream.state() returned, unchanged")
-        if n_batches == 0:  # drop_remainder left no batch of that epoch's rest for these shards: the next one starts
-            epoch += 1
+        epoch, batch = self.config.layout.position(state)
         with self._entered("restore()"):
             self._epoch, self._batch = epoch, batch
             self._resumed = True
