@@ -86,6 +86,8 @@ def resume_point(state: dict, shard) -> tuple[int, int, tuple[tuple[int, int], .
     index, count = (int(v) for v in shard)
     epoch, batch = int(state["epoch"]), int(state["batch"])
     saved = (int(state.get("shard_index", 0)), int(state.get("shard_count", 1)))
+    if epoch < 0 or batch < 0:
+        raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: both count from 0")
     if int(state["version"]) == 1:
         if saved[1] > 1 and batch:
             if saved != (index, count):
@@ -97,8 +99,6 @@ def resume_point(state: dict, shard) -> tuple[int, int, tuple[tuple[int, int], .
         stages, batch = resumed_stages((), saved[1], batch, count)  # one shard's order is today's order
     else:
         stages, batch = resumed_stages(state.get("stages", ()), saved[1], batch, count)
-    if epoch < 0:
-        raise ConfigError(f"cannot resume at epoch={epoch}: epochs count from 0")
     return epoch, batch, stages, False
 
 
