@@ -8,48 +8,65 @@ An epoch covers rows ``[start_row, rows)`` of the file: all of it by default,
 or one part of a validation split (:mod:`h5stream.order.split`).  Blocks are
 the file's blocks; the part's first block may be cut at ``start_row``.
 
-The algorithm, for one epoch of one shard:
+The algorithm, for one epoch: first the epoch's *global order* (steps 1-3,
+the same for every shard count), then each shard's piece of it (step 4):
 
 1. **Blocks and units.**  The file is cut into blocks of ``block_rows``
    contiguous rows (the HDF5 chunk length).  A block may be cut further into
    *units* of ``unit_rows`` rows (still a contiguous read, of 1 to 4 MiB): the
    smaller the unit, the more independent two epochs' orders are (the
    epoch-to-epoch rank correlation shrinks like ``1/sqrt(units)``).
-2. **Shards.**  The blocks are permuted with ``(seed, epoch)`` (the same for
-   every shard), laid end to end, and the resulting row sequence is cut into
-   ``count`` contiguous pieces whose sizes differ by at most one row.  Shard
-   ``index`` owns piece ``index``: a list of *segments* (a block, or the part of
-   a block at a piece boundary).  Pieces are disjoint and cover every row, and do
-   not depend on any shard's memory budget.
-3. **Fills.**  The shard's segments, sorted by file position, are dealt into
-   *fills*: groups that together fit the shuffle buffer (``rows_per_fill``).  To
-   make every fill a miniature of the whole shard, the segments are split into
-   contiguous *strata* of ``n_fills`` segments each, each stratum is permuted, and
-   fill ``f`` takes the ``f``-th segment of every stratum (stratified sampling by
-   file position).  On a class-sorted file every fill then holds every class in
-   proportion, which a plain random choice of blocks does not give.
-4. **Rows.**  Inside a fill, rows are permuted with ``(seed, epoch, shard, fill)``.
-   The shard's epoch order is the fills' permutations end to end; batches are cut
-   from it, and a batch may straddle two consecutive fills.
+2. **Fills.**  The units, sorted by file position, are dealt into *fills*:
+   groups that together fit the shuffle buffer (``rows_per_fill``).  To make
+   every fill a miniature of the whole epoch, the units are split into
+   contiguous *strata* of ``n_fills`` units each, each stratum is permuted with
+   ``(seed, epoch)``, and fill ``f`` takes the ``f``-th unit of every stratum
+   (stratified sampling by file position).  On a class-sorted file every fill
+   then holds every class in proportion, which a plain random choice of blocks
+   does not give.
+3. **Rows.**  Inside a fill, rows are permuted with ``(seed, epoch, fill)``.
+   The global order is the fills' permutations end to end.
+4. **Shards.**  Shard ``(index, count)`` serves one contiguous piece of the
+   global order (:mod:`h5stream.order.pieces`: sizes differ by at most one
+   row), in batches cut from it; a batch may straddle two consecutive fills.
+   The shard reads every fill its piece touches; a fill at a piece boundary is
+   read whole by both shards, each serving its part of the fill's permutation
+   (:attr:`EpochLayout.windows`).  Pieces are disjoint and cover every row; the
+   concatenated pieces are the global order whatever ``count`` is, which is
+   what lets a state saved by ``N`` shards finish its epoch on ``M``
+   (``stages``, see :mod:`h5stream.order.pieces`).  The cost: up to two fills
+   per shard and epoch read and not all served (at most ``count - 1`` fills'
+   rows read twice over all shards), and every shard must have the same
+   ``rows_per_fill`` and ``unit_rows`` (the same budget, or ``rows_per_fill=``).
 
-With ``shuffle=False`` steps 2-4 keep file order: the epoch is rows
-``start_row..rows-1`` (of the shard's piece) in order.
+With ``shuffle=False`` steps 2-3 keep file order: the epoch is rows
+``start_row..rows-1`` in order, and a shard's piece a contiguous range of them.
 
 Batches per shard (:func:`batch_sizes`): every shard yields the same number of
 batches.  Without ``drop_remainder``, ``n_batches = ceil(rows / (count *
 batch_size))``; all batches are full except the last one or two of a shard, which
 share what is left (no row is dropped or repeated).  With ``drop_remainder``,
 ``n_batches = rows // (count * batch_size)`` full batches; the rows left over at
-the end of each shard's epoch order (different rows every epoch) are skipped.
+the end of each shard's piece (different rows every epoch) are skipped.
+
+States of version 1 were saved under another layout, whose order depended on
+the shard count: each shard permuted the blocks, took its piece of them and
+dealt that piece into fills of its own.  :func:`shard_layout` keeps it, so that
+such a state finishes its epoch exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from h5stream.errors import ConfigError
+from h5stream.order.pieces import batch_sizes, piece, rest_of_epoch
+
+__all__ = ["EpochLayout", "batch_sizes", "check_shard", "epoch_layout", "fill_schedule", "shard_layout",
+           "shard_segments"]
 
 _BLOCKS, _STRATA, _ROWS = 0, 1, 2
 
@@ -152,12 +169,23 @@ class EpochLayout:
     batch_sizes: np.ndarray  # rows in each batch of the epoch
     seed: int
     epoch: int
-    shard_index: int
+    shard_index: int  # in the rows' random key: 0 for a piece of the global order, the shard in a shard_layout
     shuffle: bool
+    fill_keys: tuple[int, ...] | None = None  # each fill's number in the global order (None: its index here)
+    windows: tuple[np.ndarray | None, ...] | None = None  # per fill, [a, b) slices of its permutation served
 
     @property
     def rows(self) -> int:
-        return int(self.fill_rows.sum())
+        """Rows the fills serve (before ``drop_remainder``)."""
+        return int(self.fill_used.sum())
+
+    @property
+    def fill_used(self) -> np.ndarray:
+        """Rows each fill serves: all it reads, or the parts of it this piece holds (its ``windows``)."""
+        if self.windows is None:
+            return self.fill_rows
+        return np.array([n if w is None else int((w[:, 1] - w[:, 0]).sum())
+                         for n, w in zip(self.fill_rows.tolist(), self.windows)], dtype=np.int64)
 
     @property
     def n_batches(self) -> int:
@@ -168,11 +196,16 @@ class EpochLayout:
         return self.segments[self.fills[fill]]
 
     def fill_permutation(self, fill: int) -> np.ndarray:
-        """Buffer positions of fill ``fill`` in the order they are yielded (int64)."""
+        """Buffer positions of fill ``fill`` in the order they are yielded (int64): every position, or, for a
+        fill this piece shares with another, the positions of its windows (the rest is read, not served)."""
         n = int(self.fill_rows[fill])
-        if not self.shuffle:
-            return np.arange(n, dtype=np.int64)
-        return _rng(self.seed, self.epoch, _ROWS, self.shard_index, fill).permutation(n)
+        key = fill if self.fill_keys is None else self.fill_keys[fill]
+        perm = _rng(self.seed, self.epoch, _ROWS, self.shard_index, key).permutation(n) if self.shuffle \
+            else np.arange(n, dtype=np.int64)
+        window = None if self.windows is None else self.windows[fill]
+        if window is None:
+            return perm
+        return np.concatenate([perm[a:b] for a, b in window.tolist()])
 
     def fill_row_ids(self, fill: int) -> np.ndarray:
         """File row ids held by fill ``fill``, in buffer order."""
@@ -191,39 +224,69 @@ class EpochLayout:
         return full[: int(self.batch_sizes.sum())]
 
 
-def batch_sizes(shard_rows: int, total_rows: int, batch_size: int, count: int = 1,
-                drop_remainder: bool = False) -> np.ndarray:
-    """Sizes of the batches one shard yields; the same length for every shard (see module doc)."""
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if drop_remainder:
-        n = total_rows // (count * batch_size)
-        return np.full(n, batch_size, dtype=np.int64)
-    n = -(-total_rows // (count * batch_size))
-    if n == 0:
-        return np.zeros(0, np.int64)
-    if shard_rows < n:
-        raise ConfigError(
-            f"{total_rows} rows cannot give {count} shards {n} batches each with batch_size={batch_size}; "
-            "use drop_remainder=True or fewer shards"
-        )
-    sizes = np.full(n, batch_size, dtype=np.int64)
-    extra = n * batch_size - shard_rows  # rows missing from full batches, taken from the last batches
-    k = n - 1
-    while extra > 0:
-        take = min(extra, batch_size - 1)  # every batch keeps at least one row
-        sizes[k] -= take
-        extra -= take
-        k -= 1
-    return sizes
+def _whole_epoch(rows: int, block_rows: int, rows_per_fill: int, seed: int, epoch: int, shuffle: bool,
+                 unit_rows: int | None, start_row: int) -> EpochLayout:
+    """The global order: rows ``[start_row, rows)`` laid out as one shard (no batches yet)."""
+    unit = block_rows if unit_rows is None else int(unit_rows)
+    if rows_per_fill < unit:
+        raise ConfigError(f"rows_per_fill ({rows_per_fill}) must hold at least one unit ({unit} rows)")
+    segments = shard_segments(rows, block_rows, seed, epoch, (0, 1), shuffle, unit, start_row)
+    fills = fill_schedule(len(segments), rows_per_fill // unit, seed, epoch, 0, shuffle)
+    lengths = segments[:, 1] - segments[:, 0]
+    fill_rows = np.array([int(lengths[f].sum()) for f in fills], dtype=np.int64)
+    return EpochLayout(segments, tuple(fills), fill_rows, np.zeros(0, np.int64), int(seed), int(epoch), 0,
+                       bool(shuffle))
+
+
+def _view(whole: EpochLayout, part, sizes: np.ndarray) -> EpochLayout:
+    """The layout serving the global positions ``part`` (intervals) of ``whole`` in batches of ``sizes``: every
+    fill ``part`` touches, read whole, serving the windows of its permutation that ``part`` holds."""
+    bounds = np.concatenate([[0], np.cumsum(whole.fill_rows)])
+    keys: list[int] = []
+    windows: list[list[tuple[int, int]]] = []
+    for lo, hi in part:
+        f = int(np.searchsorted(bounds, lo, side="right")) - 1
+        while f < len(whole.fills) and bounds[f] < hi:
+            a, b = max(lo, int(bounds[f])) - int(bounds[f]), min(hi, int(bounds[f + 1])) - int(bounds[f])
+            if a < b:
+                if keys and keys[-1] == f:
+                    windows[-1].append((a, b))
+                else:
+                    keys.append(f)
+                    windows.append([(a, b)])
+            f += 1
+    full = [w == [(0, int(whole.fill_rows[k]))] for k, w in zip(keys, windows)]
+    if keys == list(range(len(whole.fills))) and all(full):
+        return dataclasses.replace(whole, batch_sizes=sizes)  # the whole order: exactly the one-shard layout
+    return dataclasses.replace(
+        whole, fills=tuple(whole.fills[k] for k in keys), fill_rows=whole.fill_rows[keys].astype(np.int64),
+        batch_sizes=sizes, fill_keys=tuple(keys),
+        windows=tuple(None if f else np.array(w, np.int64) for f, w in zip(full, windows)))
 
 
 def epoch_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
                  shard=None, shuffle: bool = True, drop_remainder: bool = False,
+                 unit_rows: int | None = None, start_row: int = 0, stages=()) -> EpochLayout:
+    """Lay out one epoch of one shard over rows ``[start_row, rows)``: its piece of the epoch's global order.
+
+    ``rows_per_fill`` is the shuffle buffer's capacity in rows; ``unit_rows`` (a divisor of ``block_rows``,
+    default the block) is the piece that moves between fills; ``stages`` (pairs ``(count, batches)``, see
+    :mod:`h5stream.order.pieces`) are what other rank counts served of this epoch before: the shard's piece is
+    then one of the rest.  Raises :class:`ConfigError` for values that give no layout.
+    """
+    index, count = check_shard(shard)
+    whole = _whole_epoch(rows, block_rows, rows_per_fill, seed, epoch, shuffle, unit_rows, start_row)
+    rest = rest_of_epoch(rows - start_row, batch_size, drop_remainder, stages)
+    part, sizes = piece(rest, index, count, batch_size, drop_remainder)
+    return _view(whole, part, sizes)
+
+
+def shard_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
+                 shard=None, shuffle: bool = True, drop_remainder: bool = False,
                  unit_rows: int | None = None, start_row: int = 0) -> EpochLayout:
-    """Lay out one epoch of one shard over rows ``[start_row, rows)``.  ``rows_per_fill`` is the shuffle
-    buffer's capacity in rows; ``unit_rows`` (a divisor of ``block_rows``, default the block) is the piece
-    that moves between fills."""
+    """The layout of states of version 1 (whose order depended on the shard count): the blocks permuted with
+    ``(seed, epoch)`` and cut into ``count`` pieces, each piece dealt into fills of its own.  Kept so that such a
+    state resumes its epoch exactly; every epoch after it is an :func:`epoch_layout`."""
     index, count = check_shard(shard)
     unit = block_rows if unit_rows is None else int(unit_rows)
     if rows_per_fill < unit:

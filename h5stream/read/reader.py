@@ -325,14 +325,15 @@ class Reader:
         while True:
             layout = self._layout(epoch)
             bounds = np.concatenate([[0], np.cumsum(layout.batch_sizes)])
-            fill_bounds = np.concatenate([[0], np.cumsum(layout.fill_rows)])
+            fill_bounds = np.concatenate([[0], np.cumsum(layout.fill_used)])  # epoch positions of the fills
             self._bounds[epoch] = bounds
             first_fill = int(np.searchsorted(fill_bounds, bounds[first_batch], side="right")) - 1
             for fill in range(first_fill, len(layout.fills)):
                 if fill_bounds[fill] >= bounds[-1]:
                     break  # only dropped rows left in this epoch
                 permutation = layout.fill_permutation(fill)
-                batch, offset = placement(permutation, int(fill_bounds[fill]), bounds, first_batch)
+                batch, offset = placement(permutation, int(fill_bounds[fill]), bounds, first_batch,
+                                          int(layout.fill_rows[fill]))
                 row_ids = layout.fill_row_ids(fill)
                 labels = None if self.all_labels is None else self.all_labels[row_ids]
                 runs = plan_runs(layout.fill_segments(fill), self._offsets, self.meta.block_rows, self.meta.row_bytes)

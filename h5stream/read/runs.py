@@ -60,20 +60,22 @@ def plan_runs(segments, chunk_offsets: np.ndarray | None, block_rows: int, row_b
 
 
 def placement(permutation: np.ndarray, fill_start: int, bounds: np.ndarray,
-              first_batch: int) -> tuple[np.ndarray, np.ndarray]:
+              first_batch: int, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Where each buffer position of a fill goes: ``(batch, row)`` int64 arrays, -1 where it goes nowhere.
 
     ``permutation[i]`` is the buffer position yielded ``i``-th in the fill, whose first row is yielded at
     epoch position ``fill_start``; ``bounds`` are the epoch's batch boundaries (``bounds[j]`` = first epoch
     position of batch ``j``, ``bounds[-1]`` = rows yielded).  Rows past the last batch (dropped) and rows of
-    batches before ``first_batch`` (a resume point) go nowhere.
+    batches before ``first_batch`` (a resume point) go nowhere.  ``n``: the fill's rows (default
+    ``len(permutation)``); positions missing from ``permutation`` (rows of a fill another shard serves) go
+    nowhere either.
     """
-    n = len(permutation)
-    inv = np.empty(n, np.int64)
-    inv[permutation] = np.arange(n)
+    n = len(permutation) if n is None else int(n)
+    inv = np.full(n, -1, np.int64)
+    inv[permutation] = np.arange(len(permutation))
     pos = fill_start + inv
     batch = np.searchsorted(bounds, pos, side="right") - 1
-    keep = (pos < bounds[-1]) & (batch >= first_batch)
+    keep = (inv >= 0) & (pos < bounds[-1]) & (batch >= first_batch)
     row = pos - bounds[np.minimum(batch, len(bounds) - 2)]
     return np.where(keep, batch, -1), np.where(keep, row, -1)
 

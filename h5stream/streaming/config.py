@@ -31,7 +31,8 @@ from h5stream.streaming.budget import StreamPlan
 from h5stream.streaming.planning import plan_stream
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.labels import LabelEncoding, label_encoding
-from h5stream.order.epoch import EpochLayout, epoch_layout
+from h5stream.order.epoch import EpochLayout, epoch_layout, shard_layout
+from h5stream.order.pieces import piece, resumed_stages, rest_of_epoch, rows_served
 from h5stream.order.split import subset_rows
 from h5stream.store.meta import StoreMeta
 
@@ -71,10 +72,48 @@ def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
                  chunk_cache_bytes=check_chunks(meta), available_bytes=available_memory_bytes())
 
 
+STATE_VERSIONS = (1, 2)
+"""States ``resume=`` takes: 2, and 1 (before the epoch order was one for every shard count; see
+:func:`resume_point`)."""
+
+
+def resume_point(state: dict, shard) -> tuple[int, int, tuple[tuple[int, int], ...], bool]:
+    """``(epoch, batch, stages, legacy)``: where shard ``shard`` = ``(index, count)`` continues ``state``.  Pure.
+
+    ``stages``: what other shard counts served of that epoch before (see :mod:`h5stream.order.pieces`); a state
+    of another shard count adds its own stage, and the shard starts the rest of the epoch at batch 0.
+    ``legacy``: the epoch is a version-1 state's, laid out by :func:`~h5stream.order.epoch.shard_layout` (its
+    order depended on the shard count), so only the same shard continues it.  Raises :class:`ConfigError` for
+    a state that cannot be continued so.
+    """
+    index, count = (int(v) for v in shard)
+    epoch, batch = int(state["epoch"]), int(state["batch"])
+    saved = (int(state.get("shard_index", 0)), int(state.get("shard_count", 1)))
+    if epoch < 0 or batch < 0:
+        raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: both count from 0")
+    if int(state["version"]) == 1:
+        if saved[1] > 1 and batch:
+            if saved != (index, count):
+                raise ConfigError(
+                    f"cannot resume: the state was saved by an earlier h5stream at shard={saved}, whose order "
+                    f"depended on the shard count; continue its epoch with shard={saved}, or resume from a "
+                    "state taken at an epoch's start")
+            return epoch, batch, (), True
+        stages, batch = resumed_stages((), saved[1], batch, count)  # one shard's order is today's order
+    else:
+        stages, batch = resumed_stages(state.get("stages", ()), saved[1], batch, count)
+    return epoch, batch, stages, False
+
+
 @dataclasses.dataclass(frozen=True)
 class LayoutFunction:
     """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)``: plain values (picklable, for a feeder
-    process), called with the epoch.  Holds no stream: the reader thread keeps it."""
+    process), called with the epoch.  Holds no stream: the reader thread keeps it.
+
+    ``resumed_epoch`` (-1: none) is the epoch a resumed state left part-served: ``stages`` says what other
+    shard counts served of it (its layout is the rest's piece), ``legacy`` that it is a version-1 state's
+    epoch (:func:`~h5stream.order.epoch.shard_layout`).  Every other epoch is a plain one.
+    """
 
     rows: int
     block_rows: int
@@ -86,18 +125,80 @@ class LayoutFunction:
     shuffle: bool
     drop_remainder: bool
     start_row: int
+    resumed_epoch: int = -1
+    stages: tuple[tuple[int, int], ...] = ()
+    legacy: bool = False
 
     def __call__(self, epoch: int) -> EpochLayout:
-        return epoch_layout(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
-                            shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
-                            unit_rows=self.unit_rows, start_row=self.start_row)
+        make = shard_layout if (self.legacy and epoch == self.resumed_epoch) else epoch_layout
+        extra = {} if make is shard_layout else {"stages": self.stages_of(epoch)}
+        return make(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
+                    shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
+                    unit_rows=self.unit_rows, start_row=self.start_row, **extra)
+
+    def stages_of(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        """What other shard counts served of ``epoch`` before this stream (empty for a plain epoch)."""
+        return self.stages if epoch == self.resumed_epoch else ()
+
+    def n_batches(self, epoch: int = -1) -> int:
+        """Batches this shard serves in ``epoch`` (default: in a plain epoch).  Arithmetic only."""
+        index, count = self.shard or (0, 1)
+        rest = rest_of_epoch(self.rows - self.start_row, self.batch_size, self.drop_remainder,
+                             self.stages_of(epoch))
+        return len(piece(rest, index, count, self.batch_size, self.drop_remainder)[1])
+
+    def serves(self, epoch: int, stages, legacy: bool) -> bool:
+        """Whether this function lays ``epoch`` out as a stream resumed at ``(epoch, stages, legacy)`` needs."""
+        special = bool(stages) or legacy
+        if epoch == self.resumed_epoch:
+            return (tuple(stages), legacy) == (self.stages, self.legacy)
+        return not special
+
+    def position(self, state: dict) -> tuple[int, int]:
+        """``(epoch, batch)`` where a stream of this layout continues ``state`` (a state of its rows, batch size,
+        window and seed, checked before).  Raises :class:`ConfigError` for a state of another shard count
+        unless this function was made for it (``layout_function(..., resume=state)``), and for a state whose
+        position or ``rows_consumed`` does not add up."""
+        epoch, batch, stages, legacy = resume_point(state, self.shard or (0, 1))
+        if not self.serves(epoch, stages, legacy):
+            raise ConfigError(f"cannot restore a state of shard count {state.get('shard_count', 1)} (or of an epoch "
+                              "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
+                              "resume=state)")
+        n_batches = self.n_batches(epoch)
+        if not 0 <= batch < max(n_batches, 1):
+            raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
+        if "rows_consumed" in state and not legacy and \
+                int(state["rows_consumed"]) != self.state_keys(epoch, batch)["rows_consumed"]:
+            raise ConfigError(f"cannot resume: the state says rows_consumed={state['rows_consumed']}, which its "
+                              "stages and batch do not give; pass the dict Stream.state() returned, unchanged")
+        if n_batches == 0:  # drop_remainder left no batch of that epoch's rest for these shards: the next one starts
+            return epoch + 1, 0
+        return epoch, batch
+
+    def state_keys(self, epoch: int, batch: int) -> dict:
+        """The keys of ``Stream.state()`` that say where in ``epoch`` the shards stand: the state's version,
+        the earlier ``stages`` and ``rows_consumed``, the rows of the epoch all shards have served together."""
+        count = (self.shard or (0, 1))[1]
+        if self.legacy and epoch == self.resumed_epoch:
+            return {"version": 1}  # still the version-1 order: only the same shard continues it
+        stages = self.stages_of(epoch)
+        done = stages + (((count, batch),) if batch else ())
+        return {"version": 2, "stages": [list(s) for s in stages],
+                "rows_consumed": rows_served(self.rows - self.start_row, self.batch_size, self.drop_remainder,
+                                             done)}
 
 
 def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle: bool = True,
-                    drop_remainder: bool = False, start_row: int = 0) -> LayoutFunction:
-    """The :class:`LayoutFunction` of rows ``[start_row, rows)`` under ``plan``.  Pure."""
+                    drop_remainder: bool = False, start_row: int = 0, resume: dict | None = None) -> LayoutFunction:
+    """The :class:`LayoutFunction` of rows ``[start_row, rows)`` under ``plan``, continuing the state ``resume``
+    (if any, see :func:`resume_point`; what is no state is left to ``Stream.restore`` to refuse).  Pure."""
+    shard = (0, 1) if shard is None else tuple(int(v) for v in shard)
+    resumed, stages, legacy = -1, (), False
+    if resume is not None:
+        epoch, _, stages, legacy = resume_point(resume, shard)
+        resumed = epoch if (stages or legacy) else -1
     return LayoutFunction(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, plan.unit_rows, seed,
-                          None if shard is None else tuple(shard), bool(shuffle), bool(drop_remainder), start_row)
+                          shard, bool(shuffle), bool(drop_remainder), start_row, resumed, stages, legacy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +311,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
                        chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder)
     shard = options.shard or (0, 1)
     layout = layout_function(stop, plan, int(seed), shard, options.shuffled, options.drop_remainder,
-                             start_row=start)
-    if layout(0).n_batches == 0:
+                             start_row=start, resume=resume if _is_state(resume) else None)
+    if layout.n_batches() == 0:
         raise ConfigError(
             f"{meta.path}: {stop - start} rows give no full batch of {batch_size}"
             + (f" per shard ({shard[1]} shards)" if shard[1] > 1 else "")
@@ -224,6 +325,20 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
         verify_reads=options.verify_reads, plan=plan, layout=layout, resume=resume,
         validation_split=options.validation_split,
     )
+
+
+def _is_state(state) -> bool:
+    return isinstance(state, dict) and state.get("version") in STATE_VERSIONS and {"epoch", "batch"} <= state.keys()
+
+
+def checked_state(state):
+    """``state`` if it is a dict of a version :func:`resume_point` reads (or None); else :class:`ConfigError`."""
+    if state is None:
+        return None
+    if not _is_state(state):
+        raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version "
+                          f"{' or '.join(map(str, STATE_VERSIONS))})")
+    return state
 
 
 def _checked_augment(augment):

@@ -23,7 +23,7 @@ from h5stream.concurrency import fork as _fork
 from h5stream.concurrency import interrupt
 from h5stream.concurrency.cores import warn_if_more_workers_than_cores
 from h5stream.concurrency.spawn import refuse_in_a_starting_worker
-from h5stream.streaming.config import StreamConfig, fit_feature_stats, gather_facts, resolve
+from h5stream.streaming.config import StreamConfig, checked_state, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
                              descriptor_limit)
 from h5stream.streaming.feeds import Feed, InlineFeed, PooledFeed
@@ -35,9 +35,9 @@ from h5stream.remote.config import stream_remote
 from h5stream.store.meta import read_meta
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
-STATE_VERSION = 1
-_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shard_index",
-                "shard_count", "shuffle", "drop_remainder")
+STATE_VERSION = 2
+_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shuffle",
+                "drop_remainder")
 
 
 def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mirrors h5py.File / builtins.open
@@ -185,7 +185,7 @@ class Stream:
         warn_uncommitted(meta)
         warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
         self.config: StreamConfig = fit_feature_stats(config)
-        self._n_batches = self.config.layout(0).n_batches
+        self._n_batches = self.config.layout.n_batches()  # of a plain epoch; a resumed one may have fewer
         self._epoch, self._batch = 0, 0
         self._closed = False
         self._owner_pid = _fork.owner_pid()  # everything below belongs to this process, not to a forked child
@@ -309,7 +309,8 @@ class Stream:
 
     # -- iteration ----------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches per epoch (for this shard)."""
+        """Batches per epoch (for this shard); the rest of an epoch resumed from a state of another shard count
+        may have fewer."""
         return self._n_batches
 
     @property
@@ -353,7 +354,7 @@ class Stream:
                 raise RuntimeError(f"feed out of step: got {(got_epoch, index)}, expected {(self._epoch, self._batch)}")
             # Advance before handing it over: state() taken after this batch resumes at the next one.
             self._batch += 1
-            if self._batch == self._n_batches:
+            if self._batch == self.config.layout.n_batches(self._epoch):
                 self._epoch, self._batch = self._epoch + 1, 0
                 it.done = True
             return self.config.labels.batch(x, y)
@@ -388,18 +389,19 @@ class Stream:
         }
 
     def state(self) -> dict:
-        """Where the stream stands: a small dict of ints (and the subset's name); ``restore`` /
-        ``open(resume=...)`` continue from it, and refuse a state of another subset or layout."""
+        """Where the stream stands: a small dict of ints (and the subset's name, and ``stages``: pairs of ints),
+        JSON as it is; ``restore`` / ``open(resume=...)`` continue from it, also with another shard count
+        (docs/design.md, "Resume"), and refuse a state of another subset or layout."""
         _fork.check_owner(self._owner_pid, self.meta.path)
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
-                **self._layout_signature()}
+                **self._layout_signature(), **self.config.layout.state_keys(self._epoch, self._batch)}
 
     def restore(self, state: dict) -> None:
         """Continue with exactly the batches that would have come after ``state`` was taken: the next ``iter``
-        serves the rest of the state's epoch.  Replaces any live iterator."""
+        serves the rest of the state's epoch.  Replaces any live iterator.  A state of another shard count
+        (docs/design.md, "Resume") needs a stream opened with ``resume=`` it."""
         self._check_open()
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version {STATE_VERSION})")
+        state = checked_state(state)
         mine = self._layout_signature()
         if state.get("subset") != self.subset:
             raise ConfigError(f"cannot resume: the state is of subset={state.get('subset')!r} but this stream is "
@@ -415,9 +417,7 @@ class Stream:
                                   f"but this stream has {key}={mine[key]}; {fix}")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if epoch < 0 or not 0 <= batch < self._n_batches:
-            raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: an epoch has {self._n_batches} batches")
+        epoch, batch = self.config.layout.position(state)
         with self._entered("restore()"):
             self._epoch, self._batch = epoch, batch
             self._resumed = True
