@@ -146,24 +146,31 @@ def test_frames_give_back_every_whole_message_wherever_the_bytes_are_cut():
 
 def test_frames_parse_what_multiprocessing_connection_itself_sends():
     """The framing is CPython's (private to ``multiprocessing.connection``): pin it against what a real
-    ``Connection.send_bytes`` writes, short and long messages, so a Python that changes it fails here first."""
+    ``Connection.send_bytes`` writes, so a Python that changes it fails here first.  The messages are sent from a
+    thread while this one reads: together they are larger than a pipe holds."""
     import multiprocessing
     import os
+    import threading
 
     reader, writer = multiprocessing.Pipe(duplex=False)
-    try:
-        sent = [b"", b"x", bytes(range(256)) * 300]
+    sent = [b"", b"x", bytes(range(256)) * 300, b"tail"]
+
+    def send_all():
         for payload in sent:
             writer.send_bytes(payload)
         writer.close()
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    try:
         data = b""
         while chunk := os.read(reader.fileno(), 1 << 16):
             data += chunk
         messages, used = frames(data)
         assert [bytes(m) for m in messages] == sent and used == len(data)
     finally:
+        sender.join()
         reader.close()
-        writer.close()
 
 
 def test_a_wait_sleeping_on_one_worker_reads_the_others_answers_when_it_ends_and_wakes_when_that_one_dies(two):
