@@ -126,6 +126,7 @@ def _run_two_workers(tmp_path, worker_source: str, path: str) -> tuple[list[dict
     return [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)], logs
 
 
+@pytest.mark.slow  # a multi-process training run (make test-all)
 def test_two_workers_each_stream_their_shard_and_cover_every_row_once(tmp_path):
     results, _ = _run_two_workers(tmp_path, WORKER, _rows_file(tmp_path))
     for r in results:

@@ -395,6 +395,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # a multi-process training run (make test-all)
 def test_torchrun_ddp_two_ranks_see_every_row_once_per_epoch(store, tmp_path):
     script = tmp_path / "ddp_worker.py"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
