@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from h5stream.augment import Augment
     from h5stream.remote import RemoteOptions
     from h5stream.store import StoreMeta, read_meta
-    from h5stream.streaming.stream import Stream, open  # noqa: A004
+    from h5stream.streaming.api import open  # noqa: A004
+    from h5stream.streaming.stream import Stream
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
@@ -47,7 +48,7 @@ _LAZY = {
     "StoreMeta": "h5stream.store",
     "read_meta": "h5stream.store",
     "Stream": "h5stream.streaming.stream",
-    "open": "h5stream.streaming.stream",
+    "open": "h5stream.streaming.api",
 }
 #: Submodules reachable as attributes (``h5stream.keras.ResumeCallback``), imported on first access.
 _LAZY_SUBMODULES = ("keras",)

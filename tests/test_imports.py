@@ -182,6 +182,7 @@ LAYERS = (
     ("measurement", ("h5stream.measure",)),
     ("adapters", ("h5stream.adapters", "h5stream.keras")),
     ("public API", ("h5stream",)),
+    ("open", ("h5stream.streaming.api",)),
     ("stream", ("h5stream.streaming.stream",)),
     ("feeder", ("h5stream.streaming.process_feed", "h5stream.streaming.feeder_protocol")),
     ("feed", ("h5stream.streaming.feeds", "h5stream.streaming.options")),

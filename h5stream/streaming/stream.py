@@ -1,6 +1,6 @@
-"""The object users iterate: :func:`open` wires order + read (+ augment) together.
+"""The object users iterate: a :class:`Stream` wires order + read (+ augment) together.
 
-``h5stream.open(path, batch_size=32)`` returns a :class:`Stream`.  Each
+``h5stream.open(path, batch_size=32)`` (:mod:`h5stream.streaming.api`) returns a :class:`Stream`.  Each
 ``iter(stream)`` yields one whole epoch of ``(images, labels)`` numpy batches;
 the next ``iter`` is the next epoch, reshuffled.  A reader thread starts at
 ``open`` and keeps reading ahead (across epoch boundaries) within the memory
@@ -11,8 +11,6 @@ budget.  A stream is consumed from one thread at a time, and that is enforced
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import inspect
 import os
 import threading
 import weakref
@@ -30,7 +28,6 @@ from h5stream.streaming.feeds import Feed, InlineFeed, PooledFeed
 from h5stream.streaming.process_feed import ProcessFeed
 from h5stream.streaming.options import StreamOptions
 from h5stream.order.epoch import EpochLayout
-from h5stream.order.split import BOTH
 from h5stream.remote.config import stream_remote
 from h5stream.store.meta import read_meta
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
@@ -38,95 +35,6 @@ from h5stream.store.progress import warn_uncommitted, warn_unfinished
 STATE_VERSION = 2
 _LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shuffle",
                 "drop_remainder")
-
-
-def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mirrors h5py.File / builtins.open
-    """Open a store for streaming: ``Stream(path, StreamOptions(...))``.  See :class:`Stream` for what it yields.
-
-    The same options give the same batches, with 0, 1 or N workers, in a
-    feeder process or not, from a local file or its URL; docs/design.md
-    ("Options of open") explains each option at length.
-
-    Args:
-        path: the store (``OUT.h5``), or a URL: ``s3://bucket/key`` or
-            ``http(s)://host/path`` (a server that honours ``Range``).
-        batch_size: rows per batch; the last batch of an epoch may be smaller
-            unless ``drop_remainder=True``.
-        memory_budget: bytes (or ``"512MB"``, ``"1.5GiB"``) that bound
-            everything the stream allocates, workers included.  None: 256 MiB
-            for reading and shuffling plus what the workers need on top, so any
-            worker count runs with the same order (``stream.plan.describe()``).
-        shuffle: reshuffle every epoch (default: True, False for
-            ``subset="validation"``).
-        seed: fixes the order (None draws one, recorded in ``state()``).
-        drop_remainder: drop the last, smaller batch of each epoch (of each shard).
-        shard: ``(index, count)``: one of ``count`` disjoint parts of every
-            epoch, for data-parallel training.
-        resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.
-        augment: an :class:`~h5stream.Augment` applied to every batch.
-        workers: spawned processes that augment the batches, or without
-            ``augment`` read them (copy the rows into shared memory the
-            batches are lent from); 0: in the consumer's thread.
-        rows_per_fill: the shuffle window in rows (default: what the budget
-            leaves); pass it to get the same batches under any budget that holds it.
-        timeout_s: seconds to wait for a batch before raising :class:`~h5stream.ReaderError`.
-        validation_split: the fraction of rows, the last ones of the store,
-            that form the validation subset (Keras' convention; the store must
-            be in shuffled storage order).
-        subset: ``"training"``, ``"validation"`` or ``"both"`` (returns the pair).
-        label_mode: ``"int"`` (labels as stored), ``"categorical"`` (one-hot
-            float32), ``"binary"`` (float32 ``(n, 1)``, two classes) or None
-            (batches are the images alone, for ``model.predict``).
-        remote: an :class:`h5stream.RemoteOptions` or a dict of its fields
-            (``endpoint``, ``region``, ``profile``, ``anonymous``, ``timeout_s``,
-            ``max_in_flight``, ``headers``) for a URL.
-        direct_io: read past the page cache (``O_DIRECT``): ``"auto"`` for a
-            store larger than the memory that could cache it, True, False.
-        read_unit: bytes (or ``"4MiB"``) that rows move between fills in, and
-            the size of most reads (default 1 to 4 MiB); changes the order.
-        verify_reads: check the rows read against the store's block checksums:
-            ``"once"`` (each block on its first read; labels always), True
-            (every read), False.
-        feeder: run the reader and the workers' bookkeeping in a feeder
-            process (needs ``workers > 0``, with or without ``augment``); the
-            training process keeps no h5stream thread and takes one small
-            message per batch.
-        allow_unfinished: stream a store whose ingest did not finish without
-            the one ``UserWarning`` (naming the counts and the command that
-            finishes it) that ``open`` gives otherwise.
-
-    Returns:
-        A :class:`Stream`, or ``(training, validation)`` with ``subset="both"``.
-
-    Raises:
-        StoreNotFoundError: no file (or object) at ``path``.
-        StoreFormatError: the file is not a store h5stream can stream.
-        ConfigError: an option that does not fit the store, or each other.
-        BudgetError: a memory budget (or machine) that cannot hold the plan;
-            the message names the budget, workers or batch size that fit.
-        ResourceLimitError: a process limit (open files, a file size limit)
-            too low to start the stream; the message names the limit.
-    """
-    options = StreamOptions(*args, **kwargs)
-    if options.subset != BOTH:
-        return Stream(path, options)
-    if options.resume is not None:
-        raise ConfigError("resume= with subset='both': a state belongs to one subset; open each subset with "
-                          "subset='training' / 'validation' and its own resume=")
-    training = Stream(path, dataclasses.replace(options, subset="training"))
-    try:
-        validation = Stream(path, dataclasses.replace(options, subset="validation", allow_unfinished=True))
-    except BaseException:
-        training.close()
-        raise
-    return training, validation
-
-
-open.__signature__ = inspect.Signature(
-    [inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-     *inspect.signature(StreamOptions).parameters.values()],
-    return_annotation="Stream | tuple[Stream, Stream]",
-)
 
 
 def _from_config(name: str, doc: str) -> property:
