@@ -176,3 +176,20 @@ def test_the_writer_refuses_to_append_to_a_marked_store_and_leaves_the_rebuild_t
     assert "\n" not in str(info.value) and "rewrote the file's structure in place" in str(info.value)
     assert store.read_bytes() == saved and os.path.exists(flushing_path(store))
     assert not os.path.exists(lock_path(store)) and not os.path.exists(creating_path(store))
+
+
+def test_a_marked_store_without_checksums_is_one_line_not_a_traceback(class_src, store, h5cli):
+    """A store written before checksums existed has nothing to check a rebuild's rows against: repair and
+    --append refuse it in one line (they raised an IndexError), and nothing changes."""
+    with h5py.File(store, "r+", locking=False) as f:
+        del f[schema.CHECKSUMS]
+        for name in (schema.ATTR_CHECKSUM, schema.ATTR_CHECKSUM_TAIL):
+            if name in f.attrs:
+                del f.attrs[name]
+    mark_flushing(str(store))
+    saved = store.read_bytes()
+    for cmd in (("repair", store), ("ingest", class_src[0], store, *ARGS, "--append")):
+        code, out, err = h5cli(*cmd)
+        assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert "no checksums to check its rows against" in err and "--overwrite" in err, err
+    assert store.read_bytes() == saved and os.path.exists(flushing_path(store))

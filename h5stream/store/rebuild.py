@@ -68,11 +68,19 @@ def rebuild(path: str, lock: StoreLock) -> int:
         raise StoreFormatError(f"{exc}; a writer stopped while it updated this store's structure, which cannot "
                                f"be rebuilt: {advice}") from exc
     checked = verify_store(path)
-    if not checked.ok:
+    stopped = f"{path}: a writer stopped while it updated this store's structure"
+    if checked.bad:
         bad = checked.bad[0]
         raise StoreFormatError(
-            f"{path}: a writer stopped while it updated this store's structure, and rows {bad.start}-{bad.stop - 1} "
-            f"no longer match their checksums ({', '.join(bad.parts)}), so it cannot be rebuilt: {advice}")
+            f"{stopped}, and rows {bad.start}-{bad.stop - 1} no longer match their checksums "
+            f"({', '.join(bad.parts)}), so it cannot be rebuilt: {advice}")
+    if not checked.has_checksums:
+        raise StoreFormatError(f"{stopped}, and it has no checksums to check its rows against (it was written "
+                               f"before h5stream stored them), so it cannot be rebuilt safely: {advice}")
+    if checked.unchecked:
+        a, b = checked.unchecked[0]
+        raise StoreFormatError(f"{stopped}, and rows {a}-{b - 1} have no checksum to check them against, so it "
+                               f"cannot be rebuilt safely: {advice}")
     order = (schema.IMAGES, schema.LABELS, schema.PATHS)
     with h5py.File(path, "r", locking=False) as f:
         attrs = f.attrs
