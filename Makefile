@@ -28,15 +28,16 @@ $(STAMP): $(CORE)
 demo: $(CORE)
 	$(BIN)/python tools/demo.py --out demo
 
-# Two pytest processes share the cores (pytest-xdist).  No test needs the machine to itself: a test that needs
+# Two pytest processes share the cores (pytest-xdist; worksteal: the one that runs dry takes the other's queued tests,
+# so a long test near the end does not leave a core idle).  No test needs the machine to itself: a test that needs
 # stale shared-memory segments makes them in a namespace of its own, which no other h5stream process sweeps.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 test-all: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) demo *.egg-info

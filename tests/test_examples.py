@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # the same script without workers: with the slow tests (the run with workers covers the rest of it)
     pytest.param("train_classifier.py", [], "validation accuracy:", marks=pytest.mark.slow),
     ("train_classifier.py", ["--workers", "2"], "validation accuracy:"),  # as its docstring shows, default budget
-    ("train_regression.py", [], "validation MSE:"),
+    # with --work: with the slow tests (make test runs it in its own temporary folder, below)
+    pytest.param("train_regression.py", [], "validation MSE:", marks=pytest.mark.slow),
 ])
 def test_example_runs_quick(script, flags, expect, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
@@ -34,7 +35,7 @@ def test_example_runs_quick(script, flags, expect, tmp_path):
 
 
 @pytest.mark.parametrize("script, flags", [
-    ("train_regression.py", []),
+    ("train_regression.py", []),  # the regression example's one run in make test: it trains, then cleans up
     pytest.param("train_classifier.py", [], marks=pytest.mark.slow),
     pytest.param("train_torch.py", ["--device", "cpu"], marks=pytest.mark.slow),
 ])
@@ -46,4 +47,6 @@ def test_example_without_work_removes_its_temporary_folder(script, flags, tmp_pa
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--quick", *flags],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    if script == "train_regression.py":
+        assert "validation MSE:" in proc.stdout
     assert [name for name in os.listdir(tmp_path) if name.startswith("h5stream-")] == []
