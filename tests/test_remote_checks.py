@@ -30,18 +30,24 @@ def make(path, rows=ROWS, side=SIDE, block_rows=BLOCK):
 
 
 def invert_pixels_keeping_the_etag(path):
-    """Invert every pixel byte of ``path`` in place and put its mtime back: the server's ETag (mtime and size) and
-    Last-Modified stay what they were, as for a proxy or a server serving other bytes under the same ETag."""
+    """Invert every pixel byte of ``path`` and put its mtime back: the server's ETag (mtime and size) and
+    Last-Modified stay what they were, as for a proxy or a server serving other bytes under the same ETag.  The
+    inverted copy gets the old mtime before it takes the name, so a request the stream's read-ahead makes meanwhile
+    sees the old bytes or the new ones, always under the same ETag (in place, one could land between the write and
+    the mtime put back, and see another ETag)."""
     before = os.stat(path)
     with h5py.File(path, "r") as f:
         chunks = [f["images"].id.get_chunk_info(i) for i in range(f["images"].id.get_num_chunks())]
-    with open(path, "r+b") as fh:
-        for info in chunks:
-            fh.seek(info.byte_offset)
-            data = np.frombuffer(fh.read(info.size), np.uint8)
-            fh.seek(info.byte_offset)
-            fh.write((~data).tobytes())
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    copy = str(path) + ".inverted"
+    with open(path, "rb") as fh:
+        data = bytearray(fh.read())
+    for info in chunks:
+        a, b = info.byte_offset, info.byte_offset + info.size
+        data[a:b] = (~np.frombuffer(bytes(data[a:b]), np.uint8)).tobytes()
+    with open(copy, "wb") as fh:
+        fh.write(data)
+    os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(copy, path)
     after = os.stat(path)
     assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
 
