@@ -250,14 +250,7 @@ def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[s
     items: list[Item] = []
     rejected: list[tuple[str, str]] = []
     for name in (n for n in found if n in classes):  # walk order, whatever order --classes gives
-        for rel in walk.files(os.path.join(root, name)):
-            reason = _reject_reason(rel)
-            if reason is None:
-                items.append(Item(rel, name))
-            elif not _is_image_name(rel):
-                walk.left_out.append((rel, NOT_IMAGE, f"{reason}; only image files are ingested"))
-            else:
-                rejected.append((rel, reason))
+        _take_files(walk, os.path.join(root, name), name, items, rejected)
     if not items:
         raise SourceError(
             f"{root}: no image files in its {len(classes)} class folder(s) "
@@ -265,6 +258,19 @@ def discover_class_folders(root: str | os.PathLike, classes: list[str] | tuple[s
         )
     return Source(root, schema.LABEL_CLASS, tuple(items), class_names=tuple(classes), rejected=tuple(rejected),
                   left_out=tuple(walk.left_out))
+
+
+def _take_files(walk: _Walk, folder: str, label, items: list[Item], rejected: list[tuple[str, str]]) -> None:
+    """Every file ``walk`` finds under ``folder``: an image file to ingest (with ``label``) goes to ``items``, an
+    image file that cannot be (its reason) to ``rejected``, any other file is left out by its extension."""
+    for rel in walk.files(folder):
+        reason = _reject_reason(rel)
+        if reason is None:
+            items.append(Item(rel, label))
+        elif not _is_image_name(rel):
+            walk.left_out.append((rel, NOT_IMAGE, f"{reason}; only image files are ingested"))
+        else:
+            rejected.append((rel, reason))
 
 
 def discover_unlabeled(root: str | os.PathLike, follow_links: bool = False) -> Source:
@@ -275,14 +281,7 @@ def discover_unlabeled(root: str | os.PathLike, follow_links: bool = False) -> S
     walk = _Walk(root, follow_links=follow_links)
     items: list[Item] = []
     rejected: list[tuple[str, str]] = []
-    for rel in walk.files(root):
-        reason = _reject_reason(rel)
-        if reason is None:
-            items.append(Item(rel, None))
-        elif not _is_image_name(rel):
-            walk.left_out.append((rel, NOT_IMAGE, f"{reason}; only image files are ingested"))
-        else:
-            rejected.append((rel, reason))
+    _take_files(walk, root, None, items, rejected)
     if not items and not rejected:
         raise SourceError(f"{root}: no image files in it or below it ({', '.join(sorted(IMAGE_EXTENSIONS))})")
     return Source(root, schema.LABEL_NONE, tuple(items), rejected=tuple(rejected), left_out=tuple(walk.left_out))
