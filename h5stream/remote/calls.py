@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from h5stream.concurrency.gcpause import collection_paused
 from h5stream.concurrency.wait import wait_until
 
 T = TypeVar("T")
@@ -44,9 +45,11 @@ def interruptible(fn: Callable[..., T], /, *args, **kwargs) -> T:
             outcome.append(result)
             cond.notify_all()
 
-    threading.Thread(target=run, name="h5stream-remote-call", daemon=True).start()
-    with cond:
-        wait_until(cond, lambda: bool(outcome))
+    # The caller may be inside HDF5 (a read of h5py's file object), holding h5py's lock: see gcpause.
+    with collection_paused():
+        threading.Thread(target=run, name="h5stream-remote-call", daemon=True).start()
+        with cond:
+            wait_until(cond, lambda: bool(outcome))
     ok, value = outcome[0]
     if ok:
         return value

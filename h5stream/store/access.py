@@ -47,6 +47,7 @@ from typing import TypeVar
 
 import h5py
 
+from h5stream.concurrency.gcpause import collection_paused
 from h5stream.errors import (
     RemoteError,
     StoreBusyError,
@@ -129,6 +130,8 @@ class StoppableFile(_RecordingFile):
     returns, and only the helper, a daemon holding no lock, stays behind on
     the read.  The helper reads into a buffer of its own, copied into HDF5's
     when the read is done, so an abandoned read writes into nobody's memory.
+    No cyclic collection runs while a read waits for the helper
+    (:mod:`h5stream.concurrency.gcpause`): HDF5 holds h5py's lock meanwhile.
     Read from one thread; ``stop`` may be set from any.
     """
 
@@ -147,15 +150,17 @@ class StoppableFile(_RecordingFile):
         out = memoryview(buffer).cast("B")
         if not len(out):
             return 0
-        if self._helper is None:
-            self._helper = threading.Thread(target=self._serve, args=(self.fileno(), self._calls),
-                                            name="h5stream-hdf5-read", daemon=True)
-            self._helper.start()
         position, own, done, result = self.tell(), bytearray(len(out)), threading.Event(), []
-        self._calls.put((position, own, done, result))
-        while not done.wait(STOP_POLL_S):
-            if self.stop.is_set():
-                raise self._cancelled()
+        # HDF5 called this holding h5py's lock: the helper must not free h5py objects meanwhile (see gcpause).
+        with collection_paused():
+            if self._helper is None:
+                self._helper = threading.Thread(target=self._serve, args=(self.fileno(), self._calls),
+                                                name="h5stream-hdf5-read", daemon=True)
+                self._helper.start()
+            self._calls.put((position, own, done, result))
+            while not done.wait(STOP_POLL_S):
+                if self.stop.is_set():
+                    raise self._cancelled()
         if isinstance(result[0], BaseException):
             if isinstance(result[0], OSError):
                 self.record(result[0], position)
