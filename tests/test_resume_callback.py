@@ -118,3 +118,36 @@ def test_fresh_directory_starts_at_zero_and_saves_each_epoch(store, tmp_path):
         record = json.loads((tmp_path / "new" / "h5stream_resume.json").read_text())
         assert record["batches_done"] == len(s)
         assert (record["stream_state"]["epoch"], record["stream_state"]["batch"]) == (1, 0)
+
+
+def test_saving_never_writes_through_a_link_planted_in_the_directory(store, tmp_path):
+    """Whoever can write the checkpoint folder may plant links at the names the callback writes: the files they
+    point to stay as they were, and the checkpoint is saved all the same."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    victims = {}
+    with open_train(store) as s:
+        n = len(s)
+        for name in ("h5stream_resume.json.tmp", f"weights-{n}.weights.h5"):
+            victim = tmp_path / f"victim-{len(victims)}"
+            victim.write_bytes(b"precious")
+            os.symlink(victim, ckpt / name)
+            victims[victim] = b"precious"
+        callback = ResumeCallback(ckpt, s)
+        make_model().fit(s.keras(), epochs=1, verbose=0, callbacks=[callback])
+    assert {v: v.read_bytes() for v in victims} == victims
+    record = json.loads((ckpt / "h5stream_resume.json").read_text())
+    assert record["batches_done"] == n and not (ckpt / "h5stream_resume.json").is_symlink()
+    assert (ckpt / record["weights"]).is_file() and not (ckpt / record["weights"]).is_symlink()
+    assert not [p for p in os.listdir(ckpt) if p.startswith(".h5stream-")]
+
+
+@pytest.mark.parametrize("content", [b"precious", b"\xff\xfe", b"[1, 2]", b'{"batches_done": 3}'])
+def test_a_resume_file_that_is_not_a_record_is_one_line_naming_it(store, tmp_path, content):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "h5stream_resume.json").write_bytes(content)
+    with open_train(store) as s, pytest.raises(h5stream.ConfigError) as info:
+        ResumeCallback(ckpt, s)
+    msg = str(info.value)
+    assert msg.startswith(str(ckpt / "h5stream_resume.json")) and "start afresh" in msg and "\n" not in msg

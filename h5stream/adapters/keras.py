@@ -23,8 +23,10 @@ off (``workers=1``); the stream has its reader thread and worker pool.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -191,13 +193,31 @@ def balanced_class_weight(labels, n_classes: int | None = None) -> dict[int, flo
     return {c: (labels.size / (k * counts[c]) if counts[c] else 0.0) for c in range(k)}
 
 
+def _write_then_rename(path: str, write, *, suffix: str = ".tmp") -> None:
+    """``write(tmp)`` into a new file beside ``path``, synced, then renamed over ``path``.
+
+    The temporary file is made by ``mkstemp`` (``O_CREAT | O_EXCL``, a fresh random name): a link planted at a
+    name the callback would use is never written through, and the rename replaces a link at ``path`` itself,
+    never the file it points to.  A failed write leaves ``path`` as it was and no temporary file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".h5stream-", suffix=suffix)
+    try:
+        os.close(fd)
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def _atomic_write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            json.dump(obj, fh)
+
+    _write_then_rename(path, write)
 
 
 def load_resume_state(directory: str | os.PathLike) -> dict | None:
@@ -205,8 +225,17 @@ def load_resume_state(directory: str | os.PathLike) -> dict | None:
     path = os.path.join(os.fspath(directory), STATE_FILE)
     if not os.path.exists(path):
         return None
-    with open(path) as fh:
-        return json.load(fh)
+    try:
+        with open(path, "rb") as fh:
+            record = json.loads(fh.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not a record written by h5stream's ResumeCallback ({exc}); remove it and "
+                          "the weights beside it to start afresh, or give another directory") from None
+    if not isinstance(record, dict) or not {"batches_done", "stream_state", "weights"} <= set(record):
+        raise ConfigError(f"{path}: not a record written by h5stream's ResumeCallback (it lacks batches_done, "
+                          "stream_state or weights); remove it and the weights beside it to start afresh, or give "
+                          "another directory")
+    return record
 
 
 class ResumeCallback(keras.callbacks.Callback):
@@ -299,7 +328,7 @@ class ResumeCallback(keras.callbacks.Callback):
         old = self.saved["weights"] if self.saved else None
         name = f"weights-{self.batches_done}.weights.h5"
         if self.keep_weights:
-            self.model.save_weights(os.path.join(self.directory, name))
+            _write_then_rename(os.path.join(self.directory, name), self.model.save_weights, suffix=".weights.h5")
         record = {"batches_done": self.batches_done, "batches_per_epoch": self._n, "stream_state": state,
                   "weights": name, "saved_at": time.time()}
         _atomic_write_json(os.path.join(self.directory, STATE_FILE), record)
