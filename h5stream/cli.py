@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from h5stream import __version__
 from h5stream.commands.arguments import COMMANDS, add_arguments
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
         command = importlib.import_module(f"h5stream.commands.{args.command}")
         _sweep_shared_memory()
-        return int(command.run(args) or EXIT_OK)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(command.run(args) or EXIT_OK)
     except UsageError as exc:
         print(f"h5stream: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -64,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("h5stream: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning raised while a command runs (an unfinished store's, say), as the command's one line on stderr:
+    ``h5stream: warning: ...``, not Python's file-and-source-line form."""
+    print(f"h5stream: warning: {message}", file=sys.stderr if file is None else file)
 
 
 def _sweep_shared_memory() -> None:

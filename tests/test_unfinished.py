@@ -88,6 +88,10 @@ def assert_says_unfinished(out, h5cli, stored: int, *, clean: bool = True) -> st
     code, _, err = h5cli("verify", out)
     assert code == EXIT_UNFINISHED == 4 and said in err, err
     assert not clean or f"{stored} rows match their checksums" in err, err
+    code, _, err = h5cli("preview", out, "--out", os.path.join(os.path.dirname(out), "preview.png"))
+    lines = [line for line in err.splitlines() if "unfinished" in line]
+    assert code == 0 and lines and all(line.startswith(f"h5stream: warning: {out}: {said}") for line in lines), err
+    assert "UserWarning" not in err and ".py:" not in err, err
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         training, validation = h5stream.open(out, batch_size=16, validation_split=0.25, subset="both")
