@@ -157,3 +157,24 @@ def test_a_state_carries_the_pieces_and_resuming_takes_them(tmp_path):
         assert all(np.array_equal(a, y) for a, (_, y) in zip(rest, s))
     with h5stream.open(path, **kw) as s, pytest.raises(h5stream.ConfigError, match="piece_rows"):
         s.restore(state)
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_the_benchmarks_own_ranges_in_pieces_are_the_gets_a_url_stream_in_pieces_sends(range_server):
+    """benchmarks.remote's limit "with the stream's own ranges" fetches, in the two-level order, each whole
+    piece once: the requests the stream sent for its pixels."""
+    from collections import Counter
+
+    from benchmarks.remote import stream_requests
+
+    with h5stream.open(range_server.url + "store.h5", batch_size=50, seed=3, rows_per_fill=1024,
+                       piece_bytes="3MiB") as stream:
+        first = len(range_server.ranges)
+        for _ in stream:
+            pass
+        plan, seed, meta = stream.plan, stream.seed, stream.meta
+        sent = range_server.ranges[first:]
+    predicted = stream_requests(str(range_server.root / "store.h5"), plan, seed)
+    assert plan.piece_rows == 1024 and len(predicted) == 3  # 2500 rows of 3 KiB: pieces of one 3 MiB chunk
+    assert not Counter(predicted) - Counter(sent)
+    assert sum(end - start for start, end in predicted) == meta.rows * meta.row_bytes

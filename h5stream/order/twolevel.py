@@ -15,8 +15,10 @@ One epoch, over rows ``[start_row, rows)``:
    piece of every stratum of consecutive pieces); the groups are permuted, and the pieces within each group.
    So any ``k`` consecutive pieces of the sequence sample the whole file, and on a class-sorted file every
    fill holds every class in proportion, as in the one-level order.
-3. **Units in a sliding window.**  Unit ``u`` of the piece at row position ``p`` of the sequence gets the
-   key ``p + U[0, window_pieces * piece_rows)`` (one uniform draw per unit from ``(seed, epoch)``); the
+3. **Units in a sliding window.**  The ``m`` units of the piece at row position ``p`` of the sequence get
+   the keys ``p + (j + phase) / m * window_pieces * piece_rows`` for ``j = 0..m-1`` in a random order (one
+   random phase per piece): spread evenly over the window, so each stretch of the order takes from every
+   piece its share to within one unit, as the one-level order's strata take from the file; the
    units, sorted by key, are dealt into fills of ``rows_per_fill // unit_rows`` units.  A piece's units
    thus spread over ``window_pieces`` pieces' worth of the order after its place: the pieces in memory at
    once are the fill being read and at most ``window_pieces + 1`` pieces that cross into the next fill
@@ -104,7 +106,16 @@ def two_level_fills(segments: np.ndarray, rows_per_fill: int, unit_rows: int, pi
     piece_len = np.bincount(local, weights=lengths, minlength=n_pieces).astype(np.int64)
     start_in_seq = np.zeros(n_pieces, np.int64)
     start_in_seq[sequence] = np.cumsum(piece_len[sequence]) - piece_len[sequence]
-    spread = _rng(seed, epoch, _SPREAD).random(n) * (window_pieces * piece_rows)
+    # Each piece's units spread evenly over the window, in random order and with a random phase: every stretch
+    # of the order then takes from each piece its share to within one unit (no chance excess of one class).
+    rng = _rng(seed, epoch, _SPREAD)
+    units_in = np.bincount(local, minlength=n_pieces)
+    first_unit = np.cumsum(units_in) - units_in
+    rank = np.argsort(local + rng.random(n), kind="stable")  # units grouped by piece, shuffled within each
+    slot = np.empty(n, np.int64)
+    slot[rank] = np.arange(n) - np.repeat(first_unit, units_in)
+    phase = rng.random(n_pieces)
+    spread = (slot + phase[local]) / units_in[local] * (window_pieces * piece_rows)
     keys = start_in_seq[local] + spread
     by_key = np.argsort(keys, kind="stable").astype(np.int64)
     n_fills = -(-n // per_fill)
