@@ -178,3 +178,33 @@ def test_the_benchmarks_own_ranges_in_pieces_are_the_gets_a_url_stream_in_pieces
     assert plan.piece_rows == 1024 and len(predicted) == 3  # 2500 rows of 3 KiB: pieces of one 3 MiB chunk
     assert not Counter(predicted) - Counter(sent)
     assert sum(end - start for start, end in predicted) == meta.rows * meta.row_bytes
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_info_shuffle_report_of_the_two_level_order_is_the_same_for_a_url_and_its_local_file(range_server, tmp_path,
+                                                                                          capsys):
+    """A class-sorted store of 8 classes: `h5stream info --shuffle-report --piece-bytes` reports the two-level
+    order (the plan says its pieces), the same figures for the URL as for its local file, mixing batches far
+    better than the file's order."""
+    import json
+
+    from h5stream.cli import main
+
+    path = tmp_path / "sorted.h5"
+    labels = np.repeat(np.arange(8), 1024)
+    write_arrays(path, np.zeros((8192, 8, 8, 3), np.uint8), labels, block_rows=64, storage_order="sorted")
+    os.link(path, range_server.root / "sorted.h5")
+
+    def report(where, *extra):
+        assert main(["info", where, "--shuffle-report", "--memory-budget", "64MiB", "--rows-per-fill", "1024",
+                     "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["shuffle_report"]
+
+    here, there = report(str(path), "--piece-bytes", "48KiB"), report(range_server.url + "sorted.h5",
+                                                                       "--piece-bytes", "48KiB")
+    one_level = report(str(path))
+    assert "pieces of 256 rows" in here["plan_text"] and "pieces" not in one_level["plan_text"]
+    for key in ("batch_label_tvd", "epoch_order_tau"):
+        assert here[key] == there[key]
+    assert here["batch_label_tvd"] != one_level["batch_label_tvd"]
+    assert here["batch_label_tvd"] < 0.5 * here["batch_label_tvd_file_order"]
