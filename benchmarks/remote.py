@@ -213,10 +213,12 @@ def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[in
         seen: set[int] = set()
         for fill in range(len(layout.fills)):
             for run in plan_runs(layout.fill_segments(fill), offsets, meta.block_rows, meta.row_bytes):
-                i = int(np.searchsorted(spans[:, 0], run.offset, side="right")) - 1
-                if i not in seen:
-                    seen.add(i)
-                    out += request_spans(int(spans[i, 0]), int(spans[i, 1] - spans[i, 0]), MAX_REQUEST_BYTES)
+                first = int(np.searchsorted(spans[:, 0], run.offset, side="right")) - 1
+                last = int(np.searchsorted(spans[:, 0], run.offset + run.rows * meta.row_bytes, side="left"))
+                for i in range(max(first, 0), last):  # a run of neighbouring units may cross into the next piece
+                    if i not in seen:
+                        seen.add(i)
+                        out += request_spans(int(spans[i, 0]), int(spans[i, 1] - spans[i, 0]), MAX_REQUEST_BYTES)
         return out
     for fill in range(len(layout.fills)):
         for run in plan_runs(layout.fill_segments(fill), offsets, meta.block_rows, meta.row_bytes):

@@ -208,3 +208,65 @@ def test_info_shuffle_report_of_the_two_level_order_is_the_same_for_a_url_and_it
         assert here[key] == there[key]
     assert here["batch_label_tvd"] != one_level["batch_label_tvd"]
     assert here["batch_label_tvd"] < 0.5 * here["batch_label_tvd_file_order"]
+
+
+# -- the window of pieces -----------------------------------------------------------------------------------------
+def test_a_piece_wanted_by_many_threads_at_once_is_fetched_once_and_dropped_once_served(tmp_path):
+    import threading
+
+    from h5stream.read.source import LocalFile
+    from h5stream.read.window import PieceWindow
+
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    path = tmp_path / "bytes"
+    path.write_bytes(data.tobytes())
+    spans = np.array([[0, 1 << 19], [1 << 19, 1 << 20]], np.int64)
+    window = PieceWindow(LocalFile(str(path)), spans, spans[:, 1] - spans[:, 0], capacity=2)
+    got = np.zeros(1 << 20, np.uint8)
+    parts = [(start, start + (1 << 16)) for start in range(0, 1 << 20, 1 << 16)]
+    barrier = threading.Barrier(8)
+
+    def read(mine):
+        barrier.wait()
+        for a, b in mine:
+            window.readinto(a, [memoryview(got[a:b])])
+
+    threads = [threading.Thread(target=read, args=(parts[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert np.array_equal(got, data) and window.pieces_fetched == 2  # each piece once, though 8 threads wanted it
+    assert not window._held  # every byte of both served: neither is held
+    tail = np.zeros(100, np.uint8)
+    window.readinto((1 << 19) - 50, [memoryview(tail[:30]), memoryview(tail[30:])])  # across two pieces
+    assert np.array_equal(tail, data[(1 << 19) - 50:(1 << 19) + 50]) and window.pieces_fetched == 4
+    window.close()
+
+
+def test_a_failed_piece_fetch_fails_every_reader_of_it_and_none_waits_for_good(tmp_path):
+    import threading
+
+    from h5stream.read.source import LocalFile
+    from h5stream.read.window import PieceWindow
+
+    path = tmp_path / "short"
+    path.write_bytes(bytes(1000))
+    spans = np.array([[0, 5000]], np.int64)  # a piece past the end of the file: a short read
+    window = PieceWindow(LocalFile(str(path)), spans, np.array([5000]), capacity=1)
+    errors, barrier = [], threading.Barrier(4)
+
+    def read():
+        barrier.wait()
+        try:
+            window.readinto(0, [memoryview(bytearray(10))])
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads) and len(errors) == 4
+    window.close()
