@@ -270,3 +270,36 @@ def test_a_failed_piece_fetch_fails_every_reader_of_it_and_none_waits_for_good(t
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads) and len(errors) == 4
     window.close()
+
+
+def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and_inside_a_given_one(tmp_path):
+    import dataclasses
+
+    from h5stream.errors import BudgetError
+    from h5stream.order.twolevel import window_pieces_bytes
+    from h5stream.remote import RemoteOptions
+    from h5stream.store.meta import read_meta
+    from h5stream.streaming.planning import plan_stream
+
+    path = str(tmp_path / "s.h5")
+    write_arrays(path, np.zeros((4096, 32, 32, 3), np.uint8), np.arange(4096).astype(np.float32), block_rows=64)
+    local = read_meta(path)
+    url = dataclasses.replace(local, remote=RemoteOptions())
+    window = window_pieces_bytes(piece_rows_for(64, local.row_bytes, 1 << 20), local.row_bytes, 8)
+
+    def plans(budget):
+        kw = dict(piece_bytes=1 << 20, available_bytes=None)
+        return plan_stream(local, budget, 32, **kw), plan_stream(url, budget, 32, **kw)
+
+    here, there = plans(None)
+    assert here.piece_window_bytes == 0 and there.piece_window_bytes == window
+    assert there.rows_per_fill == here.rows_per_fill  # the same order
+    assert there.budget_bytes - here.budget_bytes >= window and "piece window" in there.describe()
+    here, there = plans(128 << 20)
+    assert there.total_bytes <= 128 << 20 and there.piece_window_bytes == window
+    assert there.rows_per_fill == here.rows_per_fill
+    tight = there.min_budget_bytes + (1 << 20)  # the local file's fill is larger: no room for client and window
+    with pytest.raises(BudgetError, match="rows_per_fill"):
+        plans(tight)
+    with pytest.raises(BudgetError, match="window of pieces"):
+        plans(there.min_budget_bytes - 1)

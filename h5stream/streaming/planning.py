@@ -112,7 +112,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         raise budget_error(budget_bytes, minimum(workers, batch_size),
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
-                           + (" and the remote client" if client else ""), tuple(alternatives))
+                           + (" and the remote client" if client else "")
+                           + (" and its window of pieces" if client and window else ""), tuple(alternatives))
     if client and budget_bytes is not None and rows_per_fill is None:  # the local file's order, or BudgetError
         result = url_plan(partial(plan, budget_bytes, workers, batch_size), meta.path, budget_bytes, client,
                           verify_bytes(LocalFile.max_in_flight))
