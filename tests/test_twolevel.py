@@ -303,3 +303,18 @@ def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and
         plans(tight)
     with pytest.raises(BudgetError, match="window of pieces"):
         plans(there.min_budget_bytes - 1)
+
+
+def test_the_order_quality_benchmark_reports_both_orders_per_store(tmp_path, capsys):
+    """benchmarks.order_quality: one row per store and order, the two-level one with its pieces; on a class-sorted
+    store the one-level order mixes batches about as a random permutation does, the two-level one worse."""
+    import json
+
+    from benchmarks.order_quality import main
+
+    assert main(["--gb", "0.2", "--seeds", "2", "--json", "--data", str(tmp_path)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    one, two = r["stores"]
+    assert (one["order"], one["piece_rows"], two["order"]) == ("one-level", 0, "two-level")
+    assert two["piece_rows"] == 192 and len(two["tvd_over_random"]) == 2
+    assert max(one["tvd_over_random"]) < 1.1 < min(two["tvd_over_random"])
