@@ -32,6 +32,10 @@ the counts the plan names (``reader_batches``, ``input_slots``,
   (:func:`h5stream.read.verify.check_memory_bytes`);
 * **chunk cache** -- for a store whose chunks split images (laid out by
   another tool), the HDF5 chunk cache that reads each band of chunks once.
+* **piece window** -- for a URL read in the two-level order
+  (``piece_bytes``), the whole pieces held in memory
+  (:func:`h5stream.order.twolevel.window_pieces_bytes`), with the remote
+  client's share.
 
 The fill size ``rows_per_fill`` is whatever the budget leaves after
 everything else, in whole blocks; a budget that cannot hold one batch per
