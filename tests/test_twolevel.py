@@ -318,3 +318,25 @@ def test_the_order_quality_benchmark_reports_both_orders_per_store(tmp_path, cap
     assert (one["order"], one["piece_rows"], two["order"]) == ("one-level", 0, "two-level")
     assert two["piece_rows"] == 192 and len(two["tvd_over_random"]) == 2
     assert max(one["tvd_over_random"]) < 1.1 < min(two["tvd_over_random"])
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_an_s3_url_in_pieces_gives_its_local_files_batches(aws_env, tmp_path):
+    """The same over SeaweedFS's S3: two epochs, two shards each, every batch equal to the local file's."""
+    pytest.importorskip("obstore")
+    path = str(tmp_path / "ids.h5")
+    ids = np.arange(ROWS)
+    images = np.zeros((ROWS, 16, 16, 3), np.uint8)
+    images[:, 0, 0, 0], images[:, 0, 0, 1] = ids // 256, ids % 256
+    write_arrays(path, images, ids.astype(np.float32), block_rows=64, storage_order="sorted")
+    aws_env.put("pieces/ids.h5", path)
+    url = f"s3://{aws_env.bucket}/pieces/ids.h5"
+    for shard in ((0, 2), (1, 2)):
+        with h5stream.open(path, shard=shard, **OPEN) as a, \
+                h5stream.open(url, shard=shard, remote={"timeout_s": 10}, **OPEN) as b:
+            for _ in range(2):
+                here = [(x.copy(), y.copy()) for x, y in a]
+                there = [(x.copy(), y.copy()) for x, y in b]
+                assert len(here) == len(there) > 0
+                assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2)
+                           for (x1, y1), (x2, y2) in zip(here, there))
