@@ -84,8 +84,9 @@ LABELS = {"remote": "s3://", "remote_http": "http://"}
 
 
 def child(argv: list[str]) -> int:
-    """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL READ_UNIT`` (COLD:
-    ``no``, ``evict`` or ``direct``; BUDGET, ROWS_PER_FILL and READ_UNIT: ``default`` or a value) or
+    """In a fresh process: ``stream URL_OR_PATH COLD BATCH BUDGET EPOCHS SEED ROWS_PER_FILL READ_UNIT PIECE_BYTES``
+    (COLD: ``no``, ``evict`` or ``direct``; BUDGET, ROWS_PER_FILL, READ_UNIT and PIECE_BYTES: ``default`` or a
+    value) or
     ``ceiling URL [RANGES.npy]``, ``open URL``, ``fsspec URL ORDER.npy BATCH SECONDS``; prints one JSON object."""
     kind = argv[0]
     if kind == "stream":
@@ -95,8 +96,8 @@ def child(argv: list[str]) -> int:
         from h5stream.read.source import resolve_direct_io
         from h5stream.store.meta import read_meta
 
-        path, cold, batch, budget, epochs, seed, fill, read_unit = argv[1], argv[2], int(argv[3]), \
-            _given(argv[4]), int(argv[5]), int(argv[6]), _given(argv[7]), _given(argv[8])
+        path, cold, batch, budget, epochs, seed, fill, read_unit, piece_bytes = argv[1], argv[2], int(argv[3]), \
+            _given(argv[4]), int(argv[5]), int(argv[6]), _given(argv[7]), _given(argv[8]), _given(argv[9])
         t0 = time.monotonic()
         meta = read_meta(path)
         meta_s = time.monotonic() - t0
@@ -110,7 +111,7 @@ def child(argv: list[str]) -> int:
             meta, batch_size=batch, budget=None if budget is None else parse_bytes(budget), epochs=epochs, seed=seed,
             cold=cold == "evict" or (cold == "direct" and not direct), augment=None, workers=0, progress=False,
             rows_per_fill=None if fill is None else int(fill), direct_io=True if direct else "auto",
-            read_unit=read_unit)
+            read_unit=read_unit, piece_bytes=piece_bytes)
         cpu_s = _own_cpu_s() - cpu0
         keep = ("samples_per_s", "mb_per_s", "startup_s", "first_batch_s", "epoch_seconds", "steady_mb_per_s",
                 "compare_mb_per_s", "compare_basis", "peak_mem_bytes", "peak_rss_delta_bytes", "within_budget",
@@ -118,6 +119,7 @@ def child(argv: list[str]) -> int:
         out = {k: figures[k] for k in keep}
         out["budget_bytes"] = figures["plan"]["budget_bytes"]
         out["unit_rows"], out["rows_per_fill"] = figures["plan"]["unit_rows"], figures["plan"]["rows_per_fill"]
+        out["piece_rows"] = figures["plan"].get("piece_rows", 0)
         out["bytes"] = figures["rows_streamed"] * meta.row_bytes
         out["client_cpu_s"] = cpu_s
         steady = steady_cpu_s(timeline)
@@ -189,7 +191,8 @@ def _ceiling(url: str, ranges: list | None = None, request_bytes: int = 4 << 20,
 
 def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[int, int]]:
     """``[start, end)`` of every request for pixels that a stream under ``plan`` (seed ``seed``) sends over a URL
-    in ``epoch``, in order: each fill's runs (neighbouring units merged) cut as the remote source cuts them; from
+    in ``epoch``, in order: each fill's runs (neighbouring units merged) cut as the remote source cuts them, or,
+    in the two-level order (``plan.piece_rows``), each piece in the order the fills first need it, whole; from
     the local copy at ``path``, whose bytes the object has."""
     from h5stream.read.locate import locate
     from h5stream.read.runs import plan_runs
@@ -203,6 +206,20 @@ def stream_requests(path: str, plan, seed: int, epoch: int = 0) -> list[tuple[in
         raise SystemExit(f"benchmarks.remote: {path} is compressed; its rows are not read by byte range")
     layout = layout_function(meta.rows, plan, seed)(epoch)
     out: list[tuple[int, int]] = []
+    if plan.piece_rows:
+        from h5stream.read.window import piece_spans
+
+        spans, _ = piece_spans(offsets, meta.block_rows, meta.row_bytes, meta.rows, plan.piece_rows)
+        seen: set[int] = set()
+        for fill in range(len(layout.fills)):
+            for run in plan_runs(layout.fill_segments(fill), offsets, meta.block_rows, meta.row_bytes):
+                first = int(np.searchsorted(spans[:, 0], run.offset, side="right")) - 1
+                last = int(np.searchsorted(spans[:, 0], run.offset + run.rows * meta.row_bytes, side="left"))
+                for i in range(max(first, 0), last):  # a run of neighbouring units may cross into the next piece
+                    if i not in seen:
+                        seen.add(i)
+                        out += request_spans(int(spans[i, 0]), int(spans[i, 1] - spans[i, 0]), MAX_REQUEST_BYTES)
+        return out
     for fill in range(len(layout.fills)):
         for run in plan_runs(layout.fill_segments(fill), offsets, meta.block_rows, meta.row_bytes):
             out += request_spans(run.offset, run.rows * meta.row_bytes, MAX_REQUEST_BYTES)
@@ -390,7 +407,8 @@ def run(args) -> dict:
             # default budget gives both the same.
             fill = None if args.memory_budget is None else remote_rows_per_fill(local, args)
             with h5stream.open(local, batch_size=args.batch_size, memory_budget=args.memory_budget,
-                               seed=args.seed, rows_per_fill=fill, read_unit=args.read_unit) as s:
+                               seed=args.seed, rows_per_fill=fill, read_unit=args.read_unit,
+                               piece_bytes=args.piece_bytes) as s:
                 order = s.epoch_order(0)
                 requests = stream_requests(local, s.plan, s.seed)
             order_path = os.path.join(workdir, "order.npy")
@@ -398,7 +416,7 @@ def run(args) -> dict:
             requests_path = os.path.join(workdir, "requests.npy")
             np.save(requests_path, np.array(requests, np.int64))
             stream_args = [args.batch_size, args.memory_budget or "default", args.epochs, args.seed,
-                           fill or "default", args.read_unit or "default"]
+                           fill or "default", args.read_unit or "default", args.piece_bytes or "default"]
             client = pins["client"]
 
             def via(route, name, argv):  # the run's requests and bytes through the route's proxy, if any
@@ -456,8 +474,9 @@ def remote_rows_per_fill(local: str, args) -> int:
     meta = dataclasses.replace(read_meta(local), remote=RemoteOptions())
     unit = None if args.read_unit is None else parse_bytes(args.read_unit, what="read_unit")
     try:
+        pieces = None if args.piece_bytes is None else parse_bytes(args.piece_bytes, what="piece_bytes")
         return plan_stream(meta, parse_bytes(args.memory_budget), args.batch_size, unit_bytes=unit,
-                           available_bytes=None).rows_per_fill
+                           available_bytes=None, piece_bytes=pieces).rows_per_fill
     except BudgetError as exc:  # the local file's fill leaves no room for the client: the most that does
         if getattr(exc, "rows_per_fill", None) is None:
             raise
@@ -481,7 +500,8 @@ def summarize(results: dict, args, **facts) -> dict:
         "store_bytes": store_bytes, "url": facts["url"],
         "server_start_s": facts["start_s"],
         "upload_mb_per_s": store_bytes / facts["upload_s"] / 1e6,
-        "memory_budget": args.memory_budget, "read_unit": args.read_unit, "rounds": args.rounds,
+        "memory_budget": args.memory_budget, "read_unit": args.read_unit,
+        "piece_bytes": getattr(args, "piece_bytes", None), "rounds": args.rounds,
         "epochs": args.epochs, "server_caches": list(facts["caches"]),
         "conditions": list(facts.get("conditions") or facts["caches"]), "proxy": facts.get("proxy"),
         "runs": results,
@@ -513,6 +533,7 @@ def summarize(results: dict, args, **facts) -> dict:
             row["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in runs)
             row["budget_bytes"] = runs[0]["budget_bytes"]
             row["unit_rows"] = runs[0]["unit_rows"]
+            row["piece_rows"] = runs[0].get("piece_rows", 0)
         if "first_batch_s" in runs[0]:
             row["first_batch_s"] = median(r["first_batch_s"] for r in runs)
         if name == "fsspec":
@@ -552,7 +573,7 @@ def summarize(results: dict, args, **facts) -> dict:
     remote = rows.get(f"remote_{conds[0]}")
     out["remote_vs_local_cold"] = remote["mb_per_s"] / cold["mb_per_s"] if remote and cold else None
     out["remote_vs_fsspec"] = remote["mb_per_s"] / fs["mb_per_s"] if remote and fs else None
-    defaults = args.memory_budget is None and args.read_unit is None
+    defaults = all(getattr(args, k, None) is None for k in ("memory_budget", "read_unit", "piece_bytes"))
     out["targets"] = {
         ">= 0.8x the server's limit" + ("" if defaults else " (not default options)"):
             min(ratios) >= 0.8 if ratios else None,
@@ -571,7 +592,8 @@ def format_text(r: dict) -> str:
         f"{r['command']}",
         f"store {r['store_bytes'] / 1e9:.2f} GB at {r['url']} (SeaweedFS on 127.0.0.1, started in "
         f"{r['server_start_s']:.1f} s, upload {r['upload_mb_per_s']:.0f} MB/s); memory_budget {budget}, "
-        f"read_unit {r.get('read_unit') or 'default'}; {r['epochs']} epoch(s), {r['rounds']} round(s), medians; "
+        f"read_unit {r.get('read_unit') or 'default'}, piece_bytes {r.get('piece_bytes') or 'none'}; "
+        f"{r['epochs']} epoch(s), {r['rounds']} round(s), medians; "
         f"{r['machine']['cpus']} CPUs: {r['cpus']}",
         "",
         f"{'reader':<{width}}{'MB/s':>7}{'x limit':>9}{'x own':>7}{'client CPU':>15}{'server CPU':>12}"
@@ -602,8 +624,9 @@ def format_text(r: dict) -> str:
         where = condition_label(cache)
         for name in STREAMS:
             if f"{name}_{cache}" in rows:
-                unit = rows[f"{name}_{cache}"].get("unit_rows")
-                line(f"h5stream, {LABELS[name]} ({where}, unit {unit} rows)", f"{name}_{cache}",
+                unit, pieces = rows[f"{name}_{cache}"].get("unit_rows"), rows[f"{name}_{cache}"].get("piece_rows")
+                what = f"unit {unit} rows" + (f", pieces of {pieces}" if pieces else "")
+                line(f"h5stream, {LABELS[name]} ({where}, {what})", f"{name}_{cache}",
                      r.get(f"{name}_{cache}_vs_server_limit"), r.get(f"{name}_{cache}_vs_own_ranges_limit"))
             if f"{LIMITS[name]}_{cache}" in rows:
                 line(f"server limit, {LABELS[name]}, aligned 4 MiB ({where})", f"{LIMITS[name]}_{cache}")
@@ -655,6 +678,8 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--read-unit", default=None, help="the streams' read_unit (default: h5stream's; e.g. 4MiB)")
+    parser.add_argument("--piece-bytes", default=None,
+                        help="the streams' piece_bytes: the two-level order, read in pieces of this size (e.g. 8MiB)")
     parser.add_argument("--server-cache", choices=(*CACHES, "both"), default="both",
                         help="the server's page cache during the streams and the limit alike (default both)")
     parser.add_argument("--server-cpus", default=None,

@@ -76,12 +76,12 @@ def check_class_labels(meta, labels: np.ndarray) -> None:
 
 
 def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed=0, workers=0,
-                        rows_per_fill=None, read_unit=None) -> dict:
+                        rows_per_fill=None, read_unit=None, piece_bytes=None) -> dict:
     """Shuffle-quality figures and the read plan for ``path`` at ``memory_budget``; pure apart from reading labels.
 
     ``workers`` plans as a stream with that many augmenting workers (uint8 output) would: their memory comes out
-    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window and ``read_unit`` sets the unit
-    as ``h5stream.open`` does.
+    of the budget, so the shuffle window shrinks; ``rows_per_fill`` pins the window, ``read_unit`` sets the unit
+    and ``piece_bytes`` the two-level order's pieces as ``h5stream.open`` does.
     """
     from h5stream.augment import Augment
     from h5stream.streaming.planning import plan_stream
@@ -96,13 +96,15 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
 
     meta = read_meta(path)
     unit = None if read_unit is None else parse_bytes(read_unit, what="read_unit")
+    pieces = None if piece_bytes is None else parse_bytes(piece_bytes, what="piece_bytes")
     # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.  What
     # else shapes the plan is what h5stream.open gives it by default (read checks once, direct I/O "auto").
     plan = plan_stream(meta, parse_bytes(memory_budget), batch_size, workers=int(workers), rows_per_fill=rows_per_fill,
                        augment=Augment() if workers else None,  # augmenting workers load a transform's library
-                       epoch_rows=meta.rows, direct_io=resolve_direct_io(meta.path, "auto"), unit_bytes=unit,
+                       epoch_rows=meta.rows, unit_bytes=unit,
+                       direct_io=meta.remote is None and resolve_direct_io(meta.path, "auto"),  # a URL: no O_DIRECT
                        verify_reads=StreamOptions.verify_reads, chunk_cache_bytes=check_chunks(meta),
-                       available_bytes=None)
+                       available_bytes=None, piece_bytes=pieces)
     layout = layout_function(meta.rows, plan, seed)
     labels = read_labels(meta)
     check_class_labels(meta, labels)

@@ -99,6 +99,9 @@ def _info(parser) -> None:
                         help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
     parser.add_argument("--read-unit", default=None,
                         help="--shuffle-report with this read_unit (e.g. 4MiB), as h5stream.open(read_unit=) takes")
+    parser.add_argument("--piece-bytes", default=None,
+                        help="--shuffle-report of the two-level order in pieces of this size (e.g. 8MiB), as "
+                             "h5stream.open(piece_bytes=) takes")
 
 
 def _bench(parser) -> None:

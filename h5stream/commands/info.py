@@ -218,7 +218,7 @@ def run(args) -> int:
             raise ConfigError(f"--workers must be >= 0, got {args.workers}")
         report = file_shuffle_report(args.path, memory_budget=args.memory_budget, batch_size=args.batch_size,
                                      seed=args.seed, workers=args.workers, rows_per_fill=args.rows_per_fill,
-                                     read_unit=args.read_unit)
+                                     read_unit=args.read_unit, piece_bytes=args.piece_bytes)
         info["shuffle_report"] = report
         info.setdefault("sections", {})["shuffle report"] = format_shuffle_report(report)
     if args.json:

@@ -48,7 +48,8 @@ def _cold(meta, cold: bool):
 
 
 def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, workers, progress,
-                   interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None, direct_io="auto", read_unit=None):
+                   interval_s=SAMPLE_INTERVAL_S, rows_per_fill=None, direct_io="auto", read_unit=None,
+                   piece_bytes=None):
     """Time ``epochs`` epochs of the stream; returns (figures + orders + yielded labels, Timeline)."""
     import h5stream
     import h5stream.streaming.stream  # noqa: F401 - imported before the baseline sample, so not counted as the stream's
@@ -65,7 +66,7 @@ def measure_stream(meta, *, batch_size, budget, epochs, seed, cold, augment, wor
         t0 = time.monotonic()
         stream = h5stream.open(meta.path, batch_size=batch_size, memory_budget=budget, shuffle=True, seed=seed,
                                augment=augment, workers=workers, rows_per_fill=rows_per_fill, direct_io=direct_io,
-                               read_unit=read_unit)
+                               read_unit=read_unit, piece_bytes=piece_bytes)
         open_s = time.monotonic() - t0
         stack.callback(stream.close)
         bar.reset(total=epochs * stream.meta.rows)

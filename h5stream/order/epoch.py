@@ -64,6 +64,7 @@ import numpy as np
 
 from h5stream.errors import ConfigError
 from h5stream.order.pieces import batch_sizes, piece, rest_of_epoch
+from h5stream.order.twolevel import WINDOW_PIECES, two_level_fills
 
 __all__ = ["EpochLayout", "batch_sizes", "check_shard", "epoch_layout", "fill_schedule", "shard_layout",
            "shard_segments"]
@@ -225,13 +226,18 @@ class EpochLayout:
 
 
 def _whole_epoch(rows: int, block_rows: int, rows_per_fill: int, seed: int, epoch: int, shuffle: bool,
-                 unit_rows: int | None, start_row: int) -> EpochLayout:
-    """The global order: rows ``[start_row, rows)`` laid out as one shard (no batches yet)."""
+                 unit_rows: int | None, start_row: int, piece_rows: int | None = None,
+                 window_pieces: int = WINDOW_PIECES) -> EpochLayout:
+    """The global order: rows ``[start_row, rows)`` laid out as one shard (no batches yet); with
+    ``piece_rows``, by the two-level scheme of :mod:`h5stream.order.twolevel`."""
     unit = block_rows if unit_rows is None else int(unit_rows)
     if rows_per_fill < unit:
         raise ConfigError(f"rows_per_fill ({rows_per_fill}) must hold at least one unit ({unit} rows)")
     segments = shard_segments(rows, block_rows, seed, epoch, (0, 1), shuffle, unit, start_row)
-    fills = fill_schedule(len(segments), rows_per_fill // unit, seed, epoch, 0, shuffle)
+    if piece_rows is not None and shuffle:
+        fills = two_level_fills(segments, rows_per_fill, unit, int(piece_rows), seed, epoch, window_pieces)
+    else:
+        fills = fill_schedule(len(segments), rows_per_fill // unit, seed, epoch, 0, shuffle)
     lengths = segments[:, 1] - segments[:, 0]
     fill_rows = np.array([int(lengths[f].sum()) for f in fills], dtype=np.int64)
     return EpochLayout(segments, tuple(fills), fill_rows, np.zeros(0, np.int64), int(seed), int(epoch), 0,
@@ -266,16 +272,20 @@ def _view(whole: EpochLayout, part, sizes: np.ndarray) -> EpochLayout:
 
 def epoch_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
                  shard=None, shuffle: bool = True, drop_remainder: bool = False,
-                 unit_rows: int | None = None, start_row: int = 0, stages=()) -> EpochLayout:
+                 unit_rows: int | None = None, start_row: int = 0, stages=(), piece_rows: int | None = None,
+                 window_pieces: int = WINDOW_PIECES) -> EpochLayout:
     """Lay out one epoch of one shard over rows ``[start_row, rows)``: its piece of the epoch's global order.
 
     ``rows_per_fill`` is the shuffle buffer's capacity in rows; ``unit_rows`` (a divisor of ``block_rows``,
     default the block) is the piece that moves between fills; ``stages`` (pairs ``(count, batches)``, see
     :mod:`h5stream.order.pieces`) are what other rank counts served of this epoch before: the shard's piece is
-    then one of the rest.  Raises :class:`ConfigError` for values that give no layout.
+    then one of the rest.  ``piece_rows`` (a multiple of ``block_rows``; None: the one-level order) orders
+    the epoch by :mod:`h5stream.order.twolevel`, units spread over ``window_pieces`` pieces.  Raises
+    :class:`ConfigError` for values that give no layout.
     """
     index, count = check_shard(shard)
-    whole = _whole_epoch(rows, block_rows, rows_per_fill, seed, epoch, shuffle, unit_rows, start_row)
+    whole = _whole_epoch(rows, block_rows, rows_per_fill, seed, epoch, shuffle, unit_rows, start_row,
+                         piece_rows, window_pieces)
     rest = rest_of_epoch(rows - start_row, batch_size, drop_remainder, stages)
     part, sizes = piece(rest, index, count, batch_size, drop_remainder)
     return _view(whole, part, sizes)

@@ -293,6 +293,9 @@ class Reader:
                     f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
                     images, labels = images_dataset(f), f[schema.LABELS]
                 self._source = self._open_source()
+                piece_rows = getattr(self._layout, "piece_rows", 0)
+                if piece_rows and self.meta.remote is not None and self._offsets is not None:
+                    self._source = _piece_window(self._source, self._offsets, self.meta, piece_rows)
                 stack.callback(self._source.close)
                 self._counts["direct_io"] = int(bool(getattr(self._source, "direct", False)))
                 self._check = BlockCheck.from_digests(
@@ -479,3 +482,11 @@ class Reader:
         self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
         if self._check is not None:
             self._counts["verify_learn_bytes"] = self._check.learned_bytes
+
+
+def _piece_window(source: ByteSource, offsets: np.ndarray, meta: StoreMeta, piece_rows: int) -> ByteSource:
+    """A URL's source behind the window of pieces the two-level order reads from (:mod:`h5stream.read.window`)."""
+    from h5stream.order.twolevel import window_capacity
+    from h5stream.read.window import piece_window
+
+    return piece_window(source, offsets, meta, piece_rows, window_capacity(source.max_in_flight))

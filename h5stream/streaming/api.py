@@ -59,6 +59,12 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
             store larger than the memory that could cache it, True, False.
         read_unit: bytes (or ``"4MiB"``) that rows move between fills in, and
             the size of most reads (default 1 to 4 MiB); changes the order.
+        piece_bytes: the two-level order (e.g. ``"8MiB"``): the store is cut
+            into pieces of whole blocks of at least this size, permuted per
+            epoch, and the ``read_unit`` units shuffled within a window of
+            pieces; a URL fetches each piece with one large ranged request, once
+            per epoch.  A local file opened with the same value yields the
+            same batches.  Default None: the one-level order.
         verify_reads: check the rows read against the store's block checksums:
             ``"once"`` (each block on its first read; labels always), True
             (every read), False.

@@ -32,6 +32,10 @@ the counts the plan names (``reader_batches``, ``input_slots``,
   (:func:`h5stream.read.verify.check_memory_bytes`);
 * **chunk cache** -- for a store whose chunks split images (laid out by
   another tool), the HDF5 chunk cache that reads each band of chunks once.
+* **piece window** -- for a URL read in the two-level order
+  (``piece_bytes``), the whole pieces held in memory
+  (:func:`h5stream.order.twolevel.window_pieces_bytes`), with the remote
+  client's share.
 
 The fill size ``rows_per_fill`` is whatever the budget leaves after
 everything else, in whole blocks; a budget that cannot hold one batch per
@@ -164,6 +168,8 @@ class StreamPlan:
     verify_bytes: int = 0  # row digests and block buffers of verify_reads
     chunk_cache_bytes: int = 0  # HDF5's chunk cache, for a store whose chunks split images
     feeder: bool = False  # reader and pool run in a feeder process (its memory is in pool_bytes)
+    piece_rows: int = 0  # rows per piece of the two-level order (0: the one-level order)
+    piece_window_bytes: int = 0  # pieces a URL holds in memory under the two-level order
 
     def allocations(self) -> dict[str, int]:
         """Every part of the plan, in bytes, by name."""
@@ -171,7 +177,7 @@ class StreamPlan:
                 "workers": self.pool_bytes, "transform": self.transform_bytes, "label cache": self.label_cache_bytes,
                 "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes,
                 "direct I/O": self.direct_io_bytes, "checksums": self.verify_bytes,
-                "chunk cache": self.chunk_cache_bytes}
+                "chunk cache": self.chunk_cache_bytes, "piece window": self.piece_window_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -216,12 +222,15 @@ class StreamPlan:
                 share += f" + {format_bytes(self.verify_bytes)} for checksums"
             if self.chunk_cache_bytes:
                 share += f" + {format_bytes(self.chunk_cache_bytes)} for HDF5's chunk cache"
+            if self.piece_window_bytes:
+                share += f" + {format_bytes(self.piece_window_bytes)} for the window of pieces"
             reading = (self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
-                       - self.verify_bytes - self.chunk_cache_bytes)
+                       - self.verify_bytes - self.chunk_cache_bytes - self.piece_window_bytes)
             budget += f" (default: {format_bytes(reading)} for reading{share})"
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in self.allocations().items() if n)
+        pieces = f", two-level order in pieces of {self.piece_rows} rows" if self.piece_rows else ""
         return (f"budget {budget}: {FILLS} fills x {self.rows_per_fill} rows "
-                f"({self.rows_per_fill // self.unit_rows} units of {self.unit_rows}), "
+                f"({self.rows_per_fill // self.unit_rows} units of {self.unit_rows}{pieces}), "
                 f"{self.reader_batches} batches of {self.batch_size} in memory ({self.queue_depth} queued); {parts}")
 
 
@@ -255,6 +264,7 @@ def plan_memory(
     verify_bytes: int = 0,
     chunk_cache_bytes: int = 0,
     feeder: bool = False,
+    piece_window_bytes: int = 0,
 ) -> StreamPlan:
     """Split ``budget_bytes`` between everything a stream over a store of ``rows`` rows allocates.
 
@@ -270,7 +280,9 @@ def plan_memory(
     a store read from a URL holds, on top of the default budget like
     augmentation's share, out of a given one; ``direct_io_bytes`` likewise, the bounce buffers of reads past
     the page cache, ``verify_bytes``, what checking reads against the block checksums holds, and
-    ``chunk_cache_bytes``, HDF5's chunk cache for a store whose chunks split images.
+    ``chunk_cache_bytes``, HDF5's chunk cache for a store whose chunks split images, and
+    ``piece_window_bytes``, the pieces a URL read in the two-level order holds
+    (:func:`h5stream.order.twolevel.window_pieces_bytes`).
     ``feeder`` (with ``workers``): the reader and the pool run in a feeder process, whose own memory
     (:data:`FEEDER_OVERHEAD_BYTES`) and :data:`FEEDER_IN_FLIGHT` more output slots count with the workers.
     """
@@ -302,7 +314,7 @@ def plan_memory(
     elif augment:
         transform = TRANSFORM_LIBRARY_BYTES + TRANSFORM_SCRATCH_BYTES
     client = (int(remote_client_bytes) + int(direct_io_bytes) + int(verify_bytes)
-              + int(chunk_cache_bytes))  # what the byte source holds
+              + int(chunk_cache_bytes) + int(piece_window_bytes))  # what the byte source holds
     fixed = bookkeeping + output + pool + transform + client
 
     def total(fill_rows: int, depth: int, label_cache: int = 0) -> int:
@@ -379,4 +391,5 @@ def plan_memory(
         verify_bytes=int(verify_bytes),
         chunk_cache_bytes=int(chunk_cache_bytes),
         feeder=feeder,
+        piece_window_bytes=int(piece_window_bytes),
     )

@@ -128,10 +128,12 @@ class LayoutFunction:
     resumed_epoch: int = -1
     stages: tuple[tuple[int, int], ...] = ()
     legacy: bool = False
+    piece_rows: int = 0  # the two-level order's pieces (0: the one-level order)
 
     def __call__(self, epoch: int) -> EpochLayout:
         make = shard_layout if (self.legacy and epoch == self.resumed_epoch) else epoch_layout
-        extra = {} if make is shard_layout else {"stages": self.stages_of(epoch)}
+        extra = {} if make is shard_layout else {"stages": self.stages_of(epoch),
+                                                 "piece_rows": self.piece_rows or None}
         return make(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
                     shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
                     unit_rows=self.unit_rows, start_row=self.start_row, **extra)
@@ -198,7 +200,8 @@ def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle:
         epoch, _, stages, legacy = resume_point(resume, shard)
         resumed = epoch if (stages or legacy) else -1
     return LayoutFunction(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, plan.unit_rows, seed,
-                          shard, bool(shuffle), bool(drop_remainder), start_row, resumed, stages, legacy)
+                          shard, bool(shuffle), bool(drop_remainder), start_row, resumed, stages, legacy,
+                          plan.piece_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,8 +278,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     committed rows, a label mode its labels cannot take, a batch size that
     leaves no batch), and :class:`~h5stream.BudgetError`
     for a memory budget that cannot hold the plan; each one line saying what to
-    change.  The order of the epoch depends on the seed, on ``rows_per_fill``
-    and on ``unit_rows``: a resumed state names all three, and they win over
+    change.  The order of the epoch depends on the seed, on ``rows_per_fill``,
+    ``unit_rows`` and ``piece_rows``: a resumed state names them, and they win over
     what the options and the budget would give.
     """
     if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
@@ -302,13 +305,16 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     unit_bytes = options.read_unit
     if unit_bytes is None and resume is not None and "unit_rows" in resume:
         unit_bytes = int(resume["unit_rows"]) * meta.row_bytes  # likewise
+    piece_bytes = options.piece_bytes
+    if piece_bytes is None and resume is not None and int(resume.get("piece_rows", 0)):
+        piece_bytes = int(resume["piece_rows"]) * meta.row_bytes  # likewise
     start, stop = rows
     batch_size = options.batch_size
     plan = plan_stream(meta, options.memory_budget, batch_size, augment=augment, workers=workers,
                        rows_per_fill=rows_per_fill, epoch_rows=stop - start,
                        out_label_row_bytes=labels.extra_row_bytes, direct_io=direct_io, unit_bytes=unit_bytes,
                        available_bytes=facts.available_bytes, verify_reads=options.verify_reads,
-                       chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder)
+                       chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder, piece_bytes=piece_bytes)
     shard = options.shard or (0, 1)
     layout = layout_function(stop, plan, int(seed), shard, options.shuffled, options.drop_remainder,
                              start_row=start, resume=resume if _is_state(resume) else None)

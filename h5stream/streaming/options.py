@@ -48,6 +48,7 @@ class StreamOptions:
     remote: object = None
     direct_io: bool | str = "auto"
     read_unit: int | str | None = None
+    piece_bytes: int | str | None = None
     verify_reads: bool | str = "once"
     feeder: bool = False
     allow_unfinished: bool = False
@@ -84,10 +85,11 @@ class StreamOptions:
             object.__setattr__(self, "remote", remote_options(self.remote))
         budget = None if self.memory_budget is None else parse_bytes(self.memory_budget)
         unit = None if self.read_unit is None else parse_bytes(self.read_unit, what="read_unit")
+        piece = None if self.piece_bytes is None else parse_bytes(self.piece_bytes, what="piece_bytes")
         for name, value in (("batch_size", int(self.batch_size)), ("workers", int(self.workers)),
                             ("timeout_s", float(self.timeout_s)), ("drop_remainder", bool(self.drop_remainder)),
                             ("memory_budget", budget), ("validation_split", split), ("subset", subset),
-                            ("read_unit", unit),
+                            ("read_unit", unit), ("piece_bytes", piece),
                             ("shard", None if self.shard is None else check_shard(self.shard))):
             object.__setattr__(self, name, value)
 

@@ -29,14 +29,15 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                 rows_per_fill: int | None = None, epoch_rows: int | None = None,
                 out_label_row_bytes: int = 0, direct_io: bool = False, unit_bytes: int | None = None,
                 available_bytes: int | None | str = "auto", verify_reads: bool | str = False,
-                chunk_cache_bytes: int = 0, feeder: bool = False) -> StreamPlan:
+                chunk_cache_bytes: int = 0, feeder: bool = False, piece_bytes: int | None = None) -> StreamPlan:
     """The plan a stream over the store ``meta`` (a :class:`~h5stream.store.meta.StoreMeta`) runs by (what
     ``Stream.plan`` holds).  ``augment``: an :class:`~h5stream.Augment` or None; ``direct_io``: the store is
     read past the page cache; ``unit_bytes``: the shuffle's unit, a contiguous read (default: 1 to 4 MiB,
     :func:`~h5stream.read.plan.default_unit_bytes` of the fill and the epoch);
     ``verify_reads``: the stream's option of that name (its memory counts when the store has checksums);
     ``chunk_cache_bytes``: HDF5's chunk cache for a store whose chunks split images; ``feeder``: the reader and
-    the pool run in a feeder process (``open(..., feeder=True)``).
+    the pool run in a feeder process (``open(..., feeder=True)``); ``piece_bytes``: the two-level order's
+    pieces (None: the one-level order), whose window a URL holds counts with the remote client.
 
     ``budget_bytes=None`` is the default budget (see :func:`plan_memory`).  A budget below the minimum raises
     :class:`BudgetError` naming the budget that fits and, where there is one, the largest worker count and the
@@ -72,7 +73,16 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     verify = verify_bytes(remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io
                           else LocalFile.max_in_flight)
 
+    piece_rows = window = 0
+    if piece_bytes is not None:
+        from h5stream.order.twolevel import piece_rows_for, window_pieces_bytes
+
+        piece_rows = piece_rows_for(meta.block_rows, meta.row_bytes, piece_bytes)
+        if remote is not None:
+            window = window_pieces_bytes(piece_rows, meta.row_bytes, remote.max_in_flight)
+
     def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify):
+        # The window of pieces belongs to the URL's client: the local file's plan (client=0) has neither.
         return plan_memory(
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
             block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
@@ -80,6 +90,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None, unit_bytes),
             rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
             verify_bytes=verify, chunk_cache_bytes=chunk_cache_bytes, feeder=feeder,
+            piece_window_bytes=window if client else 0,
         )
 
     def minimum(workers, batch_size):
@@ -101,7 +112,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         raise budget_error(budget_bytes, minimum(workers, batch_size),
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
-                           + (" and the remote client" if client else ""), tuple(alternatives))
+                           + (" and the remote client" if client else "")
+                           + (" and its window of pieces" if client and window else ""), tuple(alternatives))
     if client and budget_bytes is not None and rows_per_fill is None:  # the local file's order, or BudgetError
         result = url_plan(partial(plan, budget_bytes, workers, batch_size), meta.path, budget_bytes, client,
                           verify_bytes(LocalFile.max_in_flight))
@@ -113,6 +125,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         unit_rows = unit_rows_for(meta.block_rows, meta.row_bytes, False,
                                   default_unit_bytes(result.rows_per_fill * meta.row_bytes, epoch_bytes))
         result = replace(result, unit_rows=unit_rows)
+    if piece_rows:
+        result = replace(result, piece_rows=piece_rows)
     if available_bytes == "auto":
         available_bytes = available_memory_bytes()
     if available_bytes is not None and result.total_bytes > available_bytes:

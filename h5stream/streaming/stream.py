@@ -33,8 +33,8 @@ from h5stream.store.meta import read_meta
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
 STATE_VERSION = 2
-_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "shuffle",
-                "drop_remainder")
+_LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "piece_rows",
+                "shuffle", "drop_remainder")
 
 
 def _from_config(name: str, doc: str) -> property:
@@ -291,7 +291,7 @@ class Stream:
             "rows": self.meta.rows, "row_start": self.config.rows[0], "row_stop": self.config.rows[1],
             "subset": self.subset,
             "batch_size": self.batch_size, "rows_per_fill": self.plan.rows_per_fill,
-            "unit_rows": self.plan.unit_rows,
+            "unit_rows": self.plan.unit_rows, "piece_rows": self.plan.piece_rows,
             "shard_index": self.config.shard[0], "shard_count": self.config.shard[1], "shuffle": int(self.shuffle),
             "drop_remainder": int(self.drop_remainder),
         }
@@ -314,12 +314,13 @@ class Stream:
         if state.get("subset") != self.subset:
             raise ConfigError(f"cannot resume: the state is of subset={state.get('subset')!r} but this stream is "
                               f"subset={self.subset!r}; resume each subset from its own state")
-        defaults = {"row_start": 0, "row_stop": state.get("rows", self.meta.rows)}  # states of unsplit streams
+        defaults = {"row_start": 0, "row_stop": state.get("rows", self.meta.rows),  # states of unsplit streams
+                    "piece_rows": 0}  # and of the one-level order
         state = {**defaults, **state}
         for key in _LAYOUT_KEYS:
             if key in state and int(state[key]) != int(mine[key]):
                 fix = ("open the stream with h5stream.open(..., resume=state), which takes the shuffle window from "
-                       "the state" if key in ("rows_per_fill", "unit_rows") else
+                       "the state" if key in ("rows_per_fill", "unit_rows", "piece_rows") else
                        "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
                 raise ConfigError(f"cannot resume: the state has {key}={state[key]} "
                                   f"but this stream has {key}={mine[key]}; {fix}")

@@ -1,0 +1,100 @@
+"""Shuffle quality of the one-level and the two-level order on class-sorted stores, computed (no I/O, no timing).
+
+    python -m benchmarks.order_quality                       # 1.1 GB and 10 GB, 10 classes, batch 64
+    python -m benchmarks.order_quality --gb 1.1 --seeds 20 --json
+
+For each store size the plan is the one ``h5stream.open`` makes under the default budget for a store of rows of
+128x128x3 in chunks of 64 rows (what ``benchmarks.data.make_bench_file`` writes), with the default order and with
+``piece_bytes``; the labels are class-sorted (the worst case for the class mix).  Per order: batch label TVD over a
+random permutation's (:func:`h5stream.order.quality.batch_label_tvd`), and Kendall's tau between epochs 0 and 1
+(:func:`~h5stream.order.quality.kendall_tau`) over ``--seeds`` seeds: its spread, largest value and the share of
+seeds within 0.02.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from benchmarks.harness import log, run_cli
+
+
+def _meta(rows: int, workdir: str):
+    """A store description of ``rows`` rows of 128x128x3 in chunks of 64 rows (a tiny real store, rows replaced)."""
+    from h5stream.store.meta import read_meta
+    from h5stream.store.writer import write_arrays
+
+    path = os.path.join(workdir, "layout.h5")
+    write_arrays(path, np.zeros((64, 128, 128, 3), np.uint8), np.zeros(64, np.int64), block_rows=64)
+    return dataclasses.replace(read_meta(path), rows=rows)
+
+
+def measure(meta, classes: int, batch_size: int, seeds: int, piece_bytes: int | None) -> dict:
+    from h5stream.order.quality import batch_label_tvd, full_random_order, kendall_tau
+    from h5stream.streaming.config import layout_function
+    from h5stream.streaming.planning import plan_stream
+
+    rows = meta.rows
+    labels = (np.arange(rows) * classes) // rows
+    plan = plan_stream(meta, None, batch_size, piece_bytes=piece_bytes, available_bytes=None)
+    ratios, taus = [], []
+    for seed in range(seeds):
+        layout = layout_function(rows, plan, seed)
+        first, second = layout(0).order(), layout(1).order()
+        if seed < 3:
+            random = batch_label_tvd(labels[full_random_order(rows, seed)], batch_size, classes)
+            ratios.append(batch_label_tvd(labels[first], batch_size, classes) / random)
+        taus.append(kendall_tau(first, second))
+    taus_abs = np.abs(taus)
+    return {"rows_per_fill": plan.rows_per_fill, "unit_rows": plan.unit_rows, "piece_rows": plan.piece_rows,
+            "tvd_over_random": ratios, "tau_std": float(np.std(taus)), "tau_max_abs": float(taus_abs.max()),
+            "tau_within_0_02": float(np.mean(taus_abs <= 0.02))}
+
+
+def run(args) -> dict:
+    from h5stream.read.plan import parse_bytes
+
+    pieces = parse_bytes(args.piece_bytes, what="--piece-bytes")
+    out = {"command": "python -m benchmarks.order_quality " + " ".join(sys.argv[1:]), "classes": args.classes,
+           "batch_size": args.batch_size, "seeds": args.seeds, "piece_bytes": pieces, "stores": []}
+    with tempfile.TemporaryDirectory() as workdir:
+        meta = _meta(64, workdir)
+        for gb in args.gb:
+            m = dataclasses.replace(meta, rows=int(gb * 1e9 / meta.row_bytes))
+            for order, piece in (("one-level", None), ("two-level", pieces)):
+                log(f"{gb} GB, {order}")
+                out["stores"].append({"gb": gb, "rows": m.rows, "order": order,
+                                      **measure(m, args.classes, args.batch_size, args.seeds, piece)})
+    return out
+
+
+def format_text(r: dict) -> str:
+    lines = [r["command"], f"class-sorted, {r['classes']} classes, batch {r['batch_size']}, default budget; tau over "
+             f"{r['seeds']} seeds", "",
+             f"{'store':>8} {'order':<10} {'fill':>6} {'unit':>5} {'piece':>6}  {'TVD / random (seeds 0-2)':<26}"
+             f"{'tau sd':>8} {'max|tau|':>9} {'|tau|<=0.02':>12}"]
+    for s in r["stores"]:
+        ratios = ", ".join(f"{v:.3f}" for v in s["tvd_over_random"])
+        lines.append(f"{s['gb']:>6g}GB {s['order']:<10} {s['rows_per_fill']:>6} {s['unit_rows']:>5} "
+                     f"{s['piece_rows'] or '-':>6}  {ratios:<26}{s['tau_std']:>8.4f} {s['tau_max_abs']:>9.4f} "
+                     f"{s['tau_within_0_02']:>11.0%}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.order_quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, nargs="+", default=[1.1, 10.0], help="store sizes (default 1.1 10)")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seeds", type=int, default=20, help="seeds for tau (TVD: the first 3)")
+    parser.add_argument("--piece-bytes", default="8MiB", help="the two-level order's pieces (default 8MiB)")
+    return run_cli(parser, argv, run, format_text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
