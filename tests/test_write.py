@@ -22,6 +22,8 @@ from h5stream.ingest.report import read_report
 from h5stream.ingest.spec import DecodeSpec
 from h5stream.store import schema
 
+pytestmark = pytest.mark.usefixtures("no_leaks")  # child processes: a killed writer, the examples
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -195,6 +195,7 @@ class Writer:
         self.consumed = self.skipped = self.resumed_from = self._rows_before = self.written = 0
         self._appended = (0, 0)  # (consumed, skipped) once the rows appended so far are in
         self._closed = False
+        self._result: WriteResult | None = None
         self._lock = StoreLock.acquire(self.path)
         try:
             self._open(opts)
@@ -396,6 +397,8 @@ class Writer:
         """Append and commit what was added, close the store and release its lock; the result.  Idempotent.
         SourceError when no item became a row of a new store (none is created)."""
         if self._closed:
+            if self._result is None:
+                raise ConfigError(f"{self.path}: this Writer stopped on an error; resume=True continues it")
             return self._result
         self._closed = True
         try:
