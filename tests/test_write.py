@@ -21,6 +21,7 @@ from h5stream.ingest.decode import decode_file
 from h5stream.ingest.report import read_report
 from h5stream.ingest.spec import DecodeSpec
 from h5stream.store import schema
+from h5stream.store.progress import unfinished_message
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # child processes: a killed writer, the examples
 
@@ -172,6 +173,12 @@ def test_misuse_is_one_clear_error_and_writes_nothing(tmp_path, small_class_stor
         h5stream.write(out, np.zeros((5, 3, 3), np.uint8), resume=True)
     with pytest.raises(ConfigError, match="not made by h5stream.write"):
         h5stream.write(small_class_store, x, resume=True)
+    with pytest.raises(ConfigError, match="^block_rows must be >= 1"):
+        h5stream.write(tmp_path / "b.h5", x, block_rows=0)
+    with pytest.raises(ConfigError, match="contradict"):
+        h5stream.write(out, x, resume=True, overwrite=True)
+    with pytest.raises(ConfigError, match="store has classes"):
+        h5stream.write(out, x, classes=["a"], resume=True)
     with pytest.raises(SourceError, match="item 1: .*strict=True"):
         h5stream.write(tmp_path / "st.h5", [np.zeros((3, 3), np.uint8), None], strict=True)
 
@@ -219,7 +226,7 @@ def write_source(kind: str, out: str, resume: bool = False):
 
 
 @pytest.mark.parametrize("kind", ["arrays", "dataset", "generator"])
-@pytest.mark.parametrize("kill_at", [3, 8, 9, 14])  # flushes: a commit's first or second, early or later
+@pytest.mark.parametrize("kill_at", [1, 3, 8, 9, 14])  # flushes: before any row, a commit's first or second
 def test_a_write_killed_mid_way_continues_to_the_store_an_uninterrupted_write_makes(kind, kill_at, tmp_path):
     whole = tmp_path / "whole.h5"
     write_source(kind, str(whole))
@@ -229,7 +236,10 @@ def test_a_write_killed_mid_way_continues_to_the_store_an_uninterrupted_write_ma
     assert proc.returncode == -9 and "finished" not in proc.stdout, proc.stderr[-2000:]
     if os.path.exists(out):
         meta = h5stream.read_meta(out)
-        assert 0 < meta.rows < N_ITEMS and not meta.ingest.finished  # it says it is unfinished
+        assert 0 < meta.rows < N_ITEMS and not meta.ingest.finished  # it says it is unfinished, and how to go on
+        assert "h5stream.write(" in unfinished_message(meta) and "resume=True" in unfinished_message(meta)
+    else:
+        assert kill_at == 1  # killed before its first commit: no store under that name
     result = write_source(kind, str(out), resume=True)
     assert result.resumed_from < N_ITEMS
     assert_same(contents(out), contents(whole))

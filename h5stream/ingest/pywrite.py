@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -94,9 +95,19 @@ def write_options(path, *, resume: bool = False, **options) -> IngestOptions:
         options["classes"] = tuple(classes)
     if options.get("compression") == "none":
         options["compression"] = None
+    if resume and options.get("overwrite"):
+        raise ConfigError("resume=True and overwrite=True contradict each other; pick one")
     opts = IngestOptions(src=WRITER_SOURCE, out=os.fspath(path), append=bool(resume), **options)
-    check_options(opts)
+    try:
+        check_options(opts)
+    except ConfigError as exc:  # the ingest's checks name its flags: name the keywords instead
+        raise ConfigError(python_names(str(exc))) from None
     return opts
+
+
+def python_names(message: str) -> str:
+    """``message`` with the ingest's flags (``--block-rows``) as this function's keywords (``block_rows``)."""
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +247,11 @@ class Writer:
             if ours is not None and ours != theirs:
                 raise ConfigError(f"{self.path}: store has {name} {theirs}, this write asks for {ours}; resume with "
                                   "the options of the write that made it, or write a new store")
+        if opts.classes is not None and (where["classes_given"] is False or
+                                         tuple(meta.class_names or ()) != tuple(opts.classes)):
+            raise ConfigError(f"{self.path}: store has classes {list(meta.class_names or ())}"
+                              f"{'' if where['classes_given'] else ' (none were given to the write that made it)'}, "
+                              f"this write gives {list(opts.classes)}; resume with the classes that made it")
         if self.total is not None and where["total"] is not None and self.total != where["total"]:
             raise ConfigError(f"{self.path}: was written from a source of {where['total']} items, this one has "
                               f"{self.total}; resume needs the same source in the same order")
