@@ -159,7 +159,7 @@ def test_misuse_is_one_clear_error_and_writes_nothing(tmp_path, small_class_stor
         h5stream.write(out, x, size=(0, 3))
     with pytest.raises(ConfigError, match="order they are added"):
         h5stream.Writer(out, order="shuffled")
-    with pytest.raises(SourceError, match="every one of the 2 items was skipped"):
+    with pytest.raises(SourceError, match=r"every one of the 2 items was skipped \(item 0: no image \(None\)"):
         h5stream.write(out, [None, b""])
     with pytest.raises(SourceError, match="gave no items"):
         h5stream.write(out, iter(()))
@@ -259,3 +259,27 @@ def test_a_writer_continued_by_hand_starts_where_the_store_says(tmp_path):
             w.add(image, label)
     c = contents(tmp_path / "h.h5")
     np.testing.assert_array_equal(c[schema.IMAGES][:, 0, 0, 0], np.arange(40))
+
+
+def test_an_error_in_the_source_keeps_what_was_written_unfinished_and_resume_finishes_it(tmp_path):
+    def photos(fail_at=None):
+        for i in range(90):
+            if i == fail_at:
+                raise RuntimeError("the database went away")
+            yield np.full((4, 4, 3), i, np.uint8), i % 3
+
+    h5stream.write(tmp_path / "whole.h5", photos(), block_rows=8, commit_rows=8)
+    out = tmp_path / "o.h5"
+    with pytest.raises(RuntimeError, match="database went away"):
+        h5stream.write(out, photos(fail_at=70), block_rows=8, commit_rows=8)
+    meta = h5stream.read_meta(out)
+    assert meta.rows == 70 and not meta.ingest.finished  # the 70 items before the error, not a finished store
+    assert h5stream.write(out, photos(), resume=True).resumed_from == 70
+    assert_same(contents(out), contents(tmp_path / "whole.h5"))
+
+
+def test_a_channels_first_tensor_is_skipped_with_a_hint(tmp_path):
+    with h5stream.Writer(tmp_path / "c.h5") as w:
+        w.add(np.zeros((8, 8, 3), np.uint8), 0)
+        assert not w.add(np.zeros((3, 8, 8), np.uint8), 1)
+    assert "channels-first" in contents(tmp_path / "c.h5")["report"]["1"]

@@ -71,10 +71,14 @@ def _as_array(image) -> np.ndarray:
         raise SkipFile(f"not an image: {type(image).__name__} ({exc})") from None
     if arr.dtype == object or arr.dtype.kind not in "uifb":
         raise SkipFile(f"not an image: {type(image).__name__}; give a uint8 array, a PIL image or encoded bytes")
+    if arr.ndim == 3 and arr.shape[0] in (1, 3) and arr.shape[2] not in (1, 3, 4):
+        raise SkipFile(f"image array of shape {arr.shape} looks channels-first (C x H x W, a torch tensor?); give "
+                       "H x W x C: drop the ToTensor transform, or .permute(1, 2, 0)")
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4)):
         raise SkipFile(f"image array of shape {arr.shape}; give H x W or H x W x C with C = 1, 3 or 4")
     if arr.dtype != np.uint8:
-        raise SkipFile(f"image array of dtype {arr.dtype}; give uint8 pixels (0-255)")
+        raise SkipFile(f"image array of dtype {arr.dtype}; give uint8 pixels (0-255; floats in [0, 1]: multiply "
+                       "by 255 and convert)")
     if min(arr.shape[:2]) < 1:
         raise SkipFile(f"empty image ({arr.shape[1]}x{arr.shape[0]})")
     return arr

@@ -207,6 +207,7 @@ class Writer:
         self._appended = (0, 0)  # (consumed, skipped) once the rows appended so far are in
         self._closed = False
         self._result: WriteResult | None = None
+        self._first_skip: tuple[int, str] | None = None  # for the error when no item became a row
         self._lock = StoreLock.acquire(self.path)
         try:
             self._open(opts)
@@ -371,6 +372,7 @@ class Writer:
         if self.opts.strict:
             raise SourceError(f"item {index}: {why}; strict=True stops on any item that cannot become a row")
         self._report.add(str(index), why)
+        self._first_skip = self._first_skip or (index, why)
         self.consumed += 1
         self.skipped += 1
         if not self._buf_paths:  # nothing staged: the skip follows the appended rows directly
@@ -412,6 +414,11 @@ class Writer:
     def close(self) -> WriteResult:
         """Append and commit what was added, close the store and release its lock; the result.  Idempotent.
         SourceError when no item became a row of a new store (none is created)."""
+        return self._finish(interrupted=False)
+
+    def _finish(self, interrupted: bool) -> WriteResult:
+        """:meth:`close`; ``interrupted``: the write stopped on an error, so a source without a known length is not
+        recorded as consumed to its end (the store stays unfinished)."""
         if self._closed:
             if self._result is None:
                 raise ConfigError(f"{self.path}: this Writer stopped on an error; resume=True continues it")
@@ -422,12 +429,13 @@ class Writer:
                 self._report.close()
                 if self.consumed:
                     raise SourceError(f"{self.path}: not created: every one of the {self.consumed} items was "
-                                      f"skipped (reasons in {self.report_path})")
+                                      f"skipped (item {self._first_skip[0]}: {self._first_skip[1]}; all in "
+                                      f"{self.report_path})")
                 raise SourceError(f"{self.path}: not created: the source gave no items")
             try:
                 self._append_buffer()
                 self._appended = (self.consumed, self.skipped)
-                self._commit(final=True)
+                self._commit(final=not interrupted)
                 self._report.close()
                 self._store.close()
             except StoreWriteError as exc:
@@ -457,7 +465,7 @@ class Writer:
             return
         try:  # commits what was added (also on Ctrl-C), so resume=True continues from here
             if self._store is not None or self.consumed:
-                self.close()
+                self._finish(interrupted=True)
         except Exception:
             pass  # the error that stopped the write is the one to see
         finally:

@@ -36,6 +36,10 @@ def write(path, source, *, resume: bool = False, **options) -> WriteResult:
     Returns:
         A :class:`WriteResult`.
 
+    An exception raised by the source itself (a ``__getitem__`` that fails, a generator that raises) stops the
+    write and is raised as it is, after the items added before it are committed: the store reads as unfinished,
+    and ``resume=True`` continues at that item.
+
     Raises:
         ConfigError: a source that is none of these, an unknown option or a bad value, an iterable asked to be
             stored shuffled, a resume that does not fit the store (other options, another source length).
