@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import h5stream
-from h5stream.errors import ConfigError, SourceError, StoreExistsError
+from h5stream.errors import ConfigError, SourceError, StoreBusyError, StoreExistsError
 from h5stream.ingest.decode import decode_file
 from h5stream.ingest.report import read_report
 from h5stream.ingest.spec import DecodeSpec
@@ -57,7 +57,7 @@ def encoded(arr: np.ndarray, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def test_keras_style_arrays_are_stored_row_for_row_in_the_recorded_order(tmp_path):
+def test_keras_style_arrays_are_stored_row_for_row_in_the_recorded_order(tmp_path, h5cli):
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 256, (300, 12, 10), dtype=np.uint8), rng.integers(0, 7, (300, 1))  # CIFAR-like (N, 1)
     result = h5stream.write(tmp_path / "a.h5", (x, y), block_rows=16, commit_rows=32, seed=5)
@@ -70,6 +70,7 @@ def test_keras_style_arrays_are_stored_row_for_row_in_the_recorded_order(tmp_pat
     np.testing.assert_array_equal(index, np.random.default_rng(5).permutation(300))  # ingest's storage order
     np.testing.assert_array_equal(c[schema.IMAGES][..., 0], x[index])
     np.testing.assert_array_equal(c[schema.LABELS], y[index, 0])
+    assert h5cli("verify", str(tmp_path / "a.h5"))[0] == 0  # every block checks against its checksum
     h5stream.write(tmp_path / "s.h5", (x, y), order="sorted")
     np.testing.assert_array_equal(contents(tmp_path / "s.h5")[schema.IMAGES][..., 0], x)
 
@@ -179,6 +180,10 @@ def test_misuse_is_one_clear_error_and_writes_nothing(tmp_path, small_class_stor
         h5stream.write(out, x, resume=True, overwrite=True)
     with pytest.raises(ConfigError, match="store has classes"):
         h5stream.write(out, x, classes=["a"], resume=True)
+    with h5stream.Writer(tmp_path / "busy.h5") as w:
+        w.add(x[0])
+        with pytest.raises(StoreBusyError):
+            h5stream.write(tmp_path / "busy.h5", x)
     with pytest.raises(SourceError, match="item 1: .*strict=True"):
         h5stream.write(tmp_path / "st.h5", [np.zeros((3, 3), np.uint8), None], strict=True)
 
@@ -283,3 +288,15 @@ def test_a_channels_first_tensor_is_skipped_with_a_hint(tmp_path):
         w.add(np.zeros((8, 8, 3), np.uint8), 0)
         assert not w.add(np.zeros((3, 8, 8), np.uint8), 1)
     assert "channels-first" in contents(tmp_path / "c.h5")["report"]["1"]
+
+
+def test_hugging_face_style_dict_items_with_class_names_given(tmp_path):
+    rows = [{"image": Image.new("L", (9, 7), 10 * i), "label": ("b", "a")[i % 2]} for i in range(10)]
+    rows.append({"image": Image.new("RGB", (9, 7)), "label": "c"})  # not one of the classes given: skipped
+    result = h5stream.write(tmp_path / "hf.h5", rows, classes=["a", "b"], order="sorted")
+    meta = h5stream.read_meta(tmp_path / "hf.h5")
+    assert (result.rows, meta.image_shape, meta.class_names) == (10, (7, 9, 1), ("a", "b"))
+    c = contents(tmp_path / "hf.h5")
+    np.testing.assert_array_equal(c[schema.LABELS], [1, 0] * 5)
+    np.testing.assert_array_equal(c[schema.IMAGES][:, 0, 0, 0], 10 * np.arange(10))
+    assert "not one of the classes given" in c["report"]["10"]
