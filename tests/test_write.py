@@ -130,6 +130,10 @@ def test_a_generator_of_unlabeled_images_makes_the_unlabeled_layout(tmp_path):
     c = contents(tmp_path / "u.h5")
     assert c[schema.LABELS].dtype == np.int8 and (c[schema.LABELS] == schema.NO_LABEL).all()
     assert [int(p) for p in c[schema.PATHS]] == list(range(25))
+    x, y = np.zeros((30, 4, 4), np.uint8), np.arange(30)
+    h5stream.write(tmp_path / "n.h5", (x, y), label_kind="none")  # labels there, and not wanted: not read
+    assert h5stream.read_meta(tmp_path / "n.h5").label_kind == schema.LABEL_NONE
+    assert (contents(tmp_path / "n.h5")[schema.LABELS] == schema.NO_LABEL).all()
     with pytest.raises(ConfigError, match="iterable .* has no length"):
         h5stream.write(tmp_path / "v.h5", gen(), order="shuffled")
     assert not os.path.exists(tmp_path / "v.h5")
@@ -197,17 +201,25 @@ import numpy as np
 from h5stream.store import durable
 import tests.test_write as t
 
-kill_at = int(sys.argv[3])
+where, kill_at = sys.argv[3].split(":")
 calls = [0]
-flush = durable.DurableFile._flush
 
-def flush_then_maybe_die(self):
-    calls[0] += 1
-    if calls[0] == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)  # before this flush: the store as the last one left it
-    return flush(self)
+def die_on(name, marked_only=False):
+    original = getattr(durable.DurableFile, name)
 
-durable.DurableFile._flush = flush_then_maybe_die
+    def patched(self, *args):
+        if not marked_only or args[0]:
+            calls[0] += 1
+            if calls[0] == int(kill_at):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, *args)
+
+    setattr(durable.DurableFile, name, patched)
+
+if where == "flush":
+    die_on("_flush")  # before this flush: the store as the last one left it
+else:
+    die_on("_unmark_flushing", marked_only=True)  # a flush done, its marker still there: the store is rebuilt
 t.write_source(sys.argv[4], sys.argv[2])
 print("finished")
 """
@@ -231,20 +243,24 @@ def write_source(kind: str, out: str, resume: bool = False):
 
 
 @pytest.mark.parametrize("kind", ["arrays", "dataset", "generator"])
-@pytest.mark.parametrize("kill_at", [1, 3, 8, 9, 14])  # flushes: before any row, a commit's first or second
+@pytest.mark.parametrize("kill_at", ["flush:1", "flush:3", "flush:8", "flush:9", "flush:14", "marker:5"])
 def test_a_write_killed_mid_way_continues_to_the_store_an_uninterrupted_write_makes(kind, kill_at, tmp_path):
     whole = tmp_path / "whole.h5"
     write_source(kind, str(whole))
     out = tmp_path / "killed.h5"
-    proc = subprocess.run([sys.executable, "-c", CHILD, ROOT, str(out), str(kill_at), kind],
+    # kill_at: before the k-th flush (the 1st: before any row; 8 and 14: between a commit's two flushes), or
+    # after the k-th flush of the published store while its flushing marker is still there
+    proc = subprocess.run([sys.executable, "-c", CHILD, ROOT, str(out), kill_at, kind],
                           env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9 and "finished" not in proc.stdout, proc.stderr[-2000:]
-    if os.path.exists(out):
+    if kill_at.startswith("marker"):
+        assert os.path.exists(schema.flushing_path(str(out)))  # resume rebuilds it first
+    elif os.path.exists(out):
         meta = h5stream.read_meta(out)
         assert 0 < meta.rows < N_ITEMS and not meta.ingest.finished  # it says it is unfinished, and how to go on
         assert "h5stream.write(" in unfinished_message(meta) and "resume=True" in unfinished_message(meta)
     else:
-        assert kill_at == 1  # killed before its first commit: no store under that name
+        assert kill_at == "flush:1"  # killed before its first commit: no store under that name
     result = write_source(kind, str(out), resume=True)
     assert result.resumed_from < N_ITEMS
     assert_same(contents(out), contents(whole))

@@ -154,7 +154,7 @@ def _position(meta, path: str) -> dict:
                                "overwrite=True")
     _, consumed, skipped = (int(v) for v in matching[-1])
     return {"consumed": consumed, "skipped": skipped, "total": record.get("total"),
-            "classes_given": bool(record.get("classes_given")), "history": [list(t) for t in record["write"]]}
+            "classes_given": bool(record.get("classes_given"))}
 
 
 class Writer:
@@ -267,7 +267,7 @@ class Writer:
         self.consumed = self.resumed_from = where["consumed"]
         self.skipped = where["skipped"]
         self._appended = (self.consumed, self.skipped)
-        self._history = [t for t in where["history"] if t[0] <= meta.rows][-1:]
+        self._history = [[meta.rows, self.consumed, self.skipped]]  # the triple this run continues from
         self._rows_before = meta.rows - meta.ingest.stored if meta.ingest is not None else 0
         self._store = StoreWriter.open_append(self.path, lock=self._lock)
         self._make_buffer()
@@ -325,6 +325,8 @@ class Writer:
         listed in the skip report under ``index``, default its position).  SourceError with ``strict``."""
         self._check_open()
         index = self.consumed if index is None else int(index)
+        if self.opts.label_kind == schema.LABEL_NONE:
+            label = None  # asked for a store without labels: the source's are not read (as --label-kind none)
         try:
             if self._spec is None:
                 self._first_spec(image)
@@ -357,7 +359,8 @@ class Writer:
         self._check_open()
         encoded = None
         if self._store is not None and not self._buf_paths and images.shape[1:] == self._spec.shape:
-            encoded = _encode_all(self._labels, labels, len(indices))
+            encoded = _encode_all(self._labels, None if self.opts.label_kind == schema.LABEL_NONE else labels,
+                                  len(indices))
         if encoded is None:
             for k, index in enumerate(indices):
                 self.add(images[k], None if labels is None else labels[k], index=int(index))
