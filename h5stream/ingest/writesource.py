@@ -23,15 +23,16 @@ def write(path, source, *, resume: bool = False, **options) -> WriteResult:
             dataset (``__len__`` and ``__getitem__``: a torch / torchvision ``Dataset``), or any iterable of items
             (a generator); an item is ``(image, label)``, ``{"image": ..., "label": ...}`` or a bare image (see
             :mod:`h5stream.ingest.sources` and :mod:`h5stream.ingest.items`).
-        resume: continue the store an interrupted write of the same source left (see the module docstring); the
-            items it consumed are not read again (an iterable is advanced past them).
+        resume: continue the store an interrupted write of the same source left (:mod:`h5stream.ingest.pywrite`
+            says how it knows where it stopped); the items it consumed are not read again (an iterable is
+            advanced past them).
         **options: as ``h5stream ingest`` takes them (:mod:`~h5stream.ingest.writeoptions`): ``size`` (int or
             (height, width); default the first image's), ``resize`` (stretch, crop, pad), ``channels`` (1 or 3),
-            ``pad_fill``, ``classes`` (class names, in index order: int labels index them, str labels name them, others are
-            skipped), ``label_kind``, ``order`` (``"shuffled"``, the default for a source with a length, or
-            ``"sorted"``: the source's order; an iterable is stored in its order), ``seed``, ``block_rows``,
-            ``compression``, ``overwrite``, ``strict`` (stop at the first item that cannot become a row),
-            ``commit_rows``.
+            ``pad_fill``, ``classes`` (class names, in index order: int labels index them, str labels name them,
+            others are skipped), ``label_kind``, ``order`` (``"shuffled"``, the default for a source with a length,
+            or ``"sorted"``: the source's order; an iterable is stored in its order), ``seed``, ``block_rows``,
+            ``compression``, ``overwrite``, ``strict`` (stop at the first item that cannot become a row, the
+            rows before it kept), ``commit_rows``.
 
     Returns:
         A :class:`WriteResult`.
