@@ -35,6 +35,8 @@ from h5stream.errors import (
 if TYPE_CHECKING:
     from h5stream import keras  # noqa: F401 - loaded on first access, see __getattr__
     from h5stream.augment import Augment
+    from h5stream.ingest.pywrite import Writer
+    from h5stream.ingest.writesource import write
     from h5stream.remote import RemoteOptions
     from h5stream.store import StoreMeta, read_meta
     from h5stream.streaming.api import open  # noqa: A004
@@ -49,6 +51,8 @@ _LAZY = {
     "read_meta": "h5stream.store",
     "Stream": "h5stream.streaming.stream",
     "open": "h5stream.streaming.api",
+    "write": "h5stream.ingest.writesource",
+    "Writer": "h5stream.ingest.pywrite",
 }
 #: Submodules reachable as attributes (``h5stream.keras.ResumeCallback``), imported on first access.
 _LAZY_SUBMODULES = ("keras",)
@@ -75,8 +79,10 @@ __all__ = [
     "StreamClosedError",
     "StreamIterationError",
     "WorkerError",
+    "Writer",
     "open",
     "read_meta",
+    "write",
 ]
 
 

@@ -43,6 +43,7 @@ with a one-line reason; it never returns a partial image.  Steps:
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 
@@ -227,6 +228,19 @@ def decode_file(path: str, spec: DecodeSpec) -> np.ndarray:
             raise SkipFile("empty file (0 bytes)")
     except OSError as exc:
         raise SkipFile(f"unreadable: {exc.strerror or exc}") from None
+    return _decode_opened(path, spec)
+
+
+def decode_bytes(data: bytes, spec: DecodeSpec) -> np.ndarray:
+    """Decode the encoded image ``data`` (the bytes of a JPEG, PNG, ... file) exactly as :func:`decode_file`
+    decodes a file holding them, or raise :class:`SkipFile` with the reason."""
+    if not len(data):
+        raise SkipFile("empty image bytes (0 bytes)")
+    return _decode_opened(io.BytesIO(data), spec)
+
+
+def _decode_opened(path, spec: DecodeSpec) -> np.ndarray:
+    """:func:`decode_file` past its size check: ``path`` is a file name or a binary file object."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DecompressionBombWarning etc.: our own limit below decides

@@ -83,8 +83,15 @@ def shown_path(path: str, cwd: str | None = None) -> str:
     return path if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
 
 
+#: The ``src`` that :func:`h5stream.write` records: a Python source, continued in Python, not by a command.
+WRITER_SOURCE = "<python source given to h5stream.write>"
+
+
 def continue_command(progress: IngestProgress, out: str) -> str:
-    """The shell command that finishes the ingest of ``progress`` into the store at ``out``."""
+    """The shell command that finishes the ingest of ``progress`` into the store at ``out`` (for a store
+    :func:`h5stream.write` made: the call that continues it)."""
+    if progress.src == WRITER_SOURCE:
+        return f"h5stream.write({str(out)!r}, source, resume=True) over the same source, in the same order"
     argv = ["h5stream", "ingest", shown_path(progress.src), str(out)]
     if progress.labels is not None:
         argv += ["--labels", shown_path(progress.labels)]
