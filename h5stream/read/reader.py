@@ -280,6 +280,8 @@ class Reader:
         try:
             where = locate(self.meta, self._cache_labels, digests=self._verify)
             self._offsets, self.all_labels = where.image_chunks, where.labels
+            if self.meta.encoded:  # read through HDF5 by /image_ends (see read/encoded.py)
+                self._offsets = None
             images = labels = None  # HDF5 datasets, for what only HDF5 can read
             if self.defer_pixels and self._offsets is None:
                 raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
@@ -292,6 +294,10 @@ class Reader:
                                                         "metadata that the writer keeps changing")
                     f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
                     images, labels = images_dataset(f), f[schema.LABELS]
+                    if self.meta.encoded:
+                        from h5stream.store.encoded import EncodedArray
+
+                        images = EncodedArray.of(f)
                 self._source = self._open_source()
                 stack.callback(self._source.close)
                 self._counts["direct_io"] = int(bool(getattr(self._source, "direct", False)))
@@ -393,6 +399,8 @@ class Reader:
             if not images and self._check is not None and self._check.every_read:
                 checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
             p = self._pending[key] = Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
+            if self.meta.encoded:
+                p.batch.encoded_lengths = np.empty(n, np.int64)
         return p
 
     # -- one fill ------------------------------------------------------------------

@@ -63,3 +63,30 @@ def decode_rows(rows, first_row: int, out: np.ndarray, path: str, keep=None) -> 
                 f"{path}: row {first_row + i}: its stored JPEG does not decode to a {out.shape[2]}x{out.shape[1]} "
                 f"image ({exc}); the row is damaged: `h5stream verify {path}` checks the file, re-ingest it if "
                 "the checksums match (the file was damaged before it was stored)") from None
+
+
+def decode_slot_rows(images: np.ndarray, lengths: np.ndarray, row_ids: np.ndarray, out: np.ndarray | None = None,
+                     path: str | None = None) -> np.ndarray:
+    """Decode a batch of an encoded store as the reader left it (see :mod:`h5stream.read.encoded`): row ``k`` of
+    ``images`` begins with ``lengths[k]`` bytes of JPEG, or holds pixels already where ``lengths[k]`` is -1.
+    Into ``out`` (another array of the same shape), or in place when ``out`` is None (each row's bytes are copied
+    out first: a few KiB); returns the decoded array.  An :class:`~h5stream.errors.ImageDecodeError` names the
+    row (``row_ids[k]``) and ``path`` (when given) of a row that does not decode.  Any thread or process."""
+    target = images if out is None else out
+    for k, length in enumerate(np.asarray(lengths).tolist()):
+        if length < 0:
+            if out is not None:
+                out[k] = images[k]
+            continue
+        data = images[k].reshape(-1)[:length]
+        if out is None:
+            data = data.copy()
+        try:
+            decode_into(data, target[k])
+        except ValueError as exc:
+            where = f"{path}: " if path else ""
+            raise ImageDecodeError(
+                f"{where}row {int(row_ids[k])}: its stored JPEG does not decode to a {images.shape[2]}x"
+                f"{images.shape[1]} image ({exc}); the row is damaged: `h5stream verify` checks the file, and if its "
+                "checksums match, the bytes were damaged before they were stored: re-ingest it") from None
+    return target
