@@ -393,9 +393,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     if meta.checksum_problem is not None:  # committed rows without digests, or a table HDF5 cannot read
         raise StoreFormatError(meta.checksum_problem)
     if meta.encoded:
-        from h5stream.store.encoded_verify import verify_encoded
-
-        return verify_encoded(meta, t0, _expected, progress)
+        return _verify_encoded(meta, t0, progress)
     rows, block_rows = meta.rows, meta.block_rows
     n_blocks = -(-rows // block_rows)
     with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote) as f:
@@ -450,3 +448,37 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), (), rows * row_bytes,
                         time.perf_counter() - t0, uncommitted)
 
+
+
+def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
+    """:func:`verify_store` of an encoded store (:mod:`h5stream.store.encoded`): block by block with plain h5py
+    (a URL too); a block HDF5 cannot read is reported unreadable and the next one read."""
+    from h5stream.store.access import open_h5_readonly
+
+    block_rows, bad = meta.block_rows, []
+    with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote, rdcc_nbytes=0) as f:
+        rows = int(f.attrs.get(schema.ATTR_ENCODED_COMMITTED, meta.rows))
+        n_blocks = -(-rows // block_rows)
+        expected = _expected(f, rows, block_rows, meta.path)
+        if expected is None:
+            return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
+                                time.perf_counter() - t0)
+        tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
+        images, labels, paths = encoded.EncodedArray.of(f), f[schema.LABELS], f[schema.PATHS]
+        total = images.byte_range(0, rows)[1]
+        for b0 in range(0, rows, block_rows):
+            b1 = min(b0 + block_rows, rows)
+            want, covered = expected[b0 // block_rows]
+            try:
+                got = block_digests(images.read(b0, covered), labels[b0:covered], paths[b0:covered])
+            except (OSError, ValueError, IndexError) as exc:
+                bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
+                continue
+            parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
+            if parts:
+                bad.append(BadBlock(b0, b1, parts))
+            if progress is not None:
+                progress(images.byte_range(0, b1)[1], total)
+    uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None
+    return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), (), total,
+                        time.perf_counter() - t0, uncommitted)
