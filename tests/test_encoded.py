@@ -109,6 +109,8 @@ def test_writer_appends_commits_and_reopens(tmp_path):
     assert len(ends) == 21 and ends[-1] == len(data) == sum(len(b) for b in images)
     assert all(bytes(data[(ends[i - 1] if i else 0):ends[i]]) == images[i].tobytes() for i in range(21))
     assert verify_store(path).ok and read_meta(path).rows == 21
+    sizes = [sum(len(b) for b in images[i:i + 4]) for i in range(0, 21, 4)]  # blocks cut by the commits too
+    assert read_meta(path).encoded_block_bytes == max(sizes)
 
 
 def test_encoded_rows_digest_does_not_depend_on_grouping():
@@ -302,3 +304,21 @@ def test_a_url_store_streams_the_same_batches(jpeg_store, tmp_path, no_leaks):
     finally:
         server.stop()
     np.testing.assert_array_equal(remote, local)
+
+
+def test_the_budget_counts_the_largest_encoded_block_and_a_row_per_decoder(jpeg_store):
+    from dataclasses import replace
+
+    from h5stream.streaming.planning import plan_stream
+
+    meta = read_meta(jpeg_store)
+    with h5py.File(jpeg_store, "r") as f:
+        ends = f[schema.IMAGE_ENDS][:]
+    sizes = np.diff(np.concatenate([[0], ends[BLOCK - 1::BLOCK], [] if len(ends) % BLOCK == 0 else [ends[-1]]]))
+    assert meta.encoded_block_bytes == int(sizes.max()) > 0  # recorded commit by commit by the writer
+    raw = replace(meta, encoding="raw")
+    for workers in (0, 2):
+        encoded_plan = plan_stream(meta, None, 8, workers=workers, available_bytes=None)
+        raw_plan = plan_stream(raw, None, 8, workers=workers, available_bytes=None)
+        assert encoded_plan.total_bytes - raw_plan.total_bytes == \
+            meta.encoded_block_bytes + (workers + 1) * meta.row_bytes

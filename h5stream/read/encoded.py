@@ -36,46 +36,51 @@ class EncodedRunReader:
         self._checked = np.zeros(n_blocks, bool)  # blocks whose bytes matched once (``"once"``)
 
     def read_run(self, job, run) -> tuple[int, int]:
-        """Read run ``run`` of fill ``job`` into its batches; returns (bytes read, rows placed)."""
+        """Read run ``run`` of fill ``job`` into its batches, one block at a time (the whole block where it is to
+        be checked, else the run's rows of it); returns (bytes read, rows placed)."""
         dest, src, n, _off = run
         block_rows, meta = self.meta.block_rows, self.meta
-        first_block, last_block = src // block_rows, (src + n - 1) // block_rows
-        a = first_block * block_rows
-        b = min(meta.rows, (last_block + 1) * block_rows)
-        rows = self._rows.read(a, b)
-        if len(rows) != b - a:
-            raise OSError(f"{meta.path}: /image_ends holds {self._rows.nrows} rows, fewer than the {b} committed")
-        if self._check is not None:
-            self._verify(rows, a, first_block, last_block, src, n)
-        targets = job.targets
         batches = job.batch[dest:dest + n].tolist()
         offsets = job.offset[dest:dest + n].tolist()
-        row_bytes = meta.row_bytes
-        lengths = rows.lengths
+        nbytes = 0
+        for block in range(src // block_rows, (src + n - 1) // block_rows + 1):
+            lo, hi = max(src, block * block_rows), min(src + n, (block + 1) * block_rows)  # the run's rows in it
+            checked = self._to_check(block)
+            a, b = (block * block_rows, min(meta.rows, (block + 1) * block_rows)) if checked else (lo, hi)
+            rows = self._rows.read(a, b)
+            if len(rows) != b - a:
+                raise OSError(f"{meta.path}: /image_ends holds {self._rows.nrows} rows, fewer than the {b} "
+                              "committed")
+            if checked:
+                self._verify(rows, block, lo, hi)
+            nbytes += len(rows.data)
+            self._place(job.targets, rows, a, lo, hi, batches[lo - src:hi - src], offsets[lo - src:hi - src])
+        return nbytes, n
+
+    def _place(self, targets, rows, a: int, lo: int, hi: int, batches, offsets) -> None:
+        """Copy store rows ``[lo, hi)`` of ``rows`` (which start at store row ``a``) into their batches."""
+        row_bytes, lengths = self.meta.row_bytes, rows.lengths
         for i, (bt, k) in enumerate(zip(batches, offsets)):
             if bt < 0:
                 continue
             batch = targets[bt].batch
-            at = src - a + i
+            at = lo - a + i
             length = int(lengths[at])
             place = batch.images[k]
             if length <= row_bytes:
                 place.reshape(-1)[:length] = rows.row(at)
                 batch.encoded_lengths[k] = length
             else:  # a JPEG larger than the pixels it holds: decoded here
-                decode_rows(rows[at:at + 1], src + i, place[None], meta.path)
+                decode_rows(rows[at:at + 1], lo + i, place[None], self.meta.path)
                 batch.encoded_lengths[k] = -1
-        return len(rows.data), n
 
-    def _verify(self, rows, a: int, first_block: int, last_block: int, src: int, n: int) -> None:
-        """Check each block of ``rows`` (from store row ``a``) with a trusted digest, as ``verify_reads`` says."""
-        check, block_rows = self._check, self.meta.block_rows
-        for block in range(first_block, last_block + 1):
-            if not check.trusted[block] or (self._checked[block] and not check.every_read):
-                continue
-            b0 = block * block_rows
-            b1 = min(self.meta.rows, b0 + block_rows)
-            if digest(rows[b0 - a:b1 - a]) != check.image_digest(block):
-                first, last = max(src, b0), min(src + n, b1) - 1
-                raise ChecksumError.for_rows(self.meta.path, first, last, "images (encoded bytes)", block)
-            self._checked[block] = True
+    def _to_check(self, block: int) -> bool:
+        """Whether this read of ``block`` is checked: a trusted digest, and every read or not yet checked."""
+        check = self._check
+        return check is not None and bool(check.trusted[block]) and (check.every_read or not self._checked[block])
+
+    def _verify(self, rows, block: int, lo: int, hi: int) -> None:
+        """Check ``rows`` (the whole of ``block``) against its digest; a mismatch names rows ``[lo, hi)``."""
+        if digest(rows) != self._check.image_digest(block):
+            raise ChecksumError.for_rows(self.meta.path, lo, hi - 1, "images (encoded bytes)", block)
+        self._checked[block] = True

@@ -184,6 +184,20 @@ class EncodedArray:
         return int(self.data.shape[0])
 
 
+def largest_block_bytes(ends: np.ndarray, first_row: int, block_rows: int, before: int = 0) -> int:
+    """The most bytes any block of rows takes among the blocks rows ``first_row..first_row + len(ends) - 1`` touch,
+    from those rows' ``ends`` and the end of the row before ``first_row`` (``before``; 0 for row 0).  Pure."""
+    if not len(ends):
+        return 0
+    rows = np.arange(first_row, first_row + len(ends))
+    starts = np.concatenate([[before], ends[:-1]])
+    block = rows // block_rows
+    # Rows of the first block before first_row are not here: its bytes from first_row on count (a lower bound
+    # the writer raises with the block's earlier rows, see StoreWriter.commit).
+    sizes = np.bincount(block - block[0], weights=(ends - starts).astype(np.float64))
+    return int(sizes.max())
+
+
 def create_nodes(h5file, expected_rows: int) -> None:
     """Add empty ``/image_bytes`` and ``/image_ends`` to a new store (a ``tables.File``)."""
     import tables

@@ -58,6 +58,8 @@ class StoreMeta:
     encoded_bytes: int = 0
     """Bytes of the committed rows' encoded images (0 for a raw store)."""
     jpeg_quality: int | None = None
+    encoded_block_bytes: int = 0
+    """The most bytes one block of an encoded store's rows takes: what the reader holds of a block at once."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
@@ -320,6 +322,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         encoded_bytes=rows_of.byte_range(0, committed)[1] if encoding != schema.ENCODING_RAW else 0,
         jpeg_quality=_int_attr(attrs, schema.ATTR_JPEG_QUALITY, 90, path=path, low=1, high=100)
         if encoding != schema.ENCODING_RAW else None,
+        encoded_block_bytes=_int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
     )
 
 

@@ -52,6 +52,7 @@ image's encoded bytes (JPEG), concatenated in ``/image_bytes`` (uint8) with each
     image_encoding          str  "jpeg" (absent: "raw", pixels in /images)
     jpeg_quality            int  the quality the rows were encoded with
     encoded_committed_rows  int  what committed_rows is to a raw store (absent there)
+    encoded_block_bytes     int  the most bytes one block's rows have taken (what a reader holds of a block)
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ IMAGE_ENDS = "image_ends"
 ATTR_ENCODING = "image_encoding"
 ATTR_JPEG_QUALITY = "jpeg_quality"
 ATTR_ENCODED_COMMITTED = "encoded_committed_rows"
+ATTR_ENCODED_BLOCK_BYTES = "encoded_block_bytes"
 ENCODING_RAW = "raw"
 ENCODING_JPEG = "jpeg"
 ENCODINGS = (ENCODING_RAW, ENCODING_JPEG)

@@ -338,6 +338,8 @@ class StoreWriter(DurableFile):
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
         self._write_pending(checksums=True)  # digests with their rows, flushed before the count: see store/coverage.py
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
+        if self.encoding != schema.ENCODING_RAW and n > self.committed_rows:
+            self._record_block_bytes(n)
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
         self.attrs[self._committed_attr] = np.int64(n)
         self._flush()  # ... then the count that makes them visible
@@ -345,6 +347,18 @@ class StoreWriter(DurableFile):
         if n and not self.published and self._publish_early:
             self._publish()
         return n
+
+    def _record_block_bytes(self, n: int) -> None:
+        """Raise the ``encoded_block_bytes`` attribute to the largest block among rows up to ``n`` appended since
+        the last commit (their whole blocks, read back from ``/image_ends``)."""
+        block_rows = int(self.attrs[schema.ATTR_BLOCK_ROWS])
+        first = self.committed_rows // block_rows * block_rows
+        ends = np.asarray(self.images.ends[max(0, first - 1):n], np.int64)
+        before = int(ends[0]) if first else 0
+        most = encoded.largest_block_bytes(ends[1:] if first else ends, first, block_rows, before)
+        known = int(self.attrs[schema.ATTR_ENCODED_BLOCK_BYTES]) if schema.ATTR_ENCODED_BLOCK_BYTES in self.attrs else 0
+        if most > known:
+            self.attrs[schema.ATTR_ENCODED_BLOCK_BYTES] = np.int64(most)
 
     def rollback(self, rows: int) -> None:
         """Drop every row past ``rows``, committed or not (``--strict`` undoing its own append).
