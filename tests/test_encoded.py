@@ -322,3 +322,19 @@ def test_the_budget_counts_the_largest_encoded_block_and_a_row_per_decoder(jpeg_
         raw_plan = plan_stream(raw, None, 8, workers=workers, available_bytes=None)
         assert encoded_plan.total_bytes - raw_plan.total_bytes == \
             meta.encoded_block_bytes + (workers + 1) * meta.row_bytes
+
+
+def test_featurewise_statistics_are_those_of_the_decoded_rows(jpeg_store):
+    from h5stream.augment.stats import compute_feature_stats
+
+    rows, _ = stored_rows(jpeg_store)
+    mean, std = compute_feature_stats(jpeg_store)[:2]
+    np.testing.assert_allclose(mean, rows.reshape(-1, 3).mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(std, rows.reshape(-1, 3).std(axis=0), rtol=1e-4)
+
+
+def test_bench_of_an_encoded_store_measures_the_stream_and_no_pixel_baseline(jpeg_store):
+    from h5stream.commands.bench import run_bench
+
+    result, _timeline = run_bench(jpeg_store, batch_size=8, progress=False)
+    assert result["baselines"] == {} and result["order_matches_yield"] is True
