@@ -16,7 +16,10 @@ import pytest
 from h5stream.samples import make_class_folder
 from h5stream.store import schema
 from h5stream.store.schema import flushing_path
-from test_crash_resume import kill_shim, sampled_steps  # noqa: F401 - kill_shim: the fixture, used by name
+from test_crash_resume import sampled_steps
+from test_crash_resume import kill_shim as _kill_shim_fixture
+
+kill_shim = _kill_shim_fixture  # the LD_PRELOAD library that SIGKILLs after the K-th change (a module fixture)
 
 ARGS = ["--size", "16", "--encoding", "jpeg", "--block-rows", "4", "--commit-rows", "8", "--workers", "0"]
 
