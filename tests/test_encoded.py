@@ -338,3 +338,16 @@ def test_bench_of_an_encoded_store_measures_the_stream_and_no_pixel_baseline(jpe
 
     result, _timeline = run_bench(jpeg_store, batch_size=8, progress=False)
     assert result["baselines"] == {} and result["order_matches_yield"] is True
+
+
+def test_jpeg_rows_are_the_raw_rows_within_jpeg_error_channel_for_channel(jpeg_src, tmp_path):
+    raw, jpeg = str(tmp_path / "r.h5"), str(tmp_path / "j.h5")
+    for out, extra in ((raw, []), (jpeg, ["--encoding", "jpeg", "--quality", "95"])):
+        assert cli.main(["ingest", jpeg_src, out, "--size", str(SIDE), "--workers", "0", "--order", "sorted",
+                         *extra]) == 0
+    with h5py.File(raw, "r") as f:
+        pixels = f[schema.IMAGES][:].astype(np.float64)
+    decoded = stored_rows(jpeg)[0].astype(np.float64)
+    assert np.abs(decoded - pixels).mean() < 3  # a swapped R and B would differ by tens on these coloured images
+    np.testing.assert_allclose(decoded.mean(axis=(0, 1, 2)), pixels.mean(axis=(0, 1, 2)), atol=1.5)
+    assert read_meta(jpeg).jpeg_quality == 95
