@@ -141,6 +141,11 @@ def test_a_flipped_byte_is_found_by_verify_and_repair_names_the_rows(jpeg_store,
     assert [(b.start, b.stop, b.parts) for b in result.bad] == [(BLOCK, 2 * BLOCK, ("images",))]
     assert cli.main(["repair", path]) != 0
     assert "rows 8-15" in capsys.readouterr().err
+    before = open(path, "rb").read()
+    assert cli.main(["repair", path, "--source", os.path.dirname(path)]) != 0  # no pixel rows to restore
+    err = capsys.readouterr().err
+    assert "rows 8-15" in err and "--source restores pixel rows, not an encoded store's" in err
+    assert err.count("\n") == 1 and open(path, "rb").read() == before
 
 
 def test_repair_rebuilds_an_encoded_store_left_mid_flush(jpeg_store, tmp_path):
