@@ -12,7 +12,8 @@ import pytest
 
 import h5stream
 from h5stream import cli
-from h5stream.errors import ChecksumError, ImageDecodeError, StoreFormatError
+from h5stream.errors import ChecksumError, StoreFormatError
+from h5stream import ImageDecodeError  # public, as every stream error
 from h5stream.samples import make_class_folder
 from h5stream.store import schema
 from h5stream.store.checksum import verify_store
