@@ -357,3 +357,20 @@ def test_jpeg_rows_are_the_raw_rows_within_jpeg_error_channel_for_channel(jpeg_s
     assert np.abs(decoded - pixels).mean() < 3  # a swapped R and B would differ by tens on these coloured images
     np.testing.assert_allclose(decoded.mean(axis=(0, 1, 2)), pixels.mean(axis=(0, 1, 2)), atol=1.5)
     assert read_meta(jpeg).jpeg_quality == 95
+
+
+@pytest.mark.parametrize("scale", [2, 4, 8])
+def test_reduced_scale_decoding_gives_the_image_that_many_times_smaller(jpeg_store, scale):
+    import cv2
+
+    from h5stream.store.jpeg import scaled_shape
+
+    with h5py.File(jpeg_store, "r") as f:
+        data = f[schema.IMAGE_BYTES][:f[schema.IMAGE_ENDS][0]]
+    full = decode(data, (SIDE, SIDE, 3))
+    small = decode(data, (SIDE, SIDE, 3), scale=scale)
+    assert small.shape == scaled_shape((SIDE, SIDE, 3), scale) == (SIDE // scale, SIDE // scale, 3)
+    shrunk = cv2.resize(full, small.shape[1::-1], interpolation=cv2.INTER_AREA)
+    assert np.abs(small.astype(int) - shrunk).mean() < 6
+    with pytest.raises(ValueError, match="scale must be one of"):
+        decode(data, (SIDE, SIDE, 3), scale=3)
