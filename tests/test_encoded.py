@@ -194,6 +194,8 @@ def test_ingest_refuses_jpeg_with_compression_and_a_bad_quality(jpeg_src, tmp_pa
     assert err.startswith("h5stream: error: --encoding jpeg and --compression zlib") and err.count("\n") == 1
     assert cli.main(["ingest", jpeg_src, out, "--encoding", "jpeg", "--quality", "101"]) != 0
     assert "--quality must be an integer from 1 to 100" in capsys.readouterr().err
+    assert cli.main(["ingest", jpeg_src, out, "--quality", "80"]) != 0  # a raw store has no quality
+    assert "--quality 80 is the JPEG quality of --encoding jpeg or auto" in capsys.readouterr().err
     assert not os.path.exists(out)
 
 

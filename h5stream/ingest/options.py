@@ -84,6 +84,9 @@ def check_options(opts: IngestOptions) -> None:
     if opts.quality is not None and (isinstance(opts.quality, bool) or not isinstance(opts.quality, numbers.Integral)
                                      or not 1 <= opts.quality <= 100):
         raise ConfigError(f"--quality must be an integer from 1 to 100, got {opts.quality!r}")
+    if opts.quality is not None and (opts.encoding == "raw" or (opts.encoding is None and not opts.append)):
+        raise ConfigError(f"--quality {opts.quality} is the JPEG quality of --encoding jpeg or auto; add one of "
+                          "them, or drop --quality")
     if opts.encoding in ("jpeg", "auto") and opts.compression is not None:
         raise ConfigError(f"--encoding {opts.encoding} and --compression {opts.compression} contradict each other: "
                           "JPEG rows are compressed already; pick one")
