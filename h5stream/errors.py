@@ -60,6 +60,11 @@ class ChecksumError(ReaderError):
                    "restore the file from a copy or re-ingest it (verify_reads=False streams it unchecked)")
 
 
+class ImageDecodeError(ReaderError):
+    """An encoded store's row did not decode to an image of the store's shape (a damaged file whose bytes still
+    match their checksum, or a store read unchecked); the message names the file and the row."""
+
+
 class WorkerError(H5StreamError, RuntimeError):
     """An augmenting worker raised or died; the message carries the worker's traceback or exit signal."""
 

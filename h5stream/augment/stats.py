@@ -98,11 +98,17 @@ def _histogram_pass(meta, start: int, stop: int, step: int) -> tuple[np.ndarray,
     counts = np.zeros((channels, 256), dtype=np.int64)
     buf = np.empty((min(step, stop - start), h, w, channels), dtype=np.uint8)
     with open_h5_readonly(meta.path, remote=meta.remote) as f:
-        images = f[schema.IMAGES]
+        images = f[schema.IMAGES] if not meta.encoded else None
         for a in range(start, stop, step):
             b = min(stop, a + step)
             block = buf[: b - a]
-            images.read_direct(block, np.s_[a:b], np.s_[0 : b - a])
+            if images is None:  # an encoded store's rows, decoded (see store/encoded.py)
+                from h5stream.store.encoded import EncodedArray
+                from h5stream.store.jpeg import decode_rows
+
+                decode_rows(EncodedArray.of(f).read(a, b), a, block, meta.path)
+            else:
+                images.read_direct(block, np.s_[a:b], np.s_[0 : b - a])
             pixels = block.reshape(-1, channels)
             for ch in range(channels):
                 counts[ch] += np.bincount(pixels[:, ch], minlength=256)

@@ -9,7 +9,8 @@ seed, checks)``: ``where`` is the first row of a run in a shared-memory source
 (transformed where it lies, never copied), or for a :class:`FileSource` the
 rows' byte offsets (``int64``); ``checks`` is None or, for a
 :class:`FileSource`, ``(digests, checked)`` (``uint64`` and ``bool``): the
-rows' xxh3-64 to check them against.  A task's result is
+rows' xxh3-64 to check them against; for a shared-memory run of an encoded store's rows, ``checks`` is their
+JPEG lengths (``int64``, see :mod:`h5stream.read.encoded`), decoded here.  A task's result is
 None: the rows are in the slot.  A failure to get a task's rows is reported
 with stage ``"read"``, one of the transform with stage ``"transform"``.
 
@@ -66,6 +67,8 @@ def unpack_task(body) -> tuple:
         where = np.frombuffer(body, np.int64, n, at + 8 * n)
         if checked:
             checks = (np.frombuffer(body, np.uint64, n, at + 16 * n), np.frombuffer(body, bool, n, at + 24 * n))
+    elif len(body) >= at + 16 * n:  # a shared-memory run of an encoded store's rows: their lengths follow
+        checks = np.frombuffer(body, np.int64, n, at + 8 * n)
     return slot, source, where, row_ids, epoch, seed, checks
 
 
@@ -159,6 +162,13 @@ def run_task(worker: _Worker, body) -> None:
     else:
         # One contiguous run the submitter keeps untouched until the result is taken: no copy.
         images = source[where:where + n]
+        if checks is not None:  # an encoded store's rows (read/encoded.py): decoded here, the plain copy into out
+            from h5stream.store.jpeg import decode_slot_rows
+
+            try:
+                images = decode_slot_rows(images, checks, row_ids, out if worker.transform is copy_rows else None)
+            except Exception as exc:
+                raise TaskFailed("read", exc) from None
     if images is out:
         return
     result = worker.transform(images, seed=seed, epoch=epoch, row_ids=row_ids, out=out)

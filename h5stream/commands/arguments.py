@@ -74,6 +74,12 @@ def _ingest(parser) -> None:
     parser.add_argument("--compression", choices=("none", "zlib", "blosc"), default="none",
                         help="chunk filter of a new file: none (default); zlib (plain h5py reads it); "
                         "blosc (faster, but h5py needs the hdf5plugin package)")
+    parser.add_argument("--encoding", choices=("raw", "jpeg", "auto"),
+                        help="how a new file keeps each image: raw pixels (default), JPEG (5-10x smaller for photos, "
+                        "decoded as the stream reads them), or auto (JPEG where a measured sample of the files is "
+                        "3x smaller as JPEG and decodes at 1,000 images/s a core or more, else raw)")
+    parser.add_argument("--quality", type=int, metavar="Q", help="JPEG quality of --encoding jpeg/auto, 1-100 "
+                        "(default 90)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--append", action="store_true",
                       help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")

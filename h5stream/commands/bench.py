@@ -100,7 +100,7 @@ def run_bench(path, *, batch_size=32, memory_budget=BENCH_BUDGET, epochs=1, seed
         yielded.shape[0] == order0.size and np.array_equal(yielded, labels[order0][: yielded.shape[0]])
     ) if meta.label_kind != "none" else None  # a store without labels yields none to compare
     result["baselines"] = {}
-    if baselines:
+    if baselines and not meta.encoded:  # the baselines read pixel rows with plain h5py: an encoded store has none
         result["baselines"].update(measure_sequential(meta, cold=cold, progress=progress))
         result["baselines"].update(measure_single_chunk(meta, batch_size, seed=seed, cold=cold, progress=progress))
         result["baselines"].update(measure_random_rows(meta, seed=seed, seconds=random_seconds, cold=cold,

@@ -93,6 +93,8 @@ def describe(path: str) -> dict:
     chunks, filters, space, nodes = read_consistent(path, lambda f: (
         f[schema.IMAGES].chunks, _filter_names(f[schema.IMAGES]),
         space_used(f, meta.rows, meta.row_bytes, meta.file_bytes), hdf5_nodes(f)))
+    if meta.encoded:  # what the committed rows hold is their encoded bytes, not pixels
+        space["pixel_bytes"] = meta.encoded_bytes
     classes = None
     if meta.label_kind == schema.LABEL_CLASS and meta.class_names is not None:
         counts = class_counts(path, meta.rows, len(meta.class_names))
@@ -123,6 +125,9 @@ def describe(path: str) -> dict:
         "ingest": _ingest(meta),
         "nodes": nodes,
         "checksum_problem": meta.checksum_problem,
+        "encoding": meta.encoding,
+        "jpeg_quality": meta.jpeg_quality,
+        "bytes_per_image": meta.encoded_bytes / meta.rows if meta.encoded and meta.rows else meta.row_bytes,
     }
 
 
@@ -185,6 +190,9 @@ def format_text(info: dict) -> str:
     report = info["skipped_report"]
     lines += [
         f"  block rows      {info['block_rows']} (chunk {chunk})",
+        *([f"  encoding        {info['encoding']} quality {info['jpeg_quality']}, "
+           f"{info['bytes_per_image']:,.0f} bytes per image (raw: {h * w * c:,})"]
+          if info.get("encoding", "raw") != "raw" else []),
         f"  compression     {info['compression'] or 'none'}"
         + (" (plain h5py needs `pip install hdf5plugin` to read pixels)" if info["compression"] == "blosc" else ""),
         f"  storage order   {order}",

@@ -139,6 +139,7 @@ def run(args) -> int:
         workers=workers, block_rows=args.block_rows,
         commit_rows=COMMIT_ROWS if args.commit_rows is None else args.commit_rows,
         compression=None if args.compression == "none" else args.compression,
+        encoding=args.encoding, quality=args.quality,
         append=args.append, overwrite=args.overwrite, strict=args.strict,
     )
     stopped_by: list[int] = []

@@ -82,6 +82,10 @@ def _restore(path: str, source: str, result) -> int:
 
     if not os.path.isdir(source):
         raise SourceError(f"--source {source}: no such folder; give the folder {path} was ingested from")
+    from h5stream.store.meta import read_meta
+
+    if read_meta(path).encoded:  # a file encoded again need not give back the bytes its digest was taken over
+        return _report_damage(path, result, "; --source restores pixel rows, not an encoded store's: re-ingest it")
     outcomes = restore_blocks(path, source, result.bad, result.rows, result.block_rows)
     restored = [o for o in outcomes if o.restored]
     after = verify_store(path)

@@ -47,6 +47,10 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         mismatch("order seed", meta.order_seed, opts.seed, "--seed")
     if opts.block_rows is not None and opts.block_rows != meta.block_rows:
         mismatch("block rows", meta.block_rows, opts.block_rows, "--block-rows")
+    if opts.encoding not in (None, "auto", meta.encoding):
+        mismatch("encoding", meta.encoding, opts.encoding, "--encoding")
+    if opts.quality is not None and meta.encoded and opts.quality != meta.jpeg_quality:
+        mismatch("JPEG quality", meta.jpeg_quality, opts.quality, "--quality")
     if source.label_kind != meta.label_kind:
         raise ConfigError(
             f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
@@ -73,7 +77,8 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
             stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
     return IngestTarget(
-        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background, pad_fill=pad_fill),
+        spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background, pad_fill=pad_fill,
+                        encoding=meta.encoding, quality=meta.jpeg_quality or 90),
         order=meta.storage_order,
         seed=max(meta.order_seed, 0),
         class_names=tuple(class_names) if class_names is not None else None,

@@ -43,6 +43,8 @@ class IngestOptions:
     workers: int = 0
     block_rows: int | None = None
     compression: str | None = None
+    encoding: str | None = None  # raw | jpeg | auto (see ingest/encode.py); None: raw, or the store's on append
+    quality: int | None = None  # JPEG quality, 1-100 (None: 90, or the store's on append)
     append: bool = False
     overwrite: bool = False
     strict: bool = False
@@ -77,6 +79,17 @@ def check_options(opts: IngestOptions) -> None:
         raise ConfigError(f"--block-rows must be >= 1, got {opts.block_rows}")
     if isinstance(opts.commit_rows, bool) or not isinstance(opts.commit_rows, numbers.Integral) or opts.commit_rows < 1:
         raise ConfigError(f"--commit-rows must be an integer >= 1, got {opts.commit_rows!r}")
+    if opts.encoding is not None and opts.encoding not in ("raw", "jpeg", "auto"):
+        raise ConfigError(f"--encoding must be one of raw, jpeg, auto, got {opts.encoding!r}")
+    if opts.quality is not None and (isinstance(opts.quality, bool) or not isinstance(opts.quality, numbers.Integral)
+                                     or not 1 <= opts.quality <= 100):
+        raise ConfigError(f"--quality must be an integer from 1 to 100, got {opts.quality!r}")
+    if opts.quality is not None and (opts.encoding == "raw" or (opts.encoding is None and not opts.append)):
+        raise ConfigError(f"--quality {opts.quality} is the JPEG quality of --encoding jpeg or auto; add one of "
+                          "them, or drop --quality")
+    if opts.encoding in ("jpeg", "auto") and opts.compression is not None:
+        raise ConfigError(f"--encoding {opts.encoding} and --compression {opts.compression} contradict each other: "
+                          "JPEG rows are compressed already; pick one")
     if opts.order is not None and opts.order not in ORDERS:
         raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
     out = opts.out
@@ -97,7 +110,8 @@ def resolve_new(opts: IngestOptions, source: Source) -> IngestTarget:
     size = opts.size or (128, 128)
     return IngestTarget(
         spec=DecodeSpec(size=size, resize=opts.resize or "stretch", channels=opts.channels or 3,
-                        pad_fill=opts.pad_fill or DEFAULT_PAD_FILL),
+                        pad_fill=opts.pad_fill or DEFAULT_PAD_FILL, encoding=opts.encoding or "raw",
+                        quality=90 if opts.quality is None else opts.quality),
         order=opts.order or "shuffled",
         seed=0 if opts.seed is None else opts.seed,
         class_names=tuple(source.class_names) if source.class_names is not None else None,

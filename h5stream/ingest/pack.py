@@ -61,6 +61,7 @@ from h5stream.ingest import job
 from h5stream.ingest.append import open_append, resolve_append
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.options import ORDERS, IngestOptions, IngestTarget, check_options, resolve_new
+from h5stream.ingest.encode import resolve_auto
 from h5stream.ingest.pool import DecodePool
 from h5stream.ingest.report import SkipReport, read_report
 from h5stream.ingest.spec import FD_LIMIT_ERRNOS
@@ -202,7 +203,7 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
             class_names=target.class_names, label_columns=source.label_columns, block_rows=opts.block_rows,
             resize_mode=spec.resize, background=spec.background, pad_fill=spec.pad_fill, storage_order=target.order,
             order_seed=target.seed, compression=opts.compression, overwrite=opts.overwrite,
-            expected_rows=max(1, n_pending), lock=lock,
+            expected_rows=max(1, n_pending), lock=lock, encoding=spec.encoding, jpeg_quality=spec.quality,
         )
     return writer, writer.committed_rows
 
@@ -275,6 +276,8 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
     pool = DecodePool(workers, target.spec.shape)
     try:
         pool.start()  # workers boot while the store is created
+        if target.spec.encoding == "auto":
+            target = resolve_auto(target, source.root, pending, pool)
         writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
         folders = sum(kind == UNREADABLE for _, kind, _ in left_out)  # each skipped, as a file is
         job.start(writer, opts, already + len(pending) + len(rejected) + folders, start_rows - already)

@@ -74,7 +74,27 @@ def _decode(results, task) -> tuple[list[str | None], list[int]]:
         raise ValueError(f"a slot holds {out.shape[0]} rows of {out.shape[1:]}, "
                          f"the task has {len(relpaths)} of {spec.shape}")
     reasons = decode_each(root, relpaths, spec, out)
+    if spec.encoding != "raw":  # an encoded store: the encoded rows travel back (a fraction of the pixels)
+        return reasons, [], encoded_result(out[:reasons.count(None)], spec)
     return reasons, group_digests(out[:reasons.count(None)], digest_rows)
+
+
+def encoded_result(images: np.ndarray, spec):
+    """What a task of an encoded store (or ``auto``'s probe) sends back instead of the slot's pixels."""
+    from h5stream.ingest import encode
+
+    if spec.encoding == encode.ENCODING_PROBE:
+        return encode.probe(images, spec.quality)
+    return encode.packed(encode.encode_rows(images, spec.quality))
+
+
+def delivered(images: np.ndarray, result: tuple, spec):
+    """The rows a task delivers: the decoded ``images`` (its slot), or what :func:`encoded_result` sent."""
+    from h5stream.ingest import encode
+
+    if len(result) < 3:
+        return images
+    return result[2] if spec.encoding == encode.ENCODING_PROBE else encode.unpacked(result[2])
 
 
 def group_digests(images: np.ndarray, rows: int) -> list[int]:
@@ -194,6 +214,9 @@ class DecodePool:
 
             for chunk in chunks:
                 images, reasons = decode_task(root, chunk, spec)
+                if spec.encoding != "raw":
+                    yield delivered(images, (reasons, [], encoded_result(images, spec)), spec), reasons, []
+                    continue
                 yield images, reasons, group_digests(images, digest_rows)
             return
         self.start()
@@ -232,9 +255,10 @@ class DecodePool:
         while order.next_deliver < order.next_submit:
             while not order.ready():
                 self._receive(order, in_flight, slot_of)
-            seq, (reasons, digests) = order.pop()
+            seq, result = order.pop()
+            reasons, digests = result[0], result[1]
             slot = slot_of.pop(seq)
-            yield slots[slot, :reasons.count(None)], reasons, digests
+            yield delivered(slots[slot, :reasons.count(None)], result, spec), reasons, digests
             held.append(slot)  # the caller has asked for the next item: done with the slot held longest
             if len(held) > hold:
                 free.append(held.popleft())

@@ -31,6 +31,8 @@ class DecodeSpec:
     background: tuple[int, int, int] = DEFAULT_BACKGROUND
     pad_fill: tuple[int, int, int] = DEFAULT_PAD_FILL
     max_pixels: int = MAX_PIXELS
+    encoding: str = "raw"  # "jpeg": rows go back encoded (see ingest/encode.py); "probe": measured for auto
+    quality: int = 90
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -234,7 +234,10 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                         record_skip(rel, why)
                 keep = np.fromiter((why is None for why in reasons), bool, len(reasons))
                 paths, labels = [rel for rel, why in zip(paths, reasons) if why is None], labels[keep]
-            if kept:
+            if kept and writer.encoding != schema.ENCODING_RAW:  # encoded rows, hashed by the writer
+                writer.append(images, labels, paths)
+                ingested += kept
+            elif kept:
                 blocks.add(images, labels, paths, digests)
                 ingested += kept
             if writer.rows - writer.committed_rows >= opts.commit_rows:

@@ -36,6 +36,9 @@ class Batch:
     slot: object = None
     file_offsets: np.ndarray | None = None
     checks: tuple[np.ndarray, np.ndarray] | None = None
+    encoded_lengths: np.ndarray | None = None
+    """An encoded store's batch: each row's JPEG length at the start of its place, -1 for pixels (see
+    :mod:`h5stream.read.encoded`); the receiver decodes them (:func:`h5stream.store.jpeg.decode_slot_rows`)."""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ def locate(meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locati
 
 def direct_reads(path: str, meta: StoreMeta) -> bool:
     """Whether every row of the store can be read straight from the file (uncompressed, all chunks stored)."""
+    if meta.encoded:  # rows of every length, read through HDF5 (see read/encoded.py)
+        return False
     def readable(f: h5py.File) -> bool:
         return chunk_offsets(f[schema.IMAGES], meta.rows, meta.block_rows, path) is not None
 

@@ -280,6 +280,8 @@ class Reader:
         try:
             where = locate(self.meta, self._cache_labels, digests=self._verify)
             self._offsets, self.all_labels = where.image_chunks, where.labels
+            if self.meta.encoded:  # read through HDF5 by /image_ends (see read/encoded.py)
+                self._offsets = None
             images = labels = None  # HDF5 datasets, for what only HDF5 can read
             if self.defer_pixels and self._offsets is None:
                 raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
@@ -288,10 +290,14 @@ class Reader:
                     # Only HDF5 can read these rows (compressed), and it trusts metadata a writer rewrites.
                     writers = writer_pids(path)
                     if writers:
-                        raise busy_error(path, writers, "a compressed store can only be read through HDF5 "
+                        raise busy_error(path, writers, "a compressed or encoded store can only be read through HDF5 "
                                                         "metadata that the writer keeps changing")
                     f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
                     images, labels = images_dataset(f), f[schema.LABELS]
+                    if self.meta.encoded:
+                        from h5stream.store.encoded import EncodedArray
+
+                        images = EncodedArray.of(f)
                 self._source = self._open_source()
                 piece_rows = getattr(self._layout, "piece_rows", 0)
                 if piece_rows and self.meta.remote is not None and self._offsets is not None:
@@ -396,6 +402,8 @@ class Reader:
             if not images and self._check is not None and self._check.every_read:
                 checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
             p = self._pending[key] = Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
+            if self.meta.encoded:
+                p.batch.encoded_lengths = np.empty(n, np.int64)
         return p
 
     # -- one fill ------------------------------------------------------------------

@@ -39,6 +39,11 @@ class RowReader:
     def __init__(self, meta: StoreMeta, source: ByteSource, *, offsets: np.ndarray | None, label_offsets,
                  images, labels, check: BlockCheck | None, stop: threading.Event):
         self.meta, self._source, self._offsets, self._label_offsets = meta, source, offsets, label_offsets
+        self._encoded = None
+        if meta.encoded:  # rows placed still encoded (see read/encoded.py)
+            from h5stream.read.encoded import EncodedRunReader
+
+            self._encoded = EncodedRunReader(meta, images, check)
         self._images, self._labels, self.check, self._stop = images, labels, check, stop
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         self._learned: set[int] = set()  # blocks whose digests are learned (by learn_runs)
@@ -102,6 +107,9 @@ class RowReader:
             raise Stopped
         dest, src, n, off = run
         t0 = time.perf_counter()
+        if self._encoded is not None:
+            nbytes, _ = self._encoded.read_run(job, run)
+            return time.perf_counter() - t0, nbytes
         row_bytes = self.meta.row_bytes
         targets = job.targets
         batches = job.batch[dest:dest + n].tolist()

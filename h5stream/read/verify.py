@@ -117,6 +117,10 @@ class BlockCheck:
         labels = np.array([0 if d is None else d[1] for d in digests], np.uint64)
         return cls(path, rows, block_rows, row_bytes, images, labels, trusted, **kw)
 
+    def image_digest(self, block: int) -> int:
+        """The trusted digest of ``block``'s images (an encoded store's: of its encoded rows)."""
+        return int(self._images[block])
+
     # -- geometry --------------------------------------------------------------------
     def span(self, block: int) -> tuple[int, int]:
         """Rows ``[start, stop)`` of ``block``."""

@@ -37,7 +37,7 @@ import numpy as np
 import xxhash
 
 from h5stream.errors import StoreFormatError
-from h5stream.store import coverage, schema
+from h5stream.store import coverage, encoded, schema
 from h5stream.store.coverage import PARTS, Digests, tail_from_json  # noqa: F401 - tail_from_json: part of this API
 from h5stream.store.meta import read_meta
 
@@ -90,7 +90,8 @@ class BlockHasher:
         for j = 0, 1, ..., computed elsewhere (where the rows were decoded): a whole block that starts at
         ``images[0]`` on a block boundary takes its image digest from there instead of hashing its pixels again.
         """
-        parts = [np.asarray(images), np.asarray(labels), np.asarray(paths)]
+        parts = [images if getattr(images, "encoded_rows", False) else np.asarray(images),  # see store/encoded.py
+                 np.asarray(labels), np.asarray(paths)]
         n = len(parts[0])
         if any(len(p) != n for p in parts):
             raise ValueError(f"images, labels and paths differ in length: {[len(p) for p in parts]}")
@@ -168,7 +169,7 @@ def resume(h5file, committed_rows: int) -> BlockHasher | None:
     algorithm = attrs[schema.ATTR_CHECKSUM] if schema.ATTR_CHECKSUM in attrs else None
     block_rows = int(attrs[schema.ATTR_BLOCK_ROWS])
     sums = root._f_get_child(schema.CHECKSUMS) if schema.CHECKSUMS in root else None
-    images, labels, paths = (root._f_get_child(n) for n in (schema.IMAGES, schema.LABELS, schema.PATHS))
+    images, labels, paths = (encoded.image_rows(h5file), *(root._f_get_child(n) for n in (schema.LABELS, schema.PATHS)))
     stored = min(images.nrows, labels.nrows, paths.nrows)
     tail = tail_from_json(attrs[schema.ATTR_CHECKSUM_TAIL] if schema.ATTR_CHECKSUM_TAIL in attrs else None)
     what = coverage.problem(committed_rows, stored, block_rows, None if sums is None else sums.nrows, tail,
@@ -281,7 +282,8 @@ def _expected(f, rows: int, block_rows: int, path: str) -> list[tuple[Digests, i
         return None
     table = coverage.read_table(f, path) if schema.CHECKSUMS in f else None
     tail = tail_from_json(attrs.get(schema.ATTR_CHECKSUM_TAIL))
-    stored = min(f[name].shape[0] for name in (schema.IMAGES, schema.LABELS, schema.PATHS) if name in f)
+    stored = min([encoded.image_rows(f).shape[0]] + [f[name].shape[0] for name in (schema.LABELS, schema.PATHS)
+                                                     if name in f])
     what = coverage.problem(rows, stored, block_rows, None if table is None else len(table), tail,
                             has_checksum_attrs=has_attrs)
     if what is not None:
@@ -312,7 +314,7 @@ def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | 
     elif expected and expected[-1][1] > rows:
         want, stop = expected[-1]
         start = (len(expected) - 1) * block_rows
-        arrays = [f[name][start:stop] for name in (schema.IMAGES, schema.LABELS, schema.PATHS)]
+        arrays = [encoded.image_rows(f)[start:stop]] + [f[name][start:stop] for name in (schema.LABELS, schema.PATHS)]
         got = block_digests(*arrays)
         own = block_digests(*(a[:rows - start] for a in arrays))
         out[-1] = tuple(o if g == w else w for o, g, w in zip(own, got, want))
@@ -390,6 +392,8 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     meta = read_meta(path, remote=remote)
     if meta.checksum_problem is not None:  # committed rows without digests, or a table HDF5 cannot read
         raise StoreFormatError(meta.checksum_problem)
+    if meta.encoded:
+        return _verify_encoded(meta, t0, progress)
     rows, block_rows = meta.rows, meta.block_rows
     n_blocks = -(-rows // block_rows)
     with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote) as f:
@@ -444,3 +448,37 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), (), rows * row_bytes,
                         time.perf_counter() - t0, uncommitted)
 
+
+
+def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
+    """:func:`verify_store` of an encoded store (:mod:`h5stream.store.encoded`): block by block with plain h5py
+    (a URL too); a block HDF5 cannot read is reported unreadable and the next one read."""
+    from h5stream.store.access import open_h5_readonly
+
+    block_rows, bad = meta.block_rows, []
+    with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote, rdcc_nbytes=0) as f:
+        rows = int(f.attrs.get(schema.ATTR_ENCODED_COMMITTED, meta.rows))
+        n_blocks = -(-rows // block_rows)
+        expected = _expected(f, rows, block_rows, meta.path)
+        if expected is None:
+            return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
+                                time.perf_counter() - t0)
+        tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
+        images, labels, paths = encoded.EncodedArray.of(f), f[schema.LABELS], f[schema.PATHS]
+        total = images.byte_range(0, rows)[1]
+        for b0 in range(0, rows, block_rows):
+            b1 = min(b0 + block_rows, rows)
+            want, covered = expected[b0 // block_rows]
+            try:
+                got = block_digests(images.read(b0, covered), labels[b0:covered], paths[b0:covered])
+            except (OSError, ValueError, IndexError) as exc:
+                bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
+                continue
+            parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
+            if parts:
+                bad.append(BadBlock(b0, b1, parts))
+            if progress is not None:
+                progress(images.byte_range(0, b1)[1], total)
+    uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None
+    return VerifyResult(meta.path, ALGORITHM, rows, block_rows, n_blocks, tuple(bad), (), total,
+                        time.perf_counter() - t0, uncommitted)

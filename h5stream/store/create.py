@@ -20,6 +20,7 @@ import tables
 
 from h5stream.errors import ConfigError
 from h5stream.store import checksum, handle, layout, schema, sidecar
+from h5stream.store import encoded as encoded_rows
 from h5stream.store.meta import read_meta
 from h5stream.store.space import SpaceGuard
 
@@ -40,8 +41,8 @@ def filters(compression: str | None, level: int = 4) -> tables.Filters | None:
 
 def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names, label_columns, block_rows: int,
                     resize_mode: str, background: Sequence[int], pad_fill, storage_order: str,
-                    order_seed: int) -> dict:
-    """The root attributes of a new store (pure); ConfigError for an impossible shape or label kind."""
+                    order_seed: int, encoding: str = schema.ENCODING_RAW, jpeg_quality: int | None = None) -> dict:
+    """The root attributes of a new store (pure); ConfigError for an impossible shape, label kind or encoding."""
     h, w, c = (int(d) for d in image_shape)
     if min(h, w, c) < 1:
         raise ConfigError(f"image shape must be positive, got {tuple(image_shape)}")
@@ -49,6 +50,8 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
         raise ConfigError(f"label_kind must be 'class', 'regression' or 'none', got {label_kind!r}")
     if block_rows < 1:
         raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
+    if encoding not in schema.ENCODINGS:
+        raise ConfigError(f"unknown encoding {encoding!r}; choose one of {', '.join(schema.ENCODINGS)}")
     attrs = {
         schema.ATTR_FORMAT: np.int64(schema.FORMAT_VERSION),
         schema.ATTR_COMMITTED: np.int64(0),
@@ -67,6 +70,12 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
     }
     if pad_fill is not None:
         attrs[schema.ATTR_PAD_FILL] = json.dumps([int(v) for v in pad_fill])
+    if encoding != schema.ENCODING_RAW:  # encoded rows: see h5stream.store.encoded
+        del attrs[schema.ATTR_COMMITTED]
+        attrs[schema.ATTR_ENCODED_COMMITTED] = np.int64(0)
+        attrs[schema.ATTR_ENCODING] = encoding
+        attrs[schema.ATTR_JPEG_QUALITY] = np.int64(90 if jpeg_quality is None else jpeg_quality)
+        attrs[schema.ATTR_FORMAT] = np.int64(max(schema.FORMAT_VERSION, schema.ENCODED_FORMAT_VERSION))
     return attrs
 
 
@@ -103,7 +112,8 @@ def _lay_out(name: str, size: int, image_shape: tuple[int, int, int], label_kind
              block_rows: int, image_filters, expected_rows: int, attrs: dict) -> None:
     """Add the store's arrays and attributes to the empty HDF5 file that HDF5 opens as ``name`` (``size``
     bytes), flush it within reserved space and sync it (see :func:`write_empty`)."""
-    early = image_filters is None and layout.EARLY_PIXEL_CHUNKS
+    encoded = attrs.get(schema.ATTR_ENCODING, schema.ENCODING_RAW) != schema.ENCODING_RAW
+    early = image_filters is None and layout.EARLY_PIXEL_CHUNKS and not encoded
     if early:  # the writer writes whole blocks where HDF5 put them (see layout)
         try:
             layout.create_images_allocated_early(name, schema.IMAGES, image_shape, block_rows)
@@ -117,6 +127,8 @@ def _lay_out(name: str, size: int, image_shape: tuple[int, int, int], label_kind
                 f.root, schema.IMAGES, tables.UInt8Atom(), shape=(0, *image_shape),
                 chunkshape=(block_rows, *image_shape), filters=image_filters, expectedrows=expected_rows,
             )
+        if encoded:
+            encoded_rows.create_nodes(f, expected_rows)
         label_atom = {schema.LABEL_CLASS: tables.Int64Atom(), schema.LABEL_NONE: tables.Int8Atom()}.get(
             label_kind, tables.Float32Atom())
         f.create_earray(

@@ -53,8 +53,19 @@ class StoreMeta:
     read: damage (see :mod:`h5stream.store.coverage`), which verifying readers refuse; None when all is well."""
     uncommitted_rows: int = 0
     """Rows past ``rows`` that checksums were written for: a commit in flight, or one a writer stopped half-way."""
+    encoding: str = schema.ENCODING_RAW
+    """How rows are stored: "raw" (pixels in ``/images``) or "jpeg" (see :mod:`h5stream.store.encoded`)."""
+    encoded_bytes: int = 0
+    """Bytes of the committed rows' encoded images (0 for a raw store)."""
+    jpeg_quality: int | None = None
+    encoded_block_bytes: int = 0
+    """The most bytes one block of an encoded store's rows takes: what the reader holds of a block at once."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
+
+    @property
+    def encoded(self) -> bool:
+        return self.encoding != schema.ENCODING_RAW
 
     @property
     def row_bytes(self) -> int:
@@ -227,9 +238,11 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         raise StoreFormatError(f"{path}: /{schema.LABELS} must be numbers of shape (N,) or (N, K), found "
                                f"{labels.dtype} {labels.shape}")
     attrs = f.attrs
-    stored = min(images.shape[0], labels.shape[0])
-    committed = _int_attr(attrs, schema.ATTR_COMMITTED, None, path=path, low=0) \
-        if schema.ATTR_COMMITTED in attrs else None
+    encoding = _str_attr(attrs, schema.ATTR_ENCODING, schema.ENCODING_RAW, path=path, choices=schema.ENCODINGS)
+    rows_of = images if encoding == schema.ENCODING_RAW else _encoded_array(path, f)
+    stored = min(rows_of.shape[0], labels.shape[0])
+    committed_attr = schema.ATTR_COMMITTED if encoding == schema.ENCODING_RAW else schema.ATTR_ENCODED_COMMITTED
+    committed = _int_attr(attrs, committed_attr, None, path=path, low=0) if committed_attr in attrs else None
     if committed is None:
         # A file written by other tools: every row present in both arrays is usable.
         if labels.shape[0] < images.shape[0]:
@@ -243,7 +256,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
             f"{path}: committed_rows={committed} but only {stored} rows are stored in both "
             f"/{schema.IMAGES} and /{schema.LABELS}; the file is damaged"
         )
-    written = _rows_written(images)
+    written = _rows_written(images) if encoding == schema.ENCODING_RAW else _encoded_written(rows_of, committed)
     if committed > written:
         raise StoreFormatError(
             f"{path}: committed_rows={committed} but only {written} rows of /{schema.IMAGES} were ever written; "
@@ -305,7 +318,36 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         ingest=_ingest_progress(path, attrs, committed),
         checksum_problem=problem,
         uncommitted_rows=uncommitted,
+        encoding=encoding,
+        encoded_bytes=rows_of.byte_range(0, committed)[1] if encoding != schema.ENCODING_RAW else 0,
+        jpeg_quality=_int_attr(attrs, schema.ATTR_JPEG_QUALITY, 90, path=path, low=1, high=100)
+        if encoding != schema.ENCODING_RAW else None,
+        encoded_block_bytes=_int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
     )
+
+
+def _encoded_array(path: str, f: h5py.File):
+    """The encoded rows of an encoded store (:class:`~h5stream.store.encoded.EncodedArray`), checked."""
+    from h5stream.store.encoded import EncodedArray
+
+    data = _dataset(path, f, schema.IMAGE_BYTES)
+    ends = _dataset(path, f, schema.IMAGE_ENDS)
+    if data.ndim != 1 or data.dtype != np.uint8 or ends.ndim != 1 or ends.dtype.kind not in "iu":
+        raise StoreFormatError(f"{path}: an encoded store needs /{schema.IMAGE_BYTES} uint8 (T,) and "
+                               f"/{schema.IMAGE_ENDS} integers (N,), found {data.dtype} {data.shape} and "
+                               f"{ends.dtype} {ends.shape}; the file is damaged (re-ingest it)")
+    return EncodedArray(data, ends)
+
+
+def _encoded_written(rows, committed: int) -> int:
+    """Rows of an encoded store whose bytes were ever written: every committed row when the last one ends within
+    the bytes stored (and allocated), else 0.  Reads one end offset."""
+    if committed == 0:
+        return 0
+    end = int(rows.ends[committed - 1])
+    data = rows.data
+    allocated = data.id.get_num_chunks() * int(data.chunks[0]) if data.chunks is not None else data.shape[0]
+    return committed if 0 <= end <= min(data.shape[0], allocated) else 0
 
 
 def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:

@@ -99,9 +99,12 @@ def rebuild(path: str, lock: StoreLock) -> int:
             class_names=meta.class_names, label_columns=meta.label_columns, block_rows=meta.block_rows,
             resize_mode=meta.resize_mode, background=background, pad_fill=pad_fill,
             storage_order=meta.storage_order, order_seed=meta.order_seed, compression=compression, overwrite=True,
-            expected_rows=max(1, meta.rows), lock=lock, publish_early=False)
+            expected_rows=max(1, meta.rows), lock=lock, publish_early=False, encoding=meta.encoding,
+            jpeg_quality=meta.jpeg_quality)
         try:
-            for start in range(0, meta.rows, step):
+            if meta.encoded:  # encoded rows: copied block by block as they are (see store/encoded.py)
+                copy_encoded_rows(path, writer, meta)
+            for start in range(0, meta.rows if not meta.encoded else 0, step):
                 stop = min(meta.rows, start + step)
                 for name in order:
                     source.read(name, start, stop, bufs[name])
@@ -120,6 +123,20 @@ def rebuild(path: str, lock: StoreLock) -> int:
     writer.close()  # commits, takes the store's name (a rename) and syncs the folder
     handle.remove(schema.flushing_path(path))
     return meta.rows
+
+
+def copy_encoded_rows(path: str, writer: StoreWriter, meta) -> None:
+    """Append the committed rows of the encoded store at ``path`` to ``writer``, a block at a time, each block
+    committed (under the writer's temporary name)."""
+    from h5stream.store.encoded import EncodedArray
+
+    with h5py.File(path, "r", locking=False) as f:
+        rows, labels, paths = EncodedArray.of(f), f[schema.LABELS], f[schema.PATHS]
+        for start in range(0, meta.rows, meta.block_rows):
+            stop = min(meta.rows, start + meta.block_rows)
+            writer.append(rows.read(start, stop), labels[start:stop],
+                          [schema.decode_path(bytes(p)) for p in paths[start:stop]])
+            writer.commit()
 
 
 def needs_rebuild(path: str | os.PathLike) -> bool:

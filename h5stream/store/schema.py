@@ -44,16 +44,39 @@ reads every one of them):
     ingest_skipped     int   its files skipped so far, each listed in OUT.skipped.csv
     ingest_source      str   JSON {"src": absolute SRC, "labels": absolute CSV or null, "options": [flags]}:
                              what ``h5stream ingest SRC OUT <flags> --append`` needs to finish it
+
+Encoded stores (format version 2; told apart by ``image_encoding``, never by the version alone): each row is an
+image's encoded bytes (JPEG), concatenated in ``/image_bytes`` (uint8) with each row's end offset in
+``/image_ends`` (int64); ``/images`` stays, empty, with the decoded shape.  See :mod:`h5stream.store.encoded`.
+
+    image_encoding          str  "jpeg" (absent: "raw", pixels in /images)
+    jpeg_quality            int  the quality the rows were encoded with
+    encoded_committed_rows  int  what committed_rows is to a raw store (absent there)
+    encoded_block_bytes     int  the most bytes one block's rows have taken (what a reader holds of a block)
 """
 
 from __future__ import annotations
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest layout this h5stream reads and writes (version 1 stores are read and appended to as they are)."""
 
 IMAGES = "images"
 LABELS = "labels"
 PATHS = "paths"
 CHECKSUMS = "checksums"
+# -- encoded rows (see h5stream.store.encoded) --
+IMAGE_BYTES = "image_bytes"
+IMAGE_ENDS = "image_ends"
+ATTR_ENCODING = "image_encoding"
+ATTR_JPEG_QUALITY = "jpeg_quality"
+ATTR_ENCODED_COMMITTED = "encoded_committed_rows"
+ATTR_ENCODED_BLOCK_BYTES = "encoded_block_bytes"
+ENCODING_RAW = "raw"
+ENCODING_JPEG = "jpeg"
+ENCODINGS = (ENCODING_RAW, ENCODING_JPEG)
+ENCODED_FORMAT_VERSION = 2
+"""The first format version with encoded rows: an encoded store is stamped with at least this."""
+# -- end of encoded rows --
 
 ATTR_FORMAT = "h5stream_format"
 ATTR_COMMITTED = "committed_rows"

@@ -38,7 +38,7 @@ import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
 from h5stream.store import checksum, handle, layout, schema  # noqa: F401 - layout: tests patch it through here
-from h5stream.store import sidecar
+from h5stream.store import encoded, sidecar
 from h5stream.store.durable import DurableFile
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
@@ -70,11 +70,13 @@ class StoreWriter(DurableFile):
 
     def __init__(self, h5file: tables.File, *, lock: StoreLock | None = None):
         root = h5file.root
-        super().__init__(h5file, lock=lock, committed_rows=int(root._v_attrs[schema.ATTR_COMMITTED]))
-        self.images = root._f_get_child(schema.IMAGES)
+        self._committed_attr = encoded.committed_attr(root._v_attrs)
+        super().__init__(h5file, lock=lock, committed_rows=int(root._v_attrs[self._committed_attr]))
+        self.images = encoded.image_rows(h5file)  # /images, or an encoded store's bytes and ends
         self.labels = root._f_get_child(schema.LABELS)
         self.paths = root._f_get_child(schema.PATHS)
-        self._whole_chunks = _writes_whole_chunks(self.images)
+        self.encoding = encoded.encoding_of(root._v_attrs)
+        self._whole_chunks = self.encoding == schema.ENCODING_RAW and _writes_whole_chunks(self.images)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
         self._pending_rows = 0
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
@@ -104,10 +106,15 @@ class StoreWriter(DurableFile):
         expected_rows: int = 10_000,
         lock: StoreLock | None = None,
         publish_early: bool = True,
+        encoding: str = schema.ENCODING_RAW,
+        jpeg_quality: int | None = None,
     ) -> StoreWriter:
         """A new, empty store for ``path``, written under :func:`creating_path` until its first commit of
         rows (or :meth:`close`; only :meth:`close` with ``publish_early=False``) renames it to ``path``
-        (replacing the file there with ``overwrite``)."""
+        (replacing the file there with ``overwrite``).  ``encoding="jpeg"``: rows are appended encoded
+        (:meth:`append` takes an :class:`~h5stream.store.encoded.EncodedRows`); no ``compression`` then."""
+        if encoding != schema.ENCODING_RAW and compression is not None:
+            raise ConfigError(f"an encoded ({encoding}) store is not compressed again; drop --compression")
         path = os.fspath(path)
         if os.path.isdir(path):
             raise StoreExistsError(f"{path}: is a directory; give a file name such as {os.path.join(path, 'train.h5')}")
@@ -118,7 +125,7 @@ class StoreWriter(DurableFile):
         attrs = new_store_attrs((h, w, c), label_kind=label_kind, class_names=class_names,
                                 label_columns=label_columns, block_rows=block_rows, resize_mode=resize_mode,
                                 background=background, pad_fill=pad_fill, storage_order=storage_order,
-                                order_seed=order_seed)
+                                order_seed=order_seed, encoding=encoding, jpeg_quality=jpeg_quality)
         image_filters = filters(compression)
         label_shape = tuple(int(d) for d in label_shape)
         owned = lock is None
@@ -165,7 +172,7 @@ class StoreWriter(DurableFile):
                     f"{path}: its last writer stopped while it rewrote the file's structure in place ({marker} is "
                     f"there); rebuild it before appending: `h5stream repair {path}`")
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
-            if meta.format_version != schema.FORMAT_VERSION:
+            if meta.format_version > schema.FORMAT_VERSION:
                 raise StoreFormatError(
                     f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
                     "ingest into a new file"
@@ -203,7 +210,8 @@ class StoreWriter(DurableFile):
     def meta(self) -> dict:
         a = self.attrs
         return {
-            "image_shape": tuple(self.images.shape[1:]),
+            "image_shape": tuple(int(a[k]) for k in (schema.ATTR_HEIGHT, schema.ATTR_WIDTH, schema.ATTR_CHANNELS)),
+            "encoding": self.encoding,
             "label_kind": str(a[schema.ATTR_LABEL_KIND]),
             "label_shape": tuple(self.labels.shape[1:]),
             "class_names": json.loads(a[schema.ATTR_CLASS_NAMES]),
@@ -240,6 +248,9 @@ class StoreWriter(DurableFile):
         once :data:`PENDING_ROWS` wait.
         """
         self._check_open()
+        if self.encoding != schema.ENCODING_RAW or getattr(images, "encoded_rows", False):
+            self._append_encoded(images, labels, paths)
+            return
         images = np.ascontiguousarray(images)
         labels = np.asarray(labels, dtype=self.labels.atom.dtype.base)
         n = images.shape[0]
@@ -249,21 +260,37 @@ class StoreWriter(DurableFile):
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        raw = schema.encode_paths(paths)
-        if max(map(len, raw), default=0) > schema.PATH_BYTES:
-            too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
-            raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
-        encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
+        encoded = _stored_paths(paths)
 
         self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
         if wait:
             self.wait_direct_writes()
+        self._hash_and_queue(images, labels, encoded, image_digests)
+
+    def _hash_and_queue(self, images, labels: np.ndarray, encoded: np.ndarray, image_digests=()) -> None:
+        """Hash appended rows and queue their labels and paths for the next write of them."""
         if self._hasher is not None:
             self._hasher.add(images, labels, encoded, image_digests)
         self._pending.append((labels.copy(), encoded))  # the caller may reuse its labels' memory
-        self._pending_rows += n
+        self._pending_rows += len(encoded)
         if self._pending_rows >= PENDING_ROWS:
             self._write_pending()
+
+    def _append_encoded(self, rows, labels, paths: Sequence[str]) -> None:
+        """:meth:`append` of an encoded store: ``rows`` an :class:`~h5stream.store.encoded.EncodedRows`."""
+        if self.encoding == schema.ENCODING_RAW or not getattr(rows, "encoded_rows", False):
+            raise ConfigError(f"a store of encoding {self.encoding!r} takes "
+                              f"{'pixel rows' if self.encoding == schema.ENCODING_RAW else 'encoded rows'}")
+        labels = np.asarray(labels, dtype=self.labels.atom.dtype.base)
+        n = len(rows)
+        if labels.shape != (n, *self.labels.shape[1:]):
+            raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
+        if len(paths) != n:
+            raise ConfigError(f"{n} images but {len(paths)} paths")
+        stored = _stored_paths(paths)
+        nbytes = space_for((self.images.data,), len(rows.data)) + space_for((self.images.ends,), n)
+        self._write_guarded(nbytes, lambda: self.images.append(rows))
+        self._hash_and_queue(rows, labels, stored)
 
     def _write_pending(self, checksums: bool = False) -> None:
         """Write the labels and paths of the rows appended since the last call (one write per array), and with
@@ -311,13 +338,27 @@ class StoreWriter(DurableFile):
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
         self._write_pending(checksums=True)  # digests with their rows, flushed before the count: see store/coverage.py
         n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
+        if self.encoding != schema.ENCODING_RAW and n > self.committed_rows:
+            self._record_block_bytes(n)
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError
-        self.attrs[schema.ATTR_COMMITTED] = np.int64(n)
+        self.attrs[self._committed_attr] = np.int64(n)
         self._flush()  # ... then the count that makes them visible
         self.committed_rows = n
         if n and not self.published and self._publish_early:
             self._publish()
         return n
+
+    def _record_block_bytes(self, n: int) -> None:
+        """Raise the ``encoded_block_bytes`` attribute to the largest block among rows up to ``n`` appended since
+        the last commit (their whole blocks, read back from ``/image_ends``)."""
+        block_rows = int(self.attrs[schema.ATTR_BLOCK_ROWS])
+        first = self.committed_rows // block_rows * block_rows
+        ends = np.asarray(self.images.ends[max(0, first - 1):n], np.int64)
+        before = int(ends[0]) if first else 0
+        most = encoded.largest_block_bytes(ends[1:] if first else ends, first, block_rows, before)
+        known = int(self.attrs[schema.ATTR_ENCODED_BLOCK_BYTES]) if schema.ATTR_ENCODED_BLOCK_BYTES in self.attrs else 0
+        if most > known:
+            self.attrs[schema.ATTR_ENCODED_BLOCK_BYTES] = np.int64(most)
 
     def rollback(self, rows: int) -> None:
         """Drop every row past ``rows``, committed or not (``--strict`` undoing its own append).
@@ -328,7 +369,7 @@ class StoreWriter(DurableFile):
         rows = int(rows)
         if not 0 <= rows <= self.committed_rows:
             raise ConfigError(f"cannot roll back to {rows} rows; {self.committed_rows} are committed")
-        self.attrs[schema.ATTR_COMMITTED] = np.int64(rows)
+        self.attrs[self._committed_attr] = np.int64(rows)
         self._flush()
         self.committed_rows = rows
         self._resume_checksums()  # while the rows its digests cover are there to check the block they cut
@@ -372,6 +413,15 @@ class StoreWriter(DurableFile):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _stored_paths(paths: Sequence[str]) -> np.ndarray:
+    """``paths`` as ``/paths`` stores them; ConfigError for one too long."""
+    raw = schema.encode_paths(paths)
+    if max(map(len, raw), default=0) > schema.PATH_BYTES:
+        too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
+        raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
+    return np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
 
 def _writes_whole_chunks(arr) -> bool:

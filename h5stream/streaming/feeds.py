@@ -27,7 +27,7 @@ import numpy as np
 from h5stream.memory.lend import ArrayArena, SlotLender
 from h5stream.concurrency.wait import Channel, stop_when
 from h5stream.streaming.budget import KEPT_SLOTS
-from h5stream.errors import ChecksumError, H5StreamError, ReaderError, WorkerError
+from h5stream.errors import ChecksumError, H5StreamError, ImageDecodeError, ReaderError, WorkerError
 from h5stream.read.reader import Batch, Reader, direct_reads
 
 if TYPE_CHECKING:
@@ -95,6 +95,10 @@ class InlineFeed:
         """The next batch, augmented here if there is a transform.  Consumer thread."""
         b: Batch = self.reader.get()
         x = b.images
+        if b.encoded_lengths is not None:  # an encoded store's rows: decoded here, in place (read/encoded.py)
+            from h5stream.store.jpeg import decode_slot_rows
+
+            decode_slot_rows(x, b.encoded_lengths, b.row_ids, path=self.meta.path)
         if self._augment is not None:
             x = self._augment(x, seed=self._seed, epoch=b.epoch, row_ids=b.row_ids, out=self._out(len(x)))
         return b.epoch, b.index, x, b.labels
@@ -201,7 +205,8 @@ class PooledFeed:
         if b.images is None:
             source, first, offsets, checks = _FILE, -1, b.file_offsets, b.checks
         else:  # in place: the input slot is freed only once the result is taken
-            source, first, offsets, checks = _SLOTS, b.slot * self.plan.batch_size, None, None
+            # An encoded store's rows go with their lengths: the worker decodes them (read/encoded.py).
+            source, first, offsets, checks = _SLOTS, b.slot * self.plan.batch_size, b.encoded_lengths, None
         seq = self._pool.submit_trusted(source, first, b.row_ids, offsets, checks, epoch=b.epoch, seed=self._seed,
                                         timeout_s=timeout_s)
         self._submitted.append(_Submitted(b.epoch, b.index, b.labels, b.slot, seq))
@@ -291,6 +296,8 @@ class PooledFeed:
             # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
             if exc.summary.startswith(f"{ChecksumError.__name__}: "):  # already says what to do
                 raise ChecksumError(exc.summary.split(": ", 1)[1]) from exc
+            if exc.summary.startswith(f"{ImageDecodeError.__name__}: "):  # names the row; the file is ours to name
+                raise ImageDecodeError(f"{self.meta.path}: {exc.summary.split(': ', 1)[1]}") from exc
             summary = exc.summary.replace(f"{self.meta.path}: ", "")
             raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
         except TimeoutError:

@@ -56,6 +56,10 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         from h5stream.remote.config import client_memory_bytes
 
         client = client_memory_bytes(meta.remote)
+    if getattr(meta, "encoding", "raw") != "raw":
+        # An encoded store: the reader holds one block's encoded bytes at a time, and each decoder (a worker, or
+        # the consumer's thread) one row's JPEG copied out of its place (see read/encoded.py).
+        client += meta.encoded_block_bytes + (workers + 1) * meta.row_bytes
     direct = 0
     if direct_io:
         from h5stream.read.source import DIRECT_IO_BYTES
