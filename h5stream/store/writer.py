@@ -37,7 +37,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
-from h5stream.store import checksum, handle, layout, schema  # noqa: F401 - layout: tests patch it through here
+from h5stream.store import checksum, handle, layout, pathrows, schema  # noqa: F401 - layout: tests patch it
 from h5stream.store import sidecar
 from h5stream.store.durable import DurableFile
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
@@ -73,7 +73,10 @@ class StoreWriter(DurableFile):
         super().__init__(h5file, lock=lock, committed_rows=int(root._v_attrs[schema.ATTR_COMMITTED]))
         self.images = root._f_get_child(schema.IMAGES)
         self.labels = root._f_get_child(schema.LABELS)
-        self.paths = root._f_get_child(schema.PATHS)
+        # Paths: /path_ends with /path_bytes, or a format-1 store's fixed-width /paths (kept so when appended to).
+        self._vlen_paths = pathrows.is_vlen(root)
+        self.paths = root._f_get_child(pathrows.row_node(root))
+        self._path_bytes = root._f_get_child(schema.PATH_BYTES_NODE) if self._vlen_paths else None
         self._whole_chunks = _writes_whole_chunks(self.images)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
         self._pending_rows = 0
@@ -218,9 +221,11 @@ class StoreWriter(DurableFile):
     def _truncate_to_committed(self) -> None:
         n = self.committed_rows
         self._pending, self._pending_rows = [], 0  # rows past the count: dropped with them
-        for arr in (self.images, self.labels, self.paths):
+        for arr in (self.images, self.labels) if self._vlen_paths else (self.images, self.labels, self.paths):
             if arr.nrows > n:
                 arr.truncate(n)
+        if self._vlen_paths:
+            pathrows.truncate(self._f.root, n)
         self._flush()
 
     def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=(), *,
@@ -250,10 +255,14 @@ class StoreWriter(DurableFile):
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
         raw = schema.encode_paths(paths)
-        if max(map(len, raw), default=0) > schema.PATH_BYTES:
-            too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
-            raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
-        encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
+        if self._vlen_paths:
+            encoded = pathrows.PathRows.from_bytes(raw)
+        else:
+            if max(map(len, raw), default=0) > schema.PATH_BYTES:
+                too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
+                raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes, the most this "
+                                  "store's fixed-width /paths holds (a new store has no limit)")
+            encoded = np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
         self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
         if wait:
@@ -272,15 +281,25 @@ class StoreWriter(DurableFile):
         if not self._pending and sums is None:
             return
         labels = np.concatenate([lab for lab, _ in self._pending]) if self._pending else None
-        paths = np.concatenate([enc for _, enc in self._pending]) if self._pending else None
+        paths = None
+        if self._pending:
+            encoded = [enc for _, enc in self._pending]
+            paths = pathrows.PathRows.concat(encoded) if self._vlen_paths else np.concatenate(encoded)
         nbytes = space_for((self.labels, self.paths), len(paths)) if paths is not None else 0
+        if paths is not None and self._vlen_paths:
+            nbytes += space_for((self._path_bytes,), len(paths.data))
         if sums is not None:
             nbytes += space_for((sums,), self._hasher.pending_blocks)
 
         def write() -> None:
             if paths is not None:
                 self.labels.append(labels)
-                self.paths.append(paths)
+                if self._vlen_paths:  # the bytes, then where each row's end: see h5stream.store.pathrows
+                    ends = np.cumsum(paths.lengths, dtype=np.int64) + np.int64(self._path_bytes.nrows)
+                    self._path_bytes.append(paths.data)
+                    self.paths.append(ends)
+                else:
+                    self.paths.append(paths)
             if sums is not None:
                 checksum.stage(self._f, self._hasher)
 
