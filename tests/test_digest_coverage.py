@@ -109,7 +109,7 @@ def lower_count(path, rows=500, cut_arrays=False):
     with h5py.File(path, "r+") as f:
         f.attrs["committed_rows"] = np.int64(rows)
         if cut_arrays:
-            for name in ("images", "labels", "paths"):
+            for name in ("images", "labels", "path_ends"):
                 f[name].resize(rows, axis=0)
 
 

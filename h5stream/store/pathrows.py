@@ -9,9 +9,12 @@ gives them, any length) in two arrays that plain h5py reads::
     ends = f["path_ends"][:n]; data = f["path_bytes"][:ends[-1]].tobytes()
     paths = [data[a:b].decode("utf-8", "surrogateescape") for a, b in zip([0, *ends[:-1]], ends)]
 
-``/path_ends`` is zlib-compressed (level 1, byte shuffle: ends grow by small steps, about a byte a row), so a path
-costs its bytes and a little more.  ``/path_bytes`` is not compressed: a changed byte there makes exactly its block's
-paths fail their checksum, where a compressed chunk would fail to read whole.  An older store has
+A path costs its bytes and 8 more.  Neither array is compressed: a commit rewrites the last, partly filled chunk
+of each, and a writer killed during that write must leave the committed rows' bytes as they were, which an
+uncompressed chunk does (the same bytes are written over them) and a compressed one, written whole elsewhere, does
+not (zlib on the ends, about a byte a row, failed exactly so under SIGKILL at every write step); and a changed byte
+makes exactly its block's paths fail their checksum, where a compressed chunk would fail to read whole.  An older
+store has
 ``/paths`` of fixed-size 512-byte strings instead; the layout is told by which array the file holds
 (:func:`is_vlen`), not by its format version, and an append keeps the layout a store has.
 
@@ -29,9 +32,9 @@ import xxhash
 
 from h5stream.store import schema
 
-#: Rows of ``/path_ends`` per HDF5 chunk (64 KiB before compression) and bytes of ``/path_bytes`` per chunk (the
-#: last chunk is allocated whole: a small one keeps a small store's paths small).
-ENDS_CHUNK_ROWS = 8192
+#: Rows of ``/path_ends`` and bytes of ``/path_bytes`` per HDF5 chunk, 16 KiB each (the last chunk is allocated
+#: whole: a small one keeps a small store's paths small).
+ENDS_CHUNK_ROWS = 2048
 BYTES_CHUNK = 16384
 
 
@@ -155,11 +158,10 @@ def create_nodes(h5file, expected_rows: int) -> None:
     """Add the empty ``/path_bytes`` and ``/path_ends`` to a new store (a ``tables.File``)."""
     import tables
 
-    packed = tables.Filters(complevel=1, complib="zlib", shuffle=True)
     h5file.create_earray(h5file.root, schema.PATH_BYTES_NODE, tables.UInt8Atom(), shape=(0,),
                          chunkshape=(BYTES_CHUNK,), expectedrows=max(1, expected_rows) * 64)
     h5file.create_earray(h5file.root, schema.PATH_ENDS, tables.Int64Atom(), shape=(0,),
-                         chunkshape=(ENDS_CHUNK_ROWS,), filters=packed, expectedrows=expected_rows)
+                         chunkshape=(ENDS_CHUNK_ROWS,), expectedrows=expected_rows)
 
 
 def truncate(root, rows: int) -> None:

@@ -9,7 +9,7 @@ Layout (format version 2; version 1 differs only in its paths, see /paths below)
               the array stays, so every reader, checksum and repair path reads a store of any kind alike)
     /path_bytes  EArray uint8 (total bytes,): each row's source path relative to SRC, UTF-8 (a file name
               that is not valid UTF-8 keeps its own bytes, see :func:`encode_path`), joined, any length
-    /path_ends   EArray int64 (N,), zlib: where row i's path ends in /path_bytes (it starts where row i - 1's
+    /path_ends   EArray int64 (N,): where row i's path ends in /path_bytes (it starts where row i - 1's
               ends, or at 0); see :mod:`h5stream.store.pathrows`
     /paths    (stores written before /path_bytes, format version 1) EArray of fixed-size 512 bytes (N,) in
               their place: still read, verified, repaired and appended to in that layout.  Which layout a
@@ -61,6 +61,8 @@ PATHS = "paths"
 # -- variable-length paths (format version 2): see h5stream.store.pathrows ----------
 PATH_BYTES_NODE = "path_bytes"
 PATH_ENDS = "path_ends"
+FIXED_PATHS_VERSION = 1
+"""The format version of stores with the fixed-width /paths (read, verified, repaired and appended to as they are)."""
 # -- end variable-length paths ------------------------------------------------------
 CHECKSUMS = "checksums"
 

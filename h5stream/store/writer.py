@@ -168,7 +168,8 @@ class StoreWriter(DurableFile):
                     f"{path}: its last writer stopped while it rewrote the file's structure in place ({marker} is "
                     f"there); rebuild it before appending: `h5stream repair {path}`")
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
-            if meta.format_version != schema.FORMAT_VERSION:
+            # A format-1 store keeps its layout (fixed-width /paths) when appended to: see h5stream.store.pathrows.
+            if meta.format_version not in (schema.FIXED_PATHS_VERSION, schema.FORMAT_VERSION):
                 raise StoreFormatError(
                     f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
                     "ingest into a new file"
