@@ -156,3 +156,19 @@ def test_paths_of_any_length_read_and_verify_from_a_url(deep_src, tmp_path, h5cl
         assert long_rel in stream.file_paths
     code, _, err = h5cli("verify", url)
     assert code == 0, err
+
+
+def test_repair_rebuilds_a_store_of_fixed_width_paths_with_its_rows(old_store, h5cli):
+    from h5stream.store.handle import mark_flushing
+
+    with h5py.File(old_store, "r") as f:
+        images, labels = f["images"][:10], f["labels"][:10]
+    mark_flushing(str(old_store))  # a writer stopped while HDF5 rewrote it in place
+    code, out, err = h5cli("repair", old_store)
+    assert code == 0 and "rebuilt from its" in out, err
+    assert read_paths(old_store, 0, 10) == [f"a/{i}.png" for i in range(10)]
+    with h5py.File(old_store, "r") as f:  # rebuilt as a new store is written: paths of any length from now on
+        np.testing.assert_array_equal(f["images"][:], images)
+        np.testing.assert_array_equal(f["labels"][:], labels)
+        assert schema.PATH_ENDS in f and int(f.attrs[schema.ATTR_FORMAT]) == schema.FORMAT_VERSION
+    assert checksum.verify_store(old_store).ok
