@@ -339,10 +339,11 @@ def _check_paths(path: str, f: h5py.File, committed: int) -> None:
 
 
 def read_paths(path: str | os.PathLike, start: int, stop: int, *, remote=None) -> list[str]:
-    """Rows ``start..stop-1`` of ``/paths`` as str (:func:`~h5stream.store.schema.decode_path`: each row's source
-    path relative to the ingest's SRC), in row order; on a handle of its own, in the calling thread.
+    """Rows ``start..stop-1`` of the stored paths (either layout, :mod:`~h5stream.store.pathrows`) as str
+    (:func:`~h5stream.store.schema.decode_path`: each row's source path relative to the ingest's SRC), in row
+    order; on a handle of its own, in the calling thread.
 
-    Raises StoreFormatError where the store has no ``/paths`` or fewer rows than ``stop``."""
+    Raises StoreFormatError where the store has no paths or fewer rows than ``stop``."""
     def read(f: h5py.File) -> list[str]:
         name = pathrows.row_node(f)
         paths = _dataset(os.fspath(path), f, name)

@@ -2,7 +2,7 @@
 
 :class:`StoreWriter` owns one PyTables file handle and the store's
 :class:`~h5stream.store.lock.StoreLock`, and is used from one thread (the
-ingest writer).  Rows are appended to ``/images``, ``/labels`` and ``/paths``;
+ingest writer).  Rows are appended to ``/images``, ``/labels`` and the paths;
 :meth:`StoreWriter.commit` makes them durable and only then raises the
 ``committed_rows`` attribute, so a writer killed at any moment leaves a file
 whose first ``committed_rows`` rows are complete in all three arrays.  A crash
