@@ -36,14 +36,15 @@ def sequential_read(path: str) -> float:
     """Seconds to read the committed rows of the three arrays as :func:`verify_store` does, without hashing."""
     import h5py
 
-    from h5stream.store import schema
+    from h5stream.store import pathrows, schema
     from h5stream.store.checksum import VERIFY_SLICE_BYTES
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
     t0 = time.perf_counter()
     with h5py.File(path, "r", locking=False, rdcc_nbytes=0) as f:
-        names = (schema.IMAGES, schema.LABELS, schema.PATHS)
+        vlen = pathrows.is_vlen(f)  # variable-length paths: their own arrays per slice, as verify_store reads them
+        names = (schema.IMAGES, schema.LABELS) if vlen else (schema.IMAGES, schema.LABELS, schema.PATHS)
         row_bytes = sum(f[n].dtype.itemsize * int(np.prod(f[n].shape[1:], dtype=np.int64)) for n in names)
         slice_rows = max(1, VERIFY_SLICE_BYTES // row_bytes // meta.block_rows) * meta.block_rows
         slice_rows = min(slice_rows, max(meta.block_rows, meta.rows))
@@ -52,6 +53,8 @@ def sequential_read(path: str) -> float:
             stop = min(start + slice_rows, meta.rows)
             for n, buf in zip(names, bufs):
                 f[n].read_direct(buf, np.s_[start:stop], np.s_[0:stop - start])
+            if vlen:
+                pathrows.read_h5py(f, start, stop)
     return time.perf_counter() - t0
 
 
@@ -78,11 +81,16 @@ def prepare(path: str, cold: bool) -> float | None:
 
 
 def run(path: str, rounds: int, caches: list[str]) -> dict:
-    from h5stream.store import schema
+    import h5py
+
+    from h5stream.store import pathrows, schema
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
-    data_bytes = meta.rows * (meta.row_bytes + meta.label_row_bytes + schema.PATH_BYTES)
+    with h5py.File(path, "r", locking=False) as f:
+        path_bytes = (8 * meta.rows + int(f[schema.PATH_ENDS][meta.rows - 1]) if pathrows.is_vlen(f) and meta.rows
+                      else meta.rows * schema.PATH_BYTES)
+    data_bytes = meta.rows * (meta.row_bytes + meta.label_row_bytes) + path_bytes
     out = {"file": os.path.abspath(path), "rows": meta.rows, "file_bytes": meta.file_bytes, "data_bytes": data_bytes,
            "rounds": rounds, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
            "results": {}}

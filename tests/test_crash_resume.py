@@ -20,6 +20,7 @@ from h5stream.memory.shm import segment_names
 from h5stream.store import read_meta
 from h5stream.store.handle import mark_flushing
 from h5stream.store.schema import flushing_path
+from h5stream.store import pathrows
 from conftest import committed_rows
 
 
@@ -35,7 +36,7 @@ def append_finishes_the_set(cmd, out, written) -> None:
     resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and f"already stored {rows}" in resumed.stdout, resumed.stderr
     with h5py.File(out, "r") as f:
-        paths = [p.decode() for p in f["paths"][: int(f.attrs["committed_rows"])]]
+        paths = [p.decode() for p in pathrows.stored_bytes(f, 0, int(f.attrs["committed_rows"]))]
     assert sorted(paths) == sorted(rel for rel, _ in written)
 
 
@@ -92,7 +93,7 @@ def test_sigkill_then_append_gives_exactly_the_full_set(big_src, tmp_path):
     with h5py.File(out, "r") as f:
         n = int(f.attrs["committed_rows"])
         assert n == total and f["images"].shape[0] == total and f["labels"].shape[0] == total
-        paths = [p.decode() for p in f["paths"][:n]]
+        paths = [p.decode() for p in pathrows.stored_bytes(f, 0, n)]
         labels = f["labels"][:n]
         images = f["images"][:n]
     assert len(set(paths)) == total and set(paths) == set(expected)  # every file exactly once
@@ -204,8 +205,8 @@ def _store_state(out):
     bytes."""
     with h5py.File(out, "r", locking=False) as f:
         n = int(f.attrs["committed_rows"])
-        state = {"rows": n, "stored": [len(f[k]) for k in ("images", "labels", "paths")],
-                 "images": f["images"][:n], "labels": f["labels"][:n], "paths": f["paths"][:n],
+        state = {"rows": n, "stored": [len(f[k]) for k in ("images", "labels", pathrows.row_node(f))],
+                 "images": f["images"][:n], "labels": f["labels"][:n], "paths": pathrows.stored_bytes(f, 0, n),
                  "skipped": int(f.attrs["skipped_files"])}
     report = str(out) + ".skipped.csv"
     state["report"] = open(report, "rb").read() if os.path.exists(report) else None

@@ -23,6 +23,7 @@ import h5stream
 from h5stream.errors import ChecksumError, ReaderError, StoreFormatError
 from h5stream.store import checksum
 from h5stream.store.writer import StoreWriter, write_arrays
+from h5stream.store import pathrows
 from test_crash_resume import kill_shim  # noqa: F401 - a fixture: the LD_PRELOAD library that SIGKILLs
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -108,7 +109,7 @@ def lower_count(path, rows=500, cut_arrays=False):
     with h5py.File(path, "r+") as f:
         f.attrs["committed_rows"] = np.int64(rows)
         if cut_arrays:
-            for name in ("images", "labels", "paths"):
+            for name in ("images", "labels", "path_ends"):
                 f[name].resize(rows, axis=0)
 
 
@@ -221,7 +222,7 @@ def test_repair_names_damaged_rows_and_lists_their_source_files(class_src, tmp_p
     path = tmp_path / "dmg.h5"
     assert h5cli("ingest", root, path, "--size", "8", "--block-rows", "4", "--workers", "0")[0] == 0
     with h5py.File(path, "r") as f:
-        stored = [bytes(p) for p in f["paths"][:]]
+        stored = pathrows.stored_bytes(f, 0, f["images"].shape[0])
     flip_pixel_at(path, 5, block_rows=4, row_bytes=8 * 8 * 3)
     damaged = path.read_bytes()
     code, out, err = h5cli("repair", path)
@@ -285,7 +286,7 @@ def test_repair_from_the_source_restores_damaged_blocks_to_their_ingested_bytes(
 def test_repair_from_a_changed_source_restores_nothing_and_says_why(class_src, tmp_path, h5cli):
     src, path = ingested(class_src, tmp_path, h5cli)
     with h5py.File(path, "r") as f:
-        rel = bytes(f["paths"][6]).decode()
+        rel = pathrows.stored_bytes(f, 6, 7)[0].decode()
     from PIL import Image
 
     Image.new("RGB", (30, 40), (1, 2, 3)).save(src / rel, format="PNG" if rel.endswith(".png") else "JPEG")

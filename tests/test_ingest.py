@@ -16,6 +16,7 @@ from h5stream.ingest.decode import DecodeSpec, decode_file
 from h5stream.ingest.pack import IngestOptions, ingest, storage_permutation
 from h5stream.samples import make_class_folder, nearest_class, targets_from_pixels
 from h5stream.store import read_meta, schema
+from h5stream.store import pathrows
 
 from conftest import CLASS_NAMES, REG_N, new_children
 
@@ -27,7 +28,7 @@ def read_store(path):
     with h5py.File(path, "r") as f:
         n = int(f.attrs[schema.ATTR_COMMITTED])
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        return f["images"][:n], f["labels"][:n], [p.decode() for p in f["paths"][:n]], attrs
+        return f["images"][:n], f["labels"][:n], [p.decode() for p in pathrows.stored_bytes(f, 0, n)], attrs
 
 
 @pytest.mark.parametrize("order,workers", [("sorted", 0), ("shuffled", 2)])
@@ -455,7 +456,7 @@ def test_the_decode_workers_checksum_whole_blocks_and_tasks_realign_after_a_skip
     assert verify_store(str(out)).ok
     kept = [rel for rel, _ in written if rel != broken]
     with h5py.File(out, "r") as f:
-        assert [schema.decode_path(p) for p in f[schema.PATHS][:]] == kept
+        assert [schema.decode_path(p) for p in pathrows.stored_bytes(f, 0, f["images"].shape[0])] == kept
         for i in (0, 4, 5, 8, 300, 598):
             np.testing.assert_array_equal(f[schema.IMAGES][i], decode_file(str(src / kept[i]), DecodeSpec(size=(8, 8))))
 
@@ -585,7 +586,7 @@ def test_whole_blocks_go_from_the_decode_slot_to_the_store_uncopied_and_the_rest
     assert verify_store(str(out)).ok
     kept = [rel for rel, _ in written if rel != broken]
     with h5py.File(out, "r") as f:
-        assert [schema.decode_path(p) for p in f[schema.PATHS][:]] == kept
+        assert [schema.decode_path(p) for p in pathrows.stored_bytes(f, 0, f["images"].shape[0])] == kept
         for i in (0, 7, 8, 33, 34, len(kept) - 1):
             np.testing.assert_array_equal(f[schema.IMAGES][i], decode_file(str(src / kept[i]), DecodeSpec(size=(8, 8))))
 
@@ -677,7 +678,7 @@ def test_a_decode_slot_is_reused_only_once_the_disk_has_written_its_blocks(tmp_p
         assert 0 < result.disk_wait_s <= result.phases["write"][0] + result.phases["finish"][0]
         assert verify_store(out).ok
         with h5py.File(out, "r") as f:
-            paths = [schema.decode_path(p) for p in f[schema.PATHS][:]]
+            paths = [schema.decode_path(p) for p in pathrows.stored_bytes(f, 0, f["images"].shape[0])]
             for i, rel in enumerate(paths):
                 np.testing.assert_array_equal(f[schema.IMAGES][i],
                                               decode_file(str(src / rel), DecodeSpec(size=(16, 16))))

@@ -20,6 +20,7 @@ import pytest
 from h5stream.samples import make_class_folder, nearest_class
 from h5stream.store import schema
 from h5stream.store.meta import read_meta
+from h5stream.store import pathrows
 
 ANIMALS = ("bird", "cat", "dog")  # make_class_folder's colour index = sorted position
 
@@ -29,7 +30,7 @@ def read_store(path):
     with h5py.File(path, "r") as f:
         n = int(f.attrs[schema.ATTR_COMMITTED])
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        return f["images"][:n], f["labels"][:n], [p.decode() for p in f["paths"][:n]], attrs
+        return f["images"][:n], f["labels"][:n], [p.decode() for p in pathrows.stored_bytes(f, 0, n)], attrs
 
 
 def read_report(out):

@@ -12,6 +12,7 @@ import pytest
 
 import h5stream
 from h5stream import cli
+from h5stream.store import pathrows
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -29,19 +30,21 @@ def test_info_names_the_hdf5_nodes_with_their_shapes_and_types(h5cli, store):
         rows = f["images"].shape[0]
         assert nodes == {"/images": {"shape": [rows, 8, 8, 3], "dtype": "uint8"},
                          "/labels": {"shape": [rows], "dtype": "int64"},
-                         "/paths": {"shape": [rows], "dtype": f"S{f['paths'].dtype.itemsize}"},
+                         "/path_bytes": {"shape": list(f["path_bytes"].shape), "dtype": "uint8"},
+                         "/path_ends": {"shape": [rows], "dtype": "int64"},
                          "/checksums": {"shape": list(f["checksums"].shape), "dtype": "uint64"}}
     code, out, err = h5cli("info", store)
     assert code == 0, err
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("  HDF5 nodes"))
     assert lines[start].split()[2:] == ["/images", f"({rows},", "8,", "8,", "3)", "uint8"]
-    assert [line.split()[0] for line in lines[start + 1:start + 4]] == ["/labels", "/paths", "/checksums"]
+    assert [line.split()[0] for line in lines[start + 1:start + 5]] == ["/labels", "/path_bytes", "/path_ends",
+                                                                        "/checksums"]
 
 
 def test_file_paths_are_the_stores_paths_in_row_order_for_the_subset(store, class_src):
     with h5py.File(store, "r") as f:
-        stored = [p.decode() for p in f["paths"][:]]
+        stored = [p.decode() for p in pathrows.stored_bytes(f, 0, f["images"].shape[0])]
         labels = f["labels"][:]
     assert sorted(stored) == sorted(rel for rel, _label in class_src[1])
     with h5stream.open(store, batch_size=4) as whole:

@@ -133,9 +133,11 @@ DATASET_CASES = {
                                                                         data=np.zeros((5, 3), np.float32))),
     "checksums 1-d": _replace("checksums", lambda f: f.create_dataset("checksums", data=np.zeros(5, np.uint64))),
     "checksums missing": _remove("checksums"),
-    "paths numbers": _replace("paths", lambda f: f.create_dataset("paths", data=np.zeros(ROWS, np.int64))),
-    "paths short": _replace("paths", lambda f: f.create_dataset("paths", data=np.array([b"x"] * 3))),
-    "paths missing": _remove("paths"),
+    "path_ends text": _replace("path_ends", lambda f: f.create_dataset("path_ends", data=np.array([b"x"] * ROWS))),
+    "path_ends short": _replace("path_ends", lambda f: f.create_dataset("path_ends", data=np.arange(3))),
+    "path_bytes float": _replace("path_bytes", lambda f: f.create_dataset("path_bytes", data=np.zeros(99, np.float32))),
+    "path_bytes missing": _remove("path_bytes"),
+    "path_ends missing": _remove("path_ends"),  # then neither layout's paths are there
 }
 CASES = {**ATTR_CASES, **DATASET_CASES}
 

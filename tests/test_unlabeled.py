@@ -22,6 +22,7 @@ from h5stream.ingest.pack import storage_permutation
 from h5stream.samples import make_class_folder
 from h5stream.store import read_meta, schema
 from h5stream.store.progress import continue_command
+from h5stream.store import pathrows
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -62,7 +63,7 @@ def stored(out) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
     """Paths, images, labels and attributes of the committed rows, read with plain h5py."""
     with h5py.File(out, "r") as f:
         n = int(f.attrs["committed_rows"])
-        paths = [p.decode() for p in f["paths"][:n]]
+        paths = [p.decode() for p in pathrows.stored_bytes(f, 0, n)]
         return paths, f["images"][:n], f["labels"][:n], dict(f.attrs)
 
 

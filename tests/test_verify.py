@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -21,9 +22,19 @@ def recomputed(path):
     """(complete-block digests, tail digests or None) of the committed rows, hashed here from plain h5py reads."""
     with h5py.File(path, "r") as f:
         rows, block_rows = int(f.attrs["committed_rows"]), int(f.attrs["block_rows"])
-        arrays = [f[name][:rows] for name in ("images", "labels", "paths")]
+        arrays = [f[name][:rows] for name in ("images", "labels")]
+        ends = f["path_ends"][:rows].astype("<i8")
+        data = f["path_bytes"][:int(ends[-1]) if rows else 0]
+
+    def paths_digest(s):  # as the schema says: xxh3 of the digests of the rows' path lengths and of their bytes
+        e = ends[s:s + block_rows]
+        first = int(ends[s - 1]) if s else 0
+        lengths = np.diff(e, prepend=np.int64(first)).astype("<i8")
+        return xxhash.xxh3_64_intdigest(struct.pack("<QQ", xxhash.xxh3_64_intdigest(lengths),
+                                                     xxhash.xxh3_64_intdigest(data[first:int(e[-1])])))
+
     blocks = [tuple(xxhash.xxh3_64_intdigest(np.ascontiguousarray(a[s:s + block_rows])) for a in arrays)
-              for s in range(0, rows, block_rows)]
+              + (paths_digest(s),) for s in range(0, rows, block_rows)]
     if rows % block_rows:
         return blocks[:-1], blocks[-1]
     return blocks, None
@@ -195,12 +206,19 @@ def test_overwritten_image_bytes_are_found_with_their_rows(tmp_path, h5cli):
     assert [(b.start, b.stop, b.parts) for b in result.bad] == [(16, 24, ("images",)), (32, 40, ("images",))]
 
 
-@pytest.mark.parametrize("name,row,itemsize,block", [("labels", 9, 8, (8, 16)), ("paths", 30, 512, (24, 32))])
-def test_overwritten_labels_or_paths_are_found(tmp_path, name, row, itemsize, block):
+@pytest.mark.parametrize("name,row,block", [("labels", 9, (8, 16)), ("paths", 30, (24, 32))])
+def test_overwritten_labels_or_paths_are_found(tmp_path, name, row, block):
     path = tmp_path / "d.h5"
     make_store(path, rows=40, block_rows=8)
-    offset, _ = chunk_offset(path, name, row)
-    flip_bytes(path, offset + row * itemsize, 2)
+    if name == "labels":
+        offset, _ = chunk_offset(path, name, row)
+        at = offset + row * 8
+    else:  # the first byte of the row's path in /path_bytes (its chunk holds every path of this store)
+        with h5py.File(path, "r") as f:
+            first = int(f["path_ends"][row - 1])
+        offset, _ = chunk_offset(path, "path_bytes", 0)
+        at = offset + first
+    flip_bytes(path, at, 2)
     result = checksum.verify_store(path)
     assert [(b.start, b.stop, b.parts) for b in result.bad] == [(*block, (name,))]
 

@@ -66,11 +66,12 @@ def space_used(f, rows: int, row_bytes: int, file_bytes: int) -> dict:
 
 def hdf5_nodes(f) -> dict:
     """``{"/name": {"shape": [...], "dtype": "uint8"}}`` of the datasets at the root of open h5py file ``f``,
-    h5stream's own first (``/images``, ``/labels``, ``/paths``, ``/checksums``): the names plain h5py or PyTables
-    code opens.  A fixed-size byte string's dtype reads ``S<bytes>``."""
+    h5stream's own first (``/images``, ``/labels``, ``/path_bytes`` and ``/path_ends`` or a format-1 store's
+    ``/paths``, ``/checksums``): the names plain h5py or PyTables code opens.  A fixed-size byte string's dtype
+    reads ``S<bytes>``."""
     from h5stream.store import schema
 
-    own = [schema.IMAGES, schema.LABELS, schema.PATHS, schema.CHECKSUMS]
+    own = [schema.IMAGES, schema.LABELS, schema.PATH_BYTES_NODE, schema.PATH_ENDS, schema.PATHS, schema.CHECKSUMS]
     names = [n for n in own if n in f] + sorted(n for n in f if n not in own)
     nodes = {}
     for name in names:

@@ -127,7 +127,7 @@ def _damaged_paths(path: str, bad) -> tuple[list[bytes], int]:
     import h5py
     import numpy as np
 
-    from h5stream.store import schema
+    from h5stream.store import pathrows, schema
     from h5stream.store.checksum import readable_by_h5py, row_reader
 
     named_blocks = [b for b in bad if "paths" not in b.parts and b.parts != ("unreadable",)]
@@ -135,14 +135,14 @@ def _damaged_paths(path: str, bad) -> tuple[list[bytes], int]:
     if not named_blocks:
         return [], unnamed
     with h5py.File(path, "r", locking=False) as f:
-        dtype, via_h5py = f[schema.PATHS].dtype, readable_by_h5py(f[schema.PATHS])
+        node = f[pathrows.row_node(f)]
+        dtype, via_h5py = node.dtype, readable_by_h5py(node)
     source = row_reader(path, via_h5py)
     named: list[bytes] = []
     try:
         for b in named_blocks:
-            buf = np.empty(b.stop - b.start, dtype)
-            source.read(schema.PATHS, b.start, b.stop, buf)
-            named.extend(bytes(p) for p in buf)
+            got = source.read(schema.PATHS, b.start, b.stop, np.empty(b.stop - b.start, dtype))
+            named.extend(got.to_bytes() if isinstance(got, pathrows.PathRows) else (bytes(p) for p in got))
     finally:
         source.close()
     return named, unnamed

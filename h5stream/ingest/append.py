@@ -11,11 +11,13 @@ is recorded.  Run by the ingest's one thread, under the store's lock.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.ingest.discover import Source
 from h5stream.ingest.options import IngestOptions, IngestTarget
 from h5stream.ingest.spec import DecodeSpec
-from h5stream.store import schema
+from h5stream.store import pathrows, schema
 from h5stream.store.lock import StoreLock
 
 
@@ -73,9 +75,9 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
     stored: set[str] = set()
     # Through a file object: no HDF5 lock to clash with a reader's, no handle shared with one of this process.
     with open_h5_readonly(out) as f:
-        paths = f[schema.PATHS]
-        for start in range(0, meta.rows, 65536):  # slices: the fixed-width column is 512 bytes a row
-            stored.update(schema.decode_path(p) for p in paths[start:min(meta.rows, start + 65536)])
+        fixed_width = not pathrows.is_vlen(f)
+        for start in range(0, meta.rows, 65536):  # slices: a format-1 store's fixed-width column is 512 bytes a row
+            stored.update(schema.decode_path(p) for p in pathrows.stored_bytes(f, start, min(meta.rows, start + 65536)))
     return IngestTarget(
         spec=DecodeSpec(size=(h, w), resize=meta.resize_mode, channels=c, background=background, pad_fill=pad_fill,
                         encoding=meta.encoding, quality=meta.jpeg_quality or 90),
@@ -84,7 +86,24 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         class_names=tuple(class_names) if class_names is not None else None,
         stored=frozenset(stored),
         start_rows=meta.rows,
+        path_limit=schema.PATH_BYTES if fixed_width else None,
     )
+
+
+def fit_paths(source: Source, path_limit: int | None) -> Source:
+    """``source`` with the files whose relative path takes more than ``path_limit`` bytes moved to its rejected
+    files (with the reason): an append to a store with fixed-width paths keeps that layout.  Pure."""
+    if path_limit is None:
+        return source
+    # A character takes at most 4 bytes (a surrogate escape 1): shorter names need no encoding to be sure.
+    fits = [len(it.relpath) * 4 <= path_limit or len(schema.encode_path(it.relpath)) <= path_limit
+            for it in source.items]
+    if all(fits):
+        return source
+    why = (f"relative path longer than {path_limit} bytes, the most this store's fixed-width paths hold (a store "
+           "written before paths of any length: ingest into a new store to keep it)")
+    return replace(source, items=tuple(it for it, ok in zip(source.items, fits) if ok),
+                   rejected=source.rejected + tuple((it.relpath, why) for it, ok in zip(source.items, fits) if not ok))
 
 
 

@@ -65,6 +65,7 @@ class IngestTarget:
     class_names: tuple[str, ...] | None
     stored: frozenset[str]
     start_rows: int
+    path_limit: int | None = None  # most bytes of a path the store holds: a format-1 store's fixed width
 
 
 def check_options(opts: IngestOptions) -> None:

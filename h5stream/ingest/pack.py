@@ -58,7 +58,7 @@ import numpy as np
 
 from h5stream.errors import ConfigError, ResourceLimitError, SourceError, StoreWriteError, descriptor_limit
 from h5stream.ingest import job
-from h5stream.ingest.append import open_append, resolve_append
+from h5stream.ingest.append import fit_paths, open_append, resolve_append
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.options import ORDERS, IngestOptions, IngestTarget, check_options, resolve_new
 from h5stream.ingest.encode import resolve_auto
@@ -253,6 +253,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
                       path_col=opts.path_column)
     appending = opts.append and os.path.exists(opts.out)
     target = resolve_append(opts, source) if appending else resolve_new(opts, source)
+    source = fit_paths(source, target.path_limit)
     if appending:
         from h5stream.store.meta import read_meta
 

@@ -28,7 +28,7 @@ import numpy as np
 from h5stream.ingest.decode import SkipFile, decode_file
 from h5stream.ingest.append import schema_background
 from h5stream.ingest.spec import DecodeSpec
-from h5stream.store import coverage, schema
+from h5stream.store import coverage, pathrows, schema
 from h5stream.store.checksum import digest, tail_from_json
 
 
@@ -54,11 +54,11 @@ def restore_blocks(path: str, source_root: str, bad, rows: int, block_rows: int)
         compressed = images.id.get_create_plist().get_nfilters() > 0
         table = coverage.read_table(f, path)
         tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
-        stored = min(f[name].shape[0] for name in (schema.IMAGES, schema.LABELS, schema.PATHS))
+        stored = min(f[name].shape[0] for name in (schema.IMAGES, schema.LABELS, pathrows.row_node(f)))
         wants = coverage.expected(rows, block_rows, table, tail, stored)
         named = [b for b in bad if b.parts == ("images",)]  # their paths match their checksum: the files are known
         places = {b.start: images.id.get_chunk_info_by_coord((b.start, 0, 0, 0)).byte_offset for b in named}
-        relpaths = {b.start: [bytes(p) for p in f[schema.PATHS][b.start:b.stop]] for b in named}
+        relpaths = {b.start: pathrows.stored_bytes(f, b.start, b.stop) for b in named}
     out = []
     for b in bad:
         want, covered = wants[b.start // block_rows]

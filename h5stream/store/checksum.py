@@ -2,8 +2,9 @@
 
 A *block* is ``block_rows`` consecutive rows, the HDF5 chunk of ``/images``.
 Each block has three xxh3-64 digests: of its image bytes (C order), of its
-labels (little-endian, in the store's label dtype) and of its paths (the
-fixed-size bytes of ``/paths``).  Complete blocks have a row each in
+labels (little-endian, in the store's label dtype) and of its paths (of
+``/path_ends`` and ``/path_bytes`` as :mod:`h5stream.store.pathrows` says, or
+the fixed-size bytes of a format-1 store's ``/paths``).  Complete blocks have a row each in
 ``/checksums`` (uint64, columns :data:`PARTS`); the last block, while partial,
 changes whenever rows are appended, so its digests live in the root attribute
 ``checksum_tail`` together with the row count they were computed for (see
@@ -37,7 +38,7 @@ import numpy as np
 import xxhash
 
 from h5stream.errors import StoreFormatError
-from h5stream.store import coverage, encoded, schema
+from h5stream.store import coverage, encoded, pathrows, schema
 from h5stream.store.coverage import PARTS, Digests, tail_from_json  # noqa: F401 - tail_from_json: part of this API
 from h5stream.store.meta import read_meta
 
@@ -48,7 +49,11 @@ VERIFY_SLICE_BYTES = 64 << 20
 
 
 def _contiguous(a) -> np.ndarray:
-    """``a`` as C-contiguous little-endian bytes: what a digest is taken over, whatever the machine."""
+    """``a`` as C-contiguous little-endian bytes: what a digest is taken over, whatever the machine (variable-length
+    paths, :class:`~h5stream.store.pathrows.PathRows`, as they are: a :class:`~h5stream.store.pathrows.PathHasher`
+    takes them)."""
+    if isinstance(a, pathrows.PathRows):
+        return a
     a = np.asarray(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
@@ -56,7 +61,10 @@ def _contiguous(a) -> np.ndarray:
 
 
 def digest(a) -> int:
-    """xxh3-64 of the array's bytes (C order, little-endian), as an unsigned int."""
+    """xxh3-64 of the array's bytes (C order, little-endian), as an unsigned int (of variable-length paths:
+    :func:`h5stream.store.pathrows.digest`)."""
+    if isinstance(a, pathrows.PathRows):
+        return pathrows.digest(a)
     return xxhash.xxh3_64_intdigest(_contiguous(a))
 
 
@@ -73,14 +81,15 @@ class BlockHasher:
     wait in :meth:`take_complete`; :meth:`tail` is the partial block's.
     """
 
-    def __init__(self, block_rows: int, rows: int = 0):
+    def __init__(self, block_rows: int, rows: int = 0, vlen_paths: bool = False):
         if block_rows < 1:
             raise ValueError(f"block_rows must be >= 1, got {block_rows}")
         if rows % block_rows:
             raise ValueError(f"a hasher starts on a block boundary; {rows} is not a multiple of {block_rows}")
         self.block_rows = int(block_rows)
         self.rows = int(rows)
-        self._open = [xxhash.xxh3_64() for _ in PARTS]
+        # vlen_paths: paths come as PathRows (a store with /path_ends), hashed as h5stream.store.pathrows says.
+        self._open = [xxhash.xxh3_64(), xxhash.xxh3_64(), pathrows.PathHasher() if vlen_paths else xxhash.xxh3_64()]
         self._complete: list[Digests] = []
 
     def add(self, images, labels, paths, image_digests=()) -> None:
@@ -91,7 +100,7 @@ class BlockHasher:
         ``images[0]`` on a block boundary takes its image digest from there instead of hashing its pixels again.
         """
         parts = [images if getattr(images, "encoded_rows", False) else np.asarray(images),  # see store/encoded.py
-                 np.asarray(labels), np.asarray(paths)]
+                 np.asarray(labels), paths if isinstance(paths, pathrows.PathRows) else np.asarray(paths)]
         n = len(parts[0])
         if any(len(p) != n for p in parts):
             raise ValueError(f"images, labels and paths differ in length: {[len(p) for p in parts]}")
@@ -169,8 +178,14 @@ def resume(h5file, committed_rows: int) -> BlockHasher | None:
     algorithm = attrs[schema.ATTR_CHECKSUM] if schema.ATTR_CHECKSUM in attrs else None
     block_rows = int(attrs[schema.ATTR_BLOCK_ROWS])
     sums = root._f_get_child(schema.CHECKSUMS) if schema.CHECKSUMS in root else None
-    images, labels, paths = (encoded.image_rows(h5file), *(root._f_get_child(n) for n in (schema.LABELS, schema.PATHS)))
+    vlen = pathrows.is_vlen(root)
+    images, labels, paths = (encoded.image_rows(h5file),
+                             *(root._f_get_child(n) for n in (schema.LABELS, pathrows.row_node(root))))
     stored = min(images.nrows, labels.nrows, paths.nrows)
+
+    def read_paths(start: int, stop: int):
+        return pathrows.read_tables(root, start, stop) if vlen else paths.read(start, stop)
+
     tail = tail_from_json(attrs[schema.ATTR_CHECKSUM_TAIL] if schema.ATTR_CHECKSUM_TAIL in attrs else None)
     what = coverage.problem(committed_rows, stored, block_rows, None if sums is None else sums.nrows, tail,
                             has_checksum_attrs=has_attrs)
@@ -187,7 +202,7 @@ def resume(h5file, committed_rows: int) -> BlockHasher | None:
                   if committed_rows % block_rows else (None, committed_rows))
     if stop > committed_rows:  # a digest that also covers rows never committed: check the block with them
         start = committed_rows // block_rows * block_rows
-        got = block_digests(*(a.read(start, stop) for a in (images, labels, paths)))
+        got = block_digests(images.read(start, stop), labels.read(start, stop), read_paths(start, stop))
         differ = [p for p, g, w in zip(PARTS, got, want) if g != w]
         if differ:
             raise StoreFormatError(
@@ -196,10 +211,10 @@ def resume(h5file, committed_rows: int) -> BlockHasher | None:
     complete = min(sums.nrows, committed_rows // block_rows)
     if sums.nrows > complete:
         sums.truncate(complete)
-    hasher = BlockHasher(block_rows, complete * block_rows)
+    hasher = BlockHasher(block_rows, complete * block_rows, vlen_paths=vlen)
     for start in range(complete * block_rows, committed_rows, block_rows):
         stop = min(start + block_rows, committed_rows)
-        hasher.add(images.read(start, stop), labels.read(start, stop), paths.read(start, stop))
+        hasher.add(images.read(start, stop), labels.read(start, stop), read_paths(start, stop))
     stage(h5file, hasher)  # the rows re-hashed above may complete blocks
     return hasher
 
@@ -282,7 +297,7 @@ def _expected(f, rows: int, block_rows: int, path: str) -> list[tuple[Digests, i
         return None
     table = coverage.read_table(f, path) if schema.CHECKSUMS in f else None
     tail = tail_from_json(attrs.get(schema.ATTR_CHECKSUM_TAIL))
-    stored = min([encoded.image_rows(f).shape[0]] + [f[name].shape[0] for name in (schema.LABELS, schema.PATHS)
+    stored = min([encoded.image_rows(f).shape[0]] + [f[name].shape[0] for name in (schema.LABELS, pathrows.row_node(f))
                                                      if name in f])
     what = coverage.problem(rows, stored, block_rows, None if table is None else len(table), tail,
                             has_checksum_attrs=has_attrs)
@@ -314,7 +329,8 @@ def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | 
     elif expected and expected[-1][1] > rows:
         want, stop = expected[-1]
         start = (len(expected) - 1) * block_rows
-        arrays = [encoded.image_rows(f)[start:stop]] + [f[name][start:stop] for name in (schema.LABELS, schema.PATHS)]
+        arrays = [encoded.image_rows(f)[start:stop], f[schema.LABELS][start:stop],
+                  pathrows.read_h5py(f, start, stop) if pathrows.is_vlen(f) else f[schema.PATHS][start:stop]]
         got = block_digests(*arrays)
         own = block_digests(*(a[:rows - start] for a in arrays))
         out[-1] = tuple(o if g == w else w for o, g, w in zip(own, got, want))
@@ -330,7 +346,8 @@ def readable_by_h5py(dataset) -> bool:
 
 
 class _H5pyRows:
-    """Reads row ranges of the three arrays into caller-owned buffers with h5py ``read_direct``."""
+    """Reads row ranges of the three arrays into caller-owned buffers with h5py ``read_direct``; variable-length
+    paths (:attr:`vlen_paths`) into :class:`~h5stream.store.pathrows.PathRows` of their own."""
 
     errors = (OSError,)
 
@@ -339,10 +356,17 @@ class _H5pyRows:
 
         self._stack = contextlib.ExitStack()
         self._f = self._stack.enter_context(open_h5_readonly(path, native_driver=True, remote=remote, rdcc_nbytes=0))
-        self._ds = {name: self._f[name] for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
+        self.vlen_paths = pathrows.is_vlen(self._f)
+        self._ds = {name: self._f[name] for name in (schema.IMAGES, schema.LABELS, pathrows.row_node(self._f))}
+        self._ds[schema.PATHS] = self._ds[pathrows.row_node(self._f)]
 
-    def read(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+    def read(self, name: str, start: int, stop: int, out: np.ndarray | None):
+        """Rows ``start..stop-1`` of ``name`` (``"paths"`` for the paths of either layout): ``out[:stop - start]``
+        filled, or, for variable-length paths (``out`` unused, may be None), a new ``PathRows``."""
+        if name == schema.PATHS and self.vlen_paths:
+            return pathrows.read_h5py(self._f, start, stop)
         self._ds[name].read_direct(out, np.s_[start:stop], np.s_[0:stop - start])
+        return out[:stop - start]
 
     def close(self) -> None:
         self._stack.close()
@@ -357,10 +381,16 @@ class _TablesRows(_H5pyRows):
         import tables
 
         self._f = tables.open_file(path, "r")
-        self._ds = {name: self._f.root._f_get_child(name) for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
+        root = self._f.root
+        self.vlen_paths = pathrows.is_vlen(root)
+        self._ds = {name: root._f_get_child(name) for name in (schema.IMAGES, schema.LABELS, pathrows.row_node(root))}
+        self._ds[schema.PATHS] = self._ds[pathrows.row_node(root)]
 
-    def read(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+    def read(self, name: str, start: int, stop: int, out: np.ndarray | None):
+        if name == schema.PATHS and self.vlen_paths:
+            return pathrows.read_tables(self._f.root, start, stop)
         self._ds[name].read(start, stop, out=out[:stop - start])
+        return out[:stop - start]
 
     def close(self) -> None:
         self._f.close()
@@ -405,9 +435,15 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
             return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
                                 time.perf_counter() - t0)
         tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
-        dtypes = {name: (f[name].dtype, f[name].shape[1:]) for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
+        vlen = pathrows.is_vlen(f)
+        fixed = (schema.IMAGES, schema.LABELS) if vlen else (schema.IMAGES, schema.LABELS, schema.PATHS)
+        dtypes = {name: (f[name].dtype, f[name].shape[1:]) for name in fixed}
+        # Variable-length paths: their ends and their bytes on average (read into arrays of their own).
+        path_row_bytes = (8 + -(-f[schema.PATH_BYTES_NODE].shape[0] // max(1, f[schema.PATH_ENDS].shape[0]))
+                          if vlen else 0)
         via_h5py = readable_by_h5py(f[schema.IMAGES])
-    row_bytes = sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64)) for dt, shape in dtypes.values())
+    row_bytes = path_row_bytes + sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
+                                     for dt, shape in dtypes.values())
     slice_rows = max(1, slice_bytes // row_bytes // block_rows) * block_rows
     slice_rows = min(slice_rows, -(-max(block_rows, rows) // block_rows) * block_rows)  # whole blocks
     bufs = {name: np.empty((slice_rows, *shape), dtype=dt) for name, (dt, shape) in dtypes.items()}
@@ -416,13 +452,17 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
         raise StoreFormatError(f"{meta.path}: compressed with a filter only PyTables reads, which cannot read a URL; "
                                "verify a local copy")
     source = row_reader(meta.path, via_h5py, meta.remote)
+
+    def read(a: int, b: int, at: int) -> list:
+        """Rows a..b-1 of each array, into the buffers from row ``at`` on (variable-length paths: their own)."""
+        return [source.read(name, a, b, bufs[name][at:] if name in bufs else None) for name in order]
+
     bad: list[BadBlock] = []
     try:
         for start in range(0, rows, slice_rows):
             stop = min(start + slice_rows, rows)
             try:
-                for name in order:
-                    source.read(name, start, stop, bufs[name])
+                got_rows = read(start, stop, 0)
                 readable = True
             except source.errors:
                 readable = False
@@ -431,12 +471,12 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                 want, covered = expected[b0 // block_rows]
                 if not readable or covered > b1:  # covered > b1: a digest also of rows past committed_rows
                     try:
-                        for name in order:
-                            source.read(name, b0, covered, bufs[name][b0 - start:])
+                        got = block_digests(*read(b0, covered, b0 - start))
                     except source.errors as exc:
                         bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
                         continue
-                got = block_digests(*(bufs[name][b0 - start:covered - start] for name in order))
+                else:
+                    got = block_digests(*(part[b0 - start:covered - start] for part in got_rows))
                 parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
                 if parts:
                     bad.append(BadBlock(b0, b1, parts))

@@ -19,13 +19,17 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError
-from h5stream.store import checksum, handle, layout, schema, sidecar
+from h5stream.store import checksum, handle, layout, pathrows, schema, sidecar
 from h5stream.store import encoded as encoded_rows
 from h5stream.store.meta import read_meta
 from h5stream.store.space import SpaceGuard
 
 COMPRESSIONS = (None, "zlib", "blosc")
 """zlib (gzip) reads in plain h5py; blosc is PyTables-only (h5py needs the hdf5plugin package)."""
+
+#: New stores keep their paths variable-length (:mod:`h5stream.store.pathrows`); True lays out the fixed-width
+#: ``/paths`` of format-1 stores instead, which tests set to make such a store with the code that made them.
+FIXED_WIDTH_PATHS = False
 
 
 def filters(compression: str | None, level: int = 4) -> tables.Filters | None:
@@ -136,10 +140,14 @@ def _lay_out(name: str, size: int, image_shape: tuple[int, int, int], label_kind
             chunkshape=(layout.label_chunk_rows(label_atom.itemsize * int(np.prod(label_shape)), block_rows),
                         *label_shape), expectedrows=expected_rows,
         )
-        f.create_earray(
-            f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
-            chunkshape=(1024,), expectedrows=expected_rows,
-        )
+        if FIXED_WIDTH_PATHS:
+            attrs = {**attrs, schema.ATTR_FORMAT: np.int64(1)}
+            f.create_earray(
+                f.root, schema.PATHS, tables.StringAtom(itemsize=schema.PATH_BYTES), shape=(0,),
+                chunkshape=(1024,), expectedrows=expected_rows,
+            )
+        else:
+            pathrows.create_nodes(f, expected_rows)
         for key, value in attrs.items():
             f.root._v_attrs[key] = value
         checksum.create_nodes(f)

@@ -19,7 +19,7 @@ import numpy as np
 
 from h5stream.errors import StoreFormatError
 from h5stream.remote.config import is_url
-from h5stream.store import coverage, schema
+from h5stream.store import coverage, pathrows, schema
 from h5stream.store.access import read_consistent, writer_pids
 from h5stream.store.progress import IngestProgress, parse_source
 
@@ -290,11 +290,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         if checksums.ndim != 2 or checksums.shape[1] != 3 or checksums.dtype.kind not in "iu":
             raise StoreFormatError(f"{path}: /{schema.CHECKSUMS} must be integers of shape (B, 3), found "
                                    f"{checksums.dtype} {checksums.shape}; the file is damaged (re-ingest it)")
-        paths = _dataset(path, f, schema.PATHS, required=False)
-        if paths is None or paths.ndim != 1 or paths.dtype.kind != "S" or paths.shape[0] < committed:
-            found = "none" if paths is None else f"{paths.dtype} {paths.shape}"
-            raise StoreFormatError(f"{path}: a store with /{schema.CHECKSUMS} needs /{schema.PATHS}, bytes of shape "
-                                   f"(N,) with N >= {committed}, found {found}; the file is damaged (re-ingest it)")
+        _check_paths(path, f, committed)
         checksum = _str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
     problem, uncommitted = _checksum_problem(path, f, committed, block_rows, checksums, stored)
     return StoreMeta(
@@ -365,17 +361,38 @@ def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:
     return IngestProgress(files, committed - before, skipped, *source)
 
 
-def read_paths(path: str | os.PathLike, start: int, stop: int, *, remote=None) -> list[str]:
-    """Rows ``start..stop-1`` of ``/paths`` as str (:func:`~h5stream.store.schema.decode_path`: each row's source
-    path relative to the ingest's SRC), in row order; on a handle of its own, in the calling thread.
+def _check_paths(path: str, f: h5py.File, committed: int) -> None:
+    """StoreFormatError unless ``f`` holds the paths of ``committed`` rows, in either layout (see
+    :mod:`h5stream.store.pathrows`)."""
+    if schema.PATH_ENDS in f:
+        ends, data = (_dataset(path, f, n, required=False) for n in (schema.PATH_ENDS, schema.PATH_BYTES_NODE))
+        if (ends.ndim != 1 or ends.dtype.kind not in "iu" or ends.shape[0] < committed or data is None
+                or data.ndim != 1 or data.dtype != np.uint8):
+            found = f"{ends.dtype} {ends.shape}" + ("" if data is None else f", {data.dtype} {data.shape}")
+            raise StoreFormatError(f"{path}: /{schema.PATH_ENDS} must be integers of shape (N,) with N >= "
+                                   f"{committed} beside /{schema.PATH_BYTES_NODE} uint8 (M,), found {found}; the "
+                                   "file is damaged (re-ingest it)")
+        return
+    paths = _dataset(path, f, schema.PATHS, required=False)
+    if paths is None or paths.ndim != 1 or paths.dtype.kind != "S" or paths.shape[0] < committed:
+        found = "none" if paths is None else f"{paths.dtype} {paths.shape}"
+        raise StoreFormatError(f"{path}: a store with /{schema.CHECKSUMS} needs /{schema.PATHS}, bytes of shape "
+                               f"(N,) with N >= {committed}, found {found}; the file is damaged (re-ingest it)")
 
-    Raises StoreFormatError where the store has no ``/paths`` or fewer rows than ``stop``."""
+
+def read_paths(path: str | os.PathLike, start: int, stop: int, *, remote=None) -> list[str]:
+    """Rows ``start..stop-1`` of the stored paths (either layout, :mod:`~h5stream.store.pathrows`) as str
+    (:func:`~h5stream.store.schema.decode_path`: each row's source path relative to the ingest's SRC), in row
+    order; on a handle of its own, in the calling thread.
+
+    Raises StoreFormatError where the store has no paths or fewer rows than ``stop``."""
     def read(f: h5py.File) -> list[str]:
-        paths = _dataset(os.fspath(path), f, schema.PATHS)
+        name = pathrows.row_node(f)
+        paths = _dataset(os.fspath(path), f, name)
         if paths.shape[0] < stop:
-            raise StoreFormatError(f"{path}: /{schema.PATHS} has {paths.shape[0]} rows, fewer than the {stop} "
+            raise StoreFormatError(f"{path}: /{name} has {paths.shape[0]} rows, fewer than the {stop} "
                                    "committed; the store is damaged: re-ingest it")
-        return [schema.decode_path(bytes(p)) for p in paths[start:stop]]
+        return [schema.decode_path(p) for p in pathrows.stored_bytes(f, start, stop)]
 
     return read_consistent(path, read, remote=remote)
 
@@ -390,7 +407,7 @@ def _checksum_problem(path: str, f: h5py.File, committed: int, block_rows: int, 
     if checksums is None and not has_attrs:
         return None, 0  # written before checksums existed
     tail = coverage.tail_from_json(attrs.get(schema.ATTR_CHECKSUM_TAIL))
-    paths = f[schema.PATHS] if schema.PATHS in f else None
+    paths = f[pathrows.row_node(f)] if pathrows.row_node(f) in f else None
     stored = min(stored, paths.shape[0]) if paths is not None else stored
     what = coverage.problem(committed, stored, block_rows, None if checksums is None else checksums.shape[0], tail,
                             has_checksum_attrs=has_attrs)

@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 
 from h5stream.errors import StoreFormatError
-from h5stream.store import handle, schema
+from h5stream.store import handle, pathrows, schema
 from h5stream.store.checksum import readable_by_h5py, row_reader, verify_store
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import read_meta
@@ -90,7 +90,9 @@ def rebuild(path: str, lock: StoreLock) -> int:
         compression = _compression(f[schema.IMAGES])
         via_h5py = readable_by_h5py(f[schema.IMAGES])
         step = copy_rows(meta.block_rows, meta.row_bytes)
-        bufs = {name: np.empty((min(step, max(1, meta.rows)), *f[name].shape[1:]), f[name].dtype) for name in order}
+        fixed = [pathrows.row_node(f) if name == schema.PATHS else name for name in order]
+        bufs = {name: np.empty((min(step, max(1, meta.rows)), *f[node].shape[1:]), f[node].dtype)
+                for name, node in zip(order, fixed)}
     target = os.path.realpath(path)  # a symlinked store is rebuilt where the link points: the link stays a link
     source = row_reader(path, via_h5py)  # PyTables where plain h5py lacks the filter (blosc)
     try:
@@ -106,11 +108,9 @@ def rebuild(path: str, lock: StoreLock) -> int:
                 copy_encoded_rows(path, writer, meta)
             for start in range(0, meta.rows if not meta.encoded else 0, step):
                 stop = min(meta.rows, start + step)
-                for name in order:
-                    source.read(name, start, stop, bufs[name])
-                k = stop - start
-                writer.append(bufs[schema.IMAGES][:k], bufs[schema.LABELS][:k],
-                              [schema.decode_path(p) for p in bufs[schema.PATHS][:k]])
+                images, labels, paths = (source.read(name, start, stop, bufs[name]) for name in order)
+                stored = paths.to_bytes() if isinstance(paths, pathrows.PathRows) else paths
+                writer.append(images, labels, [schema.decode_path(bytes(p)) for p in stored])
                 writer.commit()  # durable under the temporary name; the store keeps its name meanwhile
             writer.set_attr(schema.ATTR_SKIPPED, np.int64(meta.skipped_files))
             for name, value in progress.items():

@@ -1,14 +1,19 @@
 """The on-disk layout of an h5stream file: node names, attribute names, defaults.
 
-Layout (format version 1)::
+Layout (format version 2; version 1 differs only in its paths, see /paths below)::
 
     /images   EArray uint8 (N, H, W, C), chunked (block_rows, H, W, C)
     /labels   EArray int64 (N,)            label_kind == "class"
               EArray float32 (N,) / (N, K) label_kind == "regression"
               EArray int8 (N,), every row NO_LABEL (-1)   label_kind == "none" (a store without labels:
               the array stays, so every reader, checksum and repair path reads a store of any kind alike)
-    /paths    EArray of fixed-size bytes (N,): source path relative to SRC, UTF-8; a file name that is not
-              valid UTF-8 keeps its own bytes (see :func:`encode_path`)
+    /path_bytes  EArray uint8 (total bytes,): each row's source path relative to SRC, UTF-8 (a file name
+              that is not valid UTF-8 keeps its own bytes, see :func:`encode_path`), joined, any length
+    /path_ends   EArray int64 (N,): where row i's path ends in /path_bytes (it starts where row i - 1's
+              ends, or at 0); see :mod:`h5stream.store.pathrows`
+    /paths    (stores written before /path_bytes, format version 1) EArray of fixed-size 512 bytes (N,) in
+              their place: still read, verified, repaired and appended to in that layout.  Which layout a
+              store has is told by the arrays it holds, not by ``h5stream_format``
     /checksums  EArray uint64 (B, 3): per complete block (``block_rows`` rows), the
               digests of its images, labels and paths (see :mod:`h5stream.store.checksum`)
 
@@ -58,11 +63,18 @@ image's encoded bytes (JPEG), concatenated in ``/image_bytes`` (uint8) with each
 from __future__ import annotations
 
 FORMAT_VERSION = 2
-"""The newest layout this h5stream reads and writes (version 1 stores are read and appended to as they are)."""
+"""The newest layout this h5stream reads and writes: variable-length paths, and encoded rows where
+``image_encoding`` says so (version 1 stores, with fixed-width /paths, are read and appended to as they are)."""
 
 IMAGES = "images"
 LABELS = "labels"
 PATHS = "paths"
+# -- variable-length paths (format version 2): see h5stream.store.pathrows ----------
+PATH_BYTES_NODE = "path_bytes"
+PATH_ENDS = "path_ends"
+FIXED_PATHS_VERSION = 1
+"""The format version of stores with the fixed-width /paths (read, verified, repaired and appended to as they are)."""
+# -- end variable-length paths ------------------------------------------------------
 CHECKSUMS = "checksums"
 # -- encoded rows (see h5stream.store.encoded) --
 IMAGE_BYTES = "image_bytes"
@@ -111,7 +123,8 @@ NO_LABEL = -1
 """What every row of ``/labels`` holds in a store of ``label_kind`` ``"none"`` (int8): no class index."""
 
 PATH_BYTES = 512
-"""Item size of /paths; a longer relative path is skipped with a reason."""
+"""Item size of the fixed-width /paths of a format-1 store; a longer relative path appended to one is skipped
+with a reason (a store with /path_bytes has no limit)."""
 
 TARGET_CHUNK_BYTES = 4 << 20
 """Default chunk target: a block is the largest power of two of rows that fits in 4 MiB."""

@@ -2,7 +2,7 @@
 
 :class:`StoreWriter` owns one PyTables file handle and the store's
 :class:`~h5stream.store.lock.StoreLock`, and is used from one thread (the
-ingest writer).  Rows are appended to ``/images``, ``/labels`` and ``/paths``;
+ingest writer).  Rows are appended to ``/images``, ``/labels`` and the paths;
 :meth:`StoreWriter.commit` makes them durable and only then raises the
 ``committed_rows`` attribute, so a writer killed at any moment leaves a file
 whose first ``committed_rows`` rows are complete in all three arrays.  A crash
@@ -37,7 +37,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
-from h5stream.store import checksum, handle, layout, schema  # noqa: F401 - layout: tests patch it through here
+from h5stream.store import checksum, handle, layout, pathrows, schema  # noqa: F401 - layout: tests patch it
 from h5stream.store import encoded, sidecar
 from h5stream.store.durable import DurableFile
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
@@ -74,7 +74,10 @@ class StoreWriter(DurableFile):
         super().__init__(h5file, lock=lock, committed_rows=int(root._v_attrs[self._committed_attr]))
         self.images = encoded.image_rows(h5file)  # /images, or an encoded store's bytes and ends
         self.labels = root._f_get_child(schema.LABELS)
-        self.paths = root._f_get_child(schema.PATHS)
+        # Paths: /path_ends with /path_bytes, or a format-1 store's fixed-width /paths (kept so when appended to).
+        self._vlen_paths = pathrows.is_vlen(root)
+        self.paths = root._f_get_child(pathrows.row_node(root))
+        self._path_bytes = root._f_get_child(schema.PATH_BYTES_NODE) if self._vlen_paths else None
         self.encoding = encoded.encoding_of(root._v_attrs)
         self._whole_chunks = self.encoding == schema.ENCODING_RAW and _writes_whole_chunks(self.images)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
@@ -172,6 +175,7 @@ class StoreWriter(DurableFile):
                     f"{path}: its last writer stopped while it rewrote the file's structure in place ({marker} is "
                     f"there); rebuild it before appending: `h5stream repair {path}`")
             meta = read_meta(path)  # validates; raises StoreNotFoundError / StoreFormatError
+            # Version 1 (fixed-width /paths) keeps its layout when appended to: see h5stream.store.pathrows.
             if meta.format_version > schema.FORMAT_VERSION:
                 raise StoreFormatError(
                     f"{meta.path}: format version {meta.format_version}, this h5stream writes {schema.FORMAT_VERSION}; "
@@ -226,9 +230,11 @@ class StoreWriter(DurableFile):
     def _truncate_to_committed(self) -> None:
         n = self.committed_rows
         self._pending, self._pending_rows = [], 0  # rows past the count: dropped with them
-        for arr in (self.images, self.labels, self.paths):
+        for arr in (self.images, self.labels) if self._vlen_paths else (self.images, self.labels, self.paths):
             if arr.nrows > n:
                 arr.truncate(n)
+        if self._vlen_paths:
+            pathrows.truncate(self._f.root, n)
         self._flush()
 
     def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=(), *,
@@ -260,7 +266,7 @@ class StoreWriter(DurableFile):
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        encoded = _stored_paths(paths)
+        encoded = self._stored_paths(paths)
 
         self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
         if wait:
@@ -287,10 +293,22 @@ class StoreWriter(DurableFile):
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        stored = _stored_paths(paths)
+        stored = self._stored_paths(paths)
         nbytes = space_for((self.images.data,), len(rows.data)) + space_for((self.images.ends,), n)
         self._write_guarded(nbytes, lambda: self.images.append(rows))
         self._hash_and_queue(rows, labels, stored)
+
+    def _stored_paths(self, paths: Sequence[str]):
+        """``paths`` as this store keeps them: :class:`~h5stream.store.pathrows.PathRows` (any length), or a
+        format-1 store's fixed-width array (ConfigError for one too long for it)."""
+        raw = schema.encode_paths(paths)
+        if self._vlen_paths:
+            return pathrows.PathRows.from_bytes(raw)
+        if max(map(len, raw), default=0) > schema.PATH_BYTES:
+            too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
+            raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes, the most this "
+                              "store's fixed-width /paths holds (a new store has no limit)")
+        return np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
     def _write_pending(self, checksums: bool = False) -> None:
         """Write the labels and paths of the rows appended since the last call (one write per array), and with
@@ -299,15 +317,25 @@ class StoreWriter(DurableFile):
         if not self._pending and sums is None:
             return
         labels = np.concatenate([lab for lab, _ in self._pending]) if self._pending else None
-        paths = np.concatenate([enc for _, enc in self._pending]) if self._pending else None
+        paths = None
+        if self._pending:
+            encoded = [enc for _, enc in self._pending]
+            paths = pathrows.PathRows.concat(encoded) if self._vlen_paths else np.concatenate(encoded)
         nbytes = space_for((self.labels, self.paths), len(paths)) if paths is not None else 0
+        if paths is not None and self._vlen_paths:
+            nbytes += space_for((self._path_bytes,), len(paths.data))
         if sums is not None:
             nbytes += space_for((sums,), self._hasher.pending_blocks)
 
         def write() -> None:
             if paths is not None:
                 self.labels.append(labels)
-                self.paths.append(paths)
+                if self._vlen_paths:  # the bytes, then where each row's end: see h5stream.store.pathrows
+                    ends = np.cumsum(paths.lengths, dtype=np.int64) + np.int64(self._path_bytes.nrows)
+                    self._path_bytes.append(paths.data)
+                    self.paths.append(ends)
+                else:
+                    self.paths.append(paths)
             if sums is not None:
                 checksum.stage(self._f, self._hasher)
 
@@ -413,15 +441,6 @@ class StoreWriter(DurableFile):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _stored_paths(paths: Sequence[str]) -> np.ndarray:
-    """``paths`` as ``/paths`` stores them; ConfigError for one too long."""
-    raw = schema.encode_paths(paths)
-    if max(map(len, raw), default=0) > schema.PATH_BYTES:
-        too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
-        raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes")
-    return np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
 
 def _writes_whole_chunks(arr) -> bool:

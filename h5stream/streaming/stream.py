@@ -166,9 +166,9 @@ class Stream:
 
     @property
     def file_paths(self) -> list[str]:
-        """Each row's source path (relative to the ingest's SRC, from ``/paths``), in row order, for this stream's
-        rows (its subset's), as Keras' ``Dataset.file_paths``.  Read on first use, on the calling thread with a
-        handle of its own (not the reader's), and kept."""
+        """Each row's source path (relative to the ingest's SRC, as stored: see :mod:`h5stream.store.pathrows`), in
+        row order, for this stream's rows (its subset's), as Keras' ``Dataset.file_paths``.  Read on first use, on
+        the calling thread with a handle of its own (not the reader's), and kept."""
         if getattr(self, "_file_paths", None) is None:
             from h5stream.store.meta import read_paths
 

@@ -1,0 +1,127 @@
+"""The loader alone against one memory copy: h5stream with no augmentation, ``workers=0`` and plain-reading workers.
+
+    python -m benchmarks.loader                      # 20,000 rows of 128 px, 3 rounds, workers 0 and 2
+    python -m benchmarks.loader --rows 5000 --rounds 2 --json
+
+One copy of every byte is the least a loader can do, so each round measures, in this process and one after the
+other: a memory copy (``np.copyto`` between two 256 MiB arrays, in rows of the store's size per second), then each
+stream's rows per second in steady state (epochs after the first; the first batch's latency and the first epoch's
+rate are reported apart), on a warm page cache, batch 256, budget 256 MiB with ``workers=0`` and the default budget
+with workers (256 MiB for reading and shuffling plus what the workers need).  Rounds are interleaved and the ratio
+stream / copy is taken within each round (the machine drifts between rounds): the table shows the medians, and the
+CPU time of this process per row (with ``workers=0`` every thread of the loader is in it), which other jobs on a
+shared machine sway less than the rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.data import make_bench_file
+from benchmarks.harness import (DATA_DIR, add_json_option, by_name, emit, interleave, log, median,
+                                same_round_ratios, warm)
+
+SIZE, CHANNELS, BATCH, BUDGET = 128, 3, 256, "256MiB"
+COPY_BYTES = 256 << 20
+
+
+def copy_rate(row_bytes: int, seconds: float = 1.0) -> float:
+    """Rows of ``row_bytes`` per second that one ``np.copyto`` between two large arrays moves."""
+    src = np.ones(COPY_BYTES, np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # both touched once: no page faults in the timed copies
+    t0, c0, n = time.perf_counter(), time.process_time(), 0
+    while time.perf_counter() - t0 < seconds:
+        np.copyto(dst, src)
+        n += 1
+    rows = n * COPY_BYTES / row_bytes
+    return {"steady_rows_s": rows / (time.perf_counter() - t0),
+            "cpu_us_per_row": (time.process_time() - c0) / rows * 1e6}
+
+
+def stream_rates(path: str, workers: int, epochs: int) -> dict:
+    """One stream's first-batch seconds, first-epoch and steady (later epochs) rows per second."""
+    import h5stream
+
+    t0 = time.perf_counter()
+    budget = BUDGET if workers == 0 else None  # with workers: 256 MiB for reading plus what they need
+    with h5stream.open(path, batch_size=BATCH, memory_budget=budget, workers=workers, seed=0) as stream:
+        rows, first_batch_s = 0, None
+        for _x, y in stream:
+            if first_batch_s is None:
+                first_batch_s = time.perf_counter() - t0
+            rows += len(y)
+        first_epoch = rows / (time.perf_counter() - t0)
+        t1, c1, rows = time.perf_counter(), time.process_time(), 0
+        for _ in range(epochs):
+            for _x, y in stream:
+                rows += len(y)
+        # CPU of this process's threads (the workers' own not included): less swayed by other jobs than the rate.
+        cpu = (time.process_time() - c1) / rows * 1e6 if workers == 0 else None
+        return {"first_batch_s": first_batch_s, "first_epoch_rows_s": first_epoch,
+                "steady_rows_s": rows / (time.perf_counter() - t1), "cpu_us_per_row": cpu}
+
+
+def run(path: str, rounds: int, workers: list[int], epochs: int) -> dict:
+    from h5stream.store.meta import read_meta
+
+    meta = read_meta(path)
+    warm(path)
+    measurements = {"copy": lambda: copy_rate(meta.row_bytes)}
+    for w in workers:
+        measurements[f"workers={w}"] = lambda w=w: stream_rates(path, w, epochs)
+    got = interleave(measurements, rounds, progress=True)
+    steady = [{name: r["steady_rows_s"] for name, r in results.items()} for results in got]
+    out = {"file": os.path.abspath(path), "rows": meta.rows, "row_bytes": meta.row_bytes, "batch_size": BATCH,
+           "memory_budget": f"{BUDGET} (workers: the default)", "rounds": rounds, "epochs": epochs,
+           "cpus": os.cpu_count(), "results": {}}
+    for name, runs in by_name(got).items():
+        entry = {key: median(r.get(key) for r in runs) for key in runs[0]}
+        if name != "copy":
+            entry["steady_over_copy"] = same_round_ratios(steady, name, "copy")
+        entry["rounds"] = runs
+        out["results"][name] = entry
+    return out
+
+
+def table(out: dict) -> str:
+    lines = [f"{out['rows']:,} rows of {out['row_bytes']:,} B, batch {out['batch_size']}, {out['memory_budget']}, "
+             f"warm, {out['rounds']} rounds (medians), {out['cpus']} CPUs",
+             f"{'':<12} {'steady rows/s':>14} {'/ copy (same round)':>22} {'first epoch rows/s':>19} "
+             f"{'first batch s':>14} {'CPU us/row':>11}"]
+    for name, r in out["results"].items():
+        ratio = r.get("steady_over_copy")
+        ratio_text = f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "1"
+        first_epoch = f"{r['first_epoch_rows_s']:,.0f}" if "first_epoch_rows_s" in r else "-"
+        first_batch = f"{r['first_batch_s']:.3f}" if "first_batch_s" in r else "-"
+        cpu = f"{r['cpu_us_per_row']:.1f}" if r.get("cpu_us_per_row") is not None else "-"
+        lines.append(f"{name:<12} {r['steady_rows_s']:>14,.0f} {ratio_text:>22} {first_epoch:>19} {first_batch:>14} "
+                     f"{cpu:>11}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=20_000, help="rows of the store made when --file is missing")
+    p.add_argument("--file", default=None, help="store to stream (default: bench-data/loader-<rows>.h5, made)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workers", default="0,2", help="comma-separated worker counts (no augmentation)")
+    p.add_argument("--epochs", type=int, default=2, help="steady-state epochs measured after the first")
+    add_json_option(p)
+    args = p.parse_args(argv)
+    path = args.file or os.path.join(DATA_DIR, f"loader-{args.rows}.h5")
+    if not os.path.exists(path):
+        log(f"making {path}")
+        make_bench_file(path, rows=args.rows, size=SIZE, channels=CHANNELS, progress=False)
+    out = run(path, args.rounds, [int(w) for w in args.workers.split(",")], args.epochs)
+    emit(out, as_json=args.json, format_text=table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
