@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from h5stream.samples import make_class_folder
-from h5stream.store import schema
+from h5stream.store import pathrows, schema
 from h5stream.store.schema import flushing_path
 from test_crash_resume import sampled_steps
 from test_crash_resume import kill_shim as _kill_shim_fixture
@@ -31,8 +31,8 @@ def encoded_state(out) -> dict:
         ends = f[schema.IMAGE_ENDS][:n]
         end = int(ends[-1]) if n else 0
         return {"rows": n, "ends": ends, "bytes": f[schema.IMAGE_BYTES][:end], "labels": f[schema.LABELS][:n],
-                "paths": f[schema.PATHS][:n], "stored": [len(f[k]) for k in (schema.IMAGE_ENDS, schema.LABELS,
-                                                                                 schema.PATHS)],
+                "paths": pathrows.stored_bytes(f, 0, n),
+                "stored": [len(f[k]) for k in (schema.IMAGE_ENDS, schema.LABELS, pathrows.row_node(f))],
                 "stored_bytes": len(f[schema.IMAGE_BYTES])}
 
 

@@ -20,7 +20,7 @@ from h5stream.errors import ConfigError, SourceError, StoreBusyError, StoreExist
 from h5stream.ingest.decode import decode_file
 from h5stream.ingest.report import read_report
 from h5stream.ingest.spec import DecodeSpec
-from h5stream.store import schema
+from h5stream.store import pathrows, schema
 from h5stream.store.progress import unfinished_message
 
 pytestmark = pytest.mark.usefixtures("no_leaks")  # child processes: a killed writer, the examples
@@ -32,7 +32,8 @@ def contents(path) -> dict:
     """Everything a reader sees of a store: rows, labels, paths, classes, order, skip report, progress."""
     with h5py.File(path, "r") as f:
         n = int(f.attrs[schema.ATTR_COMMITTED])
-        out = {name: f[name][:n] for name in (schema.IMAGES, schema.LABELS, schema.PATHS)}
+        out = {name: f[name][:n] for name in (schema.IMAGES, schema.LABELS)}
+        out[schema.PATHS] = pathrows.stored_bytes(f, 0, n)
         out["attrs"] = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()
                         if k in (schema.ATTR_CLASS_NAMES, schema.ATTR_ORDER, schema.ATTR_ORDER_SEED,
                                  schema.ATTR_LABEL_KIND, schema.ATTR_SKIPPED, schema.ATTR_INGEST_FILES,

@@ -504,13 +504,14 @@ def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
             return VerifyResult(meta.path, None, rows, block_rows, n_blocks, (), ((0, rows),) if rows else (), 0,
                                 time.perf_counter() - t0)
         tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
-        images, labels, paths = encoded.EncodedArray.of(f), f[schema.LABELS], f[schema.PATHS]
+        images, labels, vlen = encoded.EncodedArray.of(f), f[schema.LABELS], pathrows.is_vlen(f)
         total = images.byte_range(0, rows)[1]
         for b0 in range(0, rows, block_rows):
             b1 = min(b0 + block_rows, rows)
             want, covered = expected[b0 // block_rows]
             try:
-                got = block_digests(images.read(b0, covered), labels[b0:covered], paths[b0:covered])
+                paths = pathrows.read_h5py(f, b0, covered) if vlen else f[schema.PATHS][b0:covered]
+                got = block_digests(images.read(b0, covered), labels[b0:covered], paths)
             except (OSError, ValueError, IndexError) as exc:
                 bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
                 continue

@@ -131,11 +131,11 @@ def copy_encoded_rows(path: str, writer: StoreWriter, meta) -> None:
     from h5stream.store.encoded import EncodedArray
 
     with h5py.File(path, "r", locking=False) as f:
-        rows, labels, paths = EncodedArray.of(f), f[schema.LABELS], f[schema.PATHS]
+        rows, labels = EncodedArray.of(f), f[schema.LABELS]
         for start in range(0, meta.rows, meta.block_rows):
             stop = min(meta.rows, start + meta.block_rows)
             writer.append(rows.read(start, stop), labels[start:stop],
-                          [schema.decode_path(bytes(p)) for p in paths[start:stop]])
+                          [schema.decode_path(p) for p in pathrows.stored_bytes(f, start, stop)])
             writer.commit()
 
 
