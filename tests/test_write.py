@@ -317,3 +317,48 @@ def test_hugging_face_style_dict_items_with_class_names_given(tmp_path):
     np.testing.assert_array_equal(c[schema.LABELS], [1, 0] * 5)
     np.testing.assert_array_equal(c[schema.IMAGES][:, 0, 0, 0], 10 * np.arange(10))
     assert "not one of the classes given" in c["report"]["10"]
+
+
+def _photos(n, side=32, seed=0):
+    """Smooth images (JPEG's kind): a gradient per image plus a little noise."""
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 200, side, dtype=np.float32)
+    base = ramp[None, :, None, None] + ramp[None, None, :, None] * 0.2
+    return np.clip(base + rng.normal(0, 4, (n, side, side, 3)) + rng.integers(0, 50, (n, 1, 1, 3)), 0,
+                   255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("encoding", ["jpeg", "auto"])
+def test_an_encoded_write_stores_jpeg_rows_that_stream_and_continue_by_hand(tmp_path, h5cli, encoding):
+    from h5stream.store.encoded import EncodedArray
+    from h5stream.store.jpeg import decode
+
+    x, y = _photos(40), np.arange(40) % 3
+    w = h5stream.Writer(tmp_path / "j.h5", block_rows=4, commit_rows=4, encoding=encoding, quality=85)
+    for image, label in zip(x[:22], y[:22]):
+        w.add(image, label)
+    w._store.discard()  # as if the process died
+    w._lock.release()
+    with h5stream.Writer(tmp_path / "j.h5", resume=True) as w:
+        assert w.consumed == 20
+        for image, label in zip(x[w.consumed:], y[w.consumed:]):
+            w.add(image, label)
+    meta = h5stream.read_meta(tmp_path / "j.h5")
+    assert (meta.encoding, meta.jpeg_quality, meta.rows) == ("jpeg", 85, 40)
+    with h5py.File(tmp_path / "j.h5", "r") as f:
+        rows = EncodedArray.of(f).read(0, 40)
+        stored = np.stack([decode(rows.row(i), (32, 32, 3)) for i in range(40)])
+        order = [int(p) for p in pathrows.stored_bytes(f, 0, 40)]
+    assert order == list(range(40))  # pushed items are stored in the order given
+    assert np.abs(stored.astype(int) - x.astype(int)).mean() < 4  # JPEG q85 of smooth photos
+    with h5stream.open(tmp_path / "j.h5", batch_size=8, shuffle=False) as s:
+        got = np.concatenate([b for b, _ in s])
+    np.testing.assert_array_equal(got, stored)
+    assert h5cli("verify", str(tmp_path / "j.h5"))[0] == 0
+
+
+def test_a_write_resumed_with_another_encoding_is_refused_in_one_line(tmp_path):
+    h5stream.write(tmp_path / "r.h5", (_photos(10), np.arange(10) % 2), order="sorted")
+    with pytest.raises(ConfigError, match="store has encoding raw, this write asks for jpeg"):
+        h5stream.write(tmp_path / "r.h5", (_photos(10), np.arange(10) % 2), resume=True, order="sorted",
+                       encoding="jpeg")

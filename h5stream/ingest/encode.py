@@ -28,6 +28,9 @@ AUTO_MIN_RATIO = 3.0
 AUTO_MIN_DECODES_PER_S = 1000.0
 """... and one core decodes them at least this fast (the stream decodes every row it reads, every epoch)."""
 
+DEFAULT_QUALITY = 90
+"""The JPEG quality of ``--encoding jpeg|auto`` without ``--quality``."""
+
 AUTO_SAMPLE_FILES = 32
 """Files ``auto`` decodes, encodes and decodes again to choose."""
 

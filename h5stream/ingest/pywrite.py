@@ -191,6 +191,10 @@ class Writer:
                  "label_kind": (opts.label_kind, meta.label_kind)}
         if meta.storage_order == "shuffled":
             asked["seed"] = (opts.seed, meta.order_seed)
+        if opts.encoding != "auto":
+            asked["encoding"] = (opts.encoding, meta.encoding)
+        if meta.encoding != schema.ENCODING_RAW:
+            asked["quality"] = (opts.quality, meta.jpeg_quality)
         for name, (ours, theirs) in asked.items():
             if ours is not None and ours != theirs:
                 raise ConfigError(f"{self.path}: store has {name} {theirs}, this write asks for {ours}; resume with "
@@ -220,8 +224,28 @@ class Writer:
         self._make_buffer()
         self._report = SkipReport(self.report_path, read_report(self.report_path))
 
-    def _create(self, shape: tuple[int, int, int], label) -> None:
-        """The new store, for a first row of ``shape`` whose label is ``label`` (decides the label kind)."""
+    def _encoding_for(self, first: np.ndarray | None) -> tuple[str, int | None]:
+        """The new store's encoding and JPEG quality: as asked; ``auto`` decides by the first row (its JPEG
+        size against its pixels, one core's decode rate of it: :func:`h5stream.ingest.encode.choose`)."""
+        from h5stream.ingest import encode
+
+        encoding, quality = self.opts.encoding or schema.ENCODING_RAW, self.opts.quality or encode.DEFAULT_QUALITY
+        if encoding == encode.ENCODING_AUTO:
+            sample = np.repeat(first[None], encode.AUTO_SAMPLE_FILES, axis=0) if first is not None else None
+            encoding = encode.choose(encode.probe(sample, quality)) if sample is not None else schema.ENCODING_RAW
+        return encoding, (quality if encoding != schema.ENCODING_RAW else None)
+
+    def _rows(self, images: np.ndarray):
+        """``images`` as this store keeps them: the pixels, or each row JPEG-encoded (an encoded store)."""
+        if self._store.encoding == schema.ENCODING_RAW:
+            return images
+        from h5stream.ingest.encode import encode_rows
+
+        return encode_rows(images, int(self._store.attrs[schema.ATTR_JPEG_QUALITY]))
+
+    def _create(self, shape: tuple[int, int, int], label, first: np.ndarray | None = None) -> None:
+        """The new store, for a first row of ``shape`` whose label is ``label`` (decides the label kind) and
+        whose pixels are ``first`` (what ``encoding="auto"`` measures)."""
         from h5stream.store.writer import StoreWriter
 
         opts = self.opts
@@ -230,8 +254,10 @@ class Writer:
         labels = LabelCoder(kind, opts.classes, label_shape, fixed_classes=opts.classes is not None)
         labels.encode(label)  # SkipFile before anything is created
         self._labels = labels
+        encoding, quality = self._encoding_for(first)
         self._store = StoreWriter.create(
             self.path, image_shape=shape, label_kind=kind, label_shape=label_shape,
+            encoding=encoding, jpeg_quality=quality,
             class_names=labels.class_names if kind == schema.LABEL_CLASS else None,
             block_rows=opts.block_rows, resize_mode=self._spec.resize, background=self._spec.background,
             pad_fill=self._spec.pad_fill, storage_order=opts.order, order_seed=opts.seed,
@@ -279,7 +305,7 @@ class Writer:
                 self._first_spec(image)
             row = to_pixels(image, self._spec)
             if self._store is None:
-                self._create(self._spec.shape, label)
+                self._create(self._spec.shape, label, row)
             value = self._labels.encode(label)
         except SkipFile as exc:
             self._skip(index, str(exc) or "skipped")
@@ -312,7 +338,7 @@ class Writer:
             for k, index in enumerate(indices):
                 self.add(images[k], None if labels is None else labels[k], index=int(index))
             return
-        self._store.append(images, encoded, [str(int(i)) for i in indices])
+        self._store.append(self._rows(images), encoded, [str(int(i)) for i in indices])
         self.consumed += len(indices)
         self.written += len(indices)
         self._appended = (self.consumed, self.skipped)
@@ -331,7 +357,7 @@ class Writer:
     def _append_buffer(self) -> None:
         n = len(self._buf_paths)
         if n:
-            self._store.append(self._buf[:n], self._buf_labels[:n], self._buf_paths)
+            self._store.append(self._rows(self._buf[:n]), self._buf_labels[:n], self._buf_paths)
             self.written += n
             self._buf_paths = []
         self._appended = (self.consumed, self.skipped)
