@@ -74,6 +74,9 @@ def _ingest(parser) -> None:
     parser.add_argument("--compression", choices=("none", "zlib", "blosc"), default="none",
                         help="chunk filter of a new file: none (default); zlib (plain h5py reads it); "
                         "blosc (faster, but h5py needs the hdf5plugin package)")
+    parser.add_argument("--part", metavar="I/N",
+                        help="write part I (from 0) of N of the files found: a file's part is a hash of its path "
+                        "relative to SRC, so N machines each given SRC write N parts that h5stream.open reads as one")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--append", action="store_true",
                       help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")

@@ -21,6 +21,7 @@ from h5stream.errors import StoreFormatError
 from h5stream.remote.config import is_url
 from h5stream.store import coverage, schema
 from h5stream.store.access import read_consistent, writer_pids
+from h5stream.store.partattr import PartInfo
 from h5stream.store.progress import IngestProgress, parse_source
 
 
@@ -53,6 +54,8 @@ class StoreMeta:
     read: damage (see :mod:`h5stream.store.coverage`), which verifying readers refuse; None when all is well."""
     uncommitted_rows: int = 0
     """Rows past ``rows`` that checksums were written for: a commit in flight, or one a writer stopped half-way."""
+    part: PartInfo | None = None
+    """Which part of a set the store is (``h5stream ingest --part``), None for a whole store."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
@@ -305,7 +308,21 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         ingest=_ingest_progress(path, attrs, committed),
         checksum_problem=problem,
         uncommitted_rows=uncommitted,
+        part=_part(path, attrs),
     )
+
+
+def _part(path: str, attrs) -> PartInfo | None:
+    """The ``part`` attribute (:mod:`h5stream.store.partattr`), None when absent."""
+    from h5stream.store import partattr
+
+    raw = _attr(attrs, schema.ATTR_PART, path=path)
+    if raw is None:
+        return None
+    part = partattr.decode(raw)
+    if part is None:
+        raise _bad(path, schema.ATTR_PART, raw, 'JSON {"index": i, "count": N, "listing": "..."} with 0 <= i < N')
+    return part
 
 
 def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:

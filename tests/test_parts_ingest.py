@@ -1,0 +1,88 @@
+"""``h5stream ingest --part i/N``: parts that together hold every file once, recorded as parts of one listing."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import pytest
+
+from h5stream.ingest.parts import parse_part, part_of
+from h5stream.store.meta import read_meta
+
+
+def _paths(path) -> set[str]:
+    with h5py.File(path, "r") as f:
+        n = int(f.attrs["committed_rows"])
+        return {p.decode() for p in f["paths"][:n]}
+
+
+def _classes(path):
+    with h5py.File(path, "r") as f:
+        n = int(f.attrs["committed_rows"])
+        return dict(zip((p.decode() for p in f["paths"][:n]), f["labels"][:n].tolist()))
+
+
+def test_parts_hold_every_file_once_and_record_the_set(class_src, h5cli, tmp_path):
+    root, written = class_src
+    whole = tmp_path / "whole.h5"
+    assert h5cli("ingest", root, whole, "--size", "8", "--workers", "0")[0] == 0
+    seen: dict[str, int] = {}
+    listings = set()
+    for i in range(3):
+        out = tmp_path / f"p{i}.h5"
+        code, stdout, err = h5cli("ingest", root, out, "--size", "8", "--workers", "0", "--part", f"{i}/3")
+        assert code == 0, err
+        meta = read_meta(str(out))
+        assert (meta.part.index, meta.part.count) == (i, 3)
+        assert meta.class_names == ("bird", "cat", "dog")  # the whole source's classes, in every part
+        listings.add(meta.part.listing)
+        for rel, label in _classes(out).items():
+            assert rel not in seen
+            assert part_of(rel, 3) == i
+            seen[rel] = label
+    assert len(listings) == 1
+    assert seen == _classes(whole)  # every file once, with the label a whole ingest gives it
+    assert read_meta(str(whole)).part is None
+
+
+def test_listing_identity_changes_with_the_source(class_src_copy, h5cli, tmp_path):
+    root, _ = class_src_copy
+    assert h5cli("ingest", root, tmp_path / "a.h5", "--size", "8", "--workers", "0", "--part", "0/2")[0] == 0
+    os.remove(os.path.join(root, sorted(os.listdir(root))[0], sorted(os.listdir(os.path.join(
+        root, sorted(os.listdir(root))[0])))[0]))
+    assert h5cli("ingest", root, tmp_path / "b.h5", "--size", "8", "--workers", "0", "--part", "1/2")[0] == 0
+    assert read_meta(str(tmp_path / "a.h5")).part.listing != read_meta(str(tmp_path / "b.h5")).part.listing
+
+
+@pytest.mark.parametrize("bad, says", [("3/3", "must be 0..2"), ("1", "INDEX/COUNT"), ("0/0", "COUNT must be"),
+                                       ("-1/2", "INDEX/COUNT"), ("a/b", "INDEX/COUNT")])
+def test_bad_part_is_one_line(class_src, h5cli, tmp_path, bad, says):
+    code, out, err = h5cli("ingest", class_src[0], tmp_path / "o.h5", f"--part={bad}")
+    assert code != 0 and says in err and err.startswith("h5stream: error:") and err.count("\n") == 1
+    assert not (tmp_path / "o.h5").exists()
+    with pytest.raises(ValueError):
+        parse_part(bad)
+
+
+def test_append_resumes_a_part_and_refuses_another(class_src, h5cli, tmp_path):
+    root, _ = class_src
+    out = tmp_path / "p1.h5"
+    ref = tmp_path / "ref.h5"
+    assert h5cli("ingest", root, ref, "--size", "8", "--workers", "0", "--part", "1/2")[0] == 0
+    # a part stopped after its first commit: what a killed run leaves (rows committed, ingest unfinished)
+    assert h5cli("ingest", root, out, "--size", "8", "--workers", "0", "--part", "1/2", "--block-rows", "2",
+                 "--commit-rows", "2")[0] == 0
+    with h5py.File(out, "r+") as f:
+        f.attrs["committed_rows"] = 2
+    meta = read_meta(str(out))
+    assert not meta.ingest.finished and "--part 1/2" in " ".join(meta.ingest.options)
+    code, _, err = h5cli("ingest", root, out, "--append", "--part", "0/2", "--workers", "0")
+    assert code != 0 and "part 1/2" in err and "--part 1/2" in err
+    code, _, err = h5cli("ingest", root, out, "--append", "--workers", "0")
+    assert code != 0 and "part 1/2" in err
+    code, stdout, err = h5cli("ingest", root, out, "--append", "--part", "1/2", "--workers", "0")
+    assert code == 0, err
+    assert _paths(out) == _paths(ref)
+    assert read_meta(str(out)).ingest.finished
+    assert read_meta(str(out)).part == read_meta(str(ref)).part
