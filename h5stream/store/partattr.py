@@ -2,7 +2,7 @@
 
 The attribute is JSON text, ``{"index": i, "count": N, "listing": "<hex>"}``: part ``i`` (0-based) of ``N``, and
 ``listing``, a hash of the whole source listing the N parts were cut from (every file discovered, with its label,
-and the class list), the same in every part of one set.  A reader of a set (:mod:`h5stream.streaming.partset`)
+and the class list), the same in every part of one set.  A reader of a set (:mod:`h5stream.store.partset`)
 tells a missing part by its index and a foreign one by its listing.  Pure functions over plain values.
 """
 
