@@ -86,3 +86,38 @@ def test_append_resumes_a_part_and_refuses_another(class_src, h5cli, tmp_path):
     assert _paths(out) == _paths(ref)
     assert read_meta(str(out)).ingest.finished
     assert read_meta(str(out)).part == read_meta(str(ref)).part
+
+
+def test_ingested_parts_stream_info_verify_and_preview_as_one_set(class_src, h5cli, tmp_path):
+    import json as _json
+
+    import numpy as np
+
+    import h5stream
+
+    root, written = class_src
+    for i in range(3):
+        assert h5cli("ingest", root, tmp_path / f"part-{i}.h5", "--size", "8", "--workers", "0",
+                     "--part", f"{i}/3")[0] == 0
+    parts = [str(tmp_path / f"part-{i}.h5") for i in range(3)]
+    with h5stream.open(str(tmp_path / "part-*.h5"), batch_size=5, seed=0) as s:
+        assert s.rows == len(written) and s.class_names == ["bird", "cat", "dog"]
+        assert sorted(s.file_paths) == sorted(rel for rel, _ in written)
+        labels = np.concatenate([y for _, y in s])
+    assert sorted(labels.tolist()) == sorted(label for _, label in written)
+
+    code, out, err = h5cli("info", *parts, "--json")
+    info = _json.loads(out)
+    assert code == 0 and info["rows"] == len(written) and info["part_of"] == ["0/3", "1/3", "2/3"]
+    assert info["classes"] == {"bird": 5, "cat": 7, "dog": 6}
+    code, out, _ = h5cli("info", str(tmp_path / "part-*.h5"))
+    assert code == 0 and "a set of 3 parts" in out and "part 2 (ingest --part 2/3)" in out
+    code, out, err = h5cli("verify", *parts)
+    assert code == 0 and "all 3 parts" in out, err
+    code, out, err = h5cli("preview", *parts, "--out", tmp_path / "grid.png", "--rows", "2", "--cols", "3")
+    assert code == 0 and (tmp_path / "grid.png").exists(), err
+
+    code, out, err = h5cli("verify", parts[0], parts[2])  # a part missing: one line naming it
+    assert code != 0 and "missing part 1/3" in err and err.count("\n") == 1
+    code, out, err = h5cli("info", parts[0], parts[2])
+    assert code != 0 and "missing part 1/3" in err

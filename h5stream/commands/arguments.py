@@ -87,8 +87,9 @@ def _ingest(parser) -> None:
 
 
 def _info(parser) -> None:
-    parser.add_argument("path", metavar="STORE",
-                        help="store written by `h5stream ingest` (a path, or an s3:// or https:// URL)")
+    parser.add_argument("path", metavar="STORE", nargs="+",
+                        help="store written by `h5stream ingest` (a path, or an s3:// or https:// URL); several "
+                        "stores, a glob or a .json manifest: a set of parts read as one")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--shuffle-report", action="store_true",
                         help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
@@ -125,7 +126,8 @@ def _bench(parser) -> None:
 
 
 def _preview(parser) -> None:
-    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
+    parser.add_argument("path", metavar="FILE", nargs="+",
+                        help="store written by `h5stream ingest`; several, a glob or a .json manifest: a set of parts")
     parser.add_argument("--out", required=True, metavar="GRID.png",
                         help="image file to write; its extension picks the format (.png, .jpg, .webp, ...)")
     parser.add_argument("--augment", default=None, metavar="standard|JSON",
@@ -140,7 +142,9 @@ def _preview(parser) -> None:
 
 
 def _verify(parser) -> None:
-    parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("path", metavar="FILE.h5", nargs="+",
+                        help="store written by `h5stream ingest`; several, a glob or a .json manifest: a set of parts, "
+                        "checked whole (every part present, all agreeing) and part by part")
 
 
 def _repair(parser) -> None:

@@ -208,6 +208,16 @@ def format_text(info: dict) -> str:
 
 
 def run(args) -> int:
+    from h5stream.commands.partset import describe_set, format_set, set_parts
+
+    parts = set_parts(args.path)
+    if parts is not None:  # a set of parts: the set, then each part
+        if args.shuffle_report:
+            raise ConfigError("--shuffle-report describes one store; run it on each part")
+        info = describe_set(parts, describe)
+        print(json.dumps(info) if args.json else format_set(info, format_text))
+        return 0
+    args.path = args.path[0]
     info = describe(args.path)
     # Later flags add their results here: info[<key>] = {...} for --json, and
     # info.setdefault("sections", {})[<title>] = [lines] for the text view.
