@@ -165,3 +165,40 @@ def test_parts_at_urls_and_a_manifest_at_a_url(stores, tmp_path):
         _same(_batches(server.url + "set.json", **kw), want)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_runs_of_a_set_never_cross_a_part_and_put_every_row_at_its_byte(seed):
+    """plan_part_runs against a row-by-row answer: random part sizes, block sizes, chunk placement, segments."""
+    from h5stream.read.partread import part_cuts, plan_part_runs
+
+    rng = np.random.default_rng(seed)
+    n_parts = int(rng.integers(1, 5))
+    sizes = rng.integers(1, 90, n_parts)
+    blocks = rng.choice([4, 8, 16], n_parts)
+    row_bytes = 10
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    offsets = []
+    for n, b in zip(sizes, blocks):  # chunks in a random order in the file, some back to back
+        n_chunks = -(-int(n) // int(b))
+        order = rng.permutation(n_chunks) if rng.random() < 0.5 else np.arange(n_chunks)
+        offsets.append(1000 + order.astype(np.int64) * int(b) * row_bytes)
+    total = int(sizes.sum())
+    unit = 4
+    units = rng.permutation(-(-total // unit))
+    segments = [(u * unit, min(total, (u + 1) * unit)) for u in units]
+
+    def where(row):
+        p = int(np.searchsorted(starts, row, side="right")) - 1
+        local = row - int(starts[p])
+        return p, int(offsets[p][local // int(blocks[p])]) + (local % int(blocks[p])) * row_bytes
+
+    runs = plan_part_runs(segments, starts, part_cuts(starts, sizes, blocks), offsets, blocks, row_bytes)
+    rows_in_order = [r for a, b in segments for r in range(a, b)]
+    assert sum(r.rows for r in runs) == len(rows_in_order)
+    for run in runs:
+        parts = {where(run.src + k)[0] for k in range(run.rows)}
+        assert len(parts) == 1  # one part
+        for k in range(run.rows):
+            assert rows_in_order[run.dest + k] == run.src + k
+            assert where(run.src + k)[1] == run.offset + k * row_bytes  # one contiguous read of that part's file

@@ -184,7 +184,8 @@ def run_parts(reader, stack, direct_io: bool) -> None:
         sources.append(source)
         check = BlockCheck.from_digests(
             part.path, part.rows, part.block_rows, part.row_bytes, where.digests,
-            max_buffers=check_buffers(getattr(source, "max_in_flight", 2)),
+            # the parts share the buffers one store's check gets (one each at least): what the plan counts
+            max_buffers=max(1, check_buffers(getattr(source, "max_in_flight", 2)) // len(meta.parts)),
             every_read=checks_every_read(reader._verify, part.remote is not None))
         checks.append(check)
         readers.append(RowReader(part, source, offsets=where.image_chunks, label_offsets=where.label_chunks,
