@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import h5py
+import numpy as np
 import pytest
 
 from h5stream.ingest.parts import parse_part, part_of
@@ -121,3 +122,43 @@ def test_ingested_parts_stream_info_verify_and_preview_as_one_set(class_src, h5c
     assert code != 0 and "missing part 1/3" in err and err.count("\n") == 1
     code, out, err = h5cli("info", parts[0], parts[2])
     assert code != 0 and "missing part 1/3" in err
+
+
+def test_a_part_killed_mid_run_is_unfinished_and_append_finishes_it_as_an_uninterrupted_run(tmp_path, h5cli):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import committed_rows
+    from h5stream.samples import make_class_folder
+
+    root = tmp_path / "src"
+    make_class_folder(root, classes=2, per_class=300, size=(48, 64), fmt="jpg", seed=4)
+    ref, out = tmp_path / "ref.h5", tmp_path / "part.h5"
+    flags = ["--size", "32", "--workers", "0", "--part", "1/2", "--block-rows", "8", "--commit-rows", "8"]
+    assert h5cli("ingest", root, ref, *flags)[0] == 0
+    cmd = [sys.executable, "-m", "h5stream", "ingest", str(root), str(out), *flags]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and committed_rows(out) == 0:
+            time.sleep(0.005)  # polling interval, bounded by the deadline; not a synchronisation sleep
+        assert proc.poll() is None, f"the part ended before it could be killed: {proc.stderr.read().decode()}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    meta = read_meta(str(out))
+    assert 0 < meta.rows < read_meta(str(ref)).rows and not meta.ingest.finished
+    assert "--part 1/2" in " ".join(meta.ingest.options)
+    code, stdout, err = h5cli("ingest", root, out, *flags, "--append")
+    assert code == 0 and f"already stored {meta.rows}" in stdout, err
+    with h5py.File(out, "r") as a, h5py.File(ref, "r") as b:
+        n = int(b.attrs["committed_rows"])
+        assert int(a.attrs["committed_rows"]) == n
+        assert list(a["paths"][:n]) == list(b["paths"][:n])  # the same rows in the same order
+        assert np.array_equal(a["images"][:n], b["images"][:n]) and np.array_equal(a["labels"][:n], b["labels"][:n])
+    assert read_meta(str(out)).part == read_meta(str(ref)).part and read_meta(str(out)).ingest.finished
