@@ -162,3 +162,24 @@ def test_a_part_killed_mid_run_is_unfinished_and_append_finishes_it_as_an_uninte
         assert list(a["paths"][:n]) == list(b["paths"][:n])  # the same rows in the same order
         assert np.array_equal(a["images"][:n], b["images"][:n]) and np.array_equal(a["labels"][:n], b["labels"][:n])
     assert read_meta(str(out)).part == read_meta(str(ref)).part and read_meta(str(out)).ingest.finished
+
+
+def test_an_unfinished_part_warns_by_name_when_the_set_is_opened(class_src, h5cli, tmp_path):
+    import warnings
+
+    import h5stream
+
+    root, _ = class_src
+    parts = [tmp_path / f"p{i}.h5" for i in range(2)]
+    for i, out in enumerate(parts):
+        assert h5cli("ingest", root, out, "--size", "8", "--workers", "0", "--part", f"{i}/2", "--block-rows", "2",
+                     "--commit-rows", "2")[0] == 0
+    with h5py.File(parts[1], "r+") as f:  # what a killed run leaves: rows committed, ingest unfinished
+        f.attrs["committed_rows"] = 2
+    with pytest.warns(UserWarning, match=r"p1\.h5: .*--part 1/2"):
+        h5stream.open([str(p) for p in parts], batch_size=4).close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h5stream.open([str(p) for p in parts], batch_size=4, allow_unfinished=True).close()
+    assert [str(w.message) for w in caught if "--part" in str(w.message)] == []  # only the uncommitted rows' one
+    assert any("never committed" in str(w.message) for w in caught)

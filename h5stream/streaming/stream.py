@@ -89,8 +89,9 @@ class Stream:
         if options.workers:  # before a BudgetError, which suggests the same count
             warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
-        warn_uncommitted(meta)
-        warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
+        for store in getattr(meta, "parts", ()) or (meta,):  # a set of parts: each part for itself
+            warn_uncommitted(store)
+            warn_unfinished(store, options.allow_unfinished)  # once per open: subset="both" silences its second
         self.config: StreamConfig = fit_feature_stats(config)
         self._n_batches = self.config.layout.n_batches()  # of a plain epoch; a resumed one may have fewer
         self._epoch, self._batch = 0, 0
