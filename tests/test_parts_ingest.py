@@ -183,3 +183,15 @@ def test_an_unfinished_part_warns_by_name_when_the_set_is_opened(class_src, h5cl
         h5stream.open([str(p) for p in parts], batch_size=4, allow_unfinished=True).close()
     assert [str(w.message) for w in caught if "--part" in str(w.message)] == []  # only the uncommitted rows' one
     assert any("never committed" in str(w.message) for w in caught)
+
+
+def test_repair_keeps_a_part_that_part(class_src, h5cli, tmp_path):
+    from h5stream.store.handle import mark_flushing
+
+    out = tmp_path / "p.h5"
+    assert h5cli("ingest", class_src[0], out, "--size", "8", "--workers", "0", "--part", "2/3")[0] == 0
+    before = read_meta(str(out)).part
+    mark_flushing(str(out))  # a writer stopped while HDF5 rewrote the file: repair rebuilds it from its rows
+    code, stdout, err = h5cli("repair", out)
+    assert code == 0 and "rebuilt" in stdout, err
+    assert read_meta(str(out)).part == before
