@@ -113,6 +113,8 @@ def test_ingested_parts_stream_info_verify_and_preview_as_one_set(class_src, h5c
     assert info["classes"] == {"bird": 5, "cat": 7, "dog": 6}
     code, out, _ = h5cli("info", str(tmp_path / "part-*.h5"))
     assert code == 0 and "a set of 3 parts" in out and "part 2 (ingest --part 2/3)" in out
+    code, out, _ = h5cli("info", parts[1])
+    assert code == 0 and f"part            1/3 of the source listing {info['parts'][1]['part']['listing']}" in out
     code, out, err = h5cli("verify", *parts)
     assert code == 0 and "all 3 parts" in out, err
     code, out, err = h5cli("preview", *parts, "--out", tmp_path / "grid.png", "--rows", "2", "--cols", "3")

@@ -123,6 +123,8 @@ def describe(path: str) -> dict:
         "ingest": _ingest(meta),
         "nodes": nodes,
         "checksum_problem": meta.checksum_problem,
+        "part": None if meta.part is None else {"index": meta.part.index, "count": meta.part.count,
+                                                 "listing": meta.part.listing},
     }
 
 
@@ -168,6 +170,8 @@ def format_text(info: dict) -> str:
     lines = [
         f"{info['path']}",
         f"  rows            {info['rows']}",
+        *([f"  part            {info['part']['index']}/{info['part']['count']} of the source listing "
+           f"{info['part']['listing']} (h5stream ingest --part)"] if info.get("part") else []),
         *([f"  {info['ingest']['unfinished']}"] if (info.get("ingest") or {}).get("unfinished") else []),
         f"  images          {h}x{w}x{c} {info['dtype']} (resize: {info['resize']})",
         (f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
