@@ -80,6 +80,9 @@ def _ingest(parser) -> None:
                         "3x smaller as JPEG and decodes at 1,000 images/s a core or more, else raw)")
     parser.add_argument("--quality", type=int, metavar="Q", help="JPEG quality of --encoding jpeg/auto, 1-100 "
                         "(default 90)")
+    parser.add_argument("--part", metavar="I/N",
+                        help="write part I (from 0) of N of the files found: a file's part is a hash of its path "
+                        "relative to SRC, so N machines each given SRC write N parts that h5stream.open reads as one")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--append", action="store_true",
                       help="add to OUT; files already in it (by relative path) are skipped; resumes a killed ingest")
@@ -90,8 +93,9 @@ def _ingest(parser) -> None:
 
 
 def _info(parser) -> None:
-    parser.add_argument("path", metavar="STORE",
-                        help="store written by `h5stream ingest` (a path, or an s3:// or https:// URL)")
+    parser.add_argument("path", metavar="STORE", nargs="+",
+                        help="store written by `h5stream ingest` (a path, or an s3:// or https:// URL); several "
+                        "stores, a glob or a .json manifest: a set of parts read as one")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--shuffle-report", action="store_true",
                         help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
@@ -131,7 +135,8 @@ def _bench(parser) -> None:
 
 
 def _preview(parser) -> None:
-    parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
+    parser.add_argument("path", metavar="FILE", nargs="+",
+                        help="store written by `h5stream ingest`; several, a glob or a .json manifest: a set of parts")
     parser.add_argument("--out", required=True, metavar="GRID.png",
                         help="image file to write; its extension picks the format (.png, .jpg, .webp, ...)")
     parser.add_argument("--augment", default=None, metavar="standard|JSON",
@@ -146,7 +151,9 @@ def _preview(parser) -> None:
 
 
 def _verify(parser) -> None:
-    parser.add_argument("path", metavar="FILE.h5", help="store written by `h5stream ingest`")
+    parser.add_argument("path", metavar="FILE.h5", nargs="+",
+                        help="store written by `h5stream ingest`; several, a glob or a .json manifest: a set of parts, "
+                        "checked whole (every part present, all agreeing) and part by part")
 
 
 def _repair(parser) -> None:

@@ -129,6 +129,8 @@ def describe(path: str) -> dict:
         "encoding": meta.encoding,
         "jpeg_quality": meta.jpeg_quality,
         "bytes_per_image": meta.encoded_bytes / meta.rows if meta.encoded and meta.rows else meta.row_bytes,
+        "part": None if meta.part is None else {"index": meta.part.index, "count": meta.part.count,
+                                                 "listing": meta.part.listing},
     }
 
 
@@ -174,6 +176,8 @@ def format_text(info: dict) -> str:
     lines = [
         f"{info['path']}",
         f"  rows            {info['rows']}",
+        *([f"  part            {info['part']['index']}/{info['part']['count']} of the source listing "
+           f"{info['part']['listing']} (h5stream ingest --part)"] if info.get("part") else []),
         *([f"  {info['ingest']['unfinished']}"] if (info.get("ingest") or {}).get("unfinished") else []),
         f"  images          {h}x{w}x{c} {info['dtype']} (resize: {info['resize']})",
         (f"  labels          {info['label_kind']} {info['label_dtype']} shape {tuple(info['label_shape'])}"
@@ -217,6 +221,16 @@ def format_text(info: dict) -> str:
 
 
 def run(args) -> int:
+    from h5stream.commands.partset import describe_set, format_set, set_parts
+
+    parts = set_parts(args.path)
+    if parts is not None:  # a set of parts: the set, then each part
+        if args.shuffle_report:
+            raise ConfigError("--shuffle-report describes one store; run it on each part")
+        info = describe_set(parts, describe)
+        print(json.dumps(info) if args.json else format_set(info, format_text))
+        return 0
+    args.path = args.path[0]
     info = describe(args.path)
     # Later flags add their results here: info[<key>] = {...} for --json, and
     # info.setdefault("sections", {})[<title>] = [lines] for the text view.

@@ -119,6 +119,15 @@ def _how_far(out: str) -> str:
     return f"{progress_text(progress)}; finish with `{continue_command(progress, out)}`"
 
 
+def _part(text: str | None) -> tuple[int, int] | None:
+    """``--part I/N`` -> (I, N); None without it."""
+    if text is None:
+        return None
+    from h5stream.ingest.parts import parse_part
+
+    return parse_part(text)
+
+
 def run(args) -> int:
     from h5stream.ingest.options import COMMIT_ROWS
     from h5stream.ingest.pack import IngestOptions, WORKERS_PER_CPU, default_workers, ingest, max_workers
@@ -140,7 +149,7 @@ def run(args) -> int:
         commit_rows=COMMIT_ROWS if args.commit_rows is None else args.commit_rows,
         compression=None if args.compression == "none" else args.compression,
         encoding=args.encoding, quality=args.quality,
-        append=args.append, overwrite=args.overwrite, strict=args.strict,
+        append=args.append, overwrite=args.overwrite, strict=args.strict, part=_part(args.part),
     )
     stopped_by: list[int] = []
     previous = _stop_on_sigterm(stopped_by)

@@ -41,7 +41,9 @@ def run(args) -> int:
     if args.scale is not None and args.scale < 1:
         raise ConfigError(f"--scale must be >= 1, got {args.scale}")
     fmt = image_format(args.out)
-    images, labels, meta = first_images(args.path, args.rows * args.cols, seed=args.seed,
+    from h5stream.commands.partset import store_or_set
+
+    images, labels, meta = first_images(store_or_set(args.path), args.rows * args.cols, seed=args.seed,
                                         augment=augment_from_arg(args.augment), memory_budget=args.memory_budget)
     titles = [label_title(y, meta) for y in labels]
     grid = render_grid(images, titles, rows=args.rows, cols=args.cols, scale=args.scale)

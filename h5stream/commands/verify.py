@@ -48,6 +48,21 @@ def _checked(result) -> str:
 
 
 def run(args) -> int:
+    """Verify one store, or (several paths, a glob, a manifest) a set of parts: the set checked whole first (every
+    part present, all agreeing), then each part; the exit code is the worst part's (damage first)."""
+    from h5stream.commands.partset import set_parts
+
+    parts = set_parts(args.path)
+    if parts is None:
+        return _verify_one(args.path[0])
+    codes = [_verify_one(part.path) for part in parts.parts]
+    worst = next((c for c in (EXIT_DAMAGED, EXIT_UNFINISHED, EXIT_UNCHECKED) if c in codes), 0)
+    if not worst:
+        print(f"{parts.path}: OK, all {len(parts.parts)} parts ({parts.rows} rows) match their checksums")
+    return worst
+
+
+def _verify_one(path: str) -> int:
     from tqdm import tqdm
 
     from h5stream.store.checksum import verify_store
@@ -61,11 +76,10 @@ def run(args) -> int:
         bars[0].update(done - bars[0].n)
 
     try:
-        result = verify_store(args.path, progress=progress)
+        result = verify_store(path, progress=progress)
     finally:
         for bar in bars:
             bar.close()
-    path = args.path
     unfinished = None if result.bad else _unfinished(path)
     if unfinished is not None:
         print(f"h5stream: error: {path}: {unfinished}; {_checked(result)}", file=sys.stderr)

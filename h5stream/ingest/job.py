@@ -53,6 +53,8 @@ def continue_options(opts) -> list[str]:
         flags += ["--block-rows", str(opts.block_rows)]
     if opts.strict:
         flags.append("--strict")
+    if opts.part is not None:
+        flags += ["--part", f"{opts.part[0]}/{opts.part[1]}"]
     return flags
 
 
@@ -60,7 +62,7 @@ def _source_key(src: str, labels: str | None, options) -> tuple:
     """What names the files of an ingest: its source, labels CSV and the flags that choose or label files."""
     options = list(options)
     chosen = []
-    for flag in ("--labels", "--path-column", "--label-columns", "--label-kind", "--classes"):
+    for flag in ("--labels", "--path-column", "--label-columns", "--label-kind", "--classes", "--part"):
         if flag in options:
             at = options.index(flag)
             chosen.append(tuple(options[at:at + 2]))
@@ -82,9 +84,28 @@ def check_continues(meta, opts) -> None:
         f"with `{continue_command(progress, opts.out)}`, then append {opts.src}")
 
 
-def start(writer, opts, files: int, rows_before: int) -> None:
+def check_part(meta, opts) -> None:
+    """ConfigError when ``opts`` appends to ``meta``'s store as another part than it is (or as a part of a whole
+    store, or the other way round): a part holds the files of its part alone."""
+    have = (meta.part.index, meta.part.count) if meta.part is not None else None
+    want = tuple(opts.part) if opts.part is not None else None
+    if have == want:
+        return
+    theirs = f"part {have[0]}/{have[1]}" if have else "a whole store (no --part)"
+    ours = f"--part {want[0]}/{want[1]}" if want else "no --part"
+    fix = f"pass --part {have[0]}/{have[1]}" if have else "drop --part"
+    raise ConfigError(f"{opts.out}: is {theirs}, this run asks for {ours}; {fix}, or ingest into a new file")
+
+
+def start(writer, opts, files: int, rows_before: int, part=None) -> None:
     """Record on ``writer`` (flushed with its next commit) that this run sets out to account for ``files``
-    files and that ``rows_before`` of the store's committed rows are not its files; none skipped yet."""
+    files and that ``rows_before`` of the store's committed rows are not its files; none skipped yet; and,
+    for ``--part``, which part of the source listing it is (``part``: a
+    :class:`~h5stream.store.partattr.PartInfo`)."""
+    if part is not None:
+        from h5stream.store import partattr
+
+        writer.set_attr(schema.ATTR_PART, partattr.encode(part))
     writer.set_attr(schema.ATTR_INGEST_FILES, np.int64(files))
     writer.set_attr(schema.ATTR_INGEST_ROWS_BEFORE, np.int64(rows_before))
     writer.set_attr(schema.ATTR_INGEST_SKIPPED, np.int64(0))

@@ -50,6 +50,7 @@ class IngestOptions:
     strict: bool = False
     commit_rows: int = COMMIT_ROWS
     progress: bool | None = None  # None: a bar only when stderr is a terminal
+    part: tuple[int, int] | None = None  # (index, count): part index of count (h5stream.ingest.parts)
 
 
 

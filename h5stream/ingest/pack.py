@@ -251,6 +251,11 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
     source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None,
                       classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links,
                       path_col=opts.path_column)
+    part = None
+    if opts.part is not None:
+        from h5stream.ingest.parts import select_part
+
+        source, part = select_part(source, *opts.part)
     appending = opts.append and os.path.exists(opts.out)
     target = resolve_append(opts, source) if appending else resolve_new(opts, source)
     source = fit_paths(source, target.path_limit)
@@ -258,6 +263,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         from h5stream.store.meta import read_meta
 
         job.check_continues(read_meta(opts.out), opts)
+        job.check_part(read_meta(opts.out), opts)
 
     report_path = schema.skipped_report_path(opts.out)
     reported = read_report(report_path) if appending else {}
@@ -281,7 +287,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
             target = resolve_auto(target, source.root, pending, pool)
         writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
         folders = sum(kind == UNREADABLE for _, kind, _ in left_out)  # each skipped, as a file is
-        job.start(writer, opts, already + len(pending) + len(rejected) + folders, start_rows - already)
+        job.start(writer, opts, already + len(pending) + len(rejected) + folders, start_rows - already, part)
         # A report from an older file of this name no longer applies; --overwrite drops that file with it, so
         # no store is ever paired with another run's report.
         for old in ([] if appending else [report_path] + ([opts.out] if opts.overwrite else [])):

@@ -150,6 +150,8 @@ class Reader:
         self._cache_labels = bool(cache_labels)
         self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
+        self._direct_io = bool(direct_io)
+        self._plan = None  # a part set's: fill segments -> runs (h5stream.read.partread)
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         # Set by the reader thread when it opens the store:
         self._source: ByteSource | None = None
@@ -278,6 +280,16 @@ class Reader:
         """The reader thread: open the store, then read and hand out batches until stopped or failed."""
         path = self.meta.path
         try:
+            if getattr(self.meta, "parts", ()):  # a set of parts read as one store (h5stream.read.partread)
+                from h5stream.read.partread import run_parts
+
+                with contextlib.ExitStack() as stack:
+                    run_parts(self, stack, self._direct_io)
+                    self._io_threads = max(1, int(self._source.max_in_flight))
+                    self._io = IOThreads(self._io_threads, self._thread.name + "-io")
+                    stack.callback(self._io.shutdown)
+                    self._pump()
+                return
             where = locate(self.meta, self._cache_labels, digests=self._verify)
             self._offsets, self.all_labels = where.image_chunks, where.labels
             if self.meta.encoded:  # read through HDF5 by /image_ends (see read/encoded.py)
@@ -345,7 +357,9 @@ class Reader:
                                           int(layout.fill_rows[fill]))
                 row_ids = layout.fill_row_ids(fill)
                 labels = None if self.all_labels is None else self.all_labels[row_ids]
-                runs = plan_runs(layout.fill_segments(fill), self._offsets, self.meta.block_rows, self.meta.row_bytes)
+                segments = layout.fill_segments(fill)
+                runs = self._plan(segments) if self._plan is not None else \
+                    plan_runs(segments, self._offsets, self.meta.block_rows, self.meta.row_bytes)
                 yield FillJob(epoch, batch, offset, row_ids, labels, runs, permutation)
             self._bounds.pop(epoch - 2, None)
             epoch, first_batch = epoch + 1, 0

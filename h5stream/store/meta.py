@@ -21,6 +21,7 @@ from h5stream.errors import StoreFormatError
 from h5stream.remote.config import is_url
 from h5stream.store import coverage, pathrows, schema
 from h5stream.store.access import read_consistent, writer_pids
+from h5stream.store.partattr import PartInfo
 from h5stream.store.progress import IngestProgress, parse_source
 
 
@@ -60,6 +61,8 @@ class StoreMeta:
     jpeg_quality: int | None = None
     encoded_block_bytes: int = 0
     """The most bytes one block of an encoded store's rows takes: what the reader holds of a block at once."""
+    part: PartInfo | None = None
+    """Which part of a set the store is (``h5stream ingest --part``), None for a whole store."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
 
@@ -319,6 +322,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         jpeg_quality=_int_attr(attrs, schema.ATTR_JPEG_QUALITY, 90, path=path, low=1, high=100)
         if encoding != schema.ENCODING_RAW else None,
         encoded_block_bytes=_int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
+        part=_part(path, attrs),
     )
 
 
@@ -344,6 +348,19 @@ def _encoded_written(rows, committed: int) -> int:
     data = rows.data
     allocated = data.id.get_num_chunks() * int(data.chunks[0]) if data.chunks is not None else data.shape[0]
     return committed if 0 <= end <= min(data.shape[0], allocated) else 0
+
+
+def _part(path: str, attrs) -> PartInfo | None:
+    """The ``part`` attribute (:mod:`h5stream.store.partattr`), None when absent."""
+    from h5stream.store import partattr
+
+    raw = _attr(attrs, schema.ATTR_PART, path=path)
+    if raw is None:
+        return None
+    part = partattr.decode(raw)
+    if part is None:
+        raise _bad(path, schema.ATTR_PART, raw, 'JSON {"index": i, "count": N, "listing": "..."} with 0 <= i < N')
+    return part
 
 
 def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:

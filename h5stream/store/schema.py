@@ -111,6 +111,7 @@ ATTR_INGEST_FILES = "ingest_files"
 ATTR_INGEST_ROWS_BEFORE = "ingest_rows_before"
 ATTR_INGEST_SKIPPED = "ingest_skipped"
 ATTR_INGEST_SOURCE = "ingest_source"
+ATTR_PART = "part"  # JSON: which part of a set (h5stream.store.partattr); absent on a whole store
 #: What the last ingest recorded of its progress: copied whole when a store is rebuilt.
 INGEST_ATTRS = (ATTR_INGEST_FILES, ATTR_INGEST_ROWS_BEFORE, ATTR_INGEST_SKIPPED, ATTR_INGEST_SOURCE)
 

@@ -24,7 +24,9 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
 
     Args:
         path: the store (``OUT.h5``), or a URL: ``s3://bucket/key`` or
-            ``http(s)://host/path`` (a server that honours ``Range``).
+            ``http(s)://host/path`` (a server that honours ``Range``); or a
+            set of part stores read as one: a list of them, a glob
+            (``"parts/*.h5"``) or a manifest (``parts.json``, docs/parts.md).
         batch_size: rows per batch; the last batch of an epoch may be smaller
             unless ``drop_remainder=True``.
         memory_budget: bytes (or ``"512MB"``, ``"1.5GiB"``) that bound

@@ -65,6 +65,11 @@ def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
     from h5stream.read.locate import check_chunks
     from h5stream.read.source import resolve_direct_io
 
+    if getattr(meta, "parts", ()):  # a set of parts (h5stream.store.partset): uncompressed, via the page cache
+        from h5stream.store.partset import check_set_options
+
+        check_set_options(meta, options)
+        return Facts(drawn_seed=int.from_bytes(os.urandom(8), "little") >> 1, available_bytes=available_memory_bytes())
     direct = False
     if meta.remote is None:
         direct = resolve_direct_io(meta.path, options.direct_io)

@@ -165,7 +165,8 @@ class PooledFeed:
         prefix = new_prefix()
         # Workers read rows the page cache holds straight from the file: only a local file read through the
         # page cache has one.
-        self.direct = meta.remote is None and not direct_io and direct_reads(meta.path, meta)
+        self.direct = meta.remote is None and not direct_io and not getattr(meta, "parts", ()) \
+            and direct_reads(meta.path, meta)  # a set of parts: the reader reads every row
         self._inputs = SharedArray.create((self._n_in * bs, *meta.image_shape), np.uint8, prefix + "in_")
         sources = [self._inputs.spec]
         if self.direct:

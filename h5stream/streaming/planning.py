@@ -52,10 +52,11 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     if augment is not None:
         out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
     client = 0
-    if getattr(meta, "remote", None) is not None:
+    parts = getattr(meta, "parts", ())  # a set of parts: a client per URL part (h5stream.read.partread)
+    if getattr(meta, "remote", None) is not None or parts:
         from h5stream.remote.config import client_memory_bytes
 
-        client = client_memory_bytes(meta.remote)
+        client = sum(client_memory_bytes(p.remote) for p in (parts or (meta,)) if p.remote is not None)
     if getattr(meta, "encoding", "raw") != "raw":
         # An encoded store: the reader holds one block's encoded bytes at a time, and each decoder (a worker, or
         # the consumer's thread) one row's JPEG copied out of its place (see read/encoded.py).
@@ -66,12 +67,15 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
 
         direct = DIRECT_IO_BYTES
     from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
-    from h5stream.read.verify import check_memory_bytes
+    from h5stream.read.verify import check_buffers, check_memory_bytes
 
     def verify_bytes(in_flight: int) -> int:
         if not verify_reads or getattr(meta, "checksum", None) is None:
             return 0
-        return check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight)
+        extra = 0
+        if parts:  # each part's check gets a share of the buffers, and one at least (read.partread)
+            extra = max(0, len(parts) - check_buffers(in_flight)) * (meta.block_rows * meta.row_bytes + 4096)
+        return check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight) + extra
 
     remote = getattr(meta, "remote", None)
     verify = verify_bytes(remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io

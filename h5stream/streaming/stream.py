@@ -28,8 +28,7 @@ from h5stream.streaming.feeds import Feed, InlineFeed, PooledFeed
 from h5stream.streaming.process_feed import ProcessFeed
 from h5stream.streaming.options import StreamOptions
 from h5stream.order.epoch import EpochLayout
-from h5stream.remote.config import stream_remote
-from h5stream.store.meta import read_meta
+from h5stream.store.partset import read_any
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
 STATE_VERSION = 2
@@ -86,12 +85,13 @@ class Stream:
         from h5stream.memory.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
+        meta = read_any(path, options.remote, options.timeout_s)  # one store, or a set of parts read as one
         if options.workers:  # before a BudgetError, which suggests the same count
             warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
-        warn_uncommitted(meta)
-        warn_unfinished(meta, options.allow_unfinished)  # once per open: subset="both" silences its second
+        for store in getattr(meta, "parts", ()) or (meta,):  # a set of parts: each part for itself
+            warn_uncommitted(store)
+            warn_unfinished(store, options.allow_unfinished)  # once per open: subset="both" silences its second
         self.config: StreamConfig = fit_feature_stats(config)
         self._n_batches = self.config.layout.n_batches()  # of a plain epoch; a resumed one may have fewer
         self._epoch, self._batch = 0, 0
@@ -170,9 +170,9 @@ class Stream:
         row order, for this stream's rows (its subset's), as Keras' ``Dataset.file_paths``.  Read on first use, on
         the calling thread with a handle of its own (not the reader's), and kept."""
         if getattr(self, "_file_paths", None) is None:
-            from h5stream.store.meta import read_paths
+            from h5stream.store.partset import read_paths_any
 
-            self._file_paths = read_paths(self.meta.path, *self.config.rows, remote=self.options.remote)
+            self._file_paths = read_paths_any(self.meta, *self.config.rows, remote=self.options.remote)
         return list(self._file_paths)
 
     @property
