@@ -159,8 +159,8 @@ def _advise(runs, source):
 
     from h5stream.read.rows import RowReader
 
-    rows = RowReader(SimpleNamespace(row_bytes=1000, encoded=False), source, offsets=np.zeros(1, np.int64), label_offsets=None,
-                     images=None, labels=None, check=None, stop=threading.Event())  # no thread, no file
+    rows = RowReader(SimpleNamespace(row_bytes=1000, encoded=False), source, offsets=np.zeros(1, np.int64),
+                     label_offsets=None, images=None, labels=None, check=None, stop=threading.Event())  # no file
     missing = rows.advise(runs)
     assert rows.advised_bytes == sum(r.rows * 1000 for r in missing)
     return missing
