@@ -355,7 +355,7 @@ def test_no_import_circle_among_the_package_modules():
 
 def test_subcommands_share_helpers_through_one_module_and_never_import_each_other():
     modules = _modules()
-    shared = {"h5stream.commands._common", "h5stream.commands.arguments"}
+    shared = {"h5stream.commands._common", "h5stream.commands._partset", "h5stream.commands.arguments"}
     for module, path in modules.items():
         if module.startswith("h5stream.commands."):
             others = {t for t in _imports(module, path, modules) if t.startswith("h5stream.commands.")}

@@ -221,7 +221,7 @@ def format_text(info: dict) -> str:
 
 
 def run(args) -> int:
-    from h5stream.commands.partset import describe_set, format_set, set_parts
+    from h5stream.commands._partset import describe_set, format_set, set_parts
 
     parts = set_parts(args.path)
     if parts is not None:  # a set of parts: the set, then each part

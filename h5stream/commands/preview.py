@@ -41,7 +41,7 @@ def run(args) -> int:
     if args.scale is not None and args.scale < 1:
         raise ConfigError(f"--scale must be >= 1, got {args.scale}")
     fmt = image_format(args.out)
-    from h5stream.commands.partset import store_or_set
+    from h5stream.commands._partset import store_or_set
 
     images, labels, meta = first_images(store_or_set(args.path), args.rows * args.cols, seed=args.seed,
                                         augment=augment_from_arg(args.augment), memory_budget=args.memory_budget)

@@ -50,7 +50,7 @@ def _checked(result) -> str:
 def run(args) -> int:
     """Verify one store, or (several paths, a glob, a manifest) a set of parts: the set checked whole first (every
     part present, all agreeing), then each part; the exit code is the worst part's (damage first)."""
-    from h5stream.commands.partset import set_parts
+    from h5stream.commands._partset import set_parts
 
     parts = set_parts(args.path)
     if parts is None:
