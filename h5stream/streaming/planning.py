@@ -54,7 +54,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     if getattr(meta, "remote", None) is not None:
         from h5stream.remote.config import client_memory_bytes
 
-        client = client_memory_bytes(meta.remote)
+        client = client_memory_bytes(meta.remote, getattr(meta, "file_bytes", 0))
     direct = 0
     if direct_io:
         from h5stream.read.source import DIRECT_IO_BYTES

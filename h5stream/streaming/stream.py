@@ -86,7 +86,8 @@ class Stream:
         from h5stream.memory.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s))
+        meta = read_meta(path, remote=stream_remote(path, options.remote, options.timeout_s, options.cache_dir,
+                                                    options.cache_limit))
         if options.workers:  # before a BudgetError, which suggests the same count
             warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))
