@@ -276,3 +276,13 @@ def test_the_limit_evicts_least_recently_used_pieces(range_server, tmp_path):
     left = sorted(int(os.path.basename(p).split(".")[0]) for p in _pieces(tmp_path))
     assert left and left == list(range(8 - len(left), 8))  # the newest remain
     assert evict(str(tmp_path), limit) <= limit
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
+def test_reads_through_the_cache_are_checked_once_as_a_local_file_s(range_server, tmp_path, cache):
+    """verify_reads="once": a block read from the cache's immutable, CRC-checked pieces is checked on its first
+    read, as a local file's; one fetched from the server on every read, as before."""
+    url = range_server.url + "store.h5"
+    with h5stream.open(url, batch_size=500, cache_dir=tmp_path if cache else None, remote={"timeout_s": 10}) as s:
+        list(s)
+        assert s._feed.reader._check.every_read is (not cache)

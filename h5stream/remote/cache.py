@@ -24,6 +24,8 @@ Guarantees:
   a minute per source) until 7/8 of the limit remain.  Another process's fills since its last scan are not in its
   count, so several processes filling at once may pass the limit by about 1/8 of it each.  A removed piece still
   open elsewhere stays readable there (its bytes never change).
+* A stream reading through the cache checks the rows against the store's block checksums as for a local file
+  (``verify_reads="once"``: each block on its first read), not on every read as over the network.
 * A local write that fails (disk full ``ENOSPC``, quota ``EDQUOT``, file size limit ``EFBIG``, a read-only or
   forbidden folder) warns once, in one line, and the stream goes on uncached, reading every byte from the server.
 
@@ -174,6 +176,12 @@ class CachedSource:
 
     @property
     def caching(self) -> bool:
+        return self.folder is not None
+
+    @property
+    def local_copy(self) -> bool:
+        """Whether reads come from the immutable, checked pieces of a local copy (so ``verify_reads="once"``
+        treats the store as a local file: each block checked on its first read)."""
         return self.folder is not None
 
     @property
