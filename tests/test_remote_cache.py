@@ -21,13 +21,14 @@ from h5stream.remote.cache import (
     TRAILER_BYTES,
     CachedSource,
     default_cache_dir,
-    evict,
+
     index_memory_bytes,
     object_key,
     piece_spans,
     slice_views,
     trailer_ok,
 )
+from h5stream.remote.cache_evict import evict
 from h5stream.remote.config import RemoteOptions, client_memory_bytes, stream_remote
 from h5stream.remote.source import RemoteSource
 

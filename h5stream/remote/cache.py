@@ -44,20 +44,18 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 
 from h5stream.errors import StoreFormatError
 from h5stream.memory.rawio import preadv_all
-
-PIECE_BYTES = 8 << 20
-"""Default piece: the request size S3's guidance gives for ranged GETs, large enough that a request's latency
-costs little, small enough that one fetch is not a long stall."""
-
-MIN_PIECE_BYTES = 64 << 10
-
-DEFAULT_LIMIT = 100 * 10**9
-"""Default ``cache_limit``, 100 GB: LitData's default ``max_cache_size``; a disk that fills first is handled
-(see the module's docstring)."""
+from h5stream.remote.cache_evict import evict, unlink
+from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
+    DEFAULT_LIMIT,
+    PIECE_BYTES,
+    default_cache_dir,
+    index_memory_bytes,
+)
 
 TRAILER = struct.Struct("<8sIQ")
 TRAILER_BYTES = TRAILER.size
@@ -66,23 +64,11 @@ MAGIC = b"h5spiece"
 TOUCH_EVERY_S = 60.0
 """A piece read again is marked used (its modification time) at most this often per source."""
 
-INDEX_BASE_BYTES = 64 << 10
-INDEX_BYTES_PER_PIECE = 160
-"""What a source's in-memory index holds: a dictionary entry (piece -> last touch) per piece it used, and a lock
-per piece being filled; counted in the stream's memory budget (:func:`index_memory_bytes`)."""
+OPEN_PIECES = 32
+"""Pieces a source keeps open between reads (a descriptor each), so a read of a cached piece is one ``preadv``."""
 
 GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 """Local failures after which a source stops caching (one warning) instead of failing the stream."""
-
-
-def default_cache_dir(env: Mapping[str, str] | None = None) -> str:
-    """``$XDG_CACHE_HOME/h5stream`` where that is an absolute path, else ``~/.cache/h5stream`` (pure apart from
-    the home folder)."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "h5stream")
 
 
 def object_key(url: str, etag: str | None, size: int, last_modified) -> str | None:
@@ -142,11 +128,6 @@ def open_url(url: str, options):
     return CachedSource(remote, options.cache_dir, options.cache_limit, options.cache_piece)
 
 
-def index_memory_bytes(file_bytes: int, piece_bytes: int = PIECE_BYTES) -> int:
-    """The memory a cached source's index may hold for an object of ``file_bytes``."""
-    return INDEX_BASE_BYTES + INDEX_BYTES_PER_PIECE * -(-int(file_bytes) // int(piece_bytes))
-
-
 class CachedSource:
     """The bytes of ``remote`` (a :class:`~h5stream.remote.source.RemoteSource`, owned: closed with this) through
     the disk cache at ``cache_dir``.  ``requests`` and ``bytes_read`` are the server's (``remote``'s counters);
@@ -164,6 +145,7 @@ class CachedSource:
         self._lock = threading.Lock()
         self._filling: dict[int, threading.Lock] = {}
         self._used: dict[int, float] = {}  # pieces checked by this source -> when last marked used
+        self._open: OrderedDict[int, list[int]] = OrderedDict()  # piece -> [descriptor, users], checked pieces
         self._estimate: int | None = None  # bytes in the folder as of the last scan, plus this source's fills
         key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
                          getattr(remote, "last_modified", None))
@@ -193,6 +175,12 @@ class CachedSource:
         return self.remote.bytes_read
 
     def close(self) -> None:
+        """Close the remote source and the pieces held open (reads have ended).  Idempotent."""
+        with self._lock:
+            fds = [fd for fd, _ in self._open.values()]
+            self._open.clear()
+        for fd in fds:
+            os.close(fd)
         self.remote.close()
 
     def __enter__(self):
@@ -232,26 +220,80 @@ class CachedSource:
         """Read ``part`` from piece ``index`` at ``within``, filling the piece first if missing; False when
         the cache is off (the caller reads from the server)."""
         for _ in range(3):
-            folder = self.folder
-            if folder is None:
-                return False
-            path = self._path(index, "piece")
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                self._fill(index)
-                continue
-            except OSError as exc:
-                self._give_up(exc)
-                return False
-            try:
-                if not self._checked(index, fd, path):
+            fd = self._take_open(index)
+            if fd is None:
+                if self.folder is None:
+                    return False
+                path = self._path(index, "piece")
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    self._fill(index)
                     continue
-                preadv_all(fd, part, within, path)
+                except OSError as exc:
+                    self._give_up(exc)
+                    return False
+                try:
+                    checked = self._checked(index, fd, path)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if not checked:
+                    os.close(fd)
+                    continue
+                fd = self._keep_open(index, fd)
+            try:
+                preadv_all(fd, part, within, self.name)
                 return True
             finally:
-                os.close(fd)
+                self._put_back(index)
         return False  # removed under us again and again (a limit smaller than the reads in flight): go direct
+
+    def _take_open(self, index: int) -> int | None:
+        """The descriptor of piece ``index`` if this source holds it open (one more user; give it back with
+        :meth:`_put_back`), marking the piece used at most every :data:`TOUCH_EVERY_S`; else None."""
+        with self._lock:
+            entry = self._open.get(index)
+            if entry is None:
+                return None
+            entry[1] += 1
+            self._open.move_to_end(index)
+            now = time.monotonic()
+            touch = now - self._used.get(index, 0.0) >= TOUCH_EVERY_S
+            if touch:
+                self._used[index] = now
+        if touch:
+            try:
+                os.utime(entry[0])
+            except OSError:
+                pass
+        return entry[0]
+
+    def _keep_open(self, index: int, fd: int) -> int:
+        """Keep ``fd`` (piece ``index``, checked) open for later reads, one user taken; the descriptor to read
+        (another thread's, when one kept it first).  At most :data:`OPEN_PIECES` stay open: the least recently
+        used one without a user is closed."""
+        with self._lock:
+            entry = self._open.get(index)
+            if entry is not None:
+                entry[1] += 1
+                extra = fd
+                fd = entry[0]
+            else:
+                self._open[index] = [fd, 1]
+                extra = None
+            while len(self._open) > OPEN_PIECES:
+                idle = next((i for i, (_, users) in self._open.items() if users == 0), None)
+                if idle is None:
+                    break
+                os.close(self._open.pop(idle)[0])
+        if extra is not None:
+            os.close(extra)
+        return fd
+
+    def _put_back(self, index: int) -> None:
+        with self._lock:
+            self._open[index][1] -= 1
 
     def _checked(self, index: int, fd: int, path: str) -> bool:
         """Whether the open piece ``fd`` is whole (checked once per source; a bad one is removed), and marks it
@@ -344,7 +386,7 @@ class CachedSource:
         finally:
             os.close(fd)
             if not done:
-                _unlink(tmp)
+                unlink(tmp)
         with self._lock:
             self.pieces_fetched += 1
         return n + TRAILER_BYTES
@@ -369,86 +411,6 @@ class CachedSource:
         if folder is not None:
             warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({exc.strerror or exc}); "
                           "streaming on without the cache (every read from the server)", stacklevel=2)
-
-
-def evict(cache_dir: str, limit: int) -> int | None:
-    """Remove the least recently used pieces under ``cache_dir`` until at most 7/8 of ``limit`` bytes remain,
-    and leftover ``.tmp`` files no process is filling; the bytes that remain (None when another process is
-    evicting now: it will)."""
-    try:
-        lock_fd = os.open(os.path.join(cache_dir, "evict.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None
-        pieces, total = [], 0
-        for folder, name, st in _entries(os.path.join(cache_dir, "objects")):
-            if name.endswith(".piece"):
-                pieces.append((st.st_mtime_ns, os.path.join(folder, name), st.st_size))
-                total += st.st_size
-            elif name.endswith(".tmp"):
-                if _idle(os.path.join(folder, name[:-4] + ".lock")):
-                    _unlink(os.path.join(folder, name))
-                else:
-                    total += st.st_size
-        if total <= limit:
-            return total
-        pieces.sort()
-        target = limit - limit // 8
-        for _, path, size in pieces:
-            if total <= target:
-                break
-            if _unlink(path):
-                total -= size
-        return total
-    finally:
-        os.close(lock_fd)
-
-
-def _entries(root: str):
-    """``(folder, name, stat)`` of every file in the object folders under ``root``."""
-    try:
-        objects = list(os.scandir(root))
-    except OSError:
-        return
-    for obj in objects:
-        if not obj.is_dir(follow_symlinks=False):
-            continue
-        try:
-            with os.scandir(obj.path) as files:
-                for f in files:
-                    try:
-                        yield obj.path, f.name, f.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-        except OSError:
-            continue
-
-
-def _idle(lock_path: str) -> bool:
-    """Whether no process holds the lock file at ``lock_path`` (held locks are fills in progress)."""
-    try:
-        fd = os.open(lock_path, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
 
 
 def _fsync_folder(folder: str) -> None:

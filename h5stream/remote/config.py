@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from h5stream.errors import ConfigError, StorePermissionError
-from h5stream.remote.cache import DEFAULT_LIMIT, MIN_PIECE_BYTES, PIECE_BYTES, default_cache_dir
 
 SCHEMES = ("s3", "http", "https")
 _URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
@@ -32,6 +31,40 @@ DEFAULT_REGION = "us-east-1"
 CREDENTIAL_ENV = ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
                   "AWS_CONTAINER_CREDENTIALS_FULL_URI")
 """Variables that name a credential source the client resolves itself (web identity, container role)."""
+
+
+PIECE_BYTES = 8 << 20
+"""Default piece: the request size S3's guidance gives for ranged GETs, large enough that a request's latency
+costs little, small enough that one fetch is not a long stall."""
+
+MIN_PIECE_BYTES = 64 << 10
+"""The smallest ``cache_piece``."""
+
+DEFAULT_LIMIT = 100 * 10**9
+"""Default ``cache_limit``, 100 GB: LitData's default ``max_cache_size``; a disk that fills first is handled
+(see :mod:`h5stream.remote.cache`)."""
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> str:
+    """``$XDG_CACHE_HOME/h5stream`` where that is an absolute path, else ``~/.cache/h5stream`` (pure apart from
+    the home folder)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "h5stream")
+
+
+INDEX_BASE_BYTES = 64 << 10
+INDEX_BYTES_PER_PIECE = 160
+"""What a source's in-memory index holds: a dictionary entry (piece -> last touch) per piece it used, and a lock
+per piece being filled; the pieces held open (:data:`~h5stream.remote.cache.OPEN_PIECES`) are in the base.
+Counted in the stream's memory budget (:func:`index_memory_bytes`)."""
+
+
+def index_memory_bytes(file_bytes: int, piece_bytes: int = PIECE_BYTES) -> int:
+    """The memory a cached source's index may hold for an object of ``file_bytes``."""
+    return INDEX_BASE_BYTES + INDEX_BYTES_PER_PIECE * -(-int(file_bytes) // int(piece_bytes))
 
 
 def is_url(path) -> bool:
@@ -200,8 +233,6 @@ def client_memory_bytes(options: RemoteOptions, file_bytes: int = 0) -> int:
     "Design figures"), plus the disk cache's index for an object of ``file_bytes`` where it is on (its pieces
     are on disk, written through memory maps of their files: page cache, not the process's memory)."""
     if options.cache_dir is not None:
-        from h5stream.remote.cache import index_memory_bytes
-
         return (CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
                 + index_memory_bytes(file_bytes, options.cache_piece))
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
