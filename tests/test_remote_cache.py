@@ -287,3 +287,36 @@ def test_reads_through_the_cache_are_checked_once_as_a_local_file_s(range_server
     with h5stream.open(url, batch_size=500, cache_dir=tmp_path if cache else None, remote={"timeout_s": 10}) as s:
         list(s)
         assert s._feed.reader._check.every_read is (not cache)
+
+
+STREAM_CHILD = textwrap.dedent("""
+    import hashlib, sys
+    import h5stream
+    url, cache = sys.argv[1], sys.argv[2]
+    digest = hashlib.sha256()
+    with h5stream.open(url, batch_size=100, seed=7, cache_dir=cache,
+                       remote={"timeout_s": 10, "cache_piece": 1 << 20}) as stream:
+        for x, y in stream:
+            digest.update(x.tobytes()); digest.update(y.tobytes())
+    print(digest.hexdigest(), flush=True)
+""")
+
+
+def test_four_ranks_streaming_one_url_on_one_cache_fetch_each_piece_once(range_server, tmp_path):
+    """Four processes stream the same URL with one cache folder (ranks on a node): every piece of the object is
+    fetched by one of them once (the server's own log of ranges), and each gets the local file's batches."""
+    url = range_server.url + "store.h5"
+    with h5stream.open(str(range_server.root / "store.h5"), batch_size=100, seed=7) as stream:
+        digest = hashlib.sha256()
+        for x, y in stream:
+            digest.update(x.tobytes())
+            digest.update(y.tobytes())
+    procs = [subprocess.Popen([sys.executable, "-c", STREAM_CHILD, url, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
+    assert {out.strip() for out, _ in outs} == {digest.hexdigest()}
+    size = (range_server.root / "store.h5").stat().st_size
+    pieces = [(s, e) for s, e in range_server.ranges if s % PIECE == 0 and e - s == min(PIECE, size - s)]
+    assert len(pieces) >= 7 and len(pieces) == len(set(pieces))  # 7.7 MB of pixels: each piece once, 4 readers
+    assert len(_pieces(tmp_path)) == len(pieces)
