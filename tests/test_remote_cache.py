@@ -320,3 +320,10 @@ def test_four_ranks_streaming_one_url_on_one_cache_fetch_each_piece_once(range_s
     pieces = [(s, e) for s, e in range_server.ranges if s % PIECE == 0 and e - s == min(PIECE, size - s)]
     assert len(pieces) >= 7 and len(pieces) == len(set(pieces))  # 7.7 MB of pixels: each piece once, 4 readers
     assert len(_pieces(tmp_path)) == len(pieces)
+
+
+def test_other_loaders_names_for_the_cache_say_what_h5stream_calls_them():
+    with pytest.raises(ConfigError, match="it is cache_limit"):
+        h5stream.open("s3://b/k.h5", max_cache_size="10GB")
+    with pytest.raises(ConfigError, match="cache_dir: a folder, 'auto'"):
+        h5stream.open("s3://b/k.h5", cache=False)
