@@ -67,7 +67,8 @@ TOUCH_EVERY_S = 60.0
 OPEN_PIECES = 32
 """Pieces a source keeps open between reads (a descriptor each), so a read of a cached piece is one ``preadv``."""
 
-GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.ENOLCK, errno.EOPNOTSUPP})
 """Local failures after which a source stops caching (one warning) instead of failing the stream."""
 
 
@@ -149,7 +150,8 @@ class CachedSource:
         self._estimate: int | None = None  # bytes in the folder as of the last scan, plus this source's fills
         key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
                          getattr(remote, "last_modified", None))
-        self.folder = None if key is None else os.path.join(cache_dir, "objects", key)
+        self.folder = None if key is None else os.path.join(cache_dir, "objects", key)  # None: caching is off
+        self._root = self.folder  # stays, for paths built while another thread turns caching off
         if self.folder is not None:
             try:
                 os.makedirs(self.folder, exist_ok=True)
@@ -214,7 +216,7 @@ class CachedSource:
         return min(self.piece_bytes, self.size - index * self.piece_bytes)
 
     def _path(self, index: int, kind: str) -> str:
-        return os.path.join(self.folder, f"{index}.{kind}")
+        return os.path.join(self._root, f"{index}.{kind}")
 
     def _read_piece(self, index: int, within: int, part: list[memoryview]) -> bool:
         """Read ``part`` from piece ``index`` at ``within``, filling the piece first if missing; False when
@@ -293,7 +295,9 @@ class CachedSource:
 
     def _put_back(self, index: int) -> None:
         with self._lock:
-            self._open[index][1] -= 1
+            entry = self._open.get(index)
+            if entry is not None:  # None only after close()
+                entry[1] -= 1
 
     def _checked(self, index: int, fd: int, path: str) -> bool:
         """Whether the open piece ``fd`` is whole (checked once per source; a bad one is removed), and marks it
@@ -340,7 +344,11 @@ class CachedSource:
                 self._give_up(exc)
                 return
             try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)  # waits while another process fills it
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # waits while another process fills it
+                except OSError as exc:  # a file system without locks (ENOLCK): no cache rather than two fills
+                    self._give_up(exc)
+                    return
                 if os.path.exists(self._path(index, "piece")):
                     return
                 filled = self._fetch(index)
