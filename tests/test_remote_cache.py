@@ -327,3 +327,30 @@ def test_other_loaders_names_for_the_cache_say_what_h5stream_calls_them():
         h5stream.open("s3://b/k.h5", max_cache_size="10GB")
     with pytest.raises(ConfigError, match="cache_dir: a folder, 'auto'"):
         h5stream.open("s3://b/k.h5", cache=False)
+
+
+def test_threads_reading_one_piece_at_once_fetch_it_once(served_store, tmp_path):
+    import threading
+
+    local, url, options = served_store
+    want = _local_bytes(local)[PIECE:2 * PIECE]
+    barrier = threading.Barrier(8)
+    got, errors = [None] * 8, []
+
+    def read(i):
+        try:
+            out = bytearray(PIECE)
+            barrier.wait()
+            src.readinto(PIECE, [out])
+            got[i] = bytes(out)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with _cached(url, options, tmp_path) as src:
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and got == [want] * 8
+        assert src.pieces_fetched == 1 and src.bytes_read == PIECE
