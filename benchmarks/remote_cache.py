@@ -5,14 +5,15 @@ the same store read as a local file, and the bytes fetched from the server per e
     python -m benchmarks.remote_cache --gb 0.1 --epochs 3 --json
     python -m benchmarks.remote_cache --latency-ms 20 --bandwidth-mbs 100   # through the proxy of benchmarks.remote
 
-Makes the store with :func:`benchmarks.data.make_bench_file` when missing, starts ``weed server -s3`` on
-127.0.0.1 (:class:`benchmarks.seaweed.SeaweedS3`), uploads the store, and runs, each in a fresh process: the URL
-stream with ``cache_dir`` a new empty folder (epoch 1 fills the cache), a second process on the same folder (the
-next run: every piece already there), and the local file (its epoch 1 from the disk after the file is evicted from
-the page cache, later epochs as the page cache keeps it).  Bytes fetched per epoch are what the cache folder grew
-by during it (the pieces fetched; the store's header and chunk index, read at open, are not in it); through the
-proxy (the options of :mod:`benchmarks.remote`, see :mod:`benchmarks.remote_wire`) the run's bytes on the wire are
-shown too.  Rates are the rows' bytes over each epoch's wall time.
+Makes the store with :func:`benchmarks.data.make_bench_file` when missing, starts ``weed server -s3`` on 127.0.0.1
+(:class:`benchmarks.seaweed.SeaweedS3`), uploads the store, and runs, each in a fresh process: the URL stream with
+``cache_dir`` a new empty folder (epoch 1 fills the cache), a second process on the same folder (the next run:
+every piece already there), the URL stream without the cache (``cache_dir=None``), and the local file (its epoch 1
+from the disk after the file is evicted from the page cache, later epochs as the page cache keeps it). Bytes
+fetched per epoch are what the cache folder grew by during it (the pieces fetched; the store's header and chunk
+index, read at open, are not in it); through the proxy (the options of :mod:`benchmarks.remote`, see
+:mod:`benchmarks.remote_wire`) the run's bytes on the wire are shown too. Rates are the rows' bytes over each
+epoch's wall time.
 
 Target: epochs 2+ with the store within ``cache_limit`` >= 0.9x the local file's epochs 2+; 0 bytes fetched in
 them.
@@ -47,26 +48,27 @@ def folder_bytes(folder: str) -> int:
 
 
 def child(argv: list[str]) -> int:
-    """In a fresh process: ``PATH_OR_URL CACHE_DIR EPOCHS BATCH`` (CACHE_DIR ``none`` for a local file); prints
+    """In a fresh process: ``PATH_OR_URL CACHE_DIR EPOCHS BATCH`` (CACHE_DIR ``none`` for a local file, ``off`` for
+    a URL without the cache); prints
     one JSON object: the seconds, rows' bytes and bytes the cache grew by of each epoch."""
     import h5stream
     from h5stream.measure import evict_from_page_cache
 
     path, cache, epochs, batch = argv[0], argv[1], int(argv[2]), int(argv[3])
-    kw = {} if cache == "none" else {"cache_dir": cache}
+    kw = {} if cache == "none" else {"cache_dir": None if cache == "off" else cache}
     if cache == "none":
         evict_from_page_cache(path)
     out = {"seconds": [], "bytes": [], "fetched": []}
     with h5stream.open(path, batch_size=batch, seed=0, **kw) as stream:
         row_bytes = stream.meta.row_bytes
         for _ in range(epochs):
-            before = folder_bytes(cache) if cache != "none" else 0
+            before = folder_bytes(cache) if cache not in ("none", "off") else 0
             t0, rows = time.monotonic(), 0
             for x, _ in stream:
                 rows += len(x)
             out["seconds"].append(time.monotonic() - t0)
             out["bytes"].append(rows * row_bytes)
-            out["fetched"].append((folder_bytes(cache) if cache != "none" else 0) - before)
+            out["fetched"].append(None if cache == "off" else (folder_bytes(cache) if cache != "none" else 0) - before)
     print(json.dumps(out))
     return 0
 
@@ -111,6 +113,9 @@ def run(args) -> dict:
                     with way.counted("remote") as wire:
                         out[name] = _run([url, cache, args.epochs, args.batch_size], env)
                     out[name] |= wire
+                with way.counted("remote") as wire:
+                    out["uncached"] = _run([url, "off", args.epochs, args.batch_size], env)
+                out["uncached"] |= wire
                 out["local"] = _run([local, "none", args.epochs, args.batch_size], env)
         finally:
             server.stop()
@@ -125,10 +130,11 @@ def run(args) -> dict:
 
 def format_text(r: dict) -> str:
     lines = [f"{'run':<18} {'epoch 1 MB/s':>13} {'epochs 2+ MB/s':>15}  bytes fetched per epoch (MB)"]
-    for name in ("cached_first_run", "cached_next_run", "local"):
+    for name in ("cached_first_run", "cached_next_run", "uncached", "local"):
         row = r[name]
         later = "-" if row["later_mb_per_s"] is None else f"{row['later_mb_per_s']:.0f}"
-        fetched = ", ".join(f"{b / 1e6:.1f}" for b in row["fetched_per_epoch"]) if name != "local" else "(disk)"
+        fetched = {"local": "(disk)", "uncached": "(every epoch)"}.get(name) or ", ".join(
+            f"{b / 1e6:.1f}" for b in row["fetched_per_epoch"])
         lines.append(f"{name:<18} {row['epoch1_mb_per_s']:>13.0f} {later:>15}  {fetched}")
     ratio = r["later_vs_local"]
     lines.append(f"epochs 2+ with the cache / local file: {'-' if ratio is None else f'{ratio:.2f}x'} "
