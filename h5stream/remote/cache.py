@@ -126,7 +126,11 @@ def open_url(url: str, options):
     remote = RemoteSource(url, options)
     if options.cache_dir is None:
         return remote
-    return CachedSource(remote, options.cache_dir, options.cache_limit, options.cache_piece)
+    try:
+        return CachedSource(remote, options.cache_dir, options.cache_limit, options.cache_piece)
+    except BaseException:
+        remote.close()
+        raise
 
 
 class CachedSource:
