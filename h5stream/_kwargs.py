@@ -41,6 +41,8 @@ OPEN_HINTS = {
               "with `--labels none`; label_mode=None yields the images alone from any store)",
     "directory": f"the stream reads a store: ingest the folder first ({_AT_INGEST}`) and open OUT.h5",
     "class_mode": "it is label_mode ('int', 'categorical', 'binary' or None)",
+    "max_cache_size": "it is cache_limit (bytes or '100GB'), the most a URL's disk cache keeps",
+    "cache": "a URL's disk cache is cache_dir: a folder, 'auto' (the default) or None to turn it off",
     "batchsize": "it is batch_size",
     "batch": "it is batch_size",
     "num_workers": "it is workers (augmenting processes, started once)",

@@ -182,6 +182,13 @@ def no_leaks():
     assert _my_segments() - shm_before == set(), "shared-memory segments left behind"
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_home(monkeypatch, tmp_path_factory):
+    """A cache folder of the test's own (``XDG_CACHE_HOME``, inherited by its children): a URL stream's default
+    disk cache never lands in, nor reads from, this machine's ``~/.cache``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
 # Remote stores: a SeaweedFS S3 server for the session and an HTTP server with Range per test, on 127.0.0.1
 # (see benchmarks/seaweed.py and tests/remote_servers.py).
 

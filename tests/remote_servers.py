@@ -170,6 +170,11 @@ class RangeServer(http.server.ThreadingHTTPServer):
         with self._lock:
             self._stall_span = (int(start), int(stop))
 
+    def stop_stalling(self) -> None:
+        """Answer every range again (undoes :meth:`stall_bytes` for requests from now on)."""
+        with self._lock:
+            self._stall_span = None
+
     def stalls(self, start: int, end: int) -> bool:
         """Whether a read of bytes ``[start, end)`` hangs (see :meth:`stall_bytes`); notes that one did."""
         with self._lock:

@@ -64,7 +64,8 @@ def test_the_stream_s_own_ranges_are_the_requests_a_url_stream_sends(range_serve
     from benchmarks.remote import stream_requests
 
     # Fills of part of the epoch, so the epoch is several requests (the default unit).
-    with h5stream.open(range_server.url + "store.h5", batch_size=50, seed=3, rows_per_fill=1024) as stream:
+    with h5stream.open(range_server.url + "store.h5", batch_size=50, seed=3, rows_per_fill=1024,
+                       cache_dir=None) as stream:  # the stream's own requests, not the cache's pieces
         assert stream.plan.rows_per_fill < stream.meta.rows, stream.plan.describe()
         for _ in stream:
             pass

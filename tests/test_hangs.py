@@ -197,8 +197,8 @@ CHILD = textwrap.dedent(
     if __name__ == "__main__":
         where, how, timeout_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
         kwargs = dict(batch_size=8, timeout_s=timeout_s, remote={"timeout_s": 600})
-        if how == "sequential":
-            kwargs.update(shuffle=False, rows_per_fill=64)
+        if how == "sequential":  # uncached: a piece of the disk cache would hold the stalled block too
+            kwargs.update(shuffle=False, rows_per_fill=64, cache_dir=None)
         if how == "workers":
             kwargs.update(augment=h5stream.Augment(horizontal_flip=True), workers=2)
         stream = h5stream.open(where, **kwargs)

@@ -182,7 +182,7 @@ def test_a_server_cutting_bodies_short_mid_epoch_is_named_not_taken_for_slow_sto
 
     served = 0
     with pytest.raises(ReaderError) as info, h5stream.open(range_server.url + "store.h5", batch_size=32, seed=1,
-                                                           timeout_s=5, rows_per_fill=1024) as s:
+                                                           timeout_s=5, rows_per_fill=1024, cache_dir=None) as s:
         for _ in s:
             served += 1
             range_server.cut_every(1000)  # from the second batch on, every body ends after 1000 bytes

@@ -319,7 +319,8 @@ class Reader:
                 self._check = BlockCheck.from_digests(
                     path, self.meta.rows, self.meta.block_rows, self.meta.row_bytes, where.digests,
                     max_buffers=check_buffers(getattr(self._source, "max_in_flight", 2)),
-                    every_read=checks_every_read(self._verify, self.meta.remote is not None),
+                    every_read=checks_every_read(self._verify, self.meta.remote is not None
+                                                 and not getattr(self._source, "local_copy", False)),
                 )
                 if self._check is not None and self.all_labels is not None:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start

@@ -21,7 +21,8 @@ Three sources; :func:`open_source` picks one:
   reads take the aligned span around the wanted bytes into a page-aligned
   bounce buffer and copy them out.
 * :class:`h5stream.remote.source.RemoteSource` reads a URL (ranged
-  requests, several in flight).
+  requests, several in flight), through the local disk cache of
+  :mod:`h5stream.remote.cache` where the options name a cache folder.
 
 :func:`use_direct_io` decides between the two local ones
 (``direct_io="auto"``: the store is larger than the memory the page cache
@@ -100,9 +101,9 @@ def open_source(path: str, *, direct_io: bool = False, remote=None) -> ByteSourc
     from h5stream.remote.config import is_url, remote_options
 
     if is_url(path):
-        from h5stream.remote.source import RemoteSource
+        from h5stream.remote.cache import open_url
 
-        return RemoteSource(path, remote_options(remote))
+        return open_url(path, remote_options(remote))
     return DirectFile(path) if direct_io else LocalFile(path)
 
 

@@ -33,6 +33,40 @@ CREDENTIAL_ENV = ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELA
 """Variables that name a credential source the client resolves itself (web identity, container role)."""
 
 
+PIECE_BYTES = 8 << 20
+"""Default piece: the request size S3's guidance gives for ranged GETs, large enough that a request's latency
+costs little, small enough that one fetch is not a long stall."""
+
+MIN_PIECE_BYTES = 64 << 10
+"""The smallest ``cache_piece``."""
+
+DEFAULT_LIMIT = 100 * 10**9
+"""Default ``cache_limit``, 100 GB: LitData's default ``max_cache_size``; a disk that fills first is handled
+(see :mod:`h5stream.remote.cache`)."""
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> str:
+    """``$XDG_CACHE_HOME/h5stream`` where that is an absolute path, else ``~/.cache/h5stream`` (pure apart from
+    the home folder)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "h5stream")
+
+
+INDEX_BASE_BYTES = 64 << 10
+INDEX_BYTES_PER_PIECE = 160
+"""What a source's in-memory index holds: a dictionary entry (piece -> last touch) per piece it used, and a lock
+per piece being filled; the pieces held open (:data:`~h5stream.remote.cache.OPEN_PIECES`) are in the base.
+Counted in the stream's memory budget (:func:`index_memory_bytes`)."""
+
+
+def index_memory_bytes(file_bytes: int, piece_bytes: int = PIECE_BYTES) -> int:
+    """The memory a cached source's index may hold for an object of ``file_bytes``."""
+    return INDEX_BASE_BYTES + INDEX_BYTES_PER_PIECE * -(-int(file_bytes) // int(piece_bytes))
+
+
 def is_url(path) -> bool:
     """Whether ``path`` is a URL h5stream reads remotely (``s3://``, ``http://``, ``https://``)."""
     return isinstance(path, str) and _URL.match(path) is not None
@@ -90,6 +124,13 @@ class RemoteOptions:
     max_in_flight: int = 8
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra HTTP headers sent with every request (e.g. an ``Authorization`` for a private web server)."""
+    cache_dir: str | None = None
+    """A folder for the local disk cache of a stream's reads (:mod:`h5stream.remote.cache`); None: no cache
+    (:func:`h5stream.open` sets it from its ``cache_dir``, which defaults to the user's cache folder)."""
+    cache_limit: int = DEFAULT_LIMIT
+    """Bytes the cache folder may hold; the least recently used pieces are removed past it."""
+    cache_piece: int = PIECE_BYTES
+    """Bytes of one cache piece, each fetched whole in one request."""
 
     def __post_init__(self):
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
@@ -98,6 +139,14 @@ class RemoteOptions:
             raise ConfigError(f"max_in_flight must be an int from 1 to 256, got {self.max_in_flight!r}")
         if self.endpoint is not None and not re.match(r"^https?://[^/]", str(self.endpoint)):
             raise ConfigError(f"endpoint must be an http(s) URL such as https://s3.example.org, got {self.endpoint!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str):
+            raise ConfigError(f"cache_dir must be a folder's path or None (no cache), got {self.cache_dir!r}")
+        if not _int(self.cache_piece) or self.cache_piece < MIN_PIECE_BYTES:
+            raise ConfigError(f"cache_piece must be an int of at least {MIN_PIECE_BYTES} bytes, "
+                              f"got {self.cache_piece!r}")
+        if not _int(self.cache_limit) or self.cache_limit < self.cache_piece:
+            raise ConfigError(f"cache_limit must be bytes, at least one cache piece ({self.cache_piece}), "
+                              f"got {self.cache_limit!r}")
 
 
 def remote_options(value) -> RemoteOptions:
@@ -116,19 +165,31 @@ def remote_options(value) -> RemoteOptions:
     raise ConfigError(f"remote must be None, a dict or h5stream.RemoteOptions, got {type(value).__name__}")
 
 
-def stream_remote(path, options: RemoteOptions | None, timeout_s: float) -> RemoteOptions | None:
-    """The remote options of a stream over ``path`` with ``timeout_s`` (pure; ``options`` as given for a local
-    path): the client's ``timeout_s`` is the stream's where that is shorter, unless ``options`` set one other than
-    the default, so ``open(url, timeout_s=5)`` gives up on a server that stopped answering within 5 s, and says
-    so."""
+def stream_remote(path, options: RemoteOptions | None, timeout_s: float, cache_dir="auto",
+                  cache_limit: int | None = None) -> RemoteOptions | None:
+    """The remote options of a stream over ``path`` with ``timeout_s`` (pure apart from the home folder;
+    ``options`` as given for a local path): the client's ``timeout_s`` is the stream's where that is shorter,
+    unless ``options`` set one other than the default, so ``open(url, timeout_s=5)`` gives up on a server that
+    stopped answering within 5 s, and says so.  ``cache_dir`` and ``cache_limit`` are :func:`h5stream.open`'s:
+    ``"auto"`` keeps the folder ``options`` name, else :func:`~h5stream.remote.cache.default_cache_dir`; None or
+    False turns the cache off; a limit of None keeps ``options``'."""
     if not is_url(path):
         return options
+    from dataclasses import replace
+
     options = RemoteOptions() if options is None else options
     if options.timeout_s == RemoteOptions.timeout_s and timeout_s < options.timeout_s:
-        from dataclasses import replace
+        options = replace(options, timeout_s=float(timeout_s))
+    if cache_dir == "auto":
+        cache_dir = options.cache_dir or default_cache_dir()
+    changes = {"cache_dir": os.fspath(cache_dir) if cache_dir else None}
+    if cache_limit is not None:
+        changes["cache_limit"] = int(cache_limit)
+    return replace(options, **changes)
 
-        return replace(options, timeout_s=float(timeout_s))
-    return options
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def client_settings(options: RemoteOptions) -> tuple[dict, dict]:
@@ -166,10 +227,14 @@ CLIENT_PER_READ_BYTES = 3 << 20
 :data:`~h5stream.remote.source.COLLECT_BYTES`) or the piece being copied out."""
 
 
-def client_memory_bytes(options: RemoteOptions) -> int:
+def client_memory_bytes(options: RemoteOptions, file_bytes: int = 0) -> int:
     """The memory a stream's remote client may hold, counted in its budget: :data:`CLIENT_BASE_BYTES` plus
     :data:`CLIENT_PER_READ_BYTES` per read in flight, each a measurement rounded up (docs/performance.md,
-    "Design figures")."""
+    "Design figures"), plus the disk cache's index for an object of ``file_bytes`` where it is on (its pieces
+    are on disk, written through memory maps of their files: page cache, not the process's memory)."""
+    if options.cache_dir is not None:
+        return (CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
+                + index_memory_bytes(file_bytes, options.cache_piece))
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
 
 

@@ -117,12 +117,13 @@ def read_manifest(where: str) -> list[str]:
     return [p if is_url(p) or os.path.isabs(p) else os.path.join(base, p) for p in parts]
 
 
-def read_any(spec, remote, timeout_s: float):
-    """The metadata of what ``open`` was given: one store's :class:`StoreMeta`, or a :class:`PartSetMeta`."""
+def read_any(spec, remote, timeout_s: float, cache_dir="auto", cache_limit: int | None = None):
+    """The metadata of what ``open`` was given: one store's :class:`StoreMeta`, or a :class:`PartSetMeta`; a URL's
+    remote options carry the stream's timeout and disk cache (:func:`~h5stream.remote.config.stream_remote`)."""
     paths = part_paths(spec)
     if paths is None:
-        return read_meta(spec, remote=stream_remote(spec, remote, timeout_s))
-    metas = [read_meta(p, remote=stream_remote(p, remote, timeout_s)) for p in paths]
+        return read_meta(spec, remote=stream_remote(spec, remote, timeout_s, cache_dir, cache_limit))
+    metas = [read_meta(p, remote=stream_remote(p, remote, timeout_s, cache_dir, cache_limit)) for p in paths]
     return join_parts(metas, _name(spec, paths))
 
 

@@ -57,6 +57,12 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         remote: an :class:`h5stream.RemoteOptions` or a dict of its fields
             (``endpoint``, ``region``, ``profile``, ``anonymous``, ``timeout_s``,
             ``max_in_flight``, ``headers``) for a URL.
+        cache_dir: for a URL, the folder of the local disk cache that keeps
+            what was fetched for later epochs, other processes and later runs
+            (``"auto"``: ``$XDG_CACHE_HOME/h5stream`` or ``~/.cache/h5stream``;
+            None or False: no cache, every epoch from the server).
+        cache_limit: bytes (or ``"100GB"``, the default) the cache folder may
+            hold; the least recently used pieces are removed past it.
         direct_io: read past the page cache (``O_DIRECT``): ``"auto"`` for a
             store larger than the memory that could cache it, True, False.
         read_unit: bytes (or ``"4MiB"``) that rows move between fills in, and

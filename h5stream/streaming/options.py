@@ -10,6 +10,7 @@ checked when the stream opens it.  The parameters are documented on
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import KW_ONLY, dataclass
 
 from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
@@ -47,6 +48,8 @@ class StreamOptions:
     label_mode: str | None = DEFAULT_LABEL_MODE  # "int", or None for a store without labels
     remote: object = None
     direct_io: bool | str = "auto"
+    cache_dir: object = "auto"
+    cache_limit: int | str | None = None
     read_unit: int | str | None = None
     piece_bytes: int | str | None = None
     verify_reads: bool | str = "once"
@@ -83,6 +86,14 @@ class StreamOptions:
             from h5stream.remote.config import remote_options
 
             object.__setattr__(self, "remote", remote_options(self.remote))
+        cache_on = self.cache_dir is not None and self.cache_dir is not False
+        if cache_on and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ConfigError(f"cache_dir must be a folder's path, 'auto' (the user's cache folder) or None (no "
+                              f"cache), got {self.cache_dir!r}")
+        if cache_on and self.cache_dir != "auto":
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_limit is not None:
+            object.__setattr__(self, "cache_limit", parse_bytes(self.cache_limit, what="cache_limit"))
         budget = None if self.memory_budget is None else parse_bytes(self.memory_budget)
         unit = None if self.read_unit is None else parse_bytes(self.read_unit, what="read_unit")
         piece = None if self.piece_bytes is None else parse_bytes(self.piece_bytes, what="piece_bytes")

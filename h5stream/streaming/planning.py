@@ -56,7 +56,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     if getattr(meta, "remote", None) is not None or parts:
         from h5stream.remote.config import client_memory_bytes
 
-        client = sum(client_memory_bytes(p.remote) for p in (parts or (meta,)) if p.remote is not None)
+        client = sum(client_memory_bytes(p.remote, getattr(p, "file_bytes", 0)) for p in (parts or (meta,))
+                     if p.remote is not None)
     if getattr(meta, "encoding", "raw") != "raw":
         # An encoded store: the reader holds one block's encoded bytes at a time, and each decoder (a worker, or
         # the consumer's thread) one row's JPEG copied out of its place (see read/encoded.py).

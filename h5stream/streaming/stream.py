@@ -85,7 +85,8 @@ class Stream:
         from h5stream.memory.shm import sweep_stale_segments
 
         sweep_stale_segments()  # what streams and ingests killed with their whole process group left in /dev/shm
-        meta = read_any(path, options.remote, options.timeout_s)  # one store, or a set of parts read as one
+        # one store, or a set of parts read as one
+        meta = read_any(path, options.remote, options.timeout_s, options.cache_dir, options.cache_limit)
         if options.workers:  # before a BudgetError, which suggests the same count
             warn_if_more_workers_than_cores(options.workers)
         config = resolve(meta, options, gather_facts(meta, options))

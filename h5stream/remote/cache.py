@@ -1,0 +1,433 @@
+"""A local disk cache for URL stores: what a stream fetched once is read from local disk afterwards.
+
+:class:`CachedSource` wraps a :class:`~h5stream.remote.source.RemoteSource` with the same byte-source contract.
+The object is cut into pieces of ``piece_bytes`` (8 MiB by default: S3's guidance for ranged GETs) at fixed
+offsets; a read takes each piece it touches from the cache folder, fetching a missing piece whole, in one request,
+into a file of its own first.  Later reads of it (later epochs, other processes on the node, the next run) are
+local reads through the page cache.
+
+Layout: ``CACHE_DIR/objects/KEY/N.piece`` for piece ``N`` of the object whose identity (URL, ETag, size,
+modification time as of open) hashes to ``KEY``: a changed object has another key and never serves old bytes
+(an object with neither ETag nor modification time is not cached).  A piece file holds the piece's bytes and a
+trailer of :data:`TRAILER_BYTES` (magic, CRC-32 of the bytes, their count), written at fill.
+
+Guarantees:
+
+* A piece is filled as ``N.tmp`` (space reserved with ``posix_fallocate`` first, then ``fsync``) and renamed to
+  ``N.piece``: a process killed mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's
+  trailer (size and CRC-32 of its bytes) the first time it reads it; one that fails is removed and fetched again.
+* Processes sharing a cache folder fetch a piece once: the filler holds ``flock`` on ``N.lock``, and a process
+  that needs the piece meanwhile waits for that lock, then reads the finished piece.  Threads of one process wait
+  on a lock of their own per piece first.
+* The folder holds at most about ``limit`` bytes: when a process's count of them passes the limit it rescans the
+  folder and removes the pieces least recently used (their file's modification time, touched on use at most once
+  a minute per source) until 7/8 of the limit remain.  Another process's fills since its last scan are not in its
+  count, so several processes filling at once may pass the limit by about 1/8 of it each.  A removed piece still
+  open elsewhere stays readable there (its bytes never change).
+* A stream reading through the cache checks the rows against the store's block checksums as for a local file
+  (``verify_reads="once"``: each block on its first read), not on every read as over the network.
+* A local write that fails (disk full ``ENOSPC``, quota ``EDQUOT``, file size limit ``EFBIG``, a read-only or
+  forbidden folder) warns once, in one line, and the stream goes on uncached, reading every byte from the server.
+
+Thread-safety: ``readinto`` from any number of threads at once; ``close`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+import threading
+import time
+import warnings
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from h5stream.errors import StoreFormatError
+from h5stream.memory.rawio import preadv_all
+from h5stream.remote.cache_evict import evict, unlink
+from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
+    DEFAULT_LIMIT,
+    PIECE_BYTES,
+    default_cache_dir,
+    index_memory_bytes,
+)
+
+TRAILER = struct.Struct("<8sIQ")
+TRAILER_BYTES = TRAILER.size
+MAGIC = b"h5spiece"
+
+TOUCH_EVERY_S = 60.0
+"""A piece read again is marked used (its modification time) at most this often per source."""
+
+OPEN_PIECES = 32
+"""Pieces a source keeps open between reads (a descriptor each), so a read of a cached piece is one ``preadv``."""
+
+GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.ENOLCK, errno.EOPNOTSUPP})
+"""Local failures after which a source stops caching (one warning) instead of failing the stream."""
+
+
+def object_key(url: str, etag: str | None, size: int, last_modified) -> str | None:
+    """The folder name of one version of an object: a hash of its URL, ETag, size and modification time; None
+    when it has neither ETag nor modification time (a new version could not be told from the old)."""
+    if not etag and last_modified is None:
+        return None
+    ident = "\0".join((url, etag or "", str(int(size)), str(last_modified or "")))
+    return hashlib.sha256(ident.encode()).hexdigest()[:40]
+
+
+def piece_spans(offset: int, length: int, piece_bytes: int) -> list[tuple[int, int, int]]:
+    """``(piece, offset within it, bytes)`` of each piece that ``[offset, offset + length)`` touches (pure)."""
+    spans = []
+    pos, end = offset, offset + length
+    while pos < end:
+        index, within = divmod(pos, piece_bytes)
+        n = min(end - pos, piece_bytes - within)
+        spans.append((index, within, n))
+        pos += n
+    return spans
+
+
+def slice_views(views: Sequence[memoryview], skip: int, n: int) -> list[memoryview]:
+    """The views covering bytes ``[skip, skip + n)`` of ``views`` laid end to end (views of them, no copy)."""
+    out = []
+    for v in views:
+        if n <= 0:
+            break
+        if skip >= len(v):
+            skip -= len(v)
+            continue
+        k = min(len(v) - skip, n)
+        out.append(v[skip:skip + k])
+        n -= k
+        skip = 0
+    return out
+
+
+def trailer_ok(piece: memoryview, expected: int) -> bool:
+    """Whether a piece file's bytes (piece and trailer) are whole: right size, magic and CRC-32 (pure)."""
+    if len(piece) != expected + TRAILER_BYTES:
+        return False
+    magic, crc, count = TRAILER.unpack(piece[expected:])
+    return magic == MAGIC and count == expected and zlib.crc32(piece[:expected]) == crc
+
+
+def open_url(url: str, options):
+    """The byte source of a stream over ``url`` with ``options`` (a
+    :class:`~h5stream.remote.config.RemoteOptions`): a :class:`CachedSource` where ``options.cache_dir`` names a
+    folder, else the plain :class:`~h5stream.remote.source.RemoteSource`."""
+    from h5stream.remote.source import RemoteSource
+
+    remote = RemoteSource(url, options)
+    if options.cache_dir is None:
+        return remote
+    try:
+        return CachedSource(remote, options.cache_dir, options.cache_limit, options.cache_piece)
+    except BaseException:
+        remote.close()
+        raise
+
+
+class CachedSource:
+    """The bytes of ``remote`` (a :class:`~h5stream.remote.source.RemoteSource`, owned: closed with this) through
+    the disk cache at ``cache_dir``.  ``requests`` and ``bytes_read`` are the server's (``remote``'s counters);
+    ``pieces_fetched`` counts the pieces this source fetched, ``caching`` whether it still caches."""
+
+    def __init__(self, remote, cache_dir: str, limit: int = DEFAULT_LIMIT, piece_bytes: int = PIECE_BYTES):
+        self.remote = remote
+        self.name = remote.name
+        self.size = remote.size
+        self.max_in_flight = remote.max_in_flight
+        self.piece_bytes = int(piece_bytes)
+        self.limit = int(limit)
+        self.cache_dir = cache_dir
+        self.pieces_fetched = 0
+        self._lock = threading.Lock()
+        self._filling: dict[int, threading.Lock] = {}
+        self._used: dict[int, float] = {}  # pieces checked by this source -> when last marked used
+        self._open: OrderedDict[int, list[int]] = OrderedDict()  # piece -> [descriptor, users], checked pieces
+        self._estimate: int | None = None  # bytes in the folder as of the last scan, plus this source's fills
+        key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
+                         getattr(remote, "last_modified", None))
+        self.folder = None if key is None else os.path.join(cache_dir, "objects", key)  # None: caching is off
+        self._root = self.folder  # stays, for paths built while another thread turns caching off
+        if self.folder is not None:
+            try:
+                os.makedirs(self.folder, exist_ok=True)
+            except OSError as exc:
+                self._give_up(exc)
+
+    @property
+    def caching(self) -> bool:
+        return self.folder is not None
+
+    @property
+    def local_copy(self) -> bool:
+        """Whether reads come from the immutable, checked pieces of a local copy (so ``verify_reads="once"``
+        treats the store as a local file: each block checked on its first read)."""
+        return self.folder is not None
+
+    @property
+    def requests(self) -> int:
+        return self.remote.requests
+
+    @property
+    def bytes_read(self) -> int:
+        return self.remote.bytes_read
+
+    def close(self) -> None:
+        """Close the remote source and the pieces held open (reads have ended).  Idempotent."""
+        with self._lock:
+            fds = [fd for fd, _ in self._open.values()]
+            self._open.clear()
+        for fd in fds:
+            os.close(fd)
+        self.remote.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def readinto(self, offset: int, buffers: Sequence) -> None:
+        """Fill ``buffers`` with the bytes at ``offset`` onward (``preadv`` semantics), piece by piece from the
+        cache, fetching the missing pieces.  Raises what :meth:`RemoteSource.readinto` raises."""
+        from h5stream.remote.source import byte_views
+
+        if self.folder is None:
+            self.remote.readinto(offset, buffers)
+            return
+        views = byte_views(buffers)
+        length = sum(len(v) for v in views)
+        offset = int(offset)
+        if offset < 0 or offset + length > self.size:
+            raise StoreFormatError(f"{self.name}: bytes {offset}..{offset + length} lie outside the object's "
+                                   f"{self.size} bytes; the store's metadata does not match its data")
+        pos = 0
+        for index, within, n in piece_spans(offset, length, self.piece_bytes):
+            part = slice_views(views, pos, n)
+            if not self._read_piece(index, within, part):
+                self.remote.readinto(offset + pos, part)
+            pos += n
+
+    def _piece_length(self, index: int) -> int:
+        return min(self.piece_bytes, self.size - index * self.piece_bytes)
+
+    def _path(self, index: int, kind: str) -> str:
+        return os.path.join(self._root, f"{index}.{kind}")
+
+    def _read_piece(self, index: int, within: int, part: list[memoryview]) -> bool:
+        """Read ``part`` from piece ``index`` at ``within``, filling the piece first if missing; False when
+        the cache is off (the caller reads from the server)."""
+        for _ in range(3):
+            fd = self._take_open(index)
+            if fd is None:
+                if self.folder is None:
+                    return False
+                path = self._path(index, "piece")
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    self._fill(index)
+                    continue
+                except OSError as exc:
+                    self._give_up(exc)
+                    return False
+                try:
+                    checked = self._checked(index, fd, path)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if not checked:
+                    os.close(fd)
+                    continue
+                fd = self._keep_open(index, fd)
+            try:
+                preadv_all(fd, part, within, self.name)
+                return True
+            finally:
+                self._put_back(index)
+        return False  # removed under us again and again (a limit smaller than the reads in flight): go direct
+
+    def _take_open(self, index: int) -> int | None:
+        """The descriptor of piece ``index`` if this source holds it open (one more user; give it back with
+        :meth:`_put_back`), marking the piece used at most every :data:`TOUCH_EVERY_S`; else None."""
+        with self._lock:
+            entry = self._open.get(index)
+            if entry is None:
+                return None
+            entry[1] += 1
+            self._open.move_to_end(index)
+            now = time.monotonic()
+            touch = now - self._used.get(index, 0.0) >= TOUCH_EVERY_S
+            if touch:
+                self._used[index] = now
+        if touch:
+            try:
+                os.utime(entry[0])
+            except OSError:
+                pass
+        return entry[0]
+
+    def _keep_open(self, index: int, fd: int) -> int:
+        """Keep ``fd`` (piece ``index``, checked) open for later reads, one user taken; the descriptor to read
+        (another thread's, when one kept it first).  At most :data:`OPEN_PIECES` stay open: the least recently
+        used one without a user is closed."""
+        with self._lock:
+            entry = self._open.get(index)
+            if entry is not None:
+                entry[1] += 1
+                extra = fd
+                fd = entry[0]
+            else:
+                self._open[index] = [fd, 1]
+                extra = None
+            while len(self._open) > OPEN_PIECES:
+                idle = next((i for i, (_, users) in self._open.items() if users == 0), None)
+                if idle is None:
+                    break
+                os.close(self._open.pop(idle)[0])
+        if extra is not None:
+            os.close(extra)
+        return fd
+
+    def _put_back(self, index: int) -> None:
+        with self._lock:
+            entry = self._open.get(index)
+            if entry is not None:  # None only after close()
+                entry[1] -= 1
+
+    def _checked(self, index: int, fd: int, path: str) -> bool:
+        """Whether the open piece ``fd`` is whole (checked once per source; a bad one is removed), and marks it
+        used at most every :data:`TOUCH_EVERY_S`."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._used.get(index)
+        if last is None:
+            n = self._piece_length(index)
+            size = os.fstat(fd).st_size
+            ok = size == n + TRAILER_BYTES
+            if ok:
+                with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm, memoryview(mm) as view:
+                    ok = trailer_ok(view, n)
+            if not ok:
+                with self._fill_lock(index):
+                    try:
+                        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                            os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                return False
+        if last is None or now - last >= TOUCH_EVERY_S:
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # only the eviction order suffers
+            with self._lock:
+                self._used[index] = now
+        return True
+
+    def _fill_lock(self, index: int) -> threading.Lock:
+        with self._lock:
+            return self._filling.setdefault(index, threading.Lock())
+
+    def _fill(self, index: int) -> None:
+        """Fetch piece ``index`` into the cache unless another thread or process has (or does meanwhile)."""
+        with self._fill_lock(index):
+            if self.folder is None:
+                return
+            try:
+                lock_fd = os.open(self._path(index, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                self._give_up(exc)
+                return
+            try:
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # waits while another process fills it
+                except OSError as exc:  # a file system without locks (ENOLCK): no cache rather than two fills
+                    self._give_up(exc)
+                    return
+                if os.path.exists(self._path(index, "piece")):
+                    return
+                filled = self._fetch(index)
+            finally:
+                os.close(lock_fd)  # releases the flock
+        if filled:
+            self._account(filled)
+
+    def _fetch(self, index: int) -> int:
+        """Fetch piece ``index`` (its lock held) into ``N.tmp``, then rename it to ``N.piece``: the bytes
+        filled, or 0 when a local write failed (the cache is off from then on)."""
+        n = self._piece_length(index)
+        tmp, path = self._path(index, "tmp"), self._path(index, "piece")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            self._give_up(exc)
+            return 0
+        done = False
+        try:
+            try:
+                os.posix_fallocate(fd, 0, n + TRAILER_BYTES)  # a full disk fails here, not in the mapping
+                mm = mmap.mmap(fd, n + TRAILER_BYTES)
+            except OSError as exc:
+                self._give_up(exc)
+                return 0
+            with mm:
+                view = memoryview(mm)
+                try:
+                    self.remote.readinto(index * self.piece_bytes, [view[:n]])
+                    view[n:] = TRAILER.pack(MAGIC, zlib.crc32(view[:n]), n)
+                finally:
+                    view.release()
+                mm.flush()
+            try:
+                os.fsync(fd)
+                os.rename(tmp, path)
+                done = True
+                _fsync_folder(os.path.dirname(path))
+            except OSError as exc:
+                self._give_up(exc)
+                return 0
+        finally:
+            os.close(fd)
+            if not done:
+                unlink(tmp)
+        with self._lock:
+            self.pieces_fetched += 1
+        return n + TRAILER_BYTES
+
+    def _account(self, added: int) -> None:
+        """Count ``added`` bytes filled; past the limit, rescan the folder and evict."""
+        with self._lock:
+            if self._estimate is not None:
+                self._estimate += added
+                if self._estimate <= self.limit:
+                    return
+        after = evict(self.cache_dir, self.limit)
+        with self._lock:
+            self._estimate = after
+
+    def _give_up(self, exc: OSError) -> None:
+        """Stop caching after a local failure: one warning for :data:`GIVE_UP_ERRNOS`, else the error."""
+        if exc.errno not in GIVE_UP_ERRNOS:
+            raise exc
+        with self._lock:
+            folder, self.folder = self.folder, None
+        if folder is not None:
+            warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({exc.strerror or exc}); "
+                          "streaming on without the cache (every read from the server)", stacklevel=2)
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,89 @@
+"""Keeping a disk cache folder (:mod:`h5stream.remote.cache`) within its limit: the least recently used pieces
+go first, and ``.tmp`` files no process is filling (a fill killed midway) go with them.  Runs in whichever
+process's fill passed the limit, under ``flock`` on ``CACHE_DIR/evict.lock``; a process that finds it held leaves
+the eviction to its holder."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+
+def evict(cache_dir: str, limit: int) -> int | None:
+    """Remove the least recently used pieces under ``cache_dir`` until at most 7/8 of ``limit`` bytes remain,
+    and leftover ``.tmp`` files no process is filling; the bytes that remain (None when another process is
+    evicting now: it will)."""
+    try:
+        lock_fd = os.open(os.path.join(cache_dir, "evict.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        pieces, total = [], 0
+        for folder, name, st in _entries(os.path.join(cache_dir, "objects")):
+            if name.endswith(".piece"):
+                pieces.append((st.st_mtime_ns, os.path.join(folder, name), st.st_size))
+                total += st.st_size
+            elif name.endswith(".tmp"):
+                if _idle(os.path.join(folder, name[:-4] + ".lock")):
+                    unlink(os.path.join(folder, name))
+                else:
+                    total += st.st_size
+        if total <= limit:
+            return total
+        pieces.sort()
+        target = limit - limit // 8
+        for _, path, size in pieces:
+            if total <= target:
+                break
+            if unlink(path):
+                total -= size
+        return total
+    finally:
+        os.close(lock_fd)
+
+
+def _entries(root: str):
+    """``(folder, name, stat)`` of every file in the object folders under ``root``."""
+    try:
+        objects = list(os.scandir(root))
+    except OSError:
+        return
+    for obj in objects:
+        if not obj.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with os.scandir(obj.path) as files:
+                for f in files:
+                    try:
+                        yield obj.path, f.name, f.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+
+
+def _idle(lock_path: str) -> bool:
+    """Whether no process holds the lock file at ``lock_path`` (held locks are fills in progress)."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
