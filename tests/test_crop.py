@@ -257,3 +257,22 @@ def test_the_plan_counts_output_size_not_the_stored_size(store, workers):
         assert plans["large"].pool_bytes - plans["small"].pool_bytes == \
             plans["large"].out_slots * 32 * (out_row["large"] - out_row["small"])
     assert "output" in plans["large"].describe()
+
+
+def test_crop_options_given_to_open_point_to_augment_and_a_too_small_resize_fails_at_open(store):
+    with pytest.raises(ConfigError, match=r"has no option 'output_size': it is an augmentation: pass "
+                                          r"augment=h5stream.Augment\(output_size=...\)"):
+        h5stream.open(store, output_size=(24, 24))
+    with pytest.raises(ConfigError, match=r"makes 40x56 images 30x42, smaller than output_size=\(30, 50\)"):
+        h5stream.open(store, augment=h5stream.Augment(output_size=(30, 50), crop="center", resize=30))
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_torch_batches_have_output_size(store):
+    torch = pytest.importorskip("torch")
+    aug = h5stream.Augment(output_size=(16, 24), crop="center")
+    with h5stream.open(store, batch_size=32, shuffle=False, augment=aug) as s:
+        x, y = next(iter(s.torch()))
+        assert isinstance(x, torch.Tensor) and tuple(x.shape) == (32, 16, 24, 3)
+        x, _ = next(iter(s.torch(device="cpu", layout="NCHW", dtype=torch.float32)))
+        assert tuple(x.shape) == (32, 3, 16, 24)
