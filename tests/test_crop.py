@@ -276,3 +276,17 @@ def test_torch_batches_have_output_size(store):
         assert isinstance(x, torch.Tensor) and tuple(x.shape) == (32, 16, 24, 3)
         x, _ = next(iter(s.torch(device="cpu", layout="NCHW", dtype=torch.float32)))
         assert tuple(x.shape) == (32, 3, 16, 24)
+
+
+@pytest.mark.parametrize("kwargs", [dict(rotation_range=20, channel_shift_range=10, rescale=1 / 255),
+                                    dict(horizontal_flip=True, fill_mode="nearest", zoom_range=0.2),
+                                    dict(crop="center", samplewise_center=True, dtype="float16")])
+def test_cropping_a_few_rows_at_a_time_gives_the_rows_of_one_at_a_time(monkeypatch, kwargs):
+    images = np.random.default_rng(7).integers(0, 256, (23, 70, 70, 3), dtype=np.uint8)
+    rows = np.arange(50, 73)
+    aug = h5stream.Augment(output_size=(64, 64), **kwargs)
+    monkeypatch.setattr(crops, "SCRATCH_BYTES", 5 * 64 * 64 * 3)  # groups of 5 rows, the last of 3
+    grouped = aug(images, seed=2, epoch=4, row_ids=rows)
+    single = np.concatenate([aug(images[i:i + 1], seed=2, epoch=4, row_ids=rows[i:i + 1]) for i in range(23)])
+    np.testing.assert_array_equal(grouped, single)
+    assert grouped.shape == (23, 64, 64, 3)

@@ -201,6 +201,36 @@ def _resize_into(cv2, src: np.ndarray, dst: np.ndarray) -> None:
     dst[...] = result.reshape(dst.shape)
 
 
+SCRATCH_BYTES = 2 << 20
+"""The most bytes of cropped rows :func:`crop_then` holds at once (at least one row): the transform's scratch in
+the memory plan stays the same whatever the batch size."""
+
+
+def crop_then(augment_into, images: np.ndarray, out: np.ndarray, crop: str, seed: int, epoch: int, row_ids,
+              scale, ratio, resize) -> None:
+    """Crop and resize uint8 ``images`` (n, H, W, C) to ``out``'s rows a few at a time, each group then handed to
+    ``augment_into(cropped, seed, epoch, row_ids, out_rows)``.  A row's output depends only on its pixels and
+    ``(seed, epoch, row_id)``, so the grouping changes nothing.  OpenCV runs on one thread meanwhile."""
+    from h5stream.augment.warp import _cv2
+
+    n = images.shape[0]
+    row_bytes = int(np.prod(out.shape[1:], dtype=np.int64))
+    chunk = max(1, min(n, SCRATCH_BYTES // max(1, row_bytes)))
+    scratch = np.empty((chunk, *out.shape[1:]), np.uint8)
+    rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
+    cv2 = _cv2()
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        part = scratch[:stop - start]
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)  # one worker process = one core
+        try:
+            crop_batch(cv2, images[start:stop], part, crop, seed, epoch, rows[start:stop], scale, ratio, resize)
+        finally:
+            cv2.setNumThreads(threads)
+        augment_into(part, seed, epoch, rows[start:stop], out[start:stop])
+
+
 def crop_batch(cv2, images: np.ndarray, out: np.ndarray, crop: str, seed: int, epoch: int, row_ids,
                scale, ratio, resize) -> None:
     """Each image of uint8 ``images`` (n, H, W, C) cropped and resized into uint8 ``out`` (n, h, w, C)."""

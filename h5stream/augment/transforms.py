@@ -376,26 +376,25 @@ class Augment:
         if n == 0:
             return out
         if self.output_size is not None:
-            # Crop and resize first; every other option then runs at output_size, as after torchvision's crop.
-            cropped = np.empty(out_shape, np.uint8)
-            cv2 = _cv2()
-            threads = cv2.getNumThreads()
-            cv2.setNumThreads(1)
-            try:
-                crops.crop_batch(cv2, images, cropped, self.crop, seed, epoch, rows, self.scale, self.ratio,
-                                 self.resize)
-            finally:
-                cv2.setNumThreads(threads)
-            images, (n, h, w, c) = cropped, out_shape
+            # Crop and resize first (a few rows at a time); every other option then runs at output_size, as after
+            # torchvision's crop.
+            crops.crop_then(self._augment_into, images, out, self.crop, seed, epoch, rows, self.scale, self.ratio,
+                            self.resize)
+        else:
+            self._augment_into(images, seed, epoch, rows, out)
+        return out
+
+    def _augment_into(self, images, seed, epoch, rows, out) -> None:
+        """Everything but the crop, from uint8 ``images`` into ``out`` (checked by :meth:`__call__`)."""
+        n, h, w, c = images.shape
         p = self.draw(seed, epoch, rows, h, w)
-        is_float = out_dtype != np.uint8
-        work = out if out_dtype == np.float32 else (np.empty(out_shape, np.float32) if is_float else None)
+        is_float = out.dtype != np.uint8
+        work = out if out.dtype == np.float32 else (np.empty(images.shape, np.float32) if is_float else None)
         self._geometry_and_color(images, p, out if not is_float else None, work)
         if is_float:
             self._normalize(work)
             if work is not out:
                 np.copyto(out, work, casting="unsafe")
-        return out
 
     def _geometry_and_color(self, images, p, out_u8, work_f32):
         """Warp + colour each image; write into ``out_u8`` or, cast, into ``work_f32``."""
