@@ -290,3 +290,29 @@ def test_cropping_a_few_rows_at_a_time_gives_the_rows_of_one_at_a_time(monkeypat
     single = np.concatenate([aug(images[i:i + 1], seed=2, epoch=4, row_ids=rows[i:i + 1]) for i in range(23)])
     np.testing.assert_array_equal(grouped, single)
     assert grouped.shape == (23, 64, 64, 3)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4, 5])
+def test_the_fast_flip_gives_numpys_reversed_pixels(channels):
+    from h5stream.augment.pixels import flip_into
+
+    image = np.random.default_rng(channels).integers(0, 256, (7, 9, channels), dtype=np.uint8)
+    for horizontal in (False, True):
+        for vertical in (False, True):
+            dst = np.empty_like(image)
+            flip_into(_cv2(), image, dst, horizontal, vertical)
+            expected = image[:, ::-1] if horizontal else image
+            np.testing.assert_array_equal(dst, expected[::-1] if vertical else expected)
+
+
+def test_a_shrinking_crop_is_close_to_torch_antialiased_bilinear():
+    torch = pytest.importorskip("torch")
+    cv2 = _cv2()
+    noise = np.random.default_rng(8).integers(0, 256, (300, 300, 3), dtype=np.uint8)
+    image = cv2.GaussianBlur(noise, (0, 0), 1.5)  # some structure at every scale, like a photo
+    dst = np.empty((224, 224, 3), np.uint8)
+    crops._resize_into(cv2, image, dst)
+    t = torch.from_numpy(image).permute(2, 0, 1)[None].double()
+    ref = torch.nn.functional.interpolate(t, size=(224, 224), mode="bilinear", align_corners=False, antialias=True)
+    diff = np.abs(dst - ref[0].permute(1, 2, 0).numpy())
+    assert diff.mean() < 0.6 and diff.max() <= 3.0  # OpenCV's INTER_LINEAR, no anti-aliasing: 0.6 and 4.6

@@ -428,12 +428,7 @@ class Augment:
                     _warp_into(cv2, images[i], matrices[i], dst, self.fill_mode, self.cval, cv2.INTER_LINEAR, scratch,
                                scratch.pads[i])
                 else:
-                    src = images[i]
-                    if p["flip_horizontal"][i]:
-                        src = src[:, ::-1]
-                    if p["flip_vertical"][i]:
-                        src = src[::-1]
-                    np.copyto(dst, src)
+                    pixels.flip_into(cv2, images[i], dst, p["flip_horizontal"][i], p["flip_vertical"][i])
                 pixels.color_into(cv2, dst, int(shifts[i]), None if bright is None else float(bright[i]))
                 if work_f32 is not None:
                     work_f32[i] = dst
