@@ -316,3 +316,12 @@ def test_a_shrinking_crop_is_close_to_torch_antialiased_bilinear():
     ref = torch.nn.functional.interpolate(t, size=(224, 224), mode="bilinear", align_corners=False, antialias=True)
     diff = np.abs(dst - ref[0].permute(1, 2, 0).numpy())
     assert diff.mean() < 0.6 and diff.max() <= 3.0  # OpenCV's INTER_LINEAR, no anti-aliasing: 0.6 and 4.6
+
+
+def test_the_reduced_decode_scale_keeps_the_box_at_least_output_size():
+    assert crops.reduced_scale(1800, 1800, (224, 224)) == 8  # 225 >= 224
+    assert crops.reduced_scale(1791, 1800, (224, 224)) == 4  # 1791 // 8 = 223
+    assert crops.reduced_scale(448, 900, (224, 224)) == 2
+    assert crops.reduced_scale(447, 900, (224, 224)) == 1
+    assert crops.reduced_scale(100, 100, (224, 224)) == 1  # an enlarging crop decodes whole
+    assert crops.reduced_scale(1800, 1800, (224, 224), scales=(2,)) == 2
