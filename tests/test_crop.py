@@ -325,3 +325,17 @@ def test_the_reduced_decode_scale_keeps_the_box_at_least_output_size():
     assert crops.reduced_scale(447, 900, (224, 224)) == 1
     assert crops.reduced_scale(100, 100, (224, 224)) == 1  # an enlarging crop decodes whole
     assert crops.reduced_scale(1800, 1800, (224, 224), scales=(2,)) == 2
+
+
+def test_the_crop_benchmark_prints_a_table_and_json(capsys):
+    pytest.importorskip("PIL")
+    import json
+
+    from benchmarks import crop as bench
+
+    assert bench.main(["--stored", "40", "--size", "24", "--batch", "4", "--repeats", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["images_per_s"]) == {"h5stream", "pillow (tv)", "h5stream center"}
+    assert result["vs_pillow"]["pillow (tv)"] == 1.0 and all(v > 0 for v in result["images_per_s"].values())
+    assert bench.main(["--stored", "40", "--size", "24", "--batch", "4", "--repeats", "1"]) == 0
+    assert "x pillow" in capsys.readouterr().out
