@@ -157,6 +157,9 @@ def test_a_centre_crop_is_the_hand_computed_crop():
                                                   "'center'"),
     (dict(output_size=(224, 224), crop="center", resize=100), "resize=100 must be an int >= min(output_size)"),
     (dict(output_size=(224, 224), resize=256), "resize=256 is for crop='center'"),
+    (dict(output_size=(224, 224), crop="center", scale=(0.5, 1)), "scale=(0.5, 1) is for crop='random_resized' "
+                                                                   "(with output_size); drop it for crop='center'"),
+    (dict(ratio=(0.5, 1)), "ratio=(0.5, 1) is for crop='random_resized'"),
 ])
 def test_bad_crop_options_are_one_line_errors(kwargs, words):
     with pytest.raises(ConfigError) as caught:

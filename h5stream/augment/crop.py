@@ -39,6 +39,10 @@ from h5stream.errors import ConfigError
 CROPS = ("random_resized", "center")
 """The values ``Augment(crop=...)`` takes."""
 
+DEFAULT_SCALE = (0.08, 1.0)
+DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+"""RandomResizedCrop's defaults: the area fraction and the width / height ratio drawn from."""
+
 TRIES = 10
 """RandomResizedCrop's attempts at a box of the drawn area and ratio before the centre fallback."""
 
@@ -147,6 +151,11 @@ def default_resize(output_size) -> int:
 def check_crop_options(output_size, crop, scale, ratio, resize):
     """``(output_size, crop, scale, ratio, resize)`` checked and normalised (``Augment``'s crop options), or one
     :class:`ConfigError` naming the parameter and what it takes.  ``output_size=None`` needs ``crop=None``."""
+    if output_size is None or crop == "center":
+        for name, value in (("scale", scale), ("ratio", ratio)):
+            if value is not None:
+                raise ConfigError(f"Augment: {name}={value!r} is for crop='random_resized' (with output_size); "
+                                  "drop it" + (" for crop='center'" if crop == "center" else ""))
     if output_size is None:
         if crop is not None:
             raise ConfigError(f"Augment: crop={crop!r} needs output_size=(height, width), the size the crops are "
@@ -159,10 +168,10 @@ def check_crop_options(output_size, crop, scale, ratio, resize):
         crop = "random_resized"
     if crop not in CROPS:
         raise ConfigError(f"Augment: crop={crop!r} is not a crop; choose one of {', '.join(map(repr, CROPS))}")
-    scale = _pair("scale", scale)
+    scale = _pair("scale", DEFAULT_SCALE if scale is None else scale)
     if not 0 < scale[0] <= scale[1] <= 1:
         raise ConfigError(f"Augment: scale={scale!r} must satisfy 0 < min <= max <= 1 (fractions of the image's area)")
-    ratio = _pair("ratio", ratio)
+    ratio = _pair("ratio", DEFAULT_RATIO if ratio is None else ratio)
     if not 0 < ratio[0] <= ratio[1]:
         raise ConfigError(f"Augment: ratio={ratio!r} must satisfy 0 < min <= max (width / height)")
     if resize is not None:

@@ -107,9 +107,9 @@ class Augment:
             each image is first cropped and resized to it (torchvision's semantics, :mod:`h5stream.augment.crop`),
             then the options above run at that size.
         crop: with ``output_size``, ``"random_resized"`` (the default; torchvision's ``RandomResizedCrop`` with
-            ``scale``, a pair of area fractions in (0, 1], and ``ratio``, a pair of width / height ratios) or
-            ``"center"`` (``Resize(resize)`` + ``CenterCrop(output_size)``; ``resize``, the short side before the
-            crop, defaults to ``round(max(output_size) * 256 / 224)``).
+            ``scale``, a pair of area fractions in (0, 1], default (0.08, 1.0), and ``ratio``, a pair of width /
+            height ratios, default (3/4, 4/3)) or ``"center"`` (``Resize(resize)`` + ``CenterCrop(output_size)``;
+            ``resize``, the short side before the crop, defaults to ``round(max(output_size) * 256 / 224)``).
 
     Raises:
         ConfigError: a value of the wrong type or out of range, an unknown ``fill_mode`` or ``dtype``, a
@@ -165,8 +165,8 @@ class Augment:
         dtype=None,
         output_size=None,
         crop=None,
-        scale=(0.08, 1.0),
-        ratio=(3.0 / 4.0, 4.0 / 3.0),
+        scale=None,
+        ratio=None,
         resize=None,
     ):
         _check_fill_mode(fill_mode)
