@@ -219,7 +219,7 @@ def _resize_into(cv2, src: np.ndarray, dst: np.ndarray) -> None:
     dst[...] = result.reshape(dst.shape)
 
 
-SCRATCH_BYTES = 2 << 20
+SCRATCH_BYTES = 1 << 20
 """The most bytes of cropped rows :func:`crop_then` holds at once (at least one row): the transform's scratch in
 the memory plan stays the same whatever the batch size."""
 
