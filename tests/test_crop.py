@@ -342,3 +342,16 @@ def test_the_crop_benchmark_prints_a_table_and_json(capsys):
     assert result["vs_pillow"]["pillow (tv)"] == 1.0 and all(v > 0 for v in result["images_per_s"].values())
     assert bench.main(["--stored", "40", "--size", "24", "--batch", "4", "--repeats", "1"]) == 0
     assert "x pillow" in capsys.readouterr().out
+
+
+def test_boxes_for_rows_of_different_sizes_are_each_rows_own():
+    rng = np.random.default_rng(9)
+    heights, widths = rng.integers(4, 300, 500), rng.integers(4, 300, 500)
+    heights[:50], widths[:50] = 10, 200  # strips: the fallback among ordinary rows
+    rows = np.arange(7000, 7500)
+    boxes = crops.random_resized_boxes(1, 0, rows, heights, widths, (0.08, 1.0), (3 / 4, 4 / 3))
+    for i in range(500):
+        alone = crops.random_resized_boxes(1, 0, rows[i:i + 1], int(heights[i]), int(widths[i]), (0.08, 1.0),
+                                           (3 / 4, 4 / 3))
+        assert np.array_equal(boxes[i], alone[0]), i
+    assert any(tuple(b) == crops.fallback_box(10, 200, (3 / 4, 4 / 3)) for b in boxes[:50])

@@ -54,37 +54,50 @@ STREAM_LEFT = 141
 CROP_STREAMS = (*STREAM_AREA, *STREAM_RATIO, STREAM_TOP, STREAM_LEFT)
 
 
-def crop_box_from_draws(u_area, u_ratio, u_top, u_left, height: int, width: int, scale, ratio) -> np.ndarray:
+def crop_box_from_draws(u_area, u_ratio, u_top, u_left, height, width, scale, ratio) -> np.ndarray:
     """int64 ``(n, 4)`` boxes ``(top, left, h, w)``: ``RandomResizedCrop.get_params`` for given uniform draws.
 
     ``u_area``, ``u_ratio``: float ``(n, TRIES)`` on ``[0, 1)``, the draws of the tries in order (torchvision's
     ``uniform_(scale)`` and ``uniform_(log(ratio))`` are ``low + (high - low) * u``); ``u_top``, ``u_left``:
     float ``(n,)``, the position of the accepted box (``randint(0, H - h + 1)`` is ``floor(u * (H - h + 1))``).
-    ``height``, ``width``: the stored image's.  Pure.
+    ``height``, ``width``: the stored images' (ints, or int arrays ``(n,)`` for rows of different sizes).  Pure.
     """
     u_area = np.atleast_2d(np.asarray(u_area, dtype=np.float64))
     u_ratio = np.atleast_2d(np.asarray(u_ratio, dtype=np.float64))
     u_top = np.asarray(u_top, dtype=np.float64).reshape(-1)
     u_left = np.asarray(u_left, dtype=np.float64).reshape(-1)
     n = u_area.shape[0]
-    area = float(height * width)
+    height = np.broadcast_to(np.asarray(height, dtype=np.int64), (n,))
+    width = np.broadcast_to(np.asarray(width, dtype=np.int64), (n,))
+    area = (height * width).astype(np.float64)[:, None]
     lo_r, hi_r = math.log(ratio[0]), math.log(ratio[1])
     target = area * (scale[0] + (scale[1] - scale[0]) * u_area)
     aspect = np.exp(lo_r + (hi_r - lo_r) * u_ratio)
     # Python's round() (half to even) as torchvision's int(round(...)); np.rint rounds the same way.
     ws = np.rint(np.sqrt(target * aspect)).astype(np.int64)
     hs = np.rint(np.sqrt(target / aspect)).astype(np.int64)
-    fits = (ws > 0) & (ws <= width) & (hs > 0) & (hs <= height)
+    fits = (ws > 0) & (ws <= width[:, None]) & (hs > 0) & (hs <= height[:, None])
     first = np.argmax(fits, axis=1)
     found = fits[np.arange(n), first]
     h = np.where(found, hs[np.arange(n), first], 0)
     w = np.where(found, ws[np.arange(n), first], 0)
     top = np.minimum(np.floor(u_top * (height - h + 1)).astype(np.int64), height - h)
     left = np.minimum(np.floor(u_left * (width - w + 1)).astype(np.int64), width - w)
-    fb = fallback_box(height, width, ratio)
     boxes = np.stack([top, left, h, w], axis=1)
-    boxes[~found] = fb
+    missed = ~found
+    if missed.any():
+        boxes[missed] = _fallback_boxes(height[missed], width[missed], ratio)
     return boxes
+
+
+def _fallback_boxes(height: np.ndarray, width: np.ndarray, ratio) -> np.ndarray:
+    """:func:`fallback_box` for int64 arrays of sizes: ``(n, 4)``."""
+    lo, hi = min(ratio), max(ratio)
+    in_ratio = width.astype(np.float64) / height.astype(np.float64)
+    narrow, wide = in_ratio < lo, in_ratio > hi
+    h = np.where(narrow, np.rint(width / lo).astype(np.int64), height)
+    w = np.where(wide & ~narrow, np.rint(height * hi).astype(np.int64), width)
+    return np.stack([(height - h) // 2, (width - w) // 2, h, w], axis=1)
 
 
 def fallback_box(height: int, width: int, ratio) -> tuple[int, int, int, int]:
@@ -101,9 +114,11 @@ def fallback_box(height: int, width: int, ratio) -> tuple[int, int, int, int]:
     return ((height - h) // 2, (width - w) // 2, h, w)
 
 
-def random_resized_boxes(seed: int, epoch: int, row_ids, height: int, width: int, scale, ratio) -> np.ndarray:
+def random_resized_boxes(seed: int, epoch: int, row_ids, height, width, scale, ratio) -> np.ndarray:
     """int64 ``(n, 4)`` boxes ``(top, left, h, w)`` of the random resized crops of rows ``row_ids`` (global ids)
-    of ``height`` x ``width`` images in ``epoch``: what ``Augment(crop="random_resized")`` crops.  Pure."""
+    of ``height`` x ``width`` images in ``epoch``: what ``Augment(crop="random_resized")`` crops.  ``height`` and
+    ``width`` may be int arrays ``(n,)`` (encoded rows of different sizes): a row's box depends on its own size
+    only.  Pure."""
     keys = rng.sample_keys(seed, epoch, row_ids)
     u = rng.units(keys, CROP_STREAMS)
     return crop_box_from_draws(u[:TRIES].T, u[TRIES:2 * TRIES].T, u[2 * TRIES], u[2 * TRIES + 1],
