@@ -19,7 +19,8 @@ from h5stream.errors import OptionNameError
 
 _AT_INGEST = "`h5stream ingest SRC OUT.h5"
 _RESIZE = (f"h5stream resizes once, at ingest ({_AT_INGEST} --size 64` or `--size 64x96`); the stream yields the "
-           "stored size (stream.meta.image_shape)")
+           "stored size (stream.meta.image_shape), or the size Augment(output_size=(h, w), crop='random_resized' or "
+           "'center') crops and resizes it to")
 _QUEUE = ("set memory_budget (the shuffle window and the batches read ahead follow from it; rows_per_fill pins "
           "the window)")
 _ZCA = ("ImageDataGenerator's ZCA whitening is not supported (it needs a (H*W*C)^2 covariance matrix of the whole "
@@ -68,6 +69,7 @@ AUGMENT_NAMES = (
     "rotation_range", "width_shift_range", "height_shift_range", "shear_range", "zoom_range", "channel_shift_range",
     "brightness_range", "horizontal_flip", "vertical_flip", "fill_mode", "cval", "rescale", "preprocessing_function",
     "featurewise_center", "featurewise_std_normalization", "samplewise_center", "samplewise_std_normalization",
+    "output_size", "crop",
 )
 
 #: ImageDataGenerator's parameters that Augment does not take, and why.

@@ -39,7 +39,7 @@ def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec] | tf.TensorSpec:
     """``(x_spec, y_spec)`` of the stream's batches, from metadata only; ``x_spec`` alone for a stream with
     ``label_mode=None``."""
     batch = stream.batch_size if stream.drop_remainder else None
-    x_spec = tf.TensorSpec((batch, *stream.meta.image_shape), tf.as_dtype(stream.image_dtype), name="images")
+    x_spec = tf.TensorSpec((batch, *stream.image_shape), tf.as_dtype(stream.image_dtype), name="images")
     if not stream.yields_labels:
         return x_spec
     y_spec = tf.TensorSpec((batch, *stream.label_shape), tf.as_dtype(stream.label_dtype), name="labels")

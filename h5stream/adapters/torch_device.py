@@ -112,7 +112,7 @@ def device_options_for(stream, device, opts: dict, *, caller: str) -> DeviceOpti
     unknown = sorted(set(opts) - set(OPTIONS))
     if unknown:
         raise ConfigError(f"{caller}(): unknown option(s) {unknown}; the options are {list(OPTIONS)}")
-    shape = stream.meta.image_shape
+    shape = stream.image_shape
     channels = shape[-1] if len(shape) == 3 else 1
     return device_options(device, channels=channels, image_dtype=stream.image_dtype, caller=caller, **opts)
 

@@ -105,3 +105,19 @@ def warp_rgba_padded_shift(cv2, images, matrices, scratch, out, shifts):
     for flat, shift in zip(out.reshape(n, h, w * c), shifts.tolist()):
         if shift:
             shift_into(cv2, flat, shift)
+
+
+def flip_into(cv2, src: np.ndarray, dst: np.ndarray, horizontal: bool, vertical: bool) -> None:
+    """``src`` (H, W, C) uint8, mirrored left-right and/or upside down as asked, into ``dst`` of the same shape.
+
+    ``cv2.flip`` where it applies (contiguous images of 1 to 4 channels): the same pixels as numpy's reversed-view
+    copy, which runs about 100x slower on 224-px RGB rows (a strided copy of 3-byte pixels).
+    """
+    code = {(True, False): 1, (False, True): 0, (True, True): -1}.get((bool(horizontal), bool(vertical)))
+    if code is None:
+        np.copyto(dst, src)
+    elif src.shape[-1] <= 4 and src.flags.c_contiguous and dst.flags.c_contiguous:
+        cv2.flip(src, code, dst=dst.reshape(dst.shape[0], dst.shape[1], -1) if dst.ndim == 3 else dst)
+    else:
+        view = src[:, ::-1] if horizontal else src
+        np.copyto(dst, view[::-1] if vertical else view)

@@ -101,6 +101,8 @@ class WorkerPool:
         At most ``n_slots`` batches are in flight or held by the consumer.
     out_dtype:
         Dtype of the output rows.
+    out_row_shape:
+        Shape of one output row (default: the sources' row shape); a transform that resizes names its own.
     prefix:
         Segment-name prefix (default :func:`new_prefix`).
     start_timeout_s:
@@ -120,6 +122,7 @@ class WorkerPool:
         batch_rows: int,
         n_slots: int,
         out_dtype=np.uint8,
+        out_row_shape: tuple[int, ...] | None = None,
         prefix: str | None = None,
         start_timeout_s: float = 60.0,
         close_timeout_s: float = 5.0,
@@ -151,6 +154,8 @@ class WorkerPool:
         self.n_slots = int(n_slots)
         self.workers = int(workers)
         self.row_shape = tuple(row_shape)
+        # The output rows' shape: the sources' unless the transform resizes (Augment's output_size).
+        self.out_row_shape = self.row_shape if out_row_shape is None else tuple(int(d) for d in out_row_shape)
         self.out_dtype = np.dtype(out_dtype)
         self._source_rows = [s.shape[0] for s in sources]
         self._file_sources = {i for i, s in enumerate(sources) if isinstance(s, FileSource)}
@@ -167,7 +172,8 @@ class WorkerPool:
 
     def _start(self, transform_bytes, sources, prefix, start_timeout_s) -> None:
         state = self._state
-        state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.row_shape, self.out_dtype, prefix)
+        state.slots = SharedArray.create((self.n_slots, self.batch_rows) + self.out_row_shape, self.out_dtype,
+                                         prefix)
         state.lender = state.slots.lender()
         args = [(transform_bytes, list(sources), state.slots.spec, self.batch_rows)] * self.workers
         state.workers.start(setup, run_task, "transform", args, name="h5stream-augment",
@@ -313,7 +319,7 @@ class WorkerPool:
         return self._state.lender
 
     def slot_view(self, slot: int) -> np.ndarray:
-        """The whole output slot (batch_rows, *row_shape), a view into shared memory; valid until release().
+        """The whole output slot (batch_rows, *out_row_shape), a view into shared memory; valid until release().
         Consumer thread."""
         return self._lender().part(slot)
 
@@ -404,5 +410,5 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.workers} workers"
-        slots = f"{self.n_slots} slots x {self.batch_rows} rows {self.row_shape} {self.out_dtype}"
+        slots = f"{self.n_slots} slots x {self.batch_rows} rows {self.out_row_shape} {self.out_dtype}"
         return f"WorkerPool({state}, {slots})"

@@ -46,6 +46,7 @@ from types import MappingProxyType
 import numpy as np
 
 from h5stream._kwargs import AUGMENT_HINTS, checked_kwargs
+from h5stream.augment import crop as crops
 from h5stream.augment import params, pixels, rng
 from h5stream.augment.warp import _check_fill_mode, _cv2, _plan_scratch, _warp_into, affine_matrices
 from h5stream.errors import ConfigError
@@ -102,6 +103,13 @@ class Augment:
         samplewise_center, samplewise_std_normalization: each image's own mean / std.
         dtype: the output dtype, one of uint8, float16, float32, float64; None: uint8 when nothing produces
             floats, else float32 (:meth:`output_dtype`).
+        output_size: None (the output is the stored size, Keras' semantics), or ``(height, width)`` (or one int):
+            each image is first cropped and resized to it (torchvision's semantics, :mod:`h5stream.augment.crop`),
+            then the options above run at that size.
+        crop: with ``output_size``, ``"random_resized"`` (the default; torchvision's ``RandomResizedCrop`` with
+            ``scale``, a pair of area fractions in (0, 1], default (0.08, 1.0), and ``ratio``, a pair of width /
+            height ratios, default (3/4, 4/3)) or ``"center"`` (``Resize(resize)`` + ``CenterCrop(output_size)``;
+            ``resize``, the short side before the crop, defaults to ``round(max(output_size) * 256 / 224)``).
 
     Raises:
         ConfigError: a value of the wrong type or out of range, an unknown ``fill_mode`` or ``dtype``, a
@@ -129,6 +137,11 @@ class Augment:
     dtype: np.dtype | None
     feature_mean: tuple | None
     feature_std: tuple | None
+    output_size: tuple | None = None
+    crop: str | None = None
+    scale: tuple | None = None
+    ratio: tuple | None = None
+    resize: int | None = None
 
     def __init__(
         self,
@@ -150,8 +163,14 @@ class Augment:
         samplewise_center=False,
         samplewise_std_normalization=False,
         dtype=None,
+        output_size=None,
+        crop=None,
+        scale=None,
+        ratio=None,
+        resize=None,
     ):
         _check_fill_mode(fill_mode)
+        output_size, crop, scale, ratio, resize = crops.check_crop_options(output_size, crop, scale, ratio, resize)
         if preprocessing_function is not None and not callable(preprocessing_function):
             raise ConfigError(f"Augment: preprocessing_function={preprocessing_function!r} is not callable")
         if rescale is not None:
@@ -181,6 +200,11 @@ class Augment:
             dtype=dtype,
             feature_mean=None,
             feature_std=None,
+            output_size=output_size,
+            crop=crop,
+            scale=scale if crop == "random_resized" else None,
+            ratio=ratio if crop == "random_resized" else None,
+            resize=resize,
         )
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -249,6 +273,16 @@ class Augment:
             or self.shear_range
             or self.zoom_range != (1.0, 1.0)
         )
+
+    def output_shape(self, image_shape) -> tuple[int, ...]:
+        """The shape of one output image for stored images of ``image_shape`` ``(H, W, C)``: ``output_size`` with
+        the stored channels, or the stored shape when ``output_size`` is None."""
+        image_shape = tuple(int(d) for d in image_shape)
+        if self.output_size is None:
+            return image_shape
+        if self.crop == "center":
+            crops.center_geometry(image_shape[0], image_shape[1], self.output_size, self.resize)  # raises if too small
+        return (*self.output_size, *image_shape[2:])
 
     def output_dtype(self) -> np.dtype:
         """uint8 when nothing produces floats, else float32 -- or the ``dtype`` asked for."""
@@ -330,25 +364,37 @@ class Augment:
         if self.feature_mean is not None and len(self.feature_mean) != c:
             raise ConfigError(f"Augment: feature stats have {len(self.feature_mean)} channels but images have {c}")
         out_dtype = self.output_dtype()
+        out_shape = (n, *self.output_shape(images.shape[1:]))
         if out is None:
-            out = np.empty(images.shape, dtype=out_dtype)
-        elif (out.shape != images.shape or out.dtype != out_dtype or not out.flags.c_contiguous
+            out = np.empty(out_shape, dtype=out_dtype)
+        elif (out.shape != out_shape or out.dtype != out_dtype or not out.flags.c_contiguous
               or not out.flags.writeable):
             raise ConfigError(
-                f"Augment: out must be a writeable C-contiguous {out_dtype} array of shape {images.shape}, "
+                f"Augment: out must be a writeable C-contiguous {out_dtype} array of shape {out_shape}, "
                 f"got {out.dtype} {out.shape}"
             )
         if n == 0:
             return out
+        if self.output_size is not None:
+            # Crop and resize first (a few rows at a time); every other option then runs at output_size, as after
+            # torchvision's crop.
+            crops.crop_then(self._augment_into, images, out, self.crop, seed, epoch, rows, self.scale, self.ratio,
+                            self.resize)
+        else:
+            self._augment_into(images, seed, epoch, rows, out)
+        return out
+
+    def _augment_into(self, images, seed, epoch, rows, out) -> None:
+        """Everything but the crop, from uint8 ``images`` into ``out`` (checked by :meth:`__call__`)."""
+        n, h, w, c = images.shape
         p = self.draw(seed, epoch, rows, h, w)
-        is_float = out_dtype != np.uint8
-        work = out if out_dtype == np.float32 else (np.empty(images.shape, np.float32) if is_float else None)
+        is_float = out.dtype != np.uint8
+        work = out if out.dtype == np.float32 else (np.empty(images.shape, np.float32) if is_float else None)
         self._geometry_and_color(images, p, out if not is_float else None, work)
         if is_float:
             self._normalize(work)
             if work is not out:
                 np.copyto(out, work, casting="unsafe")
-        return out
 
     def _geometry_and_color(self, images, p, out_u8, work_f32):
         """Warp + colour each image; write into ``out_u8`` or, cast, into ``work_f32``."""
@@ -382,12 +428,7 @@ class Augment:
                     _warp_into(cv2, images[i], matrices[i], dst, self.fill_mode, self.cval, cv2.INTER_LINEAR, scratch,
                                scratch.pads[i])
                 else:
-                    src = images[i]
-                    if p["flip_horizontal"][i]:
-                        src = src[:, ::-1]
-                    if p["flip_vertical"][i]:
-                        src = src[::-1]
-                    np.copyto(dst, src)
+                    pixels.flip_into(cv2, images[i], dst, p["flip_horizontal"][i], p["flip_vertical"][i])
                 pixels.color_into(cv2, dst, int(shifts[i]), None if bright is None else float(bright[i]))
                 if work_f32 is not None:
                     work_f32[i] = dst

@@ -268,6 +268,14 @@ class StreamConfig:
         return np.dtype(self.augment.output_dtype()) if self.augment is not None else np.dtype(np.uint8)
 
     @property
+    def output_shape(self) -> tuple[int, ...]:
+        """Shape of one yielded image: the augmentation's ``output_size`` with the stored channels, else the
+        stored shape."""
+        if self.augment is not None:
+            return self.augment.output_shape(self.meta.image_shape)
+        return tuple(self.meta.image_shape)
+
+    @property
     def needs_feature_stats(self) -> bool:
         """Whether the augmentation normalises by statistics not fitted yet (see :func:`fit_feature_stats`)."""
         return self.augment is not None and self.augment.needs_feature_stats

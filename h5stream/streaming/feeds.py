@@ -72,7 +72,8 @@ class InlineFeed:
         self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, plan.reader_batches)
         self._out = None
         if augment is not None:
-            self._out = ArrayArena(plan.batch_size, meta.image_shape, augment.output_dtype(), plan.consumer_sets)
+            self._out = ArrayArena(plan.batch_size, config.output_shape, augment.output_dtype(),
+                                   plan.consumer_sets)
         self.reader: Reader | None = None
 
     def _allocate(self, n, images=True):
@@ -175,12 +176,13 @@ class PooledFeed:
             self._pool = WorkerPool(
                 config.transform, sources, workers=plan.workers, batch_rows=bs, n_slots=plan.out_slots,
                 out_dtype=out_dtype, prefix=prefix + "out_", start_timeout_s=max(60.0, timeout_s),
+                out_row_shape=config.output_shape,
             )
         except BaseException:
             self._inputs.close()
             raise
         self._lender = SlotLender(self._pool.output_lender, self._pool.release,
-                                  ArrayArena(bs, meta.image_shape, out_dtype, plan.consumer_sets),
+                                  ArrayArena(bs, config.output_shape, out_dtype, plan.consumer_sets),
                                   lent_slots=plan.lent_slots, kept_slots=KEPT_SLOTS)
         self._free = Channel(self._n_in)  # free input slots: the reader thread takes, the consumer gives back
         self._stop: threading.Event | None = None

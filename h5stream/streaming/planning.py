@@ -50,7 +50,8 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     """
     out_row_bytes = None
     if augment is not None:
-        out_row_bytes = meta.row_bytes * np.dtype(augment.output_dtype()).itemsize
+        out_shape = augment.output_shape(meta.image_shape)  # output_size, or the stored size
+        out_row_bytes = int(np.prod(out_shape, dtype=np.int64)) * np.dtype(augment.output_dtype()).itemsize
     client = 0
     parts = getattr(meta, "parts", ())  # a set of parts: a client per URL part (h5stream.read.partread)
     if getattr(meta, "remote", None) is not None or parts:

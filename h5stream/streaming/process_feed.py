@@ -299,7 +299,7 @@ class ProcessFeed:
             self._last_stats = {"worker_pids": self.worker_pids}
             state.slots = SharedArray.attach(spec)
             self._lender = SlotLender(state.slots.lender(), self._freed.append,
-                                      ArrayArena(plan.batch_size, meta.image_shape, config.output_dtype,
+                                      ArrayArena(plan.batch_size, config.output_shape, config.output_dtype,
                                                  plan.consumer_sets),
                                       lent_slots=plan.lent_slots, kept_slots=KEPT_SLOTS)
         except BaseException:

@@ -182,6 +182,12 @@ class Stream:
         return self.config.epoch_rows
 
     @property
+    def image_shape(self) -> tuple[int, ...]:
+        """Shape of one yielded image: the stored ``meta.image_shape``, or the augmentation's ``output_size``
+        with the stored channels."""
+        return self.config.output_shape
+
+    @property
     def image_dtype(self) -> np.dtype:
         """dtype of the yielded images: uint8 as stored, or the augmentation's output dtype."""
         return self.config.output_dtype
