@@ -311,15 +311,21 @@ def test_four_ranks_streaming_one_url_on_one_cache_fetch_each_piece_once(range_s
         for x, y in stream:
             digest.update(x.tobytes())
             digest.update(y.tobytes())
+    # The ranges an open reads (HDF5's metadata, through the remote file's own blocks, not the cache): one of them
+    # may have a piece's span (the object's tail), and each process opens.
+    first = len(range_server.ranges)
+    h5stream.open(url, batch_size=100, seed=7, cache_dir=None, remote={"timeout_s": 10}).close()
+    opened = set(range_server.ranges[first:])
     procs = [subprocess.Popen([sys.executable, "-c", STREAM_CHILD, url, str(tmp_path)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
     assert {out.strip() for out, _ in outs} == {digest.hexdigest()}
     size = (range_server.root / "store.h5").stat().st_size
-    pieces = [(s, e) for s, e in range_server.ranges if s % PIECE == 0 and e - s == min(PIECE, size - s)]
+    spans = {(s, min(s + PIECE, size)) for s in range(0, size, PIECE)}
+    pieces = [r for r in range_server.ranges[first:] if r in spans and r not in opened]
     assert len(pieces) >= 7 and len(pieces) == len(set(pieces))  # 7.7 MB of pixels: each piece once, 4 readers
-    assert len(_pieces(tmp_path)) == len(pieces)
+    assert len(pieces) <= len(_pieces(tmp_path)) <= len(pieces) + len(spans & opened)
 
 
 def test_other_loaders_names_for_the_cache_say_what_h5stream_calls_them():
