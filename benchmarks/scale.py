@@ -7,7 +7,8 @@
 Each store holds ``N`` rows of 4x4x3 uint8 pixels (48 bytes) and class labels, written with
 :class:`h5stream.store.writer.StoreWriter` in slices (the same writer as
 :func:`h5stream.store.writer.write_arrays`, without holding every row in memory), class-sorted, made once
-under ``--dir`` and removed afterwards unless ``--keep``.
+under ``--dir`` and removed afterwards unless ``--keep`` (which also reuses stores kept before).  Mind the disk:
+every row also stores a 512-byte path, so a store takes ~560 bytes a row (11 GB for 20M rows).
 
 Per store and ``verify_reads`` setting (``"once"``, ``False``):
 
@@ -16,7 +17,8 @@ Per store and ``verify_reads`` setting (``"once"``, ``False``):
 * ``rows/s``: rows per second over the ``--steady`` batches after the first;
 * ``B/row``: bytes the stream's bookkeeping holds per row of the store: the memory traced by
   :mod:`tracemalloc` (numpy's arrays included) once the first batch arrived, over the rows (an upper bound:
-  it includes the shuffle buffer's batches, which are not per row); a second open, as tracing slows allocation.
+  it includes the shuffle buffer's batches, which are not per row); a second open, as tracing slows allocation;
+* ``+B/row``: the traced bytes each row more costs, against the next smaller store (the batches cancel out).
 
 Batch 256, the default memory budget, seed 0, in this process.
 """
@@ -68,6 +70,16 @@ def make_store(path: str, rows: int) -> float:
     return time.perf_counter() - t0
 
 
+def _has_rows(path: str, rows: int) -> bool:
+    """Whether ``path`` is a store of ``rows`` committed rows (kept from an earlier ``--keep`` run)."""
+    from h5stream.store.meta import read_meta
+
+    try:
+        return os.path.exists(path) and read_meta(path).rows == rows
+    except Exception:
+        return False
+
+
 def measure(path: str, verify, steady: int) -> dict:
     import h5stream
 
@@ -101,7 +113,9 @@ def measure(path: str, verify, steady: int) -> dict:
 
 def run(args) -> dict:
     results = []
-    root = tempfile.mkdtemp(prefix="h5stream-scale-", dir=args.dir)
+    root = os.path.join(args.dir or tempfile.gettempdir(), "h5stream-scale") if args.keep else \
+        tempfile.mkdtemp(prefix="h5stream-scale-", dir=args.dir)
+    os.makedirs(root, exist_ok=True)
     try:
         for rows in parse_rows(args.rows):
             path = os.path.join(root, f"scale-{rows}.h5")
@@ -110,8 +124,10 @@ def run(args) -> dict:
             if free < need:
                 log(f"skipping {rows} rows: {free / 1e9:.1f} GB free, need ~{need / 1e9:.1f} GB")
                 continue
-            log(f"writing {rows} rows to {path}")
-            write_s = make_store(path, rows)
+            write_s = None
+            if not (args.keep and _has_rows(path, rows)):
+                log(f"writing {rows} rows to {path}")
+                write_s = make_store(path, rows)
             for name, verify in SETTINGS.items():
                 log(f"{rows} rows, verify_reads={verify!r}")
                 m = measure(path, verify, args.steady)
@@ -123,17 +139,31 @@ def run(args) -> dict:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    _marginal(results)
     return {"batch_size": BATCH, "row_shape": list(SHAPE), "steady_batches": args.steady,
             "cpus": os.cpu_count(), "load": os.getloadavg()[0], "results": results}
+
+
+def _marginal(results: list[dict]) -> None:
+    """Add ``marginal_bytes_per_row``: the traced bytes a row more costs, from the next smaller store with the
+    same setting (what grows with the rows, the shuffle buffer's batches cancelled out)."""
+    for r in results:
+        smaller = [o for o in results if o["verify_reads"] == r["verify_reads"] and o["rows"] < r["rows"]]
+        if smaller:
+            o = max(smaller, key=lambda o: o["rows"])
+            r["marginal_bytes_per_row"] = (r["traced_bytes"] - o["traced_bytes"]) / (r["rows"] - o["rows"])
 
 
 def format_text(result: dict) -> str:
     lines = [f"rows of {tuple(result['row_shape'])} uint8, batch {result['batch_size']}, "
              f"load average {result['load']:.1f} on {result['cpus']} CPUs",
-             f"{'rows':>12} {'verify':>6} {'write s':>8} {'open s':>7} {'first s':>8} {'rows/s':>10} {'B/row':>7}"]
+             f"{'rows':>12} {'verify':>6} {'write s':>8} {'open s':>7} {'first s':>8} {'rows/s':>10} {'B/row':>7} "
+             f"{'+B/row':>7}"]
     for r in result["results"]:
-        lines.append(f"{r['rows']:>12,} {r['verify_reads']:>6} {r['write_s']:>8.1f} {r['open_s']:>7.2f} "
-                     f"{r['first_s']:>8.2f} {r['rows_per_s']:>10,.0f} {r['bytes_per_row']:>7.1f}")
+        write = "kept" if r["write_s"] is None else f"{r['write_s']:.1f}"
+        lines.append(f"{r['rows']:>12,} {r['verify_reads']:>6} {write:>8} {r['open_s']:>7.2f} "
+                     f"{r['first_s']:>8.2f} {r['rows_per_s']:>10,.0f} {r['bytes_per_row']:>7.1f} "
+                     f"{r.get('marginal_bytes_per_row', float('nan')):>7.1f}")
     return "\n".join(lines)
 
 
@@ -142,7 +172,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="1M,20M", help="comma-separated store sizes, e.g. 1M,20M,100M")
     parser.add_argument("--steady", type=int, default=2000, help="batches timed after the first")
     parser.add_argument("--dir", default=None, help="where the stores are written (default: the temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the stores (in DIR/h5stream-scale/) and reuse those already there")
     add_json_option(parser)
     args = parser.parse_args(argv)
     emit(run(args), as_json=args.json, format_text=format_text)

@@ -356,14 +356,18 @@ class Reader:
         job = next(jobs)
         self._start_fill(job)
         self._complete(job)
+        ready = self._ready()
+        if ready:  # the first batch goes out before the next fill is planned and its batches allocated
+            self._emit(ready.pop(0))
         for nxt in jobs:
-            ready = self._ready()
+            ready += self._ready()
             self._start_fill(nxt)
             # Hand out this fill's batches while the next one is read (by the I/O threads, or here in _step).
             per_batch = math.ceil(len(nxt.runs) / max(1, len(ready)))
             for key in ready:
                 self._emit(key)
                 self._step(nxt, per_batch)
+            ready = []
             self._complete(nxt)
 
     def _ready(self) -> list[tuple[int, int]]:

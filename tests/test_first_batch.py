@@ -1,4 +1,6 @@
-"""A reader that keeps reading is slow, not stuck: ``timeout_s`` counts from its last read, not from the wait's
+"""The first batch: it goes out as soon as its fill is read, and waiting for it measures a stuck reader only.
+
+A reader that keeps reading is slow, not stuck: ``timeout_s`` counts from its last read, not from the wait's
 start, so a first batch that needs a whole fill of slow reads never trips it; a reader that stops reading does.
 
 The storage here is really slow (every read of the byte source takes ``STALL_S``, one at a time, like a busy
@@ -96,3 +98,36 @@ def test_a_reader_that_stops_reading_still_fails_within_timeout_s_of_its_last_re
     finally:
         reader.close()
         slow.close()
+
+
+def test_the_first_batch_goes_out_before_the_next_fill_is_planned_and_allocated(store):
+    # A fill of many small rows has thousands of batches: planning and allocating the next one used to come
+    # between the first fill's reads and its first batch.
+    path, images = store
+    meta = read_meta(path)
+    plan = plan_stream(meta, 16 << 20, 50, rows_per_fill=500)
+    layout = layout_function(meta.rows, plan, seed=1)
+    assert plan.rows_per_fill < meta.rows  # several fills
+    constructed, next_fill = threading.Event(), threading.Event()
+    holder, queued = [], []
+
+    def allocate(n, want_images=True):
+        constructed.wait()
+        reader = holder[0]
+        if reader.stats["fills"] == 1 and not queued:  # the first batch of the second fill
+            queued.append(reader.queue_fill[0])  # the consumer has taken nothing yet: what was put is queued
+            next_fill.set()
+        return np.empty((n, *meta.image_shape), np.uint8), np.empty((n, *meta.label_shape), meta.label_dtype), None
+
+    holder.append(Reader(meta, layout, queue_depth=4, allocate=allocate, timeout_s=60, verify=False))
+    reader = holder[0]
+    constructed.set()
+    try:
+        assert next_fill.wait(60)  # a synchronisation on the reader's own progress, not a sleep
+        assert queued == [1]
+        batch = reader.get()
+        assert (batch.epoch, batch.index) == (0, 0)
+        assert np.array_equal(batch.images, images[batch.row_ids])
+        assert np.array_equal(batch.row_ids, layout(0).order()[:len(batch.row_ids)])
+    finally:
+        reader.close()
