@@ -98,8 +98,8 @@ def measure(path: str, verify, steady: int) -> dict:
         t_end = time.perf_counter()
     # Bookkeeping: a second open, traced.
     tracemalloc.start()
-    try:
-        stream = h5stream.open(path, **options)
+    try:  # tracing slows every allocation: this open is not timed, so it is not bound by the default timeout_s
+        stream = h5stream.open(path, **options, timeout_s=600)
         with stream:
             next(iter(stream))
             traced = tracemalloc.get_traced_memory()[0]
@@ -130,7 +130,12 @@ def run(args) -> dict:
                 write_s = make_store(path, rows)
             for name, verify in SETTINGS.items():
                 log(f"{rows} rows, verify_reads={verify!r}")
-                m = measure(path, verify, args.steady)
+                try:
+                    m = measure(path, verify, args.steady)
+                except Exception as exc:  # e.g. ReaderError: the first batch took longer than timeout_s
+                    log(f"failed: {exc}")
+                    results.append({"rows": rows, "verify_reads": name, "write_s": write_s, "error": str(exc)})
+                    continue
                 m.update(rows=rows, verify_reads=name, write_s=write_s,
                          bytes_per_row=m["traced_bytes"] / rows)
                 results.append(m)
@@ -148,8 +153,9 @@ def _marginal(results: list[dict]) -> None:
     """Add ``marginal_bytes_per_row``: the traced bytes a row more costs, from the next smaller store with the
     same setting (what grows with the rows, the shuffle buffer's batches cancelled out)."""
     for r in results:
-        smaller = [o for o in results if o["verify_reads"] == r["verify_reads"] and o["rows"] < r["rows"]]
-        if smaller:
+        smaller = [o for o in results if o["verify_reads"] == r["verify_reads"] and o["rows"] < r["rows"]
+                   and "error" not in o]
+        if smaller and "error" not in r:
             o = max(smaller, key=lambda o: o["rows"])
             r["marginal_bytes_per_row"] = (r["traced_bytes"] - o["traced_bytes"]) / (r["rows"] - o["rows"])
 
@@ -161,6 +167,9 @@ def format_text(result: dict) -> str:
              f"{'+B/row':>7}"]
     for r in result["results"]:
         write = "kept" if r["write_s"] is None else f"{r['write_s']:.1f}"
+        if "error" in r:
+            lines.append(f"{r['rows']:>12,} {r['verify_reads']:>6} {write:>8} failed: {r['error']}")
+            continue
         lines.append(f"{r['rows']:>12,} {r['verify_reads']:>6} {write:>8} {r['open_s']:>7.2f} "
                      f"{r['first_s']:>8.2f} {r['rows_per_s']:>10,.0f} {r['bytes_per_row']:>7.1f} "
                      f"{r.get('marginal_bytes_per_row', float('nan')):>7.1f}")
