@@ -11,7 +11,7 @@ import pytest
 
 import h5stream
 from h5stream.memory.rawio import private_memory
-from h5stream.memory.lend import Lender
+from h5stream.memory.lend import ArrayArena, Lender
 from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -124,3 +124,25 @@ def test_what_a_caller_keeps_of_a_batch_stays_intact_while_every_later_batch_reu
         assert np.array_equal(part, want[1:][0, 2:5]) and bytes(row) == want[0].tobytes()
     if workers:
         assert stats["copied_batches"] > 0  # the loop kept more than the lent slots: later batches were copies
+
+
+def test_an_arena_takes_a_freed_buffer_without_asking_every_lent_one(monkeypatch):
+    # A fill lends thousands of small batches at once: taking one must not ask each of them whether it is still
+    # in use (that made the first batch of a 1M-row store of small rows wait 3 s in the allocator).
+    arena = ArrayArena(4, (2,), np.uint8, max_sets=1000)
+    held = [arena(4) for _ in range(1000)]
+    for i, h in enumerate(held):
+        h[:] = i % 251
+    asked = []
+    real = Lender.in_use
+    monkeypatch.setattr(Lender, "in_use", lambda self, k: asked.append(k) or real(self, k))
+    extra = arena(4)  # every buffer held: a fresh one, without asking the 1000
+    assert asked == []
+    address = held[500].__array_interface__["data"][0]
+    del held[500]  # freed: the next batch reuses exactly that buffer, asking about it alone
+    again = arena(4)
+    assert again.__array_interface__["data"][0] == address
+    assert len(asked) == 1
+    again[:] = 255
+    extra[:] = 255
+    assert all((h == i % 251).all() for i, h in enumerate(held[:500] + [None] + held[500:]) if h is not None)

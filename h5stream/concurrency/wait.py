@@ -163,6 +163,31 @@ class Channel:
         return not self._items
 
 
+def get_while_moving(channel: Channel, deadline: float, quiet_s: float, progress: Callable[[], object],
+                     check: Callable[[], None] | None = None):
+    """``channel.get`` until ``deadline``, and past it for as long as ``progress()`` changed in the last
+    ``quiet_s`` seconds (looked at every :data:`POLL_S`): a producer that is slow but moving is waited for, one
+    that stopped is not.  :class:`TimeoutError` once the deadline has passed and ``progress()`` has not changed
+    for ``quiet_s``.  ``check`` as in :meth:`Channel.get`.  The consumer's thread."""
+    last = {"progress": progress(), "at": time.monotonic()}
+
+    def look() -> None:
+        if check is not None:
+            check()
+        now = progress()
+        if now != last["progress"]:
+            last.update(progress=now, at=time.monotonic())
+
+    while True:
+        try:
+            return channel.get(deadline=deadline, check=look)
+        except TimeoutError:
+            look()
+            deadline = last["at"] + quiet_s
+            if deadline <= time.monotonic():
+                raise
+
+
 def wait_futures(futures, *, check: Callable[[], None] | None = None) -> None:
     """Wait until every future is done or one failed, then re-raise the first failure (in ``futures``' order of
     completion).  A :func:`wait_until` wait: ``check``, stop scopes and Ctrl-C as there."""

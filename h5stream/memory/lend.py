@@ -27,6 +27,7 @@ holds one past the call that took it.
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -65,10 +66,12 @@ class Lender:
         it does not keep the part in use: drop it before the part may be written again."""
         return np.ndarray(self.shape[1:], self.dtype, buffer=self._anchors[k])
 
-    def lend(self, k: int) -> np.ndarray:
-        """Part ``k`` as a fresh array, in use (:meth:`in_use`) until nothing refers to it or to any view of it."""
+    def lend(self, k: int, on_free: Callable[[weakref.ref], None] | None = None) -> np.ndarray:
+        """Part ``k`` as a fresh array, in use (:meth:`in_use`) until nothing refers to it or to any view of it.
+        ``on_free`` is called (a weak reference callback, in whichever thread dropped the last reference) once
+        that happens, unless the part was lent again before."""
         arr = self.part(k)
-        self._lent[k] = weakref.ref(arr)
+        self._lent[k] = weakref.ref(arr, on_free)
         return arr
 
     def in_use(self, k: int) -> bool:
@@ -91,7 +94,9 @@ class ArrayArena:
     out arrays on them (lent: see :class:`~h5stream.memory.lend.Lender`).  A buffer is
     reused only once nothing refers to the array last made on it, nor to any
     view of that array, so a caller may keep a batch as long as it likes: it is
-    never overwritten.  Used from one thread (its owner's).
+    never overwritten.  Used from one thread (its owner's); a buffer's array dropped in another thread puts
+    the buffer on the free list there (a weak reference callback; ``deque`` appends are atomic), so taking a
+    free buffer costs the same however many are lent (a fill lends thousands of small batches at once).
     """
 
     def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
@@ -100,21 +105,25 @@ class ArrayArena:
         self.dtype = np.dtype(dtype)
         self.max_sets = int(max_sets)
         self._sets: list[Lender] = []
-        self._next = 0
+        self._free: deque[int] = deque()  # sets whose last array was dropped (maybe twice: checked when taken)
+
+    def _freed(self, k: int) -> Callable[[weakref.ref], None]:
+        free = self._free
+        return lambda _ref: free.append(k)
 
     def __call__(self, n: int) -> np.ndarray:
         if n > self.batch_rows:
             return aligned_empty((n, *self.row_shape), self.dtype)
-        count = len(self._sets)
-        for i in range(count):
-            k = (self._next + i) % count
+        while self._free:
+            k = self._free.popleft()
             if not self._sets[k].in_use(0):
-                self._next = (k + 1) % count
-                return self._sets[k].lend(0)[:n]
+                return self._sets[k].lend(0, self._freed(k))[:n]
+        count = len(self._sets)
         shape = (1, self.batch_rows, *self.row_shape)
         lender = Lender(private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize), shape, self.dtype)
         if count < self.max_sets:
             self._sets.append(lender)
+            return lender.lend(0, self._freed(count))[:n]
         return lender.lend(0)[:n]  # direct reads can land in it: a buffer starts on a page boundary
 
 

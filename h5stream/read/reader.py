@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from h5stream.concurrency.wait import POLL_S, Channel, Stopped, wait_futures
+from h5stream.concurrency.wait import POLL_S, Channel, Stopped, get_while_moving, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.locate import direct_reads, images_dataset, locate
@@ -172,7 +172,8 @@ class Reader:
     def get(self, deadline: float | None = None) -> Batch:
         """Next batch in order.  Consumer thread.
 
-        Waits until ``deadline`` (a ``time.monotonic()`` value; default: ``timeout_s`` from now), running a
+        Waits until ``deadline`` (a ``time.monotonic()`` value; default: ``timeout_s`` from now), and on while
+        the reader thread reads (until ``timeout_s`` after its last read: slow is not stuck), running a
         Ctrl-C held back meanwhile (see :mod:`h5stream.concurrency.interrupt`) within :data:`POLL_S`.  Raises
         :class:`ReaderError` if the thread failed, ended or went quiet; the reader is then stopped and every
         later call raises the same error.
@@ -185,11 +186,11 @@ class Reader:
         if deadline is None:
             deadline = t0 + self._timeout_s
         try:
-            item = self._queue.get(deadline=deadline, check=self._check_alive)
+            item = get_while_moving(self._queue, deadline, self._timeout_s, lambda: self.progress, self._check_alive)
         except TimeoutError:
             self._fail(ReaderError(
-                f"{self.meta.path}: no batch from the reader in {deadline - t0:.3g} s "
-                "(storage too slow or stuck?); raise timeout_s if this is expected"
+                f"{self.meta.path}: no batch from the reader in {time.monotonic() - t0:.3g} s, and no read done in "
+                f"the last {self._timeout_s:.3g} s (storage too slow or stuck?); raise timeout_s if this is expected"
             ))
         self._consumer_counts["wait_s"] += time.monotonic() - t0
         return self._take(item)
@@ -222,6 +223,14 @@ class Reader:
         """Consumer thread, while :meth:`get` waits: fail once the thread has ended with nothing queued."""
         if not self._thread.is_alive() and self._queue.empty():
             self._fail(ReaderError(f"{self.meta.path}: the reader thread stopped without a result"))
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        """What the reader thread has done so far: ``(reads, fills)``; it changes with every run, label or block
+        read and every fill planned.  :meth:`get` times out only after ``timeout_s`` without a change.  Any
+        thread (a snapshot)."""
+        rows = self._rows
+        return (0 if rows is None else rows.progress), self._counts["fills"]
 
     def add_wait(self, seconds: float) -> None:
         """Count ``seconds`` more of the consumer waiting (a feed waiting past :meth:`get`).  Consumer thread."""
@@ -371,14 +380,18 @@ class Reader:
         job = next(jobs)
         self._start_fill(job)
         self._complete(job)
+        ready = self._ready()
+        if ready:  # the first batch goes out before the next fill is planned and its batches allocated
+            self._emit(ready.pop(0))
         for nxt in jobs:
-            ready = self._ready()
+            ready += self._ready()
             self._start_fill(nxt)
             # Hand out this fill's batches while the next one is read (by the I/O threads, or here in _step).
             per_batch = math.ceil(len(nxt.runs) / max(1, len(ready)))
             for key in ready:
                 self._emit(key)
                 self._step(nxt, per_batch)
+            ready = []
             self._complete(nxt)
 
     def _ready(self) -> list[tuple[int, int]]:

@@ -48,6 +48,7 @@ class RowReader:
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         self._learned: set[int] = set()  # blocks whose digests are learned (by learn_runs)
         self.advised_bytes = 0
+        self.progress = 0  # reads done, for the consumer's timeout (several threads add: a lost add still moves it)
 
     def learn_runs(self, runs: list[Run]) -> None:
         """Learn the digests of every block ``runs`` touch (see
@@ -132,6 +133,7 @@ class RowReader:
             for i, (b, k) in enumerate(zip(batches, offsets)):
                 if b >= 0:
                     targets[b].batch.images[k] = rows[i]
+        self.progress += 1
         return time.perf_counter() - t0, n * row_bytes
 
     def read_block(self, start: int, stop: int, out: memoryview) -> None:
@@ -145,6 +147,7 @@ class RowReader:
         else:
             rows = np.frombuffer(out, np.uint8).reshape(stop - start, *self.meta.image_shape)
             self._images.read_direct(rows, np.s_[start:stop], np.s_[0:stop - start])
+        self.progress += 1
 
     def read_labels(self, runs: list[Run], n: int) -> np.ndarray:
         """Labels of a fill in buffer order, run by run (when they are not all cached).  Checked reads take
@@ -169,6 +172,7 @@ class RowReader:
             return
         if self._label_offsets is None:
             self._labels.read_direct(out, np.s_[start:stop], np.s_[0:stop - start])
+            self.progress += 1
             return
         chunk_offsets, chunk_rows = self._label_offsets
         row_bytes = self.meta.label_row_bytes
@@ -176,3 +180,4 @@ class RowReader:
         for first, chunk, within, m in chunk_pieces(start, stop - start, chunk_rows):  # may span label chunks
             a = first * row_bytes
             self._source.readinto(int(chunk_offsets[chunk]) + within * row_bytes, [view[a:a + m * row_bytes]])
+        self.progress += 1

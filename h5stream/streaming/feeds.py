@@ -280,6 +280,10 @@ class PooledFeed:
                     raise
                 raise self._fail(late) from exc
             counted = time.monotonic()  # the reader's get counted its own wait: count the rest from here
+            # A reader that kept reading past the deadline was slow, not stuck (see Reader.get): the pool gets
+            # its own timeout_s for this batch from here.
+            if counted >= deadline:
+                deadline = counted + self._timeout_s
             try:
                 self._submit(b, max(deadline - time.monotonic(), 0.0))
             except TimeoutError:
