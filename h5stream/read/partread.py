@@ -132,6 +132,11 @@ class PartRows:
     def advised_bytes(self) -> int:
         return sum(r.advised_bytes for r in self._readers)
 
+    @property
+    def progress(self) -> int:
+        """Reads done by every part's reader (the consumer's timeout waits while it moves)."""
+        return sum(r.progress for r in self._readers)
+
     def learn_runs(self, runs: list[Run]) -> None:
         for p, local in self._local(runs).items():
             self._readers[p].learn_runs(local)
