@@ -289,3 +289,37 @@ def test_an_encoded_store_streams_its_committed_rows_while_an_ingest_appends_to_
     rows, _ = stored_rows(str(out))  # the finished store
     assert len(rows) == len(written)
     np.testing.assert_array_equal(x, rows[:committed][order])
+
+
+def test_runs_not_in_the_page_cache_are_advised_ahead_as_a_raw_store_s_are(tmp_path):
+    from h5stream.read.encbytes import ByteRows
+    from h5stream.read.locate import locate
+    from h5stream.read.runs import Run
+    from h5stream.read.source import LocalFile
+
+    path = str(tmp_path / "cold.h5")
+    _write(path, _jpegs(120, 0, side=64), 0, side=64, block_rows=40)
+    kw = dict(batch_size=8, seed=6, rows_per_fill=40)
+    _, warm_stats = _batches(path, **kw)
+    assert warm_stats["advised_bytes"] == 0  # all of it in the page cache: nothing to ask for
+    extents = locate(read_meta(path), cache_labels=False).encoded
+    runs = [Run(0, 3, 20, None), Run(20, 70, 30, None)]
+    want = sum(int(extents.ends[r.src + r.rows - 1] - extents.ends[r.src - 1]) for r in runs)
+    source = LocalFile(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        if source.cached(0, os.path.getsize(path)):
+            pytest.skip("this file system keeps the file in memory (tmpfs): nothing to advise")
+        rows = ByteRows(extents, source)
+        missing, advised = rows.advise(runs)
+        assert (missing, advised) == (runs, want)
+        for r in runs:  # once read, cached: nothing more to advise
+            rows.read(r.src, r.src + r.rows)
+        assert rows.advise(runs) == ([], 0)
+    finally:
+        source.close()

@@ -106,6 +106,25 @@ class ByteRows:
         rows._base = first
         return rows
 
+    def advise(self, runs) -> tuple[list, int]:
+        """Advise the source to fetch ``runs`` (:class:`~h5stream.read.runs.Run` s of rows) ahead, skipping runs
+        it says are cached, as a raw store's runs are advised; returns the runs not known to be cached (every run
+        where the source cannot tell) and the bytes advised.  Reader thread."""
+        cached = getattr(self._source, "cached", None)
+        advise = getattr(self._source, "advise_willneed", None)
+        ends, missing, advised = self._extents.ends, [], 0
+        for run in runs:
+            first = int(ends[run.src - 1]) if run.src else 0
+            pieces = byte_pieces(first, int(ends[run.src + run.rows - 1]), self._extents.chunk_offsets,
+                                 self._extents.chunk_bytes)
+            if cached is not None and all(cached(offset, n) for offset, _, n in pieces):
+                continue
+            missing.append(run)
+            for offset, _, n in pieces if advise is not None else ():
+                advise(offset, n)
+                advised += n
+        return missing, advised
+
 
 def encoded_read_bytes(meta, workers: int, direct_io: bool) -> int:
     """Memory a stream of the encoded store (or set of encoded parts) ``meta`` takes to read and decode its rows
