@@ -151,6 +151,27 @@ def test_an_encoded_part_set_resumes_and_shards_as_one_store(stores):
         _same(_batches(parts, shard=(k, 2), **kw)[0], _batches(whole, shard=(k, 2), **kw)[0])
 
 
+def test_encoded_parts_at_urls_stream_the_batches_of_one_encoded_store(stores, tmp_path):
+    pytest.importorskip("obstore")
+    from remote_servers import RangeServer
+
+    from h5stream.remote.config import RemoteOptions
+
+    parts, whole = stores
+    root = tmp_path / "www"
+    root.mkdir()
+    for p in parts:
+        shutil.copy(p, root)
+    server = RangeServer(root)
+    try:
+        kw = dict(batch_size=6, seed=4, rows_per_fill=16, verify_reads=True)
+        got, _ = _batches([server.url + os.path.basename(p) for p in parts], remote=RemoteOptions(timeout_s=10),
+                          **kw)
+    finally:
+        server.stop()
+    _same(got, _batches(whole, **kw)[0])
+
+
 def test_parts_of_different_encodings_are_named(stores, tmp_path):
     from h5stream.errors import ConfigError
     from h5stream.store.writer import write_arrays

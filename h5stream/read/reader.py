@@ -301,8 +301,8 @@ class Reader:
                     # Only HDF5 can read these rows (compressed), and it trusts metadata a writer rewrites.
                     writers = writer_pids(path)
                     if writers:
-                        raise busy_error(path, writers, "a compressed or encoded store can only be read through HDF5 "
-                                                        "metadata that the writer keeps changing")
+                        raise busy_error(path, writers, "a compressed store can only be read through HDF5 metadata "
+                                                        "that the writer keeps changing")
                     f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
                     images, labels = images_dataset(f), f[schema.LABELS]
                     if self.meta.encoded:
