@@ -314,7 +314,7 @@ def test_a_url_store_streams_the_same_batches(jpeg_store, tmp_path, no_leaks):
     np.testing.assert_array_equal(remote, local)
 
 
-def test_the_budget_counts_the_largest_encoded_block_and_a_row_per_decoder(jpeg_store):
+def test_the_budget_counts_the_ends_the_largest_encoded_block_per_read_and_a_row_per_decoder(jpeg_store):
     from dataclasses import replace
 
     from h5stream.streaming.planning import plan_stream
@@ -325,11 +325,15 @@ def test_the_budget_counts_the_largest_encoded_block_and_a_row_per_decoder(jpeg_
     sizes = np.diff(np.concatenate([[0], ends[BLOCK - 1::BLOCK], [] if len(ends) % BLOCK == 0 else [ends[-1]]]))
     assert meta.encoded_block_bytes == int(sizes.max()) > 0  # recorded commit by commit by the writer
     raw = replace(meta, encoding="raw")
-    for workers in (0, 2):
-        encoded_plan = plan_stream(meta, None, 8, workers=workers, available_bytes=None)
-        raw_plan = plan_stream(raw, None, 8, workers=workers, available_bytes=None)
+    from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
+
+    for workers, direct_io, in_flight in ((0, False, LocalFile.max_in_flight), (2, False, LocalFile.max_in_flight),
+                                          (2, True, DIRECT_IN_FLIGHT)):
+        encoded_plan = plan_stream(meta, None, 8, workers=workers, available_bytes=None, direct_io=direct_io)
+        raw_plan = plan_stream(raw, None, 8, workers=workers, available_bytes=None, direct_io=direct_io)
+        # the ends of the committed rows, a block per read in flight (the reader's I/O threads), a row per decoder
         assert encoded_plan.total_bytes - raw_plan.total_bytes == \
-            meta.encoded_block_bytes + (workers + 1) * meta.row_bytes
+            8 * meta.rows + in_flight * meta.encoded_block_bytes + (workers + 1) * meta.row_bytes
 
 
 def test_featurewise_statistics_are_those_of_the_decoded_rows(jpeg_store):

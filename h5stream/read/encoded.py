@@ -8,8 +8,9 @@ row (tiny images; ``--encoding auto`` stores those raw) is decoded here instead,
 -1: the row holds pixels already.  So the shuffle, the fills, the batches' lifetimes, resume, shards and the feeds
 are the raw store's; only the last step, :func:`h5stream.store.jpeg.decode_slot_rows`, differs.
 
-The rows are read through HDF5 (``/image_bytes`` by the byte ranges ``/image_ends`` gives; a URL through the
-remote file object), in the reader thread, a run's whole blocks at a time: an encoded block is a few hundred KiB.
+The rows are read by byte offset (:class:`~h5stream.read.encbytes.ByteRows`: byte ranges of ``/image_bytes``
+through the stream's byte source, by the reader's I/O threads), or, where ``/image_bytes`` cannot be read so,
+through HDF5 in the reader thread; a run's blocks at a time: an encoded block is a few hundred KiB.
 With ``verify_reads`` each block read is checked against its digest (the bytes and the row boundaries, see
 :mod:`h5stream.store.encoded`) before any row of it is placed: every read with ``True``, the first read of each
 block with ``"once"``; a mismatch raises :class:`~h5stream.errors.ChecksumError` naming the rows.
@@ -25,10 +26,12 @@ from h5stream.store.jpeg import decode_rows
 
 
 class EncodedRunReader:
-    """Reads runs of an encoded store's rows into their batches.  ``rows``: the store's
-    :class:`~h5stream.store.encoded.EncodedArray` (h5py); ``check``: the reader's
+    """Reads runs of an encoded store's rows into their batches.  ``rows``: a
+    :class:`~h5stream.read.encbytes.ByteRows`, or the store's :class:`~h5stream.store.encoded.EncodedArray` (h5py);
+    ``check``: the reader's
     :class:`~h5stream.read.verify.BlockCheck` (its trusted image digests are the encoded blocks'), or None.
-    Reader thread only."""
+    ``read_run`` runs in the reader's I/O threads (byte rows) or its thread (HDF5); two reads of one block may both
+    check it under ``"once"``, never neither."""
 
     def __init__(self, meta, rows, check):
         self.meta, self._rows, self._check = meta, rows, check

@@ -31,13 +31,16 @@ class Locations(NamedTuple):
     ``label_chunks``: ``(byte offset of each /labels chunk, rows per chunk)``, None likewise;
     ``labels``: every label in memory when asked for, else None;
     ``digests``: when asked for, the trusted block digests (see
-    :func:`h5stream.store.checksum.trusted_digests`; None for a store without checksums).
+    :func:`h5stream.store.checksum.trusted_digests`; None for a store without checksums);
+    ``encoded``: an encoded store's :class:`~h5stream.read.encbytes.EncodedExtents` (None: not encoded, or its
+    bytes only read through HDF5).
     """
 
     image_chunks: np.ndarray | None
     label_chunks: tuple[np.ndarray, int] | None
     labels: np.ndarray | None
     digests: list | None = None
+    encoded: object = None
 
 
 def locate(meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locations:
@@ -49,7 +52,7 @@ def locate(meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locati
 
 def direct_reads(path: str, meta: StoreMeta) -> bool:
     """Whether every row of the store can be read straight from the file (uncompressed, all chunks stored)."""
-    if meta.encoded:  # rows of every length, read through HDF5 (see read/encoded.py)
+    if meta.encoded:  # rows of every length, placed by the reader thread (see read/encoded.py)
         return False
     def readable(f: h5py.File) -> bool:
         return chunk_offsets(f[schema.IMAGES], meta.rows, meta.block_rows, path) is not None
@@ -122,7 +125,13 @@ def images_dataset(f: h5py.File) -> h5py.Dataset:
 
 def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locations:
     images, labels = f[schema.IMAGES], f[schema.LABELS]
-    offsets = chunk_offsets(images, meta.rows, meta.block_rows, meta.path)
+    encoded = offsets = None
+    if meta.encoded:  # rows of every length, by byte offset where they can be (read/encbytes.py)
+        from h5stream.read.encbytes import locate_encoded
+
+        encoded = locate_encoded(f, meta.rows, meta.path, chunk_offsets)
+    else:
+        offsets = chunk_offsets(images, meta.rows, meta.block_rows, meta.path)
     label_chunks = None
     if labels.chunks is not None:
         chunk_rows = labels.chunks[0]
@@ -134,7 +143,7 @@ def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool, digests: bool 
         if meta.rows:
             labels.read_direct(all_labels, np.s_[0:meta.rows], np.s_[0:meta.rows])
     trusted = trusted_digests(f, meta.rows, meta.block_rows, meta.path) if digests else None
-    return Locations(offsets, label_chunks, all_labels, trusted)
+    return Locations(offsets, label_chunks, all_labels, trusted, encoded)
 
 
 def chunk_offsets(data: h5py.Dataset, rows: int, chunk_rows: int, path: str) -> np.ndarray | None:

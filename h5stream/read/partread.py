@@ -8,7 +8,8 @@ run lies in one part and is one contiguous read of its file; ``Run.src`` stays t
 ``Run.offset`` is the offset in that part's file.  :class:`PartRows` reads a run through the
 :class:`~h5stream.read.rows.RowReader` of its part (that part's byte source, chunk offsets and block check), so
 every guarantee of one store's reads (scatter reads into the batches, read-ahead advice, ``verify_reads``)
-holds part by part.  Parts must be uncompressed (checked when the set is opened).
+holds part by part.  Parts must be uncompressed (checked when the set is opened); an encoded part's rows are
+byte ranges of its ``/image_bytes`` (:mod:`h5stream.read.encbytes`), its runs planned over whole rows.
 
 Pure functions, and :func:`run_parts`, which opens the parts in the reader thread.
 """
@@ -182,7 +183,8 @@ def run_parts(reader, stack, direct_io: bool) -> None:
     sources, readers, checks, labels, offsets = [], [], [], [], []
     for part in meta.parts:
         where = locate(part, reader._cache_labels, digests=reader._verify)
-        if where.image_chunks is None or (where.labels is None and where.label_chunks is None):
+        if (where.image_chunks is None and where.encoded is None) or (where.labels is None and
+                                                                      where.label_chunks is None):
             raise ValueError(f"{part.path}: a part of a set must be uncompressed: re-ingest it with --compression none")
         source = open_source(part.path, direct_io=direct_io, remote=part.remote)
         stack.callback(source.close)
@@ -194,9 +196,12 @@ def run_parts(reader, stack, direct_io: bool) -> None:
             every_read=checks_every_read(reader._verify, part.remote is not None))
         checks.append(check)
         readers.append(RowReader(part, source, offsets=where.image_chunks, label_offsets=where.label_chunks,
-                                 images=None, labels=None, check=check, stop=reader._stop))
+                                 images=None, labels=None, check=check, stop=reader._stop, encoded=where.encoded))
         labels.append(where.labels)
-        offsets.append(where.image_chunks)
+        # An encoded part's runs are rows, read as byte ranges by its reader (read/encbytes.py): planned over a
+        # stand-in layout of whole rows laid end to end, so rows that follow each other in the part join one run.
+        offsets.append(where.image_chunks if where.encoded is None else
+                       np.arange(-(-part.rows // part.block_rows), dtype=np.int64) * part.block_rows * part.row_bytes)
     check = PartChecks(checks, meta.starts, [p.rows for p in meta.parts]) if any(checks) else None
     reader.all_labels = np.concatenate(labels) if reader._cache_labels else None
     if check is not None and reader.all_labels is not None:

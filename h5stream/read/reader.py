@@ -301,18 +301,17 @@ class Reader:
                 return
             where = locate(self.meta, self._cache_labels, digests=self._verify)
             self._offsets, self.all_labels = where.image_chunks, where.labels
-            if self.meta.encoded:  # read through HDF5 by /image_ends (see read/encoded.py)
-                self._offsets = None
+            by_offset = self._offsets is not None or where.encoded is not None  # encoded: read/encbytes.py
             images = labels = None  # HDF5 datasets, for what only HDF5 can read
             if self.defer_pixels and self._offsets is None:
                 raise ValueError("defer_pixels needs an uncompressed store whose rows can be read directly")
             with contextlib.ExitStack() as stack:
-                if self._offsets is None or (self.all_labels is None and where.label_chunks is None):
+                if not by_offset or (self.all_labels is None and where.label_chunks is None):
                     # Only HDF5 can read these rows (compressed), and it trusts metadata a writer rewrites.
                     writers = writer_pids(path)
                     if writers:
-                        raise busy_error(path, writers, "a compressed or encoded store can only be read through HDF5 "
-                                                        "metadata that the writer keeps changing")
+                        raise busy_error(path, writers, "a compressed store can only be read through HDF5 metadata "
+                                                        "that the writer keeps changing")
                     f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
                     images, labels = images_dataset(f), f[schema.LABELS]
                     if self.meta.encoded:
@@ -335,8 +334,8 @@ class Reader:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start
                 self._rows = RowReader(self.meta, self._source, offsets=self._offsets,
                                        label_offsets=where.label_chunks, images=images, labels=labels,
-                                       check=self._check, stop=self._stop)
-                if self._offsets is not None:
+                                       check=self._check, stop=self._stop, encoded=where.encoded)
+                if by_offset:
                     self._io_threads = max(1, int(self._source.max_in_flight))
                     self._io = IOThreads(self._io_threads, self._thread.name + "-io")
                     stack.callback(self._io.shutdown)

@@ -31,19 +31,23 @@ cache: asking about the pages between them costs less than asking once more (the
 class RowReader:
     """Reads the rows of one open store.  ``offsets``: the byte offset of each image chunk (None: read through
     HDF5, ``images``); ``label_offsets``: ``(byte offset of each label chunk, rows per chunk)`` where labels are
-    stored uncompressed (else ``labels``, the HDF5 dataset); ``check``: the block check, or None; ``stop``: the
-    reader's stop flag, which ends a read between runs.  Owned by the reader thread; ``read_runs``,
+    stored uncompressed (else ``labels``, the HDF5 dataset); ``encoded``: an encoded store's
+    :class:`~h5stream.read.encbytes.EncodedExtents`, its rows then read by byte offset (None: through HDF5,
+    ``images`` being its :class:`~h5stream.store.encoded.EncodedArray`); ``check``: the block check, or None;
+    ``stop``: the reader's stop flag, which ends a read between runs.  Owned by the reader thread; ``read_runs``,
     ``read_pixels`` and ``read_block`` also run in its I/O threads.  ``advised_bytes`` has one writer, the
     reader thread."""
 
     def __init__(self, meta: StoreMeta, source: ByteSource, *, offsets: np.ndarray | None, label_offsets,
-                 images, labels, check: BlockCheck | None, stop: threading.Event):
+                 images, labels, check: BlockCheck | None, stop: threading.Event, encoded=None):
         self.meta, self._source, self._offsets, self._label_offsets = meta, source, offsets, label_offsets
-        self._encoded = None
+        self._encoded = self._byte_rows = None
         if meta.encoded:  # rows placed still encoded (see read/encoded.py)
+            from h5stream.read.encbytes import ByteRows
             from h5stream.read.encoded import EncodedRunReader
 
-            self._encoded = EncodedRunReader(meta, images, check)
+            self._byte_rows = None if encoded is None else ByteRows(encoded, source)
+            self._encoded = EncodedRunReader(meta, images if encoded is None else self._byte_rows, check)
         self._images, self._labels, self.check, self._stop = images, labels, check, stop
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         self._learned: set[int] = set()  # blocks whose digests are learned (by learn_runs)
@@ -66,6 +70,10 @@ class RowReader:
     def advise(self, runs: list[Run]) -> list[Run]:
         """Advise the source to fetch a fill's runs ahead, skipping runs already cached; return the runs not
         known to be cached (every run where the source cannot tell).  Reader thread."""
+        if self._byte_rows is not None:  # an encoded store's rows: byte ranges of /image_bytes
+            missing, advised = self._byte_rows.advise(runs)
+            self.advised_bytes += advised
+            return missing
         if self._offsets is None:
             return []
         cached = getattr(self._source, "cached", None)

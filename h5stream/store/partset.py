@@ -9,9 +9,10 @@ subset split, shards, resume) sees one store of ``rows`` rows; the reader reads 
 byte source of its own (:mod:`h5stream.read.partread`), a run of rows never crossing a part's end.
 
 The parts must agree on what a batch holds: image shape, label kind, shape and dtype, class names and label
-columns; each must be uncompressed (read by byte offset).  The parts of an ``ingest --part`` set must be the whole
-set: one part of each index, all cut from the same source listing; a missing part is named.  Each check is one
-line naming the part that differs and how.
+columns, and encoding (raw pixels, or JPEG rows decoded where the batch is augmented); each must be uncompressed
+(read by byte offset, an encoded part's rows as byte ranges of its ``/image_bytes``).  The parts of an
+``ingest --part`` set must be the whole set: one part of each index, all cut from the same source listing; a
+missing part is named.  Each check is one line naming the part that differs and how.
 
 Manifest format (JSON, UTF-8)::
 
@@ -135,7 +136,8 @@ def _name(spec, paths: list[str]) -> str:
 
 
 _AGREE = (("image_shape", "image shape"), ("label_kind", "label kind"), ("label_shape", "label shape"),
-          ("label_dtype", "label dtype"), ("class_names", "class names"), ("label_columns", "label columns"))
+          ("label_dtype", "label dtype"), ("class_names", "class names"), ("label_columns", "label columns"),
+          ("encoding", "encoding"))
 
 
 def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
@@ -144,10 +146,6 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
     metas = _ordered(metas)
     first = metas[0]
     for meta in metas:
-        if meta.encoded:
-            raise ConfigError(f"{meta.path}: a part of {name} is encoded ({meta.encoding}); a set of parts is read "
-                              "by byte offset, which encoded rows are not yet: stream the part on its own, or "
-                              "re-ingest it with --encoding raw")
         if meta.compression is not None:
             raise ConfigError(f"{meta.path}: a part of {name} is compressed ({meta.compression}); a set of parts is "
                               "read by byte offset: re-ingest the part with --compression none")
@@ -176,7 +174,9 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
         skipped_files=sum(m.skipped_files for m in metas), format_version=max(m.format_version for m in metas),
         file_bytes=sum(m.file_bytes for m in metas), checksum=checksum, ingest=None,
         checksum_problem=problems[0] if problems else None, uncommitted_rows=0, part=None, remote=first.remote,
-        parts=tuple(metas), starts=tuple(starts),
+        encoding=first.encoding, encoded_bytes=sum(m.encoded_bytes for m in metas),
+        jpeg_quality=first.jpeg_quality if all(m.jpeg_quality == first.jpeg_quality for m in metas) else None,
+        encoded_block_bytes=max(m.encoded_block_bytes for m in metas), parts=tuple(metas), starts=tuple(starts),
     )
 
 

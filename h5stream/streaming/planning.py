@@ -60,9 +60,9 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         client = sum(client_memory_bytes(p.remote, getattr(p, "file_bytes", 0)) for p in (parts or (meta,))
                      if p.remote is not None)
     if getattr(meta, "encoding", "raw") != "raw":
-        # An encoded store: the reader holds one block's encoded bytes at a time, and each decoder (a worker, or
-        # the consumer's thread) one row's JPEG copied out of its place (see read/encoded.py).
-        client += meta.encoded_block_bytes + (workers + 1) * meta.row_bytes
+        from h5stream.read.encbytes import encoded_read_bytes
+
+        client += encoded_read_bytes(meta, workers, direct_io)
     direct = 0
     if direct_io:
         from h5stream.read.source import DIRECT_IO_BYTES
