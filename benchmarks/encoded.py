@@ -3,6 +3,7 @@
     python -m benchmarks.encoded                       # 2,000 photos at 128 px, 3 rounds
     python -m benchmarks.encoded --photos 300 --rounds 1 --size 128   # a smoke run
     python -m benchmarks.encoded --json                # one JSON object
+    python -m benchmarks.encoded --size 256 --crop 224  # the crop comparison at 224 from 256 px
 
 The same photo-like ~500x375 JPEGs (:func:`benchmarks.data.ensure_photos`) are ingested at ``--size`` px into
 one store per kind: raw, ``--compression zlib``, ``--compression blosc`` and ``--encoding jpeg`` at quality 75,
@@ -12,6 +13,10 @@ one store per kind: raw, ``--compression zlib``, ``--compression blosc`` and ``-
 * ``loader``: a warm epoch of the plain stream with ``workers=0`` (one process reads, decompresses or decodes):
   images/s and images per CPU-second (this process's CPU time over the epoch: one core's worth of work);
 * ``augmented``: the same with the ``standard`` augmentation in the consumer's thread.
+
+Then decode + random resized crop to ``--crop`` px (default 7/8 of ``--size``: 112 from 128; 0 skips it) + flip
+per core, h5stream on the JPEG q90 store against FFCV 1.0.2 on the same images (:mod:`benchmarks.encoded_crop`;
+FFCV runs from its own venv, ``--ffcv-python``, and is skipped with a line saying so where that is missing).
 
 Every round streams every store in turn (the order rotating); the table gives medians and the median of the
 per-round ratios to the raw store (what survives a shared machine's drift).
@@ -129,6 +134,10 @@ def run(args) -> dict:
                 "per_core_vs_raw": median(a / b for a, b in zip(per_core, raw_core)),
                 "rounds": s,
             }
+    if args.crop:
+        from benchmarks.encoded_crop import run_crop
+
+        out["crop"] = run_crop(stores, args.crop, args.rounds, args.data, args.ffcv_python)
     return out
 
 
@@ -148,6 +157,10 @@ def table(out: dict) -> str:
             f"{s['raw_bytes_per_image'] / s['bytes_per_image']:.1f}x | {lo['images_per_s']:,.0f} | "
             f"{lo['images_per_cpu_s']:,.0f} ({lo['per_core_vs_raw']:.2f}x) | {au['images_per_s']:,.0f} | "
             f"{au['images_per_cpu_s']:,.0f} ({au['per_core_vs_raw']:.2f}x) |")
+    if "crop" in out:
+        from benchmarks.encoded_crop import crop_table
+
+        lines.append(crop_table(out["crop"]))
     return "\n".join(lines)
 
 
@@ -156,9 +169,19 @@ def main(argv=None) -> int:
     p.add_argument("--photos", type=int, default=2000, help="photos to ingest (default 2000)")
     p.add_argument("--size", type=int, default=128, help="stored side in px (default 128)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--crop", type=int, default=None,
+                   help="random resized crop output side for the FFCV comparison (default 7/8 of --size; 0: none)")
+    p.add_argument("--ffcv-python", default=None, help="FFCV's venv's python (default $H5STREAM_FFCV_PYTHON or "
+                   "/work/peers/ffcv/bin/python)")
     add_data_option(p)
     add_json_option(p)
     args = p.parse_args(argv)
+    if args.crop is None:
+        args.crop = args.size * 7 // 8
+    if args.ffcv_python is None:
+        from benchmarks.encoded_crop import DEFAULT_FFCV_PYTHON
+
+        args.ffcv_python = DEFAULT_FFCV_PYTHON
     emit(run(args), as_json=args.json, format_text=table)
     return 0
 

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 def test_a_smoke_run_measures_every_kind_against_raw(tmp_path, capsys):
-    assert encoded.main(["--photos", "24", "--size", "48", "--rounds", "1", "--data", str(tmp_path), "--json"]) == 0
+    assert encoded.main(["--photos", "24", "--size", "48", "--rounds", "1", "--data", str(tmp_path), "--json",
+                         "--crop", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     stores = out["stores"]
     assert {"raw", "zlib", "jpeg q75", "jpeg q90", "jpeg q95"} <= set(stores)
@@ -25,3 +26,17 @@ def test_a_smoke_run_measures_every_kind_against_raw(tmp_path, capsys):
     assert stores["raw"]["loader"]["per_core_vs_raw"] == 1.0
     text = encoded.table(out)
     assert "| jpeg q90 |" in text and "(1.00x)" in text
+
+
+def test_the_crop_comparison_measures_h5stream_and_says_when_ffcv_is_missing(tmp_path, capsys):
+    missing = str(tmp_path / "no-ffcv" / "python")
+    assert encoded.main(["--photos", "12", "--size", "48", "--rounds", "1", "--data", str(tmp_path), "--json",
+                         "--ffcv-python", missing]) == 0
+    captured = capsys.readouterr()
+    crop = json.loads(captured.out)["crop"]
+    assert crop["output"] == 42  # 7/8 of the stored size by default
+    assert crop["h5stream"]["images_per_cpu_s"] > 0 and len(crop["h5stream"]["rounds"]) == 1
+    assert crop["ffcv"] == {"skipped": f"no FFCV venv at {missing} (--ffcv-python): FFCV not measured"}
+    assert f"no FFCV venv at {missing}" in captured.err
+    text = encoded.table(json.loads(captured.out))
+    assert "Decode + random resized crop to 42x42 + flip" in text and "| FFCV 1.0.2 | skipped: no FFCV venv" in text

@@ -349,6 +349,21 @@ class Augment:
                 featurewise options without statistics (:meth:`with_feature_stats`), a ``preprocessing_function``
                 that changes the shape.  Its other exceptions propagate unchanged.
         """
+        images, rows, out = self.checked_call(images_uint8, row_ids, out)
+        n = images.shape[0]
+        if n == 0:
+            return out
+        if self.output_size is not None:
+            # Crop and resize first (a few rows at a time); every other option then runs at output_size, as after
+            # torchvision's crop.
+            crops.crop_then(self._augment_into, images, out, self.crop, seed, epoch, rows, self.scale, self.ratio,
+                            self.resize)
+        else:
+            self._augment_into(images, seed, epoch, rows, out)
+        return out
+
+    def checked_call(self, images_uint8, row_ids, out) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(images, row_ids, out)`` of a call checked (see :meth:`__call__`'s Raises), ``out`` made when None."""
         images = np.asarray(images_uint8)
         if images.dtype != np.uint8 or images.ndim != 4:
             raise ConfigError(f"Augment: images must be uint8 of shape (n, H, W, C), got {images.dtype} {images.shape}")
@@ -373,16 +388,7 @@ class Augment:
                 f"Augment: out must be a writeable C-contiguous {out_dtype} array of shape {out_shape}, "
                 f"got {out.dtype} {out.shape}"
             )
-        if n == 0:
-            return out
-        if self.output_size is not None:
-            # Crop and resize first (a few rows at a time); every other option then runs at output_size, as after
-            # torchvision's crop.
-            crops.crop_then(self._augment_into, images, out, self.crop, seed, epoch, rows, self.scale, self.ratio,
-                            self.resize)
-        else:
-            self._augment_into(images, seed, epoch, rows, out)
-        return out
+        return images, rows, out
 
     def _augment_into(self, images, seed, epoch, rows, out) -> None:
         """Everything but the crop, from uint8 ``images`` into ``out`` (checked by :meth:`__call__`)."""

@@ -163,8 +163,16 @@ def run_task(worker: _Worker, body) -> None:
         # One contiguous run the submitter keeps untouched until the result is taken: no copy.
         images = source[where:where + n]
         if checks is not None:  # an encoded store's rows (read/encoded.py): decoded here, the plain copy into out
+            from h5stream.augment.decode_crop import crops_while_decoding, decode_augment
+            from h5stream.errors import ImageDecodeError
             from h5stream.store.jpeg import decode_slot_rows
 
+            if crops_while_decoding(worker.transform):  # each row decoded at the scale its crop needs
+                try:
+                    decode_augment(worker.transform, images, checks, row_ids, seed, epoch, out)
+                except ImageDecodeError as exc:
+                    raise TaskFailed("read", exc) from None
+                return
             try:
                 images = decode_slot_rows(images, checks, row_ids, out if worker.transform is copy_rows else None)
             except Exception as exc:

@@ -97,8 +97,13 @@ class InlineFeed:
         b: Batch = self.reader.get()
         x = b.images
         if b.encoded_lengths is not None:  # an encoded store's rows: decoded here, in place (read/encoded.py)
+            from h5stream.augment.decode_crop import crops_while_decoding, decode_augment
             from h5stream.store.jpeg import decode_slot_rows
 
+            if crops_while_decoding(self._augment):  # each row decoded at the scale its crop needs
+                x = decode_augment(self._augment, x, b.encoded_lengths, b.row_ids, self._seed, b.epoch,
+                                   self._out(len(x)), self.meta.path)
+                return b.epoch, b.index, x, b.labels
             decode_slot_rows(x, b.encoded_lengths, b.row_ids, path=self.meta.path)
         if self._augment is not None:
             x = self._augment(x, seed=self._seed, epoch=b.epoch, row_ids=b.row_ids, out=self._out(len(x)))
