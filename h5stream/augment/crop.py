@@ -239,29 +239,40 @@ SCRATCH_BYTES = 1 << 20
 the memory plan stays the same whatever the batch size."""
 
 
-def crop_then(augment_into, images: np.ndarray, out: np.ndarray, crop: str, seed: int, epoch: int, row_ids,
-              scale, ratio, resize) -> None:
-    """Crop and resize uint8 ``images`` (n, H, W, C) to ``out``'s rows a few at a time, each group then handed to
-    ``augment_into(cropped, seed, epoch, row_ids, out_rows)``.  A row's output depends only on its pixels and
-    ``(seed, epoch, row_id)``, so the grouping changes nothing.  OpenCV runs on one thread meanwhile."""
+def in_groups(n: int, out: np.ndarray, make_rows, augment_into, seed: int, epoch: int, row_ids) -> None:
+    """The ``n`` rows of ``out`` a few at a time (:data:`SCRATCH_BYTES` of them): ``make_rows(cv2, start, stop,
+    scratch)`` writes rows ``start..stop-1`` (cropped to ``out``'s row shape) into ``scratch``, with OpenCV on one
+    thread (one worker process = one core), then ``augment_into(scratch, seed, epoch, row_ids[start:stop],
+    out[start:stop])``.  A row's output depends only on its pixels and ``(seed, epoch, row_id)``, so the grouping
+    changes nothing."""
     from h5stream.augment.warp import _cv2
 
-    n = images.shape[0]
     row_bytes = int(np.prod(out.shape[1:], dtype=np.int64))
     chunk = max(1, min(n, SCRATCH_BYTES // max(1, row_bytes)))
     scratch = np.empty((chunk, *out.shape[1:]), np.uint8)
-    rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
     cv2 = _cv2()
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         part = scratch[:stop - start]
         threads = cv2.getNumThreads()
-        cv2.setNumThreads(1)  # one worker process = one core
+        cv2.setNumThreads(1)
         try:
-            crop_batch(cv2, images[start:stop], part, crop, seed, epoch, rows[start:stop], scale, ratio, resize)
+            make_rows(cv2, start, stop, part)
         finally:
             cv2.setNumThreads(threads)
-        augment_into(part, seed, epoch, rows[start:stop], out[start:stop])
+        augment_into(part, seed, epoch, row_ids[start:stop], out[start:stop])
+
+
+def crop_then(augment_into, images: np.ndarray, out: np.ndarray, crop: str, seed: int, epoch: int, row_ids,
+              scale, ratio, resize) -> None:
+    """Crop and resize uint8 ``images`` (n, H, W, C) to ``out``'s rows a few at a time, each group then handed to
+    ``augment_into(cropped, seed, epoch, row_ids, out_rows)`` (:func:`in_groups`)."""
+    rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
+
+    def make_rows(cv2, start, stop, part):
+        crop_batch(cv2, images[start:stop], part, crop, seed, epoch, rows[start:stop], scale, ratio, resize)
+
+    in_groups(images.shape[0], out, make_rows, augment_into, seed, epoch, rows)
 
 
 def crop_batch(cv2, images: np.ndarray, out: np.ndarray, crop: str, seed: int, epoch: int, row_ids,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from h5stream.augment.crop import (SCRATCH_BYTES, _resize_into, center_geometry, crop_batch, random_resized_boxes,
+from h5stream.augment.crop import (_resize_into, center_geometry, crop_batch, in_groups, random_resized_boxes,
                                    reduced_scale)
 from h5stream.errors import ImageDecodeError
 
@@ -97,24 +97,12 @@ def decode_augment(augment, images: np.ndarray, lengths, row_ids, seed: int, epo
     each row decoded at its crop's scale (:func:`decode_crop_batch`), a few rows at a time
     (:data:`~h5stream.augment.crop.SCRATCH_BYTES` of cropped rows); into ``out`` (checked as ``Augment`` checks
     it), returned.  OpenCV runs on one thread meanwhile."""
-    from h5stream.augment.warp import _cv2
-
     images, rows, out = augment.checked_call(images, row_ids, out)
-    n = images.shape[0]
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    row_bytes = int(np.prod(out.shape[1:], dtype=np.int64))
-    chunk = max(1, min(n, SCRATCH_BYTES // max(1, row_bytes)))
-    scratch = np.empty((chunk, *out.shape[1:]), np.uint8)
-    cv2 = _cv2()
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        part = scratch[:stop - start]
-        threads = cv2.getNumThreads()
-        cv2.setNumThreads(1)  # one worker process = one core
-        try:
-            decode_crop_batch(cv2, images[start:stop], lengths[start:stop], rows[start:stop], part, augment.crop,
-                              seed, epoch, augment.scale, augment.ratio, augment.resize, path)
-        finally:
-            cv2.setNumThreads(threads)
-        augment._augment_into(part, seed, epoch, rows[start:stop], out[start:stop])
+
+    def make_rows(cv2, start, stop, part):
+        decode_crop_batch(cv2, images[start:stop], lengths[start:stop], rows[start:stop], part, augment.crop,
+                          seed, epoch, augment.scale, augment.ratio, augment.resize, path)
+
+    in_groups(images.shape[0], out, make_rows, augment._augment_into, seed, epoch, rows)
     return out
