@@ -28,10 +28,9 @@ import argparse
 import os
 import platform
 import sys
-import time
 
 from benchmarks.data import ensure_photos
-from benchmarks.harness import add_data_option, add_json_option, emit, log, median, self_and_children_cpu_s, warm
+from benchmarks.harness import add_data_option, add_json_option, emit, log, median, warm
 
 KINDS = {
     "raw": {},
@@ -90,15 +89,9 @@ def stored_bytes(path: str) -> int:
 def epoch_rate(path: str, workload: str) -> dict:
     """One warm epoch (after one not timed): images/s and images per CPU-second."""
     import h5stream
+    from benchmarks.encoded_crop import warm_epoch_rate
 
-    augment = h5stream.Augment.preset("standard") if workload == "augmented" else None
-    with h5stream.open(path, batch_size=BATCH, seed=0, augment=augment, workers=0) as stream:
-        for _ in stream:
-            pass
-        t0, c0 = time.perf_counter(), self_and_children_cpu_s()
-        n = sum(len(x) for x, _ in stream)
-        seconds, cpu = time.perf_counter() - t0, self_and_children_cpu_s() - c0
-    return {"images_per_s": n / seconds, "images_per_cpu_s": n / max(cpu, 1e-9)}
+    return warm_epoch_rate(path, h5stream.Augment.preset("standard") if workload == "augmented" else None)
 
 
 def run(args) -> dict:

@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 
 from h5stream.read.locate import locate
-from h5stream.read.rows import RowReader
+from h5stream.read.rows import RowReader, drain_runs
 from h5stream.read.runs import Run
 from h5stream.read.source import open_source
 from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read
@@ -149,15 +149,7 @@ class PartRows:
         return missing
 
     def read_runs(self, job, runs, lock: threading.Lock) -> tuple[float, int]:
-        seconds = nbytes = 0
-        while True:
-            with lock:
-                run = next(runs, None)
-            if run is None:
-                return seconds, nbytes
-            t, n = self.read_pixels(job, run)
-            seconds += t
-            nbytes += n
+        return drain_runs(self.read_pixels, job, runs, lock)
 
     def read_pixels(self, job, run: Run) -> tuple[float, int]:
         ((p, (local,)),) = self._local([run]).items()

@@ -99,15 +99,7 @@ class RowReader:
     def read_runs(self, job: FillJob, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
         """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left;
         return the seconds and bytes read.  An I/O thread."""
-        seconds = nbytes = 0
-        while True:
-            with lock:
-                run = next(runs, None)
-            if run is None:
-                return seconds, nbytes
-            t, n = self.read_pixels(job, run)
-            seconds += t
-            nbytes += n
+        return drain_runs(self.read_pixels, job, runs, lock)
 
     def read_pixels(self, job: FillJob, run: Run) -> tuple[float, int]:
         """Read one run of rows straight into their batches; return the seconds and bytes it took.  An I/O
@@ -189,3 +181,17 @@ class RowReader:
             a = first * row_bytes
             self._source.readinto(int(chunk_offsets[chunk]) + within * row_bytes, [view[a:a + m * row_bytes]])
         self.progress += 1
+
+
+def drain_runs(read_pixels, job, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
+    """``read_pixels(job, run)`` of runs taken one by one from ``runs`` (shared with the other I/O threads, under
+    ``lock``) until none is left; the seconds and bytes read, summed.  An I/O thread."""
+    seconds = nbytes = 0
+    while True:
+        with lock:
+            run = next(runs, None)
+        if run is None:
+            return seconds, nbytes
+        t, n = read_pixels(job, run)
+        seconds += t
+        nbytes += n
