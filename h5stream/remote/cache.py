@@ -47,7 +47,6 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from h5stream.errors import StoreFormatError
 from h5stream.memory.rawio import preadv_all
 from h5stream.remote.cache_evict import evict, unlink
 from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
@@ -198,17 +197,12 @@ class CachedSource:
     def readinto(self, offset: int, buffers: Sequence) -> None:
         """Fill ``buffers`` with the bytes at ``offset`` onward (``preadv`` semantics), piece by piece from the
         cache, fetching the missing pieces.  Raises what :meth:`RemoteSource.readinto` raises."""
-        from h5stream.remote.source import byte_views
+        from h5stream.remote.source import checked_range
 
         if self.folder is None:
             self.remote.readinto(offset, buffers)
             return
-        views = byte_views(buffers)
-        length = sum(len(v) for v in views)
-        offset = int(offset)
-        if offset < 0 or offset + length > self.size:
-            raise StoreFormatError(f"{self.name}: bytes {offset}..{offset + length} lie outside the object's "
-                                   f"{self.size} bytes; the store's metadata does not match its data")
+        views, offset, length = checked_range(self.name, self.size, offset, buffers)
         pos = 0
         for index, within, n in piece_spans(offset, length, self.piece_bytes):
             part = slice_views(views, pos, n)

@@ -115,6 +115,18 @@ def request_spans(offset: int, length: int, most: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
+def checked_range(name: str, size: int, offset: int, buffers: Sequence) -> tuple[list[memoryview], int, int]:
+    """``(byte views of buffers, offset, length)`` of a read of ``size``-byte object ``name`` at ``offset``;
+    :class:`StoreFormatError` for a range outside it (the store's metadata does not match its data)."""
+    views = byte_views(buffers)
+    length = sum(len(v) for v in views)
+    offset = int(offset)
+    if offset < 0 or offset + length > size:
+        raise StoreFormatError(f"{name}: bytes {offset}..{offset + length} lie outside the object's "
+                               f"{size} bytes; the store's metadata does not match its data")
+    return views, offset, length
+
+
 def byte_views(buffers: Sequence) -> list[memoryview]:
     """Each buffer as a writable, flat memoryview of bytes (a view, not a copy); empty ones left out."""
     views = []
@@ -185,12 +197,7 @@ class RemoteSource:
         server does not answer within ``timeout_s``, or another h5stream ``OSError`` naming the cause.
         Buffers are left partly written when it raises.
         """
-        views = byte_views(buffers)
-        length = sum(len(v) for v in views)
-        offset = int(offset)
-        if offset < 0 or offset + length > self.size:
-            raise StoreFormatError(f"{self.name}: bytes {offset}..{offset + length} lie outside the object's "
-                                   f"{self.size} bytes; the store's metadata does not match its data")
+        views, offset, length = checked_range(self.name, self.size, offset, buffers)
         sink = _Scatter(views)
         for start, end in request_spans(offset, length, MAX_REQUEST_BYTES):
             if not on_main_thread():
