@@ -88,7 +88,7 @@ def test_direct_reads_from_several_threads_at_once(data_file):
             length = int(rng.integers(source.DIRECT_MIN_BYTES, 300000))
             if _read(src, offset, _pieces(length, rng)) != data[offset:offset + length]:
                 failures.append((offset, length))
-            most.append(len(src._all))
+            most.append(len(src._bounces._all))
 
     threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3 * source.BOUNCE_BUFFERS)]
     try:
@@ -108,7 +108,7 @@ def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
     ends the wait with an error instead of a hang."""
     path, data = data_file
     src = source.DirectFile(path)
-    held = [src._take() for _ in range(source.BOUNCE_BUFFERS)]
+    held = [src._bounces.take(lambda: True, path) for _ in range(source.BOUNCE_BUFFERS)]
     results = []
 
     def read():
@@ -118,9 +118,7 @@ def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
             results.append(str(exc))
 
     def give_back(bounce):
-        with src._lock:
-            src._free.append(bounce)
-            src._returned.notify()
+        src._bounces.give(bounce)
 
     try:
         first = threading.Thread(target=read)
@@ -128,8 +126,8 @@ def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
         give_back(held.pop())
         first.join(timeout=30)
         assert not first.is_alive() and results == [True]
-        assert len(src._all) == source.BOUNCE_BUFFERS
-        held.append(src._take())  # every buffer held again: the second read cannot get one
+        assert len(src._bounces._all) == source.BOUNCE_BUFFERS
+        held.append(src._bounces.take(lambda: True, path))  # every buffer held again: the second read cannot get one
         second = threading.Thread(target=read)
         second.start()
         src.close()

@@ -12,7 +12,12 @@ memory (:data:`CACHE_ENTRIES` results, thread-safe), keyed by the file's
 identity (path, device, inode, size, modification time; for a URL, its address
 and size) and the row range, so opening the training and the validation
 stream of one store in one process reads the training rows once, and any
-change to the file (appended rows, a rewrite) computes afresh.  Stores written
+change to the file (appended rows, a rewrite) computes afresh.  A set of parts
+(:class:`~h5stream.store.partset.PartSetMeta`) is one store of the parts' rows
+laid end to end: :func:`feature_stats` adds up the histograms of each part's
+rows in the range, so the set gets the statistics one store of the same rows
+gives (exact counts: equal up to the float rounding of the last division).
+Stores written
 by earlier versions may carry ``feature_mean`` / ``feature_std`` /
 ``feature_stats_rows`` attributes; they are ignored.
 """
@@ -69,23 +74,32 @@ def compute_feature_stats(path, block_rows: int | None = None, *, rows: tuple[in
     Safe to call from any thread.
     """
     path = os.fspath(path)
-    meta = read_meta(path, remote=remote)
+    return feature_stats(read_meta(path, remote=remote), block_rows, rows=rows, use_cache=use_cache)
+
+
+def feature_stats(meta, block_rows: int | None = None, *, rows: tuple[int, int] | None = None,
+                  use_cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`compute_feature_stats` of an open store's ``meta``: a :class:`~h5stream.store.meta.StoreMeta`, or
+    a set of parts (``meta.parts``, their first logical rows ``meta.starts``), whose logical rows ``rows``
+    are read part by part (each part's own ``remote`` options) into one histogram.  Any thread."""
     start, stop = (0, meta.rows) if rows is None else (int(rows[0]), int(rows[1]))
     if not 0 <= start < stop <= meta.rows:
         what = "no committed rows" if meta.rows == 0 else f"rows {start}..{stop} of its {meta.rows} committed rows"
-        raise ConfigError(f"{path}: featurewise statistics need rows to compute them from, and this is {what}; "
-                          "ingest images first, or pass a non-empty range of committed rows")
-    step = meta.block_rows if block_rows is None else int(block_rows)
-    if step < 1:
+        raise ConfigError(f"{meta.path}: featurewise statistics need rows to compute them from, and this is "
+                          f"{what}; ingest images first, or pass a non-empty range of committed rows")
+    if block_rows is not None and int(block_rows) < 1:
         raise ConfigError(f"compute_feature_stats: block_rows={block_rows} must be >= 1")
-    key = (*_identity(meta), start, stop)
+    pieces = _pieces(meta, start, stop)
+    key = tuple((*_identity(part), a, b) for part, a, b in pieces)
     if use_cache:
         with _cache_lock:
             hit = _cache.get(key)
             if hit is not None:
                 _cache.move_to_end(key)
                 return hit[0].copy(), hit[1].copy()
-    mean, std = _histogram_pass(meta, start, stop, step)
+    counts = sum(_histogram_pass(part, a, b, part.block_rows if block_rows is None else int(block_rows))
+                 for part, a, b in pieces)
+    mean, std = histogram_stats(counts)
     with _cache_lock:
         _cache[key] = (mean.copy(), std.copy())
         while len(_cache) > CACHE_ENTRIES:
@@ -93,7 +107,22 @@ def compute_feature_stats(path, block_rows: int | None = None, *, rows: tuple[in
     return mean, std
 
 
-def _histogram_pass(meta, start: int, stop: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+def _pieces(meta, start: int, stop: int) -> list[tuple]:
+    """``(store meta, first row, stop row)`` of each store holding logical rows ``[start, stop)`` of ``meta``:
+    ``meta`` itself, or the parts of a set the range overlaps (rows made the part's own).  Pure."""
+    parts = getattr(meta, "parts", ())
+    if not parts:
+        return [(meta, start, stop)]
+    out = []
+    for part, first in zip(parts, meta.starts):
+        a, b = max(start, first), min(stop, first + part.rows)
+        if a < b:
+            out.append((part, a - first, b - first))
+    return out
+
+
+def _histogram_pass(meta, start: int, stop: int, step: int) -> np.ndarray:
+    """``counts[C, 256]``: each channel's pixel-value histogram of one store's rows ``[start, stop)``."""
     h, w, channels = meta.image_shape
     counts = np.zeros((channels, 256), dtype=np.int64)
     buf = np.empty((min(step, stop - start), h, w, channels), dtype=np.uint8)
@@ -112,4 +141,4 @@ def _histogram_pass(meta, start: int, stop: int, step: int) -> tuple[np.ndarray,
             pixels = block.reshape(-1, channels)
             for ch in range(channels):
                 counts[ch] += np.bincount(pixels[:, ch], minlength=256)
-    return histogram_stats(counts)
+    return counts
