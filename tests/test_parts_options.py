@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.errors import ConfigError
+from h5stream.errors import ConfigError, StoreBusyError
 from h5stream.store.writer import write_arrays
 
 from conftest import direct_io_folder
@@ -223,3 +223,45 @@ def test_a_damaged_compressed_part_is_named(tmp_path):
         f["images"][40:41] = 255 - images
     with pytest.raises(h5stream.ChecksumError, match=r"part-1\.h5: .*rows 32-63"):
         _batches(parts, batch_size=24, seed=0, verify_reads=True)
+
+
+def test_a_compressed_part_being_written_is_refused_in_one_line_naming_it(tmp_path):
+    """Only HDF5 decodes a compressed part, and it trusts metadata a writer rewrites: as one compressed store,
+    the set is refused while the part is written, and streams once the writer is done."""
+    from test_faults_runtime import start_writer, stop_writer
+
+    plain = tmp_path / "a.h5"
+    ids = np.arange(40)
+    write_arrays(plain, np.broadcast_to((ids % 251).astype(np.uint8)[:, None, None, None], (40, 8, 8, 3)),
+                 ids % 3, block_rows=16, class_names=["a", "b", "c"])
+    busy = tmp_path / "z.h5"
+    writer = start_writer(busy, "hold", compression="zlib")
+    try:
+        with pytest.raises(StoreBusyError, match=rf"z\.h5: .*process {writer.pid} is writing this file"
+                           ) as caught:
+            with h5stream.open([str(plain), str(busy)], batch_size=16) as s:
+                next(iter(s))
+        assert "\n" not in str(caught.value)
+    finally:
+        stop_writer(writer)
+    with h5stream.open([str(plain), str(busy)], batch_size=16) as s:
+        assert sum(len(y) for _, y in s) == 40 + 80
+
+
+def test_compressed_parts_at_urls_stream_the_batches_of_one_compressed_store(mixed_set, tmp_path):
+    pytest.importorskip("obstore")
+    import shutil
+
+    from remote_servers import RangeServer
+
+    parts, whole = mixed_set
+    for p in parts:
+        shutil.copy(p, tmp_path)
+    server = RangeServer(tmp_path)
+    try:
+        kw = dict(batch_size=24, seed=6, rows_per_fill=64, verify_reads=True, cache_dir=None)
+        urls = [server.url + os.path.basename(p) for p in parts]
+        _same(_batches(urls, **kw), _batches(whole, **kw))
+        _same(_batches([urls[0], parts[1], urls[2]], **kw), _batches(whole, **kw))  # local and URL parts mixed
+    finally:
+        server.stop()

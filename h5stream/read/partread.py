@@ -25,6 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from h5stream.read.bounce import BouncePool
 from h5stream.read.locate import locate
 from h5stream.read.rows import RowReader, drain_runs
 from h5stream.read.runs import Run
@@ -183,8 +184,6 @@ def run_parts(reader, stack, direct_io) -> bool:
     is every local part's answer), HDF5 files for compressed parts, row readers, checks, every label when it
     caches them, and the function that turns a fill's segments into runs.  Returns whether every part's pixels
     are read by byte offset (then I/O threads may read them).  Reader thread."""
-    from h5stream.read.source import BouncePool
-
     meta = reader.meta
     n_parts = len(meta.parts)
     direct = tuple(direct_io) if isinstance(direct_io, (tuple, list)) else (bool(direct_io),) * n_parts
