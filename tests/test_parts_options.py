@@ -170,6 +170,9 @@ def test_featurewise_statistics_of_a_set_are_its_parts_rows_counted_once(plain_s
         mean, std = feature_stats(meta, rows=rows, use_cache=False)
         ref_mean, ref_std = compute_feature_stats(whole, rows=rows, use_cache=False)
         assert np.allclose(mean, ref_mean, rtol=1e-12) and np.allclose(std, ref_std, rtol=1e-12)
+    mean, std = compute_feature_stats(parts, rows=(10, 200))  # the public function takes a set as open does
+    ref_mean, ref_std = compute_feature_stats(whole, rows=(10, 200))
+    assert np.allclose(mean, ref_mean, rtol=1e-12) and np.allclose(std, ref_std, rtol=1e-12)
 
 
 # -- compressed parts ------------------------------------------------------------------------------------------------

@@ -66,15 +66,24 @@ def compute_feature_stats(path, block_rows: int | None = None, *, rows: tuple[in
                           use_cache: bool = True, remote=None) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel ``(mean[C], std[C])`` of the store's rows ``[start, stop)``, in pixel units (0..255).
 
-    ``rows``: ``(start, stop)`` within the committed rows (default: all of them).  One sequential pass
+    ``path``: a store, or a set of parts as :func:`h5stream.open` takes one (a list, a glob, a manifest: the
+    statistics of its rows laid end to end).  ``rows``: ``(start, stop)`` within the committed rows (default:
+    all of them).  One sequential pass
     (``block_rows`` rows at a time, default the store's block) unless this process already computed the same
     range of the same, unchanged file (``use_cache``).  The file is opened read-only and never written.
     Raises :class:`StoreNotFoundError` / :class:`StoreFormatError` as :func:`read_meta` does, and
     :class:`ConfigError` for an empty or out-of-range ``rows``.  A URL is read with the ``remote`` options.
     Safe to call from any thread.
     """
-    path = os.fspath(path)
-    return feature_stats(read_meta(path, remote=remote), block_rows, rows=rows, use_cache=use_cache)
+    from h5stream.store.partset import join_parts, part_paths
+
+    paths = part_paths(path)  # a set of parts (a list, a glob, a manifest), as h5stream.open takes one
+    if paths is None:
+        meta = read_meta(os.fspath(path), remote=remote)
+    else:
+        meta = join_parts([read_meta(p, remote=remote) for p in paths], paths[0] if len(paths) == 1 else
+                          f"{paths[0]} (+{len(paths) - 1} parts)")
+    return feature_stats(meta, block_rows, rows=rows, use_cache=use_cache)
 
 
 def feature_stats(meta, block_rows: int | None = None, *, rows: tuple[int, int] | None = None,
