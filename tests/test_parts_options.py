@@ -262,7 +262,10 @@ def test_compressed_parts_at_urls_stream_the_batches_of_one_compressed_store(mix
         shutil.copy(p, tmp_path)
     server = RangeServer(tmp_path)
     try:
-        kw = dict(batch_size=24, seed=6, rows_per_fill=64, verify_reads=True, cache_dir=None)
+        # HDF5 reads a compressed part at a URL in many small requests, each to this process's own server: a
+        # generous timeout, so a machine loaded by other work slows the test instead of failing it
+        kw = dict(batch_size=24, seed=6, rows_per_fill=64, verify_reads=True, cache_dir=None, timeout_s=120,
+                  remote=h5stream.RemoteOptions(timeout_s=120))
         urls = [server.url + os.path.basename(p) for p in parts]
         _same(_batches(urls, **kw), _batches(whole, **kw))
         _same(_batches([urls[0], parts[1], urls[2]], **kw), _batches(whole, **kw))  # local and URL parts mixed
