@@ -88,7 +88,7 @@ def test_direct_reads_from_several_threads_at_once(data_file):
             length = int(rng.integers(source.DIRECT_MIN_BYTES, 300000))
             if _read(src, offset, _pieces(length, rng)) != data[offset:offset + length]:
                 failures.append((offset, length))
-            most.append(len(src._all))
+            most.append(len(src._bounces._all))
 
     threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3 * source.BOUNCE_BUFFERS)]
     try:
@@ -103,12 +103,50 @@ def test_direct_reads_from_several_threads_at_once(data_file):
     assert source.DIRECT_IO_BYTES == source.BOUNCE_BUFFERS * source.BOUNCE_BYTES
 
 
+def test_direct_files_sharing_a_bounce_pool_hold_one_files_buffers_and_outlive_each_other(data_file, direct_dir):
+    """The direct parts of a set share one pool: together they hold at most BOUNCE_BUFFERS buffers, closing one
+    file leaves the pool to the others, and closing the pool (its owner's) ends every read through it."""
+    path, data = data_file
+    other = os.path.join(direct_dir, "other.bin")
+    shutil.copy(path, other)
+    pool = source.BouncePool()
+    files = [source.DirectFile(path, pool), source.DirectFile(other, pool)]
+    failures, most = [], []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        src = files[seed % 2]
+        for _ in range(20):
+            offset = int(rng.integers(1, len(data) - 300000)) | 1  # odd: never in place, always bounced
+            length = int(rng.integers(source.DIRECT_MIN_BYTES, 300000))
+            if _read(src, offset, [length]) != data[offset:offset + length]:
+                failures.append((offset, length))
+            most.append(len(pool._all))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4 * source.BOUNCE_BUFFERS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == [] and 1 <= max(most) <= source.BOUNCE_BUFFERS
+        files[0].close()
+        assert _read(files[1], 4097, [70000]) == data[4097:74097]  # the pool outlives a file closed
+        pool.close()
+        with pytest.raises(ValueError, match="read from a closed source"):
+            _read(files[1], 4097, [70000])
+    finally:
+        for f in files:
+            f.close()
+        pool.close()
+
+
 def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
     """With every bounce buffer in use, a read that needs one waits for one to come back; closing the source
     ends the wait with an error instead of a hang."""
     path, data = data_file
     src = source.DirectFile(path)
-    held = [src._take() for _ in range(source.BOUNCE_BUFFERS)]
+    held = [src._bounces.take(lambda: True, path) for _ in range(source.BOUNCE_BUFFERS)]
     results = []
 
     def read():
@@ -118,9 +156,7 @@ def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
             results.append(str(exc))
 
     def give_back(bounce):
-        with src._lock:
-            src._free.append(bounce)
-            src._returned.notify()
+        src._bounces.give(bounce)
 
     try:
         first = threading.Thread(target=read)
@@ -128,8 +164,8 @@ def test_a_read_waits_for_a_bounce_buffer_and_close_ends_the_wait(data_file):
         give_back(held.pop())
         first.join(timeout=30)
         assert not first.is_alive() and results == [True]
-        assert len(src._all) == source.BOUNCE_BUFFERS
-        held.append(src._take())  # every buffer held again: the second read cannot get one
+        assert len(src._bounces._all) == source.BOUNCE_BUFFERS
+        held.append(src._bounces.take(lambda: True, path))  # every buffer held again: the second read cannot get one
         second = threading.Thread(target=read)
         second.start()
         src.close()

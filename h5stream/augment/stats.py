@@ -12,7 +12,12 @@ memory (:data:`CACHE_ENTRIES` results, thread-safe), keyed by the file's
 identity (path, device, inode, size, modification time; for a URL, its address
 and size) and the row range, so opening the training and the validation
 stream of one store in one process reads the training rows once, and any
-change to the file (appended rows, a rewrite) computes afresh.  Stores written
+change to the file (appended rows, a rewrite) computes afresh.  A set of parts
+(:class:`~h5stream.store.partset.PartSetMeta`) is one store of the parts' rows
+laid end to end: :func:`feature_stats` adds up the histograms of each part's
+rows in the range, so the set gets the statistics one store of the same rows
+gives (exact counts: equal up to the float rounding of the last division).
+Stores written
 by earlier versions may carry ``feature_mean`` / ``feature_std`` /
 ``feature_stats_rows`` attributes; they are ignored.
 """
@@ -61,31 +66,49 @@ def compute_feature_stats(path, block_rows: int | None = None, *, rows: tuple[in
                           use_cache: bool = True, remote=None) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel ``(mean[C], std[C])`` of the store's rows ``[start, stop)``, in pixel units (0..255).
 
-    ``rows``: ``(start, stop)`` within the committed rows (default: all of them).  One sequential pass
+    ``path``: a store, or a set of parts as :func:`h5stream.open` takes one (a list, a glob, a manifest: the
+    statistics of its rows laid end to end).  ``rows``: ``(start, stop)`` within the committed rows (default:
+    all of them).  One sequential pass
     (``block_rows`` rows at a time, default the store's block) unless this process already computed the same
     range of the same, unchanged file (``use_cache``).  The file is opened read-only and never written.
     Raises :class:`StoreNotFoundError` / :class:`StoreFormatError` as :func:`read_meta` does, and
     :class:`ConfigError` for an empty or out-of-range ``rows``.  A URL is read with the ``remote`` options.
     Safe to call from any thread.
     """
-    path = os.fspath(path)
-    meta = read_meta(path, remote=remote)
+    from h5stream.store.partset import join_parts, part_paths
+
+    paths = part_paths(path)  # a set of parts (a list, a glob, a manifest), as h5stream.open takes one
+    if paths is None:
+        meta = read_meta(os.fspath(path), remote=remote)
+    else:
+        meta = join_parts([read_meta(p, remote=remote) for p in paths], paths[0] if len(paths) == 1 else
+                          f"{paths[0]} (+{len(paths) - 1} parts)")
+    return feature_stats(meta, block_rows, rows=rows, use_cache=use_cache)
+
+
+def feature_stats(meta, block_rows: int | None = None, *, rows: tuple[int, int] | None = None,
+                  use_cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`compute_feature_stats` of an open store's ``meta``: a :class:`~h5stream.store.meta.StoreMeta`, or
+    a set of parts (``meta.parts``, their first logical rows ``meta.starts``), whose logical rows ``rows``
+    are read part by part (each part's own ``remote`` options) into one histogram.  Any thread."""
     start, stop = (0, meta.rows) if rows is None else (int(rows[0]), int(rows[1]))
     if not 0 <= start < stop <= meta.rows:
         what = "no committed rows" if meta.rows == 0 else f"rows {start}..{stop} of its {meta.rows} committed rows"
-        raise ConfigError(f"{path}: featurewise statistics need rows to compute them from, and this is {what}; "
-                          "ingest images first, or pass a non-empty range of committed rows")
-    step = meta.block_rows if block_rows is None else int(block_rows)
-    if step < 1:
+        raise ConfigError(f"{meta.path}: featurewise statistics need rows to compute them from, and this is "
+                          f"{what}; ingest images first, or pass a non-empty range of committed rows")
+    if block_rows is not None and int(block_rows) < 1:
         raise ConfigError(f"compute_feature_stats: block_rows={block_rows} must be >= 1")
-    key = (*_identity(meta), start, stop)
+    pieces = _pieces(meta, start, stop)
+    key = tuple((*_identity(part), a, b) for part, a, b in pieces)
     if use_cache:
         with _cache_lock:
             hit = _cache.get(key)
             if hit is not None:
                 _cache.move_to_end(key)
                 return hit[0].copy(), hit[1].copy()
-    mean, std = _histogram_pass(meta, start, stop, step)
+    counts = sum(_histogram_pass(part, a, b, part.block_rows if block_rows is None else int(block_rows))
+                 for part, a, b in pieces)
+    mean, std = histogram_stats(counts)
     with _cache_lock:
         _cache[key] = (mean.copy(), std.copy())
         while len(_cache) > CACHE_ENTRIES:
@@ -93,7 +116,22 @@ def compute_feature_stats(path, block_rows: int | None = None, *, rows: tuple[in
     return mean, std
 
 
-def _histogram_pass(meta, start: int, stop: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+def _pieces(meta, start: int, stop: int) -> list[tuple]:
+    """``(store meta, first row, stop row)`` of each store holding logical rows ``[start, stop)`` of ``meta``:
+    ``meta`` itself, or the parts of a set the range overlaps (rows made the part's own).  Pure."""
+    parts = getattr(meta, "parts", ())
+    if not parts:
+        return [(meta, start, stop)]
+    out = []
+    for part, first in zip(parts, meta.starts):
+        a, b = max(start, first), min(stop, first + part.rows)
+        if a < b:
+            out.append((part, a - first, b - first))
+    return out
+
+
+def _histogram_pass(meta, start: int, stop: int, step: int) -> np.ndarray:
+    """``counts[C, 256]``: each channel's pixel-value histogram of one store's rows ``[start, stop)``."""
     h, w, channels = meta.image_shape
     counts = np.zeros((channels, 256), dtype=np.int64)
     buf = np.empty((min(step, stop - start), h, w, channels), dtype=np.uint8)
@@ -112,4 +150,4 @@ def _histogram_pass(meta, start: int, stop: int, step: int) -> tuple[np.ndarray,
             pixels = block.reshape(-1, channels)
             for ch in range(channels):
                 counts[ch] += np.bincount(pixels[:, ch], minlength=256)
-    return histogram_stats(counts)
+    return counts

@@ -8,8 +8,12 @@ run lies in one part and is one contiguous read of its file; ``Run.src`` stays t
 ``Run.offset`` is the offset in that part's file.  :class:`PartRows` reads a run through the
 :class:`~h5stream.read.rows.RowReader` of its part (that part's byte source, chunk offsets and block check), so
 every guarantee of one store's reads (scatter reads into the batches, read-ahead advice, ``verify_reads``)
-holds part by part.  Parts must be uncompressed (checked when the set is opened); an encoded part's rows are
-byte ranges of its ``/image_bytes`` (:mod:`h5stream.read.encbytes`), its runs planned over whole rows.
+holds part by part.  An encoded part's rows are byte ranges of its ``/image_bytes``
+(:mod:`h5stream.read.encbytes`), its runs planned over whole rows.  A compressed part is read as one compressed
+store is, through HDF5 (its runs have no byte offset, ``Run.offset`` None); a set with one reads every run in the
+reader thread, no I/O threads, as a compressed store does.  Each local part is read past the page cache
+(``O_DIRECT``) where the stream decided so for it (:func:`~h5stream.read.source.resolve_direct_io_parts`), the
+direct parts sharing one store's bounce buffers.
 
 Pure functions, and :func:`run_parts`, which opens the parts in the reader thread.
 """
@@ -21,6 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from h5stream.read.bounce import BouncePool
 from h5stream.read.locate import locate
 from h5stream.read.rows import RowReader, drain_runs
 from h5stream.read.runs import Run
@@ -39,8 +44,9 @@ def plan_part_runs(segments, starts, cuts: np.ndarray, offsets: list[np.ndarray]
     """A fill's ``(k, 2)`` segments (logical row ranges, buffer order) as runs of a part set (pure).
 
     ``starts[p]``: part ``p``'s first logical row; ``cuts``: :func:`part_cuts`; ``offsets[p]``: the byte offset
-    of each chunk of part ``p`` (``block_rows[p]`` rows each).  Pieces that follow each other in the same part and
-    its file merge into one run, as :func:`~h5stream.read.runs.plan_runs` merges them in one store."""
+    of each chunk of part ``p`` (``block_rows[p]`` rows each), None for a part read through HDF5 (its runs get
+    offset None).  Pieces that follow each other in the same part and its file merge into one run, as
+    :func:`~h5stream.read.runs.plan_runs` merges them in one store."""
     seg = np.asarray(segments, np.int64).reshape(-1, 2)
     if not len(seg):
         return []
@@ -60,17 +66,22 @@ def plan_part_runs(segments, starts, cuts: np.ndarray, offsets: list[np.ndarray]
     dest = np.cumsum(n) - n
     part = np.searchsorted(np.asarray(starts, np.int64), p_start, side="right") - 1
     off = np.empty(len(n), np.int64)
+    through_h5 = np.zeros(len(n), bool)
     for p in np.unique(part).tolist():
         mine = part == p
         local = p_start[mine] - int(starts[p])
+        if offsets[p] is None:  # read through HDF5: planned over its rows laid end to end, no offset
+            off[mine] = local * row_bytes
+            through_h5 |= mine
+            continue
         b = int(block_rows[p])
         off[mine] = np.asarray(offsets[p], np.int64)[local // b] + (local % b) * row_bytes
     new = np.ones(len(n), bool)
     new[1:] = (p_stop[:-1] != p_start[1:]) | (part[:-1] != part[1:]) | (off[:-1] + n[:-1] * row_bytes != off[1:])
     first = np.flatnonzero(new)
     rows = np.add.reduceat(n, first)
-    return list(map(Run._make, zip(dest[first].tolist(), p_start[first].tolist(), rows.tolist(),
-                                   off[first].tolist())))
+    run_offsets = [None if h5 else o for o, h5 in zip(off[first].tolist(), through_h5[first].tolist())]
+    return list(map(Run._make, zip(dest[first].tolist(), p_start[first].tolist(), rows.tolist(), run_offsets)))
 
 
 class PartChecks:
@@ -167,31 +178,43 @@ class PartRows:
         return out
 
 
-def run_parts(reader, stack, direct_io: bool) -> None:
+def run_parts(reader, stack, direct_io) -> bool:
     """Open every part of ``reader.meta`` (a part set) for ``reader`` (a :class:`~h5stream.read.reader.Reader`),
-    closing them with ``stack``: its sources, row readers, checks, every label when it caches them, and the
-    function that turns a fill's segments into runs.  Reader thread."""
+    closing them with ``stack``: its sources (part ``p`` read with ``O_DIRECT`` where ``direct_io[p]``; a bool
+    is every local part's answer), HDF5 files for compressed parts, row readers, checks, every label when it
+    caches them, and the function that turns a fill's segments into runs.  Returns whether every part's pixels
+    are read by byte offset (then I/O threads may read them).  Reader thread."""
     meta = reader.meta
+    n_parts = len(meta.parts)
+    direct = tuple(direct_io) if isinstance(direct_io, (tuple, list)) else (bool(direct_io),) * n_parts
+    bounces = BouncePool()  # the direct parts share one store's bounce buffers (what the plan counts)
+    stack.callback(bounces.close)
     sources, readers, checks, labels, offsets = [], [], [], [], []
-    for part in meta.parts:
+    by_offset = True
+    for part, part_direct in zip(meta.parts, direct):
         where = locate(part, reader._cache_labels, digests=reader._verify)
+        images = label_set = None
         if (where.image_chunks is None and where.encoded is None) or (where.labels is None and
                                                                       where.label_chunks is None):
-            raise ValueError(f"{part.path}: a part of a set must be uncompressed: re-ingest it with --compression none")
-        source = open_source(part.path, direct_io=direct_io, remote=part.remote)
+            images, label_set = _open_h5(part, stack, reader._stop)
+            by_offset = by_offset and (where.image_chunks is not None or where.encoded is not None)
+        source = open_source(part.path, direct_io=part_direct and part.remote is None, remote=part.remote,
+                             bounces=bounces)
         stack.callback(source.close)
         sources.append(source)
         check = BlockCheck.from_digests(
             part.path, part.rows, part.block_rows, part.row_bytes, where.digests,
             # the parts share the buffers one store's check gets (one each at least): what the plan counts
-            max_buffers=max(1, check_buffers(getattr(source, "max_in_flight", 2)) // len(meta.parts)),
+            max_buffers=max(1, check_buffers(getattr(source, "max_in_flight", 2)) // n_parts),
             every_read=checks_every_read(reader._verify, part.remote is not None))
         checks.append(check)
         readers.append(RowReader(part, source, offsets=where.image_chunks, label_offsets=where.label_chunks,
-                                 images=None, labels=None, check=check, stop=reader._stop, encoded=where.encoded))
+                                 images=images, labels=label_set, check=check,
+                                 stop=reader._stop, encoded=where.encoded))
         labels.append(where.labels)
         # An encoded part's runs are rows, read as byte ranges by its reader (read/encbytes.py): planned over a
         # stand-in layout of whole rows laid end to end, so rows that follow each other in the part join one run.
+        # A part read through HDF5 (None) is planned so too, its runs with no byte offset.
         offsets.append(where.image_chunks if where.encoded is None else
                        np.arange(-(-part.rows // part.block_rows), dtype=np.int64) * part.block_rows * part.row_bytes)
     check = PartChecks(checks, meta.starts, [p.rows for p in meta.parts]) if any(checks) else None
@@ -204,5 +227,28 @@ def run_parts(reader, stack, direct_io: bool) -> None:
     reader._rows = PartRows(readers, meta.starts, check)
     cuts = part_cuts(meta.starts, [p.rows for p in meta.parts], [p.block_rows for p in meta.parts])
     block_rows = [p.block_rows for p in meta.parts]
-    reader._offsets = offsets  # not None: read by byte offset
+    reader._offsets = offsets  # not None: planned by reader._plan
     reader._plan = lambda segments: plan_part_runs(segments, meta.starts, cuts, offsets, block_rows, meta.row_bytes)
+    return by_offset
+
+
+def _open_h5(part, stack, stop) -> tuple:
+    """``(images, labels)``: the HDF5 datasets of a part only HDF5 can read (compressed), opened with ``stack``;
+    refused (:class:`~h5stream.errors.StoreBusyError`) while another process writes the part, as one
+    compressed store is.  Reader thread."""
+    from h5stream.read.locate import images_dataset
+    from h5stream.store import schema
+    from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
+
+    if part.remote is None:
+        writers = writer_pids(part.path)
+        if writers:
+            raise busy_error(part.path, writers, "a compressed part can only be read through HDF5 metadata that "
+                                                 "the writer keeps changing")
+    f = stack.enter_context(open_h5_readonly(part.path, rdcc_nbytes=0, stop=stop, remote=part.remote))
+    images = images_dataset(f)
+    if part.encoded:
+        from h5stream.store.encoded import EncodedArray
+
+        images = EncodedArray.of(f)
+    return images, f[schema.LABELS]

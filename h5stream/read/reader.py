@@ -88,7 +88,7 @@ class Reader:
     of run by run.  ``source()`` opens the store's
     :class:`~h5stream.read.source.ByteSource`, in the reader thread (default:
     the local file, read past the page cache with ``O_DIRECT`` when
-    ``direct_io``); I/O threads keep its ``max_in_flight`` raw reads in
+    ``direct_io``; a set of parts: one bool per part); I/O threads keep its ``max_in_flight`` raw reads in
     flight (GIL released), so reading overlaps handing out batches.
     ``defer_pixels=True`` (uncompressed stores only, see :func:`direct_reads`)
     lets the batches of a fill that is wholly in the page cache go out without
@@ -127,7 +127,7 @@ class Reader:
         timeout_s: float = 60.0,
         cache_labels: bool = False,
         defer_pixels: bool = False,
-        direct_io: bool = False,
+        direct_io: bool | tuple = False,
         verify: bool | str = True,
         source: Callable[[], ByteSource] | None = None,
         allocate: Callable[[int], tuple[np.ndarray, np.ndarray, object]],
@@ -150,7 +150,8 @@ class Reader:
         self._cache_labels = bool(cache_labels)
         self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
-        self._direct_io = bool(direct_io)
+        # A set of parts is told part by part (h5stream.read.partread.run_parts): a tuple of bools.
+        self._direct_io = tuple(direct_io) if isinstance(direct_io, (tuple, list)) else bool(direct_io)
         self._plan = None  # a part set's: fill segments -> runs (h5stream.read.partread)
         self._open_source = source or (lambda: open_source(meta.path, direct_io=direct_io, remote=meta.remote))
         # Set by the reader thread when it opens the store:
@@ -293,10 +294,10 @@ class Reader:
                 from h5stream.read.partread import run_parts
 
                 with contextlib.ExitStack() as stack:
-                    run_parts(self, stack, self._direct_io)
-                    self._io_threads = max(1, int(self._source.max_in_flight))
-                    self._io = IOThreads(self._io_threads, self._thread.name + "-io")
-                    stack.callback(self._io.shutdown)
+                    if run_parts(self, stack, self._direct_io):  # else a compressed part: read in this thread
+                        self._io_threads = max(1, int(self._source.max_in_flight))
+                        self._io = IOThreads(self._io_threads, self._thread.name + "-io")
+                        stack.callback(self._io.shutdown)
                     self._pump()
                 return
             where = locate(self.meta, self._cache_labels, digests=self._verify)

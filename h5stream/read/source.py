@@ -41,6 +41,7 @@ from typing import Protocol
 
 from h5stream.memory.rawio import preadv_all
 from h5stream.errors import ConfigError
+from h5stream.read.bounce import BOUNCE_BUFFERS, BOUNCE_BYTES, BouncePool
 from h5stream.read.pagecache import Residency
 from h5stream.read.runs import aligned_span, inner_ends
 
@@ -62,17 +63,11 @@ IN_PLACE_REFUSALS = 4
 DIRECT_MIN_BYTES = 64 << 10
 """Smaller reads (labels, a few rows) go through the page cache: not worth a bounce buffer."""
 
-BOUNCE_BYTES = 1 << 20
-"""One direct read's bounce buffer: a run of the reader (1 to 4 MiB) in a few reads."""
-
 DIRECT_IO_SETTINGS = ("auto", True, False)
 
 DIRECT_IN_FLIGHT = 8
 """Direct reads in flight: there is no kernel read-ahead to keep the device's queue filled.  Reads that land
 in place need no memory of their own, so more of them can be in flight than there are bounce buffers."""
-
-BOUNCE_BUFFERS = 4
-"""Bounce buffers a :class:`DirectFile` holds at most; a read that needs one while all are in use waits."""
 
 DIRECT_IO_BYTES = BOUNCE_BUFFERS * BOUNCE_BYTES
 """Memory a :class:`DirectFile` holds at most: its bounce buffers."""
@@ -94,17 +89,18 @@ class ByteSource(Protocol):
         """Idempotent."""
 
 
-def open_source(path: str, *, direct_io: bool = False, remote=None) -> ByteSource:
+def open_source(path: str, *, direct_io: bool = False, remote=None, bounces: BouncePool | None = None
+                ) -> ByteSource:
     """The byte source for ``path``: for a URL a remote source with the ``remote`` options (see
-    :class:`h5stream.remote.RemoteOptions`); else :class:`DirectFile` when ``direct_io``, :class:`LocalFile`
-    when not."""
+    :class:`h5stream.remote.RemoteOptions`); else :class:`DirectFile` when ``direct_io`` (its bounce buffers
+    taken from ``bounces`` when given), :class:`LocalFile` when not."""
     from h5stream.remote.config import is_url, remote_options
 
     if is_url(path):
         from h5stream.remote.cache import open_url
 
         return open_url(path, remote_options(remote))
-    return DirectFile(path) if direct_io else LocalFile(path)
+    return DirectFile(path, bounces) if direct_io else LocalFile(path)
 
 
 class LocalFile:
@@ -166,7 +162,7 @@ class DirectFile:
     max_in_flight = DIRECT_IN_FLIGHT
     direct = True
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, bounces: BouncePool | None = None):
         if _O_DIRECT is None:
             raise OSError(errno.EINVAL, "O_DIRECT is not available on this platform", path)
         self.name = path
@@ -178,13 +174,12 @@ class DirectFile:
             raise
         self.size = os.fstat(fd).st_size
         self._fd, self._dfd = fd, dfd
-        self._free: list[mmap.mmap] = []  # bounce buffers not in use
-        self._all: list[mmap.mmap] = []
+        # The bounce buffers: this file's own, or a pool the parts of a set share (closed by its owner).
+        self._bounces = BouncePool() if bounces is None else bounces
         self._lock = threading.Lock()
-        self._returned = threading.Condition(self._lock)  # a bounce buffer came back
         self.in_place_bytes = 0  # bytes read straight into the callers' buffers
         self._refusals = 0  # in-place reads the device refused
-        self._finalizer = weakref.finalize(self, _release_direct, fd, dfd, self._all)
+        self._finalizer = weakref.finalize(self, _release_direct, fd, dfd, self._bounces if bounces is None else None)
 
     def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
         total = sum(len(b) for b in buffers)
@@ -205,28 +200,11 @@ class DirectFile:
                 with self._lock:
                     self.in_place_bytes += total
                 return
-        bounce = self._take()
+        bounce = self._bounces.take(lambda: self._finalizer.alive, self.name)
         try:
             self._read_through(bounce, offset, total, buffers)
         finally:
-            with self._lock:
-                self._free.append(bounce)
-                self._returned.notify()
-
-    def _take(self) -> mmap.mmap:
-        """A bounce buffer: a free one, a new one while fewer than :data:`BOUNCE_BUFFERS` exist, else the
-        next one another read gives back."""
-        with self._lock:
-            while True:
-                if not self._finalizer.alive:
-                    raise ValueError(f"{self.name}: read from a closed source")
-                if self._free:
-                    return self._free.pop()
-                if len(self._all) < BOUNCE_BUFFERS:
-                    bounce = mmap.mmap(-1, BOUNCE_BYTES)  # anonymous, so page-aligned
-                    self._all.append(bounce)
-                    return bounce
-                self._returned.wait()
+            self._bounces.give(bounce)
 
     def _read_through(self, bounce: mmap.mmap, offset: int, total: int, buffers: Sequence[memoryview]) -> None:
         """Read ``[offset, offset + total)`` aligned span by aligned span into ``bounce`` and copy the wanted
@@ -266,8 +244,8 @@ class DirectFile:
 
     def close(self) -> None:
         self._finalizer()
-        with self._lock:
-            self._returned.notify_all()  # a read waiting for a bounce buffer fails instead of waiting
+        self._bounces.wake()  # a read waiting for a bounce buffer fails instead of waiting
+
 
 
 def _aligned(offset: int, buffers: Sequence[memoryview]) -> bool:
@@ -321,6 +299,35 @@ def resolve_direct_io(path: str, setting) -> bool:
         raise ConfigError(f"{path}: direct_io=True, but this file system refuses O_DIRECT reads ({refused}); "
                           "use direct_io='auto' or False")
     return False
+
+
+def resolve_direct_io_parts(paths, setting) -> tuple[bool, ...]:
+    """Whether a stream of a set of parts reads each part with ``O_DIRECT``; ``paths[k]``: part ``k``'s local
+    path, None for a part at a URL (never direct).
+
+    The set is one store of its parts' rows, so ``"auto"`` decides as for one store of them (see
+    :func:`use_direct_io`): past the page cache when the local parts together are larger than the page cache
+    could keep; then each local part whose file system takes ``O_DIRECT`` is read so, the others through the
+    page cache.  ``True`` reads every local part so, and raises :class:`ConfigError` naming a part whose file
+    system refuses it, or a set with no local part.
+    """
+    setting = check_direct_io(setting)
+    local = [p for p in paths if p is not None]
+    if setting is True and not local:
+        raise ConfigError(f"{paths[0]}: direct_io=True is for local stores, and every part of this set is at a "
+                          "URL; leave direct_io at 'auto'")
+    if setting is False or not local:
+        return tuple(False for _ in paths)
+    if setting == "auto" and not use_direct_io("auto", sum(os.path.getsize(p) for p in local), cacheable_bytes()):
+        return tuple(False for _ in paths)
+    out = []
+    for path in paths:
+        refused = None if path is None else _direct_refused(path)
+        if refused is not None and setting is True:
+            raise ConfigError(f"{path}: direct_io=True, but the file system of this part refuses O_DIRECT reads "
+                              f"({refused}); use direct_io='auto' or False")
+        out.append(path is not None and refused is None)
+    return tuple(out)
 
 
 def _direct_refused(path: str) -> str | None:
@@ -382,11 +389,10 @@ def _release(fd: int, residency: Residency) -> None:
         os.close(fd)
 
 
-def _release_direct(fd: int, dfd: int, bounces: list[mmap.mmap]) -> None:
+def _release_direct(fd: int, dfd: int, bounces: BouncePool | None) -> None:
     try:
-        for b in bounces:
-            b.close()
-        bounces.clear()
+        if bounces is not None:
+            bounces.close()
     finally:
         os.close(dfd)
         os.close(fd)

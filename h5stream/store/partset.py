@@ -5,12 +5,15 @@
 manifest (a ``.json`` file or URL, :func:`read_manifest`) gives a :class:`PartSetMeta`: one logical store whose rows
 are the parts' committed rows laid end to end (part order: by part index for the parts of one ``ingest --part``
 set, else as listed, a glob's matches sorted).  Everything above the read layer (the epoch order, the budget, the
-subset split, shards, resume) sees one store of ``rows`` rows; the reader reads each part by byte offset through a
-byte source of its own (:mod:`h5stream.read.partread`), a run of rows never crossing a part's end.
+subset split, shards, resume) sees one store of ``rows`` rows; the reader reads each part through a byte source
+of its own, or HDF5 for a compressed part (:mod:`h5stream.read.partread`), a run of rows never crossing a part's
+end.
 
 The parts must agree on what a batch holds: image shape, label kind, shape and dtype, class names and label
-columns, and encoding (raw pixels, or JPEG rows decoded where the batch is augmented); each must be uncompressed
-(read by byte offset, an encoded part's rows as byte ranges of its ``/image_bytes``).  The parts of an
+columns, and encoding (raw pixels, or JPEG rows decoded where the batch is augmented).  Uncompressed parts are read
+by byte offset (an encoded part's rows as byte ranges of its ``/image_bytes``), compressed ones through HDF5 a
+whole chunk at a time, as one compressed store is; a set with a compressed part has the compressed store's
+shuffle unit, a whole block.  The parts of an
 ``ingest --part`` set must be the whole set: one part of each index, all cut from the same source listing; a
 missing part is named.  Each check is one line naming the part that differs and how.
 
@@ -146,9 +149,6 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
     metas = _ordered(metas)
     first = metas[0]
     for meta in metas:
-        if meta.compression is not None:
-            raise ConfigError(f"{meta.path}: a part of {name} is compressed ({meta.compression}); a set of parts is "
-                              "read by byte offset: re-ingest the part with --compression none")
         for attr, what in _AGREE:
             mine, theirs = getattr(meta, attr), getattr(first, attr)
             if mine != theirs:
@@ -167,7 +167,8 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
     return PartSetMeta(
         path=name, rows=total, image_shape=first.image_shape, label_kind=first.label_kind,
         label_shape=first.label_shape, label_dtype=first.label_dtype, class_names=first.class_names,
-        label_columns=first.label_columns, block_rows=max(m.block_rows for m in metas), compression=None,
+        label_columns=first.label_columns, block_rows=max(m.block_rows for m in metas),
+        compression=_compression(metas),
         storage_order=first.storage_order if all(m.storage_order == first.storage_order for m in metas)
         else "mixed",
         order_seed=first.order_seed, resize_mode=first.resize_mode,
@@ -178,6 +179,15 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
         jpeg_quality=first.jpeg_quality if all(m.jpeg_quality == first.jpeg_quality for m in metas) else None,
         encoded_block_bytes=max(m.encoded_block_bytes for m in metas), parts=tuple(metas), starts=tuple(starts),
     )
+
+
+def _compression(metas: list[StoreMeta]) -> str | None:
+    """The set's compression: None when no part is compressed, else the parts' one compression, or ``"mixed"``
+    (either way the set is planned as a compressed store: its shuffle unit is a whole block)."""
+    kinds = {m.compression for m in metas if m.compression is not None}
+    if not kinds:
+        return None
+    return kinds.pop() if len(kinds) == 1 and all(m.compression is not None for m in metas) else "mixed"
 
 
 def _show(value) -> str:
@@ -219,17 +229,6 @@ def _ordered(metas: list[StoreMeta]) -> list[StoreMeta]:
                           f"{'them' if len(missing) > 1 else 'it'} (h5stream ingest SRC OUT.h5 --part "
                           f"{missing[0]}/{first.count})")
     return [by_index[i] for i in range(first.count)]
-
-
-def check_set_options(meta: PartSetMeta, options) -> None:
-    """Refuse what a set of parts cannot do (one line each): ``direct_io=True`` (a set is read through the page
-    cache) and featurewise statistics (fitted by one pass over one store)."""
-    if options.direct_io is True:
-        raise ConfigError(f"{meta.path}: direct_io=True is for one local store; a set of parts is read through "
-                          "the page cache: leave direct_io at 'auto'")
-    if options.augment is not None and options.augment.needs_feature_stats:
-        raise ConfigError(f"{meta.path}: featurewise_center / featurewise_std_normalization fit their statistics "
-                          "on one store, not on a set of parts; normalise with rescale or samplewise_* instead")
 
 
 def read_paths_any(meta, start: int, stop: int, *, remote=None) -> list[str]:

@@ -65,6 +65,8 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
             hold; the least recently used pieces are removed past it.
         direct_io: read past the page cache (``O_DIRECT``): ``"auto"`` for a
             store larger than the memory that could cache it, True, False.
+            A set of parts counts its local parts together and reads each
+            local part whose file system takes ``O_DIRECT`` so.
         read_unit: bytes (or ``"4MiB"``) that rows move between fills in, and
             the size of most reads (default 1 to 4 MiB); changes the order.
         piece_bytes: the two-level order (e.g. ``"8MiB"``): the store is cut

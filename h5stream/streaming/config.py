@@ -46,7 +46,8 @@ class Facts:
 
     ``drawn_seed``: the seed used when ``options.seed`` is None (and no resumed
     state names one); ``direct_io``: whether this store would be read past the
-    page cache under ``options.direct_io`` (False for a URL); ``chunk_cache_bytes``:
+    page cache under ``options.direct_io`` (False for a URL; for a set of parts, whether any part is);
+    ``direct_parts``: for a set of parts, that answer part by part (empty for one store); ``chunk_cache_bytes``:
     HDF5's chunk cache for a store whose chunks split images (0 otherwise);
     ``available_bytes``: the memory the plan may take at most (None: no limit).
     """
@@ -55,6 +56,7 @@ class Facts:
     direct_io: bool = False
     chunk_cache_bytes: int = 0
     available_bytes: int | None = None
+    direct_parts: tuple = ()
 
 
 def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
@@ -65,11 +67,14 @@ def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
     from h5stream.read.locate import check_chunks
     from h5stream.read.source import resolve_direct_io
 
-    if getattr(meta, "parts", ()):  # a set of parts (h5stream.store.partset): uncompressed, via the page cache
-        from h5stream.store.partset import check_set_options
+    if getattr(meta, "parts", ()):  # a set of parts (h5stream.store.partset): each part's facts, as one store's
+        from h5stream.read.source import resolve_direct_io_parts
 
-        check_set_options(meta, options)
-        return Facts(drawn_seed=int.from_bytes(os.urandom(8), "little") >> 1, available_bytes=available_memory_bytes())
+        parts = meta.parts
+        direct = resolve_direct_io_parts([p.path if p.remote is None else None for p in parts], options.direct_io)
+        return Facts(drawn_seed=int.from_bytes(os.urandom(8), "little") >> 1, direct_io=any(direct),
+                     direct_parts=direct, available_bytes=available_memory_bytes(),
+                     chunk_cache_bytes=sum(check_chunks(p) for p in parts if p.compression is not None))
     direct = False
     if meta.remote is None:
         direct = resolve_direct_io(meta.path, options.direct_io)
@@ -241,6 +246,12 @@ class StreamConfig:
     layout: LayoutFunction
     resume: dict | None
     validation_split: float | None = None
+    direct_parts: tuple = ()  # a set of parts: whether each part is read past the page cache (Facts.direct_parts)
+
+    @property
+    def reader_direct_io(self):
+        """What the reader is told: ``direct_io``, or for a set of parts one answer per part."""
+        return self.direct_parts or self.direct_io
 
     @property
     def path(self) -> str:
@@ -305,9 +316,11 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     seed = facts.drawn_seed if options.seed is None else options.seed
     if resume is not None and "seed" in resume:
         seed = int(resume["seed"])
-    if meta.remote is not None and options.direct_io is True:
+    parts = getattr(meta, "parts", ())
+    if meta.remote is not None and options.direct_io is True and not parts:
         raise ConfigError(f"{meta.path}: direct_io=True is for a local store; leave it at 'auto' for a URL")
-    direct_io = meta.remote is None and facts.direct_io
+    direct_io = (meta.remote is None or bool(parts)) and facts.direct_io
+    direct_parts = tuple(bool(d) for d in facts.direct_parts) if parts else ()
     augment = _checked_augment(options.augment)
     workers = options.workers
     if workers and augment is not None:
@@ -340,7 +353,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     return StreamConfig(
         meta=meta, subset=options.subset, rows=rows, shard=shard, batch_size=batch_size, shuffle=options.shuffled,
         seed=int(seed), drop_remainder=options.drop_remainder, labels=labels, augment=augment, workers=workers,
-        feeder=options.feeder, timeout_s=options.timeout_s, direct_io=direct_io,
+        feeder=options.feeder, timeout_s=options.timeout_s, direct_io=direct_io, direct_parts=direct_parts,
         verify_reads=options.verify_reads, plan=plan, layout=layout, resume=resume,
         validation_split=options.validation_split,
     )
@@ -383,11 +396,11 @@ def fit_feature_stats(config: StreamConfig) -> StreamConfig:
     """
     if not config.needs_feature_stats:
         return config
-    from h5stream.augment.stats import compute_feature_stats
+    from h5stream.augment.stats import feature_stats
 
     meta = config.meta
     training = subset_rows(meta.rows, config.validation_split,
                            "training" if config.validation_split is not None else None,
                            meta.storage_order, meta.path)
-    mean, std = compute_feature_stats(meta.path, rows=training, remote=meta.remote)
+    mean, std = feature_stats(meta, rows=training)  # one store, or a set of parts read part by part
     return dataclasses.replace(config, augment=config.augment.with_feature_stats(mean, std))

@@ -67,7 +67,7 @@ class InlineFeed:
         meta, plan, augment = config.meta, config.plan, config.augment
         self.meta, self._layout, self.plan = meta, config.layout, plan
         self._augment, self._seed, self._timeout_s, self._direct_io = augment, config.seed, config.timeout_s, \
-            config.direct_io
+            config.reader_direct_io
         self._verify = config.verify_reads
         self._images = ArrayArena(plan.batch_size, meta.image_shape, np.uint8, plan.reader_batches)
         self._out = None
@@ -161,7 +161,7 @@ class PooledFeed:
         from h5stream.augment.pool import FileSource, WorkerPool
         from h5stream.memory.shm import SharedArray, new_prefix
 
-        meta, plan, timeout_s, direct_io = config.meta, config.plan, config.timeout_s, config.direct_io
+        meta, plan, timeout_s, direct_io = config.meta, config.plan, config.timeout_s, config.reader_direct_io
         out_dtype = config.output_dtype
         self.meta, self._layout, self.plan = meta, config.layout, plan
         self._seed, self._timeout_s, self._direct_io, self._verify = (config.seed, timeout_s, direct_io,
