@@ -32,9 +32,9 @@ few microseconds, a few nanoseconds a row."""
 
 @dataclass(frozen=True)
 class Placement:
-    """Where each buffer position of a fill lands: ``group[p]`` the index in ``buffers`` of the memory its batch
-    lies in (-1: not placed, a row read past or read by a receiver), ``row[p]`` its row there.  ``buffers[g]`` is
-    that memory as rows (a 1-D array of ``row_bytes``-byte void items)."""
+    """Where each buffer position of a fill lands: ``group[p]`` (int16) the index in ``buffers`` of the memory its
+    batch lies in (-1: not placed, a row read past or read by a receiver), ``row[p]`` (int32) its row there.
+    ``buffers[g]`` is that memory as rows (a 1-D array of ``row_bytes``-byte void items)."""
 
     buffers: tuple[np.ndarray, ...]
     group: np.ndarray
@@ -83,11 +83,14 @@ def placement(batch: np.ndarray, offset: np.ndarray, targets: dict, first_batch:
             return None
         batch_group[j - first_batch] = g
         batch_row[j - first_batch] = delta // row_bytes
+    if len(buffers) > np.iinfo(np.int16).max or max(len(b) for b in buffers or [()]) > np.iinfo(np.int32).max:
+        return None
     batch = np.asarray(batch)
     placed = batch >= 0
     index = np.where(placed, batch - first_batch, 0)
-    group = np.where(placed, batch_group[index], -1).astype(np.int32)
-    row = batch_row[index] + np.asarray(offset, np.int64)
+    # 6 bytes a row of the fill, within the plan's allowance for laying a fill out (FILL_INDEX_ROW_BYTES)
+    group = np.where(placed, batch_group[index], -1).astype(np.int16)
+    row = (batch_row[index] + np.asarray(offset, np.int64)).astype(np.int32)
     return Placement(tuple(buffers), group, row)
 
 
