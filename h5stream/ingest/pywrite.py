@@ -52,9 +52,15 @@ from h5stream.ingest.writeoptions import write_options
 from h5stream.ingest.spec import DEFAULT_BACKGROUND, DEFAULT_PAD_FILL, DecodeSpec
 from h5stream.store import schema
 from h5stream.store.lock import StoreLock
+from h5stream.store.pathrows import PathRows
 from h5stream.store.progress import WRITER_SOURCE
 
 __all__ = ["WriteResult", "Writer"]
+
+ARRAY_COMMIT_BYTES = 32 << 20
+"""With the default ``commit_rows``, rows appended whole from arrays (no decode: :meth:`Writer.add_rows`) are
+committed every this many bytes of pixels or more: a commit costs two ``fsync`` (about 10-20 ms), which every 1024
+rows of 48 bytes would be most of the write; a killed write redoes at most this much copying."""
 
 @dataclasses.dataclass(frozen=True)
 class WriteResult:
@@ -135,6 +141,7 @@ class Writer:
                  **options):
         self._t0 = time.perf_counter()
         opts = write_options(path, resume=resume, **options)
+        self._commit_rows_given = options.get("commit_rows") is not None
         if opts.order == "shuffled" and _order is None:
             raise ConfigError("Writer stores rows in the order they are added; to store a source shuffled, give "
                               "the whole source to h5stream.write(path, source, order='shuffled')")
@@ -327,22 +334,30 @@ class Writer:
 
     def add_rows(self, images: np.ndarray, labels, indices) -> None:
         """Add a run of items whose images are already ``uint8`` of the store's row shape (a block of arrays):
-        appended as they are when every label fits, else item by item.  Needs the store created (after a first
-        :meth:`add`)."""
+        appended as they are when every label fits (after rows staged by :meth:`add`, with them, the run ending
+        at most at their block's end), else item by item.  Needs the store created (after a first :meth:`add`)."""
         self._check_open()
         encoded = None
-        if self._store is not None and not self._buf_paths and images.shape[1:] == self._spec.shape:
-            encoded = _encode_all(self._labels, None if self.opts.label_kind == schema.LABEL_NONE else labels,
-                                  len(indices))
+        staged, k = len(self._buf_paths), len(indices)
+        if self._store is not None and images.shape[1:] == self._spec.shape and (
+                not staged or self._store.rows % len(self._buf) + staged + k <= len(self._buf)):
+            encoded = _encode_all(self._labels, None if self.opts.label_kind == schema.LABEL_NONE else labels, k)
         if encoded is None:
-            for k, index in enumerate(indices):
-                self.add(images[k], None if labels is None else labels[k], index=int(index))
+            for j, index in enumerate(indices):
+                self.add(images[j], None if labels is None else labels[j], index=int(index))
             return
-        self._store.append(self._rows(images), encoded, [str(int(i)) for i in indices])
-        self.consumed += len(indices)
-        self.written += len(indices)
-        self._appended = (self.consumed, self.skipped)
-        self._maybe_commit()
+        if staged:  # the first row, added alone to make the store: this run goes with it (once per write)
+            self._buf[staged:staged + k] = images
+            self._buf_labels[staged:staged + k] = encoded
+            self._buf_paths.extend(str(int(i)) for i in indices)
+            self.consumed += k
+            self._append_buffer(commit=False)
+        else:
+            self._store.append(self._rows(images), encoded, PathRows.from_indices(indices))
+            self.consumed += k
+            self.written += k
+            self._appended = (self.consumed, self.skipped)
+        self._maybe_commit(self._array_commit_rows)
 
     def _skip(self, index: int, why: str) -> None:
         if self.opts.strict:
@@ -354,17 +369,26 @@ class Writer:
         if not self._buf_paths:  # nothing staged: the skip follows the appended rows directly
             self._appended = (self.consumed, self.skipped)
 
-    def _append_buffer(self) -> None:
+    def _append_buffer(self, commit: bool = True) -> None:
         n = len(self._buf_paths)
         if n:
             self._store.append(self._rows(self._buf[:n]), self._buf_labels[:n], self._buf_paths)
             self.written += n
             self._buf_paths = []
         self._appended = (self.consumed, self.skipped)
-        self._maybe_commit()
+        if commit:
+            self._maybe_commit()
 
-    def _maybe_commit(self) -> None:
-        if self._store.rows - self._store.committed_rows >= self.opts.commit_rows:
+    @property
+    def _array_commit_rows(self) -> int:
+        """Rows between commits of rows appended whole from arrays: ``commit_rows``, or with the default, at least
+        :data:`ARRAY_COMMIT_BYTES` of rows (a killed write loses no decoding there, only a copy)."""
+        if self._commit_rows_given:
+            return self.opts.commit_rows
+        return max(self.opts.commit_rows, ARRAY_COMMIT_BYTES // max(1, int(np.prod(self._spec.shape))))
+
+    def _maybe_commit(self, every_rows: int | None = None) -> None:
+        if self._store.rows - self._store.committed_rows >= (every_rows or self.opts.commit_rows):
             self._commit(final=False)
 
     def _commit(self, final: bool) -> None:
@@ -409,7 +433,7 @@ class Writer:
                                       f"{self.report_path})")
                 raise SourceError(f"{self.path}: not created: the source gave no items")
             try:
-                self._append_buffer()
+                self._append_buffer(commit=False)  # the commit below takes it
                 self._appended = (self.consumed, self.skipped)
                 self._commit(final=not interrupted)
                 self._report.close()
@@ -461,8 +485,10 @@ def _encode_all(coder: LabelCoder, labels, n: int):
         if labels.dtype.kind not in "iu" or labels.shape != (n,) or not n:
             return None
         low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= len(coder.class_names):
-            return None  # a new index (named on the per-item path) or a bad one (skipped there)
+        if low < 0 or (high >= len(coder.class_names) and coder.fixed):
+            return None  # a bad index, skipped (and listed) on the per-item path
+        if high >= len(coder.class_names):
+            coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
         return labels.astype(np.int64)
     if labels.dtype.kind not in "fiu" or labels.shape[1:] != coder.shape:
         return None

@@ -85,14 +85,20 @@ class Lender:
         return True
 
 
+SLAB_BYTES = 64 << 20
+"""An arena maps its buffers this many bytes at a time (at least one buffer; the pages are taken on first touch),
+so the batches of a fill lie in a few mappings: the reader places small rows in them with one numpy assignment
+per mapping (:mod:`h5stream.read.scatter`) instead of one read per row."""
+
+
 class ArrayArena:
     """Recycles batch-sized arrays so writers fill memory that is already mapped.
 
     Fresh multi-megabyte arrays cost a page fault per 4 KiB on first touch, which
     makes writing into them several times slower than the copy itself.  The arena
-    keeps up to ``max_sets`` page-aligned buffers of ``batch_rows`` rows and hands
-    out arrays on them (lent: see :class:`~h5stream.memory.lend.Lender`).  A buffer is
-    reused only once nothing refers to the array last made on it, nor to any
+    keeps up to ``max_sets`` page-aligned buffers of ``batch_rows`` rows (mapped :data:`SLAB_BYTES` at a
+    time, end to end) and hands out arrays on them (lent: see :class:`~h5stream.memory.lend.Lender`).  A buffer
+    is reused only once nothing refers to the array last made on it, nor to any
     view of that array, so a caller may keep a batch as long as it likes: it is
     never overwritten.  Used from one thread (its owner's); a buffer's array dropped in another thread puts
     the buffer on the free list there (a weak reference callback; ``deque`` appends are atomic), so taking a
@@ -104,26 +110,38 @@ class ArrayArena:
         self.row_shape = tuple(row_shape)
         self.dtype = np.dtype(dtype)
         self.max_sets = int(max_sets)
-        self._sets: list[Lender] = []
-        self._free: deque[int] = deque()  # sets whose last array was dropped (maybe twice: checked when taken)
+        self._sets: list[tuple[Lender, int]] = []  # buffer -> (the lender of its mapping, its part there)
+        self._free: deque[int] = deque()  # buffers never lent or whose last array was dropped (checked when taken)
 
     def _freed(self, k: int) -> Callable[[weakref.ref], None]:
         free = self._free
         return lambda _ref: free.append(k)
 
+    def _map(self) -> None:
+        """Map the next buffers (up to :data:`SLAB_BYTES` of them, within ``max_sets``) and put them on the free
+        list, in order."""
+        shape = (self.batch_rows, *self.row_shape)
+        part_bytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+        count = len(self._sets)
+        parts = max(1, min(self.max_sets - count, SLAB_BYTES // max(1, part_bytes)))
+        lender = Lender(private_memory(parts * part_bytes), (parts, *shape), self.dtype)
+        self._sets.extend((lender, k) for k in range(parts))
+        self._free.extend(range(count, count + parts))
+
     def __call__(self, n: int) -> np.ndarray:
         if n > self.batch_rows:
             return aligned_empty((n, *self.row_shape), self.dtype)
+        if not self._free and len(self._sets) < self.max_sets:
+            self._map()
         while self._free:
             k = self._free.popleft()
-            if not self._sets[k].in_use(0):
-                return self._sets[k].lend(0, self._freed(k))[:n]
-        count = len(self._sets)
+            lender, part = self._sets[k]
+            if not lender.in_use(part):
+                return lender.lend(part, self._freed(k))[:n]
+            if not self._free and len(self._sets) < self.max_sets:
+                self._map()
         shape = (1, self.batch_rows, *self.row_shape)
         lender = Lender(private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize), shape, self.dtype)
-        if count < self.max_sets:
-            self._sets.append(lender)
-            return lender.lend(0, self._freed(count))[:n]
         return lender.lend(0)[:n]  # direct reads can land in it: a buffer starts on a page boundary
 
 

@@ -82,6 +82,7 @@ class FillJob:
         self.to_read = runs  # the runs read into batches (deferred batches' rows are read by their receivers)
         self.done = 0  # runs of to_read read or handed to the I/O threads
         self.targets: dict[int, Pending] = {}
+        self.placement = None  # where small rows land (read/scatter.py), set by RowReader.prepare
         self.futures: list = []
 
 

@@ -457,6 +457,7 @@ class Reader:
             else:
                 into_batches = np.isin(job.batch, with_images)
                 job.to_read = [r for r in job.runs if into_batches[r.dest:r.dest + r.rows].any()]
+        getattr(self._rows, "prepare", lambda job: None)(job)  # where small rows land (a part set's rows: none)
         if self._io is not None and job.to_read:
             # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
             # in file order and finish within one read of each other, so the device's queue stays full to the

@@ -18,6 +18,7 @@ from h5stream.memory.rawio import aligned_empty
 from h5stream.concurrency.wait import Stopped
 from h5stream.read.fill import FillJob
 from h5stream.read.runs import Run, chunk_pieces, spans
+from h5stream.read.scatter import PIECE_BYTES, SMALL_ROW_BYTES, place, placement
 from h5stream.read.source import ByteSource
 from h5stream.read.verify import BlockCheck
 from h5stream.store.meta import StoreMeta
@@ -52,6 +53,7 @@ class RowReader:
         self._scratch = aligned_empty(meta.row_bytes)  # destination of rows that are read but not used
         self._learned: set[int] = set()  # blocks whose digests are learned (by learn_runs)
         self.advised_bytes = 0
+        self._pieces = threading.local()  # each I/O thread's buffer for pieces of runs of small rows
         self.progress = 0  # reads done, for the consumer's timeout (several threads add: a lost add still moves it)
 
     def learn_runs(self, runs: list[Run]) -> None:
@@ -96,6 +98,15 @@ class RowReader:
                 self.advised_bytes += length
         return missing
 
+    def prepare(self, job: FillJob) -> None:
+        """Once a fill's batches are allocated: where its rows land, when they are small enough to be read a
+        piece of a run at a time and placed by numpy (:mod:`h5stream.read.scatter`).  Reader thread."""
+        job.placement = None
+        # A local file only: a URL's reads are requests, which pieces would multiply, and cost far more than rows.
+        if (self._offsets is not None and self._encoded is None and self.meta.row_bytes <= SMALL_ROW_BYTES
+                and self.meta.remote is None and job.to_read):
+            job.placement = placement(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes)
+
     def read_runs(self, job: FillJob, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
         """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left;
         return the seconds and bytes read.  An I/O thread."""
@@ -112,6 +123,10 @@ class RowReader:
             nbytes, _ = self._encoded.read_run(job, run)
             return time.perf_counter() - t0, nbytes
         row_bytes = self.meta.row_bytes
+        if off is not None and getattr(job, "placement", None) is not None:
+            self._read_placed(job, run)
+            self.progress += 1
+            return time.perf_counter() - t0, n * row_bytes
         targets = job.targets
         batches = job.batch[dest:dest + n].tolist()
         offsets = job.offset[dest:dest + n].tolist()
@@ -135,6 +150,30 @@ class RowReader:
                     targets[b].batch.images[k] = rows[i]
         self.progress += 1
         return time.perf_counter() - t0, n * row_bytes
+
+    def _read_placed(self, job: FillJob, run: Run) -> None:
+        """Read a run of small rows a piece at a time into this thread's buffer, check them there, and copy them
+        to their batches (see :mod:`h5stream.read.scatter`).  An I/O thread, or the reader thread."""
+        dest, src, n, off = run
+        row_bytes = self.meta.row_bytes
+        per_piece = max(1, PIECE_BYTES // row_bytes)
+        buf = getattr(self._pieces, "buf", None)
+        if buf is None:
+            buf = self._pieces.buf = aligned_empty(per_piece * row_bytes)
+        rows = buf.view(np.dtype((np.void, row_bytes)))
+        where = job.placement
+        for first in range(0, n, per_piece):
+            if self._stop.is_set():
+                raise Stopped
+            k = min(per_piece, n - first)
+            view = memoryview(buf)[:k * row_bytes]
+            self._source.readinto(off + first * row_bytes, [view])
+            if self.check is not None:
+                used = (where.group[dest + first:dest + first + k] >= 0).tolist()
+                self.check.images(src + first, [view[i * row_bytes:(i + 1) * row_bytes] if u else None
+                                                for i, u in enumerate(used)], self.read_block)
+            place(where, dest + first, rows[:k])
+            self.progress += 1
 
     def read_block(self, start: int, stop: int, out: memoryview) -> None:
         """Read the image bytes of rows ``[start, stop)``, which lie in one block, into ``out``: by byte

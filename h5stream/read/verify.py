@@ -19,7 +19,11 @@ together from digests of its parts.  So:
   by any I/O thread or worker process -- is checked row by row against those
   (:func:`~h5stream.memory.rawio.first_mismatch`), right after it lands, while the rows are still in
   the CPU's cache.  A read that holds a whole block learns it from its own
-  rows and reads nothing again.
+  rows and reads nothing again.  Checking each block once (``every_read=False``:
+  ``verify_reads="once"`` on a local file), nothing reads a learned block's row
+  digests, so a block learned around a read's rows is checked with one digest of
+  the whole and keeps none (no step per row: the first batch of a store of many
+  small rows learns a block of 65,536 rows for each unit of 8,192 it reads).
 * **Labels** are small (8 bytes a row): each label read is widened to whole
   blocks and every block checked against its digest (:meth:`BlockCheck.labels`).
 
@@ -139,17 +143,20 @@ class BlockCheck:
         return self.span(blocks.start)[0], self.span(blocks.stop - 1)[1]
 
     # -- images ----------------------------------------------------------------------
-    def learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None = None) -> None:
+    def learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None = None) -> bool:
         """Read ``block`` whole with ``read_block``, check it against its digest and keep its rows' digests.
         ``have``: ``(first_row, views)``, rows of the block already read (one view per row, in order), so only
         the rest of the block is read.  No-op for a block learned before or not trusted.  Raises
-        :class:`ChecksumError` on a mismatch."""
+        :class:`ChecksumError` on a mismatch.  Without ``every_read`` a block learned from ``have`` keeps no
+        row digests (nothing asks for them: its rows were checked with it); True then, and for a block learned
+        before (trusted), so the caller checks nothing more; False when its rows are to be checked against the
+        row digests kept."""
         while True:
             if not self.trusted[block] or self._learned[block]:
-                return
+                return not self.every_read
             with self._lock:
                 if self._learned[block]:  # learned since the look above (flag set before the event goes)
-                    return
+                    return not self.every_read
                 busy = self._learning.get(block)
                 if busy is None:
                     mine = self._learning[block] = threading.Event()
@@ -157,42 +164,50 @@ class BlockCheck:
                 break
             busy.wait()  # then learned, or that read failed and this thread reads the block itself
         try:
-            self._learn(block, read_block, have)
+            return self._learn(block, read_block, have)
         finally:
             with self._lock:
                 del self._learning[block]
             mine.set()
 
-    def _learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None) -> None:
+    def _learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None) -> bool:
         start, stop = self.span(block)
         rb = self.row_bytes
         buf = self._take()
         try:
             view = memoryview(buf)[:(stop - start) * rb]
-            rows = [view[i * rb:(i + 1) * rb] for i in range(stop - start)]
             if have is not None:
                 try:
-                    self._learn_around(block, view, rows, read_block, *have)
-                    return
+                    self._learn_around(block, view, read_block, *have)
+                    return not self.every_read
                 except ChecksumError:
                     pass  # read the block whole: the rows already read are then checked row by row, by name
             self._read_rows(start, stop, start, view, read_block)
-            self._record(block, rows)
+            self._record(block, [view[i * rb:(i + 1) * rb] for i in range(stop - start)])
+            return False
         finally:
             self._buffers.put(buf)
 
-    def _learn_around(self, block: int, view: memoryview, rows: list[memoryview], read_block: ReadBlock,
-                      first: int, views: Sequence) -> None:
-        """Learn ``block`` into its buffer (``view``, a view per row in ``rows``) from ``views``, rows ``first,
-        first + 1, ...`` already read, and the rest of the block, read before and after them: a remote source
-        then fetches the block once more in part instead of whole."""
+    def _learn_around(self, block: int, view: memoryview, read_block: ReadBlock, first: int,
+                      views: Sequence) -> None:
+        """Learn ``block`` into its buffer ``view`` from ``views``, rows ``first, first + 1, ...`` already read,
+        and the rest of the block, read before and after them: a remote source then fetches the block once more
+        in part instead of whole.  Without ``every_read``, one digest of the whole buffer (no row digests)."""
         start, stop = self.span(block)
+        rb = self.row_bytes
         end = first + len(views)
-        for i, v in enumerate(views):
-            rows[first - start + i][:] = _byte_view(v)
+        at = (first - start) * rb
+        for v in views:
+            view[at:at + rb] = _byte_view(v)
+            at += rb
         self._read_rows(start, first, start, view, read_block)
         self._read_rows(end, stop, start, view, read_block)
-        self._record(block, rows)
+        if not self.every_read:
+            if xxhash.xxh3_64_intdigest(view) != int(self._images[block]):
+                raise ChecksumError.for_rows(self.path, start, stop - 1, "images", block)
+            self._learned[block] = True
+            return
+        self._record(block, [view[i * rb:(i + 1) * rb] for i in range(stop - start)])
 
     def _read_rows(self, a: int, b: int, start: int, view: memoryview, read_block: ReadBlock) -> None:
         """Read rows ``[a, b)`` into their place in a block buffer (``view``, whose first row is ``start``)."""
@@ -225,8 +240,8 @@ class BlockCheck:
             elif (a, b) == (start, stop) and all(v is not None for v in mine):
                 self._record(block, mine)
                 continue  # checked whole against the stored digest
-            else:
-                self.learn(block, read_block, (a, mine) if all(v is not None for v in mine) else None)
+            elif self.learn(block, read_block, (a, mine) if all(v is not None for v in mine) else None):
+                continue  # checked with the block it was learned from
             whole = all(v is not None for v in mine)
             if not whole:
                 served = [i for i, v in enumerate(mine) if v is not None]

@@ -300,7 +300,12 @@ class StoreWriter(DurableFile):
 
     def _stored_paths(self, paths: Sequence[str]):
         """``paths`` as this store keeps them: :class:`~h5stream.store.pathrows.PathRows` (any length), or a
-        format-1 store's fixed-width array (ConfigError for one too long for it)."""
+        format-1 store's fixed-width array (ConfigError for one too long for it); ``paths`` may be a
+        :class:`~h5stream.store.pathrows.PathRows` already."""
+        if isinstance(paths, pathrows.PathRows):
+            if self._vlen_paths:
+                return paths
+            paths = [schema.decode_path(b) for b in paths.to_bytes()]
         raw = schema.encode_paths(paths)
         if self._vlen_paths:
             return pathrows.PathRows.from_bytes(raw)

@@ -7,8 +7,11 @@ feeder travels as a payload the training process rebuilds into the same exceptio
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing as mp
 import pickle
 import struct
+import threading
 import traceback
 
 import numpy as np
@@ -106,3 +109,40 @@ def send(conn, msg, labels_as=(None, ())) -> bool:
         return True
     except (EOFError, OSError):
         return False
+
+
+# -- the feeder's progress, beside the pipe --------------------------------------------------------------------------
+
+
+def progress_word():
+    """A counter in shared memory that the feeder raises whenever its reader has done something (a read, a fill)
+    since it last looked (:class:`ProgressBeacon`), and the training process reads while it waits for an answer:
+    so its wait follows the rule of ``timeout_s`` (no read for ``timeout_s``), not a fixed time.  Given to the
+    feeder as it is spawned (multiprocessing's shared memory, unlinked as it is made: nothing is left behind)."""
+    return mp.get_context("spawn").RawValue(ctypes.c_uint64, 0)
+
+
+class ProgressBeacon:
+    """The feeder's thread that looks at its feed's reader every ``every_s`` and raises ``word`` when the reader's
+    progress (:attr:`h5stream.read.reader.Reader.progress`, or another reader after a restart) changed.  Reads
+    the reader's counters only (a snapshot, from this thread); :meth:`close` ends the thread.  Owned by the
+    feeder's main thread."""
+
+    def __init__(self, feed, word, every_s: float):
+        self._feed, self._word, self._every_s = feed, word, float(every_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="h5stream-feeder-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = None
+        while not self._stop.wait(self._every_s):
+            reader = self._feed.reader
+            now = None if reader is None else (id(reader), reader.progress)
+            if now != last:
+                last = now
+                self._word.value += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

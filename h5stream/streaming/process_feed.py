@@ -64,7 +64,8 @@ from h5stream.streaming.budget import FEEDER_IN_FLIGHT, KEPT_SLOTS
 from h5stream.streaming.config import StreamConfig
 from h5stream.errors import ReaderError
 from h5stream.streaming.feeder_protocol import (BATCH, ERROR, FATAL, NEXT, READY, START, STARTED, STATS, STOP,
-                                                error_payload, rebuild_error, send, unpack)
+                                                ProgressBeacon, error_payload, progress_word, rebuild_error, send,
+                                                unpack)
 
 
 #: Seconds the trainer waits for an answer beyond ``timeout_s``: the feeder's own wait for that batch began
@@ -92,11 +93,12 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # close() ran out of patience: close the pool on the way out
 
 
-def feeder_main(conn, parts: bytes) -> None:
+def feeder_main(conn, parts: bytes, progress=None) -> None:
     """What the feeder process runs (the target of :func:`~h5stream.concurrency.spawn.spawn_workers`): build the
     ``PooledFeed`` from ``parts`` (pickled), answer ``READY``, then serve the trainer's messages in order until
-    ``STOP``, the pipe's end or the parent's death; the feed is closed on every way out.  Main thread of the
-    feeder; its ``PooledFeed`` runs its reader thread as usual."""
+    ``STOP``, the pipe's end or the parent's death; the feed is closed on every way out.  ``progress``: the
+    :func:`~h5stream.streaming.feeder_protocol.progress_word` a :class:`ProgressBeacon` thread raises while the
+    feed's reader moves.  Main thread of the feeder; its ``PooledFeed`` runs its reader thread as usual."""
     worker_signals()
     signal.signal(signal.SIGTERM, _on_sigterm)
     parent = mp.parent_process()
@@ -107,6 +109,7 @@ def feeder_main(conn, parts: bytes) -> None:
     except BaseException as exc:
         send(conn, (FATAL, None, error_payload(exc)))
         return
+    beacon = None if progress is None else ProgressBeacon(feed, progress, POLL_S)
     try:
         # The pool's output segment: the trainer maps it and reads its batches there.
         slots = feed.pool.output_slots
@@ -114,6 +117,8 @@ def feeder_main(conn, parts: bytes) -> None:
             return
         _serve(conn, parent, feed, slots)
     finally:
+        if beacon is not None:
+            beacon.close()
         feed.close()
 
 
@@ -287,13 +292,14 @@ class ProcessFeed:
         self._error: BaseException | None = None  # the feeder is gone: raised again by every call
         self._waited_s = 0.0
         self._ready = False  # the feeder answered READY
+        self._moved = progress_word()  # raised by the feeder while its reader moves (feeder_protocol.ProgressBeacon)
         self.pid, self.worker_pids, self._last_stats = None, [], {}
         try:
-            procs, conns = spawn_workers(feeder_main, [(parts,)], name="h5stream-feeder",
+            procs, conns = spawn_workers(feeder_main, [(parts, self._moved)], name="h5stream-feeder",
                                          hide_main=b"__main__" not in parts, daemon=False)
             state.proc, state.conn = procs[0], conns[0]
             state.inbox = _Inbox(state.conn.fileno(), POLL_S)
-            ready = self._receive(max(60.0, config.timeout_s) * 2, "started", ready=True)
+            ready = self._receive(max(60.0, config.timeout_s) * 2, "started", ready=True, moving=False)
             self.pid, spec, self.worker_pids = ready[2], ready[3], ready[4]
             self._ready = True
             self._last_stats = {"worker_pids": self.worker_pids}
@@ -316,17 +322,22 @@ class ProcessFeed:
         if not send(self._state.conn, (kind, self._generation, freed, *args), self._labels_as):
             raise self._died()
 
-    def _receive(self, timeout_s: float, what: str, ready: bool = False, stopped_s: float | None = None) -> tuple:
+    def _receive(self, timeout_s: float, what: str, ready: bool = False, stopped_s: float | None = None,
+                 moving: bool = True) -> tuple:
         """The next message from the feeder: answers of an older generation dropped (their slots freed), within
-        ``timeout_s``, else :class:`ReaderError`; the feeder's death a :class:`ReaderError` at once.  ``ready``:
-        the start-up answer (a failed start-up raises its error).  ``stopped_s``: a feeder found stopped once
-        this long has passed is named then (a stopped feeder sends nothing, so no grace is owed to it)."""
+        ``timeout_s``, and past it for as long as the feeder's reader did something in the last ``timeout_s``
+        (``moving``: the rule of ``timeout_s`` in the feeder's own wait, :func:`~h5stream.concurrency.wait.
+        get_while_moving`, so a slow first fill that trips neither trips this), else :class:`ReaderError`; the
+        feeder's death a :class:`ReaderError` at once.  ``ready``: the start-up answer (a failed start-up raises
+        its error).  ``stopped_s``: a feeder found stopped once this long has passed is named then (a stopped
+        feeder sends nothing, so no grace is owed to it)."""
         if self._error is not None:
             raise self._error
         state = self._state
         inbox = state.inbox
         t0 = time.monotonic()
         deadline = t0 + timeout_s
+        moved, moved_at = self._moved.value, t0
         while True:
             data = inbox.pop()
             if data is None:
@@ -340,8 +351,11 @@ class ProcessFeed:
                     now = time.monotonic()
                     if stopped_s is not None and now >= t0 + stopped_s and stopped(state.proc.pid):
                         raise self._late(stopped_s, what)
+                    if moving and self._moved.value != moved:
+                        moved, moved_at = self._moved.value, now
+                        deadline = max(deadline, moved_at + timeout_s)
                     if now >= deadline:
-                        raise self._late(timeout_s, what)
+                        raise self._late(now - t0, what, timeout_s if moving else None)
                 continue
             msg = unpack(data, *self._labels_as)
             kind, gen = msg[0], msg[1]
@@ -364,7 +378,7 @@ class ProcessFeed:
                                   "(open(..., resume=state))")
         return self._error
 
-    def _late(self, waited_s: float, what: str) -> ReaderError:
+    def _late(self, waited_s: float, what: str, quiet_s: float | None = None) -> ReaderError:
         pid = self._state.proc.pid
         if not self._state.proc.is_alive():
             return self._died()
@@ -373,9 +387,10 @@ class ProcessFeed:
                 f"{self.meta.path}: the feeder process (pid {pid}) is stopped (SIGSTOP or Ctrl-Z) and has not "
                 f"{what} in {waited_s:.3g} s; resume it (kill -CONT {pid}), then go on from the stream's state()")
         else:
+            quiet = "" if quiet_s is None else f", and its reader has read nothing in the last {quiet_s:.3g} s"
             self._error = ReaderError(
-                f"{self.meta.path}: the feeder process (pid {pid}) has not {what} in {waited_s:.3g} s; "
-                "raise timeout_s if the transform is that slow")
+                f"{self.meta.path}: the feeder process (pid {pid}) has not {what} in {waited_s:.3g} s{quiet}; "
+                "raise timeout_s if the transform or the storage is that slow")
         return self._error
 
     # -- the feed's interface ----------------------------------------------------------------------------------
