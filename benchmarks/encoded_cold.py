@@ -2,7 +2,7 @@
 
     python -m benchmarks.encoded_cold                                   # 2,000 photos at 224 px, 256 MiB, 3 epochs
     python -m benchmarks.encoded_cold --photos 600 --epochs 2          # a smoke run
-    python -m benchmarks.encoded_cold --cold-limit 2GiB --photos 20000  # the lead's size
+    python -m benchmarks.encoded_cold --photos 20000 --cold-limit 1GiB  # raw 2.8 GiB: 2.8x the limit
     python -m benchmarks.encoded_cold --json                           # one JSON object
 
 The same photo-like JPEGs (:func:`benchmarks.data.ensure_photos`) ingested at ``--size`` px as a raw store and as
@@ -15,7 +15,8 @@ reader drops the store from the page cache (``POSIX_FADV_DONTNEED``) before ever
 says ``"method": "fadvise"``: every epoch is then cold for both stores, which is not the case measured.
 
 Each store is dropped from the page cache first, then the reader streams it for ``--epochs`` epochs
-(``workers=--workers``, ``--augment`` preset or none, ``memory_budget=--budget``, ``direct_io="auto"``): per epoch
+(``workers=--workers``, ``--augment`` preset or none, ``memory_budget=--budget``, ``direct_io="auto"``, or ``True`` for
+the raw store with ``--raw-direct-io``: ``"auto"`` sees a cgroup v2 limit, not a v1 one): per epoch
 images/s and the bytes its process tree read from the disk (``read_bytes`` of ``/proc/PID/io``, with the workers').
 The raw store is read again from the disk every epoch; the JPEG store once.  Ratios are JPEG over raw, per epoch,
 in the same run; ``--rounds`` repeats the pair (order alternating) and the table gives medians.
@@ -56,8 +57,10 @@ def tree_read_bytes() -> int:
 
 
 def reader(argv: list[str]) -> int:
-    """The child: ``PATH EPOCHS WORKERS AUGMENT BUDGET CGROUP_DIR|- EVICT(0/1)``; prints one JSON object."""
-    path, epochs, workers, augment, budget, cgroup_dir, evict = argv
+    """The child: ``PATH EPOCHS WORKERS AUGMENT BUDGET CGROUP_DIR|- EVICT(0/1) [DIRECT_IO(auto/0/1)]``; prints one
+    JSON object."""
+    path, epochs, workers, augment, budget, cgroup_dir, evict, *direct = argv
+    direct_io = {"auto": "auto", "1": True, "0": False}[direct[0] if direct else "auto"]
     if cgroup_dir != "-":  # before anything is imported or read: what follows is charged to the limited cgroup
         with open(os.path.join(cgroup_dir, "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))
@@ -66,9 +69,9 @@ def reader(argv: list[str]) -> int:
     from h5stream.read.source import resolve_direct_io
 
     aug = None if augment == "none" else h5stream.Augment.preset(augment)
-    out = {"direct_io": resolve_direct_io(path, "auto"), "epochs": []}
+    out = {"direct_io": resolve_direct_io(path, direct_io), "epochs": []}
     with h5stream.open(path, batch_size=BATCH, seed=0, augment=aug, workers=int(workers),
-                       memory_budget=budget) as stream:
+                       memory_budget=budget, direct_io=direct_io) as stream:
         for _ in range(int(epochs)):
             if evict == "1":
                 evict_from_page_cache(path)
@@ -143,14 +146,14 @@ class Limit:
         self.dir = None
 
 
-def read_store(path: str, limit: Limit, args) -> dict:
+def read_store(path: str, limit: Limit, args, direct_io: str = "auto") -> dict:
     from h5stream.measure.cold import evict_from_page_cache
 
     limit.fresh()
     evict_from_page_cache(path)
     cmd = limit.prefix + child_command("benchmarks.encoded_cold:reader", path, args.epochs, args.workers,
                                        args.augment, args.budget, limit.dir or "-",
-                                       "1" if limit.method == "fadvise" else "0")
+                                       "1" if limit.method == "fadvise" else "0", direct_io)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), check=False)
     if proc.returncode != 0:
         raise SystemExit(f"benchmarks.encoded_cold: the reader of {path} failed (exit {proc.returncode}; "
@@ -197,7 +200,8 @@ def run(args) -> dict:
         for r in range(args.rounds):
             got = {}
             for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):
-                got[kind] = read_store(stores[kind], limit, args)
+                direct_io = "1" if kind == "raw" and args.raw_direct_io else "auto"
+                got[kind] = read_store(stores[kind], limit, args, direct_io)
                 log(f"  round {r + 1}/{args.rounds}, {kind}: " + ", ".join(
                     f"{e['images_per_s']:,.0f} img/s {e['read_bytes'] / 2**20:,.0f} MiB" for e in got[kind]["epochs"]))
             rounds.append(got)
@@ -238,6 +242,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--augment", default="none", help="an Augment preset or none (default none)")
+    p.add_argument("--raw-direct-io", action="store_true",
+                   help="read the raw store with direct_io=True (what direct_io='auto' chooses where it sees the "
+                   "limit: it reads cgroup v2's memory.max only); default: direct_io='auto' for both")
     p.add_argument("--budget", default="96MiB", help="the reader's memory_budget (default 96MiB)")
     add_data_option(p)
     add_json_option(p)
