@@ -145,8 +145,11 @@ def run(args) -> dict:
             "chunk_fraction_of_file": min(1.0, chunk_rows / meta.rows), "epochs": args.epochs,
             "batch_size": args.batch_size, "seeds": args.seeds, "storage_order": "sorted"}
     if jpeg_path:
+        with h5stream.open(jpeg_path, **opts) as probe:
+            jplan = probe.plan
         info.update(encoding="jpeg", jpeg_quality=args.quality, jpeg_file_bytes=int(jmeta.file_bytes),
-                    jpeg_bytes_per_image=jmeta.encoded_bytes / jmeta.rows)
+                    jpeg_bytes_per_image=jmeta.encoded_bytes / jmeta.rows,
+                    jpeg_shuffle_buffer_rows=int(jplan.rows_per_fill), jpeg_unit_rows=int(jplan.unit_rows))
     print(f"train {meta.rows} rows ({meta.file_bytes / 2**20:.1f} MiB, class-sorted), test {len(y_test)}; "
           f"h5stream budget {args.budget}: buffer {plan.rows_per_fill} rows "
           f"({100 * info['buffer_fraction_of_file']:.1f}% of the file, units of {plan.unit_rows} rows, "
@@ -154,7 +157,8 @@ def run(args) -> dict:
           f"chunk {chunk_rows} rows ({100 * info['chunk_fraction_of_file']:.1f}%)", flush=True)
     if jpeg_path:
         print(f"JPEG q{args.quality} store: {jmeta.file_bytes / 2**20:.1f} MiB, "
-              f"{info['jpeg_bytes_per_image']:,.0f} B/image against {x_train[0].nbytes:,} raw", flush=True)
+              f"{info['jpeg_bytes_per_image']:,.0f} B/image against {x_train[0].nbytes:,} raw; h5stream buffer "
+              f"{jplan.rows_per_fill} rows (units of {jplan.unit_rows} rows) x {jplan.n_buffers}", flush=True)
     regimes = list(args.regimes) + (["h5stream jpeg"] if jpeg_path else [])
     results: dict[str, list[float]] = {r: [] for r in regimes}
     for seed in args.seeds:
