@@ -15,8 +15,9 @@ one store per kind: raw, ``--compression zlib``, ``--compression blosc`` and ``-
 * ``augmented``: the same with the ``standard`` augmentation in the consumer's thread.
 
 Then decode + random resized crop to ``--crop`` px (default 7/8 of ``--size``: 112 from 128; 0 skips it) + flip
-per core, h5stream on the JPEG q90 store against FFCV 1.0.2 on the same images (:mod:`benchmarks.encoded_crop`;
-FFCV runs from its own venv, ``--ffcv-python``, and is skipped with a line saying so where that is missing).
+per core, h5stream on the JPEG q90 store against FFCV 1.0.2 on the same images and DALI's CPU pipeline on the same
+JPEGs (:mod:`benchmarks.encoded_crop`; each peer runs from its own venv, ``--ffcv-python``, ``--dali-python``, and
+is skipped with a line saying so where that is missing).
 
 Every round streams every store in turn (the order rotating); the table gives medians and the median of the
 per-round ratios to the raw store (what survives a shared machine's drift).
@@ -130,7 +131,7 @@ def run(args) -> dict:
     if args.crop:
         from benchmarks.encoded_crop import run_crop
 
-        out["crop"] = run_crop(stores, args.crop, args.rounds, args.data, args.ffcv_python)
+        out["crop"] = run_crop(stores, args.crop, args.rounds, args.data, args.ffcv_python, args.dali_python)
     return out
 
 
@@ -166,6 +167,8 @@ def main(argv=None) -> int:
                    help="random resized crop output side for the FFCV comparison (default 7/8 of --size; 0: none)")
     p.add_argument("--ffcv-python", default=None, help="FFCV's venv's python (default $H5STREAM_FFCV_PYTHON or "
                    "/work/peers/ffcv/bin/python)")
+    p.add_argument("--dali-python", default=None, help="DALI's venv's python (default $H5STREAM_DALI_PYTHON or "
+                   ".venv-dali/bin/python at the repository root)")
     add_data_option(p)
     add_json_option(p)
     args = p.parse_args(argv)
@@ -175,6 +178,10 @@ def main(argv=None) -> int:
         from benchmarks.encoded_crop import DEFAULT_FFCV_PYTHON
 
         args.ffcv_python = DEFAULT_FFCV_PYTHON
+    if args.dali_python is None:
+        from benchmarks.encoded_crop import DEFAULT_DALI_PYTHON
+
+        args.dali_python = DEFAULT_DALI_PYTHON
     emit(run(args), as_json=args.json, format_text=table)
     return 0
 

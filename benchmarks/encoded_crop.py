@@ -6,8 +6,12 @@ crop needs) by the consumer's thread (``workers=0``, one core); FFCV 1.0.2 gets 
 rows), written with its ``DatasetWriter`` as JPEG q90, and streams them with ``RandomResizedCropRGBImageDecoder((c,
 c))`` + ``RandomHorizontalFlip()``, ``num_workers=1``, ``order=RANDOM``, ``os_cache=True``, timed after its first
 epoch (its JIT), in a child process run by FFCV's own venv's python (:mod:`benchmarks.ffcv_crop`; ``--ffcv-python``,
-default ``$H5STREAM_FFCV_PYTHON`` or ``/work/peers/ffcv/bin/python``).  Without that python the FFCV column is
-skipped with a line saying so.  Both rates are images per CPU-second of the process that decodes.
+default ``$H5STREAM_FFCV_PYTHON`` or ``/work/peers/ffcv/bin/python``).  DALI's CPU pipeline gets the JPEG q90
+store's own bytes and streams them with ``fn.decoders.image_random_crop(device="cpu")`` + ``fn.resize`` +
+``fn.flip``, ``num_threads=1``, no GPU (:mod:`benchmarks.dali_crop`, run by DALI's venv's python,
+``--dali-python``, default ``$H5STREAM_DALI_PYTHON`` or ``.venv-dali/bin/python`` at the repository root: ``python
+-m venv .venv-dali && .venv-dali/bin/pip install nvidia-dali-cuda120``).  Without that python a column is skipped
+with a line saying so.  Every rate is images per CPU-second of the process that decodes.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import subprocess
 import sys
 import time
 
-from benchmarks.harness import log, median, self_and_children_cpu_s
+from benchmarks.harness import REPO, log, median, self_and_children_cpu_s
 
 DEFAULT_FFCV_PYTHON = os.environ.get("H5STREAM_FFCV_PYTHON", "/work/peers/ffcv/bin/python")
+DEFAULT_DALI_PYTHON = os.environ.get("H5STREAM_DALI_PYTHON", os.path.join(REPO, ".venv-dali", "bin", "python"))
 BATCH = 64
 
 
@@ -59,20 +64,47 @@ def ffcv_rates(raw_store: str, crop: int, rounds: int, workdir: str, python: str
     images_npy, labels_npy = os.path.join(workdir, "ffcv-images.npy"), os.path.join(workdir, "ffcv-labels.npy")
     np.save(images_npy, images)
     np.save(labels_npy, labels.astype(np.int64).reshape(len(labels), -1)[:, 0])
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ffcv_crop.py")
+    try:
+        return peer_child(python, "ffcv_crop.py", "FFCV", images_npy, labels_npy, workdir, crop, rounds)
+    finally:
+        for p in (images_npy, labels_npy):
+            os.unlink(p)
+
+
+def dali_rates(jpeg_store: str, crop: int, rounds: int, workdir: str, python: str) -> dict:
+    """DALI's CPU pipeline's rates on the JPEG store's own bytes (see the module doc), or ``{"skipped": why}``."""
+    import h5py
+    import numpy as np
+
+    from h5stream.store import schema
+
+    if not os.path.exists(python):
+        return {"skipped": f"no DALI venv at {python} (--dali-python): DALI not measured"}
+    jpegs = os.path.join(workdir, "dali-jpegs.npz")
+    with h5py.File(jpeg_store, "r") as f:
+        np.savez(jpegs, data=f[schema.IMAGE_BYTES][:], ends=f[schema.IMAGE_ENDS][:])
+    try:
+        return peer_child(python, "dali_crop.py", "DALI", jpegs, crop, rounds)
+    finally:
+        os.unlink(jpegs)
+
+
+def peer_child(python: str, script: str, name: str, *args) -> dict:
+    """``python benchmarks/<script> args...`` without this repository on its path: its last line's JSON, or
+    ``{"skipped": "<name>'s run failed (<its last line of stderr>)"}``."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([python, script, images_npy, labels_npy, workdir, str(crop), str(rounds)],
-                          capture_output=True, text=True, env=env, check=False)
-    for p in (images_npy, labels_npy):
-        os.unlink(p)
+    proc = subprocess.run([python, path, *map(str, args)], capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"skipped": f"FFCV's run failed ({tail})"}
+        return {"skipped": f"{name}'s run failed ({tail})"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_crop(stores: dict, crop: int, rounds: int, workdir: str, python: str = DEFAULT_FFCV_PYTHON) -> dict:
-    """h5stream's rounds on the JPEG q90 store and FFCV's on the same pixels: medians and the ratio of medians."""
+def run_crop(stores: dict, crop: int, rounds: int, workdir: str, python: str = DEFAULT_FFCV_PYTHON,
+             dali_python: str = DEFAULT_DALI_PYTHON) -> dict:
+    """h5stream's rounds on the JPEG q90 store, FFCV's on the same pixels and DALI's on the same JPEGs: medians
+    and the ratios of medians."""
     if stores.get("jpeg q90") is None or stores.get("raw") is None:
         raise SystemExit("benchmarks.encoded: --crop needs the raw and jpeg q90 stores")
     ours = []
@@ -81,15 +113,15 @@ def run_crop(stores: dict, crop: int, rounds: int, workdir: str, python: str = D
         log(f"  round {r + 1}/{rounds}: crop {crop}, h5stream jpeg q90: {ours[-1]['images_per_cpu_s']:,.0f} img/CPU-s")
     out = {"output": crop, "h5stream": {"rounds": ours, "images_per_s": median(x["images_per_s"] for x in ours),
                                         "images_per_cpu_s": median(x["images_per_cpu_s"] for x in ours)}}
-    theirs = ffcv_rates(stores["raw"], crop, rounds, workdir, python)
-    if "skipped" in theirs:
-        log(theirs["skipped"])
-        out["ffcv"] = theirs
-        return out
-    theirs["images_per_s"] = median(x["images_per_s"] for x in theirs["rounds"])
-    theirs["images_per_cpu_s"] = median(x["images_per_cpu_s"] for x in theirs["rounds"])
-    out["ffcv"] = theirs
-    out["per_core_vs_ffcv"] = out["h5stream"]["images_per_cpu_s"] / theirs["images_per_cpu_s"]
+    for peer, theirs in (("ffcv", ffcv_rates(stores["raw"], crop, rounds, workdir, python)),
+                         ("dali", dali_rates(stores["jpeg q90"], crop, rounds, workdir, dali_python))):
+        out[peer] = theirs
+        if "skipped" in theirs:
+            log(theirs["skipped"])
+            continue
+        theirs["images_per_s"] = median(x["images_per_s"] for x in theirs["rounds"])
+        theirs["images_per_cpu_s"] = median(x["images_per_cpu_s"] for x in theirs["rounds"])
+        out[f"per_core_vs_{peer}"] = out["h5stream"]["images_per_cpu_s"] / theirs["images_per_cpu_s"]
     return out
 
 
@@ -104,7 +136,16 @@ def crop_table(crop: dict) -> str:
     else:
         lines.append(f"| FFCV 1.0.2, JPEG q90, num_workers=1, after its first epoch | {theirs['images_per_s']:,.0f} | "
                      f"{theirs['images_per_cpu_s']:,.0f} |")
-        lines.append(f"\nh5stream per core / FFCV per core: {crop['per_core_vs_ffcv']:.2f}x")
+    dali = crop.get("dali", {"skipped": "not run"})
+    if "skipped" in dali:
+        lines.append(f"| DALI CPU pipeline | skipped: {dali['skipped']} | |")
+    else:
+        lines.append(f"| DALI {dali.get('version', '')} CPU pipeline, the store's JPEGs, num_threads=1, no GPU | "
+                     f"{dali['images_per_s']:,.0f} | {dali['images_per_cpu_s']:,.0f} |")
+    lines.append("")
+    for peer, name in (("ffcv", "FFCV"), ("dali", "DALI")):
+        if f"per_core_vs_{peer}" in crop:
+            lines.append(f"h5stream per core / {name} per core: {crop[f'per_core_vs_{peer}']:.2f}x")
     return "\n".join(lines)
 
 
