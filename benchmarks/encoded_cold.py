@@ -16,7 +16,8 @@ says ``"method": "fadvise"``: every epoch is then cold for both stores, which is
 
 Each store is dropped from the page cache first, then the reader streams it for ``--epochs`` epochs
 (``workers=--workers``, ``--augment`` preset or none, ``memory_budget=--budget``, ``direct_io="auto"``, or ``True`` for
-the raw store with ``--raw-direct-io``: ``"auto"`` sees a cgroup v2 limit, not a v1 one): per epoch
+the raw store with ``--raw-direct-io``; ``"auto"`` sees the cgroup's limit, v1 or v2, and reads a raw store larger than
+it past the page cache): per epoch
 images/s and the bytes its process tree read from the disk (``read_bytes`` of ``/proc/PID/io``, with the workers').
 The raw store is read again from the disk every epoch; the JPEG store once.  Ratios are JPEG over raw, per epoch,
 in the same run; ``--rounds`` repeats the pair (order alternating) and the table gives medians.
@@ -34,6 +35,7 @@ import sys
 import time
 
 from benchmarks.harness import (add_data_option, add_json_option, child_command, child_env, emit, log, median)
+from h5stream.read.source import cgroup_paths
 
 KINDS = ("raw", "jpeg q90")
 BATCH = 64
@@ -88,15 +90,6 @@ def reader(argv: list[str]) -> int:
 
 
 # -- the limit ----------------------------------------------------------------------------------------------------
-def own_v1_memory_cgroup(proc_cgroup: str) -> str | None:
-    """This process's cgroup v1 memory hierarchy path from ``/proc/self/cgroup``'s text, or None."""
-    for line in proc_cgroup.splitlines():
-        parts = line.strip().split(":", 2)
-        if len(parts) == 3 and "memory" in parts[1].split(","):
-            return parts[2]
-    return None
-
-
 class Limit:
     """Owns a memory cgroup of ``limit`` bytes for one reader at a time (v1), or the ``systemd-run`` prefix (v2),
     or nothing (``method == "fadvise"``: the reader evicts each epoch).  :meth:`close` removes the cgroup."""
@@ -105,7 +98,7 @@ class Limit:
         self.limit, self.dir, self.prefix, self.method, self.why = limit, None, [], "fadvise", ""
         if os.path.isdir(CGROUP_V1) and os.path.exists(os.path.join(CGROUP_V1, "memory.limit_in_bytes")):
             with open("/proc/self/cgroup") as fh:
-                rel = own_v1_memory_cgroup(fh.read())
+                rel = cgroup_paths(fh.read())[1]
             try:
                 self.dir = os.path.join(CGROUP_V1, (rel or "/").lstrip("/"), f"h5stream-cold-{os.getpid()}")
                 os.makedirs(self.dir)
@@ -243,8 +236,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--augment", default="none", help="an Augment preset or none (default none)")
     p.add_argument("--raw-direct-io", action="store_true",
-                   help="read the raw store with direct_io=True (what direct_io='auto' chooses where it sees the "
-                   "limit: it reads cgroup v2's memory.max only); default: direct_io='auto' for both")
+                   help="read the raw store with direct_io=True; default: direct_io='auto' for both (which "
+                   "sees the cgroup's limit)")
     p.add_argument("--budget", default="96MiB", help="the reader's memory_budget (default 96MiB)")
     add_data_option(p)
     add_json_option(p)

@@ -15,12 +15,6 @@ from h5stream.store.writer import write_arrays
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
-def test_the_memory_cgroup_is_found_among_the_v1_hierarchies():
-    text = "12:pids:/a\n4:cpu,memory:/process_api/abc\n0::/\n"
-    assert encoded_cold.own_v1_memory_cgroup(text) == "/process_api/abc"
-    assert encoded_cold.own_v1_memory_cgroup("0::/user.slice\n") is None
-
-
 def test_the_summary_takes_medians_per_epoch_and_same_round_ratios():
     def run(raw, jpeg):
         return {"raw": {"epochs": [{"images_per_s": v, "read_bytes": 10} for v in raw]},

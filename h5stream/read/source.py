@@ -364,22 +364,59 @@ def _meminfo_bytes(key: str) -> int | None:
 
 
 def _cgroup_room() -> int | None:
-    """Bytes of this process's cgroup (v2) memory limit not taken by anonymous memory, or None without a limit."""
+    """Bytes of this process's cgroup memory limit (v2 ``memory.max``, or v1's effective limit, its ancestors'
+    included) not taken by anonymous memory, or None without a limit."""
     try:
         with open("/proc/self/cgroup") as fh:
-            rel = next((line.strip().split("::", 1)[1] for line in fh if line.startswith("0::")), None)
-        if rel is None:
-            return None
-        base = os.path.join("/sys/fs/cgroup", rel.lstrip("/"))
-        with open(os.path.join(base, "memory.max")) as fh:
-            limit = fh.read().strip()
-        if limit == "max":
-            return None
-        with open(os.path.join(base, "memory.stat")) as fh:
-            anon = next(int(line.split()[1]) for line in fh if line.startswith("anon "))
-        return max(0, int(limit) - anon)
+            v2, v1 = cgroup_paths(fh.read())
+        if v2 is not None and os.path.exists(os.path.join("/sys/fs/cgroup", v2.lstrip("/"), "memory.max")):
+            base = os.path.join("/sys/fs/cgroup", v2.lstrip("/"))
+            with open(os.path.join(base, "memory.max")) as fh:
+                limit = fh.read().strip()
+            if limit == "max":
+                return None
+            with open(os.path.join(base, "memory.stat")) as fh:
+                anon = next(int(line.split()[1]) for line in fh if line.startswith("anon "))
+            return max(0, int(limit) - anon)
+        if v1 is not None:
+            with open(os.path.join("/sys/fs/cgroup/memory", v1.lstrip("/"), "memory.stat")) as fh:
+                return v1_room(fh.read())
     except (OSError, ValueError, StopIteration, IndexError):
         return None
+    return None
+
+
+def cgroup_paths(proc_cgroup: str) -> tuple[str | None, str | None]:
+    """``(v2 path, v1 memory path)`` of a process from its ``/proc/PID/cgroup`` text (pure); None where absent."""
+    v2 = v1 = None
+    for line in proc_cgroup.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        elif "memory" in parts[1].split(","):
+            v1 = parts[2]
+    return v2, v1
+
+
+V1_NO_LIMIT = 1 << 62
+"""cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value: anything this large is none."""
+
+
+def v1_room(memory_stat: str) -> int | None:
+    """Bytes a cgroup v1 memory limit leaves to the page cache, from its ``memory.stat`` text (pure): the
+    effective limit (``hierarchical_memory_limit``, the smallest of the cgroup's and its ancestors') less the
+    anonymous memory charged to it (``total_rss``); None without a limit."""
+    stat = {}
+    for line in memory_stat.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            stat[key] = int(value)
+    limit = stat.get("hierarchical_memory_limit")
+    if limit is None or limit >= V1_NO_LIMIT:
+        return None
+    return max(0, limit - stat.get("total_rss", stat.get("rss", 0)))
 
 
 def _release(fd: int, residency: Residency) -> None:
