@@ -13,9 +13,13 @@ trailer of :data:`TRAILER_BYTES` (magic, CRC-32 of the bytes, their count), writ
 
 Guarantees:
 
-* A piece is filled as ``N.tmp`` (space reserved with ``posix_fallocate`` first, then ``fsync``) and renamed to
-  ``N.piece``: a process killed mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's
-  trailer (size and CRC-32 of its bytes) the first time it reads it; one that fails is removed and fetched again.
+* A piece is filled as ``N.tmp`` (space reserved with ``posix_fallocate`` first, the response written part by
+  part as it arrives, :mod:`h5stream.remote.piecefile`, then ``fsync``) and renamed to ``N.piece``: a process
+  killed mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's trailer (size and CRC-32
+  of its bytes) the first time it reads it, unless it filled the piece itself; one that fails is removed and
+  fetched again.
+* The pieces the reader says it will read (``advise_willneed``) are fetched ahead by :mod:`h5stream.remote.prefetch`
+  threads, ``max_in_flight`` GETs in flight.
 * Processes sharing a cache folder fetch a piece once: the filler holds ``flock`` on ``N.lock``, and a process
   that needs the piece meanwhile waits for that lock, then reads the finished piece.  Threads of one process wait
   on a lock of their own per piece first.
@@ -49,6 +53,9 @@ from collections.abc import Sequence
 
 from h5stream.memory.rawio import preadv_all
 from h5stream.remote.cache_evict import evict, unlink
+from h5stream.errors import H5StreamError
+from h5stream.remote.calls import on_main_thread
+from h5stream.remote.piecefile import PieceWriter, WriteFailed
 from h5stream.remote.prefetch import Prefetcher
 from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
     DEFAULT_LIMIT,
@@ -423,21 +430,24 @@ class CachedSource:
         done = False
         try:
             try:
-                os.posix_fallocate(fd, 0, n + TRAILER_BYTES)  # a full disk fails here, not in the mapping
-                mm = mmap.mmap(fd, n + TRAILER_BYTES)
+                os.posix_fallocate(fd, 0, n + TRAILER_BYTES)  # a full disk fails here, not while writing
+                writer = PieceWriter(fd, n)
+                start = index * self.piece_bytes
+                if on_main_thread():  # interruptible there: into memory of its own, then written
+                    body = bytearray(n)
+                    self.remote.readinto(start, [body])
+                    writer.write(memoryview(body))
+                else:  # each part of the body written and summed as it arrives
+                    self.remote.stream_range(start, start + n, writer)
+                os.pwrite(fd, TRAILER.pack(MAGIC, writer.crc, n), n)
+            except WriteFailed as exc:
+                self._give_up(exc.error)
+                return 0
             except OSError as exc:
+                if isinstance(exc, H5StreamError):  # the server's failure, not the disk's
+                    raise
                 self._give_up(exc)
                 return 0
-            try:
-                view = memoryview(mm)
-                try:
-                    self.remote.readinto(index * self.piece_bytes, [view[:n]])
-                    view[n:] = TRAILER.pack(MAGIC, zlib.crc32(view[:n]), n)
-                finally:
-                    view.release()
-                mm.flush()
-            finally:
-                _close_map(mm)
             try:
                 os.fsync(fd)
                 os.rename(tmp, path)
@@ -452,6 +462,7 @@ class CachedSource:
                 unlink(tmp)
         with self._lock:
             self.pieces_fetched += 1
+            self._used.setdefault(index, 0.0)  # its CRC was just computed from these bytes: checked
         return n + TRAILER_BYTES
 
     def _account(self, added: int) -> None:
@@ -474,15 +485,6 @@ class CachedSource:
         if folder is not None:
             warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({exc.strerror or exc}); "
                           "streaming on without the cache (every read from the server)", stacklevel=2)
-
-
-def _close_map(mm: mmap.mmap) -> None:
-    """Close ``mm``, or leave it to the garbage collector while a view of it lives: a failed read's traceback
-    holds one, and closing would replace the read's error with a ``BufferError``."""
-    try:
-        mm.close()
-    except BufferError:
-        pass
 
 
 def _fsync_folder(folder: str) -> None:
