@@ -10,7 +10,9 @@ Makes the store with :func:`benchmarks.data.make_bench_file` when missing, start
 127.0.0.1 (:class:`benchmarks.seaweed.SeaweedS3`, data under ``--data``), uploads the store, and runs each
 measurement in a fresh process (``h5stream bench``'s :func:`~h5stream.measure.passes.measure_stream` for the
 streams, so memory is sampled the same way).  The streams use h5stream's default options unless
-``--memory-budget`` or ``--read-unit`` is given.
+``--memory-budget`` or ``--read-unit`` is given: over a URL, the disk cache, in a new empty folder per stream
+(``XDG_CACHE_HOME`` of the child), so a URL stream's rate set against the limit is its epoch 1 after ``open()``
+(every piece fetched from the server), and its epochs 2+ (read from the cache) are reported apart.
 
 Like with like: the streams over a URL and the server's limit are measured under the same server cache
 (``--server-cache``): ``cold``, the server's volume files evicted before the run and every 0.5 s during it
