@@ -99,3 +99,44 @@ def test_a_server_gone_while_a_piece_is_prefetched_fails_the_cached_stream_in_on
     finally:
         stream.close()
     assert _prefetch_threads() == []
+
+
+def test_a_piece_written_as_it_arrives_has_the_body_s_crc_and_a_local_write_failure_is_not_the_server_s(
+        range_server, tmp_path):
+    import zlib
+
+    from h5stream.errors import RemoteError
+    from h5stream.remote.piecefile import PieceWriter, WriteFailed
+
+    want = (range_server.root / "store.h5").read_bytes()[PIECE:3 * PIECE]
+    src = RemoteSource(range_server.url + "store.h5", RemoteOptions(timeout_s=10))
+    errors = []
+
+    def fill(path, flags):
+        fd = os.open(path, flags, 0o644)
+        try:
+            writer = PieceWriter(fd, len(want))
+            src.stream_range(PIECE, 3 * PIECE, writer)  # streamed in parts: off the main thread
+            return writer
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+        finally:
+            os.close(fd)
+
+    try:
+        good = tmp_path / "good"
+        out = []
+        t = threading.Thread(target=lambda: out.append(fill(good, os.O_RDWR | os.O_CREAT)))
+        t.start()
+        t.join()
+        assert not errors and good.read_bytes() == want and out[0].crc == zlib.crc32(want)
+        ro = tmp_path / "read-only"
+        ro.write_bytes(b"")
+        t = threading.Thread(target=fill, args=(ro, os.O_RDONLY))  # every write fails (EBADF)
+        t.start()
+        t.join()
+        assert len(errors) == 1 and isinstance(errors[0], WriteFailed) and not isinstance(errors[0], RemoteError)
+        with pytest.raises(OverflowError):
+            PieceWriter(-1, 3).write(memoryview(b"abcd"))
+    finally:
+        src.close()
