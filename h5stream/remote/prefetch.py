@@ -28,11 +28,12 @@ Thread-safety: :meth:`want` from the reader thread; :meth:`used` from any thread
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
 CLOSE_JOIN_S = 1.0
-"""Longest :meth:`Prefetcher.close` waits for each thread (a fetch in flight); a daemon, it ends with its fetch."""
+"""Longest :meth:`Prefetcher.close` waits for its threads (fetches in flight); daemons, they end with their fetch."""
 
 
 class Prefetcher:
@@ -94,16 +95,17 @@ class Prefetcher:
                                                    or len(self._unread) >= self._ahead), timeout_s)
 
     def close(self) -> None:
-        """Drop the queue and stop the threads (each waited for up to :data:`CLOSE_JOIN_S`).  Any thread;
+        """Drop the queue and stop the threads (waited for up to :data:`CLOSE_JOIN_S` in all).  Any thread;
         idempotent."""
         with self._cond:
             self._stopped = True
             self._queue.clear()
             self._cond.notify_all()
             threads, self._threads = self._threads, []
+        deadline = time.monotonic() + CLOSE_JOIN_S
         for t in threads:
             if t is not threading.current_thread():
-                t.join(CLOSE_JOIN_S)
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def _next(self) -> int | None:
         """The next piece to prefetch, waiting for one (and for room ahead); None once stopped.  A prefetch
