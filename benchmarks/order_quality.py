@@ -2,6 +2,7 @@
 
     python -m benchmarks.order_quality                       # 1.1 GB and 10 GB, 10 classes, batch 64
     python -m benchmarks.order_quality --gb 1.1 --seeds 20 --json
+    python -m benchmarks.order_quality --gb 1.1 --unit-bytes 384KiB 192KiB 96KiB   # one-level, smaller units
 
 For each store size the plan is the one ``h5stream.open`` makes under the default budget for a store of rows of
 128x128x3 in chunks of 64 rows (what ``benchmarks.data.make_bench_file`` writes), with the default order and with
@@ -34,14 +35,15 @@ def _meta(rows: int, workdir: str):
     return dataclasses.replace(read_meta(path), rows=rows)
 
 
-def measure(meta, classes: int, batch_size: int, seeds: int, piece_bytes: int | None) -> dict:
+def measure(meta, classes: int, batch_size: int, seeds: int, piece_bytes: int | None,
+            unit_bytes: int | None = None) -> dict:
     from h5stream.order.quality import batch_label_tvd, full_random_order, kendall_tau
     from h5stream.streaming.config import layout_function
     from h5stream.streaming.planning import plan_stream
 
     rows = meta.rows
     labels = (np.arange(rows) * classes) // rows
-    plan = plan_stream(meta, None, batch_size, piece_bytes=piece_bytes, available_bytes=None)
+    plan = plan_stream(meta, None, batch_size, piece_bytes=piece_bytes, available_bytes=None, unit_bytes=unit_bytes)
     ratios, taus = [], []
     for seed in range(seeds):
         layout = layout_function(rows, plan, seed)
@@ -66,21 +68,23 @@ def run(args) -> dict:
         meta = _meta(64, workdir)
         for gb in args.gb:
             m = dataclasses.replace(meta, rows=int(gb * 1e9 / meta.row_bytes))
-            for order, piece in (("one-level", None), ("two-level", pieces)):
+            orders = [("one-level", None, None), ("two-level", pieces, None)]
+            orders += [(f"unit {u}", None, parse_bytes(u, what="--unit-bytes")) for u in args.unit_bytes]
+            for order, piece, unit in orders:
                 log(f"{gb} GB, {order}")
                 out["stores"].append({"gb": gb, "rows": m.rows, "order": order,
-                                      **measure(m, args.classes, args.batch_size, args.seeds, piece)})
+                                      **measure(m, args.classes, args.batch_size, args.seeds, piece, unit)})
     return out
 
 
 def format_text(r: dict) -> str:
     lines = [r["command"], f"class-sorted, {r['classes']} classes, batch {r['batch_size']}, default budget; tau over "
              f"{r['seeds']} seeds", "",
-             f"{'store':>8} {'order':<10} {'fill':>6} {'unit':>5} {'piece':>6}  {'TVD / random (seeds 0-2)':<26}"
+             f"{'store':>8} {'order':<12} {'fill':>6} {'unit':>5} {'piece':>6}  {'TVD / random (seeds 0-2)':<26}"
              f"{'tau sd':>8} {'max|tau|':>9} {'|tau|<=0.02':>12}"]
     for s in r["stores"]:
         ratios = ", ".join(f"{v:.3f}" for v in s["tvd_over_random"])
-        lines.append(f"{s['gb']:>6g}GB {s['order']:<10} {s['rows_per_fill']:>6} {s['unit_rows']:>5} "
+        lines.append(f"{s['gb']:>6g}GB {s['order']:<12} {s['rows_per_fill']:>6} {s['unit_rows']:>5} "
                      f"{s['piece_rows'] or '-':>6}  {ratios:<26}{s['tau_std']:>8.4f} {s['tau_max_abs']:>9.4f} "
                      f"{s['tau_within_0_02']:>11.0%}")
     return "\n".join(lines)
@@ -93,6 +97,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seeds", type=int, default=20, help="seeds for tau (TVD: the first 3)")
     parser.add_argument("--piece-bytes", default="8MiB", help="the two-level order's pieces (default 8MiB)")
+    parser.add_argument("--unit-bytes", nargs="*", default=[],
+                        help="also the one-level order with these units (e.g. 384KiB 96KiB: smaller units)")
     return run_cli(parser, argv, run, format_text)
 
 

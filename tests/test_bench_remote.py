@@ -102,6 +102,33 @@ def test_the_remote_benchmark_splits_the_clients_cpu_into_the_first_epoch_and_wh
     assert "first epoch 2.00 s/GB (open, checksums learned), then 1.00, of which +0.25 on top" in format_text(result)
 
 
+def test_the_remote_benchmark_sets_a_cached_url_stream_s_first_epoch_against_the_limit(tmp_path):
+    """With the disk cache on (the default) a URL stream's epochs 2+ are local reads: its rate against the server's
+    limit is epoch 1's (every piece fetched), and epochs 2+ are reported apart, not as the stream's rate."""
+    import argparse
+
+    from benchmarks.remote import format_text, summarize
+
+    local = tmp_path / "store.h5"
+    local.write_bytes(b"x")
+    gb = 10**9
+    stream = {"compare_mb_per_s": 3000.0, "steady_mb_per_s": 3000.0, "first_epoch_mb_per_s": 150.0,
+              "client_cpu_s": 3.0, "bytes": 2 * gb, "steady_client_cpu_s": 1.0, "steady_bytes": gb,
+              "server_cpu_s": 1.0, "peak_mem_bytes": 1, "budget_bytes": 2, "unit_rows": 16, "first_batch_s": 0.5,
+              "first_order_head": [0]}
+    limit = {"mb_per_s": 200.0, "client_cpu_s": 0.5, "bytes": gb, "requests": 10, "server_cpu_s": 1.0}
+    local_run = {**stream, "first_epoch_mb_per_s": 900.0}
+    runs = {"remote_warm": [stream], "ceiling_warm": [limit], "local_cold": [local_run]}
+    args = argparse.Namespace(memory_budget=None, read_unit=None, rounds=1, epochs=2)
+    result = summarize(runs, args, local=str(local), url="s3://b/k", start_s=1.0, upload_s=1.0, caches=("warm",),
+                       pins={"note": "shared", "server": None, "client": None}, requests=[(0, 10)])
+    row = result["rows"]["remote_warm"]
+    assert row["mb_per_s"] == 150.0 and row["later_epochs_mb_per_s"] == 3000.0
+    assert result["remote_warm_vs_server_limit"] == pytest.approx(0.75)
+    assert result["rows"]["local_cold"]["mb_per_s"] == 3000.0  # a local file: its steady rate, as before
+    assert "epochs 2+ read the cache: s3:// (server warm) 3000 MB/s" in format_text(result)
+
+
 def test_the_remote_benchmark_pins_server_and_client_apart_only_on_more_than_a_few_cores():
     from benchmarks.remote import cpu_split, parse_cpus
 

@@ -13,9 +13,13 @@ trailer of :data:`TRAILER_BYTES` (magic, CRC-32 of the bytes, their count), writ
 
 Guarantees:
 
-* A piece is filled as ``N.tmp`` (space reserved with ``posix_fallocate`` first, then ``fsync``) and renamed to
-  ``N.piece``: a process killed mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's
-  trailer (size and CRC-32 of its bytes) the first time it reads it; one that fails is removed and fetched again.
+* A piece is filled as ``N.tmp`` (space reserved with ``posix_fallocate`` first, the response written part by
+  part as it arrives, :mod:`h5stream.remote.piecefile`, then ``fsync``) and renamed to ``N.piece``: a process
+  killed mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's trailer (size and CRC-32
+  of its bytes) the first time it reads it, unless it filled the piece itself; one that fails is removed and
+  fetched again.
+* The pieces the reader says it will read (``advise_willneed``) are fetched ahead by :mod:`h5stream.remote.prefetch`
+  threads, ``max_in_flight`` GETs in flight.
 * Processes sharing a cache folder fetch a piece once: the filler holds ``flock`` on ``N.lock``, and a process
   that needs the piece meanwhile waits for that lock, then reads the finished piece.  Threads of one process wait
   on a lock of their own per piece first.
@@ -49,6 +53,10 @@ from collections.abc import Sequence
 
 from h5stream.memory.rawio import preadv_all
 from h5stream.remote.cache_evict import evict, unlink
+from h5stream.errors import H5StreamError
+from h5stream.remote.calls import on_main_thread
+from h5stream.remote.piecefile import PieceWriter, WriteFailed
+from h5stream.remote.prefetch import Prefetcher
 from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
     DEFAULT_LIMIT,
     PIECE_BYTES,
@@ -65,6 +73,9 @@ TOUCH_EVERY_S = 60.0
 
 OPEN_PIECES = 32
 """Pieces a source keeps open between reads (a descriptor each), so a read of a cached piece is one ``preadv``."""
+
+PREFETCH_AHEAD_MOST = 4096
+"""Pieces prefetched and not yet read at most (also at most half the cache's limit): on disk, not in memory."""
 
 GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                             errno.ENOLCK, errno.EOPNOTSUPP})
@@ -151,6 +162,9 @@ class CachedSource:
         self._used: dict[int, float] = {}  # pieces checked by this source -> when last marked used
         self._open: OrderedDict[int, list[int]] = OrderedDict()  # piece -> [descriptor, users], checked pieces
         self._estimate: int | None = None  # bytes in the folder as of the last scan, plus this source's fills
+        self._prefetch_errors: dict[int, BaseException] = {}  # piece -> what its prefetch raised, for its read
+        self._prefetch = Prefetcher(self._prefetch_fill, self.max_in_flight,
+                                    min(PREFETCH_AHEAD_MOST, self.limit // 2 // self.piece_bytes))
         key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
                          getattr(remote, "last_modified", None))
         self.folder = None if key is None else os.path.join(cache_dir, "objects", key)  # None: caching is off
@@ -180,7 +194,8 @@ class CachedSource:
         return self.remote.bytes_read
 
     def close(self) -> None:
-        """Close the remote source and the pieces held open (reads have ended).  Idempotent."""
+        """Stop prefetching, close the remote source and the pieces held open (reads have ended).  Idempotent."""
+        self._prefetch.close()
         with self._lock:
             fds = [fd for fd, _ in self._open.values()]
             self._open.clear()
@@ -209,6 +224,27 @@ class CachedSource:
             if not self._read_piece(index, within, part):
                 self.remote.readinto(offset + pos, part)
             pos += n
+
+    def advise_willneed(self, offset: int, length: int) -> None:
+        """The reader will read ``[offset, offset + length)`` soon: queue the pieces it touches that are not in
+        the cache for the prefetch threads (:mod:`h5stream.remote.prefetch`), in this order.  Reader thread."""
+        folder = self.folder
+        if folder is None or length <= 0:
+            return
+        offset, length = max(0, int(offset)), min(int(length), self.size - max(0, int(offset)))
+        missing = []
+        for index, _, _ in piece_spans(offset, length, self.piece_bytes):
+            with self._lock:
+                held = index in self._open
+            if not held and not os.path.exists(os.path.join(folder, f"{index}.piece")):
+                missing.append(index)
+        if missing:
+            self._prefetch.want(missing)
+
+    @property
+    def prefetched(self) -> int:
+        """Pieces the prefetch threads filled or found filled."""
+        return self._prefetch.prefetched
 
     def _piece_length(self, index: int) -> int:
         return min(self.piece_bytes, self.size - index * self.piece_bytes)
@@ -244,6 +280,7 @@ class CachedSource:
                 fd = self._keep_open(index, fd)
             try:
                 preadv_all(fd, part, within, self.name)
+                self._prefetch.used(index)
                 return True
             finally:
                 self._put_back(index)
@@ -331,9 +368,24 @@ class CachedSource:
         with self._lock:
             return self._filling.setdefault(index, threading.Lock())
 
-    def _fill(self, index: int) -> None:
-        """Fetch piece ``index`` into the cache unless another thread or process has (or does meanwhile)."""
-        with self._fill_lock(index):
+    def _prefetch_fill(self, index: int) -> None:
+        """Piece ``index`` filled for the prefetcher: skipped where another thread or process fills it now; what
+        a failed fetch raises is kept for the read of the piece (and raised here too).  A prefetch thread."""
+        self._fill(index, wait=False)
+
+    def _fill(self, index: int, wait: bool = True) -> None:
+        """Fetch piece ``index`` into the cache unless another thread or process has (or does meanwhile: with
+        ``wait``, wait for it; without, leave it to them).  A read's fill raises what the piece's prefetch raised,
+        if that failed, instead of fetching again."""
+        lock = self._fill_lock(index)
+        if not lock.acquire(blocking=wait):
+            return
+        try:
+            if wait:
+                with self._lock:
+                    failed = self._prefetch_errors.pop(index, None)
+                if failed is not None:
+                    raise failed
             if self.folder is None:
                 return
             try:
@@ -342,16 +394,26 @@ class CachedSource:
                 self._give_up(exc)
                 return
             try:
-                try:
-                    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # waits while another process fills it
+                try:  # waits while another process fills it (a prefetch leaves it to that process)
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return
                 except OSError as exc:  # a file system without locks (ENOLCK): no cache rather than two fills
                     self._give_up(exc)
                     return
                 if os.path.exists(self._path(index, "piece")):
                     return
-                filled = self._fetch(index)
+                try:
+                    filled = self._fetch(index)
+                except BaseException as exc:
+                    if not wait:  # kept, under the piece's lock, for the read waiting on it
+                        with self._lock:
+                            self._prefetch_errors[index] = exc
+                    raise
             finally:
                 os.close(lock_fd)  # releases the flock
+        finally:
+            lock.release()
         if filled:
             self._account(filled)
 
@@ -368,19 +430,24 @@ class CachedSource:
         done = False
         try:
             try:
-                os.posix_fallocate(fd, 0, n + TRAILER_BYTES)  # a full disk fails here, not in the mapping
-                mm = mmap.mmap(fd, n + TRAILER_BYTES)
+                os.posix_fallocate(fd, 0, n + TRAILER_BYTES)  # a full disk fails here, not while writing
+                writer = PieceWriter(fd, n)
+                start = index * self.piece_bytes
+                if on_main_thread():  # interruptible there: into memory of its own, then written
+                    body = bytearray(n)
+                    self.remote.readinto(start, [body])
+                    writer.write(memoryview(body))
+                else:  # each part of the body written and summed as it arrives
+                    self.remote.stream_range(start, start + n, writer)
+                os.pwrite(fd, TRAILER.pack(MAGIC, writer.crc, n), n)
+            except WriteFailed as exc:
+                self._give_up(exc.error)
+                return 0
             except OSError as exc:
+                if isinstance(exc, H5StreamError):  # the server's failure, not the disk's
+                    raise
                 self._give_up(exc)
                 return 0
-            with mm:
-                view = memoryview(mm)
-                try:
-                    self.remote.readinto(index * self.piece_bytes, [view[:n]])
-                    view[n:] = TRAILER.pack(MAGIC, zlib.crc32(view[:n]), n)
-                finally:
-                    view.release()
-                mm.flush()
             try:
                 os.fsync(fd)
                 os.rename(tmp, path)
@@ -395,6 +462,7 @@ class CachedSource:
                 unlink(tmp)
         with self._lock:
             self.pieces_fetched += 1
+            self._used.setdefault(index, 0.0)  # its CRC was just computed from these bytes: checked
         return n + TRAILER_BYTES
 
     def _account(self, added: int) -> None:

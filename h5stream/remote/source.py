@@ -209,6 +209,17 @@ class RemoteSource:
             interruptible(self._get, start, end, _Scatter([memoryview(piece)]))
             sink.write(memoryview(piece))
 
+    def stream_range(self, start: int, end: int, sink) -> None:
+        """Hand bytes ``[start, end)`` to ``sink`` as they arrive (``sink.write(memoryview)`` in order,
+        ``sink.filled`` the bytes it took), one request per :data:`MAX_REQUEST_BYTES`.  Raises as
+        :meth:`readinto`; an h5stream error raised by ``sink.write`` passes as it is.  Not on the main thread
+        (a request there could not be interrupted by Ctrl-C: use :meth:`readinto`)."""
+        if start < 0 or end > self.size:
+            raise StoreFormatError(f"{self.name}: bytes {start}..{end} lie outside the object's {self.size} bytes; "
+                                   "the store's metadata does not match its data")
+        for s, e in request_spans(start, end - start, MAX_REQUEST_BYTES):
+            self._get(s, e, sink)
+
     def read(self, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` as a new bytes object (for small reads; see :meth:`readinto`)."""
         out = bytearray(length)
