@@ -96,12 +96,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             remaining = end - start
             if fault is not None:  # ("cut", n): send n bytes of the body, then drop the connection
                 remaining = min(remaining, fault[1])
+            drip = self.server.drip_for(end - start)
             while remaining:
-                chunk = fh.read(min(remaining, 1 << 20))
+                chunk = fh.read(min(remaining, 1 << 20 if drip is None else drip[0]))
                 if not chunk:
                     break
                 self.wfile.write(chunk)
                 remaining -= len(chunk)
+                if drip is not None and remaining:  # a slow link: the next part of the body comes later
+                    self.wfile.flush()
+                    self.server.stopping.wait(drip[1])
         if fault is not None:
             self.wfile.flush()
             self.close_connection = True
@@ -140,6 +144,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.stopping = threading.Event()
         self.stalled = threading.Event()  # set when the first request stalled (stall_next, stall_bytes) arrives
         self._stall_span: tuple[int, int] | None = None
+        self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
@@ -163,6 +168,18 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Serve ``after`` requests normally, then read the next ``n`` and never answer them (until :meth:`stop`)."""
         with self._lock:
             self._faults.extend([None] * after + [("stall",)] * n)
+
+    def drip(self, min_bytes: int, chunk_bytes: int, pause_s: float) -> None:
+        """From now on, send the body of every GET of ``min_bytes`` or more ``chunk_bytes`` at a time, ``pause_s``
+        apart (a slow but healthy link: the bytes keep coming); smaller answers go at full speed."""
+        with self._lock:
+            self._drip = (int(min_bytes), int(chunk_bytes), float(pause_s))
+
+    def drip_for(self, nbytes: int) -> tuple[int, float] | None:
+        """``(chunk_bytes, pause_s)`` for a body of ``nbytes`` (see :meth:`drip`), or None: at full speed."""
+        with self._lock:
+            drip = self._drip
+        return None if drip is None or nbytes < drip[0] else drip[1:]
 
     def stall_bytes(self, start: int, stop: int) -> None:
         """From now on, never answer a GET of a range that overlaps bytes ``[start, stop)`` (until :meth:`stop`),

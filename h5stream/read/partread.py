@@ -119,6 +119,11 @@ class PartSources:
     def in_place_bytes(self) -> int:
         return sum(getattr(s, "in_place_bytes", 0) for s in self._sources)
 
+    @property
+    def landed(self) -> int:
+        """Bytes the parts' remote sources received so far (progress: any thread)."""
+        return sum(getattr(s, "landed", 0) for s in self._sources)
+
     def close(self) -> None:
         for source in self._sources:
             source.close()

@@ -227,11 +227,12 @@ class Reader:
 
     @property
     def progress(self) -> tuple[int, int]:
-        """What the reader thread has done so far: ``(reads, fills)``; it changes with every run, label or block
-        read and every fill planned.  :meth:`get` times out only after ``timeout_s`` without a change.  Any
-        thread (a snapshot)."""
+        """What the reader thread has done so far: ``(reads, fills, bytes landed)``; it changes with every run,
+        label or block read, every fill planned and, from a URL, every part of a response received (a long request
+        on a slow link is moving).  :meth:`get` times out only after ``timeout_s`` without a change.  Any thread
+        (a snapshot)."""
         rows = self._rows
-        return (0 if rows is None else rows.progress), self._counts["fills"]
+        return (0 if rows is None else rows.progress), self._counts["fills"], getattr(self._source, "landed", 0)
 
     def add_wait(self, seconds: float) -> None:
         """Count ``seconds`` more of the consumer waiting (a feed waiting past :meth:`get`).  Consumer thread."""

@@ -73,6 +73,11 @@ class PieceWindow:
         self.piece_bytes_fetched = 0
         self.peak_held = 0
 
+
+    @property
+    def landed(self) -> int:
+        """Bytes the source behind the window received so far (progress: any thread)."""
+        return getattr(self.source, "landed", 0)
     def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers`` with the bytes at ``offset`` onward (preadv semantics).  Any thread."""
         views = [memoryview(b).cast("B") for b in buffers]

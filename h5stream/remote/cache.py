@@ -193,6 +193,11 @@ class CachedSource:
     def bytes_read(self) -> int:
         return self.remote.bytes_read
 
+    @property
+    def landed(self) -> int:
+        """Bytes received from the server so far, pieces fetched ahead included (progress: any thread)."""
+        return self.remote.landed
+
     def close(self) -> None:
         """Stop prefetching, close the remote source and the pieces held open (reads have ended).  Idempotent."""
         self._prefetch.close()

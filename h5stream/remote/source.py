@@ -147,7 +147,9 @@ class RemoteSource:
     Raises, at open: :class:`ConfigError` for a malformed URL or options, :class:`StoreNotFoundError`,
     :class:`StorePermissionError` (no or wrong credentials, refused), :class:`RemoteUnavailableError` (no answer
     within ``timeout_s``), :class:`MissingDependencyError` without obstore.  ``requests`` counts the requests
-    sent (the ``HEAD`` included, retries not), ``bytes_read`` the bytes received.
+    sent (the ``HEAD`` included, retries not), ``bytes_read`` the bytes of the requests completed, ``landed`` the
+    bytes received so far, counted as they arrive (a stream's reader counts them as progress: a long request on a
+    slow link is moving, not stalled).
     """
 
     def __init__(self, url: str, options: RemoteOptions | None = None):
@@ -159,6 +161,7 @@ class RemoteSource:
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_read = 0
+        self.landed = 0
         import obstore
 
         self._count(requests=1)
@@ -246,9 +249,11 @@ class RemoteSource:
             if end - start <= COLLECT_BYTES:
                 with memoryview(result.bytes()) as body:
                     sink.write(body)
+                    self._count(landed=len(body))
             else:
                 for piece in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
                     sink.write(memoryview(piece))
+                    self._count(landed=len(piece))
         except H5StreamError:
             raise
         except OverflowError:
@@ -262,10 +267,12 @@ class RemoteSource:
             raise RemoteError(f"{self.name}: short read at byte {start}: {got} of {end - start} bytes; the "
                               "connection ended early")
 
-    def _count(self, *, requests: int = 0, nbytes: int = 0) -> None:
+    def _count(self, *, requests: int = 0, nbytes: int = 0, landed: int = 0) -> None:
+        """Any thread making requests."""
         with self._lock:
             self.requests += requests
             self.bytes_read += nbytes
+            self.landed += landed
 
     def _error(self, exc: BaseException) -> Exception:
         return translate(exc, self.name, s3=self.location.scheme == "s3", timeout_s=self.options.timeout_s,
