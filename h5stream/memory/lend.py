@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from h5stream.memory.rawio import aligned_empty, private_memory
+from h5stream.memory.rawio import advise_huge_pages, aligned_empty, private_memory
 
 
 class _Anchor(np.ndarray):
@@ -97,6 +97,10 @@ class ArrayArena:
     never overwritten.  Used from one thread (its owner's); a buffer's array dropped in another thread puts
     the buffer on the free list there (a weak reference callback; ``deque`` appends are atomic), so taking a
     free buffer costs the same however many are lent (a fill lends thousands of small batches at once).
+
+    A buffer taken again is advised onto transparent huge pages (:func:`~h5stream.memory.rawio.advise_huge_pages`),
+    once: its first write faulted in ordinary pages, the cheaper first touch, and the kernel moves it onto huge
+    pages in the background, where the copies of later epochs cost less.
     """
 
     def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
@@ -105,6 +109,7 @@ class ArrayArena:
         self.dtype = np.dtype(dtype)
         self.max_sets = int(max_sets)
         self._sets: list[Lender] = []
+        self._memory: list = []  # each set's mapping, until it is advised onto huge pages (then None)
         self._free: deque[int] = deque()  # sets whose last array was dropped (maybe twice: checked when taken)
 
     def _freed(self, k: int) -> Callable[[weakref.ref], None]:
@@ -117,12 +122,17 @@ class ArrayArena:
         while self._free:
             k = self._free.popleft()
             if not self._sets[k].in_use(0):
+                if self._memory[k] is not None:  # written once: its pages exist
+                    advise_huge_pages(self._memory[k])
+                    self._memory[k] = None
                 return self._sets[k].lend(0, self._freed(k))[:n]
         count = len(self._sets)
         shape = (1, self.batch_rows, *self.row_shape)
-        lender = Lender(private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize), shape, self.dtype)
+        memory = private_memory(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize)
+        lender = Lender(memory, shape, self.dtype)
         if count < self.max_sets:
             self._sets.append(lender)
+            self._memory.append(memory)
             return lender.lend(0, self._freed(count))[:n]
         return lender.lend(0)[:n]  # direct reads can land in it: a buffer starts on a page boundary
 

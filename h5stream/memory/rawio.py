@@ -61,6 +61,24 @@ def private_memory(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, nbytes, flags=_PRIVATE | _ANONYMOUS)
 
 
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def advise_huge_pages(memory: mmap.mmap) -> bool:
+    """Ask for transparent huge pages on ``memory`` (``MADV_HUGEPAGE``), once its pages exist: the kernel's
+    ``khugepaged`` then moves them onto huge pages in the background (a few seconds per 16 MiB by its default
+    pace), and copies into them cost less (fewer TLB misses).  Memory advised before its first touch would fault
+    huge pages in instead, which costs the first write more (the figures: docs/performance.md, "The loader
+    alone").  Whether the advice was taken: False where the platform or kernel has no huge pages."""
+    if _MADV_HUGEPAGE is None:
+        return False
+    try:
+        memory.madvise(_MADV_HUGEPAGE)
+    except OSError:  # EINVAL: a kernel without transparent huge pages
+        return False
+    return True
+
+
 def first_mismatch(rows, digests: np.ndarray, checked: np.ndarray | None = None) -> int:
     """Index of the first row (a buffer of its bytes) whose xxh3-64 differs from ``digests[i]``, among those
     with ``checked[i]`` (all when None); -1 when every one matches."""
