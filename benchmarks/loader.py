@@ -10,7 +10,8 @@ rate are reported apart), on a warm page cache, batch 256, budget 256 MiB with `
 with workers (256 MiB for reading and shuffling plus what the workers need).  Rounds are interleaved and the ratio
 stream / copy is taken within each round (the machine drifts between rounds): the table shows the medians, and the
 CPU time of this process per row (with ``workers=0`` every thread of the loader is in it), which other jobs on a
-shared machine sway less than the rate.
+shared machine sway less than the rate, and (``workers=0``) the share of the time the reader's I/O threads spent
+reading.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def copy_rate(row_bytes: int, seconds: float = 1.0) -> float:
 def stream_rates(path: str, workers: int, epochs: int) -> dict:
     """One stream's first-batch seconds, first-epoch and steady (later epochs) rows per second."""
     import h5stream
+    from h5stream.read.source import LocalFile
 
     t0 = time.perf_counter()
     budget = BUDGET if workers == 0 else None  # with workers: 256 MiB for reading plus what they need
@@ -57,14 +59,19 @@ def stream_rates(path: str, workers: int, epochs: int) -> dict:
                 first_batch_s = time.perf_counter() - t0
             rows += len(y)
         first_epoch = rows / (time.perf_counter() - t0)
+        read_s = stream.stats()["read_s"]
         t1, c1, rows = time.perf_counter(), time.process_time(), 0
         for _ in range(epochs):
             for _x, y in stream:
                 rows += len(y)
+        wall = time.perf_counter() - t1
         # CPU of this process's threads (the workers' own not included): less swayed by other jobs than the rate.
         cpu = (time.process_time() - c1) / rows * 1e6 if workers == 0 else None
+        # With workers=0, the share of the steady epochs' wall time the reader's I/O threads spent in reads: what
+        # is left, they waited for the reader thread (or the consumer).  The workers read themselves otherwise.
+        busy = (stream.stats()["read_s"] - read_s) / (wall * LocalFile.max_in_flight) if workers == 0 else None
         return {"first_batch_s": first_batch_s, "first_epoch_rows_s": first_epoch,
-                "steady_rows_s": rows / (time.perf_counter() - t1), "cpu_us_per_row": cpu}
+                "steady_rows_s": rows / wall, "cpu_us_per_row": cpu, "io_busy": busy}
 
 
 def run(path: str, rounds: int, workers: list[int], epochs: int) -> dict:
@@ -93,15 +100,16 @@ def table(out: dict) -> str:
     lines = [f"{out['rows']:,} rows of {out['row_bytes']:,} B, batch {out['batch_size']}, {out['memory_budget']}, "
              f"warm, {out['rounds']} rounds (medians), {out['cpus']} CPUs",
              f"{'':<12} {'steady rows/s':>14} {'/ copy (same round)':>22} {'first epoch rows/s':>19} "
-             f"{'first batch s':>14} {'CPU us/row':>11}"]
+             f"{'first batch s':>14} {'CPU us/row':>11} {'I/O busy':>9}"]
     for name, r in out["results"].items():
         ratio = r.get("steady_over_copy")
         ratio_text = f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "1"
         first_epoch = f"{r['first_epoch_rows_s']:,.0f}" if "first_epoch_rows_s" in r else "-"
         first_batch = f"{r['first_batch_s']:.3f}" if "first_batch_s" in r else "-"
         cpu = f"{r['cpu_us_per_row']:.1f}" if r.get("cpu_us_per_row") is not None else "-"
+        busy = f"{r['io_busy']:.0%}" if r.get("io_busy") is not None else "-"
         lines.append(f"{name:<12} {r['steady_rows_s']:>14,.0f} {ratio_text:>22} {first_epoch:>19} {first_batch:>14} "
-                     f"{cpu:>11}")
+                     f"{cpu:>11} {busy:>9}")
     return "\n".join(lines)
 
 

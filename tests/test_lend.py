@@ -4,6 +4,7 @@ the caller made of it; and a stream's batches obey that rule end to end (README:
 from __future__ import annotations
 
 import gc
+import os
 import mmap
 
 import numpy as np
@@ -146,3 +147,37 @@ def test_an_arena_takes_a_freed_buffer_without_asking_every_lent_one(monkeypatch
     again[:] = 255
     extra[:] = 255
     assert all((h == i % 251).all() for i, h in enumerate(held[:500] + [None] + held[500:]) if h is not None)
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping of this process that holds ``address`` (``/proc/self/smaps``)."""
+    inside = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split(" ", 1)[0]
+            if "-" in head and not head.endswith(":"):  # a mapping's first line: "start-end perms ..."
+                start, end = (int(v, 16) for v in head.split("-"))
+                inside = start <= address < end
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+                    reason="no transparent huge pages on this platform")
+def test_an_arena_buffer_is_advised_onto_huge_pages_once_written_and_taken_again():
+    # Its first write faults ordinary pages in (huge ones would cost the first epoch more); once it is taken
+    # again its pages exist, and the kernel may move them onto huge pages, where later copies cost less.
+    arena = ArrayArena(64, (128, 128, 3), np.uint8, max_sets=2)  # 3 MiB a buffer, both in one mapping
+    x = arena(64)
+    x[...] = 7
+    other = arena(64)  # the other buffer, taken once
+    other[...] = 1
+    address = x.__array_interface__["data"][0]
+    assert "hg" not in _vm_flags(address)
+    del x
+    again = arena(64)
+    assert again.__array_interface__["data"][0] == address  # the same buffer
+    assert "hg" in _vm_flags(address)
+    assert (again == 7).all()  # advice moves nothing a caller can see
+    assert "hg" not in _vm_flags(other.__array_interface__["data"][0])

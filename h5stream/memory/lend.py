@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from h5stream.memory.rawio import aligned_empty, private_memory
+from h5stream.memory.rawio import advise_huge_pages, aligned_empty, private_memory
 
 
 class _Anchor(np.ndarray):
@@ -103,6 +103,10 @@ class ArrayArena:
     never overwritten.  Used from one thread (its owner's); a buffer's array dropped in another thread puts
     the buffer on the free list there (a weak reference callback; ``deque`` appends are atomic), so taking a
     free buffer costs the same however many are lent (a fill lends thousands of small batches at once).
+
+    A buffer taken again is advised onto transparent huge pages (:func:`~h5stream.memory.rawio.advise_huge_pages`,
+    its own pages only), once: its first write faulted in ordinary pages, the cheaper first touch, and the kernel
+    moves it onto huge pages in the background, where the copies of later epochs cost less.
     """
 
     def __init__(self, batch_rows: int, row_shape, dtype, max_sets: int):
@@ -112,6 +116,9 @@ class ArrayArena:
         self.max_sets = int(max_sets)
         self._sets: list[tuple[Lender, int]] = []  # buffer -> (the lender of its mapping, its part there)
         self._free: deque[int] = deque()  # buffers never lent or whose last array was dropped (checked when taken)
+        # buffer -> (its mapping, first byte, bytes) until it is taken again and advised onto huge pages (then None)
+        self._unadvised: list[tuple[object, int, int] | None] = []
+        self._lent_once: list[bool] = []
 
     def _freed(self, k: int) -> Callable[[weakref.ref], None]:
         free = self._free
@@ -124,8 +131,11 @@ class ArrayArena:
         part_bytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
         count = len(self._sets)
         parts = max(1, min(self.max_sets - count, SLAB_BYTES // max(1, part_bytes)))
-        lender = Lender(private_memory(parts * part_bytes), (parts, *shape), self.dtype)
+        memory = private_memory(parts * part_bytes)
+        lender = Lender(memory, (parts, *shape), self.dtype)
         self._sets.extend((lender, k) for k in range(parts))
+        self._unadvised.extend((memory, k * part_bytes, part_bytes) for k in range(parts))
+        self._lent_once.extend([False] * parts)
         self._free.extend(range(count, count + parts))
 
     def __call__(self, n: int) -> np.ndarray:
@@ -137,6 +147,10 @@ class ArrayArena:
             k = self._free.popleft()
             lender, part = self._sets[k]
             if not lender.in_use(part):
+                if self._lent_once[k] and self._unadvised[k] is not None:  # written once: its pages exist
+                    advise_huge_pages(*self._unadvised[k])
+                    self._unadvised[k] = None
+                self._lent_once[k] = True
                 return lender.lend(part, self._freed(k))[:n]
             if not self._free and len(self._sets) < self.max_sets:
                 self._map()

@@ -61,6 +61,35 @@ def private_memory(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, nbytes, flags=_PRIVATE | _ANONYMOUS)
 
 
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+HUGE_PAGE_BYTES = 2 << 20
+"""A transparent huge page on x86-64 and most arm64 kernels: advice on less memory than this cannot be taken."""
+
+
+def advise_huge_pages(memory: mmap.mmap, start: int = 0, length: int | None = None) -> bool:
+    """Ask for transparent huge pages on ``memory`` (``MADV_HUGEPAGE``), once its pages exist: the kernel's
+    ``khugepaged`` then moves them onto huge pages in the background (a few seconds per 16 MiB by its default
+    pace), and copies into them cost less (fewer TLB misses).  Memory advised before its first touch would fault
+    huge pages in instead, which costs the first write more (the figures: docs/performance.md, "The loader
+    alone").  ``start``/``length``: a part of ``memory`` only (the whole pages inside it; a part holding no huge
+    page's worth is left as it is).  Whether the advice was taken: False where the platform or kernel has no huge
+    pages."""
+    if _MADV_HUGEPAGE is None:
+        return False
+    end = len(memory) if length is None else int(start) + int(length)
+    first = -(-int(start) // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last - first < HUGE_PAGE_BYTES:
+        return False
+    try:
+        memory.madvise(_MADV_HUGEPAGE, first, last - first)
+    except OSError:  # EINVAL: a kernel without transparent huge pages
+        return False
+    return True
+
+
 def first_mismatch(rows, digests: np.ndarray, checked: np.ndarray | None = None) -> int:
     """Index of the first row (a buffer of its bytes) whose xxh3-64 differs from ``digests[i]``, among those
     with ``checked[i]`` (all when None); -1 when every one matches."""

@@ -27,7 +27,8 @@ Reading overlaps handing out batches: while the batches of fill ``f`` go to
 the consumer, fill ``f + 1`` is read -- by I/O threads keeping the source's
 ``max_in_flight`` reads in flight, all the fill's runs submitted at once, or
 (compressed stores, read through HDF5 in this thread) a few runs between
-batches, so the queue keeps moving.
+batches, so the queue keeps moving; once they are out, fill ``f + 2`` is
+planned and its reads queued behind ``f + 1``'s (its batches then exist).
 
 Every run of rows and every label read is checked against the store's block
 checksums where it has them (:mod:`h5stream.read.verify`), right after it
@@ -376,7 +377,9 @@ class Reader:
             epoch, first_batch = epoch + 1, 0
 
     def _pump(self) -> None:
-        """Read fill after fill, handing out each fill's batches while the next one is read.  Reader thread."""
+        """Read fill after fill, handing out each fill's batches while the next one is read, then queueing the
+        reads of the one after: the I/O threads go from fill to fill without waiting for this thread.  Reader
+        thread."""
         jobs = self._jobs()
         job = next(jobs)
         self._start_fill(job)
@@ -384,16 +387,18 @@ class Reader:
         ready = self._ready()
         if ready:  # the first batch goes out before the next fill is planned and its batches allocated
             self._emit(ready.pop(0))
-        for nxt in jobs:
+        nxt = next(jobs)
+        self._start_fill(nxt)
+        while True:
             ready += self._ready()
-            self._start_fill(nxt)
             # Hand out this fill's batches while the next one is read (by the I/O threads, or here in _step).
             per_batch = math.ceil(len(nxt.runs) / max(1, len(ready)))
             for key in ready:
                 self._emit(key)
                 self._step(nxt, per_batch)
-            ready = []
-            self._complete(nxt)
+            ready, after = [], next(jobs)  # planned while the I/O threads read nxt
+            self._complete(nxt, then=after)
+            nxt = after
 
     def _ready(self) -> list[tuple[int, int]]:
         """Complete batches that can go out now, in order (stops at the first incomplete one).  Reader thread."""
@@ -480,8 +485,11 @@ class Reader:
         self._counts["read_s"] += seconds
         self._counts["read_bytes"] += nbytes
 
-    def _complete(self, job: FillJob) -> None:
-        """Finish every read of the fill, then count its rows as arrived in their batches.  Reader thread."""
+    def _complete(self, job: FillJob, then: FillJob | None = None) -> None:
+        """Start fill ``then`` (if any: its reads queue behind this fill's), finish every read of the fill, then
+        count its rows as arrived in their batches.  Reader thread."""
+        if then is not None:
+            self._start_fill(then)
         self._step(job, len(job.to_read))
         wait_futures(job.futures, check=self._check_stop)
         for f in job.futures:  # what the I/O threads read, counted here: the stats have one writer
