@@ -23,6 +23,12 @@ together from digests of its parts.  So:
 * **Labels** are small (8 bytes a row): each label read is widened to whole
   blocks and every block checked against its digest (:meth:`BlockCheck.labels`).
 
+* **Images, by row.**  A store with row digests (``/row_digests``, see :mod:`h5stream.store.rowdigest`) is
+  checked at the granularity it is read: the first read that touches a block reads the block's row digests
+  (8 bytes a row, one contiguous piece, through the same byte source as the rows), and every row read is
+  checked against its own digest right after it lands.  Nothing is read twice: ``"once"`` checks each row on its
+  first read (a flag per row says which are checked), ``True`` every read.
+
 Blocks without a trusted digest (a store written without checksums, a last
 block whose digests are for another row count) are not checked.  A mismatch
 raises :class:`~h5stream.errors.ChecksumError` before any row of the read is
@@ -43,6 +49,7 @@ import xxhash
 
 from h5stream.memory.rawio import aligned_empty, first_mismatch
 from h5stream.errors import ChecksumError
+from h5stream.read.runs import chunk_pieces
 
 ReadBlock = Callable[[int, int, memoryview], None]
 """``read_block(start, stop, out)``: read the image bytes of rows ``[start, stop)`` (one block) into ``out``."""
@@ -66,10 +73,15 @@ def check_buffers(max_in_flight: int) -> int:
 
 
 def check_memory_bytes(rows: int, block_rows: int, row_bytes: int, max_in_flight: int) -> int:
-    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): a digest per row, three
-    small per-block arrays and :func:`check_buffers` block-sized buffers (page-aligned, so a page more each)."""
+    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): a digest and a flag per
+    row (9 bytes), four small per-block arrays and :func:`check_buffers` block-sized buffers (page-aligned, so a
+    page more each; a store checked by row makes none)."""
     n_blocks = -(-int(rows) // int(block_rows)) if rows else 0
-    return int(rows) * 8 + n_blocks * 18 + check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+    return int(rows) * 9 + n_blocks * 19 + check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+
+
+ReadRowDigests = Callable[[int, int], np.ndarray]
+"""``read_row_digests(start, stop)``: the stored digests (uint64) of rows ``[start, stop)``, read from the store."""
 
 
 class BlockCheck:
@@ -80,6 +92,9 @@ class BlockCheck:
     ``max_buffers`` block-sized buffers for :meth:`learn`, made on first use.
     ``every_read=False`` checks the images of a block on its first read only
     (the read that learns it); labels are checked on every read either way.
+    ``row_digests``: where the store keeps a digest per row, what reads them (:data:`ReadRowDigests`); a block
+    is then learned by reading its rows' digests, and each row read is checked against its own
+    (:attr:`by_row`).
 
     Thread-safety: every method may run on several I/O threads at once.  A
     thread that needs a block another thread is learning waits for that read
@@ -88,7 +103,8 @@ class BlockCheck:
     """
 
     def __init__(self, path: str, rows: int, block_rows: int, row_bytes: int, image_digests: np.ndarray,
-                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2, every_read: bool = True):
+                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2, every_read: bool = True,
+                 row_digests: ReadRowDigests | None = None):
         self.path = path
         self.rows = int(rows)
         self.block_rows = int(block_rows)
@@ -105,6 +121,16 @@ class BlockCheck:
         self._lock = threading.Lock()
         self._learning: dict[int, threading.Event] = {}  # block -> set when the thread learning it is done
         self.learned_bytes = 0  # bytes read again to learn blocks
+        self._read_row_digests = row_digests
+        # By row under "once": which rows were checked, and the blocks whose every row was.
+        self._checked = np.zeros(self.rows, bool) if row_digests is not None and not self.every_read else None
+        self._done = np.zeros(len(self.trusted), bool)
+        self.digest_bytes = 0  # bytes of row digests read
+
+    @property
+    def by_row(self) -> bool:
+        """Whether rows are checked against their own stored digests (a store with ``/row_digests``)."""
+        return self._read_row_digests is not None
 
     @classmethod
     def from_digests(cls, path: str, rows: int, block_rows: int, row_bytes: int, digests, **kw) -> BlockCheck | None:
@@ -144,6 +170,9 @@ class BlockCheck:
         ``have``: ``(first_row, views)``, rows of the block already read (one view per row, in order), so only
         the rest of the block is read.  No-op for a block learned before or not trusted.  Raises
         :class:`ChecksumError` on a mismatch."""
+        if self._read_row_digests is not None:
+            self._load(block)
+            return
         while True:
             if not self.trusted[block] or self._learned[block]:
                 return
@@ -162,6 +191,52 @@ class BlockCheck:
             with self._lock:
                 del self._learning[block]
             mine.set()
+
+    def _load(self, block: int) -> None:
+        """Read the stored digests of ``block``'s rows, once (two threads may both read them: the same values)."""
+        if not self.trusted[block] or self._learned[block]:
+            return
+        start, stop = self.span(block)
+        self.row_digests[start:stop] = self._read_row_digests(start, stop)
+        with self._lock:
+            self.digest_bytes += (stop - start) * 8
+        self._learned[block] = True
+
+    def _rows(self, src: int, views: Sequence) -> None:
+        """:meth:`images` of a store checked by row: each row read (not None) against its own digest, under
+        ``"once"`` only the rows not checked before."""
+        n = len(views)
+        for block in self.blocks(src, n):
+            if not self.trusted[block] or self._done[block]:
+                continue
+            self._load(block)
+            start, stop = self.span(block)
+            a, b = max(src, start), min(src + n, stop)
+            rows = np.array([r for r in range(a, b) if views[r - src] is not None], np.int64)
+            if self._checked is not None:
+                rows = rows[~self._checked[rows]]
+            bad = first_mismatch([views[r - src] for r in rows.tolist()], self.row_digests[rows])
+            if bad >= 0:
+                raise ChecksumError.for_rows(self.path, int(rows[bad]), int(rows[bad]), "images", block)
+            if self._checked is not None:
+                self._checked[rows] = True
+                if self._checked[start:stop].all():
+                    self._done[block] = True
+
+    def to_check(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(digests, checked)`` of rows ``row_ids`` for a reader elsewhere (a worker process) to check them by,
+        or None where it checks nothing: :meth:`expected` with ``every_read``; by row under ``"once"``, the rows
+        not checked before, counted as checked from here on (a mismatch there fails the stream).  The rows'
+        blocks must have been learned (:meth:`learn_rows`).  Reader thread."""
+        if self.every_read:
+            return self.expected(row_ids)
+        if self._checked is None:
+            return None  # learning the blocks checked them
+        row_ids = np.asarray(row_ids, np.int64)
+        digests, checked = self.expected(row_ids)
+        checked &= ~self._checked[row_ids]
+        self._checked[row_ids] = True
+        return digests, checked
 
     def _learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None) -> None:
         start, stop = self.span(block)
@@ -212,6 +287,9 @@ class BlockCheck:
         """Check rows ``src, src + 1, ...`` just read: ``views[i]`` holds the bytes of row ``src + i``, or is
         None for a row read but not used (not checked).  Blocks not learned yet are learned first (from these
         views where they hold the whole block).  Raises :class:`ChecksumError` naming the first bad rows."""
+        if self._read_row_digests is not None:
+            self._rows(src, views)
+            return
         n = len(views)
         for block in self.blocks(src, n):
             if not self.trusted[block]:
@@ -290,3 +368,21 @@ def _byte_view(row) -> memoryview:
     """A row (a memoryview or a C-contiguous array) as a flat memoryview of its bytes."""
     m = memoryview(row)
     return m if m.ndim == 1 and m.format == "B" else m.cast("B")
+
+
+def row_digest_reader(source, chunks: tuple[np.ndarray, int] | None) -> ReadRowDigests | None:
+    """What reads stored row digests by byte offset through ``source`` (the stream's byte source: a file,
+    direct I/O, a URL), from ``chunks``, :attr:`Locations.row_digests <h5stream.read.locate.Locations>`; None
+    for a store without them.  Runs on whichever thread checks (an I/O thread or the reader thread)."""
+    if chunks is None:
+        return None
+    offsets, chunk_rows = chunks
+
+    def read(start: int, stop: int) -> np.ndarray:
+        out = np.empty(stop - start, np.uint64)
+        view = memoryview(out.view(np.uint8))
+        for first, chunk, within, m in chunk_pieces(start, stop - start, chunk_rows):
+            source.readinto(int(offsets[chunk]) + within * 8, [view[first * 8:(first + m) * 8]])
+        return out
+
+    return read
