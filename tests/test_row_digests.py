@@ -91,9 +91,9 @@ def test_a_flipped_row_byte_is_named_by_the_stream_and_by_verify(store, workers,
         for i, (x, _) in enumerate(s):
             assert np.array_equal(x, reference[i][0])  # every batch before the error is the clean one
     result = verify_store(store)
-    assert [(b.start, b.stop, b.parts) for b in result.bad] == [(80, 96, ("images of row 83",))]
+    assert [(b.start, b.stop, b.parts, b.rows) for b in result.bad] == [(80, 96, ("images",), (83,))]
     code, _, err = h5cli("verify", store)
-    assert code != 0 and "rows 80-95 do not match their checksum (images of row 83)" in err
+    assert code != 0 and "rows 80-95 do not match their checksum (images: row 83)" in err
 
 
 def test_a_flipped_digest_is_found_by_verify_and_fails_the_stream_on_its_row(store, h5cli):
@@ -105,9 +105,9 @@ def test_a_flipped_digest_is_found_by_verify_and_fails_the_stream_on_its_row(sto
         fh.seek(offset + 3)
         fh.write(bytes([value ^ 0x01]))
     result = verify_store(store)
-    assert [(b.start, b.stop, b.parts) for b in result.bad] == [(192, 208, ("the row digests of row 200",))]
+    assert [(b.start, b.stop, b.parts, b.rows) for b in result.bad] == [(192, 208, ("row digests",), (200,))]
     code, _, err = h5cli("verify", store)
-    assert code != 0 and "the row digests of row 200" in err
+    assert code != 0 and "rows 192-207 do not match their checksum (row digests: row 200)" in err
     with pytest.raises(ChecksumError, match=r"row 200\b"), h5stream.open(store, **KW) as s:
         list(s)
 
@@ -181,7 +181,7 @@ def test_an_encoded_store_is_checked_by_row(tmp_path, h5cli):
         f[schema.IMAGE_BYTES][int(ends[13]) - 30] ^= 0x01  # row 13, block 1
     with pytest.raises(ChecksumError, match=r"row 13\b"), h5stream.open(path, batch_size=4, seed=0) as s:
         list(s)
-    assert [(b.start, b.stop, b.parts) for b in verify_store(path).bad] == [(8, 16, ("images of row 13",))]
+    assert [(b.start, b.stop, b.parts, b.rows) for b in verify_store(path).bad] == [(8, 16, ("images",), (13,))]
 
 
 @pytest.mark.parametrize("layout", ["rows", "blocks"])
@@ -196,3 +196,17 @@ def test_repair_rebuilds_a_store_with_the_digest_of_every_row(store, layout, h5c
         assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(images))
         assert f.attrs[schema.ATTR_FORMAT] == schema.ROW_DIGESTS_FORMAT_VERSION
     assert verify_store(store).ok
+
+
+def test_the_python_writer_and_its_resume_write_every_rows_digest(tmp_path):
+    images, labels = images_and_labels(100)
+    path = tmp_path / "w.h5"
+    h5stream.write(path, (images, labels), block_rows=BLOCK, commit_rows=32, order="sorted")
+    with h5stream.Writer(path, resume=True) as w:
+        more, more_labels = images_and_labels(20, seed=5)
+        for x, y in zip(more, more_labels):
+            w.add(x, int(y))
+    with h5py.File(path, "r") as f:
+        assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(f["images"][:]))
+        assert f[schema.ROW_DIGESTS].shape == (120,)
+    assert verify_store(path).ok

@@ -171,8 +171,13 @@ class BlockCheck:
         the rest of the block is read.  No-op for a block learned before or not trusted.  Raises
         :class:`ChecksumError` on a mismatch."""
         if self._read_row_digests is not None:
-            self._load(block)
-            return
+            self._once(block, lambda: self._load(block))
+        else:
+            self._once(block, lambda: self._learn(block, read_block, have))
+
+    def _once(self, block: int, learn: Callable[[], None]) -> None:
+        """Run ``learn`` (which sets the block learned) unless ``block`` is learned or not trusted; a thread that
+        finds another learning the block waits for it instead of reading it again."""
         while True:
             if not self.trusted[block] or self._learned[block]:
                 return
@@ -186,16 +191,14 @@ class BlockCheck:
                 break
             busy.wait()  # then learned, or that read failed and this thread reads the block itself
         try:
-            self._learn(block, read_block, have)
+            learn()
         finally:
             with self._lock:
                 del self._learning[block]
             mine.set()
 
     def _load(self, block: int) -> None:
-        """Read the stored digests of ``block``'s rows, once (two threads may both read them: the same values)."""
-        if not self.trusted[block] or self._learned[block]:
-            return
+        """Read the stored digests of ``block``'s rows (see :meth:`learn`: once)."""
         start, stop = self.span(block)
         self.row_digests[start:stop] = self._read_row_digests(start, stop)
         with self._lock:
@@ -209,7 +212,7 @@ class BlockCheck:
         for block in self.blocks(src, n):
             if not self.trusted[block] or self._done[block]:
                 continue
-            self._load(block)
+            self.learn(block, None)
             start, stop = self.span(block)
             a, b = max(src, start), min(src + n, stop)
             rows = np.array([r for r in range(a, b) if views[r - src] is not None], np.int64)

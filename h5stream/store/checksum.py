@@ -238,14 +238,17 @@ def stage(h5file, hasher: BlockHasher) -> None:
 class BadBlock:
     """Rows ``[start, stop)`` whose bytes do not match their digests.
 
-    ``parts`` names what differs (``"images"``, ``"labels"``, ``"paths"``), or is
-    ``("unreadable",)`` when HDF5 could not read the rows; ``detail`` then holds its message.
+    ``parts`` names what differs (``"images"``, ``"labels"``, ``"paths"``, ``"row digests"``: rows whose digest
+    differs while the block's images match, see :mod:`h5stream.store.rowdigest`), or is ``("unreadable",)`` when
+    HDF5 could not read the rows; ``detail`` then holds its message.  ``rows``: the rows that differ from their own
+    digests (a store with row digests).
     """
 
     start: int
     stop: int
     parts: tuple[str, ...]
     detail: str = ""
+    rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -399,6 +402,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     try:
         for start in range(0, rows, slice_rows):
             stop = min(start + slice_rows, rows)
+            sums = None
             try:
                 got_rows = read(start, stop, 0)
                 sums = source.read(schema.ROW_DIGESTS, start, stop, bufs[schema.ROW_DIGESTS]) if source.row_digests \
@@ -417,12 +421,13 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                         continue
                 else:
                     got = block_digests(*(part[b0 - start:covered - start] for part in got_rows))
-                parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
+                parts, rows_bad = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), ()
                 if sums is not None:
                     images = bufs[schema.IMAGES][b0 - start:b1 - start]
-                    parts = rowdigest.judge(parts, rowdigest.bad_rows(sums[b0 - start:b1 - start], images, b0))
+                    parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(sums[b0 - start:b1 - start], images,
+                                                                                b0))
                 if parts:
-                    bad.append(BadBlock(b0, b1, parts))
+                    bad.append(BadBlock(b0, b1, parts, rows=rows_bad))
             if progress is not None:
                 progress(stop * row_bytes, rows * row_bytes)
     finally:
@@ -463,11 +468,11 @@ def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
             except (OSError, ValueError, IndexError) as exc:
                 bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
                 continue
-            parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
+            parts, rows_bad = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), ()
             if own is not None:
-                parts = rowdigest.judge(parts, rowdigest.bad_rows(own, rows_read[:b1 - b0], b0))
+                parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(own, rows_read[:b1 - b0], b0))
             if parts:
-                bad.append(BadBlock(b0, b1, parts))
+                bad.append(BadBlock(b0, b1, parts, rows=rows_bad))
             if progress is not None:
                 progress(images.byte_range(0, b1)[1], total)
     uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None

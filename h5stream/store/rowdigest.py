@@ -92,17 +92,20 @@ def bad_rows(digests: np.ndarray, images, first_row: int) -> list[int]:
     return (np.flatnonzero(got != np.asarray(digests, np.uint64)[:len(got)]) + int(first_row)).tolist()
 
 
-def judge(parts: tuple[str, ...], bad: list[int]) -> tuple[str, ...]:
-    """What ``verify`` reports of a block whose block digests differ in ``parts`` and whose rows ``bad`` differ from
-    their row digests (pure): images that differ, named by row; or, where the block's images match its digest, the
-    row digests themselves damaged."""
-    if not bad:
-        return parts
-    rows = (f"row {bad[0]}" if len(bad) == 1 else f"rows {', '.join(map(str, bad[:3]))}"
-            + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
-    if "images" in parts:
-        return tuple(f"images of {rows}" if p == "images" else p for p in parts)
-    return (*parts, f"the row digests of {rows}")
+def judge(parts: tuple[str, ...], bad: list[int]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``(parts, rows)`` that ``verify`` reports of a block whose block digests differ in ``parts`` and whose rows
+    ``bad`` differ from their row digests (pure): where the block's images match its digest, a row that differs
+    from its own digest is a damaged digest, reported as the part ``"row digests"``."""
+    if bad and "images" not in parts:
+        parts = (*parts, "row digests")
+    return parts, tuple(bad)
+
+
+def rows_text(rows: tuple[int, ...]) -> str:
+    """``row 83`` / ``rows 83, 90, 91 and 4 more`` (pure)."""
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    return f"rows {', '.join(map(str, rows[:3]))}" + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
 
 
 def check_count(stored_digests: int, committed_rows: int, path: str) -> None:
