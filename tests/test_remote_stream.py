@@ -101,7 +101,6 @@ def test_resume_over_a_url_continues_with_the_batches_it_would_have_given(ids_ur
 SHARD_SCRIPT = r"""
 import json, sys
 import h5stream
-from conftest import drop_row_digests
 url, index, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ids = []
 with h5stream.open(url, batch_size=50, memory_budget="64MiB", rows_per_fill=400, seed=5, shard=(index, 2),
