@@ -210,3 +210,19 @@ def test_the_python_writer_and_its_resume_write_every_rows_digest(tmp_path):
         assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(f["images"][:]))
         assert f[schema.ROW_DIGESTS].shape == (120,)
     assert verify_store(path).ok
+
+
+def test_a_set_of_parts_is_checked_by_row_and_names_the_damaged_part_and_row(tmp_path):
+    parts = []
+    for k, n in enumerate((100, 70)):
+        images, labels = images_and_labels(n, seed=10 + k)
+        parts.append(str(tmp_path / f"part-{k}.h5"))
+        write_arrays(parts[-1], images, labels, block_rows=BLOCK, class_names=[str(i) for i in range(7)])
+    with h5stream.open(parts, **KW) as s:
+        clean = [x.copy() for x, _ in s]
+        stats = s.stats()
+    assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == 170 * 8
+    flip_row_byte(parts[1], 37)
+    with pytest.raises(ChecksumError, match=rf"{parts[1]}: row 37\b"), h5stream.open(parts, **KW) as s:
+        for i, (x, _) in enumerate(s):
+            assert np.array_equal(x, clean[i])
