@@ -516,8 +516,7 @@ class Reader:
             a = b
         job.targets = {}
         self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
-        if self._check is not None:
-            c = self._check
+        if (c := self._check) is not None:
             self._counts.update(verify_learn_bytes=c.learned_bytes, verify_digest_bytes=c.digest_bytes)
 
 
