@@ -24,10 +24,11 @@ together from digests of its parts.  So:
   blocks and every block checked against its digest (:meth:`BlockCheck.labels`).
 
 * **Images, by row.**  A store with row digests (``/row_digests``, see :mod:`h5stream.store.rowdigest`) is
-  checked at the granularity it is read: the first read that touches a block reads the block's row digests
-  (8 bytes a row, one contiguous piece, through the same byte source as the rows), and every row read is
-  checked against its own digest right after it lands.  Nothing is read twice: ``"once"`` checks each row on its
-  first read (a flag per row says which are checked), ``True`` every read.
+  checked at the granularity it is read: every row read is checked against its own digest right after it
+  lands, and nothing is read twice.  ``"once"`` checks each row on its first read (a flag per row says which
+  are checked): a read reads the digests of its own unchecked rows alongside (8 bytes a row, contiguous, through
+  the same byte source) and keeps none.  ``True`` (and a URL under ``"once"``) checks every read: the first read
+  that touches a block reads the block's row digests, kept (8 bytes a row) for the reads after it.
 
 Blocks without a trusted digest (a store written without checksums, a last
 block whose digests are for another row count) are not checked.  A mismatch
@@ -113,7 +114,9 @@ class BlockCheck:
         self._labels = np.asarray(label_digests, np.uint64)
         self.trusted = np.asarray(trusted, bool)
         self.every_read = bool(every_read)
-        self.row_digests = np.zeros(self.rows, np.uint64)  # pages untouched until their blocks are learned
+        # Pages untouched until their blocks are learned.  None by row under "once": each read reads its own rows'
+        # digests alongside it and keeps none (a digest is needed only until its row was checked).
+        self.row_digests = None if row_digests is not None and not self.every_read else np.zeros(self.rows, np.uint64)
         self._learned = np.zeros(len(self.trusted), bool)
         self._buffers: queue.Queue = queue.Queue()
         self._made = 0
@@ -171,7 +174,8 @@ class BlockCheck:
         the rest of the block is read.  No-op for a block learned before or not trusted.  Raises
         :class:`ChecksumError` on a mismatch."""
         if self._read_row_digests is not None:
-            self._once(block, lambda: self._load(block))
+            if self.row_digests is not None:  # every read checked: the block's digests kept
+                self._once(block, lambda: self._load(block))
         else:
             self._once(block, lambda: self._learn(block, read_block, have))
 
@@ -212,19 +216,32 @@ class BlockCheck:
         for block in self.blocks(src, n):
             if not self.trusted[block] or self._done[block]:
                 continue
-            self.learn(block, None)
             start, stop = self.span(block)
             a, b = max(src, start), min(src + n, stop)
             rows = np.array([r for r in range(a, b) if views[r - src] is not None], np.int64)
             if self._checked is not None:
                 rows = rows[~self._checked[rows]]
-            bad = first_mismatch([views[r - src] for r in rows.tolist()], self.row_digests[rows])
+            if not len(rows):
+                continue
+            bad = first_mismatch([views[r - src] for r in rows.tolist()], self._digests_of(block, rows))
             if bad >= 0:
                 raise ChecksumError.for_rows(self.path, int(rows[bad]), int(rows[bad]), "images", block)
             if self._checked is not None:
                 self._checked[rows] = True
                 if self._checked[start:stop].all():
                     self._done[block] = True
+
+    def _digests_of(self, block: int, rows: np.ndarray) -> np.ndarray:
+        """The stored digests of ``rows`` (sorted, all in ``block``): kept ones (:meth:`learn`), or, by row under
+        ``"once"``, read now, one piece per run of consecutive rows."""
+        if self.row_digests is not None:
+            self.learn(block, None)
+            return self.row_digests[rows]
+        runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+        out = np.concatenate([self._read_row_digests(int(r[0]), int(r[-1]) + 1) for r in runs])
+        with self._lock:
+            self.digest_bytes += len(rows) * 8
+        return out
 
     def to_check(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """``(digests, checked)`` of rows ``row_ids`` for a reader elsewhere (a worker process) to check them by,
@@ -236,8 +253,14 @@ class BlockCheck:
         if self._checked is None:
             return None  # learning the blocks checked them
         row_ids = np.asarray(row_ids, np.int64)
-        digests, checked = self.expected(row_ids)
-        checked &= ~self._checked[row_ids]
+        checked = self.trusted[row_ids // self.block_rows] & ~self._checked[row_ids]
+        digests = np.zeros(len(row_ids), np.uint64)
+        want = np.flatnonzero(checked)
+        if len(want):  # read the digests of the rows to check, block by block
+            order = want[np.argsort(row_ids[want], kind="stable")]
+            blocks = row_ids[order] // self.block_rows
+            for part in np.split(order, np.flatnonzero(np.diff(blocks)) + 1):
+                digests[part] = self._digests_of(int(row_ids[part[0]]) // self.block_rows, row_ids[part])
         self._checked[row_ids] = True
         return digests, checked
 
