@@ -8,7 +8,8 @@ A store of format version :data:`~h5stream.store.schema.ROW_DIGESTS_FORMAT_VERSI
 beside the per-block digests of :mod:`h5stream.store.checksum`, which stay.  The block digest of a block cannot be
 put together from parts of it, so a reader that reads part of a block could only check it by reading the rest;
 with a digest per row it checks each row it read against that row's digest, and reads 8 bytes a row more
-(:class:`~h5stream.read.verify.BlockCheck` reads the row digests of a block, one chunk, when it first touches it).
+(:class:`~h5stream.read.verify.BlockCheck`: under ``"once"`` a read's own rows' digests, alongside it; where every
+read is checked, a block's digests when a read first touches it, kept).
 
 Written as the labels are: queued with the rows, appended before the flush that precedes raising
 ``committed_rows``, dropped past the count by a writer that opens the store (:func:`truncate`), so every committed
