@@ -21,6 +21,8 @@ from h5stream.store.encoded import EncodedRows
 from h5stream.store.meta import read_meta
 from h5stream.store.writer import StoreWriter, write_arrays
 
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 ROWS, SIDE, BLOCK = 640, 16, 16
 ROW_BYTES = SIDE * SIDE * 3
 KW = dict(batch_size=16, seed=3, read_unit=4 * ROW_BYTES, rows_per_fill=64)  # reads of a quarter block
