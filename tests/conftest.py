@@ -348,3 +348,12 @@ def direct_io_folder(tmp: str):
             return
         os.rmdir(folder)
     pytest.skip(f"no file system here takes O_DIRECT reads (pytest's tmp and /var/tmp refuse: {reason})")
+
+
+def drop_row_digests(path) -> None:
+    """Make ``path`` a store as h5stream wrote it before row digests: no ``/row_digests``, format version 2."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        del f["row_digests"]
+        f.attrs["h5stream_format"] = np.int64(2)

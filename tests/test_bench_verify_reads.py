@@ -38,3 +38,22 @@ def test_a_real_workload_streams_with_and_without_checks(tmp_path):
     assert verify_reads.rate(path, "warm, epochs 2-3", True) > 0
     assert verify_reads.rate(path, "warm, epoch 1", False) > 0
     assert verify_reads.rate(path, "warm, epoch 1", "once") > 0
+
+
+def test_the_old_layout_runs_beside_the_store_with_what_epoch_1_read_besides_the_rows(tmp_path, monkeypatch):
+    path = make_bench_file(str(tmp_path / "b.h5"), rows=300, size=16, progress=False)
+    files = []
+
+    def fake_rate(p, workload, verify):
+        files.append(p)
+        return 100.0
+
+    monkeypatch.setattr(verify_reads, "rate", fake_rate)
+    out = verify_reads.run(path, 1, ("warm, epoch 1", "warm, epochs 2-3"), ("rows", "blocks"))
+    old = str(tmp_path / "b.blocks.h5")
+    assert set(files) == {path, old} and files.count(old) == 3  # its first epoch only, each setting
+    results = out["results"]
+    assert list(results) == ["warm, epoch 1", "warm, epochs 2-3", "warm, epoch 1" + verify_reads.OLD]
+    assert results["warm, epoch 1"]["once_read_again_share"] == 8 / (16 * 16 * 3)  # the row digests alone
+    assert results["warm, epoch 1" + verify_reads.OLD]["once_read_again_share"] >= 0
+    assert "read besides the rows in epoch 1" in verify_reads.table(out)

@@ -20,7 +20,7 @@ from h5stream.memory.shm import segment_names
 from h5stream.store import read_meta
 from h5stream.store.handle import mark_flushing
 from h5stream.store.schema import flushing_path
-from h5stream.store import pathrows
+from h5stream.store import pathrows, rowdigest
 from conftest import committed_rows
 
 
@@ -208,6 +208,9 @@ def _store_state(out):
         state = {"rows": n, "stored": [len(f[k]) for k in ("images", "labels", pathrows.row_node(f))],
                  "images": f["images"][:n], "labels": f["labels"][:n], "paths": pathrows.stored_bytes(f, 0, n),
                  "skipped": int(f.attrs["skipped_files"])}
+        # Every committed row has its digest, and it is the digest of the row (past the count: anything).
+        digests = f["row_digests"]
+        state["digested"] = len(digests) >= n and np.array_equal(digests[:n], rowdigest.of_rows(state["images"]))
     report = str(out) + ".skipped.csv"
     state["report"] = open(report, "rb").read() if os.path.exists(report) else None
     return state
@@ -284,7 +287,7 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
     if writes == "direct":  # and the I/O thread's, with the main thread's steps between them
         assert any(" thread-pwrite " in s for s in steps), steps
     want = _store_state(ref / "o.h5")
-    assert want["rows"] == 20 and want["stored"] == [20, 20, 20]
+    assert want["rows"] == 20 and want["stored"] == [20, 20, 20] and want["digested"]
 
     sample = sampled_steps(steps)
     for k, step in enumerate(steps, start=1):
@@ -313,11 +316,13 @@ def test_a_kill_at_every_step_of_creating_a_store_leaves_it_absent_or_whole(kill
             assert code == 0, f"killed after step {step}: `h5stream info` fails: {err}"
             kept = _store_state(out)
             n = kept["rows"]
+            assert kept["digested"], step
             for key in ("images", "labels", "paths"):
                 assert np.array_equal(kept[key][:n], want[key][:n]), (step, key)
         code, stdout, err = h5cli("ingest", src, out, *args, "--append")
         assert code == 0, f"killed after step {step}: --append fails: {err}"
         got = _store_state(out)
+        assert got["digested"], step
         for key in ("images", "labels", "paths"):
             assert np.array_equal(got[key], want[key]), (step, key)
         assert [got[k] for k in ("rows", "stored", "skipped", "report")] == [
@@ -367,6 +372,7 @@ def test_a_kill_at_every_step_of_a_repair_leaves_the_store_to_repair_again(kill_
         code, stdout, err = h5cli("repair", out)
         assert code == 0, (step, err)
         got = _store_state(out)
+        assert got["digested"], step
         for key in ("images", "labels", "paths"):
             assert np.array_equal(got[key], want[key]), (step, key)
         assert [got[key] for key in ("rows", "stored", "skipped")] == [want[key] for key in ("rows", "stored",

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from h5stream.samples import make_class_folder
-from h5stream.store import pathrows, schema
+from h5stream.store import pathrows, rowdigest, schema
+from h5stream.store.encoded import EncodedRows
 from h5stream.store.schema import flushing_path
 from test_crash_resume import sampled_steps
 from test_crash_resume import kill_shim as _kill_shim_fixture
@@ -30,10 +31,13 @@ def encoded_state(out) -> dict:
         n = int(f.attrs[schema.ATTR_ENCODED_COMMITTED])
         ends = f[schema.IMAGE_ENDS][:n]
         end = int(ends[-1]) if n else 0
-        return {"rows": n, "ends": ends, "bytes": f[schema.IMAGE_BYTES][:end], "labels": f[schema.LABELS][:n],
+        data = f[schema.IMAGE_BYTES][:end]
+        digests = f[schema.ROW_DIGESTS]  # every committed row has the digest of its encoded bytes
+        digested = len(digests) >= n and np.array_equal(digests[:n], rowdigest.of_rows(EncodedRows(data, ends)))
+        return {"rows": n, "ends": ends, "bytes": data, "labels": f[schema.LABELS][:n],
                 "paths": pathrows.stored_bytes(f, 0, n),
                 "stored": [len(f[k]) for k in (schema.IMAGE_ENDS, schema.LABELS, pathrows.row_node(f))],
-                "stored_bytes": len(f[schema.IMAGE_BYTES])}
+                "stored_bytes": len(f[schema.IMAGE_BYTES]), "digested": digested}
 
 
 @pytest.mark.slow
@@ -57,6 +61,7 @@ def test_a_kill_at_every_kind_of_step_of_an_encoded_ingest_leaves_it_absent_whol
     steps = log.read_text().splitlines()
     want = encoded_state(ref / "o.h5")
     assert want["rows"] == 20 and want["stored"] == [20, 20, 20] and want["stored_bytes"] == want["ends"][-1]
+    assert want["digested"]
     keys = ("ends", "bytes", "labels", "paths")
     for k in sorted(sampled_steps(steps)):
         folder = tmp_path / f"k{k}"
@@ -72,12 +77,14 @@ def test_a_kill_at_every_kind_of_step_of_an_encoded_ingest_leaves_it_absent_whol
             assert h5cli("info", out)[0] == 0, step
             kept = encoded_state(out)
             n = kept["rows"]
+            assert kept["digested"], step
             for key in keys:
                 assert np.array_equal(kept[key], want[key][:n] if key != "bytes" else
                                       want["bytes"][:len(kept["bytes"])]), (step, key)
         code, _, err = h5cli("ingest", src, out, *ARGS, "--append")
         assert code == 0, f"killed after step {step}: --append fails: {err}"
         got = encoded_state(out)
+        assert got["digested"], step
         for key in keys:
             assert np.array_equal(got[key], want[key]), (step, key)
         assert got["stored"] == want["stored"] and got["stored_bytes"] == want["stored_bytes"], step

@@ -13,10 +13,12 @@ import os
 import subprocess
 import sys
 
+import h5py
 import numpy as np
 import pytest
 
 import h5stream
+from conftest import drop_row_digests
 from h5stream.errors import BudgetError, ReaderError, RemoteUnavailableError, StoreNotFoundError
 from h5stream.remote.config import RemoteOptions
 from h5stream.store.writer import write_arrays
@@ -247,17 +249,37 @@ def test_a_larger_read_unit_reads_a_url_in_fewer_larger_requests_with_the_local_
     assert sorted(map(bytes, np.concatenate([x for x, _ in remote]))) == sorted(map(bytes, stored))  # each row once
 
 
-def test_the_first_epoch_over_a_url_fetches_a_block_once_more_only_around_the_rows_it_read(range_server):
-    """verify_reads="once" learns each block on its first read; a read holding part of a block has the rest of
-    it read, not the whole block again, so the first epoch fetches less than twice the pixels.  The batches are
-    the local file's, checked or not."""
+def image_bytes_fetched(server, path) -> np.ndarray:
+    """How many times the server sent each byte of the image chunks of ``path`` (its range log)."""
+    cover = np.zeros(os.path.getsize(path) + 1, np.int32)
+    for a, b in server.ranges:
+        cover[a] += 1
+        cover[b] -= 1
+    cover = np.cumsum(cover)
+    with h5py.File(path, "r") as f:
+        chunks = [f["images"].id.get_chunk_info(i) for i in range(f["images"].id.get_num_chunks())]
+    return np.concatenate([cover[c.byte_offset:c.byte_offset + c.size] for c in chunks])
+
+
+@pytest.mark.parametrize("layout", ["rows", "blocks"])
+def test_the_first_epoch_over_a_url_fetches_each_row_once_or_a_block_once_more_around_it(range_server, layout):
+    """verify_reads="once": a store with row digests checks each row against its own digest, so the first epoch
+    fetches every pixel byte once (the server's range log); without them (a store written before) each block is
+    learned on its first read: a read holding part of a block has the rest of it read, not the whole block again,
+    so the first epoch fetches less than twice the pixels.  The batches are the local file's, checked or not."""
     url, local = range_server.url + "store.h5", str(range_server.root / "store.h5")
+    if layout == "blocks":
+        drop_row_digests(local)
     kw = dict(batch_size=100, memory_budget="96MiB", rows_per_fill=2048, seed=3)
     with h5stream.open(url, **kw) as s:
         assert s.plan.unit_rows < s.meta.block_rows, s.plan.describe()  # reads hold parts of blocks
         remote = [(x.copy(), y.copy()) for x, y in s]
-        learned, pixels = s.stats()["verify_learn_bytes"], s.meta.rows * s.meta.row_bytes
-    assert 0 < learned < pixels, (learned, pixels)
+        stats, pixels = s.stats(), s.meta.rows * s.meta.row_bytes
+    if layout == "rows":
+        assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == s.meta.rows * 8
+        assert image_bytes_fetched(range_server, local).max() == 1, "a pixel byte was fetched twice"
+    else:
+        assert 0 < stats["verify_learn_bytes"] < pixels, (stats, pixels)
     with h5stream.open(local, **kw, verify_reads=False) as s:
         here = [(x.copy(), y.copy()) for x, y in s]
     assert len(here) == len(remote) and all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])

@@ -201,7 +201,7 @@ def test_overwritten_image_bytes_are_found_with_their_rows(tmp_path, h5cli):
     code, out, err = h5cli("verify", path)
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("h5stream: error: ")
-    assert "rows 16-23 do not match their checksum (images)" in err and "2 of 5 blocks damaged" in err
+    assert "rows 16-23 do not match their checksum (images: row 16)" in err and "2 of 5 blocks damaged" in err
     result = checksum.verify_store(path, slice_bytes=1 << 20)
     assert [(b.start, b.stop, b.parts) for b in result.bad] == [(16, 24, ("images",)), (32, 40, ("images",))]
 

@@ -1,5 +1,8 @@
 """The stream checks what it reads against the store's block checksums (verify_reads), on every read path.
 
+Each test that takes ``store`` runs on both layouts: ``rows`` (a digest per row, each row checked against its own,
+nothing read twice) and ``blocks`` (a store written before row digests: a block's first read reads the rest of it).
+
 Damage is made the way it happens to real files: bytes of a chunk overwritten on disk, two chunks' bytes
 swapped (what a chunk address redirected by bit rot serves), a compressed chunk replaced by another valid one.
 Each read path (page cache, O_DIRECT, HTTP and S3, worker processes reading rows themselves or through shared
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from conftest import direct_io_folder, pinned_in_page_cache
+from conftest import direct_io_folder, drop_row_digests, pinned_in_page_cache
 from h5stream.errors import ChecksumError, ReaderError, WorkerError
 from h5stream.store.writer import write_arrays
 
@@ -30,12 +33,20 @@ KW = dict(batch_size=16, seed=3, read_unit=4 * ROW_BYTES, rows_per_fill=64)
 AUG = h5stream.Augment(horizontal_flip=True)
 
 
-def make(path, rows=ROWS, side=SIDE, block_rows=BLOCK, compression=None, seed=0, storage_order="sorted"):
+def make(path, rows=ROWS, side=SIDE, block_rows=BLOCK, compression=None, seed=0, storage_order="sorted",
+         layout="rows"):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (rows, side, side, 3), dtype=np.uint8)
     labels = rng.integers(0, 7, rows)
     write_arrays(path, images, labels, block_rows=block_rows, compression=compression, storage_order=storage_order)
+    if layout == "blocks":
+        drop_row_digests(path)
     return path
+
+
+def names(layout, block_rows_text, row):
+    """What an error names: the damaged row (checked by row) or its block's rows."""
+    return f"row {row}" if layout == "rows" else block_rows_text
 
 
 def batches(path, epochs=1, **kw):
@@ -87,16 +98,21 @@ def assert_names_the_fix(err, path, rows):
     assert "re-ingest" in msg and "verify_reads=False" in msg and "\n" not in msg
 
 
+@pytest.fixture(params=["rows", "blocks"])
+def layout(request):
+    return request.param
+
+
 @pytest.fixture
-def store(tmp_path):
-    return make(tmp_path / "s.h5")
+def store(tmp_path, layout):
+    return make(tmp_path / "s.h5", layout=layout)
 
 
 # -- clean stores ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_clean_store_streams_the_same_batches_checked_or_not(store, workers):
+def test_a_clean_store_streams_the_same_batches_checked_or_not(store, layout, workers):
     aug = AUG if workers else None
     checked = batches(store, epochs=2, workers=workers, augment=aug)
     unchecked = batches(store, epochs=2, workers=workers, augment=aug, verify_reads=False)
@@ -105,8 +121,11 @@ def test_a_clean_store_streams_the_same_batches_checked_or_not(store, workers):
         assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
     with h5stream.open(store, **KW) as s:
         list(s)
-        # Reads hold quarter blocks: blocks were read whole once more to be checked, each once.
-        assert 0 < s.stats()["verify_learn_bytes"] <= ROWS * ROW_BYTES
+        stats = s.stats()
+    if layout == "rows":  # nothing read twice: each row checked against its digest, 8 bytes a row read more
+        assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == ROWS * 8
+    else:  # reads hold quarter blocks: blocks were read whole once more to be checked, each once
+        assert 0 < stats["verify_learn_bytes"] <= ROWS * ROW_BYTES and stats["verify_digest_bytes"] == 0
 
 
 @pytest.mark.parametrize("options", [dict(shard=(1, 3)), dict(validation_split=0.3, subset="training"),
@@ -122,14 +141,14 @@ def test_parts_of_a_store_that_cut_blocks_stream_the_same_checked_or_not(tmp_pat
         assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
 
 
-def test_damage_in_the_partial_last_block_raises(tmp_path):
+def test_damage_in_the_partial_last_block_raises(tmp_path, layout):
     """The last block, partial, is checked against the digests the store keeps for it (checksum_tail)."""
-    path = make(tmp_path / "t.h5", rows=650)
+    path = make(tmp_path / "t.h5", rows=650, layout=layout)
     reference = batches(path)
     overwrite(path, chunk(path, "images", 40)[0] + 5 * ROW_BYTES + 7, 4)  # row 645
     served, err = served_until_error(path, reference)
     assert served < len(reference)
-    assert_names_the_fix(err, path, "rows 640-649 (block 40)")
+    assert_names_the_fix(err, path, names(layout, "rows 640-649 (block 40)", 645))
 
 
 def test_a_store_without_checksums_streams_unchecked(store):
@@ -153,13 +172,13 @@ def test_verify_reads_is_checked(store):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_overwritten_pixel_bytes_raise_before_a_wrong_batch(store, workers):
+def test_overwritten_pixel_bytes_raise_before_a_wrong_batch(store, layout, workers):
     aug = AUG if workers else None
     reference = batches(store, workers=workers, augment=aug)
     overwrite(store, chunk(store, "images", 5)[0] + 3 * ROW_BYTES + 10, 8)  # row 83
     served, err = served_until_error(store, reference, workers=workers, augment=aug)
     assert served < len(reference)
-    assert_names_the_fix(err, store, "rows 80-95 (block 5)")
+    assert_names_the_fix(err, store, names(layout, "rows 80-95 (block 5)", 83))
     # The off switch: the same file streams as it is, the damaged row included.
     got = batches(store, workers=workers, augment=aug, verify_reads=False)
     assert len(got) == len(reference)
@@ -177,16 +196,16 @@ def test_swapped_chunks_raise_before_a_wrong_batch(store):
     assert sum(not np.array_equal(a[0], b[0]) for a, b in zip(got, reference)) > 0
 
 
-def test_a_replaced_compressed_chunk_raises(tmp_path):
+def test_a_replaced_compressed_chunk_raises(tmp_path, layout):
     """A compressed store is read through HDF5; a chunk that decodes cleanly to another block's rows is caught."""
-    path = make(tmp_path / "z.h5", compression="zlib")
+    path = make(tmp_path / "z.h5", compression="zlib", layout=layout)
     reference = batches(path)
     with h5py.File(path, "r+") as f:
         other = f["images"][6 * BLOCK:7 * BLOCK]
         f["images"].id.write_direct_chunk((3 * BLOCK, 0, 0, 0), zlib.compress(other.tobytes()))
     served, err = served_until_error(path, reference)
     assert served < len(reference)
-    assert_names_the_fix(err, path, "rows 48-63 (block 3)")
+    assert_names_the_fix(err, path, names(layout, "rows 48-63 (block 3)", 48))
 
 
 def test_damaged_labels_raise(store):
@@ -228,21 +247,21 @@ def direct_dir(tmp_path):
         yield folder
 
 
-def test_overwritten_pixel_bytes_raise_with_direct_io(direct_dir):
+def test_overwritten_pixel_bytes_raise_with_direct_io(direct_dir, layout):
     # Rows of 12 KiB, reads of 8 rows (96 KiB): large enough to go past the page cache.
-    path = make(os.path.join(direct_dir, "d.h5"), rows=256, side=64, block_rows=32)
+    path = make(os.path.join(direct_dir, "d.h5"), rows=256, side=64, block_rows=32, layout=layout)
     kw = dict(read_unit=8 * 64 * 64 * 3, rows_per_fill=64)
     reference = batches(path, direct_io=True, **kw)
     overwrite(path, chunk(path, "images", 4)[0] + 5 * 64 * 64 * 3, 16)  # row 133
     served, err = served_until_error(path, reference, direct_io=True, **kw)
     assert served < len(reference)
-    assert_names_the_fix(err, path, "rows 128-159 (block 4)")
+    assert_names_the_fix(err, path, names(layout, "rows 128-159 (block 4)", 133))
     with h5stream.open(path, direct_io=True, **{**KW, **kw}) as s:
         assert s.direct_io
 
 
 @pytest.mark.parametrize("kind", ["http", "s3"])
-def test_overwritten_pixel_bytes_raise_from_a_url(request, kind, remote_store_file, tmp_path):
+def test_overwritten_pixel_bytes_raise_from_a_url(request, kind, layout, remote_store_file, tmp_path):
     from h5stream.remote.config import RemoteOptions
 
     kw = dict(read_unit="256KiB", rows_per_fill=512, remote=RemoteOptions(timeout_s=10))  # reads of a quarter block
@@ -257,14 +276,17 @@ def test_overwritten_pixel_bytes_raise_from_a_url(request, kind, remote_store_fi
         damaged = tmp_path / "store.h5"
         shutil.copyfile(remote_store_file, damaged)
         url = f"s3://{seaweed.bucket}/damaged/store.h5"
+    if layout == "blocks":
+        drop_row_digests(damaged)
     with h5py.File(damaged, "r") as f:
         block_rows = f["images"].chunks[0]
+        row = block_rows + 1000 // int(np.prod(f["images"].shape[1:]))
     overwrite(damaged, chunk(damaged, "images", 1)[0] + 1000, 8)
     if kind == "s3":
         seaweed.put("damaged/store.h5", damaged)
     served, err = served_until_error(url, reference, **kw)
     assert served < len(reference)
-    assert_names_the_fix(err, url, f"rows {block_rows}-{2 * block_rows - 1} (block 1)")
+    assert_names_the_fix(err, url, names(layout, f"rows {block_rows}-{2 * block_rows - 1} (block 1)", row))
     got = batches(url, **kw, verify_reads=False)
     assert sum(not np.array_equal(a[0], b[0]) for a, b in zip(got, reference)) == 1
 
@@ -282,14 +304,14 @@ def invert_every_block(path, blocks):
             fh.write((~data).tobytes())
 
 
-def test_rows_that_change_after_their_block_was_checked_raise(store):
+def test_rows_that_change_after_their_block_was_checked_raise(store, layout):
     """Each read is checked, not just the first of a block: rows read again (next epoch) are checked row by row."""
     reference = batches(store, epochs=2)
     n = len(reference) // 2
     with h5stream.open(store, verify_reads=True, **KW) as s:
         for i, (x, y) in enumerate(s):
             assert np.array_equal(x, reference[i][0]) and np.array_equal(y, reference[i][1])
-        assert s.stats()["verify_learn_bytes"] > 0
+        assert s.stats()["verify_learn_bytes" if layout == "blocks" else "verify_digest_bytes"] > 0
         invert_every_block(store, ROWS // BLOCK)
         served = 0
         with pytest.raises(ChecksumError, match="the images read from the file do not match"):
@@ -322,7 +344,7 @@ def test_workers_reading_rows_themselves_check_them(store):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_once_checks_each_block_on_its_first_read_only(store, workers):
+def test_once_checks_each_block_on_its_first_read_only(store, layout, workers):
     """verify_reads="once": damage already in the file is caught on the first read of its block; rows that change
     after their block was checked are served as read (the per-read check is what catches those)."""
     aug = AUG if workers else None
@@ -333,7 +355,7 @@ def test_once_checks_each_block_on_its_first_read_only(store, workers):
     overwrite(damaged, chunk(damaged, "images", 5)[0] + 3 * ROW_BYTES + 10, 8)  # row 83
     served, err = served_until_error(damaged, reference, workers=workers, augment=aug, verify_reads="once")
     assert served < n
-    assert_names_the_fix(err, damaged, "rows 80-95 (block 5)")
+    assert_names_the_fix(err, damaged, names(layout, "rows 80-95 (block 5)", 83))
     with pinned_in_page_cache(store), h5stream.open(store, workers=workers, augment=aug, verify_reads="once",
                                                     **KW) as s:
         first = [(x.copy(), y.copy()) for x, y in s]

@@ -13,7 +13,8 @@ through the stream's byte source, by the reader's I/O threads), or, where ``/ima
 through HDF5 in the reader thread; a run's blocks at a time: an encoded block is a few hundred KiB.
 With ``verify_reads`` each block read is checked against its digest (the bytes and the row boundaries, see
 :mod:`h5stream.store.encoded`) before any row of it is placed: every read with ``True``, the first read of each
-block with ``"once"``; a mismatch raises :class:`~h5stream.errors.ChecksumError` naming the rows.
+block with ``"once"``; a mismatch raises :class:`~h5stream.errors.ChecksumError` naming the rows.  A store with row
+digests (:mod:`h5stream.store.rowdigest`) reads only the run's rows and checks each against its own digest.
 """
 
 from __future__ import annotations
@@ -48,17 +49,27 @@ class EncodedRunReader:
         nbytes = 0
         for block in range(src // block_rows, (src + n - 1) // block_rows + 1):
             lo, hi = max(src, block * block_rows), min(src + n, (block + 1) * block_rows)  # the run's rows in it
+            if self._check is not None and self._check.by_row:  # each row against its digest: only the run read
+                rows = self._read(lo, hi)
+                self._check.images(lo, [rows.row(i) for i in range(hi - lo)], None)
+                nbytes += len(rows.data)
+                self._place(job.targets, rows, lo, lo, hi, batches[lo - src:hi - src], offsets[lo - src:hi - src])
+                continue
             checked = self._to_check(block)
             a, b = (block * block_rows, min(meta.rows, (block + 1) * block_rows)) if checked else (lo, hi)
-            rows = self._rows.read(a, b)
-            if len(rows) != b - a:
-                raise OSError(f"{meta.path}: /image_ends holds {self._rows.nrows} rows, fewer than the {b} "
-                              "committed")
+            rows = self._read(a, b)
             if checked:
                 self._verify(rows, block, lo, hi)
             nbytes += len(rows.data)
             self._place(job.targets, rows, a, lo, hi, batches[lo - src:hi - src], offsets[lo - src:hi - src])
         return nbytes, n
+
+    def _read(self, a: int, b: int):
+        """Rows ``[a, b)``, read; OSError where ``/image_ends`` ends before them."""
+        rows = self._rows.read(a, b)
+        if len(rows) != b - a:
+            raise OSError(f"{self.meta.path}: /image_ends holds {self._rows.nrows} rows, fewer than the {b} committed")
+        return rows
 
     def _place(self, targets, rows, a: int, lo: int, hi: int, batches, offsets) -> None:
         """Copy store rows ``[lo, hi)`` of ``rows`` (which start at store row ``a``) into their batches."""

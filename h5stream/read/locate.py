@@ -33,7 +33,9 @@ class Locations(NamedTuple):
     ``digests``: when asked for, the trusted block digests (see
     :func:`h5stream.store.checksum.trusted_digests`; None for a store without checksums);
     ``encoded``: an encoded store's :class:`~h5stream.read.encbytes.EncodedExtents` (None: not encoded, or its
-    bytes only read through HDF5).
+    bytes only read through HDF5);
+    ``row_digests``: with ``digests``, ``(byte offset of each /row_digests chunk, rows per chunk)`` of a store
+    whose committed rows all have their digest (:mod:`h5stream.store.rowdigest`), else None.
     """
 
     image_chunks: np.ndarray | None
@@ -41,6 +43,7 @@ class Locations(NamedTuple):
     labels: np.ndarray | None
     digests: list | None = None
     encoded: object = None
+    row_digests: tuple[np.ndarray, int] | None = None
 
 
 def locate(meta: StoreMeta, cache_labels: bool, digests: bool = False) -> Locations:
@@ -143,7 +146,12 @@ def _locations(f: h5py.File, meta: StoreMeta, cache_labels: bool, digests: bool 
         if meta.rows:
             labels.read_direct(all_labels, np.s_[0:meta.rows], np.s_[0:meta.rows])
     trusted = trusted_digests(f, meta.rows, meta.block_rows, meta.path) if digests else None
-    return Locations(offsets, label_chunks, all_labels, trusted, encoded)
+    row_chunks = None
+    if trusted is not None and schema.ROW_DIGESTS in f and f[schema.ROW_DIGESTS].shape[0] >= meta.rows:
+        node = f[schema.ROW_DIGESTS]
+        found = chunk_offsets(node, meta.rows, node.chunks[0], meta.path) if node.chunks else None
+        row_chunks = None if found is None else (found, node.chunks[0])
+    return Locations(offsets, label_chunks, all_labels, trusted, encoded, row_chunks)
 
 
 def chunk_offsets(data: h5py.Dataset, rows: int, chunk_rows: int, path: str) -> np.ndarray | None:

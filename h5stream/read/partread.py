@@ -30,7 +30,7 @@ from h5stream.read.locate import locate
 from h5stream.read.rows import RowReader, drain_runs
 from h5stream.read.runs import Run
 from h5stream.read.source import open_source
-from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read
+from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read, row_digest_reader
 
 
 def part_cuts(starts, rows, block_rows) -> np.ndarray:
@@ -91,6 +91,7 @@ class PartChecks:
     def __init__(self, checks: list[BlockCheck | None], starts, rows):
         self._checks, self._starts, self._rows = checks, list(starts), list(rows)
         self.every_read = any(c is not None and c.every_read for c in checks)
+        self.by_row = False  # what the reader asks before deferring reads, which a set never does
 
     def labels(self, start: int, labels: np.ndarray) -> None:
         """Check every label of the set (``start`` 0: all labels read at once).  Reader thread."""
@@ -101,6 +102,10 @@ class PartChecks:
     @property
     def learned_bytes(self) -> int:
         return sum(c.learned_bytes for c in self._checks if c is not None)
+
+    @property
+    def digest_bytes(self) -> int:
+        return sum(c.digest_bytes for c in self._checks if c is not None)
 
     def expected(self, row_ids):
         raise NotImplementedError("a part set never defers pixel reads to its receivers")
@@ -211,7 +216,8 @@ def run_parts(reader, stack, direct_io) -> bool:
             part.path, part.rows, part.block_rows, part.row_bytes, where.digests,
             # the parts share the buffers one store's check gets (one each at least): what the plan counts
             max_buffers=max(1, check_buffers(getattr(source, "max_in_flight", 2)) // n_parts),
-            every_read=checks_every_read(reader._verify, part.remote is not None))
+            every_read=checks_every_read(reader._verify, part.remote is not None),
+            row_digests=row_digest_reader(source, where.row_digests))
         checks.append(check)
         readers.append(RowReader(part, source, offsets=where.image_chunks, label_offsets=where.label_chunks,
                                  images=images, labels=label_set, check=check,

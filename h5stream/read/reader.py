@@ -67,7 +67,7 @@ from h5stream.read.fill import Batch, Failure, FillJob, IOThreads, Pending
 from h5stream.read.rows import RowReader
 from h5stream.read.runs import placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, open_source
-from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read
+from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read, row_digest_reader
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
 from h5stream.store.meta import StoreMeta
@@ -139,7 +139,7 @@ class Reader:
         self.defer_pixels = bool(defer_pixels)
         # Counters, each dict written by one thread: the reader thread's, and the consumer's (see stats).
         self._counts = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "advised_bytes": 0, "deferred_bytes": 0,
-                        "direct_io": 0, "in_place_bytes": 0, "verify_learn_bytes": 0}
+                        "direct_io": 0, "in_place_bytes": 0, "verify_learn_bytes": 0, "verify_digest_bytes": 0}
         self._consumer_counts = {"wait_s": 0.0, "batches": 0}
         self.all_labels: np.ndarray | None = None
         self._layout = layout
@@ -332,6 +332,7 @@ class Reader:
                     max_buffers=check_buffers(getattr(self._source, "max_in_flight", 2)),
                     every_read=checks_every_read(self._verify, self.meta.remote is not None
                                                  and not getattr(self._source, "local_copy", False)),
+                    row_digests=row_digest_reader(self._source, where.row_digests),
                 )
                 if self._check is not None and self.all_labels is not None:
                     self._check.labels(0, self.all_labels)  # every label, read once at the start
@@ -433,7 +434,7 @@ class Reader:
             x, y, slot = self._allocate(n, images)
             offsets = None if images else np.empty(n, np.int64)
             checks = None
-            if not images and self._check is not None and self._check.every_read:
+            if not images and self._check is not None and (self._check.every_read or self._check.by_row):
                 checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
             p = self._pending[key] = Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
             if self.meta.encoded:
@@ -508,7 +509,7 @@ class Reader:
         first_row = job.offset[yielded]
         if file_offsets is not None:
             file_offsets = file_offsets[yielded]
-            checks = None if self._check is None or not self._check.every_read else self._check.expected(row_ids)
+            checks = None if self._check is None else self._check.to_check(row_ids)
         ends = np.searchsorted(job.batch[yielded], np.arange(job.first_batch + 1, job.first_batch + job.n_batches + 1))
         a = 0
         for j, b in zip(range(job.first_batch, job.first_batch + job.n_batches), ends.tolist()):
@@ -526,8 +527,8 @@ class Reader:
             a = b
         job.targets = {}
         self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
-        if self._check is not None:
-            self._counts["verify_learn_bytes"] = self._check.learned_bytes
+        if (c := self._check) is not None:
+            self._counts.update(verify_learn_bytes=c.learned_bytes, verify_digest_bytes=c.digest_bytes)
 
 
 def _piece_window(source: ByteSource, offsets: np.ndarray, meta: StoreMeta, piece_rows: int) -> ByteSource:

@@ -27,6 +27,13 @@ together from digests of its parts.  So:
 * **Labels** are small (8 bytes a row): each label read is widened to whole
   blocks and every block checked against its digest (:meth:`BlockCheck.labels`).
 
+* **Images, by row.**  A store with row digests (``/row_digests``, see :mod:`h5stream.store.rowdigest`) is
+  checked at the granularity it is read: every row read is checked against its own digest right after it
+  lands, and nothing is read twice.  ``"once"`` checks each row on its first read (a flag per row says which
+  are checked): a read reads the digests of its own unchecked rows alongside (8 bytes a row, contiguous, through
+  the same byte source) and keeps none.  ``True`` (and a URL under ``"once"``) checks every read: the first read
+  that touches a block reads the block's row digests, kept (8 bytes a row) for the reads after it.
+
 Blocks without a trusted digest (a store written without checksums, a last
 block whose digests are for another row count) are not checked.  A mismatch
 raises :class:`~h5stream.errors.ChecksumError` before any row of the read is
@@ -47,6 +54,7 @@ import xxhash
 
 from h5stream.memory.rawio import aligned_empty, first_mismatch
 from h5stream.errors import ChecksumError
+from h5stream.read.runs import chunk_pieces
 
 ReadBlock = Callable[[int, int, memoryview], None]
 """``read_block(start, stop, out)``: read the image bytes of rows ``[start, stop)`` (one block) into ``out``."""
@@ -70,10 +78,15 @@ def check_buffers(max_in_flight: int) -> int:
 
 
 def check_memory_bytes(rows: int, block_rows: int, row_bytes: int, max_in_flight: int) -> int:
-    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): a digest per row, three
-    small per-block arrays and :func:`check_buffers` block-sized buffers (page-aligned, so a page more each)."""
+    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): a digest and a flag per
+    row (9 bytes), four small per-block arrays and :func:`check_buffers` block-sized buffers (page-aligned, so a
+    page more each; a store checked by row makes none)."""
     n_blocks = -(-int(rows) // int(block_rows)) if rows else 0
-    return int(rows) * 8 + n_blocks * 18 + check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+    return int(rows) * 9 + n_blocks * 19 + check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+
+
+ReadRowDigests = Callable[[int, int], np.ndarray]
+"""``read_row_digests(start, stop)``: the stored digests (uint64) of rows ``[start, stop)``, read from the store."""
 
 
 class BlockCheck:
@@ -84,6 +97,9 @@ class BlockCheck:
     ``max_buffers`` block-sized buffers for :meth:`learn`, made on first use.
     ``every_read=False`` checks the images of a block on its first read only
     (the read that learns it); labels are checked on every read either way.
+    ``row_digests``: where the store keeps a digest per row, what reads them (:data:`ReadRowDigests`); a block
+    is then learned by reading its rows' digests, and each row read is checked against its own
+    (:attr:`by_row`).
 
     Thread-safety: every method may run on several I/O threads at once.  A
     thread that needs a block another thread is learning waits for that read
@@ -92,7 +108,8 @@ class BlockCheck:
     """
 
     def __init__(self, path: str, rows: int, block_rows: int, row_bytes: int, image_digests: np.ndarray,
-                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2, every_read: bool = True):
+                 label_digests: np.ndarray, trusted: np.ndarray, *, max_buffers: int = 2, every_read: bool = True,
+                 row_digests: ReadRowDigests | None = None):
         self.path = path
         self.rows = int(rows)
         self.block_rows = int(block_rows)
@@ -101,7 +118,9 @@ class BlockCheck:
         self._labels = np.asarray(label_digests, np.uint64)
         self.trusted = np.asarray(trusted, bool)
         self.every_read = bool(every_read)
-        self.row_digests = np.zeros(self.rows, np.uint64)  # pages untouched until their blocks are learned
+        # Pages untouched until their blocks are learned.  None by row under "once": each read reads its own rows'
+        # digests alongside it and keeps none (a digest is needed only until its row was checked).
+        self.row_digests = None if row_digests is not None and not self.every_read else np.zeros(self.rows, np.uint64)
         self._learned = np.zeros(len(self.trusted), bool)
         self._buffers: queue.Queue = queue.Queue()
         self._made = 0
@@ -109,6 +128,16 @@ class BlockCheck:
         self._lock = threading.Lock()
         self._learning: dict[int, threading.Event] = {}  # block -> set when the thread learning it is done
         self.learned_bytes = 0  # bytes read again to learn blocks
+        self._read_row_digests = row_digests
+        # By row under "once": which rows were checked, and the blocks whose every row was.
+        self._checked = np.zeros(self.rows, bool) if row_digests is not None and not self.every_read else None
+        self._done = np.zeros(len(self.trusted), bool)
+        self.digest_bytes = 0  # bytes of row digests read
+
+    @property
+    def by_row(self) -> bool:
+        """Whether rows are checked against their own stored digests (a store with ``/row_digests``)."""
+        return self._read_row_digests is not None
 
     @classmethod
     def from_digests(cls, path: str, rows: int, block_rows: int, row_bytes: int, digests, **kw) -> BlockCheck | None:
@@ -150,7 +179,17 @@ class BlockCheck:
         :class:`ChecksumError` on a mismatch.  Without ``every_read`` a block learned from ``have`` keeps no
         row digests (nothing asks for them: its rows were checked with it); True then, and for a block learned
         before (trusted), so the caller checks nothing more; False when its rows are to be checked against the
-        row digests kept."""
+        row digests kept.  (A store with row digests: its stored digests are loaded, and False.)"""
+        if self._read_row_digests is not None:
+            if self.row_digests is not None:  # every read checked: the block's digests kept
+                self._once(block, lambda: self._load(block))
+            return False
+        return self._once(block, lambda: self._learn(block, read_block, have))
+
+    def _once(self, block: int, learn: Callable[[], bool | None]) -> bool:
+        """Run ``learn`` (which sets the block learned) unless ``block`` is learned or not trusted; a thread that
+        finds another learning the block waits for it instead of reading it again.  What ``learn`` returns, or
+        for a block learned before (or not trusted) whether no read of it needs checking again."""
         while True:
             if not self.trusted[block] or self._learned[block]:
                 return not self.every_read
@@ -164,11 +203,74 @@ class BlockCheck:
                 break
             busy.wait()  # then learned, or that read failed and this thread reads the block itself
         try:
-            return self._learn(block, read_block, have)
+            return bool(learn())
         finally:
             with self._lock:
                 del self._learning[block]
             mine.set()
+
+    def _load(self, block: int) -> None:
+        """Read the stored digests of ``block``'s rows (see :meth:`learn`: once)."""
+        start, stop = self.span(block)
+        self.row_digests[start:stop] = self._read_row_digests(start, stop)
+        with self._lock:
+            self.digest_bytes += (stop - start) * 8
+        self._learned[block] = True
+
+    def _rows(self, src: int, views: Sequence) -> None:
+        """:meth:`images` of a store checked by row: each row read (not None) against its own digest, under
+        ``"once"`` only the rows not checked before."""
+        n = len(views)
+        for block in self.blocks(src, n):
+            if not self.trusted[block] or self._done[block]:
+                continue
+            start, stop = self.span(block)
+            a, b = max(src, start), min(src + n, stop)
+            rows = np.array([r for r in range(a, b) if views[r - src] is not None], np.int64)
+            if self._checked is not None:
+                rows = rows[~self._checked[rows]]
+            if not len(rows):
+                continue
+            bad = first_mismatch([views[r - src] for r in rows.tolist()], self._digests_of(block, rows))
+            if bad >= 0:
+                raise ChecksumError.for_rows(self.path, int(rows[bad]), int(rows[bad]), "images", block)
+            if self._checked is not None:
+                self._checked[rows] = True
+                if self._checked[start:stop].all():
+                    self._done[block] = True
+
+    def _digests_of(self, block: int, rows: np.ndarray) -> np.ndarray:
+        """The stored digests of ``rows`` (sorted, all in ``block``): kept ones (:meth:`learn`), or, by row under
+        ``"once"``, read now, one piece per run of consecutive rows."""
+        if self.row_digests is not None:
+            self.learn(block, None)
+            return self.row_digests[rows]
+        runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+        out = np.concatenate([self._read_row_digests(int(r[0]), int(r[-1]) + 1) for r in runs])
+        with self._lock:
+            self.digest_bytes += len(rows) * 8
+        return out
+
+    def to_check(self, row_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(digests, checked)`` of rows ``row_ids`` for a reader elsewhere (a worker process) to check them by,
+        or None where it checks nothing: :meth:`expected` with ``every_read``; by row under ``"once"``, the rows
+        not checked before, counted as checked from here on (a mismatch there fails the stream).  The rows'
+        blocks must have been learned (:meth:`learn_rows`).  Reader thread."""
+        if self.every_read:
+            return self.expected(row_ids)
+        if self._checked is None:
+            return None  # learning the blocks checked them
+        row_ids = np.asarray(row_ids, np.int64)
+        checked = self.trusted[row_ids // self.block_rows] & ~self._checked[row_ids]
+        digests = np.zeros(len(row_ids), np.uint64)
+        want = np.flatnonzero(checked)
+        if len(want):  # read the digests of the rows to check, block by block
+            order = want[np.argsort(row_ids[want], kind="stable")]
+            blocks = row_ids[order] // self.block_rows
+            for part in np.split(order, np.flatnonzero(np.diff(blocks)) + 1):
+                digests[part] = self._digests_of(int(row_ids[part[0]]) // self.block_rows, row_ids[part])
+        self._checked[row_ids] = True
+        return digests, checked
 
     def _learn(self, block: int, read_block: ReadBlock, have: tuple[int, Sequence] | None) -> bool:
         start, stop = self.span(block)
@@ -227,6 +329,9 @@ class BlockCheck:
         """Check rows ``src, src + 1, ...`` just read: ``views[i]`` holds the bytes of row ``src + i``, or is
         None for a row read but not used (not checked).  Blocks not learned yet are learned first (from these
         views where they hold the whole block).  Raises :class:`ChecksumError` naming the first bad rows."""
+        if self._read_row_digests is not None:
+            self._rows(src, views)
+            return
         n = len(views)
         for block in self.blocks(src, n):
             if not self.trusted[block]:
@@ -305,3 +410,21 @@ def _byte_view(row) -> memoryview:
     """A row (a memoryview or a C-contiguous array) as a flat memoryview of its bytes."""
     m = memoryview(row)
     return m if m.ndim == 1 and m.format == "B" else m.cast("B")
+
+
+def row_digest_reader(source, chunks: tuple[np.ndarray, int] | None) -> ReadRowDigests | None:
+    """What reads stored row digests by byte offset through ``source`` (the stream's byte source: a file,
+    direct I/O, a URL), from ``chunks``, :attr:`Locations.row_digests <h5stream.read.locate.Locations>`; None
+    for a store without them.  Runs on whichever thread checks (an I/O thread or the reader thread)."""
+    if chunks is None:
+        return None
+    offsets, chunk_rows = chunks
+
+    def read(start: int, stop: int) -> np.ndarray:
+        out = np.empty(stop - start, np.uint64)
+        view = memoryview(out.view(np.uint8))
+        for first, chunk, within, m in chunk_pieces(start, stop - start, chunk_rows):
+            source.readinto(int(offsets[chunk]) + within * 8, [view[first * 8:(first + m) * 8]])
+        return out
+
+    return read

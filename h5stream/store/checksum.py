@@ -27,7 +27,6 @@ what ``h5stream verify`` runs.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -38,9 +37,10 @@ import numpy as np
 import xxhash
 
 from h5stream.errors import StoreFormatError
-from h5stream.store import coverage, encoded, pathrows, schema
+from h5stream.store import coverage, encoded, pathrows, rowdigest, schema
 from h5stream.store.coverage import PARTS, Digests, tail_from_json  # noqa: F401 - tail_from_json: part of this API
 from h5stream.store.meta import read_meta
+from h5stream.store.rowread import readable_by_h5py, row_reader  # noqa: F401 - part of this API
 
 # xxh3-64: the fastest of the well-kept hashes (xxhash, crc32c, google-crc32c, zlib.crc32), and it releases the GIL.
 ALGORITHM = "xxh3_64"
@@ -238,14 +238,17 @@ def stage(h5file, hasher: BlockHasher) -> None:
 class BadBlock:
     """Rows ``[start, stop)`` whose bytes do not match their digests.
 
-    ``parts`` names what differs (``"images"``, ``"labels"``, ``"paths"``), or is
-    ``("unreadable",)`` when HDF5 could not read the rows; ``detail`` then holds its message.
+    ``parts`` names what differs (``"images"``, ``"labels"``, ``"paths"``, ``"row digests"``: rows whose digest
+    differs while the block's images match, see :mod:`h5stream.store.rowdigest`), or is ``("unreadable",)`` when
+    HDF5 could not read the rows; ``detail`` then holds its message.  ``rows``: the rows that differ from their own
+    digests (a store with row digests).
     """
 
     start: int
     stop: int
     parts: tuple[str, ...]
     detail: str = ""
+    rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -337,72 +340,6 @@ def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | 
     return out
 
 
-def readable_by_h5py(dataset) -> bool:
-    """Whether plain h5py has every filter of h5py ``dataset`` (not blosc, without hdf5plugin)."""
-    import h5py
-
-    dcpl = dataset.id.get_create_plist()
-    return all(h5py.h5z.filter_avail(dcpl.get_filter(i)[0]) for i in range(dcpl.get_nfilters()))
-
-
-class _H5pyRows:
-    """Reads row ranges of the three arrays into caller-owned buffers with h5py ``read_direct``; variable-length
-    paths (:attr:`vlen_paths`) into :class:`~h5stream.store.pathrows.PathRows` of their own."""
-
-    errors = (OSError,)
-
-    def __init__(self, path: str, remote=None):
-        from h5stream.store.access import open_h5_readonly
-
-        self._stack = contextlib.ExitStack()
-        self._f = self._stack.enter_context(open_h5_readonly(path, native_driver=True, remote=remote, rdcc_nbytes=0))
-        self.vlen_paths = pathrows.is_vlen(self._f)
-        self._ds = {name: self._f[name] for name in (schema.IMAGES, schema.LABELS, pathrows.row_node(self._f))}
-        self._ds[schema.PATHS] = self._ds[pathrows.row_node(self._f)]
-
-    def read(self, name: str, start: int, stop: int, out: np.ndarray | None):
-        """Rows ``start..stop-1`` of ``name`` (``"paths"`` for the paths of either layout): ``out[:stop - start]``
-        filled, or, for variable-length paths (``out`` unused, may be None), a new ``PathRows``."""
-        if name == schema.PATHS and self.vlen_paths:
-            return pathrows.read_h5py(self._f, start, stop)
-        self._ds[name].read_direct(out, np.s_[start:stop], np.s_[0:stop - start])
-        return out[:stop - start]
-
-    def close(self) -> None:
-        self._stack.close()
-
-
-class _TablesRows(_H5pyRows):
-    """The same through PyTables, for filters plain h5py lacks (blosc)."""
-
-    errors = (OSError, RuntimeError)  # PyTables raises HDF5ExtError, a RuntimeError
-
-    def __init__(self, path: str):
-        import tables
-
-        self._f = tables.open_file(path, "r")
-        root = self._f.root
-        self.vlen_paths = pathrows.is_vlen(root)
-        self._ds = {name: root._f_get_child(name) for name in (schema.IMAGES, schema.LABELS, pathrows.row_node(root))}
-        self._ds[schema.PATHS] = self._ds[pathrows.row_node(root)]
-
-    def read(self, name: str, start: int, stop: int, out: np.ndarray | None):
-        if name == schema.PATHS and self.vlen_paths:
-            return pathrows.read_tables(self._f.root, start, stop)
-        self._ds[name].read(start, stop, out=out[:stop - start])
-        return out[:stop - start]
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def row_reader(path: str, via_h5py: bool, remote=None):
-    """A reader of row ranges of a store's three arrays into caller-owned buffers (``read(name, start, stop,
-    out)``, ``close()``, ``errors``): plain h5py (a URL with the ``remote`` options), or PyTables, for a local
-    file, where h5py lacks a filter (``via_h5py`` False, see :func:`readable_by_h5py`)."""
-    return _H5pyRows(path, remote) if via_h5py else _TablesRows(path)
-
-
 def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYTES,
                  progress: Callable[[int, int], None] | None = None, remote=None) -> VerifyResult:
     """Read every committed row of ``path`` once, in order, and check each block against its digests.
@@ -442,6 +379,8 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
         path_row_bytes = (8 + -(-f[schema.PATH_BYTES_NODE].shape[0] // max(1, f[schema.PATH_ENDS].shape[0]))
                           if vlen else 0)
         via_h5py = readable_by_h5py(f[schema.IMAGES])
+        if rowdigest.has(f):
+            rowdigest.check_count(f[schema.ROW_DIGESTS].shape[0], rows, meta.path)
     row_bytes = path_row_bytes + sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
                                      for dt, shape in dtypes.values())
     slice_rows = max(1, slice_bytes // row_bytes // block_rows) * block_rows
@@ -452,6 +391,8 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
         raise StoreFormatError(f"{meta.path}: compressed with a filter only PyTables reads, which cannot read a URL; "
                                "verify a local copy")
     source = row_reader(meta.path, via_h5py, meta.remote)
+    if source.row_digests:
+        bufs[schema.ROW_DIGESTS] = np.empty(slice_rows, np.uint64)
 
     def read(a: int, b: int, at: int) -> list:
         """Rows a..b-1 of each array, into the buffers from row ``at`` on (variable-length paths: their own)."""
@@ -461,8 +402,11 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     try:
         for start in range(0, rows, slice_rows):
             stop = min(start + slice_rows, rows)
+            sums = None
             try:
                 got_rows = read(start, stop, 0)
+                sums = source.read(schema.ROW_DIGESTS, start, stop, bufs[schema.ROW_DIGESTS]) if source.row_digests \
+                    else None
                 readable = True
             except source.errors:
                 readable = False
@@ -477,9 +421,13 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                         continue
                 else:
                     got = block_digests(*(part[b0 - start:covered - start] for part in got_rows))
-                parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
+                parts, rows_bad = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), ()
+                if sums is not None:
+                    images = bufs[schema.IMAGES][b0 - start:b1 - start]
+                    parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(sums[b0 - start:b1 - start], images,
+                                                                                b0))
                 if parts:
-                    bad.append(BadBlock(b0, b1, parts))
+                    bad.append(BadBlock(b0, b1, parts, rows=rows_bad))
             if progress is not None:
                 progress(stop * row_bytes, rows * row_bytes)
     finally:
@@ -505,19 +453,26 @@ def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
                                 time.perf_counter() - t0)
         tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
         images, labels, vlen = encoded.EncodedArray.of(f), f[schema.LABELS], pathrows.is_vlen(f)
+        sums = f[schema.ROW_DIGESTS] if rowdigest.has(f) else None
+        if sums is not None:
+            rowdigest.check_count(sums.shape[0], rows, meta.path)
         total = images.byte_range(0, rows)[1]
         for b0 in range(0, rows, block_rows):
             b1 = min(b0 + block_rows, rows)
             want, covered = expected[b0 // block_rows]
             try:
                 paths = pathrows.read_h5py(f, b0, covered) if vlen else f[schema.PATHS][b0:covered]
-                got = block_digests(images.read(b0, covered), labels[b0:covered], paths)
+                rows_read = images.read(b0, covered)
+                got = block_digests(rows_read, labels[b0:covered], paths)
+                own = None if sums is None else sums[b0:b1]
             except (OSError, ValueError, IndexError) as exc:
                 bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
                 continue
-            parts = tuple(p for p, g, w in zip(PARTS, got, want) if g != w)
+            parts, rows_bad = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), ()
+            if own is not None:
+                parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(own, rows_read[:b1 - b0], b0))
             if parts:
-                bad.append(BadBlock(b0, b1, parts))
+                bad.append(BadBlock(b0, b1, parts, rows=rows_bad))
             if progress is not None:
                 progress(images.byte_range(0, b1)[1], total)
     uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None

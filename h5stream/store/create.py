@@ -19,7 +19,7 @@ import numpy as np
 import tables
 
 from h5stream.errors import ConfigError
-from h5stream.store import checksum, handle, layout, pathrows, schema, sidecar
+from h5stream.store import checksum, handle, layout, pathrows, rowdigest, schema, sidecar
 from h5stream.store import encoded as encoded_rows
 from h5stream.store.meta import read_meta
 from h5stream.store.space import SpaceGuard
@@ -45,8 +45,11 @@ def filters(compression: str | None, level: int = 4) -> tables.Filters | None:
 
 def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names, label_columns, block_rows: int,
                     resize_mode: str, background: Sequence[int], pad_fill, storage_order: str,
-                    order_seed: int, encoding: str = schema.ENCODING_RAW, jpeg_quality: int | None = None) -> dict:
-    """The root attributes of a new store (pure); ConfigError for an impossible shape, label kind or encoding."""
+                    order_seed: int, encoding: str = schema.ENCODING_RAW, jpeg_quality: int | None = None,
+                    row_digests: bool = True) -> dict:
+    """The root attributes of a new store (pure); ConfigError for an impossible shape, label kind or encoding.
+    ``row_digests``: the store keeps ``/row_digests`` (:mod:`h5stream.store.rowdigest`), and so is stamped with
+    format version 3; without them, version 2."""
     h, w, c = (int(d) for d in image_shape)
     if min(h, w, c) < 1:
         raise ConfigError(f"image shape must be positive, got {tuple(image_shape)}")
@@ -57,7 +60,8 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
     if encoding not in schema.ENCODINGS:
         raise ConfigError(f"unknown encoding {encoding!r}; choose one of {', '.join(schema.ENCODINGS)}")
     attrs = {
-        schema.ATTR_FORMAT: np.int64(schema.FORMAT_VERSION),
+        schema.ATTR_FORMAT: np.int64(schema.ROW_DIGESTS_FORMAT_VERSION if row_digests
+                                     else schema.ROW_DIGESTS_FORMAT_VERSION - 1),
         schema.ATTR_COMMITTED: np.int64(0),
         schema.ATTR_LABEL_KIND: label_kind,
         schema.ATTR_CLASS_NAMES: json.dumps(list(class_names) if class_names is not None else None),
@@ -79,7 +83,7 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
         attrs[schema.ATTR_ENCODED_COMMITTED] = np.int64(0)
         attrs[schema.ATTR_ENCODING] = encoding
         attrs[schema.ATTR_JPEG_QUALITY] = np.int64(90 if jpeg_quality is None else jpeg_quality)
-        attrs[schema.ATTR_FORMAT] = np.int64(max(schema.FORMAT_VERSION, schema.ENCODED_FORMAT_VERSION))
+        attrs[schema.ATTR_FORMAT] = np.int64(max(attrs[schema.ATTR_FORMAT], schema.ENCODED_FORMAT_VERSION))
     return attrs
 
 
@@ -148,6 +152,8 @@ def _lay_out(name: str, size: int, image_shape: tuple[int, int, int], label_kind
             )
         else:
             pathrows.create_nodes(f, expected_rows)
+        if int(attrs[schema.ATTR_FORMAT]) >= schema.ROW_DIGESTS_FORMAT_VERSION:
+            rowdigest.create_node(f, block_rows, expected_rows)
         for key, value in attrs.items():
             f.root._v_attrs[key] = value
         checksum.create_nodes(f)

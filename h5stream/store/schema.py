@@ -1,6 +1,6 @@
 """The on-disk layout of an h5stream file: node names, attribute names, defaults.
 
-Layout (format version 2; version 1 differs only in its paths, see /paths below)::
+Layout (format version 3; version 2 lacks /row_digests, version 1 also differs in its paths, see /paths below)::
 
     /images   EArray uint8 (N, H, W, C), chunked (block_rows, H, W, C)
     /labels   EArray int64 (N,)            label_kind == "class"
@@ -16,6 +16,9 @@ Layout (format version 2; version 1 differs only in its paths, see /paths below)
               store has is told by the arrays it holds, not by ``h5stream_format``
     /checksums  EArray uint64 (B, 3): per complete block (``block_rows`` rows), the
               digests of its images, labels and paths (see :mod:`h5stream.store.checksum`)
+    /row_digests  EArray uint64 (N,), chunked (block_rows,): each row's xxh3-64 of its image bytes (format
+              version 3; absent in older stores and in stores written with ``row_digests=False``; see
+              :mod:`h5stream.store.rowdigest`)
 
 Root attributes (plain ints and strings; lists are JSON text, so plain h5py
 reads every one of them):
@@ -62,9 +65,10 @@ image's encoded bytes (JPEG), concatenated in ``/image_bytes`` (uint8) with each
 
 from __future__ import annotations
 
-FORMAT_VERSION = 2
-"""The newest layout this h5stream reads and writes: variable-length paths, and encoded rows where
-``image_encoding`` says so (version 1 stores, with fixed-width /paths, are read and appended to as they are)."""
+FORMAT_VERSION = 3
+"""The newest layout this h5stream reads and writes: variable-length paths, encoded rows where ``image_encoding``
+says so, and a digest per row (``/row_digests``, version 3).  Stores of versions 1 and 2 are read and appended to
+as they are."""
 
 IMAGES = "images"
 LABELS = "labels"
@@ -76,6 +80,12 @@ FIXED_PATHS_VERSION = 1
 """The format version of stores with the fixed-width /paths (read, verified, repaired and appended to as they are)."""
 # -- end variable-length paths ------------------------------------------------------
 CHECKSUMS = "checksums"
+# -- row digests (see h5stream.store.rowdigest) --
+ROW_DIGESTS = "row_digests"
+ROW_DIGESTS_FORMAT_VERSION = 3
+"""The first format version with ``/row_digests``: a store that has them is stamped with it, so an h5stream that
+would append rows without their digests refuses the store instead."""
+# -- end of row digests --
 # -- encoded rows (see h5stream.store.encoded) --
 IMAGE_BYTES = "image_bytes"
 IMAGE_ENDS = "image_ends"

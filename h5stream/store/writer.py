@@ -38,7 +38,7 @@ import tables
 
 from h5stream.errors import ConfigError, StoreExistsError, StoreFormatError, StoreWriteError
 from h5stream.store import checksum, handle, layout, pathrows, schema  # noqa: F401 - layout: tests patch it
-from h5stream.store import encoded, sidecar
+from h5stream.store import encoded, rowdigest, sidecar
 from h5stream.store.durable import DurableFile
 from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_empty
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
@@ -80,9 +80,11 @@ class StoreWriter(DurableFile):
         self._path_bytes = root._f_get_child(schema.PATH_BYTES_NODE) if self._vlen_paths else None
         self.encoding = encoded.encoding_of(root._v_attrs)
         self._whole_chunks = self.encoding == schema.ENCODING_RAW and _writes_whole_chunks(self.images)
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # (labels, encoded paths) appended, not written
+        self._pending: list[tuple] = []  # (labels, encoded paths, row digests or None) appended, not written
         self._pending_rows = 0
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
+        # Each appended row's digest (see store/rowdigest.py), queued and written with its label; None: none kept.
+        self._row_digests = rowdigest.writer_node(h5file, self.committed_rows)
         self._resume_checksums()
         # Owned; None where the file system refuses direct writes.  Used for chunks HDF5 allocated ahead.
         self._raw = RawChunks.open(self._file, self._fd) if self._whole_chunks else None
@@ -111,11 +113,13 @@ class StoreWriter(DurableFile):
         publish_early: bool = True,
         encoding: str = schema.ENCODING_RAW,
         jpeg_quality: int | None = None,
+        row_digests: bool = True,
     ) -> StoreWriter:
         """A new, empty store for ``path``, written under :func:`creating_path` until its first commit of
         rows (or :meth:`close`; only :meth:`close` with ``publish_early=False``) renames it to ``path``
         (replacing the file there with ``overwrite``).  ``encoding="jpeg"``: rows are appended encoded
-        (:meth:`append` takes an :class:`~h5stream.store.encoded.EncodedRows`); no ``compression`` then."""
+        (:meth:`append` takes an :class:`~h5stream.store.encoded.EncodedRows`); no ``compression`` then.
+        ``row_digests=False``: no ``/row_digests`` (8 bytes a row; see :mod:`h5stream.store.rowdigest`)."""
         if encoding != schema.ENCODING_RAW and compression is not None:
             raise ConfigError(f"an encoded ({encoding}) store is not compressed again; drop --compression")
         path = os.fspath(path)
@@ -128,7 +132,8 @@ class StoreWriter(DurableFile):
         attrs = new_store_attrs((h, w, c), label_kind=label_kind, class_names=class_names,
                                 label_columns=label_columns, block_rows=block_rows, resize_mode=resize_mode,
                                 background=background, pad_fill=pad_fill, storage_order=storage_order,
-                                order_seed=order_seed, encoding=encoding, jpeg_quality=jpeg_quality)
+                                order_seed=order_seed, encoding=encoding, jpeg_quality=jpeg_quality,
+                                row_digests=row_digests)
         image_filters = filters(compression)
         label_shape = tuple(int(d) for d in label_shape)
         owned = lock is None
@@ -235,6 +240,7 @@ class StoreWriter(DurableFile):
                 arr.truncate(n)
         if self._vlen_paths:
             pathrows.truncate(self._f.root, n)
+        rowdigest.truncate(self._f.root, n)
         self._flush()
 
     def append(self, images: np.ndarray, labels: np.ndarray, paths: Sequence[str], image_digests=(), *,
@@ -277,7 +283,8 @@ class StoreWriter(DurableFile):
         """Hash appended rows and queue their labels and paths for the next write of them."""
         if self._hasher is not None:
             self._hasher.add(images, labels, encoded, image_digests)
-        self._pending.append((labels.copy(), encoded))  # the caller may reuse its labels' memory
+        rows = rowdigest.of_rows(images) if self._row_digests is not None else None
+        self._pending.append((labels.copy(), encoded, rows))  # the caller may reuse its labels' memory
         self._pending_rows += len(encoded)
         if self._pending_rows >= PENDING_ROWS:
             self._write_pending()
@@ -321,14 +328,18 @@ class StoreWriter(DurableFile):
         sums = self._f.root._f_get_child(schema.CHECKSUMS) if checksums and self._hasher is not None else None
         if not self._pending and sums is None:
             return
-        labels = np.concatenate([lab for lab, _ in self._pending]) if self._pending else None
-        paths = None
+        labels = np.concatenate([lab for lab, _, _ in self._pending]) if self._pending else None
+        paths = row_digests = None
         if self._pending:
-            encoded = [enc for _, enc in self._pending]
+            encoded = [enc for _, enc, _ in self._pending]
+            if self._row_digests is not None:
+                row_digests = np.concatenate([d for _, _, d in self._pending])
             paths = pathrows.PathRows.concat(encoded) if self._vlen_paths else np.concatenate(encoded)
         nbytes = space_for((self.labels, self.paths), len(paths)) if paths is not None else 0
         if paths is not None and self._vlen_paths:
             nbytes += space_for((self._path_bytes,), len(paths.data))
+        if row_digests is not None:
+            nbytes += space_for((self._row_digests,), len(row_digests))
         if sums is not None:
             nbytes += space_for((sums,), self._hasher.pending_blocks)
 
@@ -341,6 +352,8 @@ class StoreWriter(DurableFile):
                     self.paths.append(ends)
                 else:
                     self.paths.append(paths)
+                if row_digests is not None:  # before the count that publishes their rows, as the labels
+                    self._row_digests.append(row_digests)
             if sums is not None:
                 checksum.stage(self._f, self._hasher)
 
@@ -370,7 +383,8 @@ class StoreWriter(DurableFile):
     def commit(self) -> int:
         """Make appended rows durable, then publish them by raising ``committed_rows``.  Returns the new count."""
         self._write_pending(checksums=True)  # digests with their rows, flushed before the count: see store/coverage.py
-        n = min(self.images.nrows, self.labels.nrows, self.paths.nrows)
+        n = min(self.images.nrows, self.labels.nrows, self.paths.nrows,
+                *(() if self._row_digests is None else (self._row_digests.nrows,)))
         if self.encoding != schema.ENCODING_RAW and n > self.committed_rows:
             self._record_block_bytes(n)
         self._flush()  # data, the arrays' new extents and attributes set since: on disk, or StoreWriteError

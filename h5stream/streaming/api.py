@@ -75,9 +75,10 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
             pieces; a URL fetches each piece with one large ranged request, once
             per epoch.  A local file opened with the same value yields the
             same batches.  Default None: the one-level order.
-        verify_reads: check the rows read against the store's block checksums:
-            ``"once"`` (each block on its first read; labels always), True
-            (every read), False.
+        verify_reads: check the rows read against the store's checksums (each
+            row against its own digest where the store keeps them, else its
+            block's): ``"once"`` (each row or block on its first read; labels
+            always), True (every read), False.
         feeder: run the reader and the workers' bookkeeping in a feeder
             process (needs ``workers > 0``, with or without ``augment``); the
             training process keeps no h5stream thread and takes one small

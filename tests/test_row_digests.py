@@ -1,0 +1,230 @@
+"""A digest per row (/row_digests): written with the rows, checked by the stream on the bytes it reads, by verify.
+
+The first epoch under ``verify_reads="once"`` reads each row once (no second read of a block to check it), a
+flipped byte in a row is named by its row, a flipped byte in a digest is found by ``verify``, and stores written
+before row digests stream and verify as they did.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import h5stream
+from conftest import drop_row_digests, pinned_in_page_cache
+from h5stream import cli
+from h5stream.errors import ChecksumError, StoreFormatError
+from h5stream.store import rowdigest, schema
+from h5stream.store.checksum import verify_store
+from h5stream.store.encoded import EncodedRows
+from h5stream.store.meta import read_meta
+from h5stream.store.writer import StoreWriter, write_arrays
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+ROWS, SIDE, BLOCK = 640, 16, 16
+ROW_BYTES = SIDE * SIDE * 3
+KW = dict(batch_size=16, seed=3, read_unit=4 * ROW_BYTES, rows_per_fill=64)  # reads of a quarter block
+AUG = h5stream.Augment(horizontal_flip=True)
+
+
+def images_and_labels(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (rows, SIDE, SIDE, 3), dtype=np.uint8), rng.integers(0, 7, rows)
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = tmp_path / "s.h5"
+    write_arrays(path, *images_and_labels(), block_rows=BLOCK)
+    return path
+
+
+def flip_row_byte(path, row, at=10):
+    with h5py.File(path, "r") as f:
+        offset = f["images"].id.get_chunk_info(row // BLOCK).byte_offset + (row % BLOCK) * ROW_BYTES + at
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        value = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([value ^ 0x10]))
+
+
+def first_epoch(path, **kw):
+    with h5stream.open(path, **{**KW, **kw}) as s:
+        batches = [(x.copy(), y.copy()) for x, y in s]
+        return batches, s.stats()
+
+
+def test_a_new_store_keeps_each_rows_digest_readable_by_plain_h5py(store):
+    images, _ = images_and_labels()
+    with h5py.File(store, "r") as f:
+        assert f.attrs[schema.ATTR_FORMAT] == schema.ROW_DIGESTS_FORMAT_VERSION == schema.FORMAT_VERSION
+        assert f[schema.ROW_DIGESTS].dtype == np.uint64 and f[schema.ROW_DIGESTS].chunks == (BLOCK,)
+        assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(images))
+    assert read_meta(store).rows == ROWS
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_first_epoch_under_once_reads_each_row_once(store, workers):
+    """Checked by row, nothing is read again: no block bytes to learn, 8 bytes of digest a row; the old layout
+    reads the rest of each block once more (reads hold a quarter of a block)."""
+    aug = AUG if workers else None
+    with pinned_in_page_cache(store):  # workers=2: the workers read the rows by offset and check them
+        got, stats = first_epoch(store, workers=workers, augment=aug)
+        unchecked, _ = first_epoch(store, workers=workers, augment=aug, verify_reads=False)
+    assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == ROWS * 8
+    assert (stats["deferred_bytes"] > 0) == bool(workers)  # with workers, they read and checked the rows
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(got, unchecked))
+    drop_row_digests(store)
+    _, old = first_epoch(store, workers=workers, augment=aug)
+    assert old["verify_learn_bytes"] > 0 and old["verify_digest_bytes"] == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_flipped_row_byte_is_named_by_the_stream_and_by_verify(store, workers, h5cli):
+    aug = AUG if workers else None
+    with pinned_in_page_cache(store):
+        reference, _ = first_epoch(store, workers=workers, augment=aug)
+    flip_row_byte(store, 83)
+    with pytest.raises(ChecksumError, match=r"row 83\b"), h5stream.open(store, workers=workers, augment=aug,
+                                                                         **KW) as s:
+        for i, (x, _) in enumerate(s):
+            assert np.array_equal(x, reference[i][0])  # every batch before the error is the clean one
+    result = verify_store(store)
+    assert [(b.start, b.stop, b.parts, b.rows) for b in result.bad] == [(80, 96, ("images",), (83,))]
+    code, _, err = h5cli("verify", store)
+    assert code != 0 and "rows 80-95 do not match their checksum (images: row 83)" in err
+
+
+def test_a_flipped_digest_is_found_by_verify_and_fails_the_stream_on_its_row(store, h5cli):
+    with h5py.File(store, "r") as f:
+        offset = f[schema.ROW_DIGESTS].id.get_chunk_info(200 // BLOCK).byte_offset + (200 % BLOCK) * 8
+    with open(store, "r+b") as fh:
+        fh.seek(offset + 3)
+        value = fh.read(1)[0]
+        fh.seek(offset + 3)
+        fh.write(bytes([value ^ 0x01]))
+    result = verify_store(store)
+    assert [(b.start, b.stop, b.parts, b.rows) for b in result.bad] == [(192, 208, ("row digests",), (200,))]
+    code, _, err = h5cli("verify", store)
+    assert code != 0 and "rows 192-207 do not match their checksum (row digests: row 200)" in err
+    with pytest.raises(ChecksumError, match=r"row 200\b"), h5stream.open(store, **KW) as s:
+        list(s)
+
+
+def test_a_store_written_before_row_digests_streams_verifies_and_appends_as_before(store, h5cli):
+    drop_row_digests(store)
+    images, labels = images_and_labels()
+    with h5stream.open(store, **KW) as s:
+        list(s)
+        assert s.stats()["verify_learn_bytes"] > 0  # checked by blocks, as before
+    assert verify_store(store).ok and h5cli("verify", store)[0] == 0
+    more, more_labels = images_and_labels(40, seed=1)
+    with StoreWriter.open_append(store) as w:
+        w.append(more, more_labels, [f"m{i}" for i in range(40)])
+    with h5py.File(store, "r") as f:
+        assert schema.ROW_DIGESTS not in f and f.attrs[schema.ATTR_FORMAT] == 2
+    assert verify_store(store).ok
+    flip_row_byte(store, 83)
+    with pytest.raises(ChecksumError, match=r"rows 80-95 \(block 5\)"), h5stream.open(store, **KW) as s:
+        list(s)
+
+
+def test_append_writes_the_digests_of_the_new_rows_and_drops_uncommitted_ones(store):
+    images, labels = images_and_labels()
+    more, more_labels = images_and_labels(100, seed=2)
+    w = StoreWriter.open_append(store)
+    w.append(more[:60], more_labels[:60], [f"m{i}" for i in range(60)])
+    w.commit()
+    w.append(more[60:], more_labels[60:], [f"m{i}" for i in range(60, 100)])
+    w._write_pending()  # digests written past the count, never committed: what a kill here leaves
+    w._f.flush()
+    w._f.close()  # no commit: as a killed writer leaves it
+    w._release_lock()
+    with h5py.File(store, "r") as f:
+        assert f[schema.ROW_DIGESTS].shape[0] == ROWS + 100 and f.attrs[schema.ATTR_COMMITTED] == ROWS + 60
+    assert verify_store(store).ok
+    with StoreWriter.open_append(store) as w:  # drops the 40 uncommitted rows and their digests
+        w.append(more[60:80], more_labels[60:80], [f"n{i}" for i in range(20)])
+    want = np.concatenate([images, more[:80]])
+    with h5py.File(store, "r") as f:
+        assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(want))
+    assert verify_store(store).ok
+
+
+def test_committed_rows_without_their_digests_are_refused_by_append_and_verify(store):
+    with h5py.File(store, "r+") as f:
+        f[schema.ROW_DIGESTS].resize((ROWS - 5,))
+    with pytest.raises(StoreFormatError, match=r"rows 635-639 are committed without a row digest"):
+        StoreWriter.open_append(store)
+    with pytest.raises(StoreFormatError, match=r"rows 635-639 are committed without a row digest"):
+        verify_store(store)
+
+
+def test_an_encoded_store_is_checked_by_row(tmp_path, h5cli):
+    from h5stream.samples import make_class_folder
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=12, size=(40, 48), seed=4)
+    path = str(tmp_path / "j.h5")
+    assert cli.main(["ingest", str(src), path, "--size", "32", "--encoding", "jpeg", "--block-rows", "8",
+                     "--workers", "0"]) == 0
+    with h5py.File(path, "r") as f:
+        ends = f[schema.IMAGE_ENDS][:]
+        data = f[schema.IMAGE_BYTES][:int(ends[-1])]
+        assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(EncodedRows(data, ends)))
+    with h5stream.open(path, batch_size=4, seed=0, read_unit=2 * 32 * 32 * 3) as s:
+        list(s)
+        stats = s.stats()
+    assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == len(ends) * 8
+    with h5py.File(path, "r+") as f:
+        f[schema.IMAGE_BYTES][int(ends[13]) - 30] ^= 0x01  # row 13, block 1
+    with pytest.raises(ChecksumError, match=r"row 13\b"), h5stream.open(path, batch_size=4, seed=0) as s:
+        list(s)
+    assert [(b.start, b.stop, b.parts, b.rows) for b in verify_store(path).bad] == [(8, 16, ("images",), (13,))]
+
+
+@pytest.mark.parametrize("layout", ["rows", "blocks"])
+def test_repair_rebuilds_a_store_with_the_digest_of_every_row(store, layout, h5cli):
+    if layout == "blocks":
+        drop_row_digests(store)
+    open(schema.flushing_path(str(store)), "w").close()  # a writer stopped while HDF5 rewrote the file in place
+    code, _, err = h5cli("repair", store)
+    assert code == 0, err
+    images, _ = images_and_labels()
+    with h5py.File(store, "r") as f:
+        assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(images))
+        assert f.attrs[schema.ATTR_FORMAT] == schema.ROW_DIGESTS_FORMAT_VERSION
+    assert verify_store(store).ok
+
+
+def test_the_python_writer_and_its_resume_write_every_rows_digest(tmp_path):
+    images, labels = images_and_labels(100)
+    path = tmp_path / "w.h5"
+    h5stream.write(path, (images, labels), block_rows=BLOCK, commit_rows=32, order="sorted")
+    with h5stream.Writer(path, resume=True) as w:
+        more, more_labels = images_and_labels(20, seed=5)
+        for x, y in zip(more, more_labels):
+            w.add(x, int(y))
+    with h5py.File(path, "r") as f:
+        assert np.array_equal(f[schema.ROW_DIGESTS][:], rowdigest.of_rows(f["images"][:]))
+        assert f[schema.ROW_DIGESTS].shape == (120,)
+    assert verify_store(path).ok
+
+
+def test_a_set_of_parts_is_checked_by_row_and_names_the_damaged_part_and_row(tmp_path):
+    parts = []
+    for k, n in enumerate((100, 70)):
+        images, labels = images_and_labels(n, seed=10 + k)
+        parts.append(str(tmp_path / f"part-{k}.h5"))
+        write_arrays(parts[-1], images, labels, block_rows=BLOCK, class_names=[str(i) for i in range(7)])
+    with h5stream.open(parts, **KW) as s:
+        clean = [x.copy() for x, _ in s]
+        stats = s.stats()
+    assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == 170 * 8
+    flip_row_byte(parts[1], 37)
+    with pytest.raises(ChecksumError, match=rf"{parts[1]}: row 37\b"), h5stream.open(parts, **KW) as s:
+        for i, (x, _) in enumerate(s):
+            assert np.array_equal(x, clean[i])
