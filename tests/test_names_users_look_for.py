@@ -32,7 +32,8 @@ def test_info_names_the_hdf5_nodes_with_their_shapes_and_types(h5cli, store):
                          "/labels": {"shape": [rows], "dtype": "int64"},
                          "/path_bytes": {"shape": list(f["path_bytes"].shape), "dtype": "uint8"},
                          "/path_ends": {"shape": [rows], "dtype": "int64"},
-                         "/checksums": {"shape": list(f["checksums"].shape), "dtype": "uint64"}}
+                         "/checksums": {"shape": list(f["checksums"].shape), "dtype": "uint64"},
+                         "/row_digests": {"shape": [rows], "dtype": "uint64"}}
     code, out, err = h5cli("info", store)
     assert code == 0, err
     lines = out.splitlines()
