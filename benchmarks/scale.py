@@ -129,6 +129,8 @@ def measure(path: str, verify, steady: int) -> dict:
 
 def run(args) -> dict:
     results = []
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     root = os.path.join(args.dir or tempfile.gettempdir(), "h5stream-scale") if args.keep else \
         tempfile.mkdtemp(prefix="h5stream-scale-", dir=args.dir)
     os.makedirs(root, exist_ok=True)
