@@ -113,19 +113,30 @@ def table(out: dict) -> str:
     return "\n".join(lines)
 
 
+def add_store_options(p: argparse.ArgumentParser) -> None:
+    """``--rows`` and ``--file``: the raw 128-px store this benchmark and ``benchmarks.loader_copies`` read."""
+    p.add_argument("--rows", type=int, default=20_000, help="rows of the store made when --file is missing")
+    p.add_argument("--file", default=None, help="store to read (default: bench-data/loader-<rows>.h5, made)")
+
+
+def store_path(args) -> str:
+    """The store ``args`` (:func:`add_store_options`) name, made when missing."""
+    path = args.file or os.path.join(DATA_DIR, f"loader-{args.rows}.h5")
+    if not os.path.exists(path):
+        log(f"making {path}")
+        make_bench_file(path, rows=args.rows, size=SIZE, channels=CHANNELS, progress=False)
+    return path
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=20_000, help="rows of the store made when --file is missing")
-    p.add_argument("--file", default=None, help="store to stream (default: bench-data/loader-<rows>.h5, made)")
+    add_store_options(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", default="0,2", help="comma-separated worker counts (no augmentation)")
     p.add_argument("--epochs", type=int, default=2, help="steady-state epochs measured after the first")
     add_json_option(p)
     args = p.parse_args(argv)
-    path = args.file or os.path.join(DATA_DIR, f"loader-{args.rows}.h5")
-    if not os.path.exists(path):
-        log(f"making {path}")
-        make_bench_file(path, rows=args.rows, size=SIZE, channels=CHANNELS, progress=False)
+    path = store_path(args)
     out = run(path, args.rounds, [int(w) for w in args.workers.split(",")], args.epochs)
     emit(out, as_json=args.json, format_text=table)
     return 0

@@ -21,9 +21,8 @@ import time
 
 import numpy as np
 
-from benchmarks.data import make_bench_file
-from benchmarks.harness import DATA_DIR, add_json_option, by_name, emit, interleave, log, median, warm
-from benchmarks.loader import CHANNELS, SIZE, copy_rate
+from benchmarks.harness import add_json_option, by_name, emit, interleave, median, warm
+from benchmarks.loader import add_store_options, copy_rate, store_path
 
 RUN, BATCHES, BATCH = 16, 20, 256
 
@@ -120,15 +119,11 @@ def table(out: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=20_000, help="rows of the store made when --file is missing")
-    p.add_argument("--file", default=None, help="store to read (default: bench-data/loader-<rows>.h5, made)")
+    add_store_options(p)
     p.add_argument("--rounds", type=int, default=4)
     add_json_option(p)
     args = p.parse_args(argv)
-    path = args.file or os.path.join(DATA_DIR, f"loader-{args.rows}.h5")
-    if not os.path.exists(path):
-        log(f"making {path}")
-        make_bench_file(path, rows=args.rows, size=SIZE, channels=CHANNELS, progress=False)
+    path = store_path(args)
     emit(run(path, args.rounds), as_json=args.json, format_text=table)
     return 0
 
