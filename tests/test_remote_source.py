@@ -305,3 +305,24 @@ def test_a_web_server_that_wants_a_header_gets_it_from_the_options(range_server)
     assert "HTTP 401" in one_line(info.value)
     with RemoteSource(url, RemoteOptions(headers={"Authorization": "Bearer s3cret"})) as source:
         assert source.read(0, 4) == b"\x89HDF"
+
+
+def test_a_compressed_store_at_a_url_is_read_with_the_streams_remote_options(range_server, tmp_path):
+    # Only HDF5 reads a compressed store's rows: its file on the URL gets the options (here the header the
+    # server wants) as the byte source does.
+    import h5stream
+    from h5stream.store.writer import write_arrays
+
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (64, 8, 8, 3), dtype=np.uint8)
+    write_arrays(str(range_server.root / "zlib.h5"), images, np.arange(64) % 4, block_rows=16, compression="zlib")
+    range_server.required_headers["Authorization"] = "Bearer s3cret"
+    with h5stream.open(str(range_server.root / "zlib.h5"), batch_size=16, seed=2) as local:
+        want = [(x.copy(), y.copy()) for x, y in local]
+    with h5stream.open(range_server.url + "zlib.h5", batch_size=16, seed=2, cache_dir=None,
+                       remote={"headers": {"Authorization": "Bearer s3cret"}, "timeout_s": 20}) as remote:
+        got = [(x.copy(), y.copy()) for x, y in remote]
+    assert len(got) == len(want) == 4
+    for (gx, gy), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(gx, wx)
+        np.testing.assert_array_equal(gy, wy)

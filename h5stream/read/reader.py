@@ -311,11 +311,12 @@ class Reader:
             with contextlib.ExitStack() as stack:
                 if not by_offset or (self.all_labels is None and where.label_chunks is None):
                     # Only HDF5 can read these rows (compressed), and it trusts metadata a writer rewrites.
-                    writers = writer_pids(path)
+                    writers = writer_pids(path) if self.meta.remote is None else ()
                     if writers:
                         raise busy_error(path, writers, "a compressed store can only be read through HDF5 metadata "
                                                         "that the writer keeps changing")
-                    f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop))
+                    f = stack.enter_context(open_h5_readonly(path, rdcc_nbytes=0, stop=self._stop,
+                                                             remote=self.meta.remote))
                     images, labels = images_dataset(f), f[schema.LABELS]
                     if self.meta.encoded:
                         from h5stream.store.encoded import EncodedArray
