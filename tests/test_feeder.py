@@ -114,30 +114,6 @@ def test_the_feeder_streams_a_url_store_as_its_local_file(range_server):
     assert _same(expected, got)
 
 
-def test_a_first_fill_longer_than_timeout_s_while_reading_does_not_trip_the_feeder(tmp_path, monkeypatch):
-    """A first fill of 3M small rows, every block of it learned by the feeder's reader (``verify_reads="once"``,
-    the workers reading the rows), takes several times ``timeout_s`` (about a microsecond a row at least: 3 s
-    here), while its reads land every few milliseconds: the training process's wait for the answer follows the
-    feeder's reads, as the feeder's own wait does (``timeout_s`` counts from the last read), instead of giving up
-    after a fixed ``timeout_s`` plus grace (here no grace, so the fixed wait was 1 s)."""
-    from h5stream.streaming import process_feed
-
-    rows = 3_000_000
-    x = np.random.default_rng(0).integers(0, 256, (rows, 2, 2, 3), dtype=np.uint8)
-    path = tmp_path / "many.h5"
-    h5stream.write(path, (x, np.arange(rows) % 7), order="sorted")
-    kw = dict(batch_size=256, seed=5, workers=1, rows_per_fill=rows, memory_budget="700MiB", timeout_s=1.0,
-              verify_reads="once")
-    monkeypatch.setattr(process_feed, "ANSWER_GRACE_S", 0.0)
-    with h5stream.open(path, feeder=True, **kw) as s:
-        it = iter(s)
-        got = [(x.copy(), y.copy()) for x, y in (next(it), next(it))]
-    with h5stream.open(path, **kw) as s:
-        it = iter(s)
-        expected = [(x.copy(), y.copy()) for x, y in (next(it), next(it))]
-    assert _same(expected, got)
-
-
 def test_batches_kept_by_the_caller_are_never_overwritten(store):
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", seed=2, augment=AUG, workers=2,
                        feeder=True) as s:

@@ -59,3 +59,24 @@ def test_a_request_longer_than_timeout_s_on_a_slow_link_gives_the_local_files_ba
     for (gx, gy), (wx, wy) in zip(got, want):
         np.testing.assert_array_equal(gx, wx)
         np.testing.assert_array_equal(gy, wy)
+
+
+def test_a_first_fill_longer_than_timeout_s_does_not_trip_a_feeder_whose_reader_keeps_reading(slow_server, tmp_path,
+                                                                                             monkeypatch):
+    # The feeder's reader fetches the first fill for several times timeout_s, a part every PAUSE_S: the training
+    # process's wait for the feeder's answer follows the feeder's reads (a counter the feeder raises while its
+    # reader moves), as the feeder's own wait does, instead of giving up after a fixed timeout_s plus grace (here
+    # no grace: that wait would be TIMEOUT_S).
+    from h5stream.streaming import process_feed
+
+    server, local = slow_server
+    monkeypatch.setattr(process_feed, "ANSWER_GRACE_S", 0.0)
+    want = _batches(h5stream.open(local, batch_size=100, seed=1, shuffle=False))
+    server.drip(2 << 20, CHUNK, PAUSE_S)
+    got = _batches(h5stream.open(server.url + "s.h5", batch_size=100, seed=1, shuffle=False, timeout_s=TIMEOUT_S,
+                                 feeder=True, workers=1, cache_dir=str(tmp_path / "cache"), remote={"timeout_s": 60}))
+    assert max(e - s for s, e in server.ranges) >= 2 << 20  # a dripped request was made, and was waited for
+    assert len(got) == len(want) == 10
+    for (gx, gy), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(gx, wx)
+        np.testing.assert_array_equal(gy, wy)
