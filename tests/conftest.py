@@ -163,6 +163,16 @@ def new_children(before: set[int]) -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if p.pid not in before and not _is_tracker(p)]
 
 
+def _anything_of_ours_alive(me: psutil.Process, children_before: set[int], shm_before: set[str]) -> bool:
+    """Whether a child process or segment the test made, or any h5stream thread (the test's, or one an earlier
+    test left to the garbage collector), is alive: what a collection may have to finalize."""
+    if any(t.name.startswith("h5stream") for t in threading.enumerate()):
+        return True
+    if _my_segments() - shm_before:
+        return True
+    return any(p.pid not in children_before | SESSION_PIDS and not _is_tracker(p) for p in me.children(recursive=True))
+
+
 @pytest.fixture
 def no_leaks():
     """Fail a test that leaves a child process or a /dev/shm segment of this process behind.
@@ -173,10 +183,10 @@ def no_leaks():
     children_before = {p.pid for p in me.children(recursive=True)}
     shm_before = _my_segments()
     yield
-    collect()  # an unclosed stream or pool is cleaned up by its finalizer
-    # What outlives the test (modules, a framework imported by it, session fixtures) is left out of later tests'
-    # collections: a full collection over TensorFlow's and torch's objects takes 0.3-0.6 s, in every teardown.
-    gc.freeze()
+    # An unclosed stream or pool is cleaned up by its finalizer: collect while anything of ours is alive (a full
+    # collection over TensorFlow's and torch's objects takes 0.3-0.6 s, so not in every teardown).
+    if _anything_of_ours_alive(me, children_before, shm_before):
+        collect()
     leaked = [
         p for p in me.children(recursive=True)
         if p.pid not in children_before | SESSION_PIDS and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
