@@ -4,6 +4,7 @@ and a URL read in pieces giving its local file's batches with one request per pi
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -125,15 +126,17 @@ def test_a_url_in_pieces_gives_its_local_files_batches_with_one_get_per_piece_pe
         x = np.concatenate([x for x, _ in epoch_there])
         assert np.array_equal(x[:, 0, 0, 0].astype(np.int64) * 256 + x[:, 0, 0, 1], ids)
     # Each epoch fetches every piece once, in one GET of its whole span (12 pieces of 256 rows: the image
-    # chunks lie end to end from the first one's offset); what comes after is the next epoch's read-ahead.
+    # chunks lie end to end from the first one's offset); a third GET of a piece is the next epoch's read-ahead.
+    # The server logs the GETs as they arrive, several in flight: an epoch's last pieces may come in after the
+    # next epoch's first, so the count per piece is checked, not the position in the log.
     with h5stream.open(local, batch_size=1, shuffle=False) as s:
         from h5stream.read.locate import locate
 
         start = int(locate(s.meta, False).image_chunks[0])
     spans = sorted((start + p * 256 * 768, start + min(ROWS, (p + 1) * 256) * 768) for p in range(12))
     piece_gets = [r for r in fetched if r in spans]
-    assert sorted(piece_gets[:12]) == spans and sorted(piece_gets[12:24]) == spans, fetched
-    assert len(piece_gets) <= 36
+    per_piece = Counter(piece_gets)
+    assert sorted(per_piece) == spans and all(2 <= n <= 3 for n in per_piece.values()), fetched
     later = fetched[fetched.index(piece_gets[0]):]
     assert all(r in spans or r[1] <= start or r[0] >= spans[-1][1] for r in later), fetched  # no small reads
     with h5stream.open(url, remote={"timeout_s": 10}, cache_dir=None, **{**OPEN, "piece_bytes": None}) as s:
@@ -164,8 +167,6 @@ def test_a_state_carries_the_pieces_and_resuming_takes_them(tmp_path):
 def test_the_benchmarks_own_ranges_in_pieces_are_the_gets_a_url_stream_in_pieces_sends(range_server):
     """benchmarks.remote's limit "with the stream's own ranges" fetches, in the two-level order, each whole
     piece once: the requests the stream sent for its pixels."""
-    from collections import Counter
-
     from benchmarks.remote import stream_requests
 
     with h5stream.open(range_server.url + "store.h5", batch_size=50, seed=3, rows_per_fill=1024,
