@@ -227,7 +227,7 @@ def test_repair_names_damaged_rows_and_lists_their_source_files(class_src, tmp_p
     damaged = path.read_bytes()
     code, out, err = h5cli("repair", path)
     assert code == 1 and err.count("\n") == 1 and err.startswith("h5stream: error: "), err
-    assert "rows 4-7 do not match their checksum (images)" in err and "cannot restore" in err
+    assert "rows 4-7 do not match their checksum (images: row 5)" in err and "cannot restore" in err
     assert "restore the file from a copy" in err and "4 source files listed on stdout" in err
     assert out.encode().splitlines() == stored[4:8]
     for rel in out.splitlines():  # the very files to ingest again

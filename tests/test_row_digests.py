@@ -7,6 +7,8 @@ before row digests stream and verify as they did.
 
 from __future__ import annotations
 
+import shutil
+
 import h5py
 import numpy as np
 import pytest
@@ -98,14 +100,18 @@ def test_a_flipped_row_byte_is_named_by_the_stream_and_by_verify(store, workers,
     assert code != 0 and "rows 80-95 do not match their checksum (images: row 83)" in err
 
 
-def test_a_flipped_digest_is_found_by_verify_and_fails_the_stream_on_its_row(store, h5cli):
-    with h5py.File(store, "r") as f:
-        offset = f[schema.ROW_DIGESTS].id.get_chunk_info(200 // BLOCK).byte_offset + (200 % BLOCK) * 8
-    with open(store, "r+b") as fh:
-        fh.seek(offset + 3)
+def flip_digest_byte(path, row, block=BLOCK, at=3):
+    with h5py.File(path, "r") as f:
+        offset = f[schema.ROW_DIGESTS].id.get_chunk_info(row // block).byte_offset + (row % block) * 8 + at
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
         value = fh.read(1)[0]
-        fh.seek(offset + 3)
+        fh.seek(offset)
         fh.write(bytes([value ^ 0x01]))
+
+
+def test_a_flipped_digest_is_found_by_verify_and_fails_the_stream_on_its_row(store, h5cli):
+    flip_digest_byte(store, 200)
     result = verify_store(store)
     assert [(b.start, b.stop, b.parts, b.rows) for b in result.bad] == [(192, 208, ("row digests",), (200,))]
     code, _, err = h5cli("verify", store)
@@ -228,3 +234,60 @@ def test_a_set_of_parts_is_checked_by_row_and_names_the_damaged_part_and_row(tmp
     with pytest.raises(ChecksumError, match=rf"{parts[1]}: row 37\b"), h5stream.open(parts, **KW) as s:
         for i, (x, _) in enumerate(s):
             assert np.array_equal(x, clean[i])
+
+
+def test_repair_writes_damaged_digests_again_from_rows_that_match_their_block_checksums(store, h5cli):
+    good = store.read_bytes()
+    flip_digest_byte(store, 200)
+    flip_digest_byte(store, 613, at=7)
+    flip_row_byte(store, 83)  # an image byte: its block is not known good, so its digests are not written
+    code, out, err = h5cli("repair", store)
+    assert code == 1 and "rows 80-95 do not match their checksum (images: row 83)" in err, err
+    assert "wrote again the digests of 32 rows whose images match their block checksums" in err, err
+    assert [(b.start, b.stop, b.parts) for b in verify_store(store).bad] == [(80, 96, ("images",))]
+    flip_row_byte(store, 83)  # the byte put back: the digests are the ones the writer took, nothing else moved
+    assert store.read_bytes() == good
+    flip_digest_byte(store, 3)
+    code, out, err = h5cli("repair", store)
+    assert code == 0 and err == "" and "wrote again the digests of 16 rows" in out, err
+    assert "640 committed rows match their checksums" in out and store.read_bytes() == good
+    with h5stream.open(store, **KW) as s:
+        assert sum(len(y) for _, y in s) == ROWS
+
+
+def test_repair_writes_an_encoded_stores_damaged_digest_again(tmp_path, h5cli):
+    from h5stream.samples import make_class_folder
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=12, size=(40, 48), seed=4)
+    path = tmp_path / "j.h5"
+    assert cli.main(["ingest", str(src), str(path), "--size", "32", "--encoding", "jpeg", "--block-rows", "8",
+                     "--workers", "0"]) == 0
+    good = path.read_bytes()
+    flip_digest_byte(path, 13, block=8)
+    assert [(b.start, b.parts) for b in verify_store(path).bad] == [(8, ("row digests",))]
+    code, out, err = h5cli("repair", path)
+    assert code == 0 and "wrote again the digests of 8 rows" in out, err
+    assert path.read_bytes() == good and verify_store(path).ok
+
+
+def test_repair_from_the_source_restores_a_block_then_writes_its_damaged_digest(class_src, tmp_path, h5cli):
+    root, _ = class_src
+    src = tmp_path / "src"
+    shutil.copytree(root, src)
+    path = tmp_path / "dmg.h5"
+    assert h5cli("ingest", src, path, "--size", "8", "--block-rows", "4", "--workers", "0")[0] == 0
+    good = path.read_bytes()
+    with h5py.File(path, "r") as f:
+        offset = f[schema.IMAGES].id.get_chunk_info(1).byte_offset + 8 * 8 * 3 + 5  # row 5, block 1
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        value = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([value ^ 0x10]))
+    flip_digest_byte(path, 6, block=4)  # the same block: its images differ, so the digest is judged after
+    assert [(b.start, b.parts) for b in verify_store(path).bad] == [(4, ("images",))]
+    code, out, err = h5cli("repair", path, "--source", src)
+    assert code == 0 and err == "", err
+    assert "restored 4 damaged rows in 1 blocks" in out and "wrote again the digests of 4 rows" in out, out
+    assert path.read_bytes() == good

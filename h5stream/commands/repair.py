@@ -20,8 +20,12 @@ blocks are decoded again from their files and written back where the result
 has the block's recorded checksum (:mod:`h5stream.ingest.restore`); what cannot
 be restored so is reported as above.
 
-Exit codes: 0 rebuilt, damaged blocks restored, commit leftovers dropped, or
-nothing to do; 1 the store cannot be rebuilt or written, has damaged rows that
+Damaged row digests of rows that match their block checksums are written again
+from the rows (:mod:`h5stream.store.rowdigest_mend`), with or without
+``--source``: the rows are known good, only their digests were not.
+
+Exit codes: 0 rebuilt, damaged blocks restored, damaged row digests written
+again, commit leftovers dropped, or nothing to do; 1 the store cannot be rebuilt or written, has damaged rows that
 were not restored (listed as above), or committed rows without a checksum (the
 message says which; the file is left as it was, but for blocks restored).
 """
@@ -40,6 +44,7 @@ def run(args) -> int:
     from h5stream.store.checksum import verify_store
     from h5stream.store.lock import StoreLock
     from h5stream.store.rebuild import needs_rebuild, rebuild
+    from h5stream.store.rowdigest_mend import digest_only, mend
 
     path = args.path
     if not os.path.exists(path):
@@ -50,10 +55,18 @@ def run(args) -> int:
             print(f"{path}: rebuilt from its {rows} committed rows")
             return 0
         result = verify_store(path)  # StoreFormatError (one line) for committed rows without a checksum
+        done: list[str] = []
         if result.bad and getattr(args, "source", None):
-            return _restore(path, args.source, result)
+            result = _restore(path, args.source, result, done)
+        if digest_only(result.bad):
+            rows = mend(path, digest_only(result.bad))
+            done.append(f"wrote again the digests of {rows} rows whose images match their block checksums")
+            result = verify_store(path)
         if result.bad:
-            return _report_damage(path, result)
+            return _report_damage(path, result, "".join(f"; {what}" for what in done))
+        if done:
+            print(f"{path}: {'; '.join(done)}; its {result.rows} committed rows match their checksums")
+            return 0
         if result.uncommitted:
             from h5stream.store.writer import StoreWriter
 
@@ -72,8 +85,9 @@ def run(args) -> int:
     return 0
 
 
-def _restore(path: str, source: str, result) -> int:
-    """``--source``: restore what :mod:`h5stream.ingest.restore` can, then check the store again and report."""
+def _restore(path: str, source: str, result, done: list[str]):
+    """``--source``: restore what :mod:`h5stream.ingest.restore` can, add what it did (or why not) to ``done``,
+    and return the store checked again (or ``result`` where nothing could be tried)."""
     import os
 
     from h5stream.errors import SourceError
@@ -84,20 +98,22 @@ def _restore(path: str, source: str, result) -> int:
         raise SourceError(f"--source {source}: no such folder; give the folder {path} was ingested from")
     from h5stream.store.meta import read_meta
 
+    pixels = [b for b in result.bad if b.parts != ("row digests",)]
+    if not pixels:
+        return result
     if read_meta(path).encoded:  # a file encoded again need not give back the bytes its digest was taken over
-        return _report_damage(path, result, "; --source restores pixel rows, not an encoded store's: re-ingest it")
-    outcomes = restore_blocks(path, source, result.bad, result.rows, result.block_rows)
+        done.append("--source restores pixel rows, not an encoded store's: re-ingest it")
+        return result
+    outcomes = restore_blocks(path, source, pixels, result.rows, result.block_rows)
     restored = [o for o in outcomes if o.restored]
-    after = verify_store(path)
-    if after.bad:
-        left = next((o for o in outcomes if not o.restored), None)
-        why = f" (rows {left.start}-{left.stop - 1}: {left.reason})" if left is not None else ""
-        return _report_damage(path, after, f"; --source restored {len(restored)} of {len(outcomes)} damaged blocks"
-                                            f", not the others{why}")
     rows = sum(o.stop - o.start for o in restored)
-    print(f"{path}: restored {rows} damaged rows in {len(restored)} blocks from their source files in {source}; "
-          f"its {after.rows} committed rows match their checksums")
-    return 0
+    left = next((o for o in outcomes if not o.restored), None)
+    if left is None:
+        done.append(f"restored {rows} damaged rows in {len(restored)} blocks from their source files in {source}")
+    else:
+        done.append(f"--source restored {len(restored)} of {len(outcomes)} damaged blocks, not the others (rows "
+                    f"{left.start}-{left.stop - 1}: {left.reason})")
+    return verify_store(path)
 
 
 def _report_damage(path: str, result, note: str = "") -> int:
@@ -108,8 +124,11 @@ def _report_damage(path: str, result, note: str = "") -> int:
         out.write(stored + b"\n")
     out.flush()
     first = result.bad[0]
+    from h5stream.store.rowdigest import rows_text
+
     what = ("cannot be read" if first.parts == ("unreadable",)
-            else f"do not match their checksum ({', '.join(first.parts)})")
+            else f"do not match their checksum ({', '.join(first.parts)}"
+            + (f": {rows_text(first.rows)}" if first.rows else "") + ")")
     rows = sum(b.stop - b.start for b in result.bad)
     listed = (f"or ingest again the {len(named)} source files listed on stdout (paths relative to the ingest's "
               "source folder)") if named else "or ingest the source again"
