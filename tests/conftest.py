@@ -163,14 +163,26 @@ def new_children(before: set[int]) -> list[psutil.Process]:
     return [p for p in psutil.Process().children() if p.pid not in before and not _is_tracker(p)]
 
 
+def _descendants_since(me: psutil.Process, before: set[int]) -> list[psutil.Process]:
+    """The live (not zombie) descendants of ``me`` that were not in ``before``, the session's servers and the
+    resource tracker left out."""
+
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return [p for p in me.children(recursive=True)
+            if p.pid not in before | SESSION_PIDS and not _is_tracker(p) and alive(p)]
+
+
 def _anything_of_ours_alive(me: psutil.Process, children_before: set[int], shm_before: set[str]) -> bool:
     """Whether a child process or segment the test made, or any h5stream thread (the test's, or one an earlier
     test left to the garbage collector), is alive: what a collection may have to finalize."""
     if any(t.name.startswith("h5stream") for t in threading.enumerate()):
         return True
-    if _my_segments() - shm_before:
-        return True
-    return any(p.pid not in children_before | SESSION_PIDS and not _is_tracker(p) for p in me.children(recursive=True))
+    return bool(_my_segments() - shm_before or _descendants_since(me, children_before))
 
 
 @pytest.fixture
@@ -187,10 +199,7 @@ def no_leaks():
     # collection over TensorFlow's and torch's objects takes 0.3-0.6 s, so not in every teardown).
     if _anything_of_ours_alive(me, children_before, shm_before):
         collect()
-    leaked = [
-        p for p in me.children(recursive=True)
-        if p.pid not in children_before | SESSION_PIDS and not _is_tracker(p) and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    leaked = _descendants_since(me, children_before)
     assert not leaked, f"child processes left behind: {leaked}"
     assert _my_segments() - shm_before == set(), "shared-memory segments left behind"
 
