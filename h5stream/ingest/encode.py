@@ -6,9 +6,9 @@ and row ends (:func:`packed`), a fraction of the pixels.
 
 ``--encoding auto`` chooses per store, from a sample of its files decoded and encoded once (:func:`probe`, in a
 decode worker) by :func:`choose`: JPEG where it makes the rows at least :data:`AUTO_MIN_RATIO` times smaller and
-one core decodes them at :data:`AUTO_MIN_DECODES_PER_S` or more, else raw.  Small images (under about 32 px a
-side) gain little from JPEG (its headers and 8x8 blocks are most of the bytes), so they stay raw; photos of 64 px
-and more are 5-10x smaller as JPEG q90 and decode in well under a millisecond.
+one core decodes them at :data:`AUTO_MIN_DECODES_PER_S` or more (CPU time, not wall time), else raw.  Small
+images (under about 32 px a side) gain little from JPEG (its headers and 8x8 blocks are most of the bytes), so they
+stay raw; photos of 64 px and more are 5-10x smaller as JPEG q90 and decode in well under a millisecond.
 
 Only the decode workers (or the ingest thread with ``--workers 0``) import OpenCV, through here.
 """
@@ -68,16 +68,17 @@ def unpacked(message) -> EncodedRows:
 
 
 def probe(images: np.ndarray, quality: int) -> dict:
-    """Measure ``images`` (a sample of decoded rows): their raw and JPEG bytes and one core's JPEG decode time.
-    Runs in a decode worker; returns plain numbers."""
+    """Measure ``images`` (a sample of decoded rows): their raw and JPEG bytes and one core's JPEG decode time,
+    in CPU seconds of the decoding thread, so that a machine busy with other work makes the same choice (its wall
+    time could be many times longer).  Runs in a decode worker; returns plain numbers."""
     from h5stream.store.jpeg import decode_into
 
     rows = encode_rows(images, quality)
     out = np.empty(images.shape[1:], np.uint8)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # this thread's CPU clock: time the thread was not running does not count
     for i in range(len(rows)):
         decode_into(rows.row(i), out)
-    seconds = time.perf_counter() - t0
+    seconds = time.thread_time() - t0
     return {"images": len(rows), "raw_bytes": int(images.nbytes), "jpeg_bytes": int(len(rows.data)),
             "decode_s": seconds}
 
