@@ -35,8 +35,10 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 SAFETY_S = 60.0
 """Safety net for a process that should end: far beyond the bounds asserted, far below 'never'."""
 
-CTRL_C_S = 1.0
-"""Ctrl-C must end the process within this long."""
+CTRL_C_S = 4.0
+"""Ctrl-C must end the process within this long: about 0.2 s on a quiet machine and up to 1.6 s seen at load
+average 12 (the interpreter's own exit), where closing used to wait 5 s for a stopped worker and, for a stalled
+read, until the read returned (never, for a hung disk)."""
 
 ROWS = 512
 
@@ -263,7 +265,7 @@ def test_a_process_whose_stream_raised_on_a_stalled_read_exits_by_itself(hung_se
 
 
 @pytest.mark.parametrize("how", ["shuffled", "sequential"], ids=["first-batch", "mid-epoch"])
-def test_ctrl_c_with_a_read_stalled_ends_the_process_within_a_second(hung_server, tmp_path, how):
+def test_ctrl_c_with_a_read_stalled_ends_the_process_at_once(hung_server, tmp_path, how):
     # Shuffled, the first fill needs every block, so the first batch waits on the stalled one; sequential, in
     # fills of 64 rows, batches come until the reader reaches the last block.
     server, url, spans = hung_server
@@ -314,7 +316,7 @@ def test_a_stopped_worker_is_named_within_timeout_s_and_every_batch_before_is_ri
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_ctrl_c_with_a_stopped_worker_ends_the_process_within_a_second_leaving_nothing(tmp_path):
+def test_ctrl_c_with_a_stopped_worker_ends_the_process_at_once_leaving_nothing(tmp_path):
     path = make_store(tmp_path / "s.h5", size=8, block_rows=16)
     proc = start_child(tmp_path, path, "workers")
     opened = readline(proc).split()
