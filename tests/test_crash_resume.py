@@ -106,8 +106,10 @@ def test_sigkill_then_append_gives_exactly_the_full_set(big_src, tmp_path):
 def test_ctrl_c_commits_exits_130_in_one_line_and_append_finishes(big_src, tmp_path):
     root, written = big_src
     out = tmp_path / "int.h5"
+    # Commits every 64 rows: the first comes long before the last, so Ctrl-C after it lands mid-ingest even on a
+    # loaded machine (with the default 1,024 the poll could miss that commit and see only the last, 1,200).
     cmd = [sys.executable, "-m", "h5stream", "ingest", root, str(out), "--size", "32", "--block-rows", "64",
-           "--workers", "2"]
+           "--workers", "2", "--commit-rows", "64"]
     # Its own process group, like a shell job: Ctrl-C reaches the ingest and its workers together.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

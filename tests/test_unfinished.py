@@ -269,3 +269,14 @@ def test_an_append_records_what_it_sets_out_to_store_same_source_or_another(clas
     assert code == 0, err
     progress = read_meta(out).ingest
     assert progress == IngestProgress(4, 4, 0, str(other), None, ()) and read_meta(out).rows == n + 4
+
+
+def test_an_ingest_interrupted_after_its_last_commit_is_said_to_be_complete(class_src, tmp_path, h5cli):
+    from h5stream.commands.ingest import _how_far
+
+    root, written = class_src
+    out = tmp_path / "done.h5"
+    assert h5cli("ingest", root, out, "--size", "8", "--workers", "0")[0] == 0
+    said = _how_far(str(out))  # what Ctrl-C after the last commit prints
+    assert said == f"{out} was complete before the interruption ({len(written)} of {len(written)} files stored); " \
+                   "nothing is left to do", said

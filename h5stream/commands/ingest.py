@@ -114,8 +114,10 @@ def _how_far(out: str) -> str:
     except H5StreamError as exc:  # e.g. stopped while HDF5 rewrote it: the error says what to run
         return str(exc)
     progress = meta.ingest
-    if progress is None or progress.finished:  # stopped before this run recorded itself, or after it finished
+    if progress is None:  # stopped before this run recorded itself
         return f"{out} keeps its {meta.rows:,} committed rows; run the same command with --append to continue"
+    if progress.finished:  # stopped after its last commit: every file is accounted for
+        return f"{out} was complete before the interruption ({progress_text(progress)}); nothing is left to do"
     return f"{progress_text(progress)}; finish with `{continue_command(progress, out)}`"
 
 
