@@ -287,3 +287,18 @@ def test_the_remote_benchmark_s_proxied_route_reaches_the_server_and_counts_one_
     assert through_s3["wire"]["requests"] == 1
     assert range_server.requests == {"GET": 3}
     assert len(proxies) == 2 and all(not p._state.thread.is_alive() for p in proxies)
+
+
+def test_the_remote_benchmark_imports_what_a_stream_imports_before_the_client_s_cpu_clock_starts():
+    # The child imports them before its clock (compiling them is a one-off of the process, not the stream's CPU per
+    # GB): every name imports, in a fresh process.
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from benchmarks.remote import STREAM_MODULES, import_stream_modules\n"
+            "import_stream_modules()\n"
+            "assert set(STREAM_MODULES) <= set(sys.modules)\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
