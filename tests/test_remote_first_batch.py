@@ -4,6 +4,8 @@ the first batch does not need held back by the server; the batches stay the loca
 
 from __future__ import annotations
 
+import threading
+
 import h5py
 import numpy as np
 import pytest
@@ -68,7 +70,11 @@ def test_the_first_batch_goes_out_while_a_piece_only_later_batches_need_is_held_
         assert not list(tmp_path.glob(f"objects/*/{start // PIECE}.piece"))
     finally:
         stream.close()
-        range_server.stop()  # lets the held-back request go (it fails), so no thread waits on it
+        range_server.stop()  # lets the held-back request go (it fails): the threads waiting on it end
+        for t in threading.enumerate():
+            if t.name.startswith("h5stream"):
+                t.join(60)
+        assert [t.name for t in threading.enumerate() if t.name.startswith("h5stream")] == []
 
 
 def test_a_cached_url_stream_reading_its_first_batch_first_gives_the_local_file_s_batches(range_server, tmp_path):
