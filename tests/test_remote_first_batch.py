@@ -90,3 +90,24 @@ def test_a_cached_url_stream_reading_its_first_batch_first_gives_the_local_file_
             for (xa, ya), (xb, yb) in zip(got, plain):
                 np.testing.assert_array_equal(xa, xb)
                 np.testing.assert_array_equal(ya, yb)
+
+
+def test_cutting_runs_around_the_first_batch_s_rows_keeps_every_row_once_in_its_place():
+    from h5stream.read.arrive import head_first
+    from h5stream.read.runs import Run
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n, row_bytes = int(rng.integers(1, 60)), 3
+        batch = rng.integers(-1, 4, n)
+        cuts = sorted({0, n, *rng.integers(0, n, 5).tolist()})
+        runs = [Run(a, 100 + a, b - a, 1000 + a * row_bytes) for a, b in zip(cuts[:-1], cuts[1:])]
+        head, tail = head_first(batch, 2, runs, row_bytes)
+        for part in (head, tail):  # in the runs' order, each run consistent with where its rows lie
+            assert [r.dest for r in part] == sorted(r.dest for r in part)
+            assert all(r.src == 100 + r.dest and r.offset == 1000 + r.dest * row_bytes and r.rows > 0 for r in part)
+        rows = {d: "head" for r in head for d in range(r.dest, r.dest + r.rows)}
+        rows.update({d: "tail" for r in tail for d in range(r.dest, r.dest + r.rows)})
+        assert sum(r.rows for r in head + tail) == n == len(rows)  # every row once
+        assert [d for d, where in sorted(rows.items()) if where == "head"] == np.flatnonzero(batch == 2).tolist()
+        assert all(r in tail for r in runs if not (batch[r.dest:r.dest + r.rows] == 2).any())  # untouched: as is

@@ -62,8 +62,8 @@ import numpy as np
 from h5stream.concurrency.wait import POLL_S, Channel, Stopped, get_while_moving, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
-from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.arrive import arrive, head_first
+from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.fill import Batch, Failure, FillJob, IOThreads, Pending
 from h5stream.read.rows import RowReader
 from h5stream.read.runs import placement, plan_runs, row_offsets
