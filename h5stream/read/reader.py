@@ -62,6 +62,7 @@ import numpy as np
 from h5stream.concurrency.wait import POLL_S, Channel, Stopped, get_while_moving, wait_futures
 from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
 from h5stream.order.epoch import EpochLayout
+from h5stream.read.arrive import arrive, head_first
 from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.fill import Batch, Failure, FillJob, IOThreads, Pending
 from h5stream.read.rows import RowReader
@@ -384,7 +385,12 @@ class Reader:
         thread."""
         jobs = self._jobs()
         job = next(jobs)
-        self._start_fill(job)
+        self._start_fill(job, first=True)
+        if job.head:  # a cached URL's first batch goes out once its rows have landed (h5stream.read.arrive)
+            wait_futures(job.head, check=self._check_stop)
+            arrive(job, job.first_batch + 1)
+            for key in self._ready():
+                self._emit(key)
         self._complete(job)
         ready = self._ready()
         if ready:  # the first batch goes out before the next fill is planned and its batches allocated
@@ -443,16 +449,21 @@ class Reader:
         return p
 
     # -- one fill ------------------------------------------------------------------
-    def _start_fill(self, job: FillJob) -> None:
+    def _start_fill(self, job: FillJob, first: bool = False) -> None:
         """Advise the source ahead, allocate the fill's batches (may block on a bounded allocator), and hand
-        the pixel reads to the I/O threads when there are any.
+        the pixel reads to the I/O threads when there are any.  The ``first`` fill of a URL stream through the disk
+        cache advises and reads its first batch's rows first (``job.head``: their futures; h5stream.read.arrive).
 
         With deferred pixels a fill whose runs are all in the page cache gets batches without images (their
         receivers read the rows); a fill with runs missing is read into batches as usual, since the page
         cache may drop what it fetches before a receiver gets to it.  A batch shared with the previous fill
         keeps the kind it was made with: its rows are read here if it has images, else read past.  Reader thread.
         """
-        missing = self._rows.advise(job.runs)
+        rounds = [job.runs]  # the runs read in rounds, each round's futures queued after the last round's
+        if (first and getattr(self._source, "local_copy", False) and job.labels is not None and not self.defer_pixels
+                and not getattr(self._layout, "piece_rows", 0) and not getattr(self.meta, "parts", ())):
+            rounds = [part for part in head_first(job.batch, job.first_batch, job.runs, self.meta.row_bytes) if part]
+        missing = self._rows.advise(rounds[0] + rounds[1] if len(rounds) > 1 else job.runs)
         self._counts["advised_bytes"] = self._rows.advised_bytes
         deferred = self.defer_pixels and not missing
         for j in range(job.first_batch, job.first_batch + job.n_batches):  # the fill's batches, in order
@@ -470,8 +481,10 @@ class Reader:
             # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
             # in file order and finish within one read of each other, so the device's queue stays full to the
             # end of the fill; a fill costs k futures instead of one per run.
-            runs, lock = iter(job.to_read), threading.Lock()
-            job.futures = [self._io.submit(self._rows.read_runs, job, runs, lock) for _ in range(self._io_threads)]
+            for part in rounds if job.to_read is job.runs else [job.to_read]:
+                runs, lock = iter(part), threading.Lock()
+                job.futures += [self._io.submit(self._rows.read_runs, job, runs, lock) for _ in range(self._io_threads)]
+            job.head = job.futures[:self._io_threads] if len(rounds) > 1 and job.to_read is job.runs else []
             job.done = len(job.to_read)
 
     def _step(self, job: FillJob, n_runs: int) -> None:
@@ -504,28 +517,9 @@ class Reader:
             file_offsets = row_offsets(job.runs, len(job.row_ids), self.meta.row_bytes)
             if self._check is not None:  # the receivers check rows against their digests: learn them first
                 self._rows.learn_runs(job.runs)
-        # Gathered once for the whole fill, in yield order; each batch then takes one slice of each.
-        yielded = job.yielded
-        labels, row_ids = job.labels[yielded], job.row_ids[yielded]
-        first_row = job.offset[yielded]
-        if file_offsets is not None:
-            file_offsets = file_offsets[yielded]
-            checks = None if self._check is None else self._check.to_check(row_ids)
-        ends = np.searchsorted(job.batch[yielded], np.arange(job.first_batch + 1, job.first_batch + job.n_batches + 1))
-        a = 0
-        for j, b in zip(range(job.first_batch, job.first_batch + job.n_batches), ends.tolist()):
-            t, m = job.targets[j], b - a
-            k = slice(int(first_row[a]), int(first_row[a]) + m)
-            t.batch.labels[k] = labels[a:b]
-            t.batch.row_ids[k] = row_ids[a:b]
-            if t.batch.file_offsets is not None:
-                t.batch.file_offsets[k] = file_offsets[a:b]
-                if t.batch.checks is not None:
-                    t.batch.checks[0][k] = checks[0][a:b]
-                    t.batch.checks[1][k] = checks[1][a:b]
-                self._counts["deferred_bytes"] += m * self.meta.row_bytes
-            t.missing -= m
-            a = b
+        # The batches not counted yet (all but a URL's first batch, out already), each one slice of the fill.
+        deferred_rows = arrive(job, job.first_batch + job.n_batches, file_offsets, self._check)
+        self._counts["deferred_bytes"] += deferred_rows * self.meta.row_bytes
         job.targets = {}
         self._counts["in_place_bytes"] = getattr(self._source, "in_place_bytes", 0)
         if (c := self._check) is not None:

@@ -9,15 +9,19 @@ local reads through the page cache.
 Layout: ``CACHE_DIR/objects/KEY/N.piece`` for piece ``N`` of the object whose identity (URL, ETag, size,
 modification time as of open) hashes to ``KEY``: a changed object has another key and never serves old bytes
 (an object with neither ETag nor modification time is not cached).  A piece file holds the piece's bytes and a
-trailer of :data:`TRAILER_BYTES` (magic, CRC-32 of the bytes, their count), written at fill.
+trailer of :data:`TRAILER_BYTES` (magic, xxh3-64 digest of the bytes, their count), written at fill.
 
 Guarantees:
 
 * A piece is filled as ``N.tmp`` (space reserved with ``posix_fallocate`` first, the response written part by
-  part as it arrives, :mod:`h5stream.remote.piecefile`, then ``fsync``) and renamed to ``N.piece``: a process
-  killed mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's trailer (size and CRC-32
+  part as it arrives, :mod:`h5stream.remote.piecefile`) and renamed to ``N.piece`` once whole: a process killed
+  mid-fill leaves at most a ``.tmp``, never a piece.  Each source checks a piece's trailer (size, magic and digest
   of its bytes) the first time it reads it, unless it filled the piece itself; one that fails is removed and
-  fetched again.
+  fetched again.  No ``fsync``: a process killed after the rename leaves its written pages in the page cache,
+  whole; a machine that crashes before writing them back may leave a piece of zeros or stale blocks, which fails
+  the trailer check of the next source that reads it (every source after a reboot is a new one) and is fetched
+  again.  The ``fsync`` of the piece and of its folder cost 0.1 CPU-s per GB and held each prefetch thread
+  while the disk wrote (docs/performance.md, "The default cached stream").
 * The pieces the reader says it will read (``advise_willneed``) are fetched ahead by :mod:`h5stream.remote.prefetch`
   threads, ``max_in_flight`` GETs in flight.
 * Processes sharing a cache folder fetch a piece once: the filler holds ``flock`` on ``N.lock``, and a process
@@ -47,7 +51,6 @@ import struct
 import threading
 import time
 import warnings
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -55,7 +58,7 @@ from h5stream.memory.rawio import preadv_all
 from h5stream.remote.cache_evict import evict, unlink
 from h5stream.errors import H5StreamError
 from h5stream.remote.calls import on_main_thread
-from h5stream.remote.piecefile import PieceWriter, WriteFailed
+from h5stream.remote.piecefile import PieceWriter, WriteFailed, piece_digest
 from h5stream.remote.prefetch import Prefetcher
 from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
     DEFAULT_LIMIT,
@@ -64,9 +67,11 @@ from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cach
     index_memory_bytes,
 )
 
-TRAILER = struct.Struct("<8sIQ")
+TRAILER = struct.Struct("<8sQQ")
 TRAILER_BYTES = TRAILER.size
-MAGIC = b"h5spiece"
+MAGIC = b"h5spcxx3"
+"""A piece's trailer: this magic, :func:`~h5stream.remote.piecefile.piece_digest` of its bytes, their count.  (The
+earlier trailer's magic, ``h5spiece`` with a CRC-32, fails the check: such a piece is fetched again.)"""
 
 TOUCH_EVERY_S = 60.0
 """A piece read again is marked used (its modification time) at most this often per source."""
@@ -120,11 +125,11 @@ def slice_views(views: Sequence[memoryview], skip: int, n: int) -> list[memoryvi
 
 
 def trailer_ok(piece: memoryview, expected: int) -> bool:
-    """Whether a piece file's bytes (piece and trailer) are whole: right size, magic and CRC-32 (pure)."""
+    """Whether a piece file's bytes (piece and trailer) are whole: right size, magic and digest (pure)."""
     if len(piece) != expected + TRAILER_BYTES:
         return False
-    magic, crc, count = TRAILER.unpack(piece[expected:])
-    return magic == MAGIC and count == expected and zlib.crc32(piece[:expected]) == crc
+    magic, digest, count = TRAILER.unpack(piece[expected:])
+    return magic == MAGIC and count == expected and piece_digest(piece[:expected]) == digest
 
 
 def open_url(url: str, options):
@@ -444,7 +449,7 @@ class CachedSource:
                     writer.write(memoryview(body))
                 else:  # each part of the body written and summed as it arrives
                     self.remote.stream_range(start, start + n, writer)
-                os.pwrite(fd, TRAILER.pack(MAGIC, writer.crc, n), n)
+                os.pwrite(fd, TRAILER.pack(MAGIC, writer.digest, n), n)
             except WriteFailed as exc:
                 self._give_up(exc.error)
                 return 0
@@ -453,11 +458,9 @@ class CachedSource:
                     raise
                 self._give_up(exc)
                 return 0
-            try:
-                os.fsync(fd)
+            try:  # no fsync: the trailer check stands for it (see the module doc)
                 os.rename(tmp, path)
                 done = True
-                _fsync_folder(os.path.dirname(path))
             except OSError as exc:
                 self._give_up(exc)
                 return 0
@@ -467,7 +470,7 @@ class CachedSource:
                 unlink(tmp)
         with self._lock:
             self.pieces_fetched += 1
-            self._used.setdefault(index, 0.0)  # its CRC was just computed from these bytes: checked
+            self._used.setdefault(index, 0.0)  # its digest was just computed from these bytes: checked
         return n + TRAILER_BYTES
 
     def _account(self, added: int) -> None:
@@ -490,11 +493,3 @@ class CachedSource:
         if folder is not None:
             warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({exc.strerror or exc}); "
                           "streaming on without the cache (every read from the server)", stacklevel=2)
-
-
-def _fsync_folder(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
