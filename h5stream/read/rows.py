@@ -17,6 +17,7 @@ import numpy as np
 from h5stream.memory.rawio import aligned_empty
 from h5stream.concurrency.wait import Stopped
 from h5stream.read.fill import FillJob
+from h5stream.read.iovec import fill_iovecs
 from h5stream.read.runs import Run, chunk_pieces, spans
 from h5stream.read.scatter import PIECE_BYTES, SMALL_ROW_BYTES, place, placement
 from h5stream.read.source import ByteSource
@@ -101,11 +102,16 @@ class RowReader:
     def prepare(self, job: FillJob) -> None:
         """Once a fill's batches are allocated: where its rows land, when they are small enough to be read a
         piece of a run at a time and placed by numpy (:mod:`h5stream.read.scatter`).  Reader thread."""
-        job.placement = None
+        job.placement = job.iovecs = None
+        if self._offsets is None or self._encoded is not None or not job.to_read:
+            return
         # A local file only: a URL's reads are requests, which pieces would multiply, and cost far more than rows.
-        if (self._offsets is not None and self._encoded is None and self.meta.row_bytes <= SMALL_ROW_BYTES
-                and self.meta.remote is None and job.to_read):
+        if self.meta.row_bytes <= SMALL_ROW_BYTES and self.meta.remote is None:
             job.placement = placement(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes)
+        if job.placement is None and getattr(self._source, "reads_rows", False):  # read/iovec.py
+            iovecs = fill_iovecs(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes,
+                                 self._scratch)
+            job.iovecs = None if iovecs is None else (iovecs, iovecs.ctypes.data)
 
     def read_runs(self, job: FillJob, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
         """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left;
@@ -125,6 +131,11 @@ class RowReader:
         row_bytes = self.meta.row_bytes
         if off is not None and getattr(job, "placement", None) is not None:
             self._read_placed(job, run)
+            self.progress += 1
+            return time.perf_counter() - t0, n * row_bytes
+        iovecs = getattr(job, "iovecs", None)
+        if off is not None and iovecs is not None and (self.check is None or self.check.quiet(src, n)):
+            self._source.readinto_rows(off, iovecs[0], dest, n, row_bytes, iovecs[1])  # nothing to check
             self.progress += 1
             return time.perf_counter() - t0, n * row_bytes
         targets = job.targets
