@@ -101,14 +101,17 @@ class RowReader:
 
     def prepare(self, job: FillJob) -> None:
         """Once a fill's batches are allocated: where its rows land, when they are small enough to be read a
-        piece of a run at a time and placed by numpy (:mod:`h5stream.read.scatter`).  Reader thread."""
+        piece of a run at a time and placed by numpy (:mod:`h5stream.read.scatter`), else, from a local file and
+        where the reads need no checking, as addresses (:mod:`h5stream.read.iovec`).  Reader thread."""
         job.placement = job.iovecs = None
         if self._offsets is None or self._encoded is not None or not job.to_read:
             return
         # A local file only: a URL's reads are requests, which pieces would multiply, and cost far more than rows.
         if self.meta.row_bytes <= SMALL_ROW_BYTES and self.meta.remote is None:
             job.placement = placement(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes)
-        if job.placement is None and getattr(self._source, "reads_rows", False):  # read/iovec.py
+        check = self.check  # reads still to be checked need views (every read checked: always)
+        quiet = check is None or (not check.every_read and check.quiet(job.to_read[0].src, job.to_read[0].rows))
+        if job.placement is None and quiet and getattr(self._source, "reads_rows", False):  # read/iovec.py
             iovecs = fill_iovecs(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes,
                                  self._scratch)
             job.iovecs = None if iovecs is None else (iovecs, iovecs.ctypes.data)
