@@ -24,10 +24,11 @@ from h5stream.read.source import ByteSource
 from h5stream.read.verify import BlockCheck
 from h5stream.store.meta import StoreMeta
 
-CACHE_SPAN_GAP_BYTES = 8 << 20
+CACHE_SPAN_GAP_BYTES = 1 << 20
 """Runs of a fill at most this far apart in the file are asked about together whether they are in the page
-cache: asking about the pages between them costs less than asking once more (the figures: docs/performance.md,
-"Design figures")."""
+cache: asking about the pages between them costs less than asking once more.  ``cachestat`` walks the page cache
+entry by entry: a MiB of 4 KiB pages (what a stream's own cold epoch leaves) costs about as much as a call, a MiB
+of large folios a tenth of it (the figures: docs/performance.md, "Design figures")."""
 
 
 class RowReader:
