@@ -6,6 +6,7 @@ workers), the checks still catching a flipped byte."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 import h5py
@@ -127,6 +128,37 @@ def test_short_reads_and_more_rows_than_one_call_takes_go_on_where_they_stopped(
         os.close(fd)
     np.testing.assert_array_equal(out, data.reshape(400, ROW_BYTES)[11:18])
     assert max(calls) <= 3 and len(calls) > 7  # cut at IOV_MAX, and each short read went on
+
+
+def test_a_read_interrupted_by_a_signal_is_made_again_and_other_failures_raise(raw_file, monkeypatch):
+    path, data = raw_file
+    real = rawio._libc_preadv()
+    failures = [errno.EINTR, errno.EINTR, errno.EIO]
+
+    def failing(fd, address, count, offset):  # fails as a read interrupted by a signal would, then as a bad disk
+        if failures and failures[0] == errno.EINTR:
+            ctypes.set_errno(failures.pop(0))
+            return -1
+        return real(fd, address, count, offset)
+
+    monkeypatch.setattr(rawio, "_preadv", failing)
+    out = np.zeros((3, ROW_BYTES), np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rawio.preadv_rows(fd, _iovecs_of(out), 0, 3, ROW_BYTES, 5 * ROW_BYTES, path)
+        np.testing.assert_array_equal(out, data.reshape(400, ROW_BYTES)[5:8])
+        assert failures == [errno.EIO]
+
+        def broken(fd, address, count, offset):
+            ctypes.set_errno(errno.EIO)
+            return -1
+
+        monkeypatch.setattr(rawio, "_preadv", broken)
+        with pytest.raises(OSError) as info:
+            rawio.preadv_rows(fd, _iovecs_of(out), 0, 3, ROW_BYTES, 0, path)
+        assert info.value.errno == errno.EIO and info.value.filename == path
+    finally:
+        os.close(fd)
 
 
 def test_a_read_past_the_end_of_the_file_is_an_error(raw_file):

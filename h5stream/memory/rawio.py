@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 
@@ -92,8 +93,10 @@ def preadv_rows(fd: int, iovecs: np.ndarray, first: int, count: int, row_bytes: 
 
 def _call(fn, fd: int, address: int, k: int, offset: int, path: str) -> int:
     """``preadv(fd, address, k, offset)``: the bytes read, at least one; ``OSError`` on failure or at end of
-    file."""
+    file.  Interrupted by a signal before reading anything (``EINTR``), it is called again, as ``os.preadv`` is."""
     got = fn(fd, address, k, offset)
+    while got < 0 and ctypes.get_errno() == errno.EINTR:
+        got = fn(fd, address, k, offset)
     if got < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)

@@ -7,7 +7,7 @@ the I/O thread that reads it and held by the GIL it takes back: about half a mic
 whose copy is the stream's whole work.  Here the reader thread lays out, once per fill and with numpy, one
 ``struct iovec`` per buffer position (its batch row's address, or the scratch row's for a row read but not used),
 and an I/O thread reads run ``[dest, dest + rows)`` from slice ``[dest, dest + rows)`` of it
-(:func:`~h5stream.memory.rawio.preadv_iovecs`).  The batches are the same arrays, the rows land in the same
+(:func:`~h5stream.memory.rawio.preadv_rows`).  The batches are the same arrays, the rows land in the same
 places (the addresses are taken from the batches' own arrays), and the fill's batches stay alive until its reads
 are done (the fill job holds them), as with memoryviews.
 
