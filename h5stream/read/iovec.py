@@ -49,8 +49,8 @@ def fill_iovecs(batch: np.ndarray, offset: np.ndarray, targets: dict, first_batc
     if len(index) and (index.min() < 0 or index.max() > n_batches or not known[index].all()):
         return None  # a position of a batch not in targets: the memoryview path says so
     placed = into[index]
-    # 16 bytes a row of the fill, within the plan's allowance for its index (budget.FILL_INDEX_ROW_BYTES): such a
-    # fill has no file offsets, which the allowance counts
+    # 16 bytes a row of the fill, within the plan's allowance for its index (budget.FILL_INDEX_ROW_BYTES): a fill
+    # read into its batches has no file offsets, which the allowance counts
     out = np.empty(len(batch), IOVEC)
     out["base"] = base[index] + np.where(placed, np.asarray(offset, np.int64), 0).astype(np.uint64) * row_bytes
     out["len"] = row_bytes
