@@ -12,12 +12,21 @@ stream / copy is taken within each round (the machine drifts between rounds): th
 CPU time of this process per row (with ``workers=0`` every thread of the loader is in it), which other jobs on a
 shared machine sway less than the rate, and (``workers=0``) the share of the time the reader's I/O threads spent
 reading.
+
+How the page cache holds the file decides the rate more than anything in the loader: copying a row out of 4 KiB
+page-cache pages costs about twice the CPU of copying it out of large folios (docs/performance.md, "The loader
+alone").  A sequential read makes large folios where the kernel can (Linux 6.x, ext4/XFS); a stream's own cold
+epoch leaves 4 KiB pages.  So the table's header says which share of the file's cached pages lie in large folios
+(where ``/proc/kpageflags`` can be read, as root), and ``--page-cache reread`` drops the file from the page cache
+and reads it sequentially before the rounds (the default, ``as-is``, keeps what is there).
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
+import struct
 import sys
 import time
 
@@ -43,6 +52,52 @@ def copy_rate(row_bytes: int, seconds: float = 1.0) -> float:
     rows = n * COPY_BYTES / row_bytes
     return {"steady_rows_s": rows / (time.perf_counter() - t0),
             "cpu_us_per_row": (time.process_time() - c0) / rows * 1e6}
+
+
+def large_folio_share(path: str, samples: int = 4096) -> float | None:
+    """The share of ``path``'s pages in the page cache that lie in large folios (compound pages), from ``samples``
+    pages spread over the file (each read once through a read-only mapping: call it on a cached file), or None
+    where ``/proc/kpageflags`` cannot be read (it needs root) or the file is empty."""
+    size = os.path.getsize(path)
+    pages = size // mmap.PAGESIZE
+    if pages == 0:
+        return None
+    try:
+        kpageflags = open("/proc/kpageflags", "rb", buffering=0)
+    except OSError:
+        return None
+    with kpageflags, open("/proc/self/pagemap", "rb", buffering=0) as pagemap, open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), pages * mmap.PAGESIZE, prot=mmap.PROT_READ)
+        try:
+            view = np.frombuffer(mapped, np.uint8)
+            first_page = view.ctypes.data // mmap.PAGESIZE
+            large = seen = 0
+            for page in np.linspace(0, pages - 1, min(samples, pages)).astype(np.int64).tolist():
+                int(view[page * mmap.PAGESIZE])  # mapped now, so pagemap has its frame
+                pagemap.seek((first_page + page) * 8)
+                entry = struct.unpack("Q", pagemap.read(8))[0]
+                frame = entry & ((1 << 55) - 1)
+                if not entry >> 63 or frame == 0:  # not present, or frames hidden (not root)
+                    continue
+                kpageflags.seek(frame * 8)
+                flags = struct.unpack("Q", kpageflags.read(8))[0]
+                seen += 1
+                large += bool(flags & (1 << 15 | 1 << 16))  # KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL
+            del view
+        finally:
+            mapped.close()
+    return large / seen if seen else None
+
+
+def reread(path: str) -> None:
+    """Drop ``path`` from the page cache, then read it sequentially (the kernel's read-ahead makes large folios
+    where the file system has them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    warm(path)
 
 
 def stream_rates(path: str, workers: int, epochs: int) -> dict:
@@ -74,11 +129,14 @@ def stream_rates(path: str, workers: int, epochs: int) -> dict:
                 "steady_rows_s": rows / wall, "cpu_us_per_row": cpu, "io_busy": busy}
 
 
-def run(path: str, rounds: int, workers: list[int], epochs: int) -> dict:
+def run(path: str, rounds: int, workers: list[int], epochs: int, page_cache: str = "as-is") -> dict:
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
+    if page_cache == "reread":
+        reread(path)
     warm(path)
+    share = large_folio_share(path)
     measurements = {"copy": lambda: copy_rate(meta.row_bytes)}
     for w in workers:
         measurements[f"workers={w}"] = lambda w=w: stream_rates(path, w, epochs)
@@ -86,7 +144,7 @@ def run(path: str, rounds: int, workers: list[int], epochs: int) -> dict:
     steady = [{name: r["steady_rows_s"] for name, r in results.items()} for results in got]
     out = {"file": os.path.abspath(path), "rows": meta.rows, "row_bytes": meta.row_bytes, "batch_size": BATCH,
            "memory_budget": f"{BUDGET} (workers: the default)", "rounds": rounds, "epochs": epochs,
-           "cpus": os.cpu_count(), "results": {}}
+           "cpus": os.cpu_count(), "page_cache": page_cache, "large_folio_share": share, "results": {}}
     for name, runs in by_name(got).items():
         entry = {key: median(r.get(key) for r in runs) for key in runs[0]}
         if name != "copy":
@@ -97,8 +155,11 @@ def run(path: str, rounds: int, workers: list[int], epochs: int) -> dict:
 
 
 def table(out: dict) -> str:
+    share = out.get("large_folio_share")
+    folios = "unknown" if share is None else f"{share:.0%} of it in large folios"
     lines = [f"{out['rows']:,} rows of {out['row_bytes']:,} B, batch {out['batch_size']}, {out['memory_budget']}, "
              f"warm, {out['rounds']} rounds (medians), {out['cpus']} CPUs",
+             f"page cache: {out.get('page_cache', 'as-is')}, {folios}",
              f"{'':<12} {'steady rows/s':>14} {'/ copy (same round)':>22} {'first epoch rows/s':>19} "
              f"{'first batch s':>14} {'CPU us/row':>11} {'I/O busy':>9}"]
     for name, r in out["results"].items():
@@ -134,10 +195,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", default="0,2", help="comma-separated worker counts (no augmentation)")
     p.add_argument("--epochs", type=int, default=2, help="steady-state epochs measured after the first")
+    p.add_argument("--page-cache", choices=("as-is", "reread"), default="as-is",
+                   help="reread: drop the file from the page cache and read it sequentially first (large folios)")
     add_json_option(p)
     args = p.parse_args(argv)
     path = store_path(args)
-    out = run(path, args.rounds, [int(w) for w in args.workers.split(",")], args.epochs)
+    out = run(path, args.rounds, [int(w) for w in args.workers.split(",")], args.epochs, args.page_cache)
     emit(out, as_json=args.json, format_text=table)
     return 0
 

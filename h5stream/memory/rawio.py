@@ -6,6 +6,9 @@ Low-level: imports nothing from h5stream.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import mmap
 import os
 
@@ -34,6 +37,72 @@ def preadv_all(fd: int, views: list, offset: int, path: str) -> None:
                 rest.append(v[got:] if got else v)
                 got = 0
         views = rest
+
+
+IOVEC = np.dtype([("base", np.uintp), ("len", np.uintp)])
+"""``struct iovec`` as a numpy record: an array of them is what :func:`preadv_rows` reads into."""
+
+_preadv = None
+
+
+def _libc_preadv():
+    """libc's ``preadv`` through ``ctypes.CDLL`` (the GIL is released for the call), or None where there is none."""
+    global _preadv
+    if _preadv is None:
+        name = ctypes.util.find_library("c")
+        fn = getattr(ctypes.CDLL(name, use_errno=True), "preadv", None) if name else None
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong]
+            fn.restype = ctypes.c_ssize_t
+        _preadv = fn or False
+    return _preadv or None
+
+
+def can_preadv_rows() -> bool:
+    """Whether :func:`preadv_rows` can run here (a C library with ``preadv``)."""
+    return _libc_preadv() is not None
+
+
+def preadv_rows(fd: int, iovecs: np.ndarray, first: int, count: int, row_bytes: int, offset: int, path: str,
+                address: int | None = None) -> None:
+    """:func:`preadv_all` of ``count`` rows of ``row_bytes`` bytes from ``offset`` on into the memory entries
+    ``first, first + 1, ...`` of ``iovecs`` name (a C-contiguous array of :data:`IOVEC`, each ``row_bytes``
+    long; ``address``: its ``.ctypes.data``, given by a caller that keeps it): one ``preadv`` call for up to
+    :data:`IOV_MAX` rows, no Python object per row, the GIL released meanwhile.  The caller keeps that memory
+    alive and writable for the call.  A short read goes on where it stopped; end of file first is an error, as
+    is any failure (``OSError`` with the call's errno)."""
+    fn = _libc_preadv()
+    address = iovecs.ctypes.data if address is None else int(address)
+    i, end = int(first), int(first) + int(count)
+    while i < end:
+        k = min(end - i, IOV_MAX)
+        got = _call(fn, fd, address + i * IOVEC.itemsize, k, offset, path)
+        offset += got
+        full, done = divmod(got, row_bytes)
+        i += full
+        if done:  # a short read that stopped inside row i: the rest of it, then on from row i + 1
+            rest = np.empty(1, IOVEC)
+            rest["base"], rest["len"] = int(iovecs["base"][i]) + done, row_bytes - done
+            while rest["len"][0]:
+                got = _call(fn, fd, rest.ctypes.data, 1, offset, path)
+                offset += got
+                rest["base"] += got
+                rest["len"] -= got
+            i += 1
+
+
+def _call(fn, fd: int, address: int, k: int, offset: int, path: str) -> int:
+    """``preadv(fd, address, k, offset)``: the bytes read, at least one; ``OSError`` on failure or at end of
+    file.  Interrupted by a signal before reading anything (``EINTR``), it is called again, as ``os.preadv`` is."""
+    got = fn(fd, address, k, offset)
+    while got < 0 and ctypes.get_errno() == errno.EINTR:
+        got = fn(fd, address, k, offset)
+    if got < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    if got == 0:
+        raise OSError(f"{path}: unexpected end of file at byte {offset} (file truncated?)")
+    return got
 
 
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", None)

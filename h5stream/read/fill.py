@@ -83,6 +83,7 @@ class FillJob:
         self.done = 0  # runs of to_read read or handed to the I/O threads
         self.targets: dict[int, Pending] = {}
         self.placement = None  # where small rows land (read/scatter.py), set by RowReader.prepare
+        self.iovecs = None  # where every row lands, as addresses (read/iovec.py), set by RowReader.prepare
         self.futures: list = []
         self.head: list = []  # the futures of the first batch's runs, read first (h5stream.read.arrive)
         self.arrived = self.first_batch  # batches before this one counted as arrived (h5stream.read.arrive)

@@ -17,16 +17,18 @@ import numpy as np
 from h5stream.memory.rawio import aligned_empty
 from h5stream.concurrency.wait import Stopped
 from h5stream.read.fill import FillJob
+from h5stream.read.iovec import fill_iovecs
 from h5stream.read.runs import Run, chunk_pieces, spans
 from h5stream.read.scatter import PIECE_BYTES, SMALL_ROW_BYTES, place, placement
 from h5stream.read.source import ByteSource
 from h5stream.read.verify import BlockCheck
 from h5stream.store.meta import StoreMeta
 
-CACHE_SPAN_GAP_BYTES = 8 << 20
+CACHE_SPAN_GAP_BYTES = 1 << 20
 """Runs of a fill at most this far apart in the file are asked about together whether they are in the page
-cache: asking about the pages between them costs less than asking once more (the figures: docs/performance.md,
-"Design figures")."""
+cache: asking about the pages between them costs less than asking once more.  ``cachestat`` walks the page cache
+entry by entry: a MiB of 4 KiB pages (what a stream's own cold epoch leaves) costs about as much as a call, a MiB
+of large folios a tenth of it (the figures: docs/performance.md, "Design figures")."""
 
 
 class RowReader:
@@ -100,12 +102,20 @@ class RowReader:
 
     def prepare(self, job: FillJob) -> None:
         """Once a fill's batches are allocated: where its rows land, when they are small enough to be read a
-        piece of a run at a time and placed by numpy (:mod:`h5stream.read.scatter`).  Reader thread."""
-        job.placement = None
+        piece of a run at a time and placed by numpy (:mod:`h5stream.read.scatter`), else, from a local file and
+        where the reads need no checking, as addresses (:mod:`h5stream.read.iovec`).  Reader thread."""
+        job.placement = job.iovecs = None
+        if self._offsets is None or self._encoded is not None or not job.to_read:
+            return
         # A local file only: a URL's reads are requests, which pieces would multiply, and cost far more than rows.
-        if (self._offsets is not None and self._encoded is None and self.meta.row_bytes <= SMALL_ROW_BYTES
-                and self.meta.remote is None and job.to_read):
+        if self.meta.row_bytes <= SMALL_ROW_BYTES and self.meta.remote is None:
             job.placement = placement(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes)
+        check = self.check  # reads still to be checked need views (every read checked: always)
+        quiet = check is None or (not check.every_read and check.quiet(job.to_read[0].src, job.to_read[0].rows))
+        if job.placement is None and quiet and getattr(self._source, "reads_rows", False):  # read/iovec.py
+            iovecs = fill_iovecs(job.batch, job.offset, job.targets, job.first_batch, self.meta.row_bytes,
+                                 self._scratch)
+            job.iovecs = None if iovecs is None else (iovecs, iovecs.ctypes.data)
 
     def read_runs(self, job: FillJob, runs: Iterator[Run], lock: threading.Lock) -> tuple[float, int]:
         """Read runs taken one by one from ``runs`` (shared with the other I/O threads) until none is left;
@@ -125,6 +135,11 @@ class RowReader:
         row_bytes = self.meta.row_bytes
         if off is not None and getattr(job, "placement", None) is not None:
             self._read_placed(job, run)
+            self.progress += 1
+            return time.perf_counter() - t0, n * row_bytes
+        iovecs = getattr(job, "iovecs", None)
+        if off is not None and iovecs is not None and (self.check is None or self.check.quiet(src, n)):
+            self._source.readinto_rows(off, iovecs[0], dest, n, row_bytes, iovecs[1])  # nothing to check
             self.progress += 1
             return time.perf_counter() - t0, n * row_bytes
         targets = job.targets

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
-from h5stream.memory.rawio import preadv_all
+from h5stream.memory.rawio import can_preadv_rows, preadv_all, preadv_rows
 from h5stream.errors import ConfigError
 from h5stream.read.bounce import BOUNCE_BUFFERS, BOUNCE_BYTES, BouncePool
 from h5stream.read.pagecache import Residency
@@ -125,6 +125,16 @@ class LocalFile:
 
     def readinto(self, offset: int, buffers: Sequence[memoryview]) -> None:
         preadv_all(self._fd, buffers, offset, self.name)
+
+    def readinto_rows(self, offset: int, iovecs, first: int, count: int, row_bytes: int, address: int) -> None:
+        """:meth:`readinto` of ``count`` rows into the memory entries ``first, ...`` of an array of ``struct
+        iovec`` name (see :func:`~h5stream.memory.rawio.preadv_rows`); the caller keeps it alive."""
+        preadv_rows(self._fd, iovecs, first, count, row_bytes, offset, self.name, address)
+
+    @property
+    def reads_rows(self) -> bool:
+        """Whether :meth:`readinto_rows` can run here."""
+        return can_preadv_rows()
 
     def cached(self, offset: int, length: int) -> bool:
         """Whether ``[offset, offset + length)`` is in the page cache: every page of it where

@@ -325,6 +325,17 @@ class BlockCheck:
         for block in self.blocks(src, n):
             self.learn(block, read_block)
 
+    def quiet(self, src: int, n: int) -> bool:
+        """Whether :meth:`images` of rows ``[src, src + n)`` would check nothing: no block of them trusted, or
+        (checking each block once) every trusted one checked already.  Any thread."""
+        if self.every_read:
+            return False
+        if self._read_row_digests is None:
+            return all(self._learned[b] or not self.trusted[b] for b in self.blocks(src, n))
+        if all(self._done[b] or not self.trusted[b] for b in self.blocks(src, n)):
+            return True
+        return bool(self._checked[src:src + n].all())  # rows checked one by one (not every row of their blocks)
+
     def images(self, src: int, views: Sequence, read_block: ReadBlock) -> None:
         """Check rows ``src, src + 1, ...`` just read: ``views[i]`` holds the bytes of row ``src + i``, or is
         None for a row read but not used (not checked).  Blocks not learned yet are learned first (from these

@@ -77,7 +77,9 @@ HANDED_OUT = 2
 
 FILL_INDEX_ROW_BYTES = 48
 """Per row of a fill, besides its label: the batch and offset it lands at, its row id and file offset (int64
-each), and the temporaries of laying the fill out."""
+each), and the temporaries of laying the fill out.  A fill read into its batches by address keeps a 16-byte
+``struct iovec`` a row instead of file offsets (:mod:`h5stream.read.iovec`), within the same bytes (the rare fill
+that has both, some batches read here and some by workers, takes the temporaries' share)."""
 
 BATCH_INDEX_ROW_BYTES = 16
 """Per row of a batch, besides pixels and label: its row id and file offset (int64 each)."""
