@@ -298,6 +298,9 @@ def test_a_version_2_state_inside_a_later_epoch_finishes_it_in_its_drawn_fills_t
                             chained=chained).order()
 
     assert not np.array_equal(lay(1, None, chained=False), lay(1, None))  # the two orders differ in epoch 1
+    with h5stream.open(store, shard=(1, 2), **KW) as s:
+        with pytest.raises(ConfigError, match=r"version 2 saved inside epoch 1 .* resume=state"):
+            s.restore(v2)  # an open stream lays out today's fills: only open(resume=) finishes the drawn ones
     with h5stream.open(store, shard=(1, 2), resume=v2, **KW) as r:
         it = iter(r)
         first = _ids(next(it)[0])

@@ -186,10 +186,13 @@ class LayoutFunction:
         unless this function was made for it (``layout_function(..., resume=state)``), and for a state whose
         position or ``rows_consumed`` does not add up."""
         epoch, batch, stages, legacy = resume_point(state, self.shard or (0, 1))
-        if not self.serves(epoch, stages, legacy, drawn_fills(state, self.shard or (0, 1))):
-            raise ConfigError(f"cannot restore a state of shard count {state.get('shard_count', 1)} (or of an epoch "
-                              "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
-                              "resume=state)")
+        drawn = drawn_fills(state, self.shard or (0, 1))
+        if not self.serves(epoch, stages, legacy, drawn):
+            what = (f"a state of version {state['version']} saved inside epoch {epoch} (whose fills an earlier "
+                    "h5stream drew otherwise)" if drawn and not self.drawn else
+                    f"a state of shard count {state.get('shard_count', 1)} (or of an epoch resumed so)")
+            raise ConfigError(f"cannot restore {what} into an open stream; open it with h5stream.open(..., "
+                              "shard=..., resume=state)")
         n_batches = self.n_batches(epoch)
         if not 0 <= batch < max(n_batches, 1):
             raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
