@@ -7,9 +7,12 @@
 For each store size the plan is the one ``h5stream.open`` makes under the default budget for a store of rows of
 128x128x3 in chunks of 64 rows (what ``benchmarks.data.make_bench_file`` writes), with the default order and with
 ``piece_bytes``; the labels are class-sorted (the worst case for the class mix).  Per order: batch label TVD over a
-random permutation's (:func:`h5stream.order.quality.batch_label_tvd`), and Kendall's tau between epochs 0 and 1
-(:func:`~h5stream.order.quality.kendall_tau`) over ``--seeds`` seeds: its spread, largest value and the share of
-seeds within 0.02.
+random permutation's (:func:`h5stream.order.quality.batch_label_tvd`) in epochs 0 and 1, and Kendall's tau between
+epochs 0 and 1 (:func:`~h5stream.order.quality.kendall_tau`) over ``--seeds`` seeds: its spread, largest value and
+the share of seeds within 0.02; the largest |tau| between epochs 1 and 2 and between epochs 0 and 2 (two epochs
+apart); and the *fill repeat*: of the pairs of rows that share a fill in epoch 0, the share that share one again in
+epoch 1 (``--seeds``' mean), over the share of all pairs that share a fill in epoch 1 (1: as if independent; rows
+of one unit always move together, so above 1 for every order; a lower figure is a better mix).
 """
 
 from __future__ import annotations
@@ -44,18 +47,45 @@ def measure(meta, classes: int, batch_size: int, seeds: int, piece_bytes: int | 
     rows = meta.rows
     labels = (np.arange(rows) * classes) // rows
     plan = plan_stream(meta, None, batch_size, piece_bytes=piece_bytes, available_bytes=None, unit_bytes=unit_bytes)
-    ratios, taus = [], []
+    ratios, ratios_1, taus, later, apart, repeat = [], [], [], [], [], []
     for seed in range(seeds):
         layout = layout_function(rows, plan, seed)
-        first, second = layout(0).order(), layout(1).order()
+        layouts = [layout(e) for e in range(3)]
+        first, second, third = (lay.order() for lay in layouts)
         if seed < 3:
             random = batch_label_tvd(labels[full_random_order(rows, seed)], batch_size, classes)
             ratios.append(batch_label_tvd(labels[first], batch_size, classes) / random)
+            ratios_1.append(batch_label_tvd(labels[second], batch_size, classes) / random)
         taus.append(kendall_tau(first, second))
+        later.append(kendall_tau(second, third))
+        apart.append(kendall_tau(first, third))
+        repeat.append(fill_repeat(layouts[0], layouts[1], rows))
     taus_abs = np.abs(taus)
     return {"rows_per_fill": plan.rows_per_fill, "unit_rows": plan.unit_rows, "piece_rows": plan.piece_rows,
-            "tvd_over_random": ratios, "tau_std": float(np.std(taus)), "tau_max_abs": float(taus_abs.max()),
-            "tau_within_0_02": float(np.mean(taus_abs <= 0.02))}
+            "tvd_over_random": ratios, "tvd_over_random_epoch_1": ratios_1,
+            "tau_std": float(np.std(taus)), "tau_max_abs": float(taus_abs.max()),
+            "tau_within_0_02": float(np.mean(taus_abs <= 0.02)), "tau_1_2_max_abs": float(np.abs(later).max()),
+            "tau_0_2_max_abs": float(np.abs(apart).max()), "fill_repeat": float(np.mean(repeat))}
+
+
+def _fill_of(layout, rows: int) -> np.ndarray:
+    fill = np.empty(rows, np.int64)
+    for f in range(len(layout.fills)):
+        fill[layout.fill_row_ids(f)] = f
+    return fill
+
+
+def fill_repeat(a, b, rows: int) -> float:
+    """Of the row pairs sharing a fill in layout ``a``, the share sharing one in ``b``, over the share of all
+    pairs sharing a fill in ``b`` (see the module doc)."""
+    fa, fb = _fill_of(a, rows), _fill_of(b, rows)
+    both = np.bincount(fa * (fb.max() + 1) + fb).astype(np.float64)
+    in_a, in_b = np.bincount(fa).astype(np.float64), np.bincount(fb).astype(np.float64)
+    return (_pairs(both) / _pairs(in_a)) / (_pairs(in_b) / (rows * (rows - 1) / 2))
+
+
+def _pairs(counts: np.ndarray) -> float:
+    return float((counts * (counts - 1) / 2).sum())
 
 
 def run(args) -> dict:
@@ -79,14 +109,18 @@ def run(args) -> dict:
 
 def format_text(r: dict) -> str:
     lines = [r["command"], f"class-sorted, {r['classes']} classes, batch {r['batch_size']}, default budget; tau over "
-             f"{r['seeds']} seeds", "",
+             f"{r['seeds']} seeds (epochs 0-1; 1-2 and 0-2: largest |tau|)", "",
              f"{'store':>8} {'order':<12} {'fill':>6} {'unit':>5} {'piece':>6}  {'TVD / random (seeds 0-2)':<26}"
-             f"{'tau sd':>8} {'max|tau|':>9} {'|tau|<=0.02':>12}"]
+             f"{'epoch 1':<21}"
+             f"{'tau sd':>8} {'max|tau|':>9} {'|tau|<=0.02':>12} {'1-2 max':>8} {'0-2 max':>8} {'repeat':>7}"]
     for s in r["stores"]:
         ratios = ", ".join(f"{v:.3f}" for v in s["tvd_over_random"])
+        ratios_1 = ", ".join(f"{v:.3f}" for v in s["tvd_over_random_epoch_1"])
         lines.append(f"{s['gb']:>6g}GB {s['order']:<12} {s['rows_per_fill']:>6} {s['unit_rows']:>5} "
-                     f"{s['piece_rows'] or '-':>6}  {ratios:<26}{s['tau_std']:>8.4f} {s['tau_max_abs']:>9.4f} "
-                     f"{s['tau_within_0_02']:>11.0%}")
+                     f"{s['piece_rows'] or '-':>6}  {ratios:<26}{ratios_1:<21}"
+                     f"{s['tau_std']:>8.4f} {s['tau_max_abs']:>9.4f} "
+                     f"{s['tau_within_0_02']:>11.0%} {s['tau_1_2_max_abs']:>8.4f} {s['tau_0_2_max_abs']:>8.4f} "
+                     f"{s['fill_repeat']:>7.2f}")
     return "\n".join(lines)
 
 

@@ -15,21 +15,33 @@ Regimes, each trained from the same initial weights per seed:
   shuffle inside the chunk, cut batches; chunks in random order each epoch;
 * ``h5stream jpeg`` (with ``--encoding jpeg``) -- the same training images written as a JPEG store
   (``--quality``, default 90: each row encoded as ``h5stream ingest --encoding jpeg`` does) and streamed as
-  ``h5stream`` is, same budget and seeds: the rows the model sees are the decoded JPEGs.
+  ``h5stream`` is, same budget and seeds: the rows the model sees are the decoded JPEGs;
+* ``h5stream url`` (with ``--url http``) -- the same store served over HTTP with Range on 127.0.0.1 (the tests'
+  ``RangeServer``, ``tests/remote_servers.py``, in a process of its own) and streamed from its URL with the
+  same options as ``h5stream`` and otherwise the defaults: the local disk cache on (a new cache folder per run,
+  removed after it), the default budget with ``h5stream``'s shuffle window pinned (``rows_per_fill``: ``--budget``
+  leaves no room for the remote client, which the default budget adds on top).  A URL and its local copy with
+  the same window and unit give the same batches, which the run checks (``url_same_order``: every epoch's order
+  of the first seed).
 
 Prints a table (mean and std of test accuracy over seeds) and, with ``--json``,
 writes every figure.  Target: ``h5stream`` within 1 point of ``memory``; with
-``--encoding jpeg``, ``h5stream jpeg`` within 0.5 point of ``h5stream`` (the raw store).
+``--encoding jpeg``, ``h5stream jpeg`` within 0.5 point of ``h5stream`` (the raw store); with ``--url http``,
+``h5stream url`` within 0.5 point of ``h5stream`` (the local file).
 
     python -m benchmarks.quality --seeds 0 1 2 --epochs 4 --json quality.json
     python -m benchmarks.quality --encoding jpeg --regimes h5stream --seeds 0 1 2   # raw against JPEG q90 only
+    python -m benchmarks.quality --url http --regimes h5stream --seeds 0 1 2        # local file against its URL
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,6 +106,32 @@ def write_jpeg_store(path: str, x: np.ndarray, y: np.ndarray, *, quality: int, b
     return read_meta(path)
 
 
+@contextlib.contextmanager
+def http_served(folder: str):
+    """``http://127.0.0.1:PORT/`` serving the files of ``folder`` with Range: the tests' ``RangeServer``
+    (``tests/remote_servers.py``) in a process of its own, so that the training's threads never compete with the
+    server's for this interpreter.  Stopped (and reaped) on leaving."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from remote_servers import RangeServer\n"
+            "server = RangeServer(sys.argv[2]); print(server.url, flush=True); sys.stdin.read(); server.stop()\n")
+    server = subprocess.Popen([sys.executable, "-c", code, tests, folder], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"the HTTP server for --url http did not start (it printed {url!r})")
+        yield url
+    finally:
+        server.stdin.close()  # the server stops at the end of its input
+        try:
+            server.wait(timeout=30)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+            server.stdout.close()
+
+
 def build_model(seed: int):
     import keras
 
@@ -120,7 +158,6 @@ def chunk_batches(x, y, batch: int, chunk_rows: int, seed: int, epoch: int):
 
 
 def run(args) -> dict:
-    import keras
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -159,16 +196,51 @@ def run(args) -> dict:
         print(f"JPEG q{args.quality} store: {jmeta.file_bytes / 2**20:.1f} MiB, "
               f"{info['jpeg_bytes_per_image']:,.0f} B/image against {x_train[0].nbytes:,} raw; h5stream buffer "
               f"{jplan.rows_per_fill} rows (units of {jplan.unit_rows} rows) x {jplan.n_buffers}", flush=True)
-    regimes = list(args.regimes) + (["h5stream jpeg"] if jpeg_path else [])
+    regimes = list(args.regimes) + (["h5stream jpeg"] if jpeg_path else []) + (["h5stream url"] if args.url else [])
     results: dict[str, list[float]] = {r: [] for r in regimes}
+    with contextlib.ExitStack() as stack:
+        url = url_opts = None
+        if args.url:
+            url = stack.enter_context(http_served(tmp)) + os.path.basename(path)
+            cache = tempfile.mkdtemp(prefix="h5quality-cache-")
+            stack.callback(shutil.rmtree, cache, True)
+            url_opts = url_options(opts, plan.rows_per_fill, cache)
+            info.update(url_kind=args.url, url_same_order=same_order(path, url, opts, url_opts, args.seeds[0],
+                                                                     args.epochs))
+            print(f"over {url}: the same order as the local file in every epoch of seed {args.seeds[0]}: "
+                  f"{info['url_same_order']}", flush=True)
+        train_all(args, results, x_train, y_train, x_test, y_test, path, jpeg_path, url, opts, url_opts, chunk_rows)
+    return report(args, info, results, path, jpeg_path, tmp)
+
+
+def url_options(opts: dict, rows_per_fill: int, cache_dir: str) -> dict:
+    """The URL regime's options: the local regime's ``opts`` with its shuffle window pinned and the default budget
+    (``--budget`` leaves no room for the remote client, which comes on top of the default budget, so the default
+    budget gives a URL its local copy's window), and the default disk cache in ``cache_dir``."""
+    return {**opts, "memory_budget": None, "rows_per_fill": int(rows_per_fill), "cache_dir": cache_dir}
+
+
+def same_order(path: str, url: str, opts: dict, url_opts: dict, seed: int, epochs: int) -> bool:
+    """Whether the URL stream's order is the local file's in each of ``epochs`` epochs of ``seed``."""
+    with h5stream.open(path, **opts, seed=seed) as here, h5stream.open(url, **url_opts, seed=seed) as there:
+        return all(np.array_equal(here.epoch_order(e), there.epoch_order(e)) for e in range(epochs))
+
+
+def train_all(args, results, x_train, y_train, x_test, y_test, path, jpeg_path, url, opts, url_opts,
+              chunk_rows) -> None:
+    """Train every regime of ``results`` for every seed, appending each test accuracy to its list."""
+    import keras
+
+    sources = {"h5stream": (path, opts), "h5stream jpeg": (jpeg_path, opts), "h5stream url": (url, url_opts)}
     for seed in args.seeds:
         for regime in results:
             t0 = time.perf_counter()
             model = build_model(seed)
             if regime == "memory":
                 model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0)
-            elif regime in ("h5stream", "h5stream jpeg"):
-                with h5stream.open(path if regime == "h5stream" else jpeg_path, **opts, seed=seed) as s:
+            elif regime in sources:
+                source, options = sources[regime]
+                with h5stream.open(source, **options, seed=seed) as s:
                     model.fit(s.keras(), epochs=args.epochs, verbose=0)
             else:
                 for epoch in range(args.epochs):
@@ -179,6 +251,10 @@ def run(args) -> dict:
             print(f"  seed {seed} {regime:13s} accuracy {100 * acc:6.2f}%  ({time.perf_counter() - t0:.1f} s)",
                   flush=True)
             keras.backend.clear_session()
+
+
+def report(args, info: dict, results: dict, path: str, jpeg_path: str | None, tmp: str) -> dict:
+    """Print the table and the targets' verdicts; remove the stores; the figures as a dict."""
     summary = {k: {"accuracy": v, "mean": float(np.mean(v)), "std": float(np.std(v))} for k, v in results.items()}
     print(f"\n{'regime':13s} {'mean acc %':>10s} {'std':>6s}  per seed")
     for k, s in summary.items():
@@ -195,6 +271,12 @@ def run(args) -> dict:
               f"{'below' if jgap['mean'] > 0 else 'above'} the raw store on average (per seed: "
               + " ".join(f"{g:+.2f}" for g in jgap["per_seed"])
               + f"; target: within 0.5 point): {'met' if abs(jgap['mean']) <= 0.5 else 'MISSED'}")
+    if args.url and "h5stream" in summary:
+        ugap = out["url_gap_points"] = jpeg_gap(summary["h5stream"]["accuracy"], summary["h5stream url"]["accuracy"])
+        print(f"the store over {args.url}:// is {abs(ugap['mean']):.2f} points "
+              f"{'below' if ugap['mean'] > 0 else 'above'} the local file on average (per seed: "
+              + " ".join(f"{g:+.2f}" for g in ugap["per_seed"])
+              + f"; target: within 0.5 point): {'met' if abs(ugap['mean']) <= 0.5 else 'MISSED'}")
     for p in (path, jpeg_path):
         if p:
             os.unlink(p)
@@ -203,8 +285,8 @@ def run(args) -> dict:
 
 
 def jpeg_gap(raw: list[float], jpeg: list[float]) -> dict:
-    """Points the JPEG store's accuracy is below the raw store's: per seed (same seed, same initial weights) and
-    their mean (pure)."""
+    """Points the JPEG store's (or the URL's) accuracy is below the raw local store's: per seed (same seed, same
+    initial weights) and their mean (pure)."""
     per_seed = [100 * (r - j) for r, j in zip(raw, jpeg)]
     return {"per_seed": per_seed, "mean": float(np.mean(per_seed))}
 
@@ -223,6 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--encoding", choices=["raw", "jpeg"], default="raw",
                    help="jpeg: also train on the same images as a JPEG store (regime 'h5stream jpeg')")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality with --encoding jpeg (default 90)")
+    p.add_argument("--url", choices=["http"], default=None,
+                   help="http: also train from the store's URL on a local HTTP server (regime 'h5stream url')")
     p.add_argument("--regimes", nargs="+", choices=["memory", "h5stream", "chunk"],
                    default=["memory", "h5stream", "chunk"], help="regimes to train (default all three)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")

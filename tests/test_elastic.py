@@ -240,7 +240,7 @@ def test_a_version_1_state_finishes_its_epoch_in_its_old_order_then_the_global_o
         assert r.state()["version"] == 1  # still the old order: only this shard continues it
         rest = np.concatenate([first] + [_ids(x) for x, _ in it])
         assert np.array_equal(rest, old[80:])
-        assert r.state()["version"] == 2 and r.state()["stages"] == []
+        assert r.state()["version"] == 3 and r.state()["stages"] == []
         nxt = np.concatenate([_ids(x) for x, _ in r])
         assert np.array_equal(nxt, r.epoch_order(1)) and np.array_equal(nxt, epoch_layout(
             ROWS, 32, fill, 40, 17, 1, shard=(1, 4), unit_rows=unit).order())
@@ -282,3 +282,36 @@ def test_a_rest_that_gives_no_batch_to_the_new_shards_starts_the_next_epoch(stor
         assert sum(1 for _ in fresh) == len(fresh)
         got, want = [_ids(x) for x, _ in r], [_ids(x) for x, _ in fresh]
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_version_2_state_inside_a_later_epoch_finishes_it_in_its_drawn_fills_then_chained_fills_follow(store):
+    """States of version 2 were saved when every epoch's fills were drawn anew: inside epoch 1 such a state must
+    finish epoch 1 in that order (on its shard count or another, every row once), and epoch 2 is today's."""
+    with h5stream.open(store, shard=(1, 2), **KW) as s:
+        it = iter(s)
+        next(it), next(it)
+        v2 = {**s.state(), "epoch": 1, "version": 2}  # the same position, one epoch on, as version 2 saved it
+    fill, unit = v2["rows_per_fill"], v2["unit_rows"]
+
+    def lay(epoch, shard, stages=(), chained=True):
+        return epoch_layout(ROWS, 32, fill, 40, 17, epoch, shard=shard, unit_rows=unit, stages=stages,
+                            chained=chained).order()
+
+    assert not np.array_equal(lay(1, None, chained=False), lay(1, None))  # the two orders differ in epoch 1
+    with h5stream.open(store, shard=(1, 2), **KW) as s:
+        with pytest.raises(ConfigError, match=r"version 2 saved inside epoch 1 .* resume=state"):
+            s.restore(v2)  # an open stream lays out today's fills: only open(resume=) finishes the drawn ones
+    with h5stream.open(store, shard=(1, 2), resume=v2, **KW) as r:
+        it = iter(r)
+        first = _ids(next(it)[0])
+        assert r.state()["version"] == 2  # still the drawn fills: a later resume finishes them too
+        rest = np.concatenate([first] + [_ids(x) for x, _ in it])
+        assert np.array_equal(rest, lay(1, (1, 2), chained=False)[80:])
+        assert r.state()["version"] == 3 and r.state()["epoch"] == 2
+        assert np.array_equal(np.concatenate([_ids(x) for x, _ in r]), lay(2, (1, 2)))
+    served = [lay(1, (i, 2), chained=False)[:80] for i in range(2)]
+    for k in range(3):
+        with h5stream.open(store, shard=(k, 3), resume=v2, **KW) as r:
+            served += [_ids(x) for x, _ in r]
+    union = np.concatenate(served)
+    assert len(union) == len(np.unique(union)) == ROWS

@@ -14,16 +14,19 @@ the same for every shard count), then each shard's piece of it (step 4):
 1. **Blocks and units.**  The file is cut into blocks of ``block_rows``
    contiguous rows (the HDF5 chunk length).  A block may be cut further into
    *units* of ``unit_rows`` rows (still a contiguous read, of 1 to 4 MiB): the
-   smaller the unit, the more independent two epochs' orders are (the
-   epoch-to-epoch rank correlation shrinks like ``1/sqrt(units)``).
+   smaller the unit, the more places of the file a fill mixes.
 2. **Fills.**  The units, sorted by file position, are dealt into *fills*:
    groups that together fit the shuffle buffer (``rows_per_fill``).  To make
    every fill a miniature of the whole epoch, the units are split into
-   contiguous *strata* of ``n_fills`` units each, each stratum is permuted with
-   ``(seed, epoch)``, and fill ``f`` takes the ``f``-th unit of every stratum
-   (stratified sampling by file position).  On a class-sorted file every fill
-   then holds every class in proportion, which a plain random choice of blocks
-   does not give.
+   contiguous *strata* of ``n_fills`` units each, and every stratum gives one
+   unit to every fill (stratified sampling by file position).  On a
+   class-sorted file every fill then holds every class in proportion, which a
+   plain random choice of blocks does not give.  Which unit goes to which fill
+   is chained from epoch to epoch (:func:`~h5stream.order.strata.chained_fills`):
+   each fill's units are spread evenly over the next epoch's fills, so two
+   consecutive epochs' orders are uncorrelated on every seed, not only on
+   average.  Epoch 0 is what a fresh random permutation of every stratum
+   (:func:`fill_schedule`, the order of states of version 1 and 2) gives.
 3. **Rows.**  Inside a fill, rows are permuted with ``(seed, epoch, fill)``.
    The global order is the fills' permutations end to end.
 4. **Shards.**  Shard ``(index, count)`` serves one contiguous piece of the
@@ -64,6 +67,7 @@ import numpy as np
 
 from h5stream.errors import ConfigError
 from h5stream.order.pieces import batch_sizes, piece, rest_of_epoch
+from h5stream.order.strata import chained_fills
 from h5stream.order.twolevel import WINDOW_PIECES, two_level_fills
 
 __all__ = ["EpochLayout", "batch_sizes", "check_shard", "epoch_layout", "fill_schedule", "shard_layout",
@@ -227,7 +231,7 @@ class EpochLayout:
 
 def _whole_epoch(rows: int, block_rows: int, rows_per_fill: int, seed: int, epoch: int, shuffle: bool,
                  unit_rows: int | None, start_row: int, piece_rows: int | None = None,
-                 window_pieces: int = WINDOW_PIECES) -> EpochLayout:
+                 window_pieces: int = WINDOW_PIECES, chained: bool = True) -> EpochLayout:
     """The global order: rows ``[start_row, rows)`` laid out as one shard (no batches yet); with
     ``piece_rows``, by the two-level scheme of :mod:`h5stream.order.twolevel`."""
     unit = block_rows if unit_rows is None else int(unit_rows)
@@ -236,6 +240,8 @@ def _whole_epoch(rows: int, block_rows: int, rows_per_fill: int, seed: int, epoc
     segments = shard_segments(rows, block_rows, seed, epoch, (0, 1), shuffle, unit, start_row)
     if piece_rows is not None and shuffle:
         fills = two_level_fills(segments, rows_per_fill, unit, int(piece_rows), seed, epoch, window_pieces)
+    elif shuffle and chained:
+        fills = chained_fills(len(segments), rows_per_fill // unit, seed, epoch)
     else:
         fills = fill_schedule(len(segments), rows_per_fill // unit, seed, epoch, 0, shuffle)
     lengths = segments[:, 1] - segments[:, 0]
@@ -273,19 +279,21 @@ def _view(whole: EpochLayout, part, sizes: np.ndarray) -> EpochLayout:
 def epoch_layout(rows: int, block_rows: int, rows_per_fill: int, batch_size: int, seed: int, epoch: int,
                  shard=None, shuffle: bool = True, drop_remainder: bool = False,
                  unit_rows: int | None = None, start_row: int = 0, stages=(), piece_rows: int | None = None,
-                 window_pieces: int = WINDOW_PIECES) -> EpochLayout:
+                 window_pieces: int = WINDOW_PIECES, chained: bool = True) -> EpochLayout:
     """Lay out one epoch of one shard over rows ``[start_row, rows)``: its piece of the epoch's global order.
 
     ``rows_per_fill`` is the shuffle buffer's capacity in rows; ``unit_rows`` (a divisor of ``block_rows``,
     default the block) is the piece that moves between fills; ``stages`` (pairs ``(count, batches)``, see
     :mod:`h5stream.order.pieces`) are what other rank counts served of this epoch before: the shard's piece is
     then one of the rest.  ``piece_rows`` (a multiple of ``block_rows``; None: the one-level order) orders
-    the epoch by :mod:`h5stream.order.twolevel`, units spread over ``window_pieces`` pieces.  Raises
-    :class:`ConfigError` for values that give no layout.
+    the epoch by :mod:`h5stream.order.twolevel`, units spread over ``window_pieces`` pieces.  ``chained=False``
+    deals the one-level order's fills by the per-epoch draw of :func:`fill_schedule` (the order of states of
+    version 1 and 2) instead of :func:`~h5stream.order.strata.chained_fills`.  Raises :class:`ConfigError` for
+    values that give no layout.
     """
     index, count = check_shard(shard)
     whole = _whole_epoch(rows, block_rows, rows_per_fill, seed, epoch, shuffle, unit_rows, start_row,
-                         piece_rows, window_pieces)
+                         piece_rows, window_pieces, chained)
     rest = rest_of_epoch(rows - start_row, batch_size, drop_remainder, stages)
     part, sizes = piece(rest, index, count, batch_size, drop_remainder)
     return _view(whole, part, sizes)

@@ -82,9 +82,9 @@ def gather_facts(meta: StoreMeta, options: StreamOptions) -> Facts:
                  chunk_cache_bytes=check_chunks(meta), available_bytes=available_memory_bytes())
 
 
-STATE_VERSIONS = (1, 2)
-"""States ``resume=`` takes: 2, and 1 (before the epoch order was one for every shard count; see
-:func:`resume_point`)."""
+STATE_VERSIONS = (1, 2, 3)
+"""States ``resume=`` takes: 3; 2 (before each epoch's fills were chained to the last epoch's, see
+:func:`drawn_fills`); and 1 (before the epoch order was one for every shard count; see :func:`resume_point`)."""
 
 
 def resume_point(state: dict, shard) -> tuple[int, int, tuple[tuple[int, int], ...], bool]:
@@ -115,6 +115,16 @@ def resume_point(state: dict, shard) -> tuple[int, int, tuple[tuple[int, int], .
     return epoch, batch, stages, False
 
 
+def drawn_fills(state: dict, shard) -> bool:
+    """Whether the epoch ``state`` left part-served must finish in the order of states of version 1 and 2, whose
+    fills were drawn anew every epoch (:func:`~h5stream.order.epoch.fill_schedule`) where today each epoch's are
+    chained to the last one's (:mod:`h5stream.order.strata`): a state of before, saved inside an epoch after the
+    first (epoch 0 is the same in both).  A version-1 state of the shard-count order (``legacy``) has its own.
+    Pure."""
+    epoch, batch, stages, legacy = resume_point(state, shard)
+    return int(state["version"]) < 3 and epoch >= 1 and bool(batch or stages) and not legacy
+
+
 @dataclasses.dataclass(frozen=True)
 class LayoutFunction:
     """``epoch -> EpochLayout`` for a stream of rows ``[start_row, rows)``: plain values (picklable, for a feeder
@@ -122,7 +132,8 @@ class LayoutFunction:
 
     ``resumed_epoch`` (-1: none) is the epoch a resumed state left part-served: ``stages`` says what other
     shard counts served of it (its layout is the rest's piece), ``legacy`` that it is a version-1 state's
-    epoch (:func:`~h5stream.order.epoch.shard_layout`).  Every other epoch is a plain one.
+    epoch (:func:`~h5stream.order.epoch.shard_layout`), ``drawn`` that its fills are drawn as a state of version
+    1 or 2 had them (:func:`drawn_fills`).  Every other epoch is a plain one.
     """
 
     rows: int
@@ -139,11 +150,13 @@ class LayoutFunction:
     stages: tuple[tuple[int, int], ...] = ()
     legacy: bool = False
     piece_rows: int = 0  # the two-level order's pieces (0: the one-level order)
+    drawn: bool = False
 
     def __call__(self, epoch: int) -> EpochLayout:
         make = shard_layout if (self.legacy and epoch == self.resumed_epoch) else epoch_layout
         extra = {} if make is shard_layout else {"stages": self.stages_of(epoch),
-                                                 "piece_rows": self.piece_rows or None}
+                                                 "piece_rows": self.piece_rows or None,
+                                                 "chained": not (self.drawn and epoch == self.resumed_epoch)}
         return make(self.rows, self.block_rows, self.rows_per_fill, self.batch_size, self.seed, epoch,
                     shard=self.shard, shuffle=self.shuffle, drop_remainder=self.drop_remainder,
                     unit_rows=self.unit_rows, start_row=self.start_row, **extra)
@@ -159,11 +172,12 @@ class LayoutFunction:
                              self.stages_of(epoch))
         return len(piece(rest, index, count, self.batch_size, self.drop_remainder)[1])
 
-    def serves(self, epoch: int, stages, legacy: bool) -> bool:
-        """Whether this function lays ``epoch`` out as a stream resumed at ``(epoch, stages, legacy)`` needs."""
-        special = bool(stages) or legacy
+    def serves(self, epoch: int, stages, legacy: bool, drawn: bool = False) -> bool:
+        """Whether this function lays ``epoch`` out as a stream resumed at ``(epoch, stages, legacy, drawn)``
+        needs."""
+        special = bool(stages) or legacy or drawn
         if epoch == self.resumed_epoch:
-            return (tuple(stages), legacy) == (self.stages, self.legacy)
+            return (tuple(stages), legacy, drawn) == (self.stages, self.legacy, self.drawn)
         return not special
 
     def position(self, state: dict) -> tuple[int, int]:
@@ -172,10 +186,13 @@ class LayoutFunction:
         unless this function was made for it (``layout_function(..., resume=state)``), and for a state whose
         position or ``rows_consumed`` does not add up."""
         epoch, batch, stages, legacy = resume_point(state, self.shard or (0, 1))
-        if not self.serves(epoch, stages, legacy):
-            raise ConfigError(f"cannot restore a state of shard count {state.get('shard_count', 1)} (or of an epoch "
-                              "resumed so) into an open stream; open it with h5stream.open(..., shard=..., "
-                              "resume=state)")
+        drawn = drawn_fills(state, self.shard or (0, 1))
+        if not self.serves(epoch, stages, legacy, drawn):
+            what = (f"a state of version {state['version']} saved inside epoch {epoch} (whose fills an earlier "
+                    "h5stream drew otherwise)" if drawn and not self.drawn else
+                    f"a state of shard count {state.get('shard_count', 1)} (or of an epoch resumed so)")
+            raise ConfigError(f"cannot restore {what} into an open stream; open it with h5stream.open(..., "
+                              "shard=..., resume=state)")
         n_batches = self.n_batches(epoch)
         if not 0 <= batch < max(n_batches, 1):
             raise ConfigError(f"cannot resume at epoch={epoch}, batch={batch}: that epoch has {n_batches} batches")
@@ -195,7 +212,8 @@ class LayoutFunction:
             return {"version": 1}  # still the version-1 order: only the same shard continues it
         stages = self.stages_of(epoch)
         done = stages + (((count, batch),) if batch else ())
-        return {"version": 2, "stages": [list(s) for s in stages],
+        drawn = self.drawn and epoch == self.resumed_epoch  # still the version-2 order of fills
+        return {"version": 2 if drawn else 3, "stages": [list(s) for s in stages],
                 "rows_consumed": rows_served(self.rows - self.start_row, self.batch_size, self.drop_remainder,
                                              done)}
 
@@ -205,13 +223,14 @@ def layout_function(rows: int, plan: StreamPlan, seed: int, shard=None, shuffle:
     """The :class:`LayoutFunction` of rows ``[start_row, rows)`` under ``plan``, continuing the state ``resume``
     (if any, see :func:`resume_point`; what is no state is left to ``Stream.restore`` to refuse).  Pure."""
     shard = (0, 1) if shard is None else tuple(int(v) for v in shard)
-    resumed, stages, legacy = -1, (), False
+    resumed, stages, legacy, drawn = -1, (), False, False
     if resume is not None:
         epoch, _, stages, legacy = resume_point(resume, shard)
-        resumed = epoch if (stages or legacy) else -1
+        drawn = drawn_fills(resume, shard)
+        resumed = epoch if (stages or legacy or drawn) else -1
     return LayoutFunction(rows, plan.block_rows, plan.rows_per_fill, plan.batch_size, plan.unit_rows, seed,
                           shard, bool(shuffle), bool(drop_remainder), start_row, resumed, stages, legacy,
-                          plan.piece_rows)
+                          plan.piece_rows, drawn)
 
 
 @dataclasses.dataclass(frozen=True)

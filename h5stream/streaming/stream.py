@@ -31,7 +31,7 @@ from h5stream.order.epoch import EpochLayout
 from h5stream.store.partset import read_any
 from h5stream.store.progress import warn_uncommitted, warn_unfinished
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 _LAYOUT_KEYS = ("rows", "row_start", "row_stop", "batch_size", "rows_per_fill", "unit_rows", "piece_rows",
                 "shuffle", "drop_remainder")
 
