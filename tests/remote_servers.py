@@ -129,6 +129,10 @@ class RangeServer(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+    # Connections the kernel holds until the serving thread accepts them. socketserver's default, 5, is fewer than
+    # a stream keeps in flight: while the test's own thread holds the GIL, the rest of a burst of connections
+    # waited for SYN retransmits (1 s, 3 s, ...) and a client could give up before it was accepted.
+    request_queue_size = 128
 
     def __init__(self, root: str | os.PathLike):
         super().__init__(("127.0.0.1", 0), _Handler)

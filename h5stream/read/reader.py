@@ -64,7 +64,8 @@ from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamCl
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.arrive import arrive, head_first
 from h5stream.read.locate import direct_reads, images_dataset, locate
-from h5stream.read.fill import Batch, Failure, FillJob, IOThreads, Pending
+from h5stream.read.batches import Batches
+from h5stream.read.fill import Batch, Failure, FillJob, IOThreads
 from h5stream.read.rows import RowReader
 from h5stream.read.runs import placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, open_source
@@ -148,7 +149,6 @@ class Reader:
         self._queue = Channel(queue_depth, queue_resume_at)
         self._stop = stop or threading.Event()
         self._start = (int(start_epoch), int(start_batch))
-        self._allocate = allocate
         self._cache_labels = bool(cache_labels)
         self._verify = verify if verify == "once" else bool(verify)
         self._check: BlockCheck | None = None  # set by the reader thread when the store has digests to check
@@ -162,10 +162,7 @@ class Reader:
         self._rows: RowReader | None = None  # what it reads rows and labels with
         self._io: IOThreads | None = None
         self._io_threads = 0
-        # Batches being assembled and handed out, owned by the reader thread:
-        self._pending: dict[tuple[int, int], Pending] = {}
-        self._bounds: dict[int, np.ndarray] = {}  # epoch -> its batch boundaries
-        self._next_emit: tuple[int, int] | None = None  # the next batch to hand out
+        self._batches = Batches(allocate, meta.encoded)  # being assembled and handed out: the reader thread's
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
         self._error: BaseException | None = None  # what get raised; the reader is stopped from then on
@@ -357,12 +354,12 @@ class Reader:
     def _jobs(self) -> Iterator[FillJob]:
         """Fill jobs in reading order, epoch after epoch, from the start position.  Reader thread."""
         epoch, first_batch = self._start
-        self._next_emit = (epoch, first_batch)
+        self._batches.start_at(epoch, first_batch)
         while True:
             layout = self._layout(epoch)
             bounds = np.concatenate([[0], np.cumsum(layout.batch_sizes)])
             fill_bounds = np.concatenate([[0], np.cumsum(layout.fill_used)])  # epoch positions of the fills
-            self._bounds[epoch] = bounds
+            self._batches.add_epoch(epoch, bounds)
             first_fill = int(np.searchsorted(fill_bounds, bounds[first_batch], side="right")) - 1
             for fill in range(first_fill, len(layout.fills)):
                 if fill_bounds[fill] >= bounds[-1]:
@@ -376,7 +373,7 @@ class Reader:
                 runs = self._plan(segments) if self._plan is not None else \
                     plan_runs(segments, self._offsets, self.meta.block_rows, self.meta.row_bytes)
                 yield FillJob(epoch, batch, offset, row_ids, labels, runs, permutation)
-            self._bounds.pop(epoch - 2, None)
+            self._batches.planned(epoch)
             epoch, first_batch = epoch + 1, 0
 
     def _pump(self) -> None:
@@ -409,44 +406,12 @@ class Reader:
             nxt = after
 
     def _ready(self) -> list[tuple[int, int]]:
-        """Complete batches that can go out now, in order (stops at the first incomplete one).  Reader thread."""
-        out = []
-        epoch, j = self._next_emit
-        while True:
-            bounds = self._bounds.get(epoch)
-            if bounds is not None and j >= len(bounds) - 1:
-                epoch, j = epoch + 1, 0
-                continue
-            p = self._pending.get((epoch, j))
-            if p is None or p.missing:
-                break
-            out.append((epoch, j))
-            j += 1
-        self._next_emit = (epoch, j)
-        return out
+        """Complete batches that can go out now, in order.  Reader thread."""
+        return self._batches.ready()
 
     def _emit(self, key) -> None:
         """Hand batch ``key`` on to the queue.  Reader thread."""
-        p = self._pending.pop(key)
-        self._put(p.batch)
-
-    def _batch(self, epoch: int, j: int, images: bool = True) -> Pending:
-        """The batch ``(epoch, j)`` being assembled, allocated on first use (with or without images).  Reader
-        thread."""
-        key = (epoch, j)
-        p = self._pending.get(key)
-        if p is None:
-            bounds = self._bounds[epoch]
-            n = int(bounds[j + 1] - bounds[j])
-            x, y, slot = self._allocate(n, images)
-            offsets = None if images else np.empty(n, np.int64)
-            checks = None
-            if not images and self._check is not None and (self._check.every_read or self._check.by_row):
-                checks = (np.zeros(n, np.uint64), np.zeros(n, bool))
-            p = self._pending[key] = Pending(Batch(epoch, j, x, y, np.empty(n, np.int64), slot, offsets, checks), n)
-            if self.meta.encoded:
-                p.batch.encoded_lengths = np.empty(n, np.int64)
-        return p
+        self._put(self._batches.take(key))
 
     # -- one fill ------------------------------------------------------------------
     def _start_fill(self, job: FillJob, first: bool = False) -> None:
@@ -467,7 +432,7 @@ class Reader:
         self._counts["advised_bytes"] = self._rows.advised_bytes
         deferred = self.defer_pixels and not missing
         for j in range(job.first_batch, job.first_batch + job.n_batches):  # the fill's batches, in order
-            job.targets[j] = self._batch(job.epoch, j, images=not deferred)
+            job.targets[j] = self._batches.get(job.epoch, j, not deferred, self._check)
         self._counts["fills"] += 1
         if self.defer_pixels:
             with_images = [j for j, t in job.targets.items() if t.rows is not None]
