@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -112,24 +111,13 @@ def http_served(folder: str):
     (``tests/remote_servers.py``) in a process of its own, so that the training's threads never compete with the
     server's for this interpreter.  Stopped (and reaped) on leaving."""
     tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from remote_servers import RangeServer\n"
-            "server = RangeServer(sys.argv[2]); print(server.url, flush=True); sys.stdin.read(); server.stop()\n")
-    server = subprocess.Popen([sys.executable, "-c", code, tests, folder], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    sys.path.insert(0, tests)
     try:
-        url = server.stdout.readline().strip()
-        if not url.startswith("http://127.0.0.1:"):
-            raise RuntimeError(f"the HTTP server for --url http did not start (it printed {url!r})")
-        yield url
+        from remote_servers import RangeServerProcess
     finally:
-        server.stdin.close()  # the server stops at the end of its input
-        try:
-            server.wait(timeout=30)
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
-            server.stdout.close()
+        sys.path.remove(tests)
+    with RangeServerProcess(folder) as server:
+        yield server.url
 
 
 def build_model(seed: int):

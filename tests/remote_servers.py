@@ -268,3 +268,61 @@ class PlainHTTPServer:
             self.process.kill()
         self.process.wait()
         self.process.stdout.close()
+
+
+_SERVE_IN_PROCESS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from remote_servers import RangeServer
+server = RangeServer(sys.argv[2])
+print(server.url, flush=True)
+for line in sys.stdin:  # one command a line, answered "ok" once in force; the end of input stops it
+    name, *args = line.split()
+    getattr(server, name)(*map(int, args))
+    print("ok", flush=True)
+server.stop()
+"""
+
+
+class RangeServerProcess:
+    """A :class:`RangeServer` over ``root`` in a process of its own, so that nothing the test's interpreter does
+    (its threads, its GIL, what earlier tests left in it) slows or stops the serving.  ``url`` as the server's;
+    :meth:`cut_every` is passed on and in force when it returns; :meth:`stop` ends the process and reaps it
+    (idempotent); a context manager."""
+
+    def __init__(self, root: str | os.PathLike):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.process = subprocess.Popen([sys.executable, "-c", _SERVE_IN_PROCESS, here, str(root)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"the HTTP range server did not start (it printed {self.url!r})")
+
+    def _command(self, *words) -> None:
+        self.process.stdin.write(" ".join(map(str, words)) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline().strip()
+        if answer != "ok":
+            raise RuntimeError(f"the HTTP range server did not take {' '.join(map(str, words))!r}: {answer!r}")
+
+    def cut_every(self, after_bytes: int) -> None:
+        self._command("cut_every", after_bytes)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()  # the server stops at the end of its input
+                self.process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
+
+    def __enter__(self) -> RangeServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -254,32 +254,17 @@ def test_a_compressed_part_being_written_is_refused_in_one_line_naming_it(tmp_pa
 def test_compressed_parts_at_urls_stream_the_batches_of_one_compressed_store(mixed_set, tmp_path):
     pytest.importorskip("obstore")
     import shutil
-    import subprocess
-    import sys
+
+    from remote_servers import RangeServerProcess
 
     parts, whole = mixed_set
     for p in parts:
         shutil.copy(p, tmp_path)
     # The server runs in a process of its own: HDF5 reads a compressed part at a URL in many small requests, and
     # the test's own threads (the reader's, HDF5's) then never compete with the server's for this interpreter.
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from remote_servers import RangeServer\n"
-            "server = RangeServer(sys.argv[2]); print(server.url, flush=True); sys.stdin.read(); server.stop()\n")
-    server = subprocess.Popen([sys.executable, "-c", code, here, str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        url = server.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), url
+    with RangeServerProcess(tmp_path) as server:
         kw = dict(batch_size=24, seed=6, rows_per_fill=64, verify_reads=True, cache_dir=None, timeout_s=120,
                   remote=h5stream.RemoteOptions(timeout_s=120))
-        urls = [url + os.path.basename(p) for p in parts]
+        urls = [server.url + os.path.basename(p) for p in parts]
         _same(_batches(urls, **kw), _batches(whole, **kw))
         _same(_batches([urls[0], parts[1], urls[2]], **kw), _batches(whole, **kw))  # local and URL parts mixed
-    finally:
-        server.stdin.close()  # the server stops at the end of its input
-        try:
-            server.wait(timeout=30)
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()

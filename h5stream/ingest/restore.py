@@ -30,6 +30,7 @@ from h5stream.ingest.append import schema_background
 from h5stream.ingest.spec import DecodeSpec
 from h5stream.store import coverage, pathrows, schema
 from h5stream.store.checksum import digest, tail_from_json
+from h5stream.store.durable import write_in_place
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,7 @@ def _restore(path: str, root: str, spec: DecodeSpec, start: int, stop: int, relp
     if digest(block) != want:
         return Outcome(start, stop, False, "decoded again, their files give other bytes than were ingested (changed "
                                            "since, or decoded by other library versions)")
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        data = block.tobytes()
-        written = 0
-        while written < len(data):
-            written += os.pwrite(fd, data[written:], at + written)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_in_place(path, [(at, block)])
     return Outcome(start, stop, True)
 
 

@@ -14,7 +14,6 @@ any left damaged and mends them again.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -33,6 +32,7 @@ def mend(path: str, blocks) -> int:
     ``/row_digests`` is not stored as one contiguous uncompressed chunk per block."""
     import h5py
 
+    from h5stream.store.durable import write_in_place
     from h5stream.store.encoded import EncodedArray
     from h5stream.store.meta import read_meta
     from h5stream.store.rowread import readable_by_h5py, row_reader
@@ -67,14 +67,5 @@ def mend(path: str, blocks) -> int:
                        for b in blocks]
         finally:
             source.close()
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        for at, sums in zip(places, digests):
-            data = np.ascontiguousarray(sums, stored).tobytes()
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], at + written)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_in_place(path, [(at, np.ascontiguousarray(sums, stored)) for at, sums in zip(places, digests)])
     return sum(b.stop - b.start for b in blocks)
