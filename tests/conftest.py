@@ -276,17 +276,16 @@ def served_store(request, remote_store_file):
 
 @pytest.fixture
 def range_server(tmp_path, remote_store_file):
-    """An HTTP server with Range over a folder holding ``store.h5`` (a copy of :func:`remote_store_file`);
-    stopped after the test."""
+    """An HTTP server with Range over a folder holding ``store.h5`` (a copy of :func:`remote_store_file`), in a
+    process of its own (:class:`~remote_servers.RangeServerProcess`); stopped after the test."""
     pytest.importorskip("obstore")
-    from remote_servers import RangeServer
+    from remote_servers import RangeServerProcess
 
     root = tmp_path / "www"
     root.mkdir()
     shutil.copyfile(remote_store_file, root / "store.h5")
-    server = RangeServer(root)
-    yield server
-    server.stop()
+    with RangeServerProcess(root) as server:  # in a process of its own, as a real server is
+        yield server
 
 
 def unprivileged_argv() -> list[str] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import email.utils
 import http.server
+import json
 import os
 import re
 import socket
@@ -270,46 +271,100 @@ class PlainHTTPServer:
         self.process.stdout.close()
 
 
+
 _SERVE_IN_PROCESS = """
-import sys
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from remote_servers import RangeServer
 server = RangeServer(sys.argv[2])
-print(server.url, flush=True)
-for line in sys.stdin:  # one command a line, answered "ok" once in force; the end of input stops it
-    name, *args = line.split()
-    getattr(server, name)(*map(int, args))
-    print("ok", flush=True)
+print(json.dumps(server.url), flush=True)
+for line in sys.stdin:  # one call a line, answered with its result (JSON) once done; the end of input stops it
+    name, args, kwargs = json.loads(line)
+    if name == "stalled_wait":
+        out = server.stalled.wait(*args)
+    elif name == "stalled_is_set":
+        out = server.stalled.is_set()
+    elif name == "require_header":
+        server.required_headers[args[0]] = args[1]
+        out = None
+    elif name in ("requests", "ranges"):
+        out = dict(server.requests) if name == "requests" else list(server.ranges)
+    else:
+        out = getattr(server, name)(*args, **kwargs)
+    print(json.dumps(out), flush=True)
 server.stop()
 """
 
 
+class _Stalled:
+    """``server.stalled`` of a :class:`RangeServerProcess`: ``wait(timeout)`` and ``is_set()``."""
+
+    def __init__(self, server: RangeServerProcess):
+        self._server = server
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._server.call("stalled_wait", timeout)
+
+    def is_set(self) -> bool:
+        return self._server.call("stalled_is_set")
+
+
+class _Headers:
+    """``server.required_headers`` of a :class:`RangeServerProcess`: set items only."""
+
+    def __init__(self, server: RangeServerProcess):
+        self._server = server
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._server.call("require_header", key, value)
+
+
 class RangeServerProcess:
-    """A :class:`RangeServer` over ``root`` in a process of its own, so that nothing the test's interpreter does
-    (its threads, its GIL, what earlier tests left in it) slows or stops the serving.  ``url`` as the server's;
-    :meth:`cut_every` is passed on and in force when it returns; :meth:`stop` ends the process and reaps it
-    (idempotent); a context manager."""
+    """A :class:`RangeServer` over ``root`` in a process of its own, used as one in this process: nothing the
+    test's interpreter does (its threads, a client library holding its GIL, what earlier tests left in it) can slow
+    or stop the serving, as nothing in a client's process does to a real server.  Each method call (``fail_next``,
+    ``cut_every``, ``stall_bytes``, ``stop``...) is made in the server's process and is in force when it returns;
+    ``requests`` and ``ranges`` are read from it; ``stalled`` waits on it.  :meth:`close` ends the process and
+    reaps it (idempotent); a context manager."""
 
     def __init__(self, root: str | os.PathLike):
         here = os.path.dirname(os.path.abspath(__file__))
+        self.root = Path(root)
         self.process = subprocess.Popen([sys.executable, "-c", _SERVE_IN_PROCESS, here, str(root)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.url = self.process.stdout.readline().strip()
-        if not self.url.startswith("http://127.0.0.1:"):
-            self.stop()
-            raise RuntimeError(f"the HTTP range server did not start (it printed {self.url!r})")
+        first = self.process.stdout.readline().strip()
+        self.url = json.loads(first) if first.startswith('"') else first
+        if not str(self.url).startswith("http://127.0.0.1:"):
+            self.close()
+            raise RuntimeError(f"the HTTP range server did not start (it printed {first!r})")
+        self.server_address = ("127.0.0.1", int(self.url.rstrip("/").rsplit(":", 1)[1]))
+        self.stalled = _Stalled(self)
+        self.required_headers = _Headers(self)
 
-    def _command(self, *words) -> None:
-        self.process.stdin.write(" ".join(map(str, words)) + "\n")
+    def call(self, name: str, *args, **kwargs):
+        """``name(*args, **kwargs)`` in the server's process; its result."""
+        self.process.stdin.write(json.dumps([name, args, kwargs]) + "\n")
         self.process.stdin.flush()
-        answer = self.process.stdout.readline().strip()
-        if answer != "ok":
-            raise RuntimeError(f"the HTTP range server did not take {' '.join(map(str, words))!r}: {answer!r}")
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the HTTP range server ended before it answered {name}{args}")
+        return json.loads(answer)
 
-    def cut_every(self, after_bytes: int) -> None:
-        self._command("cut_every", after_bytes)
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name in ("process", "root", "url", "server_address", "stalled",
+                                            "required_headers"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
 
-    def stop(self) -> None:
+    @property
+    def requests(self) -> dict:
+        return self.call("requests")
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        return [tuple(r) for r in self.call("ranges")]
+
+    def close(self) -> None:
         if self.process.poll() is None:
             try:
                 self.process.stdin.close()  # the server stops at the end of its input
@@ -325,4 +380,4 @@ class RangeServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.close()
