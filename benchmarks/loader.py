@@ -92,11 +92,9 @@ def large_folio_share(path: str, samples: int = 4096) -> float | None:
 def reread(path: str) -> None:
     """Drop ``path`` from the page cache, then read it sequentially (the kernel's read-ahead makes large folios
     where the file system has them)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    from h5stream.measure.cold import evict_from_page_cache
+
+    evict_from_page_cache(path)
     warm(path)
 
 

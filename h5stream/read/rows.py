@@ -137,7 +137,7 @@ class RowReader:
             self._read_placed(job, run)
             self.progress += 1
             return time.perf_counter() - t0, n * row_bytes
-        iovecs = getattr(job, "iovecs", None)
+        iovecs = job.iovecs
         if off is not None and iovecs is not None and (self.check is None or self.check.quiet(src, n)):
             self._source.readinto_rows(off, iovecs[0], dest, n, row_bytes, iovecs[1])  # nothing to check
             self.progress += 1
