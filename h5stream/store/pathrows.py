@@ -30,6 +30,7 @@ import struct
 import numpy as np
 import xxhash
 
+from h5stream.errors import ConfigError
 from h5stream.store import schema
 
 #: Rows of ``/path_ends`` and bytes of ``/path_bytes`` per HDF5 chunk, 16 KiB each (the last chunk is allocated
@@ -197,3 +198,20 @@ def truncate(root, rows: int) -> None:
     keep = int(ends_arr.read(rows - 1, rows)[0]) if rows else 0
     if bytes_arr.nrows > keep:
         bytes_arr.truncate(keep)
+
+
+def stored(paths, vlen: bool):
+    """``paths`` (strings, or a :class:`PathRows`) as a store keeps them (pure): a :class:`PathRows` (any length)
+    where ``vlen``, else a format-1 store's fixed-width array (ConfigError for a path too long for it)."""
+    if isinstance(paths, PathRows):
+        if vlen:
+            return paths
+        paths = [schema.decode_path(b) for b in paths.to_bytes()]
+    raw = schema.encode_paths(paths)
+    if vlen:
+        return PathRows.from_bytes(raw)
+    if max(map(len, raw), default=0) > schema.PATH_BYTES:
+        too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
+        raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes, the most this "
+                          "store's fixed-width /paths holds (a new store has no limit)")
+    return np.array(raw, dtype=f"S{schema.PATH_BYTES}")

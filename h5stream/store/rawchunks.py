@@ -199,3 +199,10 @@ class RawChunks:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def writes_whole_chunks(arr) -> bool:
+    """Whether whole blocks of the PyTables array ``arr`` may be written as raw chunks: no filter changes their
+    bytes, and a chunk holds whole rows (pure over the array's layout)."""
+    f = arr.filters
+    return not f.complevel and not f.fletcher32 and tuple(arr.chunkshape[1:]) == tuple(arr.shape[1:])

@@ -44,7 +44,7 @@ from h5stream.store.create import COMPRESSIONS, filters, new_store_attrs, write_
 from h5stream.store.handle import CREATING_SUFFIX, creating_path
 from h5stream.store.lock import StoreLock
 from h5stream.store.meta import StoreMeta, read_meta
-from h5stream.store.rawchunks import RawChunks
+from h5stream.store.rawchunks import RawChunks, writes_whole_chunks
 from h5stream.store.space import space_for
 
 #: Labels and paths of appended rows wait for the next commit, or until this many rows wait.
@@ -79,7 +79,7 @@ class StoreWriter(DurableFile):
         self.paths = root._f_get_child(pathrows.row_node(root))
         self._path_bytes = root._f_get_child(schema.PATH_BYTES_NODE) if self._vlen_paths else None
         self.encoding = encoded.encoding_of(root._v_attrs)
-        self._whole_chunks = self.encoding == schema.ENCODING_RAW and _writes_whole_chunks(self.images)
+        self._whole_chunks = self.encoding == schema.ENCODING_RAW and writes_whole_chunks(self.images)
         self._pending: list[tuple] = []  # (labels, encoded paths, row digests or None) appended, not written
         self._pending_rows = 0
         self._hasher: checksum.BlockHasher | None = None  # None: a store without checksums
@@ -272,7 +272,7 @@ class StoreWriter(DurableFile):
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        encoded = self._stored_paths(paths)
+        encoded = pathrows.stored(paths, self._vlen_paths)
 
         self._write_guarded(space_for((self.images,), n), lambda: self._append_images(images))
         if wait:
@@ -300,27 +300,10 @@ class StoreWriter(DurableFile):
             raise ConfigError(f"labels must have shape {(n, *self.labels.shape[1:])}, got {labels.shape}")
         if len(paths) != n:
             raise ConfigError(f"{n} images but {len(paths)} paths")
-        stored = self._stored_paths(paths)
+        stored = pathrows.stored(paths, self._vlen_paths)
         nbytes = space_for((self.images.data,), len(rows.data)) + space_for((self.images.ends,), n)
         self._write_guarded(nbytes, lambda: self.images.append(rows))
         self._hash_and_queue(rows, labels, stored)
-
-    def _stored_paths(self, paths: Sequence[str]):
-        """``paths`` as this store keeps them: :class:`~h5stream.store.pathrows.PathRows` (any length), or a
-        format-1 store's fixed-width array (ConfigError for one too long for it); ``paths`` may be a
-        :class:`~h5stream.store.pathrows.PathRows` already."""
-        if isinstance(paths, pathrows.PathRows):
-            if self._vlen_paths:
-                return paths
-            paths = [schema.decode_path(b) for b in paths.to_bytes()]
-        raw = schema.encode_paths(paths)
-        if self._vlen_paths:
-            return pathrows.PathRows.from_bytes(raw)
-        if max(map(len, raw), default=0) > schema.PATH_BYTES:
-            too_long = next(p for p, b in zip(paths, raw) if len(b) > schema.PATH_BYTES)
-            raise ConfigError(f"path {too_long!r} is longer than {schema.PATH_BYTES} bytes, the most this "
-                              "store's fixed-width /paths holds (a new store has no limit)")
-        return np.array(raw, dtype=f"S{schema.PATH_BYTES}")
 
     def _write_pending(self, checksums: bool = False) -> None:
         """Write the labels and paths of the rows appended since the last call (one write per array), and with
@@ -460,13 +443,6 @@ class StoreWriter(DurableFile):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _writes_whole_chunks(arr) -> bool:
-    """Whether whole blocks of ``arr`` may be written as raw chunks: no filter changes their bytes, and a chunk
-    holds whole rows (pure over the array's layout)."""
-    f = arr.filters
-    return not f.complevel and not f.fletcher32 and tuple(arr.chunkshape[1:]) == tuple(arr.shape[1:])
 
 
 def write_arrays(
