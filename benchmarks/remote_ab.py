@@ -12,7 +12,10 @@ dropped) and each version's stream, alternating which version goes first; each i
 with default options and a new empty ``cache_dir``, batch 64, seed 0, and reads epoch 1; it reports the rows'
 MB/s from ``open()`` returning to the epoch's last batch, the time to its first batch, and its process's CPU
 seconds (``getrusage``, every thread) per GB from just before ``open()`` to the last batch, the modules a stream
-imports imported before (:func:`benchmarks.remote.import_stream_modules`).  The table gives medians per version,
+imports imported before (:func:`benchmarks.remote.import_stream_modules`), and the same split by thread (from
+``/proc/self/task``, the last batch's: ``io`` the reader's I/O threads, ``prefetch`` the disk cache's fetch
+threads, ``client`` the HTTP client's own runtime, ``reader`` and ``main``; ``rest``: ``close()`` and threads that
+ended before the last batch).  The table gives medians per version,
 each over the limit of its own round (x limit), and the median of the per-round ratios head / base.
 
 On fewer than 5 CPUs the server, the client and whatever else runs share the cores: the CPU per GB is then the
@@ -41,6 +44,45 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+THREAD_GROUPS = (("h5stream-reader-io", "io"), ("h5stream-prefetch", "prefetch"), ("h5stream-reader", "reader"),
+                 ("MainThread", "main"))
+"""Python thread name prefix -> the part of the stream it is (first match wins); a thread Python did not start
+(the HTTP client's own runtime) is ``client``, any other Python thread ``other``."""
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """``native thread id -> (group, CPU seconds)`` of every live thread of this process (``/proc/self/task``;
+    the group from :data:`THREAD_GROUPS`), or {} where ``/proc`` cannot be read."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    for tid in map(int, tids):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        name = names.get(tid)
+        group = "client" if name is None else next((g for p, g in THREAD_GROUPS if name.startswith(p)), "other")
+        out[tid] = (group, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+    return out
+
+
+def cpu_by_group(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds per thread group between two :func:`thread_cpu_s` snapshots (pure; a thread not in
+    ``before`` started after it, from 0; one gone from ``after`` is not counted)."""
+    groups: dict[str, float] = {}
+    for tid, (group, seconds) in after.items():
+        groups[group] = groups.get(group, 0.0) + seconds - before.get(tid, (group, 0.0))[1]
+    return groups
+
+
 # -- the child side -----------------------------------------------------------------------------
 def epoch1(argv: list[str]) -> int:
     """``epoch1 URL CACHE_DIR``: print one JSON object with epoch 1's figures (see the module doc)."""
@@ -53,6 +95,7 @@ def epoch1(argv: list[str]) -> int:
         import_stream_modules()
     except ImportError:  # a module the base version does not have: it is imported on open, as before
         pass
+    threads0 = thread_cpu_s()
     cpu0, t0 = _cpu_s(), time.monotonic()
     with h5stream.open(url, batch_size=BATCH, seed=0, cache_dir=cache_dir) as stream:
         opened = time.monotonic()
@@ -62,9 +105,13 @@ def epoch1(argv: list[str]) -> int:
                 first = time.monotonic() - opened
             nbytes += x.nbytes
         seconds = time.monotonic() - opened
+        threads = cpu_by_group(threads0, thread_cpu_s())  # before close(): the stream's threads still live
     cpu_s = _cpu_s() - cpu0
+    gb = nbytes / 1e9
     print(json.dumps({"mb_per_s": nbytes / seconds / 1e6, "first_batch_s": first, "open_s": opened - t0,
-                      "cpu_s_per_gb": cpu_s / (nbytes / 1e9), "h5stream": h5stream.__file__}))
+                      "cpu_s_per_gb": cpu_s / gb, "h5stream": h5stream.__file__,
+                      **{f"cpu_s_per_gb_{g}": s / gb for g, s in sorted(threads.items())},
+                      **({"cpu_s_per_gb_rest": (cpu_s - sum(threads.values())) / gb} if threads else {})}))
     return 0
 
 
@@ -124,7 +171,7 @@ def run(args) -> dict:
             server.stop()
     table = {}
     for key, runs in by_name(results).items():
-        table[key] = {k: median(r[k] for r in runs) for k in runs[0]}
+        table[key] = {k: median(r[k] for r in runs if k in r) for k in set().union(*runs)}
     for scheme in schemes:
         for figure in ("mb_per_s", "cpu_s_per_gb"):
             pairs = [{"h": r[f"{scheme} | head"][figure], "b": r[f"{scheme} | base"][figure]} for r in results]
@@ -145,8 +192,11 @@ def format_text(r: dict) -> str:
         lines.append(f"  {scheme + ' limit':<14}{lim['mb_per_s']:>8.0f}{'':>9}{lim['cpu_s_per_gb']:>10.2f}")
         for version in ("base", "head"):
             v = t[f"{scheme} | {version}"]
+            split = "  ".join(f"{k[len('cpu_s_per_gb_'):]} {v[k]:.2f}" for k in sorted(v)
+                              if k.startswith("cpu_s_per_gb_"))
             lines.append(f"  {scheme + ' ' + version:<14}{v['mb_per_s']:>8.0f}{v['x_limit']:>9.2f}"
-                         f"{v['cpu_s_per_gb']:>10.2f}{v['first_batch_s']:>15.2f}")
+                         f"{v['cpu_s_per_gb']:>10.2f}{v['first_batch_s']:>15.2f}"
+                         + (f"   by thread: {split}" if split else ""))
         for figure, label in (("mb_per_s", "MB/s"), ("cpu_s_per_gb", "CPU-s/GB")):
             ratio = t[f"{scheme} | head/base {figure}"]
             lines.append(f"  {scheme} head/base {label}, same round: {ratio['median']:.2f}x "

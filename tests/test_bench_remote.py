@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -302,6 +304,36 @@ def test_the_remote_benchmark_imports_what_a_stream_imports_before_the_client_s_
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_remote_a_b_benchmark_splits_the_cpu_by_thread_group_from_the_proc_clocks():
+    import threading
+
+    from benchmarks import remote_ab
+
+    before = remote_ab.thread_cpu_s()
+    assert before and {g for g, _ in before.values()} >= {"main"}
+    done = threading.Event()
+
+    def spin():
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:  # CPU of its own, which its group must get
+            pass
+        done.wait(60)
+
+    t = threading.Thread(target=spin, name="h5stream-prefetch-0")
+    t.start()
+    try:
+        while not any(g == "prefetch" and s >= 0.25 for g, s in remote_ab.thread_cpu_s().values()):
+            t.join(0.05)  # the spinning thread's clock, read from /proc, not a guess at how long it takes
+        groups = remote_ab.cpu_by_group(before, remote_ab.thread_cpu_s())
+    finally:
+        done.set()
+        t.join()
+    assert groups["prefetch"] >= 0.25 and groups["main"] >= 0.0
+    # Pure: a thread started after the first snapshot counts from 0, one gone since is not counted.
+    assert remote_ab.cpu_by_group({1: ("io", 1.0), 2: ("main", 5.0)}, {1: ("io", 1.5), 3: ("client", 0.25)}) \
+        == {"io": 0.5, "client": 0.25}
 
 
 @pytest.mark.slow
