@@ -68,9 +68,10 @@ def test_piece_spans_and_views_cut_where_pieces_end():
 
 
 def test_object_key_changes_with_the_object_and_needs_an_identity():
-    a = object_key("s3://b/k", '"e1"', 10, None)
-    assert a != object_key("s3://b/k", '"e2"', 10, None) != object_key("s3://b/k", '"e1"', 11, None)
-    assert object_key("s3://b/k", None, 10, None) is None
+    a = object_key("s3://b/k", '"e1"', 10, None, PIECE)
+    assert a != object_key("s3://b/k", '"e2"', 10, None, PIECE) != object_key("s3://b/k", '"e1"', 11, None, PIECE)
+    assert a != object_key("s3://b/k", '"e1"', 10, None, 2 * PIECE)  # piece N is other bytes
+    assert object_key("s3://b/k", None, 10, None, PIECE) is None
 
 
 def test_trailer_rejects_a_short_or_altered_piece():
@@ -231,6 +232,22 @@ def test_four_processes_fetch_each_piece_once(range_server, tmp_path):
     n = -(-(range_server.root / "store.h5").stat().st_size // PIECE)
     assert sum(int(k) for _, k in results) == n  # between them, each piece once
     assert range_server.requests["GET"] == n and len(range_server.ranges) == n
+
+
+def test_processes_cutting_one_object_into_pieces_of_other_sizes_each_read_its_own_bytes(range_server, tmp_path):
+    # 3 MiB: piece 1 of 1 MiB pieces (bytes [1, 2) MiB) and piece 1 of 2 MiB pieces ([2, 3) MiB) are as long, so
+    # the one a process filled passed the other's trailer check, and the other was served the wrong bytes.
+    data = random.Random(0).randbytes(3 * PIECE)
+    (range_server.root / "obj.bin").write_bytes(data)
+    url = range_server.url + "obj.bin"
+    proc = _child(url, tmp_path, 0)  # pieces of 1 MiB, every byte
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[-2:] == [hashlib.sha256(data).hexdigest(), "3"]
+    with CachedSource(RemoteSource(url, RemoteOptions(timeout_s=10)), str(tmp_path), piece_bytes=2 * PIECE) as src:
+        assert _read_all(src) == data
+        assert src.pieces_fetched == 2
+    assert len(_pieces(tmp_path)) == 3 + 2  # each kept its own: neither removed the other's as damaged
 
 
 def test_kill_9_mid_fill_leaves_no_piece_and_the_next_reader_refills(range_server, tmp_path):

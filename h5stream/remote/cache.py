@@ -7,8 +7,9 @@ into a file of its own first.  Later reads of it (later epochs, other processes 
 local reads through the page cache.
 
 Layout: ``CACHE_DIR/objects/KEY/N.piece`` for piece ``N`` of the object whose identity (URL, ETag, size,
-modification time as of open) hashes to ``KEY``: a changed object has another key and never serves old bytes
-(an object with neither ETag nor modification time is not cached).  A piece file holds the piece's bytes and a
+modification time as of open) and piece size hash to ``KEY``: a changed object has another key and never serves
+old bytes (an object with neither ETag nor modification time is not cached), and sources cutting one object into
+pieces of different sizes keep apart (piece ``N`` is other bytes for each).  A piece file holds the piece's bytes and a
 trailer of :data:`TRAILER_BYTES` (magic, xxh3-64 digest of the bytes, their count), written at fill.
 
 Guarantees:
@@ -82,12 +83,13 @@ GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS
 """Local failures after which a source stops caching (one warning) instead of failing the stream."""
 
 
-def object_key(url: str, etag: str | None, size: int, last_modified) -> str | None:
-    """The folder name of one version of an object: a hash of its URL, ETag, size and modification time; None
-    when it has neither ETag nor modification time (a new version could not be told from the old)."""
+def object_key(url: str, etag: str | None, size: int, last_modified, piece_bytes: int) -> str | None:
+    """The folder name of one version of an object cut into pieces of ``piece_bytes``: a hash of its URL, ETag,
+    size, modification time and the piece size; None when it has neither ETag nor modification time (a new
+    version could not be told from the old)."""
     if not etag and last_modified is None:
         return None
-    ident = "\0".join((url, etag or "", str(int(size)), str(last_modified or "")))
+    ident = "\0".join((url, etag or "", str(int(size)), str(last_modified or ""), str(int(piece_bytes))))
     return hashlib.sha256(ident.encode()).hexdigest()[:40]
 
 
@@ -167,7 +169,7 @@ class CachedSource:
         self._prefetch = Prefetcher(self._prefetch_fill, self.max_in_flight,
                                     min(PREFETCH_AHEAD_MOST, self.limit // 2 // self.piece_bytes))
         key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
-                         getattr(remote, "last_modified", None))
+                         getattr(remote, "last_modified", None), self.piece_bytes)
         self.folder = None if key is None else os.path.join(cache_dir, "objects", key)  # None: caching is off
         self._root = self.folder  # stays, for paths built while another thread turns caching off
         if self.folder is not None:
