@@ -250,6 +250,33 @@ def test_processes_cutting_one_object_into_pieces_of_other_sizes_each_read_its_o
     assert len(_pieces(tmp_path)) == 3 + 2  # each kept its own: neither removed the other's as damaged
 
 
+def test_links_planted_in_the_cache_folder_are_never_written_through(range_server, tmp_path):
+    url = range_server.url + "store.h5"
+    want = _local_bytes(range_server.root / "store.h5")
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    with _cached(url, RemoteOptions(timeout_s=10), cache) as src:
+        folder = src.folder  # made, nothing fetched
+    with _cached(url, RemoteOptions(timeout_s=10), elsewhere) as src:
+        src.readinto(2 * PIECE, [bytearray(10)])
+    valid = _pieces(elsewhere)[0]  # a whole piece 2, of another cache folder
+    os.utime(valid, ns=(10**18, 10**18))
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious\n")
+    os.symlink(victim, os.path.join(folder, "0.tmp"))
+    os.symlink(tmp_path / "not-made", os.path.join(folder, "1.lock"))
+    os.symlink(valid, os.path.join(folder, "2.piece"))
+    proc = _child(url, cache, 0)  # another process reads every byte through the cache
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[-2] == hashlib.sha256(want).hexdigest()
+    assert victim.read_bytes() == b"precious\n"  # used to be overwritten with piece 0
+    assert not (tmp_path / "not-made").exists()
+    assert os.stat(valid).st_mtime_ns == 10**18  # not even marked used through the link
+    assert not [name for name in os.listdir(folder) if os.path.islink(os.path.join(folder, name))]
+    with _cached(url, RemoteOptions(timeout_s=10), cache) as src:
+        assert _read_all(src) == want and src.pieces_fetched == 0
+
+
 def test_kill_9_mid_fill_leaves_no_piece_and_the_next_reader_refills(range_server, tmp_path):
     url = range_server.url + "store.h5"
     range_server.stall_bytes(3 * PIECE + 10, 3 * PIECE + 11)  # piece 3 never arrives

@@ -281,13 +281,16 @@ class CachedSource:
                     return False
                 path = self._path(index, "piece")
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
                 except FileNotFoundError:
                     self._fill(index)
                     continue
                 except OSError as exc:
-                    self._give_up(exc)
-                    return False
+                    if exc.errno != errno.ELOOP:
+                        self._give_up(exc)
+                        return False
+                    self._drop_link(index, path)  # not a piece of the cache's: replaced
+                    continue
                 try:
                     checked = self._checked(index, fd, path)
                 except BaseException:
@@ -395,6 +398,15 @@ class CachedSource:
             with self._lock:
                 self._used[index] = now
         return True
+
+    def _drop_link(self, index: int, path: str) -> None:
+        """Remove the symbolic link at piece ``index``'s ``path`` (the cache never reads or writes through one)."""
+        self._filler.claim(index)
+        try:
+            if os.path.islink(path):
+                os.unlink(path)
+        finally:
+            self._filler.release(index)
 
     def _prefetch_fill(self, index: int) -> None:
         """Piece ``index`` filled for the prefetcher: skipped where another thread or process fills it now; what

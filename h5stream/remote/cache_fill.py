@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 
 from h5stream.errors import H5StreamError, RemoteError
-from h5stream.remote.cache_evict import unlink
+from h5stream.remote.cache_evict import open_lock, unlink
 from h5stream.remote.calls import on_main_thread
 from h5stream.remote.piecefile import PieceWriter, WriteFailed
 
@@ -141,7 +141,7 @@ class Filler:
             if not self._caching():
                 return 0
             try:
-                lock_fd = os.open(self._path(index, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+                lock_fd = open_lock(self._path(index, "lock"))
             except OSError as exc:
                 self._give_up(exc)
                 return 0
@@ -183,8 +183,9 @@ class Filler:
         or 0 when a local write failed (the cache is off from then on)."""
         n = self._length(index)
         path = self._path(index, "piece")
-        try:
-            fd = os.open(fill.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:  # a file of its own (never through a link planted there); a killed fill's left over goes first
+            unlink(fill.tmp)
+            fd = os.open(fill.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             self._give_up(exc)
             return 0
