@@ -339,6 +339,23 @@ def test_a_file_size_limit_warns_once_and_streams_on_uncached(range_server, tmp_
     assert _pieces(tmp_path) == [] and not list((tmp_path / "objects").glob("*/*.tmp"))
 
 
+@pytest.mark.parametrize("where", ["a-file", "a-file/sub"])
+def test_a_cache_dir_that_is_a_file_warns_once_and_streams_on_uncached(range_server, tmp_path, where):
+    url = range_server.url + "store.h5"
+    (tmp_path / "a-file").write_text("not a folder")
+    opts = dict(batch_size=500, seed=3, memory_budget="256MiB")
+    with pytest.warns(UserWarning) as caught:
+        with h5stream.open(url, **opts, cache_dir=tmp_path / where, remote={"timeout_s": 10}) as stream:
+            got = [(x.copy(), y.copy()) for x, y in stream]
+    with h5stream.open(str(range_server.root / "store.h5"), **opts) as stream:  # used to be a ReaderError
+        for (xa, ya), (xb, yb) in zip(got, stream, strict=True):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+    lines = [str(w.message) for w in caught if "cache" in str(w.message)]
+    assert len(lines) == 1 and "a file is in the way" in lines[0] and "\n" not in lines[0], lines
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
 def test_the_limit_evicts_least_recently_used_pieces(range_server, tmp_path):
     url = range_server.url + "store.h5"
     limit = 3 * (PIECE + TRAILER_BYTES)

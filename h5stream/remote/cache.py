@@ -36,7 +36,8 @@ Guarantees:
 * A stream reading through the cache checks the rows against the store's block checksums as for a local file
   (``verify_reads="once"``: each block on its first read), not on every read as over the network.
 * A local write that fails (disk full ``ENOSPC``, quota ``EDQUOT``, file size limit ``EFBIG``, a read-only or
-  forbidden folder) warns once, in one line, and the stream goes on uncached, reading every byte from the server.
+  forbidden folder, a file where the folder should be) warns once, in one line, and the stream goes on uncached,
+  reading every byte from the server.
 * ``close`` lets go of what the source holds in the folder at once, however long a fetch hangs on a stalled
   server: the fills in flight give up their locks and half-written files (:mod:`h5stream.remote.cache_fill`), so
   another process waiting for such a piece fetches it now; the stalled fetch, answered later, writes nothing.
@@ -79,7 +80,7 @@ PREFETCH_AHEAD_MOST = 4096
 """Pieces prefetched and not yet read at most (also at most half the cache's limit): on disk, not in memory."""
 
 GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
-                            errno.ENOLCK, errno.EOPNOTSUPP})
+                            errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTDIR, errno.EEXIST})
 """Local failures after which a source stops caching (one warning) instead of failing the stream."""
 
 
@@ -445,5 +446,7 @@ class CachedSource:
         with self._lock:
             folder, self.folder = self.folder, None
         if folder is not None:
-            warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({exc.strerror or exc}); "
-                          "streaming on without the cache (every read from the server)", stacklevel=2)
+            why = "a file is in the way" if exc.errno in (errno.ENOTDIR, errno.EEXIST) else exc.strerror or exc
+            warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({why}); streaming on "
+                          "without the cache (every read from the server); pass cache_dir= a folder it may write "
+                          "to, or cache_dir=None", stacklevel=2)
