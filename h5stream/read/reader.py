@@ -297,7 +297,7 @@ class Reader:
                 with contextlib.ExitStack() as stack:
                     if run_parts(self, stack, self._direct_io):  # else a compressed part: read in this thread
                         self._io_threads = max(1, int(self._source.max_in_flight))
-                        self._io = IOThreads(self._io_threads, self._thread.name + "-io")
+                        self._io = IOThreads(self._io_threads, self._thread.name + "-io", self._source)
                         stack.callback(self._io.shutdown)
                     self._pump()
                 return
