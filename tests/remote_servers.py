@@ -86,8 +86,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
-        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        if self.server.identity:
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
@@ -150,6 +151,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.stopping = threading.Event()
         self.stalled = threading.Event()  # set when the first request stalled (stall_next, stall_bytes) arrives
         self.released = threading.Event()  # set by release_stalled or stop: stall_bytes' requests go on
+        self.identity = True  # ETag and Last-Modified sent (see hide_identity)
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -199,6 +201,11 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Answer every range again (undoes :meth:`stall_bytes` for requests from now on)."""
         with self._lock:
             self._stall_span = None
+
+    def hide_identity(self) -> None:
+        """From now on, send neither ``ETag`` nor ``Last-Modified`` (a server that says nothing of an object's
+        version)."""
+        self.identity = False
 
     def release_stalled(self) -> None:
         """Answer the requests :meth:`stall_bytes` holds now, late but whole (a server that was only slow), and

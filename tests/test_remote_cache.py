@@ -356,6 +356,21 @@ def test_a_cache_dir_that_is_a_file_warns_once_and_streams_on_uncached(range_ser
     assert (tmp_path / "a-file").read_text() == "not a folder"
 
 
+def test_an_object_replaced_on_a_server_without_etag_or_last_modified_is_never_served_old(range_server, tmp_path):
+    # The client gives such an object the Unix epoch as its modification time: every version had one cache key,
+    # and a process after the replacement was served the old bytes.
+    range_server.hide_identity()
+    url = range_server.url + "obj.bin"
+    for version in range(2):
+        data = random.Random(version).randbytes(3 * PIECE)  # same size, other bytes
+        (range_server.root / "obj.bin").write_bytes(data)
+        proc = _child(url, tmp_path, 0)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert out.split()[-2] == hashlib.sha256(data).hexdigest()
+    assert _pieces(tmp_path) == []
+
+
 def test_the_limit_evicts_least_recently_used_pieces(range_server, tmp_path):
     url = range_server.url + "store.h5"
     limit = 3 * (PIECE + TRAILER_BYTES)
