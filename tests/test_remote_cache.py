@@ -371,6 +371,25 @@ def test_an_object_replaced_on_a_server_without_etag_or_last_modified_is_never_s
     assert _pieces(tmp_path) == []
 
 
+def test_an_object_without_etag_or_last_modified_warns_once_and_streams_on_uncached(range_server, tmp_path):
+    # Without either, a changed object could not be told from the one cached: not cached, and said so.
+    range_server.hide_identity()
+    url = range_server.url + "store.h5"
+    opts = dict(batch_size=500, seed=3, memory_budget="256MiB")
+    with pytest.warns(UserWarning) as caught:
+        with h5stream.open(url, **opts, cache_dir=tmp_path, remote={"timeout_s": 10, "cache_piece": PIECE}) as stream:
+            got = [[(x.copy(), y.copy()) for x, y in stream] for _ in range(2)]
+    with h5stream.open(str(range_server.root / "store.h5"), **opts) as stream:
+        want = [[(x.copy(), y.copy()) for x, y in stream] for _ in range(2)]
+    for a, b in zip(got, want, strict=True):
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+    lines = [str(w.message) for w in caught if "ETag" in str(w.message)]
+    assert len(lines) == 1 and "without the cache" in lines[0] and "\n" not in lines[0], lines
+    assert _pieces(tmp_path) == []
+
+
 def test_the_limit_evicts_least_recently_used_pieces(range_server, tmp_path):
     url = range_server.url + "store.h5"
     limit = 3 * (PIECE + TRAILER_BYTES)

@@ -8,9 +8,10 @@ local reads through the page cache.
 
 Layout: ``CACHE_DIR/objects/KEY/N.piece`` for piece ``N`` of the object whose identity (URL, ETag, size,
 modification time as of open) and piece size hash to ``KEY``: a changed object has another key and never serves
-old bytes (an object with neither ETag nor modification time is not cached), and sources cutting one object into
-pieces of different sizes keep apart (piece ``N`` is other bytes for each).  A piece file holds the piece's bytes and a
-trailer of :data:`TRAILER_BYTES` (magic, xxh3-64 digest of the bytes, their count), written at fill.
+old bytes (an object with neither ETag nor modification time is not cached: one warning line), and sources
+cutting one object into pieces of different sizes keep apart (piece ``N`` is other bytes for each).  A piece file
+holds the piece's bytes and a trailer of :data:`TRAILER_BYTES` (magic, xxh3-64 digest of the bytes, their
+count), written at fill.
 
 Guarantees:
 
@@ -173,6 +174,10 @@ class CachedSource:
                          getattr(remote, "last_modified", None), self.piece_bytes)
         self.folder = None if key is None else os.path.join(cache_dir, "objects", key)  # None: caching is off
         self._root = self.folder  # stays, for paths built while another thread turns caching off
+        if key is None:
+            warnings.warn(f"{self.name}: the server sends neither an ETag nor a Last-Modified for it, so a changed "
+                          "object could not be told from the one cached; streaming on without the cache (every "
+                          "read from the server)", stacklevel=2)
         if self.folder is not None:
             try:
                 os.makedirs(self.folder, exist_ok=True)
