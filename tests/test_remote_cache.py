@@ -277,6 +277,31 @@ def test_links_planted_in_the_cache_folder_are_never_written_through(range_serve
         assert _read_all(src) == want and src.pieces_fetched == 0
 
 
+@pytest.mark.parametrize("linked", ["objects", "object"])
+def test_a_link_planted_for_an_object_s_folder_is_never_written_through(range_server, tmp_path, linked):
+    url = range_server.url + "store.h5"
+    want = _local_bytes(range_server.root / "store.h5")
+    cache = tmp_path / "cache"
+    with _cached(url, RemoteOptions(timeout_s=10), cache) as src:
+        folder = src.folder  # made, nothing fetched
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "0.piece").write_text("precious\n")
+    where = os.path.dirname(folder) if linked == "objects" else folder
+    if linked == "objects":
+        os.rename(where, tmp_path / "moved")
+    else:
+        os.rmdir(where)
+    os.symlink(victim, where)
+    proc = _child(url, cache, 0)  # another process reads every byte through the cache
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[-2] == hashlib.sha256(want).hexdigest()
+    assert sorted(os.listdir(victim)) == ["0.piece"]  # used to get every piece, and this one replaced
+    assert (victim / "0.piece").read_text() == "precious\n"
+    assert not os.path.islink(where) and len(_pieces(cache)) == -(-len(want) // PIECE)
+
+
 def test_kill_9_mid_fill_leaves_no_piece_and_the_next_reader_refills(range_server, tmp_path):
     url = range_server.url + "store.h5"
     range_server.stall_bytes(3 * PIECE + 10, 3 * PIECE + 11)  # piece 3 never arrives

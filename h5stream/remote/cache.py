@@ -180,6 +180,9 @@ class CachedSource:
                           "read from the server)", stacklevel=2)
         if self.folder is not None:
             try:
+                for folder in (os.path.dirname(self.folder), self.folder):  # links there are not the cache's
+                    if os.path.islink(folder):
+                        os.unlink(folder)
                 os.makedirs(self.folder, exist_ok=True)
             except OSError as exc:
                 self._give_up(exc)
