@@ -122,6 +122,7 @@ class Filler:
                 self._cond.wait()
 
     def release(self, index: int) -> None:
+        """Give piece ``index`` back (:meth:`claim`), waking the threads waiting for it.  The claiming thread."""
         with self._cond:
             self._claimed.discard(index)
             self._cond.notify_all()
