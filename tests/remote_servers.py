@@ -76,17 +76,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._status(416, {"Content-Range": f"bytes */{size}"})
                 return
             status = 206
-        if body and self.server.stalls(start, end):  # a read of bytes that hang: accept it, never answer
-            self.server.stopping.wait()
-            self.close_connection = True
-            return
+        if body and self.server.stalls(start, end):  # a read of bytes that hang: accept it, answer only if released
+            self.server.released.wait()
+            if self.server.stopping.is_set():
+                self.close_connection = True
+                return
         if body:
             self.server.note_range(start, end)
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
-        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        if self.server.identity:
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
@@ -148,6 +150,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self._open: set[socket.socket] = set()
         self.stopping = threading.Event()
         self.stalled = threading.Event()  # set when the first request stalled (stall_next, stall_bytes) arrives
+        self.released = threading.Event()  # set by release_stalled or stop: stall_bytes' requests go on
+        self.identity = True  # ETag and Last-Modified sent (see hide_identity)
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -187,8 +191,9 @@ class RangeServer(http.server.ThreadingHTTPServer):
         return None if drip is None or nbytes < drip[0] else drip[1:]
 
     def stall_bytes(self, start: int, stop: int) -> None:
-        """From now on, never answer a GET of a range that overlaps bytes ``[start, stop)`` (until :meth:`stop`),
-        as a hung disk never returns a read; :attr:`stalled` is set when the first such request arrives."""
+        """From now on, never answer a GET of a range that overlaps bytes ``[start, stop)`` (until :meth:`stop` or
+        :meth:`release_stalled`), as a hung disk never returns a read; :attr:`stalled` is set when the first such
+        request arrives."""
         with self._lock:
             self._stall_span = (int(start), int(stop))
 
@@ -196,6 +201,17 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Answer every range again (undoes :meth:`stall_bytes` for requests from now on)."""
         with self._lock:
             self._stall_span = None
+
+    def hide_identity(self) -> None:
+        """From now on, send neither ``ETag`` nor ``Last-Modified`` (a server that says nothing of an object's
+        version)."""
+        self.identity = False
+
+    def release_stalled(self) -> None:
+        """Answer the requests :meth:`stall_bytes` holds now, late but whole (a server that was only slow), and
+        every range from now on."""
+        self.stop_stalling()
+        self.released.set()
 
     def stalls(self, start: int, end: int) -> bool:
         """Whether a read of bytes ``[start, end)`` hangs (see :meth:`stall_bytes`); notes that one did."""
@@ -238,6 +254,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
             self._thread.join()
         self.socket.close()
         self.stopping.set()
+        self.released.set()
         self.server_close()
         with self._lock:
             open_now = list(self._open)

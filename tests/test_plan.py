@@ -26,7 +26,8 @@ def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "12 parsecs", "-5MB", 0, -1, None, True, "1.2.3GB"])
+@pytest.mark.parametrize("bad", ["", "abc", "12 parsecs", "-5MB", 0, -1, None, True, "1.2.3GB", "1e400", "1e300TB",
+                                 float("inf"), float("nan"), -float("inf")])
 def test_parse_bytes_rejects(bad):
     with pytest.raises(ConfigError):
         parse_bytes(bad)

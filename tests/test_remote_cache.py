@@ -68,9 +68,10 @@ def test_piece_spans_and_views_cut_where_pieces_end():
 
 
 def test_object_key_changes_with_the_object_and_needs_an_identity():
-    a = object_key("s3://b/k", '"e1"', 10, None)
-    assert a != object_key("s3://b/k", '"e2"', 10, None) != object_key("s3://b/k", '"e1"', 11, None)
-    assert object_key("s3://b/k", None, 10, None) is None
+    a = object_key("s3://b/k", '"e1"', 10, None, PIECE)
+    assert a != object_key("s3://b/k", '"e2"', 10, None, PIECE) != object_key("s3://b/k", '"e1"', 11, None, PIECE)
+    assert a != object_key("s3://b/k", '"e1"', 10, None, 2 * PIECE)  # piece N is other bytes
+    assert object_key("s3://b/k", None, 10, None, PIECE) is None
 
 
 def test_trailer_rejects_a_short_or_altered_piece():
@@ -233,6 +234,74 @@ def test_four_processes_fetch_each_piece_once(range_server, tmp_path):
     assert range_server.requests["GET"] == n and len(range_server.ranges) == n
 
 
+def test_processes_cutting_one_object_into_pieces_of_other_sizes_each_read_its_own_bytes(range_server, tmp_path):
+    # 3 MiB: piece 1 of 1 MiB pieces (bytes [1, 2) MiB) and piece 1 of 2 MiB pieces ([2, 3) MiB) are as long, so
+    # the one a process filled passed the other's trailer check, and the other was served the wrong bytes.
+    data = random.Random(0).randbytes(3 * PIECE)
+    (range_server.root / "obj.bin").write_bytes(data)
+    url = range_server.url + "obj.bin"
+    proc = _child(url, tmp_path, 0)  # pieces of 1 MiB, every byte
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[-2:] == [hashlib.sha256(data).hexdigest(), "3"]
+    with CachedSource(RemoteSource(url, RemoteOptions(timeout_s=10)), str(tmp_path), piece_bytes=2 * PIECE) as src:
+        assert _read_all(src) == data
+        assert src.pieces_fetched == 2
+    assert len(_pieces(tmp_path)) == 3 + 2  # each kept its own: neither removed the other's as damaged
+
+
+def test_links_planted_in_the_cache_folder_are_never_written_through(range_server, tmp_path):
+    url = range_server.url + "store.h5"
+    want = _local_bytes(range_server.root / "store.h5")
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    with _cached(url, RemoteOptions(timeout_s=10), cache) as src:
+        folder = src.folder  # made, nothing fetched
+    with _cached(url, RemoteOptions(timeout_s=10), elsewhere) as src:
+        src.readinto(2 * PIECE, [bytearray(10)])
+    valid = _pieces(elsewhere)[0]  # a whole piece 2, of another cache folder
+    os.utime(valid, ns=(10**18, 10**18))
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious\n")
+    os.symlink(victim, os.path.join(folder, "0.tmp"))
+    os.symlink(tmp_path / "not-made", os.path.join(folder, "1.lock"))
+    os.symlink(valid, os.path.join(folder, "2.piece"))
+    proc = _child(url, cache, 0)  # another process reads every byte through the cache
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[-2] == hashlib.sha256(want).hexdigest()
+    assert victim.read_bytes() == b"precious\n"  # used to be overwritten with piece 0
+    assert not (tmp_path / "not-made").exists()
+    assert os.stat(valid).st_mtime_ns == 10**18  # not even marked used through the link
+    assert not [name for name in os.listdir(folder) if os.path.islink(os.path.join(folder, name))]
+    with _cached(url, RemoteOptions(timeout_s=10), cache) as src:
+        assert _read_all(src) == want and src.pieces_fetched == 0
+
+
+@pytest.mark.parametrize("linked", ["objects", "object"])
+def test_a_link_planted_for_an_object_s_folder_is_never_written_through(range_server, tmp_path, linked):
+    url = range_server.url + "store.h5"
+    want = _local_bytes(range_server.root / "store.h5")
+    cache = tmp_path / "cache"
+    with _cached(url, RemoteOptions(timeout_s=10), cache) as src:
+        folder = src.folder  # made, nothing fetched
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "0.piece").write_text("precious\n")
+    where = os.path.dirname(folder) if linked == "objects" else folder
+    if linked == "objects":
+        os.rename(where, tmp_path / "moved")
+    else:
+        os.rmdir(where)
+    os.symlink(victim, where)
+    proc = _child(url, cache, 0)  # another process reads every byte through the cache
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[-2] == hashlib.sha256(want).hexdigest()
+    assert sorted(os.listdir(victim)) == ["0.piece"]  # used to get every piece, and this one replaced
+    assert (victim / "0.piece").read_text() == "precious\n"
+    assert not os.path.islink(where) and len(_pieces(cache)) == -(-len(want) // PIECE)
+
+
 def test_kill_9_mid_fill_leaves_no_piece_and_the_next_reader_refills(range_server, tmp_path):
     url = range_server.url + "store.h5"
     range_server.stall_bytes(3 * PIECE + 10, 3 * PIECE + 11)  # piece 3 never arrives
@@ -293,6 +362,57 @@ def test_a_file_size_limit_warns_once_and_streams_on_uncached(range_server, tmp_
     warnings = [line for line in proc.stderr.splitlines() if "cannot write to the cache" in line]
     assert len(warnings) == 1 and "File too large" in warnings[0], proc.stderr
     assert _pieces(tmp_path) == [] and not list((tmp_path / "objects").glob("*/*.tmp"))
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/sub"])
+def test_a_cache_dir_that_is_a_file_warns_once_and_streams_on_uncached(range_server, tmp_path, where):
+    url = range_server.url + "store.h5"
+    (tmp_path / "a-file").write_text("not a folder")
+    opts = dict(batch_size=500, seed=3, memory_budget="256MiB")
+    with pytest.warns(UserWarning) as caught:
+        with h5stream.open(url, **opts, cache_dir=tmp_path / where, remote={"timeout_s": 10}) as stream:
+            got = [(x.copy(), y.copy()) for x, y in stream]
+    with h5stream.open(str(range_server.root / "store.h5"), **opts) as stream:  # used to be a ReaderError
+        for (xa, ya), (xb, yb) in zip(got, stream, strict=True):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+    lines = [str(w.message) for w in caught if "cache" in str(w.message)]
+    assert len(lines) == 1 and "a file is in the way" in lines[0] and "\n" not in lines[0], lines
+    assert (tmp_path / "a-file").read_text() == "not a folder"
+
+
+def test_an_object_replaced_on_a_server_without_etag_or_last_modified_is_never_served_old(range_server, tmp_path):
+    # The client gives such an object the Unix epoch as its modification time: every version had one cache key,
+    # and a process after the replacement was served the old bytes.
+    range_server.hide_identity()
+    url = range_server.url + "obj.bin"
+    for version in range(2):
+        data = random.Random(version).randbytes(3 * PIECE)  # same size, other bytes
+        (range_server.root / "obj.bin").write_bytes(data)
+        proc = _child(url, tmp_path, 0)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert out.split()[-2] == hashlib.sha256(data).hexdigest()
+    assert _pieces(tmp_path) == []
+
+
+def test_an_object_without_etag_or_last_modified_warns_once_and_streams_on_uncached(range_server, tmp_path):
+    # Without either, a changed object could not be told from the one cached: not cached, and said so.
+    range_server.hide_identity()
+    url = range_server.url + "store.h5"
+    opts = dict(batch_size=500, seed=3, memory_budget="256MiB")
+    with pytest.warns(UserWarning) as caught:
+        with h5stream.open(url, **opts, cache_dir=tmp_path, remote={"timeout_s": 10, "cache_piece": PIECE}) as stream:
+            got = [[(x.copy(), y.copy()) for x, y in stream] for _ in range(2)]
+    with h5stream.open(str(range_server.root / "store.h5"), **opts) as stream:
+        want = [[(x.copy(), y.copy()) for x, y in stream] for _ in range(2)]
+    for a, b in zip(got, want, strict=True):
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+    lines = [str(w.message) for w in caught if "ETag" in str(w.message)]
+    assert len(lines) == 1 and "without the cache" in lines[0] and "\n" not in lines[0], lines
+    assert _pieces(tmp_path) == []
 
 
 def test_the_limit_evicts_least_recently_used_pieces(range_server, tmp_path):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5stream.read.runs import Run
+from h5stream.read.source import close_while_reading
 
 
 @dataclass
@@ -93,9 +94,10 @@ class FillJob:
 class IOThreads:
     """A fixed set of daemon threads running submitted calls: ``concurrent.futures.ThreadPoolExecutor`` without
     its join at interpreter exit, which would wait for good on a read that hangs.  Created, used and shut down
-    by the reader thread."""
+    by the reader thread; ``source`` is the byte source the calls read."""
 
-    def __init__(self, n: int, name: str):
+    def __init__(self, n: int, name: str, source=None):
+        self._source = source
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
         for t in self._threads:
@@ -119,7 +121,10 @@ class IOThreads:
                 future.set_result(result)
 
     def shutdown(self) -> None:
-        """Cancel the calls not started, let the running ones finish, end the threads."""
+        """Cancel the calls not started, let the running ones finish, end the threads.  A source that may be
+        closed while its reads are in flight is closed first (see :func:`~h5stream.read.source.close_while_reading`),
+        so a read that hangs holds nothing of it (a URL's disk cache: locks other processes wait for) meanwhile."""
+        close_while_reading(self._source)
         while True:
             try:
                 call = self._calls.get_nowait()

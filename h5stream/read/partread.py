@@ -129,6 +129,12 @@ class PartSources:
         """Bytes the parts' remote sources received so far (progress: any thread)."""
         return sum(getattr(s, "landed", 0) for s in self._sources)
 
+    @property
+    def close_while_reading(self) -> bool:
+        """Whether every part's source may be closed while its reads are in flight (a set of URL parts through
+        the disk cache), as :class:`~h5stream.read.source.ByteSource` says."""
+        return all(getattr(s, "close_while_reading", False) for s in self._sources)
+
     def close(self) -> None:
         for source in self._sources:
             source.close()

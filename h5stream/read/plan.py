@@ -5,6 +5,7 @@ The memory budget itself (every allocation a stream makes) is :mod:`h5stream.str
 
 from __future__ import annotations
 
+import math
 import re
 
 from h5stream.errors import BudgetError, ConfigError
@@ -72,8 +73,8 @@ def parse_bytes(value, what: str = "memory budget") -> int:
     if isinstance(value, bool):
         raise ConfigError(f"{what} must be bytes or a string like '512MiB', got {value!r}")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ConfigError(f"{what} must be positive, got {value!r}")
+        if not value > 0 or value == math.inf:  # nan and inf too
+            raise ConfigError(f"{what} must be a positive, finite number of bytes, got {value!r}")
         return int(value)
     if not isinstance(value, str):
         raise ConfigError(f"{what} must be bytes or a string like '512MiB', got {value!r}")
@@ -83,7 +84,10 @@ def parse_bytes(value, what: str = "memory budget") -> int:
         raise ConfigError(
             f"cannot parse {what} {value!r}; write a number with an optional unit, e.g. '512MB', '1.5GiB'"
         )
-    n = int(float(m.group(1)) * _UNITS[unit])
+    number = float(m.group(1)) * _UNITS[unit]
+    if number == math.inf:  # '1e400'
+        raise ConfigError(f"{what} {value!r} is too large; write a number of bytes with a unit, e.g. '100GB'")
+    n = int(number)
     if n <= 0:
         raise ConfigError(f"{what} must be positive, got {value!r}")
     return n

@@ -68,7 +68,7 @@ from h5stream.read.batches import Batches
 from h5stream.read.fill import Batch, Failure, FillJob, IOThreads
 from h5stream.read.rows import RowReader
 from h5stream.read.runs import placement, plan_runs, row_offsets
-from h5stream.read.source import ByteSource, open_source
+from h5stream.read.source import ByteSource, close_while_reading, open_source
 from h5stream.read.verify import BlockCheck, check_buffers, checks_every_read, row_digest_reader
 from h5stream.store import schema
 from h5stream.store.access import busy_error, open_h5_readonly, writer_pids
@@ -274,6 +274,7 @@ class Reader:
         self._closed = True
         self._stop.set()
         self._thread.join(timeout=min(self._timeout_s, CLOSE_WAIT_S))
+        close_while_reading(self._source)  # a URL's disk cache, at once however long a read hangs (its doc)
         self._queue.drain()
 
     # -- reader thread -------------------------------------------------------------
@@ -296,7 +297,7 @@ class Reader:
                 with contextlib.ExitStack() as stack:
                     if run_parts(self, stack, self._direct_io):  # else a compressed part: read in this thread
                         self._io_threads = max(1, int(self._source.max_in_flight))
-                        self._io = IOThreads(self._io_threads, self._thread.name + "-io")
+                        self._io = IOThreads(self._io_threads, self._thread.name + "-io", self._source)
                         stack.callback(self._io.shutdown)
                     self._pump()
                 return
@@ -340,7 +341,7 @@ class Reader:
                                        check=self._check, stop=self._stop, encoded=where.encoded)
                 if by_offset:
                     self._io_threads = max(1, int(self._source.max_in_flight))
-                    self._io = IOThreads(self._io_threads, self._thread.name + "-io")
+                    self._io = IOThreads(self._io_threads, self._thread.name + "-io", self._source)
                     stack.callback(self._io.shutdown)
                 self._pump()
         except Stopped:

@@ -86,7 +86,16 @@ class ByteSource(Protocol):
         is known) on a short read or failure; never returns partially filled buffers."""
 
     def close(self) -> None:
-        """Idempotent."""
+        """Idempotent.  Called once the reads have ended, unless the source says ``close_while_reading = True``
+        (then from any thread, while reads are in flight: what the source holds is let go at once, and the reads
+        still in flight, or made later, raise)."""
+
+
+def close_while_reading(source) -> None:
+    """Close ``source`` now if it may be closed while its reads are in flight (``close_while_reading``, see
+    :class:`ByteSource`); else leave it to its owner, once its reads end.  Any thread."""
+    if source is not None and getattr(source, "close_while_reading", False):
+        source.close()
 
 
 def open_source(path: str, *, direct_io: bool = False, remote=None, bounces: BouncePool | None = None

@@ -7,9 +7,11 @@ into a file of its own first.  Later reads of it (later epochs, other processes 
 local reads through the page cache.
 
 Layout: ``CACHE_DIR/objects/KEY/N.piece`` for piece ``N`` of the object whose identity (URL, ETag, size,
-modification time as of open) hashes to ``KEY``: a changed object has another key and never serves old bytes
-(an object with neither ETag nor modification time is not cached).  A piece file holds the piece's bytes and a
-trailer of :data:`TRAILER_BYTES` (magic, xxh3-64 digest of the bytes, their count), written at fill.
+modification time as of open) and piece size hash to ``KEY``: a changed object has another key and never serves
+old bytes (an object with neither ETag nor modification time is not cached: one warning line), and sources
+cutting one object into pieces of different sizes keep apart (piece ``N`` is other bytes for each).  A piece file
+holds the piece's bytes and a trailer of :data:`TRAILER_BYTES` (magic, xxh3-64 digest of the bytes, their
+count), written at fill.
 
 Guarantees:
 
@@ -35,19 +37,22 @@ Guarantees:
 * A stream reading through the cache checks the rows against the store's block checksums as for a local file
   (``verify_reads="once"``: each block on its first read), not on every read as over the network.
 * A local write that fails (disk full ``ENOSPC``, quota ``EDQUOT``, file size limit ``EFBIG``, a read-only or
-  forbidden folder) warns once, in one line, and the stream goes on uncached, reading every byte from the server.
+  forbidden folder, a file where the folder should be) warns once, in one line, and the stream goes on uncached,
+  reading every byte from the server.
+* ``close`` lets go of what the source holds in the folder at once, however long a fetch hangs on a stalled
+  server: the fills in flight give up their locks and half-written files (:mod:`h5stream.remote.cache_fill`), so
+  another process waiting for such a piece fetches it now; the stalled fetch, answered later, writes nothing.
 
-Thread-safety: ``readinto`` from any number of threads at once; ``close`` is idempotent.
+Thread-safety: ``readinto`` from any number of threads at once; ``close`` from any thread, even while reads are
+in flight (they raise), idempotent.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import mmap
 import os
-import struct
 import threading
 import time
 import warnings
@@ -55,10 +60,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from h5stream.memory.rawio import preadv_all
-from h5stream.remote.cache_evict import evict, unlink
-from h5stream.errors import H5StreamError
-from h5stream.remote.calls import on_main_thread
-from h5stream.remote.piecefile import PieceWriter, WriteFailed, piece_digest
+from h5stream.remote.cache_evict import evict
+from h5stream.remote.cache_fill import MAGIC, TRAILER, TRAILER_BYTES, Filler, closed_error
+from h5stream.remote.piecefile import piece_digest
 from h5stream.remote.prefetch import Prefetcher
 from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cache_dir, index_memory_bytes re-exported
     DEFAULT_LIMIT,
@@ -66,12 +70,6 @@ from h5stream.remote.config import (  # noqa: F401 - DEFAULT_LIMIT, default_cach
     default_cache_dir,
     index_memory_bytes,
 )
-
-TRAILER = struct.Struct("<8sQQ")
-TRAILER_BYTES = TRAILER.size
-MAGIC = b"h5spcxx3"
-"""A piece's trailer: this magic, :func:`~h5stream.remote.piecefile.piece_digest` of its bytes, their count.  (The
-earlier trailer's magic, ``h5spiece`` with a CRC-32, fails the check: such a piece is fetched again.)"""
 
 TOUCH_EVERY_S = 60.0
 """A piece read again is marked used (its modification time) at most this often per source."""
@@ -83,16 +81,17 @@ PREFETCH_AHEAD_MOST = 4096
 """Pieces prefetched and not yet read at most (also at most half the cache's limit): on disk, not in memory."""
 
 GIVE_UP_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
-                            errno.ENOLCK, errno.EOPNOTSUPP})
+                            errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTDIR, errno.EEXIST})
 """Local failures after which a source stops caching (one warning) instead of failing the stream."""
 
 
-def object_key(url: str, etag: str | None, size: int, last_modified) -> str | None:
-    """The folder name of one version of an object: a hash of its URL, ETag, size and modification time; None
-    when it has neither ETag nor modification time (a new version could not be told from the old)."""
+def object_key(url: str, etag: str | None, size: int, last_modified, piece_bytes: int) -> str | None:
+    """The folder name of one version of an object cut into pieces of ``piece_bytes``: a hash of its URL, ETag,
+    size, modification time and the piece size; None when it has neither ETag nor modification time (a new
+    version could not be told from the old)."""
     if not etag and last_modified is None:
         return None
-    ident = "\0".join((url, etag or "", str(int(size)), str(last_modified or "")))
+    ident = "\0".join((url, etag or "", str(int(size)), str(last_modified or ""), str(int(piece_bytes))))
     return hashlib.sha256(ident.encode()).hexdigest()[:40]
 
 
@@ -163,19 +162,27 @@ class CachedSource:
         self.cache_dir = cache_dir
         self.pieces_fetched = 0
         self._lock = threading.Lock()
-        self._filling: dict[int, threading.Lock] = {}
+        self._closed = False
         self._used: dict[int, float] = {}  # pieces checked by this source -> when last marked used
         self._open: OrderedDict[int, list[int]] = OrderedDict()  # piece -> [descriptor, users], checked pieces
         self._estimate: int | None = None  # bytes in the folder as of the last scan, plus this source's fills
-        self._prefetch_errors: dict[int, BaseException] = {}  # piece -> what its prefetch raised, for its read
+        self._filler = Filler(remote, self._path, self._piece_length, self.piece_bytes, lambda: self.caching,
+                              self._give_up, self._filled)
         self._prefetch = Prefetcher(self._prefetch_fill, self.max_in_flight,
                                     min(PREFETCH_AHEAD_MOST, self.limit // 2 // self.piece_bytes))
         key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
-                         getattr(remote, "last_modified", None))
+                         getattr(remote, "last_modified", None), self.piece_bytes)
         self.folder = None if key is None else os.path.join(cache_dir, "objects", key)  # None: caching is off
         self._root = self.folder  # stays, for paths built while another thread turns caching off
+        if key is None:
+            warnings.warn(f"{self.name}: the server sends neither an ETag nor a Last-Modified for it, so a changed "
+                          "object could not be told from the one cached; streaming on without the cache (every "
+                          "read from the server)", stacklevel=2)
         if self.folder is not None:
             try:
+                for folder in (os.path.dirname(self.folder), self.folder):  # links there are not the cache's
+                    if os.path.islink(folder):
+                        os.unlink(folder)
                 os.makedirs(self.folder, exist_ok=True)
             except OSError as exc:
                 self._give_up(exc)
@@ -203,14 +210,23 @@ class CachedSource:
         """Bytes received from the server so far, pieces fetched ahead included (progress: any thread)."""
         return self.remote.landed
 
+    close_while_reading = True
+    """:meth:`close` may be called while reads are in flight, from another thread (the reader's close does,
+    where a read hangs): it lets go of the cache at once, and the reads still running raise."""
+
     def close(self) -> None:
-        """Stop prefetching, close the remote source and the pieces held open (reads have ended).  Idempotent."""
-        self._prefetch.close()
+        """Let go of the fills in flight (:meth:`Filler.close <h5stream.remote.cache_fill.Filler.close>`: their
+        locks, half-written files and descriptors, at once, however long their fetches hang), stop prefetching,
+        close the pieces held open (each once no read uses it) and the remote source.  Reads still in flight, or
+        made later, raise.  Any thread; idempotent."""
+        self._filler.close()
         with self._lock:
-            fds = [fd for fd, _ in self._open.values()]
-            self._open.clear()
+            self._closed = True
+            idle = [i for i, (_, users) in self._open.items() if users == 0]
+            fds = [self._open.pop(i)[0] for i in idle]
         for fd in fds:
             os.close(fd)
+        self._prefetch.close()
         self.remote.close()
 
     def __enter__(self):
@@ -228,6 +244,8 @@ class CachedSource:
             self.remote.readinto(offset, buffers)
             return
         views, offset, length = checked_range(self.name, self.size, offset, buffers)
+        if self._closed:
+            raise closed_error(self.name)
         pos = 0
         for index, within, n in piece_spans(offset, length, self.piece_bytes):
             part = slice_views(views, pos, n)
@@ -272,13 +290,16 @@ class CachedSource:
                     return False
                 path = self._path(index, "piece")
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
                 except FileNotFoundError:
                     self._fill(index)
                     continue
                 except OSError as exc:
-                    self._give_up(exc)
-                    return False
+                    if exc.errno != errno.ELOOP:
+                        self._give_up(exc)
+                        return False
+                    self._drop_link(index, path)  # not a piece of the cache's: replaced
+                    continue
                 try:
                     checked = self._checked(index, fd, path)
                 except BaseException:
@@ -300,6 +321,8 @@ class CachedSource:
         """The descriptor of piece ``index`` if this source holds it open (one more user; give it back with
         :meth:`_put_back`), marking the piece used at most every :data:`TOUCH_EVERY_S`; else None."""
         with self._lock:
+            if self._closed:
+                raise closed_error(self.name)
             entry = self._open.get(index)
             if entry is None:
                 return None
@@ -322,7 +345,9 @@ class CachedSource:
         used one without a user is closed."""
         with self._lock:
             entry = self._open.get(index)
-            if entry is not None:
+            if self._closed:
+                extra, fd = fd, None
+            elif entry is not None:
                 entry[1] += 1
                 extra = fd
                 fd = entry[0]
@@ -336,13 +361,20 @@ class CachedSource:
                 os.close(self._open.pop(idle)[0])
         if extra is not None:
             os.close(extra)
+        if fd is None:
+            raise closed_error(self.name)
         return fd
 
     def _put_back(self, index: int) -> None:
         with self._lock:
             entry = self._open.get(index)
-            if entry is not None:  # None only after close()
-                entry[1] -= 1
+            if entry is None:
+                return
+            entry[1] -= 1
+            if not (self._closed and entry[1] == 0):
+                return
+            del self._open[index]  # its last read since close(): closed here
+        os.close(entry[0])
 
     def _checked(self, index: int, fd: int, path: str) -> bool:
         """Whether the open piece ``fd`` is whole (checked once per source; a bad one is removed), and marks it
@@ -358,12 +390,14 @@ class CachedSource:
                 with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm, memoryview(mm) as view:
                     ok = trailer_ok(view, n)
             if not ok:
-                with self._fill_lock(index):
-                    try:
-                        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                            os.unlink(path)
-                    except FileNotFoundError:
-                        pass
+                self._filler.claim(index)
+                try:
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                finally:
+                    self._filler.release(index)
                 return False
         if last is None or now - last >= TOUCH_EVERY_S:
             try:
@@ -374,9 +408,14 @@ class CachedSource:
                 self._used[index] = now
         return True
 
-    def _fill_lock(self, index: int) -> threading.Lock:
-        with self._lock:
-            return self._filling.setdefault(index, threading.Lock())
+    def _drop_link(self, index: int, path: str) -> None:
+        """Remove the symbolic link at piece ``index``'s ``path`` (the cache never reads or writes through one)."""
+        self._filler.claim(index)
+        try:
+            if os.path.islink(path):
+                os.unlink(path)
+        finally:
+            self._filler.release(index)
 
     def _prefetch_fill(self, index: int) -> None:
         """Piece ``index`` filled for the prefetcher: skipped where another thread or process fills it now; what
@@ -385,93 +424,17 @@ class CachedSource:
 
     def _fill(self, index: int, wait: bool = True) -> None:
         """Fetch piece ``index`` into the cache unless another thread or process has (or does meanwhile: with
-        ``wait``, wait for it; without, leave it to them).  A read's fill raises what the piece's prefetch raised,
-        if that failed, instead of fetching again."""
-        lock = self._fill_lock(index)
-        if not lock.acquire(blocking=wait):
-            return
-        try:
-            if wait:
-                with self._lock:
-                    failed = self._prefetch_errors.pop(index, None)
-                if failed is not None:
-                    raise failed
-            if self.folder is None:
-                return
-            try:
-                lock_fd = os.open(self._path(index, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                self._give_up(exc)
-                return
-            try:
-                try:  # waits while another process fills it (a prefetch leaves it to that process)
-                    fcntl.flock(lock_fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return
-                except OSError as exc:  # a file system without locks (ENOLCK): no cache rather than two fills
-                    self._give_up(exc)
-                    return
-                if os.path.exists(self._path(index, "piece")):
-                    return
-                try:
-                    filled = self._fetch(index)
-                except BaseException as exc:
-                    if not wait:  # kept, under the piece's lock, for the read waiting on it
-                        with self._lock:
-                            self._prefetch_errors[index] = exc
-                    raise
-            finally:
-                os.close(lock_fd)  # releases the flock
-        finally:
-            lock.release()
+        ``wait``, wait for it; without, leave it to them); see :meth:`Filler.fill
+        <h5stream.remote.cache_fill.Filler.fill>`."""
+        filled = self._filler.fill(index, wait)
         if filled:
             self._account(filled)
 
-    def _fetch(self, index: int) -> int:
-        """Fetch piece ``index`` (its lock held) into ``N.tmp``, then rename it to ``N.piece``: the bytes
-        filled, or 0 when a local write failed (the cache is off from then on)."""
-        n = self._piece_length(index)
-        tmp, path = self._path(index, "tmp"), self._path(index, "piece")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError as exc:
-            self._give_up(exc)
-            return 0
-        done = False
-        try:
-            try:
-                os.posix_fallocate(fd, 0, n + TRAILER_BYTES)  # a full disk fails here, not while writing
-                writer = PieceWriter(fd, n)
-                start = index * self.piece_bytes
-                if on_main_thread():  # interruptible there: into memory of its own, then written
-                    body = bytearray(n)
-                    self.remote.readinto(start, [body])
-                    writer.write(memoryview(body))
-                else:  # each part of the body written and summed as it arrives
-                    self.remote.stream_range(start, start + n, writer)
-                os.pwrite(fd, TRAILER.pack(MAGIC, writer.digest, n), n)
-            except WriteFailed as exc:
-                self._give_up(exc.error)
-                return 0
-            except OSError as exc:
-                if isinstance(exc, H5StreamError):  # the server's failure, not the disk's
-                    raise
-                self._give_up(exc)
-                return 0
-            try:  # no fsync: the trailer check stands for it (see the module doc)
-                os.rename(tmp, path)
-                done = True
-            except OSError as exc:
-                self._give_up(exc)
-                return 0
-        finally:
-            os.close(fd)
-            if not done:
-                unlink(tmp)
+    def _filled(self, index: int) -> None:
+        """Piece ``index`` was just filled by this source (its claim still held).  The filling thread."""
         with self._lock:
             self.pieces_fetched += 1
             self._used.setdefault(index, 0.0)  # its digest was just computed from these bytes: checked
-        return n + TRAILER_BYTES
 
     def _account(self, added: int) -> None:
         """Count ``added`` bytes filled; past the limit, rescan the folder and evict."""
@@ -491,5 +454,7 @@ class CachedSource:
         with self._lock:
             folder, self.folder = self.folder, None
         if folder is not None:
-            warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({exc.strerror or exc}); "
-                          "streaming on without the cache (every read from the server)", stacklevel=2)
+            why = "a file is in the way" if exc.errno in (errno.ENOTDIR, errno.EEXIST) else exc.strerror or exc
+            warnings.warn(f"{self.name}: cannot write to the cache at {self.cache_dir} ({why}); streaming on "
+                          "without the cache (every read from the server); pass cache_dir= a folder it may write "
+                          "to, or cache_dir=None", stacklevel=2)

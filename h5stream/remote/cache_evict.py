@@ -1,10 +1,15 @@
 """Keeping a disk cache folder (:mod:`h5stream.remote.cache`) within its limit: the least recently used pieces
 go first, and ``.tmp`` files no process is filling (a fill killed midway) go with them.  Runs in whichever
 process's fill passed the limit, under ``flock`` on ``CACHE_DIR/evict.lock``; a process that finds it held leaves
-the eviction to its holder."""
+the eviction to its holder.
+
+The cache opens no file of its folder through a symbolic link (``O_NOFOLLOW``): a link planted where one of its
+files goes (pointing at a file of the user's, say) is never written through; a lock file that is a link is removed
+and made anew (:func:`open_lock`), a piece or temporary file that is one is replaced."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 
@@ -14,7 +19,7 @@ def evict(cache_dir: str, limit: int) -> int | None:
     and leftover ``.tmp`` files no process is filling; the bytes that remain (None when another process is
     evicting now: it will)."""
     try:
-        lock_fd = os.open(os.path.join(cache_dir, "evict.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = open_lock(os.path.join(cache_dir, "evict.lock"))
     except OSError:
         return None
     try:
@@ -69,7 +74,7 @@ def _entries(root: str):
 def _idle(lock_path: str) -> bool:
     """Whether no process holds the lock file at ``lock_path`` (held locks are fills in progress)."""
     try:
-        fd = os.open(lock_path, os.O_RDWR)
+        fd = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
@@ -79,6 +84,18 @@ def _idle(lock_path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def open_lock(path: str) -> int:
+    """A descriptor of the lock file at ``path`` (created if missing), never opened through a symbolic link: a
+    link there (none of the cache's own) is removed and the file made anew.  Raises ``OSError``."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    unlink(path)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
 
 
 def unlink(path: str) -> bool:

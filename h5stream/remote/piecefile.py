@@ -13,6 +13,7 @@ disk is never taken for a server's failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import xxhash
@@ -35,13 +36,18 @@ class WriteFailed(H5StreamError):
 
 class PieceWriter:
     """Writes the ``expected`` bytes of a piece, in order, into the open file ``fd`` from offset 0, keeping their
-    digest (:attr:`digest`, as :func:`piece_digest` gives it for the whole) and count (``filled``).  One thread."""
+    digest (:attr:`digest`, as :func:`piece_digest` gives it for the whole) and count (``filled``).  One thread.
 
-    def __init__(self, fd: int, expected: int):
+    ``held()``, where given, is entered around each write: it keeps ``fd`` open meanwhile, or raises (an
+    h5stream error) once the fill was given up (:class:`~h5stream.remote.cache_fill.Fill`), so a response that
+    arrives after its source closed writes nothing."""
+
+    def __init__(self, fd: int, expected: int, held=None):
         self.fd = fd
         self.expected = int(expected)
         self.filled = 0
         self._hash = xxhash.xxh3_64()
+        self._held = held or contextlib.nullcontext
 
     @property
     def digest(self) -> int:
@@ -55,10 +61,11 @@ class PieceWriter:
         if self.filled + n > self.expected:
             raise OverflowError(f"{self.filled + n} bytes for a piece of {self.expected}")
         pos = 0
-        try:
-            while pos < n:
-                pos += os.pwrite(self.fd, part[pos:], self.filled + pos)
-        except OSError as exc:
-            raise WriteFailed(exc) from None
+        with self._held():
+            try:
+                while pos < n:
+                    pos += os.pwrite(self.fd, part[pos:], self.filled + pos)
+            except OSError as exc:
+                raise WriteFailed(exc) from None
         self._hash.update(part)
         self.filled += n

@@ -19,7 +19,8 @@ What it keeps:
   the read that wants the piece raises it instead of waiting out a second timeout, so a server gone mid-epoch
   fails the stream as a read of its own would.
 * :meth:`Prefetcher.close` stops the threads: queued pieces are dropped, a fetch in flight ends with its request
-  (within the remote source's ``timeout_s``); the threads are daemons and never keep the process alive.
+  (within the remote source's ``timeout_s``; its source has let go of the piece before, see
+  :mod:`h5stream.remote.cache_fill`); the threads are daemons and never keep the process alive.
 
 Thread-safety: :meth:`want` from the reader thread; :meth:`used` from any thread (I/O threads);
 :meth:`close` from any thread, idempotent.

@@ -105,6 +105,15 @@ class _Scatter:
                 self.within = 0
 
 
+def known_time(last_modified):
+    """``last_modified`` as the client gives it, or None where the server sent none: the client then fills in the
+    Unix epoch, which would make every version of the object look the same (the disk cache's key) and condition
+    every read on a date before any write (pure)."""
+    if last_modified is None or getattr(last_modified, "timestamp", lambda: 1)() == 0:
+        return None
+    return last_modified
+
+
 def request_spans(offset: int, length: int, most: int) -> list[tuple[int, int]]:
     """``[start, end)`` of the requests reading ``length`` bytes at ``offset``: as few as hold at most ``most``
     bytes each, of equal size (to a byte), in order (pure)."""
@@ -171,7 +180,7 @@ class RemoteSource:
             raise self._error(exc) from None
         self.size = int(meta["size"])
         self.etag: str | None = meta.get("e_tag") or None
-        self.last_modified = meta.get("last_modified")
+        self.last_modified = known_time(meta.get("last_modified"))
         self._conditions = {}
         if self.etag and not self.etag.startswith("W/"):  # weak ETags never match If-Match
             self._conditions["if_match"] = self.etag
