@@ -429,6 +429,62 @@ def test_the_limit_evicts_least_recently_used_pieces(range_server, tmp_path):
     assert evict(str(tmp_path), limit) <= limit
 
 
+EVICT_CHILD = textwrap.dedent("""
+    import sys
+    from h5stream.remote import cache_evict
+
+    def pause_at_the_removal_of_a_tmp(frame, event, arg):
+        # Instrumentation, not a stand-in: the real evict() runs, and stops just as it removes a leftover .tmp.
+        if (event == "call" and frame.f_code.co_name == "unlink" and frame.f_globals is vars(cache_evict)
+                and str(frame.f_locals.get("path", "")).endswith(".tmp")):
+            print("removing", flush=True)
+            sys.stdin.readline()
+
+    sys.settrace(pause_at_the_removal_of_a_tmp)
+    print("left", cache_evict.evict(sys.argv[1], int(sys.argv[2])), flush=True)
+""")
+
+
+def test_eviction_removes_a_leftover_tmp_only_while_holding_its_piece_s_lock(tmp_path):
+    """A fill killed midway leaves ``N.tmp``; eviction removes it when no process holds ``N.lock``.  It used to
+    let the lock go between finding it free and removing the file, so a fill that started in between (lock
+    taken, a new ``N.tmp`` made) lost its file and failed its rename.  Now, at the moment of removal, the lock is
+    the evictor's: no fill can start then."""
+    import fcntl
+
+    folder = tmp_path / "objects" / "key"
+    folder.mkdir(parents=True)
+    (folder / "0.tmp").write_bytes(b"left by a killed fill")
+    (folder / "0.lock").touch()
+    proc = subprocess.Popen([sys.executable, "-c", EVICT_CHILD, str(tmp_path), str(1 << 30)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "removing\n", proc.stderr.read()
+        lock = os.open(folder / "0.lock", os.O_RDWR)
+        try:
+            try:  # a fill starting now, as the cache's fill does: the piece's lock, then a new N.tmp
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                started = True
+                os.unlink(folder / "0.tmp")
+                (folder / "0.tmp").write_bytes(b"a new fill's bytes")
+            except BlockingIOError:
+                started = False
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0 and out.startswith("left"), err
+            if started:
+                assert (folder / "0.tmp").read_bytes() == b"a new fill's bytes", "the new fill's file was removed"
+        finally:
+            os.close(lock)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert not started, "a fill could take the piece's lock while eviction was removing its .tmp"
+    assert not (folder / "0.tmp").exists()
+
+
 @pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
 def test_reads_through_the_cache_are_checked_once_as_a_local_file_s(range_server, tmp_path, cache):
     """verify_reads="once": a block read from the cache's immutable, CRC-checked pieces is checked on its first

@@ -33,9 +33,7 @@ def evict(cache_dir: str, limit: int) -> int | None:
                 pieces.append((st.st_mtime_ns, os.path.join(folder, name), st.st_size))
                 total += st.st_size
             elif name.endswith(".tmp"):
-                if _idle(os.path.join(folder, name[:-4] + ".lock")):
-                    unlink(os.path.join(folder, name))
-                else:
+                if not _remove_if_idle(os.path.join(folder, name), os.path.join(folder, name[:-4] + ".lock")):
                     total += st.st_size
         if total <= limit:
             return total
@@ -71,19 +69,23 @@ def _entries(root: str):
             continue
 
 
-def _idle(lock_path: str) -> bool:
-    """Whether no process holds the lock file at ``lock_path`` (held locks are fills in progress)."""
+def _remove_if_idle(tmp_path: str, lock_path: str) -> bool:
+    """Remove the leftover ``tmp_path`` if no process holds its piece's lock file ``lock_path`` (a held lock is
+    a fill in progress), holding that lock while it removes it, so that no fill can start between the two and
+    lose its new file; whether it was removed."""
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
     except BlockingIOError:
-        return False
-    finally:
         os.close(fd)
+        return False
+    try:
+        return unlink(tmp_path)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def open_lock(path: str) -> int:
