@@ -114,6 +114,15 @@ def test_options_default_on_and_off_and_checked(tmp_path):
         h5stream.open(url, cache_dir=5)
     with pytest.raises(ConfigError, match="cache_limit"):
         h5stream.open(url, cache_limit="lots")
+    # The remote dict takes sizes as open() does; an empty cache_dir (an unset variable, say) is no silent "off".
+    from h5stream.streaming.options import StreamOptions
+
+    remote = StreamOptions(remote={"cache_limit": "2GB", "cache_piece": "4MiB"}).remote
+    assert (remote.cache_limit, remote.cache_piece) == (2 * 10**9, 4 << 20)
+    with pytest.raises(ConfigError, match="remote cache_limit"):
+        h5stream.open(url, remote={"cache_limit": "lots"})
+    with pytest.raises(ConfigError, match="cache_dir is an empty string"):
+        h5stream.open(url, cache_dir="")
 
 
 def test_the_index_is_counted_in_the_budget():

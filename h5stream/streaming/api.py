@@ -56,7 +56,8 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
             (batches are the images alone, for ``model.predict``).
         remote: an :class:`h5stream.RemoteOptions` or a dict of its fields
             (``endpoint``, ``region``, ``profile``, ``anonymous``, ``timeout_s``,
-            ``max_in_flight``, ``headers``) for a URL.
+            ``max_in_flight``, ``headers``, ``cache_piece``: bytes or ``"8MiB"``)
+            for a URL.
         cache_dir: for a URL, the folder of the local disk cache that keeps
             what was fetched for later epochs, other processes and later runs
             (``"auto"``: ``$XDG_CACHE_HOME/h5stream`` or ``~/.cache/h5stream``;

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 
 from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
@@ -20,6 +21,9 @@ from h5stream.order.epoch import check_shard
 from h5stream.order.split import check_split
 from h5stream.read.plan import parse_bytes
 from h5stream.read.source import check_direct_io
+
+SIZE_FIELDS = ("cache_limit", "cache_piece")
+"""Fields of a ``remote`` dict that, as :func:`h5stream.open`'s own sizes, may be strings like ``"100GB"``."""
 
 
 def _is_int(value) -> bool:
@@ -85,8 +89,15 @@ class StreamOptions:
         if self.remote is not None:
             from h5stream.remote.config import remote_options
 
-            object.__setattr__(self, "remote", remote_options(self.remote))
+            remote = self.remote
+            if isinstance(remote, Mapping):  # its sizes as open()'s own: bytes, or a string like "100GB"
+                remote = {k: parse_bytes(v, what=f"remote {k}") if k in SIZE_FIELDS and isinstance(v, str) else v
+                          for k, v in remote.items()}
+            object.__setattr__(self, "remote", remote_options(remote))
         cache_on = self.cache_dir is not None and self.cache_dir is not False
+        if isinstance(self.cache_dir, (str, os.PathLike)) and not os.fspath(self.cache_dir):
+            raise ConfigError("cache_dir is an empty string; give a folder's path, 'auto' (the user's cache folder) "
+                              "or None (no cache)")
         if cache_on and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise ConfigError(f"cache_dir must be a folder's path, 'auto' (the user's cache folder) or None (no "
                               f"cache), got {self.cache_dir!r}")
