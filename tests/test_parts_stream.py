@@ -144,6 +144,32 @@ def test_a_part_set_must_be_whole_and_of_one_listing(stores, tmp_path):
         h5stream.open(copies, batch_size=8)
 
 
+def test_a_store_listed_twice_by_any_name_is_refused_in_one_line(stores, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    parts, _ = stores
+    folder = os.path.dirname(parts[0])
+    os.symlink(parts[1], tmp_path / "link.h5")
+    os.link(parts[1], tmp_path / "hard.h5")
+    (tmp_path / "set.json").write_text(json.dumps({"h5stream_parts": 1, "parts": parts + [parts[0]]}))
+    for spec, twice in [
+        (parts + [parts[2]], "part-2.h5"),
+        ([parts[0], os.path.join(folder, ".", "part-1.h5"), parts[1]], "part-1.h5"),
+        (parts + [str(tmp_path / "link.h5")], "link.h5"),
+        ([str(tmp_path / "hard.h5")] + parts, "part-1.h5"),
+        (str(tmp_path / "set.json"), "part-0.h5"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"{twice}: this store is listed twice in the set.*list each part once"):
+            h5stream.open(spec, batch_size=8)
+    done = subprocess.run([sys.executable, "-m", "h5stream", "verify", parts[0], parts[1], parts[0]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("h5stream: error: ") and "listed twice" in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
 def test_parts_at_urls_and_a_manifest_at_a_url(stores, tmp_path):
     pytest.importorskip("obstore")
     import shutil

@@ -15,7 +15,9 @@ by byte offset (an encoded part's rows as byte ranges of its ``/image_bytes``), 
 whole chunk at a time, as one compressed store is; a set with a compressed part has the compressed store's
 shuffle unit, a whole block.  The parts of an
 ``ingest --part`` set must be the whole set: one part of each index, all cut from the same source listing; a
-missing part is named.  Each check is one line naming the part that differs and how.
+missing part is named.  No store may be listed twice, by any name (another spelling of its path, a symbolic or
+hard link, a manifest naming it twice): its rows would be served twice an epoch.  Each check is one line naming
+the part that differs and how.
 
 Manifest format (JSON, UTF-8)::
 
@@ -127,8 +129,30 @@ def read_any(spec, remote, timeout_s: float, cache_dir="auto", cache_limit: int 
     paths = part_paths(spec)
     if paths is None:
         return read_meta(spec, remote=stream_remote(spec, remote, timeout_s, cache_dir, cache_limit))
+    _refuse_repeats(paths)
     metas = [read_meta(p, remote=stream_remote(p, remote, timeout_s, cache_dir, cache_limit)) for p in paths]
     return join_parts(metas, _name(spec, paths))
+
+
+def _refuse_repeats(paths: list[str]) -> None:
+    """A one-line :class:`ConfigError` when two of ``paths`` are one store: the same URL, or the same local file
+    by any name (spelled otherwise, a symbolic or hard link), which would serve its rows twice an epoch.  A path
+    that cannot be looked at is left to :func:`read_meta` to name."""
+    seen: dict = {}
+    for path in paths:
+        if is_url(path):
+            key = ("url", path)
+        else:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key = ("file", st.st_dev, st.st_ino)
+        if key in seen:
+            same = "" if seen[key] == path else f" (also listed as {seen[key]})"
+            raise ConfigError(f"{path}: this store is listed twice in the set{same}, so its rows would be served "
+                              "twice an epoch; list each part once")
+        seen[key] = path
 
 
 def _name(spec, paths: list[str]) -> str:
