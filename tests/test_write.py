@@ -362,3 +362,46 @@ def test_a_write_resumed_with_another_encoding_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="store has encoding raw, this write asks for jpeg"):
         h5stream.write(tmp_path / "r.h5", (_photos(10), np.arange(10) % 2), resume=True, order="sorted",
                        encoding="jpeg")
+
+
+class _HeldImage:
+    """An image whose pixels are handed over only once ``release`` is set: the thread adding it stays inside
+    ``Writer.add`` until then (``entered`` says it is there)."""
+
+    def __init__(self, pixels, entered, release):
+        self.pixels, self.entered, self.release = pixels, entered, release
+
+    def __array__(self, dtype=None, copy=None):
+        self.entered.set()
+        assert self.release.wait(60)
+        return self.pixels
+
+
+def test_a_writer_used_by_a_second_thread_at_once_is_one_clear_error_and_keeps_its_rows_whole(tmp_path):
+    import threading
+
+    out = tmp_path / "o.h5"
+    rows = np.arange(6 * 4 * 4 * 3, dtype=np.uint8).reshape(6, 4, 4, 3)
+    entered, release = threading.Event(), threading.Event()
+    with h5stream.Writer(out) as w:
+        w.add(rows[0], 0)
+        inside = threading.Thread(target=w.add, args=(_HeldImage(rows[1], entered, release), 1))
+        inside.start()
+        try:
+            assert entered.wait(60)
+            with pytest.raises(ConfigError, match=r"o\.h5: add\(\) while another thread is inside this Writer; "
+                                                  "a Writer is used by one thread at a time"):
+                w.add(rows[5], 5)
+            with pytest.raises(ConfigError, match=r"add_rows\(\) while another thread is inside"):
+                w.add_rows(rows[4:], np.array([4, 5]), np.array([4, 5]))
+            with pytest.raises(ConfigError, match=r"close\(\) while another thread is inside"):
+                w.close()
+        finally:
+            release.set()
+            inside.join()
+        for k in (2, 3):
+            w.add(rows[k], k)
+    got = contents(out)
+    np.testing.assert_array_equal(got[schema.IMAGES], rows[:4])
+    np.testing.assert_array_equal(got[schema.LABELS], np.arange(4))
+    assert [int(p) for p in got[schema.PATHS]] == [0, 1, 2, 3]
