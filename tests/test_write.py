@@ -405,3 +405,17 @@ def test_a_writer_used_by_a_second_thread_at_once_is_one_clear_error_and_keeps_i
     np.testing.assert_array_equal(got[schema.IMAGES], rows[:4])
     np.testing.assert_array_equal(got[schema.LABELS], np.arange(4))
     assert [int(p) for p in got[schema.PATHS]] == [0, 1, 2, 3]
+
+
+def test_a_store_path_of_bytes_is_written_and_one_of_another_type_is_one_clear_error(tmp_path):
+    x = np.zeros((3, 4, 4, 3), np.uint8)
+    out = tmp_path / "b.h5"
+    result = h5stream.write(os.fsencode(out), (x, np.arange(3)))
+    assert result.out == str(out) and result.rows == 3
+    with h5stream.Writer(os.fsencode(tmp_path / "w.h5")) as w:
+        w.add(x[0], 1)
+    assert contents(tmp_path / "w.h5")[schema.LABELS].tolist() == [1]
+    for bad in (123, None, ["o.h5"]):
+        with pytest.raises(ConfigError, match=f"the store's path must be a file name .* got {type(bad).__name__}"):
+            h5stream.write(bad, (x, np.arange(3)))
+    assert sorted(os.listdir(tmp_path)) == ["b.h5", "w.h5"]
