@@ -34,8 +34,8 @@ from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.order.epoch import EpochLayout, epoch_layout, shard_layout
 from h5stream.order.pieces import piece, resumed_stages, rest_of_epoch, rows_served
 from h5stream.order.split import subset_rows
+from h5stream.order.statecheck import check_complete, check_values
 from h5stream.store.meta import StoreMeta
-from h5stream.streaming.statecheck import check_complete, check_values
 
 if TYPE_CHECKING:
     from h5stream.streaming.options import StreamOptions
@@ -387,7 +387,7 @@ def _is_state(state) -> bool:
 
 def checked_state(state):
     """``state`` if it is a dict of a version :func:`resume_point` reads (or None), whole and of integers where
-    ``Stream.state()`` puts them (:mod:`~h5stream.streaming.statecheck`); else :class:`ConfigError`."""
+    ``Stream.state()`` puts them (:mod:`~h5stream.order.statecheck`); else :class:`ConfigError`."""
     if state is None:
         return None
     if isinstance(state, dict):
