@@ -37,7 +37,6 @@ from two threads together would mix their rows, labels and paths).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -46,6 +45,7 @@ import time
 
 import numpy as np
 
+from h5stream.concurrency.guard import Entered
 from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreFormatError, StoreWriteError
 from h5stream.ingest import job
 from h5stream.ingest.decode import SkipFile
@@ -166,7 +166,11 @@ class Writer:
         self._closed = False
         self._result: WriteResult | None = None
         self._first_skip: tuple[int, str] | None = None  # for the error when no item became a row
-        self._busy = threading.Lock()  # held by the one thread inside add(), add_rows() or close(); never waited on
+        busy = threading.Lock()  # held by the one thread inside add(), add_rows() or close(); never waited on
+        self._in_add, self._in_add_rows, self._in_close = (Entered(busy, lambda what=what: ConfigError(
+            f"{self.path}: {what} while another thread is inside this Writer; a Writer is used by one thread at a "
+            "time: add from one thread (hand it the items through a queue), or write one store per thread and open "
+            "them as a set")) for what in ("add()", "add_rows()", "close()"))
         self._lock = StoreLock.acquire(self.path)
         try:
             self._open(opts)
@@ -305,22 +309,10 @@ class Writer:
         """Rows in the store once what was added so far is committed."""
         return (self._store.rows if self._store is not None else 0) + len(self._buf_paths)
 
-    @contextlib.contextmanager
-    def _entered(self, what: str):
-        """Held by the one thread inside ``what``; ConfigError for a second thread (it never waits)."""
-        if not self._busy.acquire(blocking=False):
-            raise ConfigError(f"{self.path}: {what} while another thread is inside this Writer; a Writer is used by "
-                              "one thread at a time: add from one thread (hand it the items through a queue), or "
-                              "write one store per thread and open them as a set")
-        try:
-            yield
-        finally:
-            self._busy.release()
-
     def add(self, image, label=None, *, index: int | None = None) -> bool:
         """Add one item (storage position :attr:`consumed`); True if it became a row, False if it was skipped (and
         listed in the skip report under ``index``, default its position).  SourceError with ``strict``."""
-        with self._entered("add()"):
+        with self._in_add:
             return self._add(image, label, index)
 
     def _add(self, image, label, index: int | None) -> bool:
@@ -357,7 +349,7 @@ class Writer:
         """Add a run of items whose images are already ``uint8`` of the store's row shape (a block of arrays):
         appended as they are when every label fits (after rows staged by :meth:`add`, with them, the run ending
         at most at their block's end), else item by item.  Needs the store created (after a first :meth:`add`)."""
-        with self._entered("add_rows()"):
+        with self._in_add_rows:
             self._add_rows(images, labels, indices)
 
     def _add_rows(self, images: np.ndarray, labels, indices) -> None:
@@ -439,7 +431,7 @@ class Writer:
     def close(self) -> WriteResult:
         """Append and commit what was added, close the store and release its lock; the result.  Idempotent.
         SourceError when no item became a row of a new store (none is created)."""
-        with self._entered("close()"):
+        with self._in_close:
             return self._finish(interrupted=False)
 
     def _finish(self, interrupted: bool) -> WriteResult:
