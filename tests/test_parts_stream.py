@@ -170,6 +170,37 @@ def test_a_store_listed_twice_by_any_name_is_refused_in_one_line(stores, tmp_pat
     assert done.stderr.count("\n") == 1
 
 
+OUT_OF_FILES = r"""
+import resource, sys
+import h5stream
+resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    with h5stream.open(sys.argv[1], batch_size=16, workers=int(sys.argv[2])) as s:
+        for _ in s:
+            pass
+    print("streamed")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_set_of_more_parts_than_files_may_be_open_is_one_line_naming_the_limit_not_damage(tmp_path, workers):
+    import subprocess
+    import sys
+
+    for k in range(60):
+        images, labels = _rows(5, 5 * k)
+        write_arrays(tmp_path / f"part-{k:02d}.h5", images, labels, block_rows=4)
+    done = subprocess.run([sys.executable, "-c", OUT_OF_FILES, str(tmp_path / "part-*.h5"), str(workers)],
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout.strip()
+    assert done.returncode == 0 and out.count("\n") == 0, (out, done.stderr[-2000:])
+    assert out.startswith("ReaderError ") and "damaged" not in out
+    assert "too many open files for this process (ulimit -n is 96); raise it (e.g. ulimit -n 4096), or write " \
+           "fewer, larger parts (each of this set's 60 parts keeps about 2 files open while it streams)" in out
+
+
 def test_parts_at_urls_and_a_manifest_at_a_url(stores, tmp_path):
     pytest.importorskip("obstore")
     import shutil

@@ -60,6 +60,12 @@ class PartSetMeta(StoreMeta):
 
         return bisect.bisect_right(self.starts, int(row)) - 1
 
+    @property
+    def open_files_hint(self) -> str:
+        """What an error of running out of file descriptors adds for a set: every part is open while it streams."""
+        return (f", or write fewer, larger parts (each of this set's {len(self.parts)} parts keeps about 2 files "
+                "open while it streams)")
+
 
 def is_part_set(meta) -> bool:
     """Whether ``meta`` is a :class:`PartSetMeta` (a set of parts, not one store)."""
