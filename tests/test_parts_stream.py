@@ -259,3 +259,17 @@ def test_runs_of_a_set_never_cross_a_part_and_put_every_row_at_its_byte(seed):
         for k in range(run.rows):
             assert rows_in_order[run.dest + k] == run.src + k
             assert where(run.src + k)[1] == run.offset + k * row_bytes  # one contiguous read of that part's file
+
+
+def test_a_manifest_longer_than_a_mebibyte_lists_every_part(tmp_path):
+    from h5stream.errors import StoreFormatError
+    from h5stream.store.partset import part_paths
+
+    names = [f"shard-{k:06d}-of-040000-{'x' * 16}.h5" for k in range(40_000)]
+    manifest = tmp_path / "set.json"
+    manifest.write_text(json.dumps({"h5stream_parts": 1, "parts": names}))
+    assert manifest.stat().st_size > 1 << 20
+    assert part_paths(str(manifest)) == [str(tmp_path / n) for n in names]
+    manifest.write_text(json.dumps({"h5stream_parts": 1, "parts": names, "pad": " " * (64 << 20)}))
+    with pytest.raises(StoreFormatError, match=r"set\.json: a manifest of more than 64 MiB; list fewer, larger parts"):
+        part_paths(str(manifest))

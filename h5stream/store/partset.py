@@ -43,6 +43,8 @@ from h5stream.store.meta import StoreMeta, read_meta
 MANIFEST_KEY = "h5stream_parts"
 MANIFEST_VERSION = 1
 GLOB_CHARS = frozenset("*?[")
+MANIFEST_MAX_BYTES = 64 << 20
+"""The most a manifest may hold (about a million parts' names): read whole, never cut short."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,14 +105,17 @@ def read_manifest(where: str) -> list[str]:
             import urllib.request
 
             with urllib.request.urlopen(where, timeout=60) as response:
-                raw = response.read(1 << 20)
+                raw = response.read(MANIFEST_MAX_BYTES + 1)
         else:
             with open(where, "rb") as f:
-                raw = f.read(1 << 20)
+                raw = f.read(MANIFEST_MAX_BYTES + 1)
     except FileNotFoundError:
         raise StoreNotFoundError(f"{where}: no such manifest file") from None
     except OSError as exc:
         raise StoreNotFoundError(f"{where}: cannot read the manifest ({exc})") from None
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise StoreFormatError(f"{where}: a manifest of more than {MANIFEST_MAX_BYTES >> 20} MiB; list fewer, larger "
+                               "parts")
     try:
         value = json.loads(raw)
     except ValueError:
