@@ -224,6 +224,30 @@ def test_parts_at_urls_and_a_manifest_at_a_url(stores, tmp_path):
         server.stop()
 
 
+def test_a_manifest_at_a_url_resolves_parts_outside_its_folder_and_names_with_a_colon(stores, tmp_path):
+    pytest.importorskip("obstore")
+    import shutil
+
+    from remote_servers import RangeServer
+
+    parts, whole = stores
+    root = tmp_path / "www"
+    (root / "sets").mkdir(parents=True)
+    names = ["part-0.h5", "part-1-12:00.h5", "part-2.h5"]
+    for p, name in zip(parts, names):
+        shutil.copy(p, root / name)
+    (root / "sets" / "set.json").write_text(json.dumps({"h5stream_parts": 1, "parts": [f"../{n}" for n in names]}))
+    shutil.copy(parts[0], root / "sets" / "part-0.h5")
+    (root / "sets" / "here.json").write_text(json.dumps({"h5stream_parts": 1, "parts": ["part-0.h5"]}))
+    server = RangeServer(root)
+    try:
+        kw = dict(batch_size=24, seed=4, rows_per_fill=96)
+        _same(_batches(server.url + "sets/set.json", **kw), _batches(whole, **kw))
+        _same(_batches(server.url + "sets/here.json", **kw), _batches(parts[0], **kw))
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_runs_of_a_set_never_cross_a_part_and_put_every_row_at_its_byte(seed):
     """plan_part_runs against a row-by-row answer: random part sizes, block sizes, chunk placement, segments."""

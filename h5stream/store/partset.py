@@ -24,7 +24,8 @@ Manifest format (JSON, UTF-8)::
     {"h5stream_parts": 1, "parts": ["part-0.h5", "part-1.h5", "s3://bucket/part-2.h5"]}
 
 ``parts`` lists the stores, each a path or URL; a relative path is relative to the manifest's own folder (or, for
-a manifest at a URL, to its URL).  Read in the calling thread (the stream's ``open``).
+a manifest at a URL, resolved against its URL as a link is: ``../part-0.h5`` is a part beside the manifest's
+folder).  Read in the calling thread (the stream's ``open``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import glob as globlib
 import hashlib
 import json
 import os
-import posixpath
 
 from h5stream.errors import ConfigError, StoreFormatError, StoreNotFoundError
 from h5stream.remote.config import is_url, stream_remote
@@ -128,8 +128,11 @@ def read_manifest(where: str) -> list[str]:
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
         raise StoreFormatError(f"{where}: \"parts\" must be a non-empty list of paths or URLs; {fix}")
     if is_url(where):
-        base = where.rsplit("/", 1)[0]
-        return [p if is_url(p) or p.startswith("/") else posixpath.join(base, p) for p in parts]
+        from urllib.parse import urljoin
+
+        # resolved as a browser resolves a link (RFC 3986): "../part-0.h5" climbs out of the manifest's folder;
+        # "./" first, so that a name with a colon ("12:00.h5") is never read as a scheme
+        return [p if is_url(p) or p.startswith("/") else urljoin(where, "./" + p) for p in parts]
     base = os.path.dirname(os.path.abspath(where))
     return [p if is_url(p) or os.path.isabs(p) else os.path.join(base, p) for p in parts]
 
