@@ -419,3 +419,16 @@ def test_a_store_path_of_bytes_is_written_and_one_of_another_type_is_one_clear_e
         with pytest.raises(ConfigError, match=f"the store's path must be a file name .* got {type(bad).__name__}"):
             h5stream.write(bad, (x, np.arange(3)))
     assert sorted(os.listdir(tmp_path)) == ["b.h5", "w.h5"]
+
+
+def test_a_total_that_is_no_count_of_items_is_one_clear_error_and_writes_nothing(tmp_path):
+    out = tmp_path / "t.h5"
+    for bad in ("abc", -1, 2.5, True, [3]):
+        with pytest.raises(ConfigError, match=r"total must be the count of items the source holds \(an int >= 0\)"):
+            h5stream.Writer(out, total=bad)
+    assert os.listdir(tmp_path) == []
+    with h5stream.Writer(out, total=np.int64(3)) as w:
+        w.add(np.zeros((4, 4, 3), np.uint8), 0)
+    from h5stream.store.meta import read_meta
+
+    assert "1 of 3" in unfinished_message(read_meta(str(out)))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 import threading
 import time
@@ -144,6 +145,8 @@ class Writer:
     def __init__(self, path, *, resume: bool = False, total: int | None = None, _order: str | None = None,
                  **options):
         self._t0 = time.perf_counter()
+        if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 0):
+            raise ConfigError(f"total must be the count of items the source holds (an int >= 0) or None, got {total!r}")
         opts = write_options(path, resume=resume, **options)
         self._commit_rows_given = options.get("commit_rows") is not None
         if opts.order == "shuffled" and _order is None:
