@@ -8,6 +8,9 @@ and how to fix it, in one line.
 
 from __future__ import annotations
 
+import errno
+import resource  # here, not where a limit is met: importing its extension then needs a descriptor
+
 
 class H5StreamError(Exception):
     """Base class of every error h5stream raises on purpose."""
@@ -131,9 +134,6 @@ class ResourceLimitError(H5StreamError, OSError):
 
 def descriptor_limit(code: int | None) -> tuple[str, str] | None:
     """``(what, how to fix)`` for running out of file descriptors (EMFILE, ENFILE), None for another errno."""
-    import errno
-    import resource
-
     if code == errno.EMFILE:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)

@@ -226,6 +226,36 @@ def test_restore_of_another_shard_count_into_an_open_stream_is_refused(store):
         h5stream.open(store, shard=(0, 3), resume={**state, "rows_consumed": 7}, **KW)
 
 
+def test_a_damaged_or_cut_state_is_one_line_naming_its_key_and_a_state_through_json_or_numpy_resumes(store):
+    import json
+
+    with h5stream.open(store, shard=(1, 4), **KW) as s:
+        it = iter(s)
+        next(it), next(it)
+        state = s.state()
+        rest = [_ids(x) for x, _ in it]
+    damaged = [("epoch", "1"), ("batch", None), ("seed", 17.5), ("rows_per_fill", "x"), ("shuffle", "yes"),
+               ("rows_consumed", [3]), ("shard_count", 0), ("shard_index", 4)]
+    for key, value in damaged:
+        for how in ("open", "restore"):
+            with pytest.raises(ConfigError, match=rf"cannot resume: the state's '?{key}'? .*Stream\.state\(\)"):
+                if how == "open":
+                    h5stream.open(store, shard=(1, 4), resume={**state, key: value}, **KW).close()
+                else:
+                    with h5stream.open(store, shard=(1, 4), **KW) as s:
+                        s.restore({**state, key: value})
+    for key in ("batch_size", "rows", "rows_consumed", "stages", "shuffle", "seed"):
+        cut = {k: v for k, v in state.items() if k != key}
+        with pytest.raises(ConfigError, match=rf"the state \(version 3\) has no '{key}'; it was cut or edited"):
+            h5stream.open(store, shard=(1, 4), resume=cut, **KW).close()
+    as_json = json.loads(json.dumps(state))
+    as_numpy = {k: np.int64(v) if isinstance(v, int) else v for k, v in state.items()}
+    for again in (as_json, as_numpy):
+        with h5stream.open(store, shard=(1, 4), resume=again, **KW) as r:
+            got = [_ids(x) for x, _ in r]
+        assert len(got) == len(rest) and all(np.array_equal(a, b) for a, b in zip(got, rest))
+
+
 def test_a_version_1_state_finishes_its_epoch_in_its_old_order_then_the_global_order_follows(store):
     with h5stream.open(store, shard=(1, 4), **KW) as s:
         it = iter(s)

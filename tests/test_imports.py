@@ -195,7 +195,7 @@ LAYERS = (
     ("process pool, waits", ("h5stream.concurrency.procpool", "h5stream.concurrency.wait")),
     ("low level", ("h5stream.concurrency.spawn", "h5stream.memory.shm", "h5stream.concurrency.interrupt",
                    "h5stream._deps", "h5stream.samples", "h5stream._kwargs", "h5stream.concurrency.cores",
-                   "h5stream.concurrency.gcpause")),
+                   "h5stream.concurrency.gcpause", "h5stream.concurrency.guard")),
     ("fork safety", ("h5stream.concurrency.fork",)),
     ("lent memory", ("h5stream.memory.lend",)),
     ("raw I/O", ("h5stream.memory.rawio",)),

@@ -198,3 +198,35 @@ def test_repair_keeps_a_part_that_part(class_src, h5cli, tmp_path):
     code, stdout, err = h5cli("repair", out)
     assert code == 0 and "rebuilt" in stdout, err
     assert read_meta(str(out)).part == before
+
+
+def test_repair_of_a_set_is_one_line_naming_a_part_to_repair(h5cli, tmp_path):
+    import json
+
+    from h5stream.store.writer import write_arrays
+
+    parts = []
+    for k in range(2):
+        parts.append(tmp_path / f"part-{k}.h5")
+        write_arrays(parts[-1], np.full((5, 4, 4, 3), k, np.uint8), np.arange(5) % 2, block_rows=4)
+    manifest = tmp_path / "set.json"
+    manifest.write_text(json.dumps({"h5stream_parts": 1, "parts": ["part-0.h5", "part-1.h5"]}))
+    before = sorted(os.listdir(tmp_path))
+    for spec in (manifest, tmp_path / "part-*.h5"):
+        code, stdout, err = h5cli("repair", spec)
+        assert code != 0 and stdout == ""
+        assert err.startswith(f"h5stream: error: {spec}: names a set of 2 parts, and repair rewrites one store; ")
+        assert err.endswith(f"(h5stream repair {parts[0]})\n") and err.count("\n") == 1
+    assert sorted(os.listdir(tmp_path)) == before  # no lock file, nothing written
+
+
+def test_a_part_with_encoding_auto_is_refused_in_one_line_before_anything_is_written(class_src, h5cli, tmp_path):
+    out = tmp_path / "p.h5"
+    code, stdout, err = h5cli("ingest", class_src[0], out, "--size", "8", "--workers", "0", "--part", "0/2",
+                              "--encoding", "auto")
+    assert code != 0 and err.startswith("h5stream: error: --encoding auto with --part: ") and err.count("\n") == 1
+    assert "give every part --encoding jpeg, or --encoding raw" in err
+    assert os.listdir(tmp_path) == []
+    code, stdout, err = h5cli("ingest", class_src[0], out, "--size", "8", "--workers", "0", "--part", "0/2",
+                              "--encoding", "jpeg")
+    assert code == 0, err

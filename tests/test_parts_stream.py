@@ -144,6 +144,63 @@ def test_a_part_set_must_be_whole_and_of_one_listing(stores, tmp_path):
         h5stream.open(copies, batch_size=8)
 
 
+def test_a_store_listed_twice_by_any_name_is_refused_in_one_line(stores, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    parts, _ = stores
+    folder = os.path.dirname(parts[0])
+    os.symlink(parts[1], tmp_path / "link.h5")
+    os.link(parts[1], tmp_path / "hard.h5")
+    (tmp_path / "set.json").write_text(json.dumps({"h5stream_parts": 1, "parts": parts + [parts[0]]}))
+    for spec, twice in [
+        (parts + [parts[2]], "part-2.h5"),
+        ([parts[0], os.path.join(folder, ".", "part-1.h5"), parts[1]], "part-1.h5"),
+        (parts + [str(tmp_path / "link.h5")], "link.h5"),
+        ([str(tmp_path / "hard.h5")] + parts, "part-1.h5"),
+        (str(tmp_path / "set.json"), "part-0.h5"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"{twice}: this store is listed twice in the set.*list each part once"):
+            h5stream.open(spec, batch_size=8)
+    done = subprocess.run([sys.executable, "-m", "h5stream", "verify", parts[0], parts[1], parts[0]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("h5stream: error: ") and "listed twice" in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+OUT_OF_FILES = r"""
+import resource, sys
+import h5stream
+resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    with h5stream.open(sys.argv[1], batch_size=16, workers=int(sys.argv[2])) as s:
+        for _ in s:
+            pass
+    print("streamed")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_set_of_more_parts_than_files_may_be_open_is_one_line_naming_the_limit_not_damage(tmp_path, workers):
+    import subprocess
+    import sys
+
+    for k in range(60):
+        images, labels = _rows(5, 5 * k)
+        write_arrays(tmp_path / f"part-{k:02d}.h5", images, labels, block_rows=4)
+    done = subprocess.run([sys.executable, "-c", OUT_OF_FILES, str(tmp_path / "part-*.h5"), str(workers)],
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout.strip()
+    assert done.returncode == 0 and out.count("\n") == 0, (out, done.stderr[-2000:])
+    assert out.startswith("ReaderError ") and "damaged" not in out
+    assert "too many open files for this process (ulimit -n is 96); raise it (e.g. ulimit -n 4096), or write " \
+           "fewer, larger parts (each of this set's 60 parts keeps about 2 files open while it streams)" in out
+
+
 def test_parts_at_urls_and_a_manifest_at_a_url(stores, tmp_path):
     pytest.importorskip("obstore")
     import shutil
@@ -163,6 +220,30 @@ def test_parts_at_urls_and_a_manifest_at_a_url(stores, tmp_path):
         want = _batches(whole, **kw)
         _same(_batches([server.url + f"part-{k}.h5" for k in range(3)], **kw), want)
         _same(_batches(server.url + "set.json", **kw), want)
+    finally:
+        server.stop()
+
+
+def test_a_manifest_at_a_url_resolves_parts_outside_its_folder_and_names_with_a_colon(stores, tmp_path):
+    pytest.importorskip("obstore")
+    import shutil
+
+    from remote_servers import RangeServer
+
+    parts, whole = stores
+    root = tmp_path / "www"
+    (root / "sets").mkdir(parents=True)
+    names = ["part-0.h5", "part-1-12:00.h5", "part-2.h5"]
+    for p, name in zip(parts, names):
+        shutil.copy(p, root / name)
+    (root / "sets" / "set.json").write_text(json.dumps({"h5stream_parts": 1, "parts": [f"../{n}" for n in names]}))
+    shutil.copy(parts[0], root / "sets" / "part-0.h5")
+    (root / "sets" / "here.json").write_text(json.dumps({"h5stream_parts": 1, "parts": ["part-0.h5"]}))
+    server = RangeServer(root)
+    try:
+        kw = dict(batch_size=24, seed=4, rows_per_fill=96)
+        _same(_batches(server.url + "sets/set.json", **kw), _batches(whole, **kw))
+        _same(_batches(server.url + "sets/here.json", **kw), _batches(parts[0], **kw))
     finally:
         server.stop()
 
@@ -202,3 +283,17 @@ def test_runs_of_a_set_never_cross_a_part_and_put_every_row_at_its_byte(seed):
         for k in range(run.rows):
             assert rows_in_order[run.dest + k] == run.src + k
             assert where(run.src + k)[1] == run.offset + k * row_bytes  # one contiguous read of that part's file
+
+
+def test_a_manifest_longer_than_a_mebibyte_lists_every_part(tmp_path):
+    from h5stream.errors import StoreFormatError
+    from h5stream.store.partset import part_paths
+
+    names = [f"shard-{k:06d}-of-040000-{'x' * 16}.h5" for k in range(40_000)]
+    manifest = tmp_path / "set.json"
+    manifest.write_text(json.dumps({"h5stream_parts": 1, "parts": names}))
+    assert manifest.stat().st_size > 1 << 20
+    assert part_paths(str(manifest)) == [str(tmp_path / n) for n in names]
+    manifest.write_text(json.dumps({"h5stream_parts": 1, "parts": names, "pad": " " * (64 << 20)}))
+    with pytest.raises(StoreFormatError, match=r"set\.json: a manifest of more than 64 MiB; list fewer, larger parts"):
+        part_paths(str(manifest))

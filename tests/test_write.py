@@ -362,3 +362,73 @@ def test_a_write_resumed_with_another_encoding_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="store has encoding raw, this write asks for jpeg"):
         h5stream.write(tmp_path / "r.h5", (_photos(10), np.arange(10) % 2), resume=True, order="sorted",
                        encoding="jpeg")
+
+
+class _HeldImage:
+    """An image whose pixels are handed over only once ``release`` is set: the thread adding it stays inside
+    ``Writer.add`` until then (``entered`` says it is there)."""
+
+    def __init__(self, pixels, entered, release):
+        self.pixels, self.entered, self.release = pixels, entered, release
+
+    def __array__(self, dtype=None, copy=None):
+        self.entered.set()
+        assert self.release.wait(60)
+        return self.pixels
+
+
+def test_a_writer_used_by_a_second_thread_at_once_is_one_clear_error_and_keeps_its_rows_whole(tmp_path):
+    import threading
+
+    out = tmp_path / "o.h5"
+    rows = np.arange(6 * 4 * 4 * 3, dtype=np.uint8).reshape(6, 4, 4, 3)
+    entered, release = threading.Event(), threading.Event()
+    with h5stream.Writer(out) as w:
+        w.add(rows[0], 0)
+        inside = threading.Thread(target=w.add, args=(_HeldImage(rows[1], entered, release), 1))
+        inside.start()
+        try:
+            assert entered.wait(60)
+            with pytest.raises(ConfigError, match=r"o\.h5: add\(\) while another thread is inside this Writer; "
+                                                  "a Writer is used by one thread at a time"):
+                w.add(rows[5], 5)
+            with pytest.raises(ConfigError, match=r"add_rows\(\) while another thread is inside"):
+                w.add_rows(rows[4:], np.array([4, 5]), np.array([4, 5]))
+            with pytest.raises(ConfigError, match=r"close\(\) while another thread is inside"):
+                w.close()
+        finally:
+            release.set()
+            inside.join()
+        for k in (2, 3):
+            w.add(rows[k], k)
+    got = contents(out)
+    np.testing.assert_array_equal(got[schema.IMAGES], rows[:4])
+    np.testing.assert_array_equal(got[schema.LABELS], np.arange(4))
+    assert [int(p) for p in got[schema.PATHS]] == [0, 1, 2, 3]
+
+
+def test_a_store_path_of_bytes_is_written_and_one_of_another_type_is_one_clear_error(tmp_path):
+    x = np.zeros((3, 4, 4, 3), np.uint8)
+    out = tmp_path / "b.h5"
+    result = h5stream.write(os.fsencode(out), (x, np.arange(3)))
+    assert result.out == str(out) and result.rows == 3
+    with h5stream.Writer(os.fsencode(tmp_path / "w.h5")) as w:
+        w.add(x[0], 1)
+    assert contents(tmp_path / "w.h5")[schema.LABELS].tolist() == [1]
+    for bad in (123, None, ["o.h5"]):
+        with pytest.raises(ConfigError, match=f"the store's path must be a file name .* got {type(bad).__name__}"):
+            h5stream.write(bad, (x, np.arange(3)))
+    assert sorted(os.listdir(tmp_path)) == ["b.h5", "w.h5"]
+
+
+def test_a_total_that_is_no_count_of_items_is_one_clear_error_and_writes_nothing(tmp_path):
+    out = tmp_path / "t.h5"
+    for bad in ("abc", -1, 2.5, True, [3]):
+        with pytest.raises(ConfigError, match=r"total must be the count of items the source holds \(an int >= 0\)"):
+            h5stream.Writer(out, total=bad)
+    assert os.listdir(tmp_path) == []
+    with h5stream.Writer(out, total=np.int64(3)) as w:
+        w.add(np.zeros((4, 4, 3), np.uint8), 0)
+    from h5stream.store.meta import read_meta
+
+    assert "1 of 3" in unfinished_message(read_meta(str(out)))

@@ -24,6 +24,8 @@ Damaged row digests of rows that match their block checksums are written again
 from the rows (:mod:`h5stream.store.rowdigest_mend`), with or without
 ``--source``: the rows are known good, only their digests were not.
 
+A set of parts (a ``.json`` manifest, a glob) is refused in one line naming a part: repair rewrites one store.
+
 Exit codes: 0 rebuilt, damaged blocks restored, damaged row digests written
 again, commit leftovers dropped, or nothing to do; 1 the store cannot be rebuilt or written, has damaged rows that
 were not restored (listed as above), or committed rows without a checksum (the
@@ -47,6 +49,7 @@ def run(args) -> int:
     from h5stream.store.rowdigest_mend import digest_only, mend
 
     path = args.path
+    _refuse_a_set(path)
     if not os.path.exists(path):
         raise StoreNotFoundError(f"{path}: no such file")
     with StoreLock.acquire(path) as lock:  # a writer at work holds it: refused, one line
@@ -114,6 +117,23 @@ def _restore(path: str, source: str, result, done: list[str]):
         done.append(f"--source restored {len(restored)} of {len(outcomes)} damaged blocks, not the others (rows "
                     f"{left.start}-{left.stop - 1}: {left.reason})")
     return verify_store(path)
+
+
+def _refuse_a_set(path: str) -> None:
+    """A one-line ConfigError when ``path`` names a set of parts (a manifest, or a glob that matches): repair
+    rewrites one store, so it names the parts to repair one by one.  A glob that matches nothing, or a manifest
+    that is not one, is the one-line error of :func:`~h5stream.store.partset.part_paths`."""
+    import os
+
+    from h5stream.errors import ConfigError
+    from h5stream.store.partset import part_paths
+
+    if os.path.exists(path) and not path.endswith(".json"):
+        return
+    parts = part_paths(path)
+    if parts is not None:
+        raise ConfigError(f"{path}: names a set of {len(parts)} parts, and repair rewrites one store; repair each "
+                          f"part that `h5stream verify {path}` names (h5stream repair {parts[0]})")
 
 
 def _report_damage(path: str, result, note: str = "") -> int:

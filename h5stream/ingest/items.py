@@ -194,3 +194,26 @@ class LabelCoder:
                 self._index.setdefault(name, len(self.class_names))
                 self.class_names.append(name)
         return index
+
+
+def encode_all(coder: LabelCoder, labels, n: int):
+    """``labels`` (an array of ``n``, or None) as the store holds them, vectorised; None where some label needs
+    the per-item path (a skip, a new class name, a kind that does not fit)."""
+    if coder.kind == schema.LABEL_NONE:
+        return np.full(n, schema.NO_LABEL, np.int8) if labels is None else None
+    if labels is None:
+        return None
+    labels = np.asarray(labels)
+    if coder.kind == schema.LABEL_CLASS:
+        if labels.dtype.kind not in "iu" or labels.shape != (n,) or not n:
+            return None
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or (high >= len(coder.class_names) and coder.fixed):
+            return None  # a bad index, skipped (and listed) on the per-item path
+        if high >= len(coder.class_names):
+            coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
+        return labels.astype(np.int64)
+    if labels.dtype.kind not in "fiu" or labels.shape[1:] != coder.shape:
+        return None
+    out = labels.astype(np.float32)
+    return out if np.all(np.isfinite(out)) else None

@@ -89,6 +89,10 @@ def check_options(opts: IngestOptions) -> None:
     if opts.quality is not None and (opts.encoding == "raw" or (opts.encoding is None and not opts.append)):
         raise ConfigError(f"--quality {opts.quality} is the JPEG quality of --encoding jpeg or auto; add one of "
                           "them, or drop --quality")
+    if opts.encoding == "auto" and opts.part is not None:
+        raise ConfigError("--encoding auto with --part: auto decides for each part alone, by its own sample and this "
+                          "machine's decoding speed, and every part of a set must have the same encoding; give "
+                          "every part --encoding jpeg, or --encoding raw")
     if opts.encoding in ("jpeg", "auto") and opts.compression is not None:
         raise ConfigError(f"--encoding {opts.encoding} and --compression {opts.compression} contradict each other: "
                           "JPEG rows are compressed already; pick one")

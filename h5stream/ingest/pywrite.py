@@ -30,22 +30,27 @@ Options: those of :class:`~h5stream.ingest.options.IngestOptions` that apply to 
 ``resize``, ``channels``, ``pad_fill``, ``classes``, ``label_kind``, ``order``, ``seed``, ``block_rows``,
 ``compression``, ``overwrite``, ``strict``, ``commit_rows``, and any option added to it later that is not about
 finding files), checked by the ingest's own checks; the options object travels to the store's creation whole.
-Decoding runs in the calling thread.  A :class:`Writer` is owned by one thread.
+Decoding runs in the calling thread.  A :class:`Writer` is used by one thread at a time: a call of ``add``,
+``add_rows`` or ``close`` while another thread is inside one raises :class:`ConfigError` at once (rows added
+from two threads together would mix their rows, labels and paths).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
+import threading
 import time
 
 import numpy as np
 
+from h5stream.concurrency.guard import Entered
 from h5stream.errors import ConfigError, SourceError, StoreExistsError, StoreFormatError, StoreWriteError
 from h5stream.ingest import job
 from h5stream.ingest.decode import SkipFile
-from h5stream.ingest.items import LabelCoder, label_kind_of, natural_shape, to_pixels
+from h5stream.ingest.items import LabelCoder, encode_all, label_kind_of, natural_shape, to_pixels
 from h5stream.ingest.options import IngestOptions
 from h5stream.ingest.report import SkipReport, read_report
 from h5stream.ingest.writeoptions import write_options
@@ -140,6 +145,8 @@ class Writer:
     def __init__(self, path, *, resume: bool = False, total: int | None = None, _order: str | None = None,
                  **options):
         self._t0 = time.perf_counter()
+        if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 0):
+            raise ConfigError(f"total must be the count of items the source holds (an int >= 0) or None, got {total!r}")
         opts = write_options(path, resume=resume, **options)
         self._commit_rows_given = options.get("commit_rows") is not None
         if opts.order == "shuffled" and _order is None:
@@ -162,6 +169,11 @@ class Writer:
         self._closed = False
         self._result: WriteResult | None = None
         self._first_skip: tuple[int, str] | None = None  # for the error when no item became a row
+        busy = threading.Lock()  # held by the one thread inside add(), add_rows() or close(); never waited on
+        self._in_add, self._in_add_rows, self._in_close = (Entered(busy, lambda what=what: ConfigError(
+            f"{self.path}: {what} while another thread is inside this Writer; a Writer is used by one thread at a "
+            "time: add from one thread (hand it the items through a queue), or write one store per thread and open "
+            "them as a set")) for what in ("add()", "add_rows()", "close()"))
         self._lock = StoreLock.acquire(self.path)
         try:
             self._open(opts)
@@ -303,6 +315,10 @@ class Writer:
     def add(self, image, label=None, *, index: int | None = None) -> bool:
         """Add one item (storage position :attr:`consumed`); True if it became a row, False if it was skipped (and
         listed in the skip report under ``index``, default its position).  SourceError with ``strict``."""
+        with self._in_add:
+            return self._add(image, label, index)
+
+    def _add(self, image, label, index: int | None) -> bool:
         self._check_open()
         index = self.consumed if index is None else int(index)
         if self.opts.label_kind == schema.LABEL_NONE:
@@ -336,15 +352,19 @@ class Writer:
         """Add a run of items whose images are already ``uint8`` of the store's row shape (a block of arrays):
         appended as they are when every label fits (after rows staged by :meth:`add`, with them, the run ending
         at most at their block's end), else item by item.  Needs the store created (after a first :meth:`add`)."""
+        with self._in_add_rows:
+            self._add_rows(images, labels, indices)
+
+    def _add_rows(self, images: np.ndarray, labels, indices) -> None:
         self._check_open()
         encoded = None
         staged, k = len(self._buf_paths), len(indices)
         if self._store is not None and images.shape[1:] == self._spec.shape and (
                 not staged or self._store.rows % len(self._buf) + staged + k <= len(self._buf)):
-            encoded = _encode_all(self._labels, None if self.opts.label_kind == schema.LABEL_NONE else labels, k)
+            encoded = encode_all(self._labels, None if self.opts.label_kind == schema.LABEL_NONE else labels, k)
         if encoded is None:
             for j, index in enumerate(indices):
-                self.add(images[j], None if labels is None else labels[j], index=int(index))
+                self._add(images[j], None if labels is None else labels[j], int(index))
             return
         if staged:  # the first row, added alone to make the store: this run goes with it (once per write)
             self._buf[staged:staged + k] = images
@@ -414,7 +434,8 @@ class Writer:
     def close(self) -> WriteResult:
         """Append and commit what was added, close the store and release its lock; the result.  Idempotent.
         SourceError when no item became a row of a new store (none is created)."""
-        return self._finish(interrupted=False)
+        with self._in_close:
+            return self._finish(interrupted=False)
 
     def _finish(self, interrupted: bool) -> WriteResult:
         """:meth:`close`; ``interrupted``: the write stopped on an error, so a source without a known length is not
@@ -471,27 +492,4 @@ class Writer:
         finally:
             self._closed = True
             self._lock.release()
-
-
-def _encode_all(coder: LabelCoder, labels, n: int):
-    """``labels`` (an array of ``n``, or None) as the store holds them, vectorised; None where some label needs
-    the per-item path (a skip, a new class name, a kind that does not fit)."""
-    if coder.kind == schema.LABEL_NONE:
-        return np.full(n, schema.NO_LABEL, np.int8) if labels is None else None
-    if labels is None:
-        return None
-    labels = np.asarray(labels)
-    if coder.kind == schema.LABEL_CLASS:
-        if labels.dtype.kind not in "iu" or labels.shape != (n,) or not n:
-            return None
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or (high >= len(coder.class_names) and coder.fixed):
-            return None  # a bad index, skipped (and listed) on the per-item path
-        if high >= len(coder.class_names):
-            coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
-        return labels.astype(np.int64)
-    if labels.dtype.kind not in "fiu" or labels.shape[1:] != coder.shape:
-        return None
-    out = labels.astype(np.float32)
-    return out if np.all(np.isfinite(out)) else None
 

@@ -62,7 +62,10 @@ def write_options(path, *, resume: bool = False, **options) -> IngestOptions:
         options["compression"] = None
     if resume and options.get("overwrite"):
         raise ConfigError("resume=True and overwrite=True contradict each other; pick one")
-    opts = IngestOptions(src=WRITER_SOURCE, out=os.fspath(path), append=bool(resume), **options)
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ConfigError(f"the store's path must be a file name (str, bytes or os.PathLike) such as 'train.h5', "
+                          f"got {type(path).__name__}")
+    opts = IngestOptions(src=WRITER_SOURCE, out=os.fsdecode(path), append=bool(resume), **options)
     try:
         check_options(opts)
     except ConfigError as exc:  # the ingest's checks name its flags: name the keywords instead

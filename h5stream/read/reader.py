@@ -214,7 +214,8 @@ class Reader:
                 self._fail(ChecksumError(str(item.exc)), item.exc)
             limit = descriptor_limit(getattr(item.exc, "errno", None))
             if limit is not None:
-                self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"), item.exc)
+                self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"
+                                       f"{getattr(self.meta, 'open_files_hint', '')}"), item.exc)
             self._fail(ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}"), item.exc)
         self._consumer_counts["batches"] += 1
         return item

@@ -56,6 +56,7 @@ from h5stream.errors import (
     StoreNotFoundError,
     StorePermissionError,
     StoreReadError,
+    descriptor_limit,
 )
 from h5stream.remote.config import is_url
 from h5stream.store.lock import lock_holders, lock_path
@@ -353,6 +354,8 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
         except (StoreNotFoundError, StorePermissionError, StoreChangedError, RemoteError, StoreReadError):
             raise
         except (OSError, RuntimeError, KeyError, StoreFormatError) as exc:
+            if isinstance(exc, OSError) and descriptor_limit(exc.errno) is not None:
+                raise  # out of file descriptors: a limit of this process, never damage of the file
             pids = writer_pids(path)
             if tries >= 2 and not pids:
                 if isinstance(exc, StoreFormatError):

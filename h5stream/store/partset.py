@@ -15,14 +15,17 @@ by byte offset (an encoded part's rows as byte ranges of its ``/image_bytes``), 
 whole chunk at a time, as one compressed store is; a set with a compressed part has the compressed store's
 shuffle unit, a whole block.  The parts of an
 ``ingest --part`` set must be the whole set: one part of each index, all cut from the same source listing; a
-missing part is named.  Each check is one line naming the part that differs and how.
+missing part is named.  No store may be listed twice, by any name (another spelling of its path, a symbolic or
+hard link, a manifest naming it twice): its rows would be served twice an epoch.  Each check is one line naming
+the part that differs and how.
 
 Manifest format (JSON, UTF-8)::
 
     {"h5stream_parts": 1, "parts": ["part-0.h5", "part-1.h5", "s3://bucket/part-2.h5"]}
 
 ``parts`` lists the stores, each a path or URL; a relative path is relative to the manifest's own folder (or, for
-a manifest at a URL, to its URL).  Read in the calling thread (the stream's ``open``).
+a manifest at a URL, resolved against its URL as a link is: ``../part-0.h5`` is a part beside the manifest's
+folder).  Read in the calling thread (the stream's ``open``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import glob as globlib
 import hashlib
 import json
 import os
-import posixpath
 
 from h5stream.errors import ConfigError, StoreFormatError, StoreNotFoundError
 from h5stream.remote.config import is_url, stream_remote
@@ -41,6 +43,8 @@ from h5stream.store.meta import StoreMeta, read_meta
 MANIFEST_KEY = "h5stream_parts"
 MANIFEST_VERSION = 1
 GLOB_CHARS = frozenset("*?[")
+MANIFEST_MAX_BYTES = 64 << 20
+"""The most a manifest may hold (about a million parts' names): read whole, never cut short."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,12 @@ class PartSetMeta(StoreMeta):
         import bisect
 
         return bisect.bisect_right(self.starts, int(row)) - 1
+
+    @property
+    def open_files_hint(self) -> str:
+        """What an error of running out of file descriptors adds for a set: every part is open while it streams."""
+        return (f", or write fewer, larger parts (each of this set's {len(self.parts)} parts keeps about 2 files "
+                "open while it streams)")
 
 
 def is_part_set(meta) -> bool:
@@ -95,14 +105,17 @@ def read_manifest(where: str) -> list[str]:
             import urllib.request
 
             with urllib.request.urlopen(where, timeout=60) as response:
-                raw = response.read(1 << 20)
+                raw = response.read(MANIFEST_MAX_BYTES + 1)
         else:
             with open(where, "rb") as f:
-                raw = f.read(1 << 20)
+                raw = f.read(MANIFEST_MAX_BYTES + 1)
     except FileNotFoundError:
         raise StoreNotFoundError(f"{where}: no such manifest file") from None
     except OSError as exc:
         raise StoreNotFoundError(f"{where}: cannot read the manifest ({exc})") from None
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise StoreFormatError(f"{where}: a manifest of more than {MANIFEST_MAX_BYTES >> 20} MiB; list fewer, larger "
+                               "parts")
     try:
         value = json.loads(raw)
     except ValueError:
@@ -115,8 +128,11 @@ def read_manifest(where: str) -> list[str]:
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
         raise StoreFormatError(f"{where}: \"parts\" must be a non-empty list of paths or URLs; {fix}")
     if is_url(where):
-        base = where.rsplit("/", 1)[0]
-        return [p if is_url(p) or p.startswith("/") else posixpath.join(base, p) for p in parts]
+        from urllib.parse import urljoin
+
+        # resolved as a browser resolves a link (RFC 3986): "../part-0.h5" climbs out of the manifest's folder;
+        # "./" first, so that a name with a colon ("12:00.h5") is never read as a scheme
+        return [p if is_url(p) or p.startswith("/") else urljoin(where, "./" + p) for p in parts]
     base = os.path.dirname(os.path.abspath(where))
     return [p if is_url(p) or os.path.isabs(p) else os.path.join(base, p) for p in parts]
 
@@ -127,8 +143,30 @@ def read_any(spec, remote, timeout_s: float, cache_dir="auto", cache_limit: int 
     paths = part_paths(spec)
     if paths is None:
         return read_meta(spec, remote=stream_remote(spec, remote, timeout_s, cache_dir, cache_limit))
+    _refuse_repeats(paths)
     metas = [read_meta(p, remote=stream_remote(p, remote, timeout_s, cache_dir, cache_limit)) for p in paths]
     return join_parts(metas, _name(spec, paths))
+
+
+def _refuse_repeats(paths: list[str]) -> None:
+    """A one-line :class:`ConfigError` when two of ``paths`` are one store: the same URL, or the same local file
+    by any name (spelled otherwise, a symbolic or hard link), which would serve its rows twice an epoch.  A path
+    that cannot be looked at is left to :func:`read_meta` to name."""
+    seen: dict = {}
+    for path in paths:
+        if is_url(path):
+            key = ("url", path)
+        else:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key = ("file", st.st_dev, st.st_ino)
+        if key in seen:
+            same = "" if seen[key] == path else f" (also listed as {seen[key]})"
+            raise ConfigError(f"{path}: this store is listed twice in the set{same}, so its rows would be served "
+                              "twice an epoch; list each part once")
+        seen[key] = path
 
 
 def _name(spec, paths: list[str]) -> str:

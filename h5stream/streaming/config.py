@@ -34,6 +34,7 @@ from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.order.epoch import EpochLayout, epoch_layout, shard_layout
 from h5stream.order.pieces import piece, resumed_stages, rest_of_epoch, rows_served
 from h5stream.order.split import subset_rows
+from h5stream.order.statecheck import check_complete, check_values
 from h5stream.store.meta import StoreMeta
 
 if TYPE_CHECKING:
@@ -332,6 +333,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
     labels = label_encoding(meta, options.label_mode)
     resume = options.resume
+    if resume is not None:
+        check_values(resume)  # before any of it is used
     seed = facts.drawn_seed if options.seed is None else options.seed
     if resume is not None and "seed" in resume:
         seed = int(resume["seed"])
@@ -346,7 +349,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
         augment.ensure_picklable()
     rows_per_fill = options.rows_per_fill
     if rows_per_fill is None and resume is not None and "rows_per_fill" in resume:
-        rows_per_fill = resume["rows_per_fill"]  # the order being resumed, whatever the workers now
+        rows_per_fill = int(resume["rows_per_fill"])  # the order being resumed, whatever the workers now
     unit_bytes = options.read_unit
     if unit_bytes is None and resume is not None and "unit_rows" in resume:
         unit_bytes = int(resume["unit_rows"]) * meta.row_bytes  # likewise
@@ -383,12 +386,16 @@ def _is_state(state) -> bool:
 
 
 def checked_state(state):
-    """``state`` if it is a dict of a version :func:`resume_point` reads (or None); else :class:`ConfigError`."""
+    """``state`` if it is a dict of a version :func:`resume_point` reads (or None), whole and of integers where
+    ``Stream.state()`` puts them (:mod:`~h5stream.order.statecheck`); else :class:`ConfigError`."""
     if state is None:
         return None
+    if isinstance(state, dict):
+        check_values(state)
     if not _is_state(state):
         raise ConfigError(f"not an h5stream state (expected a dict from Stream.state(), version "
                           f"{' or '.join(map(str, STATE_VERSIONS))})")
+    check_complete(state)
     return state
 
 
