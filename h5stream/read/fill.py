@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, descriptor_limit
 from h5stream.read.runs import Run
 from h5stream.read.source import close_while_reading
 
@@ -45,6 +46,20 @@ class Batch:
 @dataclass(frozen=True)
 class Failure:
     exc: BaseException
+
+
+def consumer_error(exc: BaseException, path: str, open_files_hint: str = "") -> BaseException:
+    """The error the consumer gets for the reader thread's failure ``exc`` while reading ``path`` (pure): a busy
+    store and a checksum mismatch as they are (one line already saying what to do), running out of file
+    descriptors named as that limit (with ``open_files_hint``), anything else a ReaderError naming the file."""
+    if isinstance(exc, StoreBusyError):
+        return StoreBusyError(str(exc))
+    if isinstance(exc, ChecksumError):
+        return ChecksumError(str(exc))
+    limit = descriptor_limit(getattr(exc, "errno", None))
+    if limit is not None:
+        return ReaderError(f"{path}: reading failed: {limit[0]}; {limit[1]}{open_files_hint}")
+    return ReaderError(f"{path}: reading failed: {exc!r}")
 
 
 class Pending:

@@ -60,12 +60,12 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from h5stream.concurrency.wait import POLL_S, Channel, Stopped, get_while_moving, wait_futures
-from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
+from h5stream.errors import ReaderError, StreamClosedError
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.arrive import arrive, head_first
 from h5stream.read.locate import direct_reads, images_dataset, locate
 from h5stream.read.batches import Batches
-from h5stream.read.fill import Batch, Failure, FillJob, IOThreads
+from h5stream.read.fill import Batch, Failure, FillJob, IOThreads, consumer_error
 from h5stream.read.rows import RowReader
 from h5stream.read.runs import placement, plan_runs, row_offsets
 from h5stream.read.source import ByteSource, close_while_reading, open_source
@@ -208,15 +208,7 @@ class Reader:
     def _take(self, item) -> Batch:
         """``item`` taken from the queue: the batch, or the thread's failure raised.  Consumer thread."""
         if isinstance(item, Failure):
-            if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
-                self._fail(StoreBusyError(str(item.exc)), item.exc)
-            if isinstance(item.exc, ChecksumError):  # likewise
-                self._fail(ChecksumError(str(item.exc)), item.exc)
-            limit = descriptor_limit(getattr(item.exc, "errno", None))
-            if limit is not None:
-                self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"
-                                       f"{getattr(self.meta, 'open_files_hint', '')}"), item.exc)
-            self._fail(ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}"), item.exc)
+            self._fail(consumer_error(item.exc, self.meta.path, getattr(self.meta, "open_files_hint", "")), item.exc)
         self._consumer_counts["batches"] += 1
         return item
 
