@@ -60,7 +60,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from h5stream.concurrency.wait import POLL_S, Channel, Stopped, get_while_moving, wait_futures
-from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, StreamClosedError, descriptor_limit
+from h5stream.errors import (ChecksumError, ImageDecodeError, ReaderError, StoreBusyError, StreamClosedError,
+                             descriptor_limit)
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.arrive import arrive, head_first
 from h5stream.read.locate import direct_reads, images_dataset, locate
@@ -210,8 +211,8 @@ class Reader:
         if isinstance(item, Failure):
             if isinstance(item.exc, StoreBusyError):  # already one line that says what to do
                 self._fail(StoreBusyError(str(item.exc)), item.exc)
-            if isinstance(item.exc, ChecksumError):  # likewise
-                self._fail(ChecksumError(str(item.exc)), item.exc)
+            if isinstance(item.exc, (ChecksumError, ImageDecodeError)):  # likewise (a JPEG row decoded here)
+                self._fail(type(item.exc)(str(item.exc)), item.exc)
             limit = descriptor_limit(getattr(item.exc, "errno", None))
             if limit is not None:
                 self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"), item.exc)

@@ -1,0 +1,48 @@
+"""Faults and misuse on encoded (JPEG) stores, each met as a user would meet it: rows that do not decode, on
+every path that decodes them, raise the same one-line :class:`~h5stream.errors.ImageDecodeError` naming the row
+(never other pixels); real files, real worker processes."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+import h5stream
+from h5stream import ImageDecodeError
+from h5stream.errors import ReaderError
+from h5stream.store.encoded import EncodedRows
+from h5stream.store.writer import StoreWriter
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def write_rows(path: str, rows: list[bytes], side: int) -> str:
+    """A JPEG store of ``rows`` (encoded bytes, stored as they are: their checksums match) of side ``side``."""
+    with StoreWriter.create(path, image_shape=(side, side, 3), class_names=["a"], block_rows=4, encoding="jpeg") as w:
+        w.append(EncodedRows.from_bytes(rows), np.zeros(len(rows), int), [f"r{i}" for i in range(len(rows))])
+    return path
+
+
+def noise_jpeg(rng, side: int) -> bytes:
+    return cv2.imencode(".jpg", rng.integers(0, 256, (side, side, 3), dtype=np.uint8))[1].tobytes()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("output_size", [None, 4])
+def test_a_row_the_reader_decodes_that_does_not_decode_raises_image_decode_error(tmp_path, workers, output_size):
+    """8x8 noise: each JPEG is larger than its 192-byte row, so the reader thread decodes it; a row that does
+    not decode there raises the ImageDecodeError the decoding workers raise, not a ReaderError around its repr."""
+    rng = np.random.default_rng(3)
+    rows = [noise_jpeg(rng, 8) for _ in range(8)]
+    rows[5] = rows[5][:len(rows[5]) // 2]  # damaged before it was stored: its checksum matches
+    assert min(len(r) for r in rows) > 8 * 8 * 3
+    path = write_rows(str(tmp_path / "tiny.h5"), rows, 8)
+    aug = None if output_size is None else h5stream.Augment(output_size=output_size)
+    with h5stream.open(path, batch_size=2, seed=0, workers=workers, shuffle=False, augment=aug) as s:
+        with pytest.raises(ImageDecodeError) as caught:
+            [None for _ in s]
+    message = str(caught.value)
+    assert message.startswith(f"{path}: row 5: its stored JPEG does not decode to a 8x8 image")
+    assert "ImageDecodeError(" not in message and "\n" not in message
+    assert isinstance(caught.value, ReaderError)  # as every stream read error
