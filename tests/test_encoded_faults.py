@@ -46,3 +46,28 @@ def test_a_row_the_reader_decodes_that_does_not_decode_raises_image_decode_error
     assert message.startswith(f"{path}: row 5: its stored JPEG does not decode to a 8x8 image")
     assert "ImageDecodeError(" not in message and "\n" not in message
     assert isinstance(caught.value, ReaderError)  # as every stream read error
+
+
+def smooth_jpeg(side: int, k: int) -> bytes:
+    y, x = np.mgrid[0:side, 0:side] * (32 / side)
+    image = np.stack([x * 7 + k, y * 7, (x + y) * 3 + 2 * k], -1).astype(np.uint8)
+    return cv2.imencode(".jpg", image)[1].tobytes()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("crop", ["random_resized", "center"])
+@pytest.mark.parametrize("other_side", [16, 64])
+def test_a_row_of_another_size_raises_where_its_crop_is_decoded_at_a_reduced_scale(tmp_path, workers, crop,
+                                                                                   other_side):
+    """A 32x32 store cropped to 4 px is decoded at 1/2 to 1/8; a 16x16 (or 64x64) JPEG in row 5 decodes to the
+    reduced shape just as well (16x16 at full scale is 32x32 at 1/2), so only its size tells it apart: the same
+    ImageDecodeError as a full decode of it, never a crop of other pixels."""
+    rows = [smooth_jpeg(32, k) for k in range(8)]
+    rows[5] = smooth_jpeg(other_side, 5)
+    assert len(rows[5]) <= 32 * 32 * 3  # stays encoded in its place: decoded where the crop is
+    path = write_rows(str(tmp_path / "sized.h5"), rows, 32)
+    aug = h5stream.Augment(output_size=4, crop=crop)
+    with h5stream.open(path, batch_size=2, seed=0, workers=workers, shuffle=False, augment=aug) as s:
+        with pytest.raises(ImageDecodeError, match=rf"^{path}: row 5: its stored JPEG does not decode to a 32x32 "
+                                                   rf"image \(is a {other_side}x{other_side} image, not 32x32\)"):
+            [None for _ in s]
