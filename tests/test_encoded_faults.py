@@ -71,3 +71,27 @@ def test_a_row_of_another_size_raises_where_its_crop_is_decoded_at_a_reduced_sca
         with pytest.raises(ImageDecodeError, match=rf"^{path}: row 5: its stored JPEG does not decode to a 32x32 "
                                                    rf"image \(is a {other_side}x{other_side} image, not 32x32\)"):
             [None for _ in s]
+
+
+def test_a_jpeg_quality_for_rows_appended_to_a_raw_store_is_refused_in_one_line(tmp_path, h5cli):
+    """Rows appended to a store are stored as its rows are: a --quality (quality=) asked of a raw store would be
+    dropped without a word, so it is refused, the store left as it was."""
+    from h5stream.errors import ConfigError
+    from h5stream.samples import make_class_folder
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=3, size=(20, 20), seed=1)
+    out = str(tmp_path / "raw.h5")
+    assert h5cli("ingest", src, out, "--size", "16", "--workers", "0")[0] == 0
+    before = open(out, "rb").read()
+    code, _, err = h5cli("ingest", src, out, "--append", "--quality", "80", "--workers", "0")
+    assert code != 0 and err.count("\n") == 1
+    assert err.startswith(f"h5stream: error: {out}: store keeps raw pixels, this run asks for JPEG quality 80")
+    assert open(out, "rb").read() == before
+    written = str(tmp_path / "written.h5")
+    items = (np.zeros((4, 16, 16, 3), np.uint8), np.zeros(4, int))
+    h5stream.write(written, items, order="sorted")
+    before = open(written, "rb").read()
+    with pytest.raises(ConfigError, match="store keeps raw pixels, this write asks for JPEG quality 80"):
+        h5stream.write(written, items, resume=True, order="sorted", quality=80)
+    assert open(written, "rb").read() == before

@@ -53,6 +53,10 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         mismatch("encoding", meta.encoding, opts.encoding, "--encoding")
     if opts.quality is not None and meta.encoded and opts.quality != meta.jpeg_quality:
         mismatch("JPEG quality", meta.jpeg_quality, opts.quality, "--quality")
+    if opts.quality is not None and not meta.encoded and opts.encoding is None:
+        raise ConfigError(f"{out}: store keeps raw pixels, this run asks for JPEG quality {opts.quality}; appended "
+                          "rows are stored as the store's are: drop --quality, or ingest into a new file with "
+                          "--encoding jpeg")
     if source.label_kind != meta.label_kind:
         raise ConfigError(
             f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
