@@ -1,6 +1,7 @@
 """Faults and misuse on encoded (JPEG) stores, each met as a user would meet it: rows that do not decode, on
 every path that decodes them, raise the same one-line :class:`~h5stream.errors.ImageDecodeError` naming the row
-(never other pixels); real files, real worker processes."""
+(never other pixels); options an append would drop are refused; `repair --source` restores damaged JPEG blocks,
+killed or not.  Real files, real worker processes, real SIGKILLs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from h5stream import ImageDecodeError
 from h5stream.errors import ReaderError
 from h5stream.store.encoded import EncodedRows
 from h5stream.store.writer import StoreWriter
+from test_crash_resume import kill_shim as _kill_shim_fixture
+
+kill_shim = _kill_shim_fixture  # the LD_PRELOAD library that SIGKILLs after the K-th change (a module fixture)
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -95,3 +99,94 @@ def test_a_jpeg_quality_for_rows_appended_to_a_raw_store_is_refused_in_one_line(
     with pytest.raises(ConfigError, match="store keeps raw pixels, this write asks for JPEG quality 80"):
         h5stream.write(written, items, resume=True, order="sorted", quality=80)
     assert open(written, "rb").read() == before
+
+
+def flip(path: str, row: int, back: int) -> None:
+    """Flip a byte ``back`` bytes before the end of encoded row ``row`` (with plain h5py)."""
+    import h5py
+
+    from h5stream.store import schema
+
+    with h5py.File(path, "r+") as f:
+        at = int(f[schema.IMAGE_ENDS][row]) - back
+        f[schema.IMAGE_BYTES][at] ^= 0x5A
+
+
+def test_repair_source_restores_an_encoded_stores_damaged_blocks_byte_for_byte(tmp_path, h5cli, monkeypatch):
+    """The files of a damaged block decoded and JPEG-encoded again as the ingest did give back the bytes its
+    checksum was taken over: written back over the chunks of /image_bytes they cross (chunks of 1,000 bytes
+    here, so each block crosses several), the file is the one ingested; a block whose file changed since is
+    named and left, the others restored all the same."""
+    import shutil
+
+    from h5stream.samples import make_class_folder
+    from h5stream.store import encoded as encoded_store
+    from h5stream.store.checksum import verify_store
+
+    monkeypatch.setattr(encoded_store, "ENCODED_CHUNK_BYTES", 1000)
+    src = tmp_path / "src"
+    make_class_folder(src, classes=3, per_class=8, size=(40, 48), seed=2)
+    good = str(tmp_path / "good.h5")
+    assert h5cli("ingest", src, good, "--size", "32", "--encoding", "jpeg", "--block-rows", "4", "--order",
+                 "sorted", "--workers", "0")[0] == 0
+    path = str(tmp_path / "damaged.h5")
+    shutil.copyfile(good, path)
+    flip(path, 5, 30)  # block 1
+    flip(path, 18, 200)  # block 4
+    assert [b.start for b in verify_store(path).bad] == [4, 16]
+    code, out, err = h5cli("repair", path, "--source", src)
+    assert (code, err) == (0, ""), err
+    assert out.startswith(f"{path}: restored 8 damaged rows in 2 blocks from their source files in {src}")
+    assert open(path, "rb").read() == open(good, "rb").read()
+
+    shutil.copyfile(good, path)
+    flip(path, 5, 30)
+    flip(path, 18, 200)
+    changed = sorted(p.relative_to(src) for p in src.rglob("*") if p.is_file())[18]  # row 18's file, sorted order
+    from PIL import Image
+
+    Image.new("RGB", (40, 48), (200, 10, 10)).save(src / changed)
+    code, out, err = h5cli("repair", path, "--source", src)
+    assert code == 1 and err.count("\n") == 1
+    assert "rows 16-19 do not match their checksum" in err and "--source restored 1 of 2 damaged blocks" in err
+    assert "decoded and encoded again, their files give other bytes than were ingested" in err
+    assert [b.start for b in verify_store(path).bad] == [16]  # block 1 restored, block 4 left as it was
+
+
+def test_repair_source_of_an_encoded_store_killed_after_each_of_its_writes_is_finished_by_the_next(kill_shim, tmp_path,
+                                                                                                  h5cli):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from h5stream.samples import make_class_folder
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=6, size=(40, 48), seed=3)
+    path = str(tmp_path / "dmg.h5")
+    assert h5cli("ingest", src, path, "--size", "32", "--encoding", "jpeg", "--block-rows", "4", "--workers",
+                 "0")[0] == 0
+    good = open(path, "rb").read()
+    flip(path, 2, 40)
+    flip(path, 9, 40)
+    damaged = open(path, "rb").read()
+
+    def killed_repair(after, log=None):
+        env = dict(os.environ, LD_PRELOAD=kill_shim, KILL_DIR=str(tmp_path), KILL_AFTER=str(after))
+        if log is not None:
+            env["KILL_LOG"] = str(log)
+        return subprocess.run([sys.executable, "-m", "h5stream", "repair", path, "--source", str(src)],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    log = tmp_path / "steps.log"
+    assert killed_repair(0, log).returncode == 0 and open(path, "rb").read() == good
+    steps = [s for s in log.read_text().splitlines() if s.endswith("dmg.h5")]
+    assert sum(" pwrite" in s for s in steps) == 2, steps  # one write per damaged block (one chunk each)
+    for k in range(1, len(steps) + 1):
+        with open(path, "wb") as fh:
+            fh.write(damaged)
+        assert killed_repair(k).returncode == -signal.SIGKILL, k
+        assert h5cli("verify", path)[0] in (0, 1)  # restored or still damaged, never anything else
+        code, _, err = h5cli("repair", path, "--source", src)
+        assert code == 0 and open(path, "rb").read() == good, (k, err)
