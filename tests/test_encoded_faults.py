@@ -190,3 +190,76 @@ def test_repair_source_of_an_encoded_store_killed_after_each_of_its_writes_is_fi
         assert h5cli("verify", path)[0] in (0, 1)  # restored or still damaged, never anything else
         code, _, err = h5cli("repair", path, "--source", src)
         assert code == 0 and open(path, "rb").read() == good, (k, err)
+
+
+def test_a_local_jpeg_store_streams_under_every_budget_above_its_minimum(tmp_path):
+    """What reading JPEG rows holds (their ends, a block per read in flight, a row per decoder) is the local
+    file's own memory, planned with its fills: a budget above the minimum streams (it was refused at some budgets
+    as if the file were a URL whose 'remote client' did not fit beside the local file's fills), and the plan
+    names it for what it is."""
+    from h5stream.streaming.planning import plan_stream
+    from h5stream.store.meta import read_meta
+
+    rng = np.random.default_rng(0)
+    rows = [noise_jpeg(rng, 64) for _ in range(50)]  # ~4 KiB a row: 2 blocks in flight hold 2 MiB
+    path = str(tmp_path / "big.h5")
+    with StoreWriter.create(path, image_shape=(64, 64, 3), class_names=["a"], block_rows=256, encoding="jpeg") as w:
+        for k in range(100):
+            w.append(EncodedRows.from_bytes(rows), np.zeros(50, int), [f"r{k}-{i}" for i in range(50)])
+    meta = read_meta(path)
+    kw = dict(available_bytes=None, verify_reads="once")  # as h5stream.open plans it by default
+    minimum = plan_stream(meta, None, 32, **kw).min_budget_bytes
+    refused = []
+    for mib in range(-(-minimum // (1 << 20)), 64):
+        try:
+            plan = plan_stream(meta, mib << 20, 32, **kw)
+        except h5stream.BudgetError as exc:
+            refused.append((mib, str(exc)))
+            continue
+        assert plan.total_bytes <= mib << 20
+        assert plan.remote_client_bytes == 0 and plan.allocations()["JPEG reads"] > 0
+    assert refused == []
+    assert "remote client" not in plan.describe() and "JPEG reads" in plan.describe()
+    with h5stream.open(path, batch_size=32, memory_budget="28MiB") as s:  # refused before
+        assert sum(len(x) for x, _ in s) == 5000
+
+
+def test_a_jpeg_store_at_a_url_keeps_its_local_files_order_under_a_budget(tmp_path):
+    """A URL under a given budget gets its local file's fills, the local file's JPEG reads counted as the local
+    file counts them (the URL's client, and its JPEG reads with more requests in flight, beside them), or a
+    BudgetError naming the fill that fits; with that fill both give the same batches."""
+    pytest.importorskip("obstore")
+    from remote_servers import RangeServerProcess
+
+    from h5stream.remote.config import RemoteOptions
+
+    rng = np.random.default_rng(0)
+    rows = [noise_jpeg(rng, 64) for _ in range(50)]
+    root = tmp_path / "www"
+    root.mkdir()
+    path = str(root / "big.h5")
+    with StoreWriter.create(path, image_shape=(64, 64, 3), class_names=["a", "b"], block_rows=256,
+                            encoding="jpeg") as w:
+        for k in range(100):
+            w.append(EncodedRows.from_bytes(rows), np.arange(50) % 2, [f"r{k}-{i}" for i in range(50)])
+
+    def first_batches(where, **kw):
+        with h5stream.open(where, batch_size=32, seed=1, **kw) as s:
+            it = iter(s)
+            got = [tuple(np.array(v) for v in next(it)) for _ in range(3)]
+            return s.plan.rows_per_fill, s.epoch_order(0), got
+
+    with RangeServerProcess(root) as server:
+        url = dict(remote=RemoteOptions(timeout_s=10), cache_dir=None)
+        for budget in ("80MiB", "96MiB", "160MiB", "192MiB"):
+            here = first_batches(path, memory_budget=budget)
+            try:
+                there = first_batches(server.url + "big.h5", memory_budget=budget, **url)
+            except h5stream.BudgetError as exc:
+                fill = {"rows_per_fill": exc.rows_per_fill}
+                here = first_batches(path, memory_budget=budget, **fill)
+                there = first_batches(server.url + "big.h5", memory_budget=budget, **fill, **url)
+            assert here[0] == there[0] and np.array_equal(here[1], there[1])
+            for a, b in zip(here[2], there[2]):
+                np.testing.assert_array_equal(a[0], b[0])
+                np.testing.assert_array_equal(a[1], b[1])

@@ -126,15 +126,16 @@ class ByteRows:
         return missing, advised
 
 
-def encoded_read_bytes(meta, workers: int, direct_io: bool) -> int:
+def encoded_read_bytes(meta, workers: int, direct_io: bool, in_flight: int | None = None) -> int:
     """Memory a stream of the encoded store (or set of encoded parts) ``meta`` takes to read and decode its rows
     (pure): the committed rows' ends (:data:`ENDS_BYTES_PER_ROW` a row), one block's encoded bytes per read in
-    flight (the reader thread's I/O threads, as many as its byte source keeps in flight), and each decoder's (a
-    worker, or the consumer's thread) one row's JPEG copied out of its place (see :mod:`h5stream.read.encoded`)."""
+    flight (the reader thread's I/O threads, as many as its byte source keeps in flight, or ``in_flight``), and
+    each decoder's (a worker, or the consumer's thread) one row's JPEG copied out of its place (see
+    :mod:`h5stream.read.encoded`)."""
     from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
 
     parts = getattr(meta, "parts", ()) or (meta,)
-    in_flight = max(p.remote.max_in_flight if p.remote is not None else DIRECT_IN_FLIGHT if direct_io
+    in_flight = in_flight or max(p.remote.max_in_flight if p.remote is not None else DIRECT_IN_FLIGHT if direct_io
                     else LocalFile.max_in_flight for p in parts)
     return (ENDS_BYTES_PER_ROW * meta.rows + in_flight * meta.encoded_block_bytes
             + (int(workers) + 1) * meta.row_bytes)
