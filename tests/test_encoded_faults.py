@@ -5,6 +5,8 @@ killed or not.  Real files, real worker processes, real SIGKILLs."""
 
 from __future__ import annotations
 
+import re
+
 import cv2
 import numpy as np
 import pytest
@@ -263,3 +265,39 @@ def test_a_jpeg_store_at_a_url_keeps_its_local_files_order_under_a_budget(tmp_pa
             for a, b in zip(here[2], there[2]):
                 np.testing.assert_array_equal(a[0], b[0])
                 np.testing.assert_array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_damaged_row_ends_are_one_store_format_error_that_says_what_is_damaged(tmp_path, h5cli, workers):
+    """/image_ends placing a row before the one it follows, or the last row past /image_bytes: one line naming
+    /image_ends and the row (a StoreFormatError at open, a ReaderError from the reader thread: never the repr of
+    one inside the other, never '/images', never `repair`, which cannot rebuild them), and `verify` names the rows
+    where it can read the store."""
+    import shutil
+
+    import h5py
+
+    from h5stream.errors import StoreFormatError
+    from h5stream.store import schema
+
+    good = write_rows(str(tmp_path / "good.h5"), [smooth_jpeg(32, k) for k in range(12)], 32)
+    for row, set_to, says in ((6, lambda ends: ends[4] - 5, r"row 6 ends at byte \d+, before row 5 does \(\d+\)"),
+                              (11, lambda ends: ends[11] + 10**6, r"its committed row 11 ends at byte \d+, outside "
+                                                                  r"the \d+ bytes of /image_bytes")):
+        path = str(tmp_path / f"ends{row}.h5")
+        shutil.copyfile(good, path)
+        with h5py.File(path, "r+") as f:
+            ends = f[schema.IMAGE_ENDS][:]
+            f[schema.IMAGE_ENDS][row] = set_to(ends)
+        with pytest.raises((StoreFormatError, ReaderError)) as caught:
+            with h5stream.open(path, batch_size=4, seed=0, workers=workers) as s:
+                [None for _ in s]
+        message = str(caught.value)
+        assert re.match(rf"{re.escape(path)}: (reading failed: )?/image_ends is damaged: ", message), message
+        assert "\n" not in message and "Error(" not in message
+        assert re.search(says, message), message
+        assert "/images " not in message and "repair" not in message
+        code, _, err = h5cli("verify", path)
+        assert code == 1 and err.count("\n") == 1
+        if row == 6:
+            assert "rows 4-7 do not match their checksum (images: rows 6, 7)" in err, err

@@ -53,9 +53,14 @@ def locate_encoded(f: h5py.File, rows: int, path: str, chunk_offsets) -> Encoded
     if rows:
         ends_ds.read_direct(ends, np.s_[0:rows], np.s_[0:rows])
     total = int(ends[-1]) if rows else 0
-    if total > data.shape[0] or (rows and (np.diff(ends, prepend=0) < 0).any()):
-        raise StoreFormatError(f"{path}: /{schema.IMAGE_ENDS} does not describe /{schema.IMAGE_BYTES} "
-                               f"({total} bytes said, {data.shape[0]} stored); `h5stream repair` rebuilds it")
+    backwards = np.flatnonzero(np.diff(ends, prepend=0) < 0) if rows else ()
+    if total > data.shape[0] or len(backwards):
+        where = (f"row {backwards[0]} ends at byte {ends[backwards[0]]}, before "
+                 + (f"row {backwards[0] - 1} does ({ends[backwards[0] - 1]})" if backwards[0] else "the first byte")
+                 if len(backwards) else f"the committed rows end at byte {total}, past the {data.shape[0]} bytes of "
+                 f"/{schema.IMAGE_BYTES}")
+        raise StoreFormatError(f"{path}: /{schema.IMAGE_ENDS} is damaged: {where}; `h5stream verify {path}` names "
+                               "the damaged rows: restore the file from a copy or re-ingest it")
     if data.chunks is None:
         return None
     offsets = chunk_offsets(data, total, int(data.chunks[0]), path)  # None: compressed, or unallocated

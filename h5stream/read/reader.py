@@ -60,8 +60,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from h5stream.concurrency.wait import POLL_S, Channel, Stopped, get_while_moving, wait_futures
-from h5stream.errors import (ChecksumError, ImageDecodeError, ReaderError, StoreBusyError, StreamClosedError,
-                             descriptor_limit)
+from h5stream.errors import (ChecksumError, H5StreamError, ImageDecodeError, ReaderError, StoreBusyError,
+                             StreamClosedError, descriptor_limit)
 from h5stream.order.epoch import EpochLayout
 from h5stream.read.arrive import arrive, head_first
 from h5stream.read.locate import direct_reads, images_dataset, locate
@@ -216,6 +216,9 @@ class Reader:
             limit = descriptor_limit(getattr(item.exc, "errno", None))
             if limit is not None:
                 self._fail(ReaderError(f"{self.meta.path}: reading failed: {limit[0]}; {limit[1]}"), item.exc)
+            if isinstance(item.exc, H5StreamError):  # one line that says what to do: the file named once
+                detail = str(item.exc).removeprefix(f"{self.meta.path}: ")
+                self._fail(ReaderError(f"{self.meta.path}: reading failed: {detail}"), item.exc)
             self._fail(ReaderError(f"{self.meta.path}: reading failed: {item.exc!r}"), item.exc)
         self._consumer_counts["batches"] += 1
         return item
