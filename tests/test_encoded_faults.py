@@ -79,6 +79,32 @@ def test_a_row_of_another_size_raises_where_its_crop_is_decoded_at_a_reduced_sca
             [None for _ in s]
 
 
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_a_compression_for_rows_appended_to_a_store_without_it_is_refused_in_one_line(tmp_path, h5cli, encoding):
+    """--append --compression zlib to an uncompressed store (raw or JPEG) appended uncompressed rows without a
+    word; rows are appended as the store's are, so another compression is refused, the store left as it was."""
+    from h5stream.errors import ConfigError
+    from h5stream.samples import make_class_folder
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=3, size=(20, 20), seed=1)
+    out = str(tmp_path / "s.h5")
+    assert h5cli("ingest", src, out, "--size", "16", "--workers", "0", "--encoding", encoding)[0] == 0
+    before = open(out, "rb").read()
+    code, _, err = h5cli("ingest", src, out, "--append", "--compression", "zlib", "--workers", "0")
+    assert code != 0 and err.count("\n") == 1
+    assert err.startswith(f"h5stream: error: {out}: store has compression none, this run asks for zlib; drop "
+                          "--compression")
+    assert open(out, "rb").read() == before
+    written = str(tmp_path / "written.h5")
+    items = (np.zeros((4, 16, 16, 3), np.uint8), np.zeros(4, int))
+    h5stream.write(written, items, order="sorted", encoding=encoding)
+    before = open(written, "rb").read()
+    with pytest.raises(ConfigError, match="store has compression none, this write asks for zlib"):
+        h5stream.write(written, items, resume=True, order="sorted", compression="zlib")
+    assert open(written, "rb").read() == before
+
+
 def test_a_jpeg_quality_for_rows_appended_to_a_raw_store_is_refused_in_one_line(tmp_path, h5cli):
     """Rows appended to a store are stored as its rows are: a --quality (quality=) asked of a raw store would be
     dropped without a word, so it is refused, the store left as it was."""

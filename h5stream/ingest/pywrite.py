@@ -198,6 +198,8 @@ class Writer:
                  "label_kind": (opts.label_kind, meta.label_kind)}
         if meta.storage_order == "shuffled":
             asked["seed"] = (opts.seed, meta.order_seed)
+        if opts.compression is not None:
+            asked["compression"] = (opts.compression, meta.compression or "none")
         if opts.encoding != "auto":
             asked["encoding"] = (opts.encoding, meta.encoding)
         if meta.encoding != schema.ENCODING_RAW:
