@@ -327,3 +327,29 @@ def test_damaged_row_ends_are_one_store_format_error_that_says_what_is_damaged(t
         assert code == 1 and err.count("\n") == 1
         if row == 6:
             assert "rows 4-7 do not match their checksum (images: rows 6, 7)" in err, err
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("output_size", [None, 4])
+def test_after_a_row_that_does_not_decode_every_next_raises_it_again_until_a_restart(tmp_path, workers, output_size):
+    """The batch whose row does not decode is taken from the reader all the same: the next call raised 'feed out
+    of step' (a bare RuntimeError) and the feed went on to later batches. It raises the same error again, every
+    call, and a restore to the state before it gives the batches before it again, then the error."""
+    rows = [smooth_jpeg(32, k) for k in range(12)]
+    rows[5] = rows[5][:len(rows[5]) // 2]
+    path = write_rows(str(tmp_path / "bad.h5"), rows, 32)
+    aug = None if output_size is None else h5stream.Augment(output_size=output_size)
+    with h5stream.open(path, batch_size=2, seed=0, workers=workers, shuffle=False, augment=aug) as s:
+        start = s.state()
+        it = iter(s)
+        first = [np.array(next(it)[0]) for _ in range(2)]
+        state = s.state()
+        for _ in range(3):
+            with pytest.raises(ImageDecodeError, match=rf"^{path}: row 5: its stored JPEG does not decode"):
+                next(it)
+        s.restore(state)
+        with pytest.raises(ImageDecodeError, match="row 5"):
+            next(iter(s))
+        s.restore(start)
+        again = iter(s)
+        np.testing.assert_array_equal(np.array(next(again)[0]), first[0])
