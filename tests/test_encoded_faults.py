@@ -1,7 +1,8 @@
 """Faults and misuse on encoded (JPEG) stores, each met as a user would meet it: rows that do not decode, on
 every path that decodes them, raise the same one-line :class:`~h5stream.errors.ImageDecodeError` naming the row
-(never other pixels); options an append would drop are refused; `repair --source` restores damaged JPEG blocks,
-killed or not.  Real files, real worker processes, real SIGKILLs."""
+(never other pixels), and again at every later call; damaged row ends are named; options an append would drop
+are refused; `repair --source` restores damaged JPEG blocks, killed or not; a budget above the minimum streams.
+Real files, real worker processes, a real HTTP server, real SIGKILLs."""
 
 from __future__ import annotations
 
