@@ -182,6 +182,30 @@ def test_repair_source_restores_an_encoded_stores_damaged_blocks_byte_for_byte(t
     assert [b.start for b in verify_store(path).bad] == [16]  # block 1 restored, block 4 left as it was
 
 
+@pytest.mark.parametrize("end", [10**7, -100])
+def test_repair_source_names_blocks_whose_row_ends_are_damaged_and_writes_nothing(tmp_path, h5cli, end):
+    """A block's last end set past /image_bytes (or back into the row): its bytes cannot be placed, so --source
+    names it in the one line and leaves the file as it is (it raised a TypeError traceback for an end past the
+    stored bytes)."""
+    import h5py
+
+    from h5stream.samples import make_class_folder
+    from h5stream.store import schema
+
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=6, size=(40, 48), seed=3)
+    path = str(tmp_path / "ends.h5")
+    assert h5cli("ingest", src, path, "--size", "32", "--encoding", "jpeg", "--block-rows", "4", "--workers",
+                 "0")[0] == 0
+    with h5py.File(path, "r+") as f:
+        f[schema.IMAGE_ENDS][3] = end if end > 0 else f[schema.IMAGE_ENDS][3] + end
+    damaged = open(path, "rb").read()
+    code, _, err = h5cli("repair", path, "--source", src)
+    assert code == 1 and err.count("\n") == 1 and err.startswith("h5stream: error: ")
+    assert "rows 0-3: their row ends in /image_ends are damaged too" in err
+    assert open(path, "rb").read() == damaged
+
+
 def test_repair_source_of_an_encoded_store_killed_after_each_of_its_writes_is_finished_by_the_next(kill_shim, tmp_path,
                                                                                                   h5cli):
     import os

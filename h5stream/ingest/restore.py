@@ -83,27 +83,35 @@ def restore_blocks(path: str, source_root: str, bad, rows: int, block_rows: int)
                                                        "place"))
         elif covered != b.stop:
             out.append(Outcome(b.start, b.stop, False, "their checksum also covers rows that were never committed"))
+        elif places[b.start] is None:
+            out.append(Outcome(b.start, b.stop, False, f"their row ends in /{schema.IMAGE_ENDS} are damaged too"))
         else:
             out.append(_restore(path, source_root, spec, b.start, b.stop, relpaths[b.start], want[0], places[b.start],
                                 quality))
     return out
 
 
-def _encoded_place(f, start: int, stop: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def _encoded_place(f, start: int, stop: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
     """Where encoded rows ``[start, stop)`` of the open store ``f`` lie: their ends relative to the first one's
     start (as :func:`~h5stream.ingest.encode.encode_rows` gives them), and their byte range of ``/image_bytes``
-    as ``(file offset, length)`` pieces, one per chunk crossed."""
+    as ``(file offset, length)`` pieces, one per chunk crossed; None where ``/image_ends`` places them outside
+    the stored bytes or backwards (damaged ends)."""
     data = f[schema.IMAGE_BYTES]
     ends = np.asarray(f[schema.IMAGE_ENDS][max(0, start - 1):stop], dtype=np.int64)
     first = int(ends[0]) if start else 0
     ends = ends[1:] if start else ends
+    if first < 0 or int(ends[-1]) > data.shape[0] or (np.diff(ends, prepend=first) < 0).any():
+        return None
     chunk_bytes = int(data.chunks[0])
     pieces = []
     pos, end = first, int(ends[-1])
     while pos < end:
         chunk, within = divmod(pos, chunk_bytes)
         n = min(end - pos, chunk_bytes - within)
-        pieces.append((data.id.get_chunk_info_by_coord((chunk * chunk_bytes,)).byte_offset + within, n))
+        offset = data.id.get_chunk_info_by_coord((chunk * chunk_bytes,)).byte_offset
+        if offset is None:  # a chunk never written
+            return None
+        pieces.append((offset + within, n))
         pos += n
     return ends - first, pieces
 
