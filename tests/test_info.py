@@ -78,3 +78,17 @@ def test_compression_is_reported_even_for_plugin_filters(class_src, tmp_path, h5
     out = tmp_path / f"{compression}.h5"
     assert h5cli("ingest", class_src[0], out, "--size", "8", "--compression", compression, "--workers", "0")[0] == 0
     assert json.loads(h5cli("info", out, "--json")[1])["compression"] == reported
+
+
+def test_an_encoded_store_is_described_by_its_jpeg_bytes_not_its_empty_images_array(class_src, tmp_path, h5cli):
+    """/images of a JPEG store holds no rows: the text speaks of /image_bytes' chunks and of JPEG bytes."""
+    out = tmp_path / "j.h5"
+    assert h5cli("ingest", class_src[0], out, "--size", "12x10", "--workers", "0", "--block-rows", "4",
+                 "--encoding", "jpeg")[0] == 0
+    code, stdout, _ = h5cli("info", out)
+    assert code == 0
+    assert "block rows      4 (JPEG bytes in chunks of 1.0 MiB)" in stdout
+    assert "of which      JPEG bytes " in stdout and "a chunk whole: 1.0 MiB of JPEG bytes" in stdout
+    assert "image rows" not in stdout and "pixels" not in stdout
+    info = json.loads(h5cli("info", out, "--json")[1])
+    assert info["encoded_chunk_bytes"] == 1 << 20 and info["encoding"] == "jpeg"

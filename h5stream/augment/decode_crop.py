@@ -76,7 +76,7 @@ def decode_crop_batch(cv2, images: np.ndarray, lengths, row_ids, out: np.ndarray
         shape = scaled_shape((height, width, channels), d)
         buf = backing[:shape[0] * shape[1] * shape[2]].reshape(shape)
         try:
-            decode_into(images[k].reshape(-1)[:lengths[k]], buf, d)
+            decode_into(images[k].reshape(-1)[:lengths[k]], buf, d, (height, width))
         except ValueError as exc:
             where = f"{path}: " if path else ""
             raise ImageDecodeError(

@@ -55,7 +55,8 @@ def _ingest(parser) -> None:
                         "classes, as in Keras); loops are detected")
     parser.add_argument("--size", metavar="N|HxW",
                         help="output size: N (square) or HxW (default 128); with --append, size, resize, channels, "
-                        "order and seed default to the store's and must match it if given")
+                        "order, seed, compression, encoding and quality default to the store's and must match it if "
+                        "given")
     parser.add_argument("--resize", choices=("stretch", "crop", "pad"),
                         help="stretch ignores aspect (default); crop keeps the centre; pad fits on --pad-fill")
     parser.add_argument("--pad-fill", metavar="V|R,G,B",

@@ -91,9 +91,10 @@ def describe(path: str) -> dict:
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
-    chunks, filters, space, nodes = read_consistent(path, lambda f: (
+    chunks, filters, space, nodes, encoded_chunks = read_consistent(path, lambda f: (
         f[schema.IMAGES].chunks, _filter_names(f[schema.IMAGES]),
-        space_used(f, meta.rows, meta.row_bytes, meta.file_bytes), hdf5_nodes(f)))
+        space_used(f, meta.rows, meta.row_bytes, meta.file_bytes), hdf5_nodes(f),
+        f[schema.IMAGE_BYTES].chunks if meta.encoded else None))
     if meta.encoded:  # what the committed rows hold is their encoded bytes, not pixels
         space["pixel_bytes"] = meta.encoded_bytes
     classes = None
@@ -129,6 +130,7 @@ def describe(path: str) -> dict:
         "encoding": meta.encoding,
         "jpeg_quality": meta.jpeg_quality,
         "bytes_per_image": meta.encoded_bytes / meta.rows if meta.encoded and meta.rows else meta.row_bytes,
+        "encoded_chunk_bytes": int(encoded_chunks[0]) if encoded_chunks else None,  # /image_bytes' chunk
         "part": None if meta.part is None else {"index": meta.part.index, "count": meta.part.count,
                                                  "listing": meta.part.listing},
     }
@@ -164,9 +166,12 @@ def _space_lines(info: dict) -> list[str]:
         return []
     from h5stream.read.plan import format_bytes
 
-    return [f"    of which      pixels {format_bytes(space['pixel_bytes'])}, in {format_bytes(space['chunk_bytes'])} "
-            f"of whole chunks (HDF5 allocates a chunk whole: {info['block_rows']} image rows, the labels', the "
-            "paths'; appended rows fill them)",
+    encoded = info.get("encoded_chunk_bytes")
+    what, chunk = (("JPEG bytes", f"{format_bytes(encoded)} of JPEG bytes") if encoded
+                   else ("pixels", f"{info['block_rows']} image rows"))
+    return [f"    of which      {what} {format_bytes(space['pixel_bytes'])}, in {format_bytes(space['chunk_bytes'])} "
+            f"of whole chunks (HDF5 allocates a chunk whole: {chunk}, the labels', the paths'; appended rows fill "
+            "them)",
             f"                  HDF5 metadata {format_bytes(space['metadata_bytes'])} (headers, chunk-index nodes "
             "of 2,048 entries)"]
 
@@ -191,10 +196,14 @@ def format_text(info: dict) -> str:
         for index, (name, count) in enumerate(info["classes"].items()):
             lines.append(f"    {index:>4}  {name:<{width}}  {count}")
     order = info["order"] + (f" (seed {info['order_seed']})" if info["order"] == "shuffled" else "")
-    chunk = tuple(info["chunk_shape"]) if info["chunk_shape"] else "none"
+    chunk = f"chunk {tuple(info['chunk_shape']) if info['chunk_shape'] else 'none'}"
+    if info.get("encoded_chunk_bytes"):  # /images holds no rows: the rows' bytes lie in /image_bytes
+        from h5stream.read.plan import format_bytes
+
+        chunk = f"JPEG bytes in chunks of {format_bytes(info['encoded_chunk_bytes'])}"
     report = info["skipped_report"]
     lines += [
-        f"  block rows      {info['block_rows']} (chunk {chunk})",
+        f"  block rows      {info['block_rows']} ({chunk})",
         *([f"  encoding        {info['encoding']} quality {info['jpeg_quality']}, "
            f"{info['bytes_per_image']:,.0f} bytes per image (raw: {h * w * c:,})"]
           if info.get("encoding", "raw") != "raw" else []),

@@ -15,10 +15,11 @@ itself: the error names them, and stdout lists the source files they were
 ingested from (one a line, as stored: relative to the ingest's source folder),
 so that exactly those can be ingested again; or restore the file from a copy.
 
-With ``--source SRC`` (the folder the store was ingested from), damaged pixel
-blocks are decoded again from their files and written back where the result
-has the block's recorded checksum (:mod:`h5stream.ingest.restore`); what cannot
-be restored so is reported as above.
+With ``--source SRC`` (the folder the store was ingested from), damaged image
+blocks are decoded (and, in an encoded store, JPEG-encoded) again from their
+files and written back where the result has the block's recorded checksum
+(:mod:`h5stream.ingest.restore`); what cannot be restored so is reported as
+above.
 
 Damaged row digests of rows that match their block checksums are written again
 from the rows (:mod:`h5stream.store.rowdigest_mend`), with or without
@@ -99,13 +100,8 @@ def _restore(path: str, source: str, result, done: list[str]):
 
     if not os.path.isdir(source):
         raise SourceError(f"--source {source}: no such folder; give the folder {path} was ingested from")
-    from h5stream.store.meta import read_meta
-
     pixels = [b for b in result.bad if b.parts != ("row digests",)]
     if not pixels:
-        return result
-    if read_meta(path).encoded:  # a file encoded again need not give back the bytes its digest was taken over
-        done.append("--source restores pixel rows, not an encoded store's: re-ingest it")
         return result
     outcomes = restore_blocks(path, source, pixels, result.rows, result.block_rows)
     restored = [o for o in outcomes if o.restored]

@@ -49,10 +49,16 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
         mismatch("order seed", meta.order_seed, opts.seed, "--seed")
     if opts.block_rows is not None and opts.block_rows != meta.block_rows:
         mismatch("block rows", meta.block_rows, opts.block_rows, "--block-rows")
+    if opts.compression is not None and opts.compression != meta.compression:  # rows append as the store's are
+        mismatch("compression", meta.compression or "none", opts.compression, "--compression")
     if opts.encoding not in (None, "auto", meta.encoding):
         mismatch("encoding", meta.encoding, opts.encoding, "--encoding")
     if opts.quality is not None and meta.encoded and opts.quality != meta.jpeg_quality:
         mismatch("JPEG quality", meta.jpeg_quality, opts.quality, "--quality")
+    if opts.quality is not None and not meta.encoded and opts.encoding is None:
+        raise ConfigError(f"{out}: store keeps raw pixels, this run asks for JPEG quality {opts.quality}; appended "
+                          "rows are stored as the store's are: drop --quality, or ingest into a new file with "
+                          "--encoding jpeg")
     if source.label_kind != meta.label_kind:
         raise ConfigError(
             f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "

@@ -210,10 +210,15 @@ class Writer:
                  "label_kind": (opts.label_kind, meta.label_kind)}
         if meta.storage_order == "shuffled":
             asked["seed"] = (opts.seed, meta.order_seed)
+        if opts.compression is not None:
+            asked["compression"] = (opts.compression, meta.compression or "none")
         if opts.encoding != "auto":
             asked["encoding"] = (opts.encoding, meta.encoding)
         if meta.encoding != schema.ENCODING_RAW:
             asked["quality"] = (opts.quality, meta.jpeg_quality)
+        elif opts.quality is not None and opts.encoding is None:
+            raise ConfigError(f"{self.path}: store keeps raw pixels, this write asks for JPEG quality {opts.quality}; "
+                              "resume without quality=, or write a new store with encoding='jpeg'")
         for name, (ours, theirs) in asked.items():
             if ours is not None and ours != theirs:
                 raise ConfigError(f"{self.path}: store has {name} {theirs}, this write asks for {ours}; resume with "

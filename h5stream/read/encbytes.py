@@ -53,9 +53,14 @@ def locate_encoded(f: h5py.File, rows: int, path: str, chunk_offsets) -> Encoded
     if rows:
         ends_ds.read_direct(ends, np.s_[0:rows], np.s_[0:rows])
     total = int(ends[-1]) if rows else 0
-    if total > data.shape[0] or (rows and (np.diff(ends, prepend=0) < 0).any()):
-        raise StoreFormatError(f"{path}: /{schema.IMAGE_ENDS} does not describe /{schema.IMAGE_BYTES} "
-                               f"({total} bytes said, {data.shape[0]} stored); `h5stream repair` rebuilds it")
+    backwards = np.flatnonzero(np.diff(ends, prepend=0) < 0) if rows else ()
+    if total > data.shape[0] or len(backwards):
+        where = (f"row {backwards[0]} ends at byte {ends[backwards[0]]}, before "
+                 + (f"row {backwards[0] - 1} does ({ends[backwards[0] - 1]})" if backwards[0] else "the first byte")
+                 if len(backwards) else f"the committed rows end at byte {total}, past the {data.shape[0]} bytes of "
+                 f"/{schema.IMAGE_BYTES}")
+        raise StoreFormatError(f"{path}: /{schema.IMAGE_ENDS} is damaged: {where}; `h5stream verify {path}` names "
+                               "the damaged rows: restore the file from a copy or re-ingest it")
     if data.chunks is None:
         return None
     offsets = chunk_offsets(data, total, int(data.chunks[0]), path)  # None: compressed, or unallocated
@@ -126,15 +131,16 @@ class ByteRows:
         return missing, advised
 
 
-def encoded_read_bytes(meta, workers: int, direct_io: bool) -> int:
+def encoded_read_bytes(meta, workers: int, direct_io: bool, in_flight: int | None = None) -> int:
     """Memory a stream of the encoded store (or set of encoded parts) ``meta`` takes to read and decode its rows
     (pure): the committed rows' ends (:data:`ENDS_BYTES_PER_ROW` a row), one block's encoded bytes per read in
-    flight (the reader thread's I/O threads, as many as its byte source keeps in flight), and each decoder's (a
-    worker, or the consumer's thread) one row's JPEG copied out of its place (see :mod:`h5stream.read.encoded`)."""
+    flight (the reader thread's I/O threads, as many as its byte source keeps in flight, or ``in_flight``), and
+    each decoder's (a worker, or the consumer's thread) one row's JPEG copied out of its place (see
+    :mod:`h5stream.read.encoded`)."""
     from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
 
     parts = getattr(meta, "parts", ()) or (meta,)
-    in_flight = max(p.remote.max_in_flight if p.remote is not None else DIRECT_IN_FLIGHT if direct_io
+    in_flight = in_flight or max(p.remote.max_in_flight if p.remote is not None else DIRECT_IN_FLIGHT if direct_io
                     else LocalFile.max_in_flight for p in parts)
     return (ENDS_BYTES_PER_ROW * meta.rows + in_flight * meta.encoded_block_bytes
             + (int(workers) + 1) * meta.row_bytes)

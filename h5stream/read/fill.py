@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5stream.errors import ChecksumError, ReaderError, StoreBusyError, descriptor_limit
+from h5stream.errors import (ChecksumError, H5StreamError, ImageDecodeError, ReaderError, StoreBusyError,
+                             descriptor_limit)
 from h5stream.read.runs import Run
 from h5stream.read.source import close_while_reading
 
@@ -50,15 +51,20 @@ class Failure:
 
 def consumer_error(exc: BaseException, path: str, open_files_hint: str = "") -> BaseException:
     """The error the consumer gets for the reader thread's failure ``exc`` while reading ``path`` (pure): a busy
-    store and a checksum mismatch as they are (one line already saying what to do), running out of file
-    descriptors named as that limit (with ``open_files_hint``), anything else a ReaderError naming the file."""
+    store, a checksum mismatch and a row that does not decode as they are (one line already saying what to do),
+    running out of file descriptors named as that limit (with ``open_files_hint``), another h5stream error's line
+    and anything else's repr in a ReaderError naming the file once."""
     if isinstance(exc, StoreBusyError):
         return StoreBusyError(str(exc))
     if isinstance(exc, ChecksumError):
         return ChecksumError(str(exc))
+    if isinstance(exc, ImageDecodeError):  # a JPEG row the reader thread decoded
+        return ImageDecodeError(str(exc))
     limit = descriptor_limit(getattr(exc, "errno", None))
     if limit is not None:
         return ReaderError(f"{path}: reading failed: {limit[0]}; {limit[1]}{open_files_hint}")
+    if isinstance(exc, H5StreamError):  # one line that says what to do: the file named once
+        return ReaderError(f"{path}: reading failed: {str(exc).removeprefix(f'{path}: ')}")
     return ReaderError(f"{path}: reading failed: {exc!r}")
 
 

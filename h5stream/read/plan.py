@@ -119,15 +119,17 @@ def budget_error(budget_bytes: int, min_budget: int, what: str, alternatives: tu
 
 
 
-def url_plan(plan, url: str, budget_bytes: int, client_bytes: int, local_verify_bytes: int):
+def url_plan(plan, url: str, budget_bytes: int, client_bytes: int, local_verify_bytes: int,
+             local_encoded_bytes: int = 0):
     """The plan of a stream over ``url`` under a given budget, with its local file's order.
 
-    ``plan(fill=None, client=..., verify=...)`` plans with the URL's own shares by default.  The local file
-    (read through the page cache: no client, its own check buffers) gets fills of some size under this budget;
+    ``plan(fill=None, client=..., verify=..., encoded=...)`` plans with the URL's own shares by default.  The
+    local file (read through the page cache: no client, its own check buffers and, for an encoded store, its
+    own JPEG reads, ``local_encoded_bytes``) gets fills of some size under this budget;
     the URL gets the same fills, and so the same unit and the same batches, when its client fits beside them,
     else :class:`BudgetError` naming the fill that fits and the default budget: a smaller fill would silently
     change the order."""
-    here = plan(client=0, verify=local_verify_bytes)
+    here = plan(client=0, verify=local_verify_bytes, encoded=local_encoded_bytes)
     try:
         return plan(fill=here.rows_per_fill)
     except BudgetError:

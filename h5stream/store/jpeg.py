@@ -23,10 +23,11 @@ def scaled_shape(shape: tuple[int, int, int], scale: int = 1) -> tuple[int, int,
     return -(-h // scale), -(-w // scale), c
 
 
-def decode_into(data, out: np.ndarray, scale: int = 1) -> np.ndarray:
+def decode_into(data, out: np.ndarray, scale: int = 1, size: tuple[int, int] | None = None) -> np.ndarray:
     """Decode the JPEG bytes ``data`` into ``out`` (uint8, C-contiguous, (H, W, 3) RGB or (H, W, 1) grey, at
-    ``scale`` the image's shape divided by ``scale``, rounded up); returns ``out``.  Raises ValueError (with
-    libjpeg's reason) where the bytes do not decode or decode to another shape."""
+    ``scale`` the image's shape divided by ``scale``, rounded up); returns ``out``.  ``size``: the image's own
+    (H, W), needed at ``scale`` > 1.  Raises ValueError (with libjpeg's reason) where the bytes do not decode or
+    are an image of another size."""
     import simplejpeg
 
     if scale not in SCALES:
@@ -34,6 +35,14 @@ def decode_into(data, out: np.ndarray, scale: int = 1) -> np.ndarray:
     channels = out.shape[-1]
     colorspace = "GRAY" if channels == 1 else "RGB"
     buf = data if isinstance(data, (bytes, bytearray, memoryview)) else memoryview(np.ascontiguousarray(data))
+    if scale != 1:
+        # libjpeg scales an image of another size to out's shape just as well (16x16 at 1/1 where 32x32 at 1/2
+        # is meant): its header says which it is (1.5 us, against 27-37 us for the reduced decode of 128 px).
+        if size is None:
+            raise TypeError("decode_into at a reduced scale needs size=(height, width) of the image")
+        height, width = simplejpeg.decode_jpeg_header(buf)[:2]
+        if (height, width) != tuple(size):
+            raise ValueError(f"is a {width}x{height} image, not {size[1]}x{size[0]}")
     # At a reduced scale libjpeg-turbo picks the smallest of its scales (n/8) that keeps these sizes: 1/scale.
     at_least = {} if scale == 1 else {"min_height": out.shape[0], "min_width": out.shape[1]}
     got = simplejpeg.decode_jpeg(buf, colorspace, buffer=out, **at_least)
@@ -45,7 +54,7 @@ def decode_into(data, out: np.ndarray, scale: int = 1) -> np.ndarray:
 def decode(data, shape: tuple[int, int, int], scale: int = 1) -> np.ndarray:
     """:func:`decode_into` a new array of ``shape`` (H, W, C) at ``scale``."""
     out = np.empty(scaled_shape(shape, scale), np.uint8)
-    return decode_into(data, out, scale)
+    return decode_into(data, out, scale, shape[:2])
 
 
 def decode_rows(rows, first_row: int, out: np.ndarray, path: str, keep=None) -> None:

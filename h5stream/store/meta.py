@@ -260,6 +260,11 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
             f"/{schema.IMAGES} and /{schema.LABELS}; the file is damaged"
         )
     written = _rows_written(images) if encoding == schema.ENCODING_RAW else _encoded_written(rows_of, committed)
+    if committed > written and encoding != schema.ENCODING_RAW:
+        raise StoreFormatError(
+            f"{path}: /{schema.IMAGE_ENDS} is damaged: its committed row {committed - 1} ends at byte "
+            f"{int(rows_of.ends[committed - 1])}, outside the {rows_of.data.shape[0]} bytes of /{schema.IMAGE_BYTES} "
+            "(a truncated copy, or edited by hand): restore the file from a copy or re-ingest it")
     if committed > written:
         raise StoreFormatError(
             f"{path}: committed_rows={committed} but only {written} rows of /{schema.IMAGES} were ever written; "

@@ -25,6 +25,9 @@ the counts the plan names (``reader_batches``, ``input_slots``,
   epoch's segment table;
 * **remote client** -- for a store read from a URL, what the client holds
   (its library, connections, pieces of responses in flight);
+* **JPEG reads** -- for an encoded store, the committed rows' ends, a block
+  of encoded bytes per read in flight and a row per decoder
+  (:func:`h5stream.read.encbytes.encoded_read_bytes`);
 * **direct I/O** -- for a store read past the page cache (``direct_io``),
   the bounce buffers of the reads in flight;
 * **checksums** -- with ``verify_reads`` on a store that has checksums, a
@@ -43,7 +46,7 @@ fill and two queued batches raises :class:`BudgetError` naming the minimum.
 
 Without a budget (``None``) the plan takes :data:`DEFAULT_BUDGET_BYTES` for
 reading and shuffling and gives augmentation (workers or the inline
-transform), a remote client, direct I/O and the checksums their shares on top, so adding
+transform), a remote client, JPEG reads, direct I/O and the checksums their shares on top, so adding
 workers, or reading the same file from a URL or past the page cache, neither
 fails nor changes the epoch order.
 With a budget, those shares come out of it, and the order depends on the
@@ -166,6 +169,7 @@ class StreamPlan:
     min_budget_bytes: int
     default_budget: bool = False  # no budget was given: DEFAULT_BUDGET_BYTES plus the augmentation's share
     remote_client_bytes: int = 0  # the client of a store read from a URL
+    encoded_read_bytes: int = 0  # an encoded store's row ends, encoded blocks in flight and a row per decoder
     direct_io_bytes: int = 0  # the bounce buffers of reads past the page cache
     verify_bytes: int = 0  # row digests and block buffers of verify_reads
     chunk_cache_bytes: int = 0  # HDF5's chunk cache, for a store whose chunks split images
@@ -178,8 +182,9 @@ class StreamPlan:
         return {"batches": self.batches_bytes, "fill index": self.fill_index_bytes, "output": self.output_bytes,
                 "workers": self.pool_bytes, "transform": self.transform_bytes, "label cache": self.label_cache_bytes,
                 "bookkeeping": self.bookkeeping_bytes, "remote client": self.remote_client_bytes,
-                "direct I/O": self.direct_io_bytes, "checksums": self.verify_bytes,
-                "chunk cache": self.chunk_cache_bytes, "piece window": self.piece_window_bytes}
+                "JPEG reads": self.encoded_read_bytes, "direct I/O": self.direct_io_bytes,
+                "checksums": self.verify_bytes, "chunk cache": self.chunk_cache_bytes,
+                "piece window": self.piece_window_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -218,6 +223,8 @@ class StreamPlan:
                 share = f" + {format_bytes(self.augment_bytes)} for augmentation"
             if self.remote_client_bytes:
                 share += f" + {format_bytes(self.remote_client_bytes)} for the remote client"
+            if self.encoded_read_bytes:
+                share += f" + {format_bytes(self.encoded_read_bytes)} for JPEG reads"
             if self.direct_io_bytes:
                 share += f" + {format_bytes(self.direct_io_bytes)} for direct I/O"
             if self.verify_bytes:
@@ -226,8 +233,8 @@ class StreamPlan:
                 share += f" + {format_bytes(self.chunk_cache_bytes)} for HDF5's chunk cache"
             if self.piece_window_bytes:
                 share += f" + {format_bytes(self.piece_window_bytes)} for the window of pieces"
-            reading = (self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.direct_io_bytes
-                       - self.verify_bytes - self.chunk_cache_bytes - self.piece_window_bytes)
+            reading = (self.budget_bytes - self.augment_bytes - self.remote_client_bytes - self.encoded_read_bytes
+                       - self.direct_io_bytes - self.verify_bytes - self.chunk_cache_bytes - self.piece_window_bytes)
             budget += f" (default: {format_bytes(reading)} for reading{share})"
         parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in self.allocations().items() if n)
         pieces = f", two-level order in pieces of {self.piece_rows} rows" if self.piece_rows else ""
@@ -262,6 +269,7 @@ def plan_memory(
     rows_per_fill: int | None = None,
     epoch_rows: int | None = None,
     remote_client_bytes: int = 0,
+    encoded_read_bytes: int = 0,
     direct_io_bytes: int = 0,
     verify_bytes: int = 0,
     chunk_cache_bytes: int = 0,
@@ -280,7 +288,8 @@ def plan_memory(
     ``rows``) is how many contiguous rows an epoch covers when it streams part
     of the file (a validation split).  ``remote_client_bytes``: what the client of
     a store read from a URL holds, on top of the default budget like
-    augmentation's share, out of a given one; ``direct_io_bytes`` likewise, the bounce buffers of reads past
+    augmentation's share, out of a given one; ``encoded_read_bytes`` likewise, what reading an encoded store's
+    rows holds; ``direct_io_bytes`` likewise, the bounce buffers of reads past
     the page cache, ``verify_bytes``, what checking reads against the block checksums holds, and
     ``chunk_cache_bytes``, HDF5's chunk cache for a store whose chunks split images, and
     ``piece_window_bytes``, the pieces a URL read in the two-level order holds
@@ -315,7 +324,7 @@ def plan_memory(
                 + (FEEDER_OVERHEAD_BYTES if feeder else 0))
     elif augment:
         transform = TRANSFORM_LIBRARY_BYTES + TRANSFORM_SCRATCH_BYTES
-    client = (int(remote_client_bytes) + int(direct_io_bytes) + int(verify_bytes)
+    client = (int(remote_client_bytes) + int(encoded_read_bytes) + int(direct_io_bytes) + int(verify_bytes)
               + int(chunk_cache_bytes) + int(piece_window_bytes))  # what the byte source holds
     fixed = bookkeeping + output + pool + transform + client
 
@@ -389,6 +398,7 @@ def plan_memory(
         min_budget_bytes=int(min_budget),
         default_budget=default,
         remote_client_bytes=int(remote_client_bytes),
+        encoded_read_bytes=int(encoded_read_bytes),
         direct_io_bytes=int(direct_io_bytes),
         verify_bytes=int(verify_bytes),
         chunk_cache_bytes=int(chunk_cache_bytes),

@@ -75,6 +75,7 @@ class InlineFeed:
             self._out = ArrayArena(plan.batch_size, config.output_shape, augment.output_dtype(),
                                    plan.consumer_sets)
         self.reader: Reader | None = None
+        self._error: BaseException | None = None  # a batch taken but not made (its decode or transform raised)
 
     def _allocate(self, n, images=True):
         """Arrays for an ``n``-row batch.  Reader thread."""
@@ -91,10 +92,23 @@ class InlineFeed:
             allocate=self._allocate, cache_labels=self.plan.label_cache_bytes > 0, timeout_s=self._timeout_s,
             direct_io=self._direct_io, verify=self._verify,
         )
+        self._error = None
 
     def next(self) -> tuple[int, int, np.ndarray, np.ndarray]:
-        """The next batch, augmented here if there is a transform.  Consumer thread."""
+        """The next batch, augmented here if there is a transform.  A batch whose decode or transform raises is
+        taken from the reader all the same: that error is raised again by every later call (the batches after it
+        would be out of order), until :meth:`start`.  Consumer thread."""
+        if self._error is not None:
+            raise self._error
         b: Batch = self.reader.get()
+        try:
+            return self._made(b)
+        except Exception as exc:
+            self._error = exc
+            raise
+
+    def _made(self, b: Batch) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """Batch ``b`` decoded (an encoded store's) and transformed.  Consumer thread."""
         x = b.images
         if b.encoded_lengths is not None:  # an encoded store's rows: decoded here, in place (read/encoded.py)
             from h5stream.augment.decode_crop import crops_while_decoding, decode_augment
@@ -191,7 +205,7 @@ class PooledFeed:
                                   lent_slots=plan.lent_slots, kept_slots=KEPT_SLOTS)
         self._free = Channel(self._n_in)  # free input slots: the reader thread takes, the consumer gives back
         self._stop: threading.Event | None = None
-        self._error: ReaderError | None = None  # a batch did not come in time: the order is lost, raised again
+        self._error: H5StreamError | None = None  # a batch not made (late, or its task raised): raised again
         self._submitted: deque[_Submitted] = deque()  # batches in the pool, in order
         self.reader: Reader | None = None
 
@@ -302,16 +316,18 @@ class PooledFeed:
             # One wait until the deadline: the pool's wait runs a held-back Ctrl-C within POLL_S meanwhile.
             done = self._pool.get(timeout_s=max(deadline - time.monotonic(), 0.0))
         except WorkerError as exc:
+            # The batch is gone from the pool: every later call raises this (the next batches would be out of step).
             self._submitted.popleft()
             if exc.stage != "read":
+                self._fail(exc)
                 raise
             # The workers read the pixels (direct reads): an I/O failure is the same ReaderError as without them.
             if exc.summary.startswith(f"{ChecksumError.__name__}: "):  # already says what to do
-                raise ChecksumError(exc.summary.split(": ", 1)[1]) from exc
+                raise self._fail(ChecksumError(exc.summary.split(": ", 1)[1])) from exc
             if exc.summary.startswith(f"{ImageDecodeError.__name__}: "):  # names the row; the file is ours to name
-                raise ImageDecodeError(f"{self.meta.path}: {exc.summary.split(': ', 1)[1]}") from exc
+                raise self._fail(ImageDecodeError(f"{self.meta.path}: {exc.summary.split(': ', 1)[1]}")) from exc
             summary = exc.summary.replace(f"{self.meta.path}: ", "")
-            raise ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}") from exc
+            raise self._fail(ReaderError(f"{self.meta.path}: reading failed in an augment worker: {summary}")) from exc
         except TimeoutError:
             raise self._fail(self._late_worker(t0) or ReaderError(
                 f"{self.meta.path}: no augmented batch from the workers in {self._timeout_s:.3g} s; "
@@ -353,9 +369,9 @@ class PooledFeed:
             "raise timeout_s if the transform is that slow"
         )
 
-    def _fail(self, error: ReaderError) -> ReaderError:
-        """Stop reading and keep ``error`` for every later call: the batches after a late one are out of step.
-        Consumer thread."""
+    def _fail(self, error: H5StreamError) -> H5StreamError:
+        """Stop reading and keep ``error`` for every later call: the batches after a late or failed one are out
+        of step.  Consumer thread."""
         self._error = error
         self._stop.set()
         return error

@@ -59,10 +59,14 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
 
         client = sum(client_memory_bytes(p.remote, getattr(p, "file_bytes", 0)) for p in (parts or (meta,))
                      if p.remote is not None)
+    encoded = local_encoded = 0
     if getattr(meta, "encoding", "raw") != "raw":
         from h5stream.read.encbytes import encoded_read_bytes
+        from h5stream.read.source import LocalFile
 
-        client += encoded_read_bytes(meta, workers, direct_io)
+        encoded = encoded_read_bytes(meta, workers, direct_io)
+        # What the local file through the page cache holds for them: part of the local file's own plan.
+        local_encoded = encoded_read_bytes(meta, workers, direct_io, in_flight=LocalFile.max_in_flight)
     direct = 0
     if direct_io:
         from h5stream.read.source import DIRECT_IO_BYTES
@@ -91,14 +95,15 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         if remote is not None:
             window = window_pieces_bytes(piece_rows, meta.row_bytes, remote.max_in_flight)
 
-    def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify):
+    def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify, encoded=encoded):
         # The window of pieces belongs to the URL's client: the local file's plan (client=0) has neither.
         return plan_memory(
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
             block_rows=meta.block_rows, batch_size=batch_size, out_row_bytes=out_row_bytes,
             out_label_row_bytes=out_label_row_bytes, augment=augment is not None, workers=workers,
             unit_rows=unit_rows_for(meta.block_rows, meta.row_bytes, meta.compression is not None, unit_bytes),
-            rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, direct_io_bytes=direct,
+            rows_per_fill=fill, epoch_rows=epoch_rows, remote_client_bytes=client, encoded_read_bytes=encoded,
+            direct_io_bytes=direct,
             verify_bytes=verify, chunk_cache_bytes=chunk_cache_bytes, feeder=feeder,
             piece_window_bytes=window if client else 0,
         )
@@ -123,10 +128,12 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
                            + (" and the remote client" if client else "")
-                           + (" and its window of pieces" if client and window else ""), tuple(alternatives))
+                           + (" and its window of pieces" if client and window else "")
+                           + (" and the JPEG rows' reads" if encoded else ""), tuple(alternatives))
     if client and budget_bytes is not None and rows_per_fill is None:  # the local file's order, or BudgetError
-        result = url_plan(partial(plan, budget_bytes, workers, batch_size), meta.path, budget_bytes, client,
-                          verify_bytes(LocalFile.max_in_flight))
+        # What the URL holds beyond its local file: the client, and JPEG reads with more requests in flight.
+        result = url_plan(partial(plan, budget_bytes, workers, batch_size), meta.path, budget_bytes,
+                          client + encoded - local_encoded, verify_bytes(LocalFile.max_in_flight), local_encoded)
     else:
         result = plan(budget_bytes, workers, batch_size)
     if unit_bytes is None and meta.compression is None:
