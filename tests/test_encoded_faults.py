@@ -378,33 +378,3 @@ def test_after_a_row_that_does_not_decode_every_next_raises_it_again_until_a_res
         s.restore(start)
         again = iter(s)
         np.testing.assert_array_equal(np.array(next(again)[0]), first[0])
-
-
-def test_parts_ingested_with_encoding_auto_choose_the_same_encoding(tmp_path, h5cli):
-    """`--part I/N --encoding auto` on N machines: each part measured its own first files, so parts whose files
-    differ (here: part 0's noise, 1.3x smaller as JPEG, part 1's smooth images, many times smaller) chose raw and
-    JPEG, and the set could not be opened. Every part now decides on the same files, the first of the whole
-    source's storage order, and the set streams every row."""
-    from PIL import Image
-
-    from h5stream.ingest.parts import part_of
-    from h5stream.store.meta import read_meta
-
-    rng = np.random.default_rng(5)
-    src = tmp_path / "src" / "a"
-    src.mkdir(parents=True)
-    y, x = np.mgrid[0:32, 0:32]
-    for i in range(64):
-        name = f"f{i:02d}.png"
-        if part_of(f"a/{name}", 2) == 0:
-            image = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-        else:
-            image = np.stack([x * 8, y * 8, (x + y + i) * 4 % 256], -1).astype(np.uint8)
-        Image.fromarray(image).save(src / name)
-    parts = [str(tmp_path / f"p{k}.h5") for k in range(2)]
-    for k, out in enumerate(parts):
-        assert h5cli("ingest", tmp_path / "src", out, "--size", "32", "--encoding", "auto", "--workers", "0",
-                     "--part", f"{k}/2")[0] == 0
-    assert read_meta(parts[0]).encoding == read_meta(parts[1]).encoding
-    with h5stream.open(parts, batch_size=8, drop_remainder=False) as s:
-        assert sum(len(b) for b, _ in s) == 64

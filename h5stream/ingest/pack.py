@@ -61,7 +61,7 @@ from h5stream.ingest import job
 from h5stream.ingest.append import fit_paths, open_append, resolve_append
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.options import ORDERS, IngestOptions, IngestTarget, check_options, resolve_new
-from h5stream.ingest.encode import AUTO_SAMPLE_FILES, resolve_auto
+from h5stream.ingest.encode import resolve_auto
 from h5stream.ingest.pool import DecodePool
 from h5stream.ingest.report import SkipReport, read_report
 from h5stream.ingest.spec import FD_LIMIT_ERRNOS
@@ -251,7 +251,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
     source = discover(opts.src, opts.labels_csv, list(opts.label_columns) if opts.label_columns else None,
                       classes=opts.classes, label_kind=opts.label_kind, follow_links=opts.follow_links,
                       path_col=opts.path_column)
-    part, whole = None, source
+    part = None
     if opts.part is not None:
         from h5stream.ingest.parts import select_part
 
@@ -284,13 +284,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
     try:
         pool.start()  # workers boot while the store is created
         if target.spec.encoding == "auto":
-            # Every part of a set measures the same files (the first of the whole source's storage order, which
-            # every machine given SRC finds), so the parts choose alike: a set's parts must agree.
-            sample = pending
-            if part is not None:
-                first = storage_permutation(len(whole.items), target.order, target.seed)[:AUTO_SAMPLE_FILES]
-                sample = [whole.items[i] for i in first]
-            target = resolve_auto(target, source.root, sample, pool)
+            target = resolve_auto(target, source.root, pending, pool)
         writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
         folders = sum(kind == UNREADABLE for _, kind, _ in left_out)  # each skipped, as a file is
         job.start(writer, opts, already + len(pending) + len(rejected) + folders, start_rows - already, part)
