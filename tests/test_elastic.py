@@ -5,6 +5,7 @@ real streams on a real store: 4 shards save, 3 shards finish the epoch, and the 
 3-shard stream's.
 """
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -345,3 +346,55 @@ def test_a_version_2_state_inside_a_later_epoch_finishes_it_in_its_drawn_fills_t
             served += [_ids(x) for x, _ in r]
     union = np.concatenate(served)
     assert len(union) == len(np.unique(union)) == ROWS
+
+
+def test_a_state_of_another_store_with_as_many_rows_or_of_parts_in_another_order_is_refused(store, tmp_path):
+    """The state names its store (``store``: rows, row shape, encoding and sampled block checksums): a state of
+    another store of as many rows, or of a set whose parts are listed in another order, used to resume the other
+    store's epoch at the saved position without a word; the same rows written again resume as before."""
+    import json
+
+    from h5stream.store.writer import write_arrays
+
+    with h5py_file(store) as (images, labels):
+        twin, other = tmp_path / "twin.h5", tmp_path / "other.h5"
+        write_arrays(twin, images, labels, block_rows=32)  # the same rows, written again
+        write_arrays(other, images[::-1], labels[::-1], block_rows=32)  # as many rows, other ones
+        half = len(images) // 2
+        names = [str(c) for c in range(int(labels.max()) + 1)]
+        write_arrays(tmp_path / "a.h5", images[:half], labels[:half], block_rows=32, class_names=names)
+        write_arrays(tmp_path / "b.h5", images[half:], labels[half:], block_rows=32, class_names=names)
+    with h5stream.open(store, **KW) as s:
+        it = iter(s)
+        next(it), next(it)
+        state = json.loads(json.dumps(s.state()))
+        rest = [_ids(x) for x, _ in it]
+    assert isinstance(state["store"], str)
+    with h5stream.open(twin, resume=state, **KW) as r:
+        assert all(np.array_equal(a, _ids(x)) for a, (x, _) in zip(rest, r, strict=True))
+    for how in ("open", "restore"):
+        with pytest.raises(ConfigError, match="cannot resume: the state was taken from another store than"):
+            if how == "open":
+                h5stream.open(other, resume=state, **KW).close()
+            else:
+                with h5stream.open(other, **KW) as s:
+                    s.restore(state)
+    parts = [str(tmp_path / "a.h5"), str(tmp_path / "b.h5")]
+    with h5stream.open(parts, **KW) as s:
+        next(iter(s))
+        set_state = s.state()
+    with h5stream.open(parts, resume=set_state, **KW):
+        pass
+    with pytest.raises(ConfigError, match="its parts in another order"):
+        h5stream.open(parts[::-1], resume=set_state, **KW).close()
+    legacy = {k: v for k, v in state.items() if k != "store"}  # a state saved before states named their store
+    with h5stream.open(store, resume=legacy, **KW) as r:
+        assert all(np.array_equal(a, _ids(x)) for a, (x, _) in zip(rest, r, strict=True))
+
+
+@contextlib.contextmanager
+def h5py_file(path):
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        yield f["images"][:], f["labels"][:]

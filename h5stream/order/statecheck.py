@@ -28,6 +28,8 @@ def check_values(state: dict) -> None:
     for key in INT_KEYS:
         if key in state and not _integral(state[key]):
             raise ConfigError(f"cannot resume: the state's {key!r} is {_show(state[key])}, not an integer; {_FIX}")
+    if "store" in state and not isinstance(state["store"], str):
+        raise ConfigError(f"cannot resume: the state's 'store' is {_show(state['store'])}, not a string; {_FIX}")
     if "shard_count" in state and int(state["shard_count"]) < 1:
         raise ConfigError(f"cannot resume: the state's shard_count is {int(state['shard_count'])}, not >= 1; {_FIX}")
     if {"shard_index", "shard_count"} <= state.keys() and \

@@ -65,6 +65,10 @@ class StoreMeta:
     """Which part of a set the store is (``h5stream ingest --part``), None for a whole store."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
+    identity: str | None = None
+    """What a resumed state checks it is of this store (:func:`identity`): its committed rows, row shape and
+    encoding and the checksums of up to :data:`IDENTITY_BLOCKS` of its whole blocks; None for a store without
+    checksums."""
 
     @property
     def encoded(self) -> bool:
@@ -301,6 +305,11 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         _check_paths(path, f, committed)
         checksum = _str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
     problem, uncommitted = _checksum_problem(path, f, committed, block_rows, checksums, stored)
+    sampled = None
+    if checksums is not None and problem is None:
+        whole = min(committed // block_rows, checksums.shape[0])
+        at = np.unique(np.linspace(0, whole - 1, min(whole, IDENTITY_BLOCKS)).astype(np.int64)) if whole else []
+        sampled = np.asarray(checksums[at] if len(at) else np.zeros((0, 3), np.int64), np.int64)
     return StoreMeta(
         path=path,
         rows=committed,
@@ -328,7 +337,24 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         if encoding != schema.ENCODING_RAW else None,
         encoded_block_bytes=_int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
         part=_part(path, attrs),
+        identity=None if sampled is None else identity(committed, images.shape[1:], encoding, sampled),
     )
+
+
+IDENTITY_BLOCKS = 8
+"""Whole blocks whose checksums a store's :attr:`StoreMeta.identity` holds, spread over its rows."""
+
+
+def identity(rows: int, row_shape, encoding: str, block_checksums) -> str:
+    """A store's identity (pure): xxh3-64 of its committed ``rows``, ``row_shape``, ``encoding`` and the
+    ``block_checksums`` sampled over its rows, as 16 hex digits.  Stores with other rows almost surely differ;
+    the same rows written again (or restored by ``repair``) give the same."""
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    h.update(json.dumps([int(rows), [int(d) for d in row_shape], str(encoding)]).encode())
+    h.update(np.ascontiguousarray(block_checksums, dtype="<i8").tobytes())
+    return h.hexdigest()
 
 
 def _encoded_array(path: str, f: h5py.File):

@@ -202,6 +202,8 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
     checksums = [m.checksum for m in metas]
     checksum = None if None in checksums else hashlib.sha256("\0".join(checksums).encode()).hexdigest()[:16]
     problems = [m.checksum_problem for m in metas if m.checksum_problem is not None]
+    identities = [m.identity for m in metas]  # in the set's order: the same parts in another order differ
+    set_identity = None if None in identities else hashlib.sha256("\0".join(identities).encode()).hexdigest()[:16]
     return PartSetMeta(
         path=name, rows=total, image_shape=first.image_shape, label_kind=first.label_kind,
         label_shape=first.label_shape, label_dtype=first.label_dtype, class_names=first.class_names,
@@ -216,6 +218,7 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
         encoding=first.encoding, encoded_bytes=sum(m.encoded_bytes for m in metas),
         jpeg_quality=first.jpeg_quality if all(m.jpeg_quality == first.jpeg_quality for m in metas) else None,
         encoded_block_bytes=max(m.encoded_block_bytes for m in metas), parts=tuple(metas), starts=tuple(starts),
+        identity=set_identity,
     )
 
 

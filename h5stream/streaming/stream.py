@@ -304,12 +304,13 @@ class Stream:
         }
 
     def state(self) -> dict:
-        """Where the stream stands: a small dict of ints (and the subset's name, and ``stages``: pairs of ints),
-        JSON as it is; ``restore`` / ``open(resume=...)`` continue from it, also with another shard count
+        """Where the stream stands: a small dict of ints (and the subset's name, ``stages``: pairs of ints, and
+        ``store``: the store's identity, see :attr:`~h5stream.store.meta.StoreMeta.identity`), JSON as it is; ``restore`` / ``open(resume=...)`` continue from it, also with another shard count
         (docs/design.md, "Resume"), and refuse a state of another subset or layout."""
         _fork.check_owner(self._owner_pid, self.meta.path)
+        store = {} if self.meta.identity is None else {"store": self.meta.identity}
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
-                **self._layout_signature(), **self.config.layout.state_keys(self._epoch, self._batch)}
+                **self._layout_signature(), **self.config.layout.state_keys(self._epoch, self._batch), **store}
 
     def restore(self, state: dict) -> None:
         """Continue with exactly the batches that would have come after ``state`` was taken: the next ``iter``
@@ -331,6 +332,10 @@ class Stream:
                        "reopen with the same file, validation_split, batch_size, shard, shuffle and drop_remainder")
                 raise ConfigError(f"cannot resume: the state has {key}={state[key]} "
                                   f"but this stream has {key}={mine[key]}; {fix}")
+        if state.get("store") is not None and self.meta.identity is not None and state["store"] != self.meta.identity:
+            raise ConfigError(f"cannot resume: the state was taken from another store than {self.meta.path} (or "
+                              "another version of it, or its parts in another order): it has the same number of "
+                              "rows, but not the same rows; resume a stream of the store the state was taken from")
         if int(state.get("seed", self.seed)) != self.seed:
             raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
         epoch, batch = self.config.layout.position(state)
