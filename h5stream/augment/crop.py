@@ -17,8 +17,13 @@
 The resize is OpenCV's, one thread: bilinear with half-pixel centres (``INTER_LINEAR``, torch's
 ``align_corners=False``) when either side grows, area averaging (``INTER_AREA``, an anti-aliased shrink as
 torchvision's default ``antialias=True``, and FFCV's choice) when both shrink.  So the boxes match torchvision's
-exactly for the same draws, and the pixels within interpolation rounding when a crop grows, within a level or two
-when it shrinks (against torch's antialiased bilinear on a 300 -> 224 shrink: 0.4 levels on average, 2.5 at most).
+exactly for the same draws, and the pixels within interpolation rounding when a crop grows on both sides, within a
+level or two when it shrinks by up to 1.5x (against torch's antialiased bilinear on a 300 -> 224 shrink: 0.4 levels on
+average, 2.6 at most).  Two cases are further from torch's filter: a crop that grows on one side and shrinks on the
+other (about 1 in 5 random resized crops of an image stored at 256 for 224) is bilinear on both, so its shrinking
+side is not anti-aliased (200x300 -> 224: 0.45 levels on average, 3.3 at most); and a larger shrink averages a box
+where torch weighs a triangle, so fine detail differs more (448 -> 224: 1.4 on average, 7.2 at most, on blurred
+noise).
 
 A JPEG decoder can call :func:`random_resized_boxes` / :func:`center_geometry` before decoding, with the stored
 height and width, to learn which part of the image and at what scale the crop needs: :func:`reduced_scale` is the
