@@ -120,6 +120,37 @@ def test_a_flipped_digest_is_found_by_verify_and_fails_the_stream_on_its_row(sto
         list(s)
 
 
+def flip_block_digest_byte(path, block, part):
+    """One byte flipped in the digest of ``part`` (images, labels, paths) of ``block`` in /checksums."""
+    with h5py.File(path, "r") as f:
+        offset = f[schema.CHECKSUMS].id.get_chunk_info(0).byte_offset + (block * 3 + ("images", "labels",
+                                                                                        "paths").index(part)) * 8
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        value = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([value ^ 0x01]))
+
+
+@pytest.mark.parametrize("part", ["images", "labels", "paths"])
+def test_a_flipped_byte_of_the_checksum_table_is_found_and_an_images_one_is_told_from_damaged_rows(store, h5cli,
+                                                                                                  part):
+    flip_block_digest_byte(store, 12, part)
+    result = verify_store(store)
+    assert [(b.start, b.stop, b.parts, b.rows) for b in result.bad] == [(192, 208, (part,), ())]
+    code, _, err = h5cli("verify", store)
+    assert code != 0 and f"rows 192-207 do not match their checksum ({part}" in err
+    intact = "every row matches its own digest, so the block's images checksum is what is damaged"
+    # Every row matching its own digest while the block's images do not: the rows are intact, the table is not.
+    assert (intact in err) == (part == "images") and "\n" not in err.strip()
+    code, out, err = h5cli("repair", store)
+    assert code != 0 and (intact in err) == (part == "images")
+    if part == "images":  # the stream checks each row against its own digest: the rows it yields are the written
+        images, _ = images_and_labels()
+        with h5stream.open(store, **{**KW, "shuffle": False}) as s:
+            assert np.array_equal(np.concatenate([x for x, _ in s]), images)
+
+
 def test_a_store_written_before_row_digests_streams_verifies_and_appends_as_before(store, h5cli):
     drop_row_digests(store)
     images, labels = images_and_labels()
@@ -190,6 +221,12 @@ def test_an_encoded_store_is_checked_by_row(tmp_path, h5cli):
     with pytest.raises(ChecksumError, match=r"row 13\b"), h5stream.open(path, batch_size=4, seed=0) as s:
         list(s)
     assert [(b.start, b.stop, b.parts, b.rows) for b in verify_store(path).bad] == [(8, 16, ("images",), (13,))]
+    with h5py.File(path, "r+") as f:  # the row mended, block 2's images digest in /checksums damaged instead
+        f[schema.IMAGE_BYTES][int(ends[13]) - 30] ^= 0x01
+        f[schema.CHECKSUMS][2, 0] ^= np.uint64(1 << 40)
+    bad = verify_store(path).bad
+    assert [(b.start, b.stop, b.parts, b.rows) for b in bad] == [(16, 24, ("images",), ())]
+    assert "the block's images checksum is what is damaged" in bad[0].detail
 
 
 @pytest.mark.parametrize("layout", ["rows", "blocks"])

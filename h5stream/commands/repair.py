@@ -140,11 +140,9 @@ def _report_damage(path: str, result, note: str = "") -> int:
         out.write(stored + b"\n")
     out.flush()
     first = result.bad[0]
-    from h5stream.store.rowdigest import rows_text
+    from h5stream.store.rowdigest import damage_text
 
-    what = ("cannot be read" if first.parts == ("unreadable",)
-            else f"do not match their checksum ({', '.join(first.parts)}"
-            + (f": {rows_text(first.rows)}" if first.rows else "") + ")")
+    what = "cannot be read" if first.parts == ("unreadable",) else damage_text(first)
     rows = sum(b.stop - b.start for b in result.bad)
     listed = (f"or ingest again the {len(named)} source files listed on stdout (paths relative to the ingest's "
               "source folder)") if named else "or ingest the source again"

@@ -90,11 +90,10 @@ def _verify_one(path: str) -> int:
         return EXIT_UNCHECKED
     if result.bad:
         first = result.bad[0]
-        from h5stream.store.rowdigest import rows_text
+        from h5stream.store.rowdigest import damage_text
 
         what = ("cannot be read" + (f" ({first.detail})" if first.detail else "") if first.parts == ("unreadable",)
-                else f"do not match their checksum ({', '.join(first.parts)}"
-                + (f": {rows_text(first.rows)}" if first.rows else "") + ")")
+                else damage_text(first))
         print(f"h5stream: error: {path}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
               f"{result.blocks} blocks damaged; restore the file from a copy or re-ingest it", file=sys.stderr)
         return EXIT_DAMAGED

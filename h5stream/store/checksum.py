@@ -240,7 +240,8 @@ class BadBlock:
 
     ``parts`` names what differs (``"images"``, ``"labels"``, ``"paths"``, ``"row digests"``: rows whose digest
     differs while the block's images match, see :mod:`h5stream.store.rowdigest`), or is ``("unreadable",)`` when
-    HDF5 could not read the rows; ``detail`` then holds its message.  ``rows``: the rows that differ from their own
+    HDF5 could not read the rows; ``detail`` then holds its message, or says that the block's images digest is what
+    is damaged (:func:`~h5stream.store.rowdigest.block_digest_note`).  ``rows``: the rows that differ from their own
     digests (a store with row digests).
     """
 
@@ -426,8 +427,11 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                     images = bufs[schema.IMAGES][b0 - start:b1 - start]
                     parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(sums[b0 - start:b1 - start], images,
                                                                                 b0))
+                    note = rowdigest.block_digest_note(parts, rows_bad, covered == b1)
+                else:
+                    note = ""
                 if parts:
-                    bad.append(BadBlock(b0, b1, parts, rows=rows_bad))
+                    bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad))
             if progress is not None:
                 progress(stop * row_bytes, rows * row_bytes)
     finally:
@@ -468,11 +472,12 @@ def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
             except (OSError, ValueError, IndexError) as exc:
                 bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
                 continue
-            parts, rows_bad = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), ()
+            parts, rows_bad, note = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), (), ""
             if own is not None:
                 parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(own, rows_read[:b1 - b0], b0))
+                note = rowdigest.block_digest_note(parts, rows_bad, covered == b1)
             if parts:
-                bad.append(BadBlock(b0, b1, parts, rows=rows_bad))
+                bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad))
             if progress is not None:
                 progress(images.byte_range(0, b1)[1], total)
     uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None

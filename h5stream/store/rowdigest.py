@@ -102,6 +102,23 @@ def judge(parts: tuple[str, ...], bad: list[int]) -> tuple[tuple[str, ...], tupl
     return parts, tuple(bad)
 
 
+def block_digest_note(parts: tuple[str, ...], bad: list[int], whole: bool) -> str:
+    """What ``verify`` adds to a block whose images differ from the block's digest while every row matches its own
+    digest (pure): the rows are intact and the block's recorded digest (in ``/checksums``, or ``checksum_tail``) is
+    what is damaged -- the converse of :func:`judge`'s damaged row digest.  ``whole``: the block's digest covers
+    exactly the rows checked by row (not rows of a commit in flight past them).  ``""`` otherwise."""
+    if "images" in parts and not bad and whole:
+        return "every row matches its own digest, so the block's images checksum is what is damaged"
+    return ""
+
+
+def damage_text(block) -> str:
+    """``do not match their checksum (images: row 83)`` for a :class:`~h5stream.store.checksum.BadBlock` that
+    is not unreadable (pure): its parts, then the rows that differ from their own digests or its detail."""
+    more = f": {rows_text(block.rows)}" if block.rows else (f"; {block.detail}" if block.detail else "")
+    return f"do not match their checksum ({', '.join(block.parts)}{more})"
+
+
 def rows_text(rows: tuple[int, ...]) -> str:
     """``row 83`` / ``rows 83, 90, 91 and 4 more`` (pure)."""
     if len(rows) == 1:
