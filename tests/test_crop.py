@@ -271,6 +271,30 @@ def test_crop_options_given_to_open_point_to_augment_and_a_too_small_resize_fail
 
 
 @pytest.mark.usefixtures("no_leaks")
+def test_a_rows_crop_is_the_same_whichever_shard_reads_it_and_changes_with_the_epoch(tmp_path):
+    rows = 60
+    path = tmp_path / "ids.h5"  # each row's label is its id
+    write_arrays(path, np.random.default_rng(2).integers(0, 256, (rows, 20, 30, 3), dtype=np.uint8), np.arange(rows),
+                 block_rows=8)
+    aug = h5stream.Augment(output_size=(12, 12), horizontal_flip=True)
+
+    def crops_by_row(**kw):
+        got = {}
+        with h5stream.open(path, batch_size=8, seed=5, augment=aug, **kw) as s:
+            for epoch in range(2):
+                for x, y in s:
+                    got.update({(epoch, int(r)): image.copy() for image, r in zip(x, y)})
+        return got
+
+    whole = crops_by_row()
+    assert len(whole) == 2 * rows
+    assert sum(np.array_equal(whole[0, r], whole[1, r]) for r in range(rows)) < rows // 4  # new crops each epoch
+    for kw in (dict(shard=(0, 2)), dict(shard=(1, 2)), dict(shard=(2, 3), workers=2)):
+        part = crops_by_row(**kw)
+        assert part and all(np.array_equal(whole[key], image) for key, image in part.items()), kw
+
+
+@pytest.mark.usefixtures("no_leaks")
 def test_torch_batches_have_output_size(store):
     torch = pytest.importorskip("torch")
     aug = h5stream.Augment(output_size=(16, 24), crop="center")
