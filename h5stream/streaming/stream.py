@@ -305,8 +305,9 @@ class Stream:
 
     def state(self) -> dict:
         """Where the stream stands: a small dict of ints (and the subset's name, ``stages``: pairs of ints, and
-        ``store``: the store's identity, see :attr:`~h5stream.store.meta.StoreMeta.identity`), JSON as it is; ``restore`` / ``open(resume=...)`` continue from it, also with another shard count
-        (docs/design.md, "Resume"), and refuse a state of another subset or layout."""
+        ``store``: the store's identity, see :attr:`~h5stream.store.meta.StoreMeta.identity`), JSON as it is;
+        ``restore`` / ``open(resume=...)`` continue from it, also with another shard count (docs/design.md,
+        "Resume"), and refuse a state of another store, subset or layout."""
         _fork.check_owner(self._owner_pid, self.meta.path)
         store = {} if self.meta.identity is None else {"store": self.meta.identity}
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": self._epoch, "batch": self._batch,
