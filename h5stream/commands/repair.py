@@ -47,7 +47,7 @@ def run(args) -> int:
     from h5stream.store.checksum import verify_store
     from h5stream.store.lock import StoreLock
     from h5stream.store.rebuild import needs_rebuild, rebuild
-    from h5stream.store.rowdigest_mend import digest_only, mend
+    from h5stream.store.rowdigest_mend import block_digest_only, digest_only, mend, mend_block_digests
 
     path = args.path
     _refuse_a_set(path)
@@ -66,6 +66,11 @@ def run(args) -> int:
             rows = mend(path, digest_only(result.bad))
             done.append(f"wrote again the digests of {rows} rows whose images match their block checksums")
             result = verify_store(path)
+        if block_digest_only(result.bad):
+            blocks = mend_block_digests(path, block_digest_only(result.bad), result.block_rows)
+            if blocks:
+                done.append(f"wrote again the images checksums of {blocks} blocks whose rows match their own digests")
+                result = verify_store(path)
         if result.bad:
             return _report_damage(path, result, "".join(f"; {what}" for what in done))
         if done:

@@ -241,8 +241,8 @@ class BadBlock:
     ``parts`` names what differs (``"images"``, ``"labels"``, ``"paths"``, ``"row digests"``: rows whose digest
     differs while the block's images match, see :mod:`h5stream.store.rowdigest`), or is ``("unreadable",)`` when
     HDF5 could not read the rows; ``detail`` then holds its message, or says that the block's images digest is what
-    is damaged (:func:`~h5stream.store.rowdigest.block_digest_note`).  ``rows``: the rows that differ from their own
-    digests (a store with row digests).
+    is damaged (:func:`~h5stream.store.rowdigest.block_digest_note`), which ``images_digest`` then holds as the rows
+    give it.  ``rows``: the rows that differ from their own digests (a store with row digests).
     """
 
     start: int
@@ -250,6 +250,7 @@ class BadBlock:
     parts: tuple[str, ...]
     detail: str = ""
     rows: tuple[int, ...] = ()
+    images_digest: int | None = None
 
 
 @dataclass(frozen=True)
@@ -431,7 +432,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                 else:
                     note = ""
                 if parts:
-                    bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad))
+                    bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad, images_digest=got[0] if note else None))
             if progress is not None:
                 progress(stop * row_bytes, rows * row_bytes)
     finally:
@@ -477,7 +478,7 @@ def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
                 parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(own, rows_read[:b1 - b0], b0))
                 note = rowdigest.block_digest_note(parts, rows_bad, covered == b1)
             if parts:
-                bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad))
+                bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad, images_digest=got[0] if note else None))
             if progress is not None:
                 progress(images.byte_range(0, b1)[1], total)
     uncommitted = (rows, tail[0]) if tail is not None and tail[0] > rows else None

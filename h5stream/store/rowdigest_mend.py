@@ -7,6 +7,12 @@ and written in place over the damaged ones: ``/row_digests`` is uncompressed, a 
 digests are one contiguous run of bytes in the file.  A block whose images (or labels, paths) differ too is left
 alone: its rows are not known good, and a digest taken of damaged bytes would hide the damage.
 
+The converse, a block whose images differ from its digest in ``/checksums`` while every row matches its own
+digest: the rows are intact and the block's images digest is what is damaged; :func:`verify_store` reports the
+digest the rows give (``BadBlock.images_digest``), and :func:`mend_block_digests` writes it over the damaged one,
+8 bytes in place (``/checksums`` is uncompressed, 1,024 blocks a chunk).  A last, partial block's digest lies in the
+``checksum_tail`` attribute, which is not written in place: such a block is left as it is.
+
 The caller holds the store's lock (:class:`~h5stream.store.lock.StoreLock`).  A kill mid-write leaves digests
 that are either the old (damaged) ones or the new ones, a row at a time; the next ``verify`` or ``repair`` finds
 any left damaged and mends them again.
@@ -69,3 +75,40 @@ def mend(path: str, blocks) -> int:
             source.close()
     write_in_place(path, [(at, np.ascontiguousarray(sums, stored)) for at, sums in zip(places, digests)])
     return sum(b.stop - b.start for b in blocks)
+
+
+def block_digest_only(bad) -> list:
+    """The bad blocks whose only damage is their images digest in ``/checksums``: every row matches its own digest
+    (``BadBlock.images_digest`` set by :func:`~h5stream.store.checksum.verify_store`; pure)."""
+    return [b for b in bad if b.parts == ("images",) and b.images_digest is not None]
+
+
+def mend_block_digests(path: str, blocks, block_rows: int) -> int:
+    """Write the images digest of each of ``blocks`` (:func:`block_digest_only`) again, the one its rows give, in
+    place in ``/checksums``, then ``fsync``; a block whose digest is not in ``/checksums`` (the last, partial one:
+    ``checksum_tail``) is left.  Returns the blocks written.  :class:`StoreFormatError` where ``/checksums`` is not
+    stored uncompressed by chunks."""
+    import h5py
+
+    from h5stream.store.durable import write_in_place
+
+    writes = []
+    with h5py.File(path, "r", locking=False) as f:
+        node = f[schema.CHECKSUMS]
+        if node.compression is not None or node.chunks is None or node.dtype.itemsize != 8:
+            raise StoreFormatError(f"{path}: /{schema.CHECKSUMS} is not stored uncompressed by chunks, so its "
+                                   "damaged digests cannot be written in place; restore the file from a copy")
+        per_chunk, width = node.chunks[0], node.shape[1]
+        for b in blocks:
+            k = b.start // block_rows
+            if k >= node.shape[0]:
+                continue
+            info = node.id.get_chunk_info_by_coord((k - k % per_chunk, 0))
+            if info.byte_offset is None:
+                raise StoreFormatError(f"{path}: the checksums of rows {b.start}-{b.stop - 1} have no place in the "
+                                       "file; restore the file from a copy")
+            writes.append((info.byte_offset + (k % per_chunk) * width * 8,
+                           np.array([b.images_digest], dtype=node.dtype.newbyteorder("<"))))
+    if writes:
+        write_in_place(path, writes)
+    return len(writes)
