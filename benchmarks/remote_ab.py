@@ -51,8 +51,9 @@ THREAD_GROUPS = (("h5stream-reader-io", "io"), ("h5stream-prefetch", "prefetch")
 
 
 def thread_cpu_s() -> dict[int, tuple[str, float]]:
-    """``native thread id -> (group, CPU seconds)`` of every live thread of this process (``/proc/self/task``;
-    the group from :data:`THREAD_GROUPS`), or {} where ``/proc`` cannot be read."""
+    """``native thread id -> (group, CPU seconds)`` of every live thread of this process (``/proc/self/task``:
+    each thread's ``schedstat``, in nanoseconds; the group from :data:`THREAD_GROUPS`), or {} where ``/proc``
+    cannot be read."""
     import threading
 
     names = {t.native_id: t.name for t in threading.enumerate()}
@@ -63,14 +64,19 @@ def thread_cpu_s() -> dict[int, tuple[str, float]]:
     except OSError:
         return {}
     for tid in map(int, tids):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
+        try:  # nanoseconds on a CPU; the clock ticks of stat (10 ms apiece) where the kernel keeps no schedstat
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                seconds = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
         name = names.get(tid)
         group = "client" if name is None else next((g for p, g in THREAD_GROUPS if name.startswith(p)), "other")
-        out[tid] = (group, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+        out[tid] = (group, seconds)
     return out
 
 
