@@ -157,3 +157,26 @@ def test_the_client_library_loads_only_when_a_url_is_opened():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("url, says", [
+    ("http://host:99999/x.h5", "Port out of range"),
+    ("http://host:abc/x.h5", "malformed URL"),
+    ("http://[::1/x.h5", "Invalid IPv6"),
+    ("https://ho st/x.h5", "space or a control character in the host"),
+    ("s3://my bucket/x.h5", "space or a control character"),
+    ("s3://bucket:9000/x.h5", "not a bucket name"),
+])
+def test_a_url_no_request_can_be_sent_to_is_named_malformed_at_once(url, says):
+    with pytest.raises(ConfigError, match=says) as info:
+        parse_url(url)
+    assert "malformed URL" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_s3_endpoint_no_request_can_be_sent_to_is_one_config_error():
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://host:99999"}
+    with pytest.raises(ConfigError, match="endpoint 'http://host:99999' is not a valid") as info:
+        s3_settings(S3, RemoteOptions(), env, None)
+    assert "\n" not in str(info.value)
+    assert s3_settings(S3, RemoteOptions(), {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
+                       None)["endpoint"] == "http://127.0.0.1:9000"

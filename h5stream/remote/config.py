@@ -24,6 +24,8 @@ from h5stream.errors import ConfigError, StorePermissionError
 
 SCHEMES = ("s3", "http", "https")
 _URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
+_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
+_BUCKET = re.compile(r"[A-Za-z0-9._-]+")
 
 DEFAULT_REGION = "us-east-1"
 """What S3 clients assume when no region is configured (non-AWS stores mostly ignore it)."""
@@ -87,8 +89,14 @@ def parse_url(url: str) -> Location:
     """Split a store URL, or raise :class:`ConfigError` saying what is wrong with it."""
     if not is_url(url):
         raise ConfigError(f"{url!r}: not a store URL; use s3://bucket/key, https://host/path or a local path")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        raise malformed(url, str(exc)) from None
     scheme = parts.scheme.lower()
+    if _BAD_URL_CHARS.search(parts.netloc):
+        raise malformed(url, "a space or a control character in the host")
     if parts.query or parts.fragment:
         raise ConfigError(f"{url}: query strings and fragments are not supported; give the object's plain URL")
     key = urllib.parse.unquote(parts.path.lstrip("/"))
@@ -97,12 +105,19 @@ def parse_url(url: str) -> Location:
             raise ConfigError(f"{url}: no bucket; write s3://BUCKET/KEY")
         if not key or key.endswith("/"):
             raise ConfigError(f"{url}: no object key after the bucket; write s3://{parts.netloc}/path/to/store.h5")
+        if not _BUCKET.fullmatch(parts.netloc):
+            raise malformed(url, f"{parts.netloc!r} is not a bucket name (letters, digits, '.', '-' and '_')")
         return Location(url, scheme, parts.netloc, key)
     if not parts.netloc:
         raise ConfigError(f"{url}: no host; write {scheme}://HOST/path/to/store.h5")
     if not key or key.endswith("/"):
         raise ConfigError(f"{url}: the URL names a folder, not a file; give the store's full URL")
     return Location(url, scheme, f"{scheme}://{parts.netloc}", key)
+
+
+def malformed(url: str, why: str) -> ConfigError:
+    """The one-line error for a URL that no request could be sent to: raised at once, never retried."""
+    return ConfigError(f"{url}: malformed URL ({why}); write s3://bucket/key or https://host[:port]/path")
 
 
 @dataclass(frozen=True)
@@ -288,7 +303,7 @@ def s3_settings(location: Location, options: RemoteOptions, env: Mapping[str, st
     endpoint = (options.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
                 or prof.get("endpoint_url"))
     if endpoint:
-        config["endpoint"] = endpoint
+        config["endpoint"] = checked_endpoint(endpoint, location.url)
     if options.anonymous:
         config["skip_signature"] = True
         return config
@@ -304,6 +319,21 @@ def s3_settings(location: Location, options: RemoteOptions, env: Mapping[str, st
     elif not any(env.get(name) for name in CREDENTIAL_ENV) and _true(env.get("AWS_EC2_METADATA_DISABLED")):
         raise missing_credentials(location.url)
     return config
+
+
+def checked_endpoint(endpoint: str, url: str) -> str:
+    """``endpoint`` (from the options, the environment or a profile), or :class:`ConfigError` where the client
+    could not send a request to it (it would fail at the first request, not as a setting)."""
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+        ok = parts.scheme.lower() in ("http", "https") and parts.hostname and not _BAD_URL_CHARS.search(endpoint)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{url}: the S3 endpoint {endpoint!r} is not a valid http(s) URL; set endpoint= or "
+                          "AWS_ENDPOINT_URL to one such as https://s3.example.org:9000")
+    return endpoint
 
 
 def missing_credentials(url: str) -> StorePermissionError:

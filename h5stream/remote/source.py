@@ -35,6 +35,7 @@ from h5stream.remote.config import (
     RemoteOptions,
     client_settings,
     home_aws_files,
+    malformed,
     parse_url,
     read_profile,
     s3_settings,
@@ -61,7 +62,10 @@ def make_store(location: Location, options: RemoteOptions, env: Mapping[str, str
 
     client, retry = client_settings(options)
     if location.scheme != "s3":
-        return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
+        try:
+            return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
+        except ValueError as exc:  # the client's URL parser: "invalid port number", "empty host"...
+            raise malformed(location.url, str(exc)) from None
     env = os.environ if env is None else env
     creds_file, config_file = home_aws_files(env)
     profile = options.profile or env.get("AWS_PROFILE") or "default"
