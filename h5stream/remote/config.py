@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from h5stream.errors import ConfigError, StorePermissionError
+from h5stream.errors import ConfigError, StorePermissionError, hide_passwords
 
 SCHEMES = ("s3", "http", "https")
 _URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
@@ -76,43 +76,59 @@ def is_url(path) -> bool:
 
 @dataclass(frozen=True)
 class Location:
-    """Where an object lives: ``scheme`` (s3, http, https), ``container`` (the bucket, or ``scheme://host``
-    for HTTP) and ``key`` (the object's path in it, unquoted)."""
+    """Where an object lives: ``url`` (as the user wrote it, a password in it shown as ``***``: the name in every
+    message), ``scheme`` (s3, http, https), ``container`` (the bucket, or ``scheme://host[:port]`` for HTTP,
+    without credentials), ``key`` (the object's path in it, unquoted) and ``basic_auth`` (``(user, password)``
+    written in an HTTP URL as ``user:password@host``, unquoted; never shown)."""
 
     url: str
     scheme: str
     container: str
     key: str
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+
+
+def shown_url(url: str) -> str:
+    """``url`` with the password of a ``user:password@`` part replaced by ``***`` (pure): what messages name."""
+    return hide_passwords(url)
 
 
 def parse_url(url: str) -> Location:
     """Split a store URL, or raise :class:`ConfigError` saying what is wrong with it."""
+    shown = shown_url(url) if isinstance(url, str) else url
     if not is_url(url):
-        raise ConfigError(f"{url!r}: not a store URL; use s3://bucket/key, https://host/path or a local path")
+        raise ConfigError(f"{shown!r}: not a store URL; use s3://bucket/key, https://host/path or a local path")
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
     except ValueError as exc:
-        raise malformed(url, str(exc)) from None
+        raise malformed(shown, str(exc)) from None
     scheme = parts.scheme.lower()
     if _BAD_URL_CHARS.search(parts.netloc):
-        raise malformed(url, "a space or a control character in the host")
+        raise malformed(shown, "a space or a control character in the host")
     if parts.query or parts.fragment:
-        raise ConfigError(f"{url}: query strings and fragments are not supported; give the object's plain URL")
+        raise ConfigError(f"{shown}: query strings and fragments are not supported; give the object's plain URL")
     key = urllib.parse.unquote(parts.path.lstrip("/"))
     if scheme == "s3":
         if not parts.netloc:
-            raise ConfigError(f"{url}: no bucket; write s3://BUCKET/KEY")
+            raise ConfigError(f"{shown}: no bucket; write s3://BUCKET/KEY")
+        if "@" in parts.netloc:
+            raise ConfigError(f"{shown}: credentials in an s3:// URL are not read; set AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY (or a profile) and write s3://BUCKET/KEY")
         if not key or key.endswith("/"):
-            raise ConfigError(f"{url}: no object key after the bucket; write s3://{parts.netloc}/path/to/store.h5")
+            raise ConfigError(f"{shown}: no object key after the bucket; write s3://{parts.netloc}/path/to/store.h5")
         if not _BUCKET.fullmatch(parts.netloc):
-            raise malformed(url, f"{parts.netloc!r} is not a bucket name (letters, digits, '.', '-' and '_')")
+            raise malformed(shown, f"{parts.netloc!r} is not a bucket name (letters, digits, '.', '-' and '_')")
         return Location(url, scheme, parts.netloc, key)
     if not parts.netloc:
-        raise ConfigError(f"{url}: no host; write {scheme}://HOST/path/to/store.h5")
+        raise ConfigError(f"{shown}: no host; write {scheme}://HOST/path/to/store.h5")
     if not key or key.endswith("/"):
-        raise ConfigError(f"{url}: the URL names a folder, not a file; give the store's full URL")
-    return Location(url, scheme, f"{scheme}://{parts.netloc}", key)
+        raise ConfigError(f"{shown}: the URL names a folder, not a file; give the store's full URL")
+    host = parts.netloc.rsplit("@", 1)[-1]
+    auth = None
+    if "@" in parts.netloc:
+        auth = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or ""))
+    return Location(shown, scheme, f"{scheme}://{host}", key, auth)
 
 
 def malformed(url: str, why: str) -> ConfigError:

@@ -23,6 +23,7 @@ client pools connections).  ``close`` is idempotent.
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,9 @@ def make_store(location: Location, options: RemoteOptions, env: Mapping[str, str
 
     client, retry = client_settings(options)
     if location.scheme != "s3":
+        if location.basic_auth is not None and not any(k.lower() == "authorization" for k in options.headers):
+            token = base64.b64encode(":".join(location.basic_auth).encode()).decode()
+            client["default_headers"] = {**client.get("default_headers", {}), "Authorization": f"Basic {token}"}
         try:
             return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
         except ValueError as exc:  # the client's URL parser: "invalid port number", "empty host"...
@@ -168,7 +172,7 @@ class RemoteSource:
     def __init__(self, url: str, options: RemoteOptions | None = None):
         self.options = options if options is not None else RemoteOptions()
         self.location = parse_url(url)
-        self.name = url
+        self.name = self.location.url  # a password in the URL shown as ***
         self.max_in_flight = self.options.max_in_flight
         self._store = make_store(self.location, self.options)
         self._lock = threading.Lock()
