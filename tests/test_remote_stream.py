@@ -355,3 +355,13 @@ def test_an_s3_endpoint_with_a_bad_port_is_one_line_not_a_client_panic(monkeypat
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match="S3 endpoint 'http://127.0.0.1:99999' is not a valid"):
         h5stream.open("s3://bucket/store.h5", batch_size=4)
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/store.h5", "ftp://host/store.h5", "AZ://container/store.h5"])
+def test_a_url_of_a_scheme_h5stream_does_not_read_is_named_so_not_a_missing_file(url, h5cli):
+    with pytest.raises(ConfigError, match=f"{url.split(':')[0].lower()}:// URLs are not supported") as info:
+        h5stream.open(url, batch_size=4)
+    assert "no such file" not in str(info.value) and "ingest" not in str(info.value)
+    code, out, err = h5cli("info", url)
+    lines = err.strip().splitlines()
+    assert code != 0 and out == "" and len(lines) == 1 and "URLs are not supported" in lines[0]

@@ -24,6 +24,7 @@ from h5stream.errors import ConfigError, StorePermissionError, hide_passwords
 
 SCHEMES = ("s3", "http", "https")
 _URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
+_ANY_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 _BUCKET = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -67,6 +68,19 @@ Counted in the stream's memory budget (:func:`index_memory_bytes`)."""
 def index_memory_bytes(file_bytes: int, piece_bytes: int = PIECE_BYTES) -> int:
     """The memory a cached source's index may hold for an object of ``file_bytes``."""
     return INDEX_BASE_BYTES + INDEX_BYTES_PER_PIECE * -(-int(file_bytes) // int(piece_bytes))
+
+
+def other_scheme(path) -> str | None:
+    """The scheme of ``path`` where it is a URL of one h5stream does not read (``ftp://``, ``gs://``...), else
+    None (pure)."""
+    m = _ANY_URL.match(path) if isinstance(path, str) else None
+    return m.group(1).lower() if m and m.group(1).lower() not in SCHEMES else None
+
+
+def unsupported_scheme(path: str) -> ConfigError:
+    """The one-line error for a path that is a URL of a scheme h5stream does not read."""
+    return ConfigError(f"{shown_url(path)}: {other_scheme(path)}:// URLs are not supported; h5stream reads "
+                       "s3://bucket/key, http(s)://host/path or a local path (copy the store to one of those)")
 
 
 def is_url(path) -> bool:
