@@ -45,10 +45,14 @@ def test_bad_urls_say_what_to_write(url, says):
 @pytest.mark.parametrize("kwargs, says", [
     ({"timeout_s": 0}, "timeout_s"), ({"timeout_s": float("inf")}, "timeout_s"),
     ({"max_in_flight": 0}, "max_in_flight"), ({"endpoint": "localhost:9000"}, "endpoint"),
+    ({"headers": {"Authorization": "Bearer a\nX-Injected: 1"}}, "header 'Authorization' holds a line break"),
+    ({"headers": {"Bad Name": "v"}}, "header name 'Bad Name' is not a valid"),
 ])
 def test_bad_options_are_config_errors(kwargs, says):
-    with pytest.raises(ConfigError, match=says):
+    # A bad header was a ValueError traceback from the client (or a "malformed URL"), at the first open.
+    with pytest.raises(ConfigError, match=says) as info:
         RemoteOptions(**kwargs)
+    assert "\n" not in str(info.value) and "Bearer" not in str(info.value)
 
 
 @pytest.mark.parametrize("timeout_s", [0.5, 2, 60, 600])

@@ -25,6 +25,8 @@ from h5stream.errors import ConfigError, StorePermissionError, hide_passwords
 SCHEMES = ("s3", "http", "https")
 _URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
 _ANY_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 _BUCKET = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -184,6 +186,15 @@ class RemoteOptions:
             raise ConfigError(f"max_in_flight must be an int from 1 to 256, got {self.max_in_flight!r}")
         if self.endpoint is not None and not re.match(r"^https?://[^/]", str(self.endpoint)):
             raise ConfigError(f"endpoint must be an http(s) URL such as https://s3.example.org, got {self.endpoint!r}")
+        if not isinstance(self.headers, Mapping):
+            raise ConfigError(f"headers must be a dict of header names to values, got {self.headers!r}")
+        for name, value in self.headers.items():
+            if not (isinstance(name, str) and _HEADER_NAME.fullmatch(name)):
+                raise ConfigError(f"header name {name!r} is not a valid HTTP header name (letters, digits and "
+                                  "!#$%&'*+-.^_`|~, no spaces)")
+            if _BAD_HEADER_VALUE.search(str(value)):
+                raise ConfigError(f"the value of header {name!r} holds a line break or control character; "
+                                  "give it on one line")
         if self.cache_dir is not None and not isinstance(self.cache_dir, str):
             raise ConfigError(f"cache_dir must be a folder's path or None (no cache), got {self.cache_dir!r}")
         if not _int(self.cache_piece) or self.cache_piece < MIN_PIECE_BYTES:
