@@ -76,6 +76,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._status(416, {"Content-Range": f"bytes */{size}"})
                 return
             status = 206
+            if body and self.server.short_by:  # a well-formed 206 for fewer bytes than asked
+                end = max(start + 1, end - self.server.short_by)
         if body and self.server.stalls(start, end):  # a read of bytes that hang: accept it, answer only if released
             self.server.released.wait()
             if self.server.stopping.is_set():
@@ -152,6 +154,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.stalled = threading.Event()  # set when the first request stalled (stall_next, stall_bytes) arrives
         self.released = threading.Event()  # set by release_stalled or stop: stall_bytes' requests go on
         self.identity = True  # ETag and Last-Modified sent (see hide_identity)
+        self.short_by = 0  # see shorten_ranges
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -201,6 +204,11 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Answer every range again (undoes :meth:`stall_bytes` for requests from now on)."""
         with self._lock:
             self._stall_span = None
+
+    def shorten_ranges(self, nbytes: int) -> None:
+        """From now on, answer a ranged GET with a 206 whose ``Content-Range`` and body end ``nbytes`` before the
+        range asked for (a server or proxy that rewrites ranges)."""
+        self.short_by = int(nbytes)
 
     def hide_identity(self) -> None:
         """From now on, send neither ``ETag`` nor ``Last-Modified`` (a server that says nothing of an object's
