@@ -288,6 +288,7 @@ def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and
     local = read_meta(path)
     url = dataclasses.replace(local, remote=RemoteOptions())
     window = window_pieces_bytes(piece_rows_for(64, local.row_bytes, 1 << 20), local.row_bytes, 8)
+    window = min(window, local.rows * local.row_bytes)  # 19 pieces' worth, but the store holds 12
 
     def plans(budget):
         kw = dict(piece_bytes=1 << 20, available_bytes=None)
@@ -305,6 +306,39 @@ def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and
         plans(tight)
     with pytest.raises(BudgetError, match="window of pieces"):
         plans(there.min_budget_bytes - 1)
+
+
+def test_a_piece_larger_than_the_store_costs_the_stores_bytes_not_a_window_of_pieces(range_server, tmp_path, capsys):
+    """piece_bytes past the store's size is one piece of the whole store: the URL's plan holds at most the
+    store's bytes for it (it asked for 19 pieces of 100 GiB, a BudgetError naming 1.9 TiB), and `info
+    --shuffle-report` gives the local file's figures."""
+    import json
+
+    from h5stream.cli import main
+
+    path = tmp_path / "small.h5"
+    write_arrays(path, np.zeros((3001, 16, 16, 3), np.uint8), np.arange(3001) % 7, block_rows=64)
+    os.link(path, range_server.root / "small.h5")
+    store_bytes = 3001 * 16 * 16 * 3
+
+    def report(where, piece):
+        code = main(["info", where, "--shuffle-report", "--piece-bytes", piece, "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return json.loads(out)["shuffle_report"]
+
+    for piece in ("8MiB", "100GiB"):
+        here, there = report(str(path), piece), report(range_server.url + "small.h5", piece)
+        assert 0 < there["plan"]["piece_window_bytes"] <= store_bytes
+        for key in ("batch_label_tvd", "epoch_order_tau"):
+            assert here[key] == there[key]
+    kw = {"batch_size": 50, "seed": 3, "piece_bytes": "100GiB"}
+    with h5stream.open(str(path), **kw) as s:
+        want = [y.copy() for _, y in s]
+    with h5stream.open(range_server.url + "small.h5", cache_dir=None, remote={"timeout_s": 10}, **kw) as s:
+        assert s.plan.piece_window_bytes <= store_bytes
+        got = [y.copy() for _, y in s]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
 def test_the_order_quality_benchmark_reports_both_orders_per_store(tmp_path, capsys):

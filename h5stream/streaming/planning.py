@@ -93,7 +93,10 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
 
         piece_rows = piece_rows_for(meta.block_rows, meta.row_bytes, piece_bytes)
         if remote is not None:
-            window = window_pieces_bytes(piece_rows, meta.row_bytes, remote.max_in_flight)
+            # The pieces are disjoint spans of the committed rows: the window never holds more than all of them
+            # (a piece_bytes larger than the store is one piece of the store's bytes, not window_capacity of it).
+            window = min(window_pieces_bytes(piece_rows, meta.row_bytes, remote.max_in_flight),
+                         int(meta.rows) * int(meta.row_bytes))
 
     def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify, encoded=encoded):
         # The window of pieces belongs to the URL's client: the local file's plan (client=0) has neither.
