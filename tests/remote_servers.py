@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -48,7 +49,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault is not None and fault[0] != "cut":
             self._status(fault[0])
             return
-        path = self.server.root / self.path.lstrip("/").split("?")[0]
+        path = self.server.root / urllib.parse.unquote(self.path.lstrip("/").split("?")[0])  # as nginx does
         if not path.is_file():
             self._status(404)
             return

@@ -355,3 +355,14 @@ def test_a_request_the_client_cannot_build_is_named_so_not_a_timeout():
     err = translate(raised.value, "http://127.0.0.1:1/x.h5", s3=False, timeout_s=30)
     assert type(err) is RemoteError
     assert "could not build a request" in one_line(err) and "timeout_s" not in str(err)
+
+
+@pytest.mark.parametrize("name, url_path", [("a b.h5", "a b.h5"), ("a b.h5", "a%20b.h5"), ("100%.h5", "100%25.h5"),
+                                            ("é.h5", "%C3%A9.h5"), ("é.h5", "é.h5"), ("a+b.h5", "a+b.h5"),
+                                            ("a#b.h5", "a%23b.h5"), ("a?b.h5", "a%3Fb.h5")])
+def test_keys_with_spaces_and_percent_encoded_characters_reach_their_object(range_server, name, url_path):
+    import shutil
+
+    shutil.copyfile(range_server.root / "store.h5", range_server.root / name)
+    with RemoteSource(range_server.url + url_path) as source:
+        assert source.read(0, 4) == b"\x89HDF" and source.size == (range_server.root / name).stat().st_size
