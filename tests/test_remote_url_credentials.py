@@ -57,3 +57,27 @@ def test_a_url_with_user_and_password_sends_basic_auth_and_never_shows_the_passw
                 pass
     text = "".join(str(e) for e in (info.value, info.value.__cause__, info.value.__context__) if e is not None)
     assert PASSWORD not in text and "403" in text
+
+
+def test_info_and_warnings_name_a_url_with_credentials_without_its_password(range_server, h5cli):
+    import json
+    import shutil
+    import warnings
+
+    import h5py
+
+    range_server.required_headers["Authorization"] = "Basic " + base64.b64encode(
+        f"reader:{PASSWORD}".encode()).decode()
+    code, out, err = h5cli("info", with_credentials(range_server.url) + "store.h5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["path"] == range_server.url.replace("http://", "http://reader:***@") + "store.h5"
+    assert PASSWORD not in out + err
+    # A store with rows written and never committed warns at open, naming the URL.
+    shutil.copyfile(range_server.root / "store.h5", range_server.root / "low.h5")
+    with h5py.File(range_server.root / "low.h5", "r+") as f:
+        f.attrs["committed_rows"] = int(f.attrs["committed_rows"]) - 10
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h5stream.open(with_credentials(range_server.url) + "low.h5", batch_size=4, cache_dir=None).close()
+    said = [str(w.message) for w in caught if "never committed" in str(w.message)]
+    assert said and all(PASSWORD not in text and "reader:***@" in text for text in said)
