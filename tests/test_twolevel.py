@@ -308,6 +308,30 @@ def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and
         plans(there.min_budget_bytes - 1)
 
 
+def test_a_budget_too_small_for_the_window_of_pieces_names_the_piece_bytes_that_fits(tmp_path):
+    import dataclasses
+    import re
+
+    from h5stream.errors import BudgetError
+    from h5stream.remote import RemoteOptions
+    from h5stream.store.meta import read_meta
+    from h5stream.streaming.planning import plan_stream
+
+    path = str(tmp_path / "s.h5")
+    write_arrays(path, np.zeros((16384, 32, 32, 3), np.uint8), np.arange(16384).astype(np.float32), block_rows=64)
+    url = dataclasses.replace(read_meta(path), remote=RemoteOptions())
+    kw = dict(available_bytes=None, rows_per_fill=64)  # the smallest fill: the budget goes to the pieces
+    needed = plan_stream(url, None, 32, piece_bytes=4 << 20, **kw).min_budget_bytes
+    with pytest.raises(BudgetError, match="window of pieces") as info:
+        plan_stream(url, needed - (20 << 20), 32, piece_bytes=4 << 20, **kw)
+    said = re.search(r"lower piece_bytes to (\d+) \(", str(info.value))
+    assert said, str(info.value)
+    smaller = int(said.group(1))
+    assert 0 < smaller < 4 << 20 and smaller % (64 * 32 * 32 * 3) == 0  # whole blocks
+    plan = plan_stream(url, needed - (20 << 20), 32, piece_bytes=smaller, **kw)  # it fits
+    assert plan.total_bytes <= needed - (20 << 20) and plan.piece_rows * 3072 == smaller
+
+
 def test_a_piece_larger_than_the_store_costs_the_stores_bytes_not_a_window_of_pieces(range_server, tmp_path, capsys):
     """piece_bytes past the store's size is one piece of the whole store: the URL's plan holds at most the
     store's bytes for it (it asked for 19 pieces of 100 GiB, a BudgetError naming 1.9 TiB), and `info
