@@ -10,6 +10,7 @@ against real sockets.
 from __future__ import annotations
 
 import email.utils
+import gzip
 import http.server
 import json
 import os
@@ -86,6 +87,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
         if body:
             self.server.note_range(start, end)
+        if body and status == 206 and self.server.gzip_ranges:  # a body of other bytes than the range's
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                packed = gzip.compress(fh.read(end - start))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(packed)))
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+            if self.server.identity:
+                self.send_header("ETag", etag)
+            self.end_headers()
+            self.wfile.write(packed)
+            return
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
@@ -156,6 +170,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.released = threading.Event()  # set by release_stalled or stop: stall_bytes' requests go on
         self.identity = True  # ETag and Last-Modified sent (see hide_identity)
         self.short_by = 0  # see shorten_ranges
+        self.gzip_ranges = False  # see compress_ranges
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -210,6 +225,11 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """From now on, answer a ranged GET with a 206 whose ``Content-Range`` and body end ``nbytes`` before the
         range asked for (a server or proxy that rewrites ranges)."""
         self.short_by = int(nbytes)
+
+    def compress_ranges(self) -> None:
+        """From now on, send each ranged GET's bytes gzip-compressed (``Content-Encoding: gzip``) though the client
+        asked for no encoding (a misconfigured server or proxy)."""
+        self.gzip_ranges = True
 
     def hide_identity(self) -> None:
         """From now on, send neither ``ETag`` nor ``Last-Modified`` (a server that says nothing of an object's

@@ -366,3 +366,14 @@ def test_keys_with_spaces_and_percent_encoded_characters_reach_their_object(rang
     shutil.copyfile(range_server.root / "store.h5", range_server.root / name)
     with RemoteSource(range_server.url + url_path) as source:
         assert source.read(0, 4) == b"\x89HDF" and source.size == (range_server.root / name).stat().st_size
+
+
+def test_a_range_sent_gzip_compressed_is_named_so_not_a_connection_that_ended_early(range_server):
+    with RemoteSource(range_server.url + "store.h5", RemoteOptions(timeout_s=20)) as source:
+        range_server.compress_ranges()  # the store's zero padding compresses: a body far shorter than the range
+        gets = range_server.requests.get("GET", 0)
+        with pytest.raises(RemoteError) as info:
+            source.read(0, 100_000)
+    text = one_line(info.value)
+    assert "Content-Encoding: gzip" in text and "ended early" not in text and "timeout_s" not in text
+    assert range_server.requests["GET"] - gets == 1

@@ -263,6 +263,11 @@ class RemoteSource:
                 raise changed(self.name, f"{meta['size']} bytes instead of {self.size}")
             if tuple(result.range) != (start, end):
                 raise no_range(self.name)
+            encoding = (getattr(result, "attributes", None) or {}).get("Content-Encoding")
+            if encoding and encoding.strip().lower() != "identity":  # none was asked for (no Accept-Encoding)
+                raise RemoteError(f"{self.name}: the server sent bytes {start}..{end} compressed (Content-Encoding: "
+                                  f"{encoding}) though no encoding was asked for; serve the file without "
+                                  "compression (e.g. gzip off for it) so that ranges are its bytes")
             if end - start <= COLLECT_BYTES:
                 with memoryview(result.bytes()) as body:
                     sink.write(body)
