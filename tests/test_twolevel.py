@@ -400,3 +400,14 @@ def test_an_s3_url_in_pieces_gives_its_local_files_batches(aws_env, tmp_path):
                 assert len(here) == len(there) > 0
                 assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2)
                            for (x1, y1), (x2, y2) in zip(here, there))
+
+
+@pytest.mark.parametrize("piece", ["1e30", 2**70])
+def test_a_piece_bytes_past_a_petabyte_is_one_config_error_at_open_not_a_reader_overflow(tmp_path, piece):
+    path = str(tmp_path / "s.h5")
+    write_arrays(path, np.zeros((300, 8, 8, 3), np.uint8), np.arange(300) % 3, block_rows=64)
+    with pytest.raises(h5stream.ConfigError, match="past the largest piece") as info:
+        h5stream.open(path, batch_size=8, piece_bytes=piece)
+    assert "\n" not in str(info.value)
+    with h5stream.open(path, batch_size=8, piece_bytes="100TB") as s:  # larger than the store: the whole store
+        assert sorted(np.concatenate([y for _, y in s]).tolist()) == sorted((np.arange(300) % 3).tolist())
