@@ -377,3 +377,17 @@ def test_a_range_sent_gzip_compressed_is_named_so_not_a_connection_that_ended_ea
     text = one_line(info.value)
     assert "Content-Encoding: gzip" in text and "ended early" not in text and "timeout_s" not in text
     assert range_server.requests["GET"] - gets == 1
+
+
+def test_a_refused_connection_and_an_unknown_host_say_which_not_just_error_sending_request():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RemoteUnavailableError) as refused:
+        RemoteSource(f"http://127.0.0.1:{port}/store.h5", RemoteOptions(timeout_s=1))
+    assert "Connection refused" in one_line(refused.value)
+    with pytest.raises(RemoteUnavailableError) as unknown:
+        RemoteSource("http://no-such-host.invalid/store.h5", RemoteOptions(timeout_s=1))
+    assert "lookup" in one_line(unknown.value)  # the resolver's words: "failed to lookup address information: ..."

@@ -33,6 +33,7 @@ _STATUS = re.compile(r"status code: (\d{3})(?: ([A-Za-z][A-Za-z ]*[A-Za-z]))?")
 _S3_CODE = re.compile(r"<Code>([^<]*)</Code>")
 _S3_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
 _RETRIES = re.compile(r"after (\d+) retries")
+_OS_CAUSE = re.compile(r'(?:message|error): "([^"\n]{1,160})"')
 _UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 _BUILDER = re.compile(r"HTTP error: builder error|kind: Builder")
 MAX_REASON = 240
@@ -59,9 +60,15 @@ def reason(message: str) -> str:
         # "Generic S3 error: Error performing GET URL in 3.5s, after 10 retries, ... - HTTP error: error sending
         # request": the part after the last " - " is the cause.
         out = first.rsplit(" - ", 1)[-1].strip() or first
+        # The operating system's words ("Connection refused", "failed to lookup address information: ...") are
+        # only in the debug dump; "error sending request" alone does not tell a stopped server from a typo.
+        cause = _OS_CAUSE.search(message)
+        notes = [cause.group(1)] if cause else []
         retries = _RETRIES.search(head)
         if retries:
-            out += f" (after {retries.group(1)} retries)"
+            notes.append(f"after {retries.group(1)} retries")
+        if notes:
+            out += f" ({'; '.join(notes)})"
     out = " ".join(out.split())
     return out if len(out) <= MAX_REASON else out[:MAX_REASON - 3] + "..."
 
