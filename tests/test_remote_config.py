@@ -177,6 +177,15 @@ def test_a_url_no_request_can_be_sent_to_is_named_malformed_at_once(url, says):
     assert "malformed URL" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_presigned_url_is_refused_saying_so_without_echoing_its_signature():
+    url = ("https://bucket.s3.amazonaws.com/sets/x.h5?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE"
+           "%2F20260101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=deadbeefcafe")
+    with pytest.raises(ConfigError, match="presigned URLs are not supported") as info:
+        parse_url(url)
+    text = str(info.value)
+    assert "deadbeefcafe" not in text and "AKIAEXAMPLE" not in text and "s3://BUCKET/KEY" in text and "\n" not in text
+
+
 def test_an_s3_endpoint_no_request_can_be_sent_to_is_one_config_error():
     env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://host:99999"}
     with pytest.raises(ConfigError, match="endpoint 'http://host:99999' is not a valid") as info:

@@ -122,6 +122,10 @@ def parse_url(url: str) -> Location:
     scheme = parts.scheme.lower()
     if _BAD_URL_CHARS.search(parts.netloc):
         raise malformed(shown, "a space or a control character in the host")
+    if re.search(r"(^|&)(X-Amz-Signature|X-Amz-Credential|Signature|X-Goog-Signature)=", parts.query, re.I):
+        raise ConfigError(f"{shown.split('?')[0]}?...: presigned URLs are not supported (h5stream cannot keep the "
+                          "signature on its ranged requests); open s3://BUCKET/KEY with credentials "
+                          "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) instead")
     if parts.query or parts.fragment:
         raise ConfigError(f"{shown}: query strings and fragments are not supported; give the object's plain URL")
     key = urllib.parse.unquote(parts.path.lstrip("/"))
