@@ -9,11 +9,26 @@ and how to fix it, in one line.
 from __future__ import annotations
 
 import errno
+import re
 import resource  # here, not where a limit is met: importing its extension then needs a descriptor
 
 
+_URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*):[^\s/?#]*@")
+
+
+def hide_passwords(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it shown as ``***`` (pure)."""
+    return _URL_PASSWORD.sub(r"\1:***@", text) if "@" in text else text
+
+
 class H5StreamError(Exception):
-    """Base class of every error h5stream raises on purpose."""
+    """Base class of every error h5stream raises on purpose.  A URL's password in the message (an HTTP store
+    opened as ``https://user:password@host/...``) is shown as ``***``, whichever code named the URL."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        if args and isinstance(args[0], str) and "@" in args[0]:
+            self.args = (hide_passwords(args[0]), *args[1:])
 
 
 class ConfigError(H5StreamError, ValueError):

@@ -10,6 +10,7 @@ against real sockets.
 from __future__ import annotations
 
 import email.utils
+import gzip
 import http.server
 import json
 import os
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -48,7 +50,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault is not None and fault[0] != "cut":
             self._status(fault[0])
             return
-        path = self.server.root / self.path.lstrip("/").split("?")[0]
+        path = self.server.root / urllib.parse.unquote(self.path.lstrip("/").split("?")[0])  # as nginx does
         if not path.is_file():
             self._status(404)
             return
@@ -76,6 +78,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._status(416, {"Content-Range": f"bytes */{size}"})
                 return
             status = 206
+            if body and self.server.short_by:  # a well-formed 206 for fewer bytes than asked
+                end = max(start + 1, end - self.server.short_by)
         if body and self.server.stalls(start, end):  # a read of bytes that hang: accept it, answer only if released
             self.server.released.wait()
             if self.server.stopping.is_set():
@@ -83,6 +87,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
         if body:
             self.server.note_range(start, end)
+        if body and status == 206 and self.server.gzip_ranges:  # a body of other bytes than the range's
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                packed = gzip.compress(fh.read(end - start))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(packed)))
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+            if self.server.identity:
+                self.send_header("ETag", etag)
+            self.end_headers()
+            self.wfile.write(packed)
+            return
         self.send_response(status)
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
@@ -152,6 +169,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.stalled = threading.Event()  # set when the first request stalled (stall_next, stall_bytes) arrives
         self.released = threading.Event()  # set by release_stalled or stop: stall_bytes' requests go on
         self.identity = True  # ETag and Last-Modified sent (see hide_identity)
+        self.short_by = 0  # see shorten_ranges
+        self.gzip_ranges = False  # see compress_ranges
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -201,6 +220,16 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Answer every range again (undoes :meth:`stall_bytes` for requests from now on)."""
         with self._lock:
             self._stall_span = None
+
+    def shorten_ranges(self, nbytes: int) -> None:
+        """From now on, answer a ranged GET with a 206 whose ``Content-Range`` and body end ``nbytes`` before the
+        range asked for (a server or proxy that rewrites ranges)."""
+        self.short_by = int(nbytes)
+
+    def compress_ranges(self) -> None:
+        """From now on, send each ranged GET's bytes gzip-compressed (``Content-Encoding: gzip``) though the client
+        asked for no encoding (a misconfigured server or proxy)."""
+        self.gzip_ranges = True
 
     def hide_identity(self) -> None:
         """From now on, send neither ``ETag`` nor ``Last-Modified`` (a server that says nothing of an object's

@@ -45,10 +45,14 @@ def test_bad_urls_say_what_to_write(url, says):
 @pytest.mark.parametrize("kwargs, says", [
     ({"timeout_s": 0}, "timeout_s"), ({"timeout_s": float("inf")}, "timeout_s"),
     ({"max_in_flight": 0}, "max_in_flight"), ({"endpoint": "localhost:9000"}, "endpoint"),
+    ({"headers": {"Authorization": "Bearer a\nX-Injected: 1"}}, "header 'Authorization' holds a line break"),
+    ({"headers": {"Bad Name": "v"}}, "header name 'Bad Name' is not a valid"),
 ])
 def test_bad_options_are_config_errors(kwargs, says):
-    with pytest.raises(ConfigError, match=says):
+    # A bad header was a ValueError traceback from the client (or a "malformed URL"), at the first open.
+    with pytest.raises(ConfigError, match=says) as info:
         RemoteOptions(**kwargs)
+    assert "\n" not in str(info.value) and "Bearer" not in str(info.value)
 
 
 @pytest.mark.parametrize("timeout_s", [0.5, 2, 60, 600])
@@ -157,3 +161,35 @@ def test_the_client_library_loads_only_when_a_url_is_opened():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("url, says", [
+    ("http://host:99999/x.h5", "Port out of range"),
+    ("http://host:abc/x.h5", "malformed URL"),
+    ("http://[::1/x.h5", "Invalid IPv6"),
+    ("https://ho st/x.h5", "space or a control character in the host"),
+    ("s3://my bucket/x.h5", "space or a control character"),
+    ("s3://bucket:9000/x.h5", "not a bucket name"),
+])
+def test_a_url_no_request_can_be_sent_to_is_named_malformed_at_once(url, says):
+    with pytest.raises(ConfigError, match=says) as info:
+        parse_url(url)
+    assert "malformed URL" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_presigned_url_is_refused_saying_so_without_echoing_its_signature():
+    url = ("https://bucket.s3.amazonaws.com/sets/x.h5?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE"
+           "%2F20260101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=deadbeefcafe")
+    with pytest.raises(ConfigError, match="presigned URLs are not supported") as info:
+        parse_url(url)
+    text = str(info.value)
+    assert "deadbeefcafe" not in text and "AKIAEXAMPLE" not in text and "s3://BUCKET/KEY" in text and "\n" not in text
+
+
+def test_an_s3_endpoint_no_request_can_be_sent_to_is_one_config_error():
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://host:99999"}
+    with pytest.raises(ConfigError, match="endpoint 'http://host:99999' is not a valid") as info:
+        s3_settings(S3, RemoteOptions(), env, None)
+    assert "\n" not in str(info.value)
+    assert s3_settings(S3, RemoteOptions(), {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
+                       None)["endpoint"] == "http://127.0.0.1:9000"

@@ -19,6 +19,7 @@ import pytest
 from conftest import finishes_within
 
 from h5stream.errors import (
+    RemoteError,
     RemoteUnavailableError,
     StoreChangedError,
     StoreFormatError,
@@ -326,3 +327,67 @@ def test_a_compressed_store_at_a_url_is_read_with_the_streams_remote_options(ran
     for (gx, gy), (wx, wy) in zip(got, want):
         np.testing.assert_array_equal(gx, wx)
         np.testing.assert_array_equal(gy, wy)
+
+
+def test_a_server_answering_other_bytes_than_the_range_is_one_line_at_once_not_a_timeout(range_server):
+    with RemoteSource(range_server.url + "store.h5", RemoteOptions(timeout_s=20)) as source:
+        gets = range_server.requests.get("GET", 0)
+        range_server.shorten_ranges(10)  # a well-formed 206 for bytes 1000..5990 when 1000..6000 was asked
+        with pytest.raises(RemoteError) as info:
+            source.read(1000, 5000)
+    text = one_line(info.value)
+    assert not isinstance(info.value, RemoteUnavailableError) and "timeout_s" not in text
+    assert "asked for bytes 1000..6000, the server answered with bytes 1000..5990" in text
+    assert "does not honour Range" in text
+    assert range_server.requests["GET"] - gets == 1  # not retried: the server answers the same way every time
+
+
+def test_a_request_the_client_cannot_build_is_named_so_not_a_timeout():
+    # The client's own error for a request it refuses to build (plain http where it was not allowed): it never
+    # leaves the process, so no timeout ran out.
+    import obstore
+    from obstore.store import HTTPStore
+
+    from h5stream.remote.failures import translate
+
+    with pytest.raises(Exception) as raised:
+        obstore.head(HTTPStore("http://127.0.0.1:1/"), "x.h5")
+    err = translate(raised.value, "http://127.0.0.1:1/x.h5", s3=False, timeout_s=30)
+    assert type(err) is RemoteError
+    assert "could not build a request" in one_line(err) and "timeout_s" not in str(err)
+
+
+@pytest.mark.parametrize("name, url_path", [("a b.h5", "a b.h5"), ("a b.h5", "a%20b.h5"), ("100%.h5", "100%25.h5"),
+                                            ("é.h5", "%C3%A9.h5"), ("é.h5", "é.h5"), ("a+b.h5", "a+b.h5"),
+                                            ("a#b.h5", "a%23b.h5"), ("a?b.h5", "a%3Fb.h5")])
+def test_keys_with_spaces_and_percent_encoded_characters_reach_their_object(range_server, name, url_path):
+    import shutil
+
+    shutil.copyfile(range_server.root / "store.h5", range_server.root / name)
+    with RemoteSource(range_server.url + url_path) as source:
+        assert source.read(0, 4) == b"\x89HDF" and source.size == (range_server.root / name).stat().st_size
+
+
+def test_a_range_sent_gzip_compressed_is_named_so_not_a_connection_that_ended_early(range_server):
+    with RemoteSource(range_server.url + "store.h5", RemoteOptions(timeout_s=20)) as source:
+        range_server.compress_ranges()  # the store's zero padding compresses: a body far shorter than the range
+        gets = range_server.requests.get("GET", 0)
+        with pytest.raises(RemoteError) as info:
+            source.read(0, 100_000)
+    text = one_line(info.value)
+    assert "Content-Encoding: gzip" in text and "ended early" not in text and "timeout_s" not in text
+    assert range_server.requests["GET"] - gets == 1
+
+
+def test_a_refused_connection_and_an_unknown_host_say_which_not_just_error_sending_request():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RemoteUnavailableError) as refused:
+        RemoteSource(f"http://127.0.0.1:{port}/store.h5", RemoteOptions(timeout_s=1))
+    assert "Connection refused" in one_line(refused.value)
+    with pytest.raises(RemoteUnavailableError) as unknown:
+        RemoteSource("http://no-such-host.invalid/store.h5", RemoteOptions(timeout_s=1))
+    assert "lookup" in one_line(unknown.value)  # the resolver's words: "failed to lookup address information: ..."

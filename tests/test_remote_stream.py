@@ -19,7 +19,7 @@ import pytest
 
 import h5stream
 from conftest import drop_row_digests
-from h5stream.errors import BudgetError, ReaderError, RemoteUnavailableError, StoreNotFoundError
+from h5stream.errors import BudgetError, ConfigError, ReaderError, RemoteUnavailableError, StoreNotFoundError
 from h5stream.remote.config import RemoteOptions
 from h5stream.store.writer import write_arrays
 
@@ -333,3 +333,35 @@ def test_the_default_unit_is_a_whole_chunk_under_the_default_budget_for_a_url_an
     few = dataclasses.replace(remote, rows=100_000)
     few_here = dataclasses.replace(local, rows=100_000)
     assert plan_stream(few, None, 32).unit_rows == plan_stream(few_here, None, 32).unit_rows == 256
+
+
+@pytest.mark.parametrize("url, why", [("http://256.1.1.1/x.h5", "invalid IPv4 address"),
+                                      ("http://:80/x.h5", "empty host"),
+                                      ("http://host:99999/x.h5", "Port out of range")])
+def test_a_url_the_client_cannot_parse_is_one_line_malformed_not_a_traceback(url, why, h5cli):
+    pytest.importorskip("obstore")
+    with pytest.raises(ConfigError, match=f"malformed URL .{why}"):
+        h5stream.open(url, batch_size=4)
+    code, out, err = h5cli("info", url)
+    lines = err.strip().splitlines()
+    assert code != 0 and out == "" and len(lines) == 1 and lines[0].startswith("h5stream: error: ")
+    assert "malformed URL" in lines[0] and "timeout_s" not in lines[0]
+
+
+def test_an_s3_endpoint_with_a_bad_port_is_one_line_not_a_client_panic(monkeypatch):
+    pytest.importorskip("obstore")
+    for name, value in (("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s"),
+                        ("AWS_ENDPOINT_URL", "http://127.0.0.1:99999")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match="S3 endpoint 'http://127.0.0.1:99999' is not a valid"):
+        h5stream.open("s3://bucket/store.h5", batch_size=4)
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/store.h5", "ftp://host/store.h5", "AZ://container/store.h5"])
+def test_a_url_of_a_scheme_h5stream_does_not_read_is_named_so_not_a_missing_file(url, h5cli):
+    with pytest.raises(ConfigError, match=f"{url.split(':')[0].lower()}:// URLs are not supported") as info:
+        h5stream.open(url, batch_size=4)
+    assert "no such file" not in str(info.value) and "ingest" not in str(info.value)
+    code, out, err = h5cli("info", url)
+    lines = err.strip().splitlines()
+    assert code != 0 and out == "" and len(lines) == 1 and "URLs are not supported" in lines[0]

@@ -288,6 +288,7 @@ def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and
     local = read_meta(path)
     url = dataclasses.replace(local, remote=RemoteOptions())
     window = window_pieces_bytes(piece_rows_for(64, local.row_bytes, 1 << 20), local.row_bytes, 8)
+    window = min(window, local.rows * local.row_bytes)  # 19 pieces' worth, but the store holds 12
 
     def plans(budget):
         kw = dict(piece_bytes=1 << 20, available_bytes=None)
@@ -305,6 +306,63 @@ def test_the_window_of_pieces_is_in_a_urls_plan_on_top_of_the_default_budget_and
         plans(tight)
     with pytest.raises(BudgetError, match="window of pieces"):
         plans(there.min_budget_bytes - 1)
+
+
+def test_a_budget_too_small_for_the_window_of_pieces_names_the_piece_bytes_that_fits(tmp_path):
+    import dataclasses
+    import re
+
+    from h5stream.errors import BudgetError
+    from h5stream.remote import RemoteOptions
+    from h5stream.store.meta import read_meta
+    from h5stream.streaming.planning import plan_stream
+
+    path = str(tmp_path / "s.h5")
+    write_arrays(path, np.zeros((16384, 32, 32, 3), np.uint8), np.arange(16384).astype(np.float32), block_rows=64)
+    url = dataclasses.replace(read_meta(path), remote=RemoteOptions())
+    kw = dict(available_bytes=None, rows_per_fill=64)  # the smallest fill: the budget goes to the pieces
+    needed = plan_stream(url, None, 32, piece_bytes=4 << 20, **kw).min_budget_bytes
+    with pytest.raises(BudgetError, match="window of pieces") as info:
+        plan_stream(url, needed - (20 << 20), 32, piece_bytes=4 << 20, **kw)
+    said = re.search(r"lower piece_bytes to (\d+) \(", str(info.value))
+    assert said, str(info.value)
+    smaller = int(said.group(1))
+    assert 0 < smaller < 4 << 20 and smaller % (64 * 32 * 32 * 3) == 0  # whole blocks
+    plan = plan_stream(url, needed - (20 << 20), 32, piece_bytes=smaller, **kw)  # it fits
+    assert plan.total_bytes <= needed - (20 << 20) and plan.piece_rows * 3072 == smaller
+
+
+def test_a_piece_larger_than_the_store_costs_the_stores_bytes_not_a_window_of_pieces(range_server, tmp_path, capsys):
+    """piece_bytes past the store's size is one piece of the whole store: the URL's plan holds at most the
+    store's bytes for it (it asked for 19 pieces of 100 GiB, a BudgetError naming 1.9 TiB), and `info
+    --shuffle-report` gives the local file's figures."""
+    import json
+
+    from h5stream.cli import main
+
+    path = tmp_path / "small.h5"
+    write_arrays(path, np.zeros((3001, 16, 16, 3), np.uint8), np.arange(3001) % 7, block_rows=64)
+    os.link(path, range_server.root / "small.h5")
+    store_bytes = 3001 * 16 * 16 * 3
+
+    def report(where, piece):
+        code = main(["info", where, "--shuffle-report", "--piece-bytes", piece, "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return json.loads(out)["shuffle_report"]
+
+    for piece in ("8MiB", "100GiB"):
+        here, there = report(str(path), piece), report(range_server.url + "small.h5", piece)
+        assert 0 < there["plan"]["piece_window_bytes"] <= store_bytes
+        for key in ("batch_label_tvd", "epoch_order_tau"):
+            assert here[key] == there[key]
+    kw = {"batch_size": 50, "seed": 3, "piece_bytes": "100GiB"}
+    with h5stream.open(str(path), **kw) as s:
+        want = [y.copy() for _, y in s]
+    with h5stream.open(range_server.url + "small.h5", cache_dir=None, remote={"timeout_s": 10}, **kw) as s:
+        assert s.plan.piece_window_bytes <= store_bytes
+        got = [y.copy() for _, y in s]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
 def test_the_order_quality_benchmark_reports_both_orders_per_store(tmp_path, capsys):
@@ -342,3 +400,14 @@ def test_an_s3_url_in_pieces_gives_its_local_files_batches(aws_env, tmp_path):
                 assert len(here) == len(there) > 0
                 assert all(np.array_equal(x1, x2) and np.array_equal(y1, y2)
                            for (x1, y1), (x2, y2) in zip(here, there))
+
+
+@pytest.mark.parametrize("piece", ["1e30", 2**70])
+def test_a_piece_bytes_past_a_petabyte_is_one_config_error_at_open_not_a_reader_overflow(tmp_path, piece):
+    path = str(tmp_path / "s.h5")
+    write_arrays(path, np.zeros((300, 8, 8, 3), np.uint8), np.arange(300) % 3, block_rows=64)
+    with pytest.raises(h5stream.ConfigError, match="past the largest piece") as info:
+        h5stream.open(path, batch_size=8, piece_bytes=piece)
+    assert "\n" not in str(info.value)
+    with h5stream.open(path, batch_size=8, piece_bytes="100TB") as s:  # larger than the store: the whole store
+        assert sorted(np.concatenate([y for _, y in s]).tolist()) == sorted((np.arange(300) % 3).tolist())

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from h5stream.errors import ConfigError
+from h5stream.errors import ConfigError, hide_passwords
 
 LABEL_READ_ROWS = 1 << 20
 
@@ -103,7 +103,7 @@ def describe(path: str) -> dict:
         classes = dict(zip(meta.class_names, counts))
     report = schema.skipped_report_path(path)
     return {
-        "path": path if is_url(path) else os.path.abspath(path),
+        "path": hide_passwords(path) if is_url(path) else os.path.abspath(path),
         "rows": meta.rows,
         "image_shape": list(meta.image_shape),
         "dtype": "uint8",

@@ -48,6 +48,9 @@ WINDOW_PIECES = 4
 PIECE_BYTES_MIN = 8 << 20
 """The smallest piece ``piece_bytes`` may ask for: the ranged-GET size S3's guidance gives."""
 
+PIECE_BYTES_MAX = 1 << 50
+"""The largest ``piece_bytes`` (1 PiB): far past any store, and its rows stay within int64."""
+
 _PIECES, _GROUPS, _SPREAD = 10, 11, 12
 
 
@@ -59,6 +62,9 @@ def piece_rows_for(block_rows: int, row_bytes: int, piece_bytes: int) -> int:
     """Rows per piece for pieces of at least ``piece_bytes`` bytes: the fewest whole blocks that hold them."""
     if piece_bytes < 1 or block_rows < 1 or row_bytes < 1:
         raise ConfigError(f"piece_bytes ({piece_bytes}), block_rows and row_bytes must be positive")
+    if piece_bytes > PIECE_BYTES_MAX:  # rows past int64 in the order's arithmetic: a ReaderError at the first read
+        raise ConfigError(f"piece_bytes {piece_bytes} is past the largest piece, {PIECE_BYTES_MAX} bytes (1 PiB); a "
+                          "piece as large as the store or larger is the whole store: give at most the store's size")
     block_bytes = block_rows * row_bytes
     return int(-(-int(piece_bytes) // block_bytes) * block_rows)
 

@@ -20,10 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from h5stream.errors import ConfigError, StorePermissionError
+from h5stream.errors import ConfigError, StorePermissionError, hide_passwords
 
 SCHEMES = ("s3", "http", "https")
 _URL = re.compile(r"^(s3|https?)://", re.IGNORECASE)
+_ANY_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
+_BUCKET = re.compile(r"[A-Za-z0-9._-]+")
 
 DEFAULT_REGION = "us-east-1"
 """What S3 clients assume when no region is configured (non-AWS stores mostly ignore it)."""
@@ -67,6 +72,19 @@ def index_memory_bytes(file_bytes: int, piece_bytes: int = PIECE_BYTES) -> int:
     return INDEX_BASE_BYTES + INDEX_BYTES_PER_PIECE * -(-int(file_bytes) // int(piece_bytes))
 
 
+def other_scheme(path) -> str | None:
+    """The scheme of ``path`` where it is a URL of one h5stream does not read (``ftp://``, ``gs://``...), else
+    None (pure)."""
+    m = _ANY_URL.match(path) if isinstance(path, str) else None
+    return m.group(1).lower() if m and m.group(1).lower() not in SCHEMES else None
+
+
+def unsupported_scheme(path: str) -> ConfigError:
+    """The one-line error for a path that is a URL of a scheme h5stream does not read."""
+    return ConfigError(f"{shown_url(path)}: {other_scheme(path)}:// URLs are not supported; h5stream reads "
+                       "s3://bucket/key, http(s)://host/path or a local path (copy the store to one of those)")
+
+
 def is_url(path) -> bool:
     """Whether ``path`` is a URL h5stream reads remotely (``s3://``, ``http://``, ``https://``)."""
     return isinstance(path, str) and _URL.match(path) is not None
@@ -74,35 +92,68 @@ def is_url(path) -> bool:
 
 @dataclass(frozen=True)
 class Location:
-    """Where an object lives: ``scheme`` (s3, http, https), ``container`` (the bucket, or ``scheme://host``
-    for HTTP) and ``key`` (the object's path in it, unquoted)."""
+    """Where an object lives: ``url`` (as the user wrote it, a password in it shown as ``***``: the name in every
+    message), ``scheme`` (s3, http, https), ``container`` (the bucket, or ``scheme://host[:port]`` for HTTP,
+    without credentials), ``key`` (the object's path in it, unquoted) and ``basic_auth`` (``(user, password)``
+    written in an HTTP URL as ``user:password@host``, unquoted; never shown)."""
 
     url: str
     scheme: str
     container: str
     key: str
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+
+
+def shown_url(url: str) -> str:
+    """``url`` with the password of a ``user:password@`` part replaced by ``***`` (pure): what messages name."""
+    return hide_passwords(url)
 
 
 def parse_url(url: str) -> Location:
     """Split a store URL, or raise :class:`ConfigError` saying what is wrong with it."""
+    shown = shown_url(url) if isinstance(url, str) else url
     if not is_url(url):
-        raise ConfigError(f"{url!r}: not a store URL; use s3://bucket/key, https://host/path or a local path")
-    parts = urllib.parse.urlsplit(url)
+        raise ConfigError(f"{shown!r}: not a store URL; use s3://bucket/key, https://host/path or a local path")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        raise malformed(shown, str(exc)) from None
     scheme = parts.scheme.lower()
+    if _BAD_URL_CHARS.search(parts.netloc):
+        raise malformed(shown, "a space or a control character in the host")
+    if re.search(r"(^|&)(X-Amz-Signature|X-Amz-Credential|Signature|X-Goog-Signature)=", parts.query, re.I):
+        raise ConfigError(f"{shown.split('?')[0]}?...: presigned URLs are not supported (h5stream cannot keep the "
+                          "signature on its ranged requests); open s3://BUCKET/KEY with credentials "
+                          "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) instead")
     if parts.query or parts.fragment:
-        raise ConfigError(f"{url}: query strings and fragments are not supported; give the object's plain URL")
+        raise ConfigError(f"{shown}: query strings and fragments are not supported; give the object's plain URL")
     key = urllib.parse.unquote(parts.path.lstrip("/"))
     if scheme == "s3":
         if not parts.netloc:
-            raise ConfigError(f"{url}: no bucket; write s3://BUCKET/KEY")
+            raise ConfigError(f"{shown}: no bucket; write s3://BUCKET/KEY")
+        if "@" in parts.netloc:
+            raise ConfigError(f"{shown}: credentials in an s3:// URL are not read; set AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY (or a profile) and write s3://BUCKET/KEY")
         if not key or key.endswith("/"):
-            raise ConfigError(f"{url}: no object key after the bucket; write s3://{parts.netloc}/path/to/store.h5")
+            raise ConfigError(f"{shown}: no object key after the bucket; write s3://{parts.netloc}/path/to/store.h5")
+        if not _BUCKET.fullmatch(parts.netloc):
+            raise malformed(shown, f"{parts.netloc!r} is not a bucket name (letters, digits, '.', '-' and '_')")
         return Location(url, scheme, parts.netloc, key)
     if not parts.netloc:
-        raise ConfigError(f"{url}: no host; write {scheme}://HOST/path/to/store.h5")
+        raise ConfigError(f"{shown}: no host; write {scheme}://HOST/path/to/store.h5")
     if not key or key.endswith("/"):
-        raise ConfigError(f"{url}: the URL names a folder, not a file; give the store's full URL")
-    return Location(url, scheme, f"{scheme}://{parts.netloc}", key)
+        raise ConfigError(f"{shown}: the URL names a folder, not a file; give the store's full URL")
+    host = parts.netloc.rsplit("@", 1)[-1]
+    auth = None
+    if "@" in parts.netloc:
+        auth = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or ""))
+    return Location(shown, scheme, f"{scheme}://{host}", key, auth)
+
+
+def malformed(url: str, why: str) -> ConfigError:
+    """The one-line error for a URL that no request could be sent to: raised at once, never retried."""
+    return ConfigError(f"{url}: malformed URL ({why}); write s3://bucket/key or https://host[:port]/path")
 
 
 @dataclass(frozen=True)
@@ -139,6 +190,15 @@ class RemoteOptions:
             raise ConfigError(f"max_in_flight must be an int from 1 to 256, got {self.max_in_flight!r}")
         if self.endpoint is not None and not re.match(r"^https?://[^/]", str(self.endpoint)):
             raise ConfigError(f"endpoint must be an http(s) URL such as https://s3.example.org, got {self.endpoint!r}")
+        if not isinstance(self.headers, Mapping):
+            raise ConfigError(f"headers must be a dict of header names to values, got {self.headers!r}")
+        for name, value in self.headers.items():
+            if not (isinstance(name, str) and _HEADER_NAME.fullmatch(name)):
+                raise ConfigError(f"header name {name!r} is not a valid HTTP header name (letters, digits and "
+                                  "!#$%&'*+-.^_`|~, no spaces)")
+            if _BAD_HEADER_VALUE.search(str(value)):
+                raise ConfigError(f"the value of header {name!r} holds a line break or control character; "
+                                  "give it on one line")
         if self.cache_dir is not None and not isinstance(self.cache_dir, str):
             raise ConfigError(f"cache_dir must be a folder's path or None (no cache), got {self.cache_dir!r}")
         if not _int(self.cache_piece) or self.cache_piece < MIN_PIECE_BYTES:
@@ -288,7 +348,7 @@ def s3_settings(location: Location, options: RemoteOptions, env: Mapping[str, st
     endpoint = (options.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
                 or prof.get("endpoint_url"))
     if endpoint:
-        config["endpoint"] = endpoint
+        config["endpoint"] = checked_endpoint(endpoint, location.url)
     if options.anonymous:
         config["skip_signature"] = True
         return config
@@ -304,6 +364,21 @@ def s3_settings(location: Location, options: RemoteOptions, env: Mapping[str, st
     elif not any(env.get(name) for name in CREDENTIAL_ENV) and _true(env.get("AWS_EC2_METADATA_DISABLED")):
         raise missing_credentials(location.url)
     return config
+
+
+def checked_endpoint(endpoint: str, url: str) -> str:
+    """``endpoint`` (from the options, the environment or a profile), or :class:`ConfigError` where the client
+    could not send a request to it (it would fail at the first request, not as a setting)."""
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+        ok = parts.scheme.lower() in ("http", "https") and parts.hostname and not _BAD_URL_CHARS.search(endpoint)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{url}: the S3 endpoint {endpoint!r} is not a valid http(s) URL; set endpoint= or "
+                          "AWS_ENDPOINT_URL to one such as https://s3.example.org:9000")
+    return endpoint
 
 
 def missing_credentials(url: str) -> StorePermissionError:

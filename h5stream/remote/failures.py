@@ -9,6 +9,8 @@ generic error carrying the HTTP status and the server's body in its text, follow
 401, 403, no or wrong credentials      :class:`StorePermissionError`
 412 (ETag no longer matches), 416      :class:`StoreChangedError`
 a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
+other bytes than the range asked for   :class:`RemoteError`, at once
+a request the client cannot build      :class:`RemoteError`, at once
 connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
 5xx and 429 after retries
 anything else                          :class:`RemoteError`
@@ -31,6 +33,9 @@ _STATUS = re.compile(r"status code: (\d{3})(?: ([A-Za-z][A-Za-z ]*[A-Za-z]))?")
 _S3_CODE = re.compile(r"<Code>([^<]*)</Code>")
 _S3_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
 _RETRIES = re.compile(r"after (\d+) retries")
+_OS_CAUSE = re.compile(r'(?:message|error): "([^"\n]{1,160})"')
+_UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
+_BUILDER = re.compile(r"HTTP error: builder error|kind: Builder")
 MAX_REASON = 240
 
 
@@ -55,9 +60,15 @@ def reason(message: str) -> str:
         # "Generic S3 error: Error performing GET URL in 3.5s, after 10 retries, ... - HTTP error: error sending
         # request": the part after the last " - " is the cause.
         out = first.rsplit(" - ", 1)[-1].strip() or first
+        # The operating system's words ("Connection refused", "failed to lookup address information: ...") are
+        # only in the debug dump; "error sending request" alone does not tell a stopped server from a typo.
+        cause = _OS_CAUSE.search(message)
+        notes = [cause.group(1)] if cause else []
         retries = _RETRIES.search(head)
         if retries:
-            out += f" (after {retries.group(1)} retries)"
+            notes.append(f"after {retries.group(1)} retries")
+        if notes:
+            out += f" ({'; '.join(notes)})"
     out = " ".join(out.split())
     return out if len(out) <= MAX_REASON else out[:MAX_REASON - 3] + "..."
 
@@ -85,6 +96,14 @@ def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag:
         return changed(url, "it is shorter than when it was opened")
     if isinstance(exc, oe.NotSupportedError) and "range" in message.lower():
         return no_range(url)
+    other = _UNEXPECTED_RANGE.search(message)
+    if other:
+        return RemoteError(f"{url}: asked for bytes {other.group(1)}..{other.group(2)}, the server answered with "
+                           f"bytes {other.group(3)}..{other.group(4)}; it (or a proxy in between) does not honour "
+                           "Range requests: serve the file with a server that does, e.g. nginx or an S3 store")
+    if status is None and _BUILDER.search(message):
+        return RemoteError(f"{url}: the client could not build a request for it ({why}); check the URL, the "
+                           "endpoint and the remote headers")
     if status is None and "credential" in message.lower():
         from h5stream.remote.config import missing_credentials
 

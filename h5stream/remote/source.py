@@ -23,6 +23,7 @@ client pools connections).  ``close`` is idempotent.
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ from h5stream.remote.config import (
     RemoteOptions,
     client_settings,
     home_aws_files,
+    malformed,
     parse_url,
     read_profile,
     s3_settings,
@@ -61,7 +63,13 @@ def make_store(location: Location, options: RemoteOptions, env: Mapping[str, str
 
     client, retry = client_settings(options)
     if location.scheme != "s3":
-        return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
+        if location.basic_auth is not None and not any(k.lower() == "authorization" for k in options.headers):
+            token = base64.b64encode(":".join(location.basic_auth).encode()).decode()
+            client["default_headers"] = {**client.get("default_headers", {}), "Authorization": f"Basic {token}"}
+        try:
+            return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
+        except ValueError as exc:  # the client's URL parser: "invalid port number", "empty host"...
+            raise malformed(location.url, str(exc)) from None
     env = os.environ if env is None else env
     creds_file, config_file = home_aws_files(env)
     profile = options.profile or env.get("AWS_PROFILE") or "default"
@@ -164,7 +172,7 @@ class RemoteSource:
     def __init__(self, url: str, options: RemoteOptions | None = None):
         self.options = options if options is not None else RemoteOptions()
         self.location = parse_url(url)
-        self.name = url
+        self.name = self.location.url  # a password in the URL shown as ***
         self.max_in_flight = self.options.max_in_flight
         self._store = make_store(self.location, self.options)
         self._lock = threading.Lock()
@@ -255,6 +263,11 @@ class RemoteSource:
                 raise changed(self.name, f"{meta['size']} bytes instead of {self.size}")
             if tuple(result.range) != (start, end):
                 raise no_range(self.name)
+            encoding = (getattr(result, "attributes", None) or {}).get("Content-Encoding")
+            if encoding and encoding.strip().lower() != "identity":  # none was asked for (no Accept-Encoding)
+                raise RemoteError(f"{self.name}: the server sent bytes {start}..{end} compressed (Content-Encoding: "
+                                  f"{encoding}) though no encoding was asked for; serve the file without "
+                                  "compression (e.g. gzip off for it) so that ranges are its bytes")
             if end - start <= COLLECT_BYTES:
                 with memoryview(result.bytes()) as body:
                     sink.write(body)

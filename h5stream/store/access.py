@@ -58,7 +58,7 @@ from h5stream.errors import (
     StoreReadError,
     descriptor_limit,
 )
-from h5stream.remote.config import is_url
+from h5stream.remote.config import is_url, other_scheme, unsupported_scheme
 from h5stream.store.lock import lock_holders, lock_path
 
 T = TypeVar("T")
@@ -196,6 +196,8 @@ def open_readable(path: str | os.PathLike, stop: threading.Event | None = None) 
     try:
         return _RecordingFile(path, "rb") if stop is None else StoppableFile(path, stop)
     except FileNotFoundError:
+        if other_scheme(path):  # gs://bucket/key read as a local path
+            raise unsupported_scheme(path) from None
         raise StoreNotFoundError(f"{path}: no such file; make one with `h5stream ingest SRC {path}`") from None
     except IsADirectoryError:
         raise StoreFormatError(f"{path}: is a directory, not an HDF5 file") from None

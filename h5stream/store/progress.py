@@ -29,6 +29,8 @@ import shlex
 import warnings
 from dataclasses import dataclass
 
+from h5stream.errors import hide_passwords
+
 
 @dataclass(frozen=True)
 class IngestProgress:
@@ -120,9 +122,9 @@ def warn_unfinished(meta, allow: bool, stacklevel: int = 4) -> None:
     """Warn (a :class:`UserWarning`) that ``meta``'s store is unfinished, unless ``allow`` or it is finished."""
     message = None if allow else unfinished_message(meta)
     if message is not None:
-        warnings.warn(f"{meta.path}: {message}; its batches hold only the rows stored so far "
-                      "(allow_unfinished=True streams them without this warning)", UserWarning,
-                      stacklevel=stacklevel)
+        text = hide_passwords(f"{meta.path}: {message}")
+        warnings.warn(f"{text}; its batches hold only the rows stored so far (allow_unfinished=True streams them "
+                      "without this warning)", UserWarning, stacklevel=stacklevel)
 
 
 def warn_uncommitted(meta, stacklevel: int = 4) -> None:
@@ -136,7 +138,8 @@ def warn_uncommitted(meta, stacklevel: int = 4) -> None:
 
         if writer_pids(meta.path):
             return  # a commit in flight
-    warnings.warn(f"{meta.path}: rows {meta.rows}-{meta.rows + meta.uncommitted_rows - 1} were written and "
+    shown = hide_passwords(str(meta.path))
+    warnings.warn(f"{shown}: rows {meta.rows}-{meta.rows + meta.uncommitted_rows - 1} were written and "
                   "never committed (a writer stopped mid-commit, or committed_rows was lowered); streaming "
-                  f"the {meta.rows} committed rows; `h5stream repair {meta.path}` drops the others",
+                  f"the {meta.rows} committed rows; `h5stream repair {shown}` drops the others",
                   UserWarning, stacklevel=stacklevel)

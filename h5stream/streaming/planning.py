@@ -93,9 +93,13 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
 
         piece_rows = piece_rows_for(meta.block_rows, meta.row_bytes, piece_bytes)
         if remote is not None:
-            window = window_pieces_bytes(piece_rows, meta.row_bytes, remote.max_in_flight)
+            # The pieces are disjoint spans of the committed rows: the window never holds more than all of them
+            # (a piece_bytes larger than the store is one piece of the store's bytes, not window_capacity of it).
+            window = min(window_pieces_bytes(piece_rows, meta.row_bytes, remote.max_in_flight),
+                         int(meta.rows) * int(meta.row_bytes))
 
-    def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify, encoded=encoded):
+    def plan(budget, workers, batch_size, fill=rows_per_fill, client=client, verify=verify, encoded=encoded,
+             window=window):
         # The window of pieces belongs to the URL's client: the local file's plan (client=0) has neither.
         return plan_memory(
             budget, rows=meta.rows, row_bytes=meta.row_bytes, label_row_bytes=meta.label_row_bytes,
@@ -124,6 +128,12 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
             alternatives.append(f"lower batch_size to {lo}")
+        if client and window:
+            smaller = _fitting_piece_bytes(budget_bytes - plan(None, workers, batch_size, fill=None,
+                                                               window=0).min_budget_bytes,
+                                           meta, remote.max_in_flight)
+            if smaller:
+                alternatives.append(f"lower piece_bytes to {smaller} ({format_bytes(smaller)})")
         raise budget_error(budget_bytes, minimum(workers, batch_size),
                            f"batch_size={batch_size}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
@@ -150,6 +160,16 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         raise _unallocatable(result, int(available_bytes), batch_size, workers, budget_bytes,
                              lambda bs: minimum(workers, bs))
     return result
+
+
+def _fitting_piece_bytes(room: int, meta, in_flight: int) -> int | None:
+    """The largest ``piece_bytes`` (whole blocks) whose window of pieces fits in ``room`` bytes, or None where not
+    even one block's pieces do (pure)."""
+    from h5stream.order.twolevel import window_capacity
+
+    block_bytes = meta.block_rows * meta.row_bytes
+    blocks = room // (window_capacity(in_flight) * block_bytes) if room > 0 else 0
+    return int(blocks * block_bytes) if blocks >= 1 else None
 
 
 def _unallocatable(result: StreamPlan, available: int, batch_size: int, workers: int, budget_bytes: int | None,

@@ -23,7 +23,7 @@ from h5stream.concurrency.cores import warn_if_more_workers_than_cores
 from h5stream.concurrency.spawn import refuse_in_a_starting_worker
 from h5stream.streaming.config import StreamConfig, checked_state, fit_feature_stats, gather_facts, resolve
 from h5stream.errors import (ConfigError, H5StreamError, ResourceLimitError, StreamClosedError, StreamIterationError,
-                             descriptor_limit)
+                             descriptor_limit, hide_passwords)
 from h5stream.streaming.feeds import Feed, InlineFeed, PooledFeed
 from h5stream.streaming.process_feed import ProcessFeed
 from h5stream.streaming.options import StreamOptions
@@ -387,7 +387,8 @@ class Stream:
 
     def __repr__(self) -> str:
         subset = f" subset={self.subset!r}" if self.subset else ""
-        return (f"<h5stream.Stream {self.meta.path!r}{subset} rows={self.rows} batch_size={self.batch_size} "
+        name = hide_passwords(str(self.meta.path))
+        return (f"<h5stream.Stream {name!r}{subset} rows={self.rows} batch_size={self.batch_size} "
                 f"batches={self._n_batches} epoch={self._epoch} {'closed' if self._closed else 'open'}>")
 
     # -- framework adapters (imported only when asked for) -------------------------
