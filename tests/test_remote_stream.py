@@ -276,7 +276,10 @@ def test_the_first_epoch_over_a_url_fetches_each_row_once_or_a_block_once_more_a
         remote = [(x.copy(), y.copy()) for x, y in s]
         stats, pixels = s.stats(), s.meta.rows * s.meta.row_bytes
     if layout == "rows":
-        assert stats["verify_learn_bytes"] == 0 and stats["verify_digest_bytes"] == s.meta.rows * 8
+        # Every row's digest read; a few more where two reads of the same rows race (the first fill's first batch
+        # is read ahead of its runs: docs/design.md, "The local disk cache"), each checking them itself.
+        assert stats["verify_learn_bytes"] == 0
+        assert s.meta.rows * 8 <= stats["verify_digest_bytes"] < 2 * s.meta.rows * 8, stats
         assert image_bytes_fetched(range_server, local).max() == 1, "a pixel byte was fetched twice"
     else:
         assert 0 < stats["verify_learn_bytes"] < pixels, (stats, pixels)
