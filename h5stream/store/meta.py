@@ -308,8 +308,8 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
     sampled = None
     if checksums is not None and problem is None:
         whole = min(committed // block_rows, checksums.shape[0])
-        at = np.unique(np.linspace(0, whole - 1, min(whole, IDENTITY_BLOCKS)).astype(np.int64)) if whole else []
-        sampled = np.asarray(checksums[at] if len(at) else np.zeros((0, 3), np.int64), np.int64)
+        at = np.unique(np.linspace(0, whole - 1, min(whole, IDENTITY_BLOCKS)).astype(np.int64))
+        sampled = np.asarray(checksums[at], np.int64) if whole else np.zeros((0, 3), np.int64)
     return StoreMeta(
         path=path,
         rows=committed,

@@ -47,17 +47,14 @@ def mend(path: str, blocks) -> int:
         return 0
     meta = read_meta(path)
     with h5py.File(path, "r", locking=False) as f:
-        node = f[schema.ROW_DIGESTS]
-        if node.compression is not None or node.chunks is None:
-            raise StoreFormatError(f"{path}: /{schema.ROW_DIGESTS} is not stored uncompressed by chunks, so its "
-                                   "damaged digests cannot be written in place; restore the file from a copy")
+        node = _in_place(path, f, schema.ROW_DIGESTS)
         places = []
         for b in blocks:
-            info = node.id.get_chunk_info_by_coord((b.start,))
-            if info.byte_offset is None or node.chunks[0] < b.stop - b.start or b.start % node.chunks[0]:
+            at = _chunk_offset(node, (b.start,))
+            if at is None or node.chunks[0] < b.stop - b.start or b.start % node.chunks[0]:
                 raise StoreFormatError(f"{path}: the row digests of rows {b.start}-{b.stop - 1} are not one "
                                        "contiguous chunk; restore the file from a copy")
-            places.append(info.byte_offset)
+            places.append(at)
         stored = node.dtype
         if meta.encoded:  # an encoded row's digest is of its encoded bytes
             encoded = EncodedArray.of(f)
@@ -94,21 +91,34 @@ def mend_block_digests(path: str, blocks, block_rows: int) -> int:
 
     writes = []
     with h5py.File(path, "r", locking=False) as f:
-        node = f[schema.CHECKSUMS]
-        if node.compression is not None or node.chunks is None or node.dtype.itemsize != 8:
-            raise StoreFormatError(f"{path}: /{schema.CHECKSUMS} is not stored uncompressed by chunks, so its "
-                                   "damaged digests cannot be written in place; restore the file from a copy")
+        node = _in_place(path, f, schema.CHECKSUMS)
         per_chunk, width = node.chunks[0], node.shape[1]
         for b in blocks:
             k = b.start // block_rows
             if k >= node.shape[0]:
                 continue
-            info = node.id.get_chunk_info_by_coord((k - k % per_chunk, 0))
-            if info.byte_offset is None:
+            at = _chunk_offset(node, (k - k % per_chunk, 0))
+            if at is None:
                 raise StoreFormatError(f"{path}: the checksums of rows {b.start}-{b.stop - 1} have no place in the "
                                        "file; restore the file from a copy")
-            writes.append((info.byte_offset + (k % per_chunk) * width * 8,
+            item = node.dtype.itemsize
+            writes.append((at + (k % per_chunk) * width * item,
                            np.array([b.images_digest], dtype=node.dtype.newbyteorder("<"))))
     if writes:
         write_in_place(path, writes)
     return len(writes)
+
+
+def _in_place(path: str, f, name: str):
+    """The dataset ``name`` of the open file ``f``, where it may be written in place: uncompressed, by chunks;
+    else :class:`StoreFormatError` (pure over the file's layout)."""
+    node = f[name]
+    if node.compression is not None or node.chunks is None:
+        raise StoreFormatError(f"{path}: /{name} is not stored uncompressed by chunks, so its damaged digests "
+                               "cannot be written in place; restore the file from a copy")
+    return node
+
+
+def _chunk_offset(node, coord: tuple[int, ...]) -> int | None:
+    """Where in the file the chunk of ``node`` at ``coord`` starts, None where it was never written."""
+    return node.id.get_chunk_info_by_coord(coord).byte_offset
