@@ -120,9 +120,18 @@ class IOThreads:
     def __init__(self, n: int, name: str, source=None):
         self._source = source
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)]
-        for t in self._threads:
+        self._name = name
+        self._threads: list[threading.Thread] = []
+        self.grow(n)
+
+    def grow(self, n) -> int:
+        """Have at least ``n`` threads (at least one), starting more where there are fewer (a source whose reads
+        in flight grow: a URL's once it stops caching); the count now.  The owner's thread."""
+        while len(self._threads) < max(1, int(n)):
+            t = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+            self._threads.append(t)
             t.start()
+        return len(self._threads)
 
     def submit(self, fn, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()

@@ -440,10 +440,11 @@ class Reader:
             # One future per I/O thread, each taking the next run not yet taken: together they walk the fill
             # in file order and finish within one read of each other, so the device's queue stays full to the
             # end of the fill; a fill costs k futures instead of one per run.
+            reads = self._io.grow(self._source.max_in_flight)  # a URL's source asks for more once it stops caching
             for part in rounds if job.to_read is job.runs else [job.to_read]:
                 runs, lock = iter(part), threading.Lock()
-                job.futures += [self._io.submit(self._rows.read_runs, job, runs, lock) for _ in range(self._io_threads)]
-            job.head = job.futures[:self._io_threads] if len(rounds) > 1 and job.to_read is job.runs else []
+                job.futures += [self._io.submit(self._rows.read_runs, job, runs, lock) for _ in range(reads)]
+            job.head = job.futures[:reads] if len(rounds) > 1 and job.to_read is job.runs else []
             job.done = len(job.to_read)
 
     def _step(self, job: FillJob, n_runs: int) -> None:

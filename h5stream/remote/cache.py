@@ -77,6 +77,12 @@ TOUCH_EVERY_S = 60.0
 OPEN_PIECES = 32
 """Pieces a source keeps open between reads (a descriptor each), so a read of a cached piece is one ``preadv``."""
 
+CACHED_READS_IN_FLIGHT = 2
+"""Reads the reader keeps going at once through a caching source: they copy pieces out of the page cache, as a
+local file's do (:class:`~h5stream.read.source.LocalFile`), while the prefetch threads keep the server's
+``max_in_flight`` GETs going.  More reader threads only woke and switched more on a machine's few cores (a first
+epoch over 8 of them: 1.1x the CPU per GB, 0.9x the rate; docs/performance.md, "The default cached stream")."""
+
 PREFETCH_AHEAD_MOST = 4096
 """Pieces prefetched and not yet read at most (also at most half the cache's limit): on disk, not in memory."""
 
@@ -156,7 +162,6 @@ class CachedSource:
         self.remote = remote
         self.name = remote.name
         self.size = remote.size
-        self.max_in_flight = remote.max_in_flight
         self.piece_bytes = int(piece_bytes)
         self.limit = int(limit)
         self.cache_dir = cache_dir
@@ -168,7 +173,7 @@ class CachedSource:
         self._estimate: int | None = None  # bytes in the folder as of the last scan, plus this source's fills
         self._filler = Filler(remote, self._path, self._piece_length, self.piece_bytes, lambda: self.caching,
                               self._give_up, self._filled)
-        self._prefetch = Prefetcher(self._prefetch_fill, self.max_in_flight,
+        self._prefetch = Prefetcher(self._prefetch_fill, remote.max_in_flight,
                                     min(PREFETCH_AHEAD_MOST, self.limit // 2 // self.piece_bytes))
         key = object_key(remote.name, getattr(remote, "etag", None), remote.size,
                          getattr(remote, "last_modified", None), self.piece_bytes)
@@ -186,6 +191,13 @@ class CachedSource:
                 os.makedirs(self.folder, exist_ok=True)
             except OSError as exc:
                 self._give_up(exc)
+
+    @property
+    def max_in_flight(self) -> int:
+        """Reads the reader should keep going now: :data:`CACHED_READS_IN_FLIGHT` while caching, the server's
+        ``max_in_flight`` once not (the reader then starts more I/O threads).  Any thread."""
+        server = self.remote.max_in_flight
+        return min(server, CACHED_READS_IN_FLIGHT) if self.folder is not None else server
 
     @property
     def caching(self) -> bool:
