@@ -48,7 +48,9 @@ class Prefetcher:
         self._n_threads = max(1, min(int(threads), self._ahead))
         self._in_flight = 0
         self._name = name
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the prefetch threads wait on it for a piece and room ahead
+        self._idle = threading.Condition(lock)  # wait_idle waits on it for the fetches in flight to end
         self._queue: deque[int] = deque()
         self._queued: set[int] = set()  # in the queue or being fetched
         self._unread: set[int] = set()  # prefetched (or being), not read yet
@@ -83,15 +85,15 @@ class Prefetcher:
         with self._cond:
             if index in self._unread:
                 self._unread.discard(index)
-                self._cond.notify_all()
+                self._cond.notify()  # room for one more: one thread (waking all only woke them to wait again)
             elif index in self._queued:
                 self._read.add(index)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no fetch is in flight and none can start (nothing queued, or ``ahead`` pieces unread);
         whether that came within ``timeout_s``.  Any thread."""
-        with self._cond:
-            return self._cond.wait_for(
+        with self._idle:
+            return self._idle.wait_for(
                 lambda: self._in_flight == 0 and (self._stopped or not self._queue
                                                    or len(self._unread) >= self._ahead), timeout_s)
 
@@ -102,6 +104,7 @@ class Prefetcher:
             self._stopped = True
             self._queue.clear()
             self._cond.notify_all()
+            self._idle.notify_all()
             threads, self._threads = self._threads, []
         deadline = time.monotonic() + CLOSE_JOIN_S
         for t in threads:
@@ -121,6 +124,7 @@ class Prefetcher:
                 if index in self._read:  # a read fetched it first
                     self._read.discard(index)
                     self._queued.discard(index)
+                    self._idle.notify_all()  # the queue may be empty now
                     continue
                 self._unread.add(index)
                 self._in_flight += 1
@@ -142,9 +146,10 @@ class Prefetcher:
                     self._stopped = True
                     self._queue.clear()
                     self._cond.notify_all()
+                    self._idle.notify_all()
                 return
             with self._cond:
                 self._in_flight -= 1
                 self._queued.discard(index)
                 self.prefetched += 1
-                self._cond.notify_all()
+                self._idle.notify_all()  # the prefetch threads wait for room ahead, which a fetch's end does not make
