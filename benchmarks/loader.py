@@ -19,6 +19,12 @@ alone").  A sequential read makes large folios where the kernel can (Linux 6.x, 
 epoch leaves 4 KiB pages.  So the table's header says which share of the file's cached pages lie in large folios
 (where ``/proc/kpageflags`` can be read, as root), and ``--page-cache reread`` drops the file from the page cache
 and reads it sequentially before the rounds (the default, ``as-is``, keeps what is there).
+
+FFCV's loader alone on the same rows is measured in each round too, where its venv is there (``--ffcv-python``,
+default ``$H5STREAM_FFCV_PYTHON`` or ``/work/peers/ffcv/bin/python``; ``--ffcv-python ''`` leaves it out): raw
+``RGBImageField`` rows, ``OrderOption.RANDOM``, ``os_cache=True``, ``--ffcv-threads`` (2) threads, the same batch, in a
+child of its own venv (:mod:`benchmarks.ffcv_loader`; its first epoch includes numba's compilation, as a user meets
+it).  Its ``.beton`` is written once, next to the store.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import time
 import numpy as np
 
 from benchmarks.data import make_bench_file
+from benchmarks.encoded_crop import DEFAULT_FFCV_PYTHON
 from benchmarks.harness import (DATA_DIR, add_json_option, by_name, emit, interleave, log, median,
                                 same_round_ratios, warm)
 
@@ -127,7 +134,45 @@ def stream_rates(path: str, workers: int, epochs: int) -> dict:
                 "steady_rows_s": rows / wall, "cpu_us_per_row": cpu, "io_busy": busy}
 
 
-def run(path: str, rounds: int, workers: list[int], epochs: int, page_cache: str = "as-is") -> dict:
+def ffcv_measurement(path: str, epochs: int, python: str, threads: int):
+    """A callable measuring FFCV's loader alone on the rows of ``path`` in a child (see the module doc), or the
+    reason it cannot (a string)."""
+    from benchmarks.encoded_crop import peer_child
+
+    if not python or not os.path.exists(python):
+        return f"no FFCV venv at {python!r} (--ffcv-python): FFCV not measured"
+    beton = os.path.splitext(path)[0] + ".beton"
+    images_npy, labels_npy = beton + ".images.npy", beton + ".labels.npy"
+    if not os.path.exists(beton) and not os.path.exists(images_npy):
+        import h5py
+
+        from h5stream.store import schema
+
+        log(f"exporting {path} for FFCV's writer")
+        with h5py.File(path, "r") as f:
+            images, labels = f[schema.IMAGES], f[schema.LABELS]
+            out = np.lib.format.open_memmap(images_npy + ".tmp", mode="w+", dtype=np.uint8, shape=images.shape)
+            for start in range(0, len(images), 4096):
+                out[start:start + 4096] = images[start:start + 4096]
+            out.flush()
+            del out
+            np.save(labels_npy, np.asarray(labels[:]).reshape(len(images), -1)[:, 0].astype(np.int64))
+        os.replace(images_npy + ".tmp", images_npy)
+
+    def measure() -> dict:
+        got = peer_child(python, "ffcv_loader.py", "FFCV", images_npy, labels_npy, beton, BATCH, threads, epochs)
+        if "skipped" in got:
+            raise SystemExit(got["skipped"])
+        for npy in (images_npy, labels_npy):  # the .beton holds the rows now
+            if os.path.exists(npy):
+                os.remove(npy)
+        return got
+
+    return measure
+
+
+def run(path: str, rounds: int, workers: list[int], epochs: int, page_cache: str = "as-is",
+        ffcv_python: str = "", ffcv_threads: int = 2) -> dict:
     from h5stream.store.meta import read_meta
 
     meta = read_meta(path)
@@ -138,6 +183,11 @@ def run(path: str, rounds: int, workers: list[int], epochs: int, page_cache: str
     measurements = {"copy": lambda: copy_rate(meta.row_bytes)}
     for w in workers:
         measurements[f"workers={w}"] = lambda w=w: stream_rates(path, w, epochs)
+    ffcv = ffcv_measurement(path, epochs, ffcv_python, ffcv_threads) if ffcv_python else None
+    if callable(ffcv):
+        measurements[f"FFCV, {ffcv_threads} thr."] = ffcv
+    elif ffcv:
+        log(ffcv)
     got = interleave(measurements, rounds, progress=True)
     steady = [{name: r["steady_rows_s"] for name, r in results.items()} for results in got]
     out = {"file": os.path.abspath(path), "rows": meta.rows, "row_bytes": meta.row_bytes, "batch_size": BATCH,
@@ -149,6 +199,8 @@ def run(path: str, rounds: int, workers: list[int], epochs: int, page_cache: str
             entry["steady_over_copy"] = same_round_ratios(steady, name, "copy")
         entry["rounds"] = runs
         out["results"][name] = entry
+    if isinstance(ffcv, str):
+        out["ffcv_skipped"] = ffcv
     return out
 
 
@@ -195,10 +247,14 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=2, help="steady-state epochs measured after the first")
     p.add_argument("--page-cache", choices=("as-is", "reread"), default="as-is",
                    help="reread: drop the file from the page cache and read it sequentially first (large folios)")
+    p.add_argument("--ffcv-python", default=DEFAULT_FFCV_PYTHON,
+                   help="python of a venv with FFCV, for its loader in the same rounds ('' to leave it out)")
+    p.add_argument("--ffcv-threads", type=int, default=2)
     add_json_option(p)
     args = p.parse_args(argv)
     path = store_path(args)
-    out = run(path, args.rounds, [int(w) for w in args.workers.split(",")], args.epochs, args.page_cache)
+    out = run(path, args.rounds, [int(w) for w in args.workers.split(",")], args.epochs, args.page_cache,
+              args.ffcv_python, args.ffcv_threads)
     emit(out, as_json=args.json, format_text=table)
     return 0
 

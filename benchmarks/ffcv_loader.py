@@ -1,0 +1,72 @@
+"""FFCV's loader alone on raw rows, run by FFCV's own venv's python (a child of :mod:`benchmarks.loader`; this file
+imports nothing of h5stream).
+
+    /path/to/ffcv-venv/bin/python benchmarks/ffcv_loader.py IMAGES.npy LABELS.npy BETON BATCH THREADS EPOCHS
+
+Writes the uint8 ``(n, H, W, 3)`` rows of ``IMAGES.npy`` (read through a memory map) to ``BETON`` with
+``DatasetWriter`` (``RGBImageField(write_mode="raw")``, an ``IntField`` label) unless it exists, reads the file once
+(warm page cache, as the h5stream rows of the same round), then streams it with ``Loader(batch_size=BATCH,
+num_workers=THREADS, order=OrderOption.RANDOM, os_cache=True)`` through ``SimpleRGBImageDecoder()`` (no
+augmentation): the first epoch timed from the loader's creation (numba's compilation included, as a user meets it),
+then ``EPOCHS`` steady epochs.  Prints one JSON object: first batch seconds, first-epoch and steady rows per second,
+and this process's CPU time per steady row (all its threads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+class _Rows:
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return np.ascontiguousarray(self.images[i]), int(self.labels[i])
+
+
+def main(argv) -> int:
+    images_npy, labels_npy, beton, batch, threads, epochs = argv
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.writer import DatasetWriter
+
+    if not os.path.exists(beton):
+        images, labels = np.load(images_npy, mmap_mode="r"), np.load(labels_npy)
+        tmp = beton + ".tmp"
+        DatasetWriter(tmp, {"image": RGBImageField(write_mode="raw"), "label": IntField()},
+                      num_workers=1).from_indexed_dataset(_Rows(images, labels))
+        os.replace(tmp, beton)
+    with open(beton, "rb") as fh:  # warm, as the h5stream store is
+        while fh.read(64 << 20):
+            pass
+    t0 = time.perf_counter()
+    loader = Loader(beton, batch_size=int(batch), num_workers=int(threads), order=OrderOption.RANDOM, os_cache=True,
+                    pipelines={"image": [SimpleRGBImageDecoder()], "label": [IntDecoder()]})
+    rows, first_batch = 0, None
+    for x, _ in loader:
+        if first_batch is None:
+            first_batch = time.perf_counter() - t0
+        rows += len(x)
+    first_epoch = rows / (time.perf_counter() - t0)
+    t1, c1, rows = time.perf_counter(), time.process_time(), 0
+    for _ in range(int(epochs)):
+        for x, _ in loader:
+            rows += len(x)
+    wall, cpu = time.perf_counter() - t1, time.process_time() - c1
+    print(json.dumps({"first_batch_s": first_batch, "first_epoch_rows_s": first_epoch, "steady_rows_s": rows / wall,
+                      "cpu_us_per_row": cpu / rows * 1e6}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
