@@ -117,8 +117,12 @@ class PartSources:
 
     def __init__(self, sources: list):
         self._sources = sources
-        self.max_in_flight = max(int(getattr(s, "max_in_flight", 1)) for s in sources)
         self.direct = any(getattr(s, "direct", False) for s in sources)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most reads in flight any part asks for now (a URL part's grows once its cache gives up)."""
+        return max(int(getattr(s, "max_in_flight", 1)) for s in self._sources)
 
     @property
     def in_place_bytes(self) -> int:
