@@ -73,6 +73,43 @@ def test_subset_both_returns_the_training_and_validation_streams(store):
         assert not set(ids_t) & set(ids_v) and len(ids_t) + len(ids_v) == ROWS
 
 
+def _batches(stream, epochs=1):
+    return [[x.copy() for x, _ in stream] for _ in range(epochs)]
+
+
+def test_subset_both_gives_validation_the_centre_crop_of_a_random_resized_crop_and_a_keras_augment_as_given(tmp_path):
+    store = make_store(tmp_path / "s16.h5", shape=(16, 16, 3))
+    kw = dict(batch_size=BATCH, validation_split=0.25, seed=3)
+    torch_like = h5stream.Augment(output_size=12, horizontal_flip=True, rescale=1 / 255)
+    centre = h5stream.Augment(output_size=12, crop="center", rescale=1 / 255)
+    train, val = h5stream.open(store, subset="both", augment=torch_like, **kw)
+    with train, val, h5stream.open(store, subset="training", augment=torch_like, **kw) as t1, \
+            h5stream.open(store, subset="validation", augment=centre, **kw) as v1:
+        for got, want in ((_batches(train), _batches(t1)), (_batches(val, 2), _batches(v1, 2))):
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(np.concatenate(g), np.concatenate(w))
+        epochs = _batches(val, 2)  # no random transform left: every epoch alike
+        np.testing.assert_array_equal(np.concatenate(epochs[0]), np.concatenate(epochs[1]))
+    keras_like = h5stream.Augment(horizontal_flip=True, rotation_range=10)
+    assert keras_like.evaluation() is keras_like and centre.evaluation() is centre
+    train, val = h5stream.open(store, subset="both", augment=keras_like, **kw)
+    with train, val, h5stream.open(store, subset="validation", augment=keras_like, **kw) as v1:
+        np.testing.assert_array_equal(np.concatenate(_batches(val)[0]), np.concatenate(_batches(v1)[0]))
+
+
+def test_the_evaluation_augment_keeps_the_deterministic_options():
+    aug = h5stream.Augment(output_size=(20, 24), scale=(0.5, 1.0), horizontal_flip=True, brightness_range=(0.8, 1.2),
+                           rescale=0.5, featurewise_center=True, samplewise_std_normalization=True,
+                           dtype="float16").with_feature_stats([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    ev = aug.evaluation()
+    assert (ev.output_size, ev.crop, ev.scale, ev.horizontal_flip, ev.brightness_range) == ((20, 24), "center", None,
+                                                                                            False, None)
+    assert (ev.rescale, ev.featurewise_center, ev.samplewise_std_normalization, ev.dtype) == (0.5, True, True,
+                                                                                             np.float16)
+    assert (ev.feature_mean, ev.feature_std) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+
+
 def test_subset_both_refuses_resume_and_a_stream_alone(store):
     with pytest.raises(ConfigError, match="its own resume="):
         h5stream.open(store, validation_split=0.25, subset="both", resume={"version": 1})

@@ -240,6 +240,22 @@ class Augment:
         object.__setattr__(new, "feature_std", tuple(float(v) for v in std))
         return new
 
+    def evaluation(self) -> Augment:
+        """The counterpart for evaluation of an Augment with a random resized crop (torchvision's training
+        transform): ``Resize`` + ``CenterCrop`` to the same ``output_size``, no random transform, the same
+        ``rescale``, ``preprocessing_function``, normalisations (feature statistics included) and ``dtype``.  Any
+        other Augment is its own (Keras' ``ImageDataGenerator`` augments its validation subset too).  What
+        ``open(subset="both")`` gives the validation stream."""
+        if self.output_size is None or self.crop != "random_resized":
+            return self
+        out = Augment(rescale=self.rescale, preprocessing_function=self.preprocessing_function,
+                      featurewise_center=self.featurewise_center,
+                      featurewise_std_normalization=self.featurewise_std_normalization,
+                      samplewise_center=self.samplewise_center,
+                      samplewise_std_normalization=self.samplewise_std_normalization,
+                      dtype=self.dtype, output_size=self.output_size, crop="center")
+        return out if self.feature_mean is None else out.with_feature_stats(self.feature_mean, self.feature_std)
+
     def ensure_picklable(self) -> None:
         """Raise ConfigError unless this Augment can be sent to a spawn-started worker."""
         try:

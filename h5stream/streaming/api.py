@@ -50,7 +50,9 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         validation_split: the fraction of rows, the last ones of the store,
             that form the validation subset (Keras' convention; the store must
             be in shuffled storage order).
-        subset: ``"training"``, ``"validation"`` or ``"both"`` (returns the pair).
+        subset: ``"training"``, ``"validation"`` or ``"both"`` (returns the pair;
+            an ``augment`` with a random resized crop gives the validation
+            stream its centre crop, :meth:`Augment.evaluation`).
         label_mode: ``"int"`` (labels as stored), ``"categorical"`` (one-hot
             float32), ``"binary"`` (float32 ``(n, 1)``, two classes) or None
             (batches are the images alone, for ``model.predict``).
@@ -108,7 +110,10 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
                           "subset='training' / 'validation' and its own resume=")
     training = Stream(path, dataclasses.replace(options, subset="training"))
     try:
-        validation = Stream(path, dataclasses.replace(options, subset="validation", allow_unfinished=True))
+        evaluation = getattr(options.augment, "evaluation", None)  # torchvision's crops: centred (else as given)
+        augment = options.augment if evaluation is None else evaluation()
+        validation = Stream(path, dataclasses.replace(options, subset="validation", allow_unfinished=True,
+                                                      augment=augment))
     except BaseException:
         training.close()
         raise
