@@ -39,7 +39,10 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         drop_remainder: drop the last, smaller batch of each epoch (of each shard).
         shard: ``(index, count)``: one of ``count`` disjoint parts of every
             epoch, for data-parallel training.
-        resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.
+        resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.  The options
+            that shape the order (``seed``, ``batch_size``, ``shuffle``, ``drop_remainder``,
+            ``rows_per_fill``, ``read_unit``, ``piece_bytes``) are the state's when left out (or None);
+            one given that differs from the state is a :class:`~h5stream.ConfigError`.
         augment: an :class:`~h5stream.Augment` applied to every batch.
         workers: spawned processes that augment the batches, or without
             ``augment`` read them (copy the rows into shared memory the
