@@ -52,7 +52,8 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         timeout_s: seconds to wait for a batch before raising :class:`~h5stream.ReaderError`.
         validation_split: the fraction of rows, the last ones of the store,
             that form the validation subset (Keras' convention; the store must
-            be in shuffled storage order).
+            be in shuffled storage order, a set of parts one ``ingest --part``
+            set).
         subset: ``"training"``, ``"validation"`` or ``"both"`` (returns the pair).
         label_mode: ``"int"`` (labels as stored), ``"categorical"`` (one-hot
             float32), ``"binary"`` (float32 ``(n, 1)``, two classes) or None

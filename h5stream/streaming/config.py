@@ -332,7 +332,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
         raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
     if meta.rows == 0:
         raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
-    rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
+    rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path,
+                       *_set_kind(meta))
     labels = label_encoding(meta, options.label_mode)
     resume = options.resume
     if resume is not None:
@@ -418,6 +419,13 @@ def _given_order(options: StreamOptions, plan: StreamPlan) -> dict:
     return out
 
 
+def _set_kind(meta: StoreMeta) -> tuple[int, bool]:
+    """``(parts, one_ingest)`` as :func:`~h5stream.order.split.subset_rows` takes them: the parts of a set (0 for
+    one store), and whether they are one ``ingest --part`` set (the set's reader checked them all of one)."""
+    parts = getattr(meta, "parts", ()) or ()
+    return len(parts), bool(parts) and parts[0].part is not None
+
+
 def _is_state(state) -> bool:
     return isinstance(state, dict) and state.get("version") in STATE_VERSIONS and {"epoch", "batch"} <= state.keys()
 
@@ -464,6 +472,6 @@ def fit_feature_stats(config: StreamConfig) -> StreamConfig:
     meta = config.meta
     training = subset_rows(meta.rows, config.validation_split,
                            "training" if config.validation_split is not None else None,
-                           meta.storage_order, meta.path)
+                           meta.storage_order, meta.path, *_set_kind(meta))
     mean, std = feature_stats(meta, rows=training)  # one store, or a set of parts read part by part
     return dataclasses.replace(config, augment=config.augment.with_feature_stats(mean, std))
