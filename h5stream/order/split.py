@@ -16,7 +16,13 @@ shuffle already done: ingest writes rows in a seeded random order
 * each part is one contiguous range of rows, read block by block like the
   whole file (the boundary block is shared);
 * it depends only on the committed row count: appending rows to the store
-  moves the boundary.
+  moves the boundary.  Rows added by ``ingest --append`` from files the first
+  ingest did not list (a new class folder, say) are shuffled among themselves
+  and stored after the others, so they are the last rows: the validation
+  subset is then mostly them.  The store does not record which rows came so
+  (a run killed part-way and finished with ``--append`` stores one permutation
+  of its listing, and looks the same); re-ingest a store that grew so before
+  splitting it.
 
 A store in any other order (``"sorted"``: the rows of one class together;
 ``"unknown"``: written by another tool) is refused: its last rows would be
