@@ -88,3 +88,23 @@ def test_the_rows_drop_remainder_leaves_out_differ_from_epoch_to_epoch(store):
             assert len(rows) == ROWS // 20 * 20 and len(np.unique(rows)) == len(rows)
             left_out.append(frozenset(range(ROWS)) - frozenset(rows.tolist()))
     assert len(set(left_out)) == 4  # not the same rows never seen, epoch after epoch
+
+
+@pytest.mark.parametrize("class_units", [1, 3, 8, 13, 40])
+def test_a_class_of_a_class_sorted_store_is_spread_over_the_fills_within_two_units(class_units):
+    """Each stratum of ``n_fills`` consecutive units gives every fill one unit, so a class (a run of units) is in
+    every fill to within two units of the same count (the strata it cuts at its ends); its units in one stratum
+    are in as many fills, so a rare class (fewer units than two strata) is in at least half as many fills as it has
+    units, and a class holding a whole stratum in every fill."""
+    from h5stream.order import epoch_layout
+
+    rows, block, fill = 8192, 16, 1024  # 512 units, 8 fills
+    for first_unit in (0, 5, 250, 512 - class_units):
+        lo, hi = first_unit * block, (first_unit + class_units) * block
+        for seed, epoch in [(0, 0), (1, 1), (2, 5), (77, 2)]:
+            lay = epoch_layout(rows, block, fill, 32, seed, epoch)
+            units = np.array([int(((ids >= lo) & (ids < hi)).sum()) // block
+                              for ids in map(lay.fill_row_ids, range(len(lay.fills)))])
+            assert units.sum() == class_units and units.max() - units.min() <= 2, (first_unit, seed, epoch, units)
+            reached = int((units > 0).sum())
+            assert reached >= min(8, -(-class_units // 2)) and (reached == 8 or class_units < 2 * 8 - 1)
