@@ -72,3 +72,10 @@ def test_a_state_of_a_drawn_seed_resumes_with_seed_none(store):
     with h5stream.open(store, seed=None, batch_size=10, resume=state) as again:
         assert again.seed == state["seed"]
         assert all(np.array_equal(a, _ids(x)) for a, (x, _) in zip(rest, again, strict=True))
+
+
+def test_a_contradicting_rows_per_fill_is_named_as_such_before_any_budget_is_planned(store, saved):
+    state, _ = saved
+    with pytest.raises(ConfigError, match=r"^cannot resume: rows_per_fill=100000 was given, but the state was saved "
+                                          r"with rows_per_fill=64"):
+        h5stream.open(store, resume=state, rows_per_fill=100_000, memory_budget="2MiB")

@@ -339,6 +339,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     if resume is not None:
         check_values(resume)  # before any of it is used
     if _is_state(resume):
+        check_given(resume, _given_order(options, None))
         options = _state_defaults(options, resume)
     seed = facts.drawn_seed if options.seed is None else options.seed
     if resume is not None and "seed" in resume:
@@ -402,21 +403,22 @@ def _state_defaults(options: StreamOptions, state: dict) -> StreamOptions:
     return out
 
 
-def _given_order(options: StreamOptions, plan: StreamPlan) -> dict:
+def _given_order(options: StreamOptions, plan: StreamPlan | None) -> dict:
     """``{option as passed: (state key, the value it gives)}`` for each order-shaping option the caller named (see
-    :func:`~h5stream.order.statecheck.check_given`); ``seed=None`` and ``shuffle=None`` name no value of their own."""
-    given = options.given
-    values = {"seed": (options.seed, "seed", options.seed), "batch_size": (options.batch_size, "batch_size", None),
-              "shuffle": (options.shuffle, "shuffle", None), "drop_remainder": (options.drop_remainder,
-                                                                                "drop_remainder", None),
-              "rows_per_fill": (options.rows_per_fill, "rows_per_fill", plan.rows_per_fill),
-              "read_unit": (options.read_unit, "unit_rows", plan.unit_rows),
-              "piece_bytes": (options.piece_bytes, "piece_rows", plan.piece_rows)}
-    out = {}
-    for name, (value, key, gives) in values.items():
-        if name in given and value is not None:
-            out[f"{name}={value!r}"] = (key, value if gives is None else gives)
-    return out
+    :func:`~h5stream.order.statecheck.check_given`); ``seed=None`` and ``shuffle=None`` name no value of their own.
+    Without ``plan``, the options whose value is the state's own (checked before the plan is made, so that a
+    given ``rows_per_fill`` is named as a contradiction, not as a budget that cannot hold it); with it, the sizes
+    the plan turns into rows (``read_unit``, ``piece_bytes``)."""
+    if plan is None:
+        values = {"seed": (options.seed, "seed"), "batch_size": (options.batch_size, "batch_size"),
+                  "shuffle": (options.shuffle, "shuffle"), "drop_remainder": (options.drop_remainder, "drop_remainder"),
+                  "rows_per_fill": (options.rows_per_fill, "rows_per_fill")}
+        gives = {}
+    else:
+        values = {"read_unit": (options.read_unit, "unit_rows"), "piece_bytes": (options.piece_bytes, "piece_rows")}
+        gives = {"read_unit": plan.unit_rows, "piece_bytes": plan.piece_rows}
+    return {f"{name}={value!r}": (key, gives.get(name, value)) for name, (value, key) in values.items()
+            if name in options.given and value is not None}
 
 
 def _set_kind(meta: StoreMeta) -> tuple[int, bool]:
