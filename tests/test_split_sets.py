@@ -3,6 +3,8 @@ writer from an iterable, or a set of parts each of one class) never gets a valid
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,50 @@ def test_the_parts_of_one_ingest_part_set_split_disjoint_and_every_class_held_ou
     assert not set(train) & set(val) and sorted(train + val) == sorted(rel for rel, _ in written)
     assert len(val) == int(0.34 * len(written))
     assert len(np.unique(val_labels)) > 1  # a hash-cut part samples the classes
+
+
+def test_a_store_grown_by_an_append_of_new_files_is_refused_and_a_killed_ingest_continued_is_not(class_src_copy,
+                                                                                                 h5cli, tmp_path):
+    import shutil
+
+    import h5py
+
+    from h5stream.store import rebuild
+    from h5stream.store.lock import StoreLock
+    from h5stream.store.meta import read_meta
+
+    root, written = class_src_copy
+    flags = ("--size", "8", "--workers", "0")
+    # an ingest killed after its first commits and finished with --append: one storage order, the split allowed
+    ref, cut = tmp_path / "ref.h5", tmp_path / "cut.h5"
+    assert h5cli("ingest", root, ref, *flags)[0] == 0
+    assert h5cli("ingest", root, cut, *flags, "--block-rows", "2", "--commit-rows", "2")[0] == 0
+    with h5py.File(cut, "r+") as f:
+        f.attrs["committed_rows"] = 4  # what a killed run leaves
+    assert h5cli("ingest", root, cut, *flags, "--append")[0] == 0
+    assert read_meta(str(cut)).appended_from is None
+    with h5stream.open(str(cut), validation_split=0.3, subset="validation") as a, \
+            h5stream.open(str(ref), validation_split=0.3, subset="validation") as b:
+        assert a.file_paths == b.file_paths  # the rows of the run that was not stopped
+
+    # a class folder added later and appended: its rows come last, and would be the validation subset
+    out = tmp_path / "grown.h5"
+    shutil.move(os.path.join(root, "dog"), tmp_path / "dog")
+    assert h5cli("ingest", root, out, *flags)[0] == 0
+    before = read_meta(str(out)).rows
+    assert h5cli("ingest", root, out, *flags, "--append")[0] == 0  # nothing new: nothing marked
+    assert read_meta(str(out)).appended_from is None
+    shutil.move(tmp_path / "dog", os.path.join(root, "dog"))
+    assert h5cli("ingest", root, out, *flags, "--append")[0] == 0
+    assert read_meta(str(out)).appended_from == before
+    for subset in ("training", "validation"):
+        with pytest.raises(ConfigError, match=rf"rows {before}\.\. were added by ingest --append from files the "
+                                              "first ingest did not list.*re-ingest"):
+            h5stream.open(str(out), validation_split=0.3, subset=subset)
+    assert len(_labels(str(out))) == len(written)  # the store itself streams as before
+    lock = StoreLock.acquire(str(out))
+    try:
+        rebuild.rebuild(str(out), lock)  # what repair does: the mark is kept
+    finally:
+        lock.release()
+    assert read_meta(str(out)).appended_from == before

@@ -421,11 +421,15 @@ def _given_order(options: StreamOptions, plan: StreamPlan | None) -> dict:
             if name in options.given and value is not None}
 
 
-def _set_kind(meta: StoreMeta) -> tuple[int, bool]:
-    """``(parts, one_ingest)`` as :func:`~h5stream.order.split.subset_rows` takes them: the parts of a set (0 for
-    one store), and whether they are one ``ingest --part`` set (the set's reader checked them all of one)."""
+def _set_kind(meta: StoreMeta) -> tuple[int, bool, int | None]:
+    """``(parts, one_ingest, appended_from)`` as :func:`~h5stream.order.split.subset_rows` takes them: the parts of
+    a set (0 for one store), whether they are one ``ingest --part`` set (the set's reader checked them all of one),
+    and the first logical row an ``--append`` stored from a listing that grew (None: none)."""
     parts = getattr(meta, "parts", ()) or ()
-    return len(parts), bool(parts) and parts[0].part is not None
+    if not parts:
+        return 0, False, meta.appended_from
+    appended = [start + p.appended_from for p, start in zip(parts, meta.starts) if p.appended_from is not None]
+    return len(parts), parts[0].part is not None, min(appended) if appended else None
 
 
 def _is_state(state) -> bool:
