@@ -79,3 +79,11 @@ def test_a_contradicting_rows_per_fill_is_named_as_such_before_any_budget_is_pla
     with pytest.raises(ConfigError, match=r"^cannot resume: rows_per_fill=100000 was given, but the state was saved "
                                           r"with rows_per_fill=64"):
         h5stream.open(store, resume=state, rows_per_fill=100_000, memory_budget="2MiB")
+
+
+def test_restore_into_a_stream_of_another_seed_says_how_to_resume(store, saved):
+    state, rest = saved
+    with h5stream.open(store, **dict(SAVED, seed=8)) as other:
+        with pytest.raises(ConfigError, match=r"^cannot resume: the state has seed=7 but this stream has seed=8; "
+                                              r"open the stream with h5stream.open\(\.\.\., resume=state\)"):
+            other.restore(state)
