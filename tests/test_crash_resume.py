@@ -87,6 +87,7 @@ def test_sigkill_then_append_gives_exactly_the_full_set(big_src, tmp_path):
     resumed = subprocess.run(cmd + ["--append"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert f"already stored {meta.rows}" in resumed.stdout
+    assert read_meta(out).appended_from is None  # the same listing: one storage order, validation_split takes it
 
     expected = dict(written)
     walk = sorted(expected)

@@ -50,6 +50,20 @@ def _write_set(root, side=6, compressions=(None, None, None), whole_compression=
     return parts, whole
 
 
+def _one_ingest(made):
+    """``made`` (parts, whole) with the parts marked as the parts of one ``ingest --part`` set, which
+    ``validation_split`` takes (its last rows, the last part's, sample the set); any other set is refused."""
+    import h5py
+
+    from h5stream.store.partattr import PartInfo, encode
+
+    parts, _ = made
+    for k, path in enumerate(parts):
+        with h5py.File(path, "r+") as f:
+            f.attrs["part"] = encode(PartInfo(k, len(parts), "0" * 32))
+    return made
+
+
 def _batches(spec, **kw):
     with h5stream.open(spec, **kw) as s:
         return [(x.copy(), y.copy()) for x, y in s]
@@ -136,7 +150,7 @@ def test_direct_io_per_part_auto_as_for_one_store_of_the_set(monkeypatch, tmp_pa
 
 @pytest.fixture(scope="module")
 def plain_set(tmp_path_factory):
-    return _write_set(str(tmp_path_factory.mktemp("plain")))
+    return _one_ingest(_write_set(str(tmp_path_factory.mktemp("plain"))))
 
 
 FEATURE = h5stream.Augment(featurewise_center=True, featurewise_std_normalization=True)
@@ -180,14 +194,15 @@ def test_featurewise_statistics_of_a_set_are_its_parts_rows_counted_once(plain_s
 @pytest.fixture(scope="module")
 def zlib_set(tmp_path_factory):
     """Every part compressed, and one compressed store of their rows."""
-    return _write_set(str(tmp_path_factory.mktemp("zlib")), compressions=("zlib",) * 3, whole_compression="zlib")
+    return _one_ingest(_write_set(str(tmp_path_factory.mktemp("zlib")), compressions=("zlib",) * 3,
+                                  whole_compression="zlib"))
 
 
 @pytest.fixture(scope="module")
 def mixed_set(tmp_path_factory):
     """A compressed part between two uncompressed ones, and one compressed store of their rows."""
-    return _write_set(str(tmp_path_factory.mktemp("mixed")), compressions=(None, "zlib", None),
-                      whole_compression="zlib")
+    return _one_ingest(_write_set(str(tmp_path_factory.mktemp("mixed")), compressions=(None, "zlib", None),
+                                  whole_compression="zlib"))
 
 
 @pytest.mark.parametrize("which", ["zlib_set", "mixed_set"])

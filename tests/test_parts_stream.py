@@ -77,8 +77,26 @@ def test_glob_and_manifest_name_the_same_set(stores, tmp_path):
     _same(_batches(str(manifest), **kw), want)
 
 
-def test_resume_mid_epoch_shards_and_validation_split(stores):
+def _one_ingest(parts, folder):
+    """Copies of ``parts`` in ``folder``, marked as the parts of one ``ingest --part`` set (which
+    ``validation_split`` takes: its last rows, the last part's, sample the set; any other set is refused)."""
+    import shutil
+
+    from h5stream.store.partattr import PartInfo, encode
+
+    out = []
+    for k, path in enumerate(parts):
+        out.append(shutil.copy(path, folder / f"part-{k}.h5"))
+        with h5py.File(out[-1], "r+") as f:
+            f.attrs["part"] = encode(PartInfo(k, len(parts), "0" * 32))
+    return out
+
+
+def test_resume_mid_epoch_shards_and_validation_split(stores, tmp_path):
     parts, whole = stores
+    with pytest.raises(ConfigError, match="set of 3 parts"):  # hand-made parts: the last one need not sample the set
+        h5stream.open(parts, batch_size=16, validation_split=0.2, subset="validation")
+    parts = _one_ingest(parts, tmp_path)
     kw = dict(batch_size=16, seed=5, rows_per_fill=64, shard=(1, 2), validation_split=0.2, subset="training")
     with h5stream.open(parts, **kw) as s:
         it = iter(s)

@@ -112,6 +112,28 @@ def start(writer, opts, files: int, rows_before: int, part=None) -> None:
     writer.set_attr(schema.ATTR_INGEST_SOURCE, source_attr(opts.src, opts.labels_csv, continue_options(opts)))
 
 
+def record_order(writer, source, appending: bool, files: int, adds_rows: bool) -> None:
+    """Record on ``writer`` (flushed with its next commit) the source listing its rows' storage order is a
+    permutation of (:func:`~h5stream.ingest.parts.listing_hash` of ``source``).  An ``--append`` that adds rows from
+    a listing that grew (new files: another hash, or for a store that recorded none, another count of ``files``
+    than its last ingest's) stores them after the others, shuffled among themselves: it records the first of them
+    as ``appended_from`` (kept from an earlier such append), which ``validation_split`` refuses
+    (:mod:`h5stream.order.split`).  A run killed part-way and continued with ``--append`` has the same listing, and
+    its rows stay one storage order."""
+    from h5stream.ingest.parts import listing_hash
+
+    listing = listing_hash(source)
+    attrs = writer.attrs
+    if appending and adds_rows and schema.ATTR_APPENDED_FROM not in attrs:
+        if schema.ATTR_ORDER_LISTING in attrs:
+            grown = str(attrs[schema.ATTR_ORDER_LISTING]) != listing
+        else:
+            grown = schema.ATTR_INGEST_FILES in attrs and int(attrs[schema.ATTR_INGEST_FILES]) != files
+        if grown:
+            writer.set_attr(schema.ATTR_APPENDED_FROM, np.int64(writer.committed_rows))
+    writer.set_attr(schema.ATTR_ORDER_LISTING, listing)
+
+
 def record_skipped(writer, skipped: int) -> None:
     """This run's files skipped so far, all of them in the flushed skip report (set before a commit)."""
     writer.set_attr(schema.ATTR_INGEST_SKIPPED, np.int64(skipped))

@@ -287,7 +287,9 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
             target = resolve_auto(target, source.root, pending, pool)
         writer, start_rows = _open_writer(opts, source, target, appending, len(pending), lock)
         folders = sum(kind == UNREADABLE for _, kind, _ in left_out)  # each skipped, as a file is
-        job.start(writer, opts, already + len(pending) + len(rejected) + folders, start_rows - already, part)
+        files = already + len(pending) + len(rejected) + folders
+        job.record_order(writer, source, appending, files, bool(pending))  # before start() records this run's files
+        job.start(writer, opts, files, start_rows - already, part)
         # A report from an older file of this name no longer applies; --overwrite drops that file with it, so
         # no store is ever paired with another run's report.
         for old in ([] if appending else [report_path] + ([opts.out] if opts.overwrite else [])):

@@ -20,8 +20,10 @@ the same for every shard count), then each shard's piece of it (step 4):
    every fill a miniature of the whole epoch, the units are split into
    contiguous *strata* of ``n_fills`` units each, and every stratum gives one
    unit to every fill (stratified sampling by file position).  On a
-   class-sorted file every fill then holds every class in proportion, which a
-   plain random choice of blocks does not give.  Which unit goes to which fill
+   class-sorted file every fill then holds every class in proportion (to within
+   two units: a class cuts at most two strata at its ends; a rare class, of
+   fewer units than two strata, is in at least half as many fills as it has
+   units), which a plain random choice of blocks does not give.  Which unit goes to which fill
    is chained from epoch to epoch (:func:`~h5stream.order.strata.chained_fills`):
    each fill's units are spread evenly over the next epoch's fills, so two
    consecutive epochs' orders are uncorrelated on every seed, not only on

@@ -57,3 +57,19 @@ def _integral(value) -> bool:
 def _show(value) -> str:
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def check_given(state: dict, given: dict) -> None:
+    """ConfigError for the first option the caller passed that contradicts ``state``.
+
+    ``given``: ``{option as passed (say "seed=5" or "read_unit='1MiB'"): (state key, the value it gives)}`` for
+    each order-shaping option the caller named; one a state does not record (an older state) is not checked.
+    Resuming continues the state's order: an option that would change it is refused, never silently overridden
+    by the state (nor the state by it)."""
+    for option, (key, value) in given.items():
+        if key in state and int(state[key]) != int(value):
+            name = option.split("=", 1)[0]
+            shown = option if option.endswith(f"={value}") else f"{option} (which gives {key}={value})"
+            raise ConfigError(f"cannot resume: {shown} was given, but the state was saved with {key}={state[key]}; "
+                              f"drop {name}= (resume= continues the state's order) or pass the value the state "
+                              "was saved with")

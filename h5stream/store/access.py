@@ -200,7 +200,9 @@ def open_readable(path: str | os.PathLike, stop: threading.Event | None = None) 
             raise unsupported_scheme(path) from None
         raise StoreNotFoundError(f"{path}: no such file; make one with `h5stream ingest SRC {path}`") from None
     except IsADirectoryError:
-        raise StoreFormatError(f"{path}: is a directory, not an HDF5 file") from None
+        raise StoreFormatError(f"{path}: is a directory, not an HDF5 file; to read the stores in it as one set of "
+                               f"parts, pass a glob ({os.path.join(path, '*.h5')!r}, its matches sorted by name) or "
+                               "a manifest (docs/parts.md)") from None
     except PermissionError:
         raise StorePermissionError(
             f"{path}: permission denied; this user ({_user()}) needs read access to the file and its folders "

@@ -65,6 +65,10 @@ class StoreMeta:
     """Which part of a set the store is (``h5stream ingest --part``), None for a whole store."""
     remote: object = field(default=None, compare=False, repr=False)
     """For a URL: the :class:`~h5stream.remote.RemoteOptions` it was opened with, for every later open."""
+    appended_from: int | None = None
+    """The first row that ``ingest --append`` stored from a source listing that had grown (new files): the rows
+    from there on are shuffled among themselves, after the others, not with them; None when every row is one
+    storage order of one listing (or the store does not say)."""
     identity: str | None = None
     """What a resumed state checks it is of this store (:func:`identity`): its committed rows, row shape and
     encoding and the checksums of up to :data:`IDENTITY_BLOCKS` of its whole blocks; None for a store without
@@ -337,6 +341,8 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         if encoding != schema.ENCODING_RAW else None,
         encoded_block_bytes=_int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
         part=_part(path, attrs),
+        appended_from=_int_attr(attrs, schema.ATTR_APPENDED_FROM, None, path=path, low=0)
+        if schema.ATTR_APPENDED_FROM in attrs else None,
         identity=None if sampled is None else identity(committed, images.shape[1:], encoding, sampled),
     )
 

@@ -4,10 +4,11 @@
 :class:`~h5stream.store.meta.StoreMeta`; a list or tuple of stores, a string with glob characters (``*?[``), or a
 manifest (a ``.json`` file or URL, :func:`read_manifest`) gives a :class:`PartSetMeta`: one logical store whose rows
 are the parts' committed rows laid end to end (part order: by part index for the parts of one ``ingest --part``
-set, else as listed, a glob's matches sorted).  Everything above the read layer (the epoch order, the budget, the
-subset split, shards, resume) sees one store of ``rows`` rows; the reader reads each part through a byte source
-of its own, or HDF5 for a compressed part (:mod:`h5stream.read.partread`), a run of rows never crossing a part's
-end.
+set, else as listed, a glob's matches sorted by name in code point order, so never in the order a directory
+lists them, which differs between machines and file systems).  Everything above the read layer (the epoch order,
+the budget, the subset split, shards, resume) sees one store of ``rows`` rows; the reader reads each part
+through a byte source of its own, or HDF5 for a compressed part (:mod:`h5stream.read.partread`), a run of rows
+never crossing a part's end.
 
 The parts must agree on what a batch holds: image shape, label kind, shape and dtype, class names and label
 columns, and encoding (raw pixels, or JPEG rows decoded where the batch is augmented).  Uncompressed parts are read

@@ -86,8 +86,9 @@ def rebuild(path: str, lock: StoreLock) -> int:
         attrs = f.attrs
         pad_fill = json.loads(attrs[schema.ATTR_PAD_FILL]) if schema.ATTR_PAD_FILL in attrs else None
         background = json.loads(attrs[schema.ATTR_BACKGROUND])
-        # unfinished stays so, and a part of a set stays that part
-        progress = {name: attrs[name] for name in (*schema.INGEST_ATTRS, schema.ATTR_PART) if name in attrs}
+        # unfinished stays so, a part of a set stays that part, rows appended from a grown listing stay marked
+        kept = (*schema.INGEST_ATTRS, *schema.ORDER_ATTRS, schema.ATTR_PART)
+        progress = {name: attrs[name] for name in kept if name in attrs}
         compression = _compression(f[schema.IMAGES])
         via_h5py = readable_by_h5py(f[schema.IMAGES])
         step = copy_rows(meta.block_rows, meta.row_bytes)

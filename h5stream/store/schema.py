@@ -52,6 +52,10 @@ reads every one of them):
     ingest_skipped     int   its files skipped so far, each listed in OUT.skipped.csv
     ingest_source      str   JSON {"src": absolute SRC, "labels": absolute CSV or null, "options": [flags]}:
                              what ``h5stream ingest SRC OUT <flags> --append`` needs to finish it
+    order_listing      str   hash of the source listing the rows' storage order is a permutation of (the last
+                             ingest's; absent in stores written before it)
+    appended_from      int   the first row an ``--append`` stored from a listing that had grown (new files):
+                             those rows are shuffled among themselves, after the others; absent when none was
 
 Encoded stores (format version 2; told apart by ``image_encoding``, never by the version alone): each row is an
 image's encoded bytes (JPEG), concatenated in ``/image_bytes`` (uint8) with each row's end offset in
@@ -124,6 +128,10 @@ ATTR_INGEST_SOURCE = "ingest_source"
 ATTR_PART = "part"  # JSON: which part of a set (h5stream.store.partattr); absent on a whole store
 #: What the last ingest recorded of its progress: copied whole when a store is rebuilt.
 INGEST_ATTRS = (ATTR_INGEST_FILES, ATTR_INGEST_ROWS_BEFORE, ATTR_INGEST_SKIPPED, ATTR_INGEST_SOURCE)
+ATTR_ORDER_LISTING = "order_listing"  # hash of the source listing the rows' storage order is a permutation of
+ATTR_APPENDED_FROM = "appended_from"  # first row --append stored from a listing that grew (absent: none)
+#: Whether the rows are one storage order of one listing: copied whole when a store is rebuilt.
+ORDER_ATTRS = (ATTR_ORDER_LISTING, ATTR_APPENDED_FROM)
 
 LABEL_CLASS = "class"
 LABEL_REGRESSION = "regression"

@@ -39,7 +39,10 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         drop_remainder: drop the last, smaller batch of each epoch (of each shard).
         shard: ``(index, count)``: one of ``count`` disjoint parts of every
             epoch, for data-parallel training.
-        resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.
+        resume: a dict from :meth:`Stream.state`: continue exactly where it was taken.  The options
+            that shape the order (``seed``, ``batch_size``, ``shuffle``, ``drop_remainder``,
+            ``rows_per_fill``, ``read_unit``, ``piece_bytes``) are the state's when left out (or None);
+            one given that differs from the state is a :class:`~h5stream.ConfigError`.
         augment: an :class:`~h5stream.Augment` applied to every batch.
         workers: spawned processes that augment the batches, or without
             ``augment`` read them (copy the rows into shared memory the
@@ -49,7 +52,8 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
         timeout_s: seconds to wait for a batch before raising :class:`~h5stream.ReaderError`.
         validation_split: the fraction of rows, the last ones of the store,
             that form the validation subset (Keras' convention; the store must
-            be in shuffled storage order).
+            be in shuffled storage order, a set of parts one ``ingest --part``
+            set).
         subset: ``"training"``, ``"validation"`` or ``"both"`` (returns the pair;
             an ``augment`` with a random resized crop gives the validation
             stream its centre crop, :meth:`Augment.evaluation`).

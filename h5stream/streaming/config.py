@@ -34,7 +34,7 @@ from h5stream.labels import LabelEncoding, label_encoding
 from h5stream.order.epoch import EpochLayout, epoch_layout, shard_layout
 from h5stream.order.pieces import piece, resumed_stages, rest_of_epoch, rows_served
 from h5stream.order.split import subset_rows
-from h5stream.order.statecheck import check_complete, check_values
+from h5stream.order.statecheck import check_complete, check_given, check_values
 from h5stream.store.meta import StoreMeta
 
 if TYPE_CHECKING:
@@ -323,18 +323,24 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     leaves no batch), and :class:`~h5stream.BudgetError`
     for a memory budget that cannot hold the plan; each one line saying what to
     change.  The order of the epoch depends on the seed, on ``rows_per_fill``,
-    ``unit_rows`` and ``piece_rows``: a resumed state names them, and they win over
-    what the options and the budget would give.
+    ``unit_rows`` and ``piece_rows``: a resumed state names them (and the batch
+    size, shuffle and drop_remainder), and they win over what the budget and the
+    defaults would give; an option the caller gave that contradicts the state is a
+    :class:`ConfigError` (:func:`~h5stream.order.statecheck.check_given`).
     """
     if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
         raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
     if meta.rows == 0:
         raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
-    rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path)
+    rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path,
+                       *_set_kind(meta))
     labels = label_encoding(meta, options.label_mode)
     resume = options.resume
     if resume is not None:
         check_values(resume)  # before any of it is used
+    if _is_state(resume):
+        check_given(resume, _given_order(options, None))
+        options = _state_defaults(options, resume)
     seed = facts.drawn_seed if options.seed is None else options.seed
     if resume is not None and "seed" in resume:
         seed = int(resume["seed"])
@@ -363,6 +369,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
                        out_label_row_bytes=labels.extra_row_bytes, direct_io=direct_io, unit_bytes=unit_bytes,
                        available_bytes=facts.available_bytes, verify_reads=options.verify_reads,
                        chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder, piece_bytes=piece_bytes)
+    if _is_state(resume):
+        check_given(resume, _given_order(options, plan))
     shard = options.shard or (0, 1)
     layout = layout_function(stop, plan, int(seed), shard, options.shuffled, options.drop_remainder,
                              start_row=start, resume=resume if _is_state(resume) else None)
@@ -379,6 +387,49 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
         verify_reads=options.verify_reads, plan=plan, layout=layout, resume=resume,
         validation_split=options.validation_split,
     )
+
+
+def _state_defaults(options: StreamOptions, state: dict) -> StreamOptions:
+    """``options`` with the batch size, shuffle and drop_remainder of ``state`` where the caller left them out: a
+    resumed stream continues the state's order (what the caller gave is checked against it, see
+    :func:`_given_order`).  The seed and the shuffle window are taken from it in :func:`resolve`."""
+    taken = {name: cast(state[name]) for name, cast in (("batch_size", int), ("shuffle", lambda v: bool(int(v))),
+                                                        ("drop_remainder", lambda v: bool(int(v))))
+             if name not in options.given and name in state}
+    if not taken:
+        return options
+    out = dataclasses.replace(options, **taken)
+    object.__setattr__(out, "given", options.given)
+    return out
+
+
+def _given_order(options: StreamOptions, plan: StreamPlan | None) -> dict:
+    """``{option as passed: (state key, the value it gives)}`` for each order-shaping option the caller named (see
+    :func:`~h5stream.order.statecheck.check_given`); ``seed=None`` and ``shuffle=None`` name no value of their own.
+    Without ``plan``, the options whose value is the state's own (checked before the plan is made, so that a
+    given ``rows_per_fill`` is named as a contradiction, not as a budget that cannot hold it); with it, the sizes
+    the plan turns into rows (``read_unit``, ``piece_bytes``)."""
+    if plan is None:
+        values = {"seed": (options.seed, "seed"), "batch_size": (options.batch_size, "batch_size"),
+                  "shuffle": (options.shuffle, "shuffle"), "drop_remainder": (options.drop_remainder, "drop_remainder"),
+                  "rows_per_fill": (options.rows_per_fill, "rows_per_fill")}
+        gives = {}
+    else:
+        values = {"read_unit": (options.read_unit, "unit_rows"), "piece_bytes": (options.piece_bytes, "piece_rows")}
+        gives = {"read_unit": plan.unit_rows, "piece_bytes": plan.piece_rows}
+    return {f"{name}={value!r}": (key, gives.get(name, value)) for name, (value, key) in values.items()
+            if name in options.given and value is not None}
+
+
+def _set_kind(meta: StoreMeta) -> tuple[int, bool, int | None]:
+    """``(parts, one_ingest, appended_from)`` as :func:`~h5stream.order.split.subset_rows` takes them: the parts of
+    a set (0 for one store), whether they are one ``ingest --part`` set (the set's reader checked them all of one),
+    and the first logical row an ``--append`` stored from a listing that grew (None: none)."""
+    parts = getattr(meta, "parts", ()) or ()
+    if not parts:
+        return 0, False, meta.appended_from
+    appended = [start + p.appended_from for p, start in zip(parts, meta.starts) if p.appended_from is not None]
+    return len(parts), parts[0].part is not None, min(appended) if appended else None
 
 
 def _is_state(state) -> bool:
@@ -427,6 +478,6 @@ def fit_feature_stats(config: StreamConfig) -> StreamConfig:
     meta = config.meta
     training = subset_rows(meta.rows, config.validation_split,
                            "training" if config.validation_split is not None else None,
-                           meta.storage_order, meta.path)
+                           meta.storage_order, meta.path, *_set_kind(meta))
     mean, std = feature_stats(meta, rows=training)  # one store, or a set of parts read part by part
     return dataclasses.replace(config, augment=config.augment.with_feature_stats(mean, std))

@@ -9,10 +9,11 @@ checked when the stream opens it.  The parameters are documented on
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
 from h5stream.errors import ConfigError
@@ -59,6 +60,9 @@ class StreamOptions:
     verify_reads: bool | str = "once"
     feeder: bool = False
     allow_unfinished: bool = False
+    given: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
+    """The names of the options the caller passed (not left at their defaults): with ``resume=``, a given option
+    that shapes the order must agree with the state, one left out is taken from it (see :func:`h5stream.open`)."""
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
@@ -121,6 +125,20 @@ class StreamOptions:
         return self.subset != "validation" if self.shuffle is None else self.shuffle
 
 
+_POSITIONAL = ("batch_size", "memory_budget")
+
+
+def _recording_given(init):
+    """``init`` that also records, in ``given``, which options the call named (positionally or by keyword)."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        object.__setattr__(self, "given", frozenset(_POSITIONAL[:len(args)]) | frozenset(kwargs))
+
+    return __init__
+
+
 # A keyword that names no option (Keras' image_size, batchsize, ...) is one line saying what h5stream calls it.
-StreamOptions.__init__ = checked_kwargs(StreamOptions.__init__, where="h5stream.open()", hints=OPEN_HINTS,
-                                        elsewhere=AUGMENT_NAMES)
+StreamOptions.__init__ = _recording_given(checked_kwargs(StreamOptions.__init__, where="h5stream.open()",
+                                                         hints=OPEN_HINTS, elsewhere=AUGMENT_NAMES))

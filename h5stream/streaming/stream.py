@@ -338,7 +338,9 @@ class Stream:
                               "another version of it, or its parts in another order): it has the same number of "
                               "rows, but not the same rows; resume a stream of the store the state was taken from")
         if int(state.get("seed", self.seed)) != self.seed:
-            raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has seed={self.seed}")
+            raise ConfigError(f"cannot resume: the state has seed={state['seed']} but this stream has "
+                              f"seed={self.seed}; open the stream with h5stream.open(..., resume=state), which takes "
+                              "the state's seed")
         epoch, batch = self.config.layout.position(state)
         with self._entered("restore()"):
             self._epoch, self._batch = epoch, batch
