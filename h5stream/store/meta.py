@@ -209,15 +209,31 @@ def _refuse_torn(path: str) -> None:
 
 def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5py.Dataset | None:
     """``f[name]`` if it is a dataset; None if absent and not ``required``; else :class:`StoreFormatError`."""
-    node = f.get(name, getlink=False) if name in f else None
-    if node is None:
+    if name not in f:
         if not required:
             return None
         raise StoreFormatError(f"{path}: no /{name} dataset; is this a file written by `h5stream ingest`?")
+    try:  # the link is there: an object HDF5 cannot open is damage, never "absent" (h5py's get() says None)
+        node = f[name]
+    except (KeyError, OSError, RuntimeError) as exc:
+        raise StoreFormatError(f"{path}: /{name} cannot be opened ({exc}); the file is damaged: restore it from a "
+                               "copy or re-ingest it") from None
     if not isinstance(node, h5py.Dataset):
         raise StoreFormatError(f"{path}: /{name} is a {type(node).__name__}, not a dataset; the file is damaged or "
                                "was not written by h5stream")
     return node
+
+
+def _check_attributes_readable(path: str, f: h5py.File) -> None:
+    """StoreFormatError naming the first root attribute HDF5 cannot hand back (a damaged datatype: h5py raises
+    TypeError or OSError), before any code reads one: such an attribute is damage, not a programming error."""
+    name = "?"
+    try:
+        for name in f.attrs:
+            f.attrs[name]
+    except (TypeError, UnicodeDecodeError, OSError, KeyError, RuntimeError) as exc:
+        raise StoreFormatError(f"{path}: the root attributes cannot be read (at {name!r}: {exc}); the file is "
+                               "damaged: restore it from a copy or re-ingest it") from None
 
 
 def _rows_written(images: h5py.Dataset) -> int:
@@ -234,6 +250,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
 
     Every attribute and dataset h5stream reads later is checked here, so one :class:`StoreFormatError` (one line:
     what, where, how to fix) is all a damaged or foreign file can produce, whatever it holds."""
+    _check_attributes_readable(path, f)
     images = _dataset(path, f, schema.IMAGES)
     labels = _dataset(path, f, schema.LABELS)
     if images.dtype != np.uint8 or images.ndim != 4 or min(images.shape[1:], default=0) < 1:

@@ -1,0 +1,98 @@
+"""A byte flipped in a store's HDF5 structure (a dataset's object header, the root attributes, a chunk index) is
+damage that ``verify``, ``repair``, ``info`` and ``preview`` report in one line with a non-zero exit: never a
+Python traceback, never "OK".
+
+The pixel, label, path and digest bytes themselves are covered by the block checksums (tests/test_verify.py);
+here the flips land in what HDF5 needs to find them.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import h5py
+import pytest
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+NODES = ("images", "labels", "path_ends", "path_bytes", "checksums", "row_digests")
+
+
+def one_line(err: str) -> bool:
+    return err.count("\n") == 1 and err.startswith("h5stream: error: ") and "Traceback" not in err
+
+
+def _flip(path, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0xFF]))
+
+
+@pytest.fixture
+def store(small_class_store, tmp_path):
+    path = tmp_path / "s.h5"
+    shutil.copyfile(small_class_store, path)
+    return path
+
+
+def _first_flip(path, offsets, broken) -> int:
+    """The first of ``offsets`` whose flip makes ``broken(h5py.File)`` true, the file left flipped there."""
+    for offset in offsets:
+        _flip(path, offset)
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                if broken(f):
+                    return offset
+        except (OSError, KeyError, TypeError):  # broken some other way: not the damage wanted
+            pass
+        _flip(path, offset)
+    raise AssertionError("no such byte")
+
+
+def _raises(call, *errors) -> bool:
+    try:
+        call()
+    except errors:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_a_damaged_object_header_is_one_line_from_every_command(store, tmp_path, h5cli, node):
+    with h5py.File(store, "r", locking=False) as f:
+        header = h5py.h5o.get_info(f[node].id).addr
+    _flip(store, header)  # the header's version byte
+    for args in (["verify", store], ["repair", store], ["info", store],
+                 ["preview", store, "--out", tmp_path / "grid.png"]):
+        code, _out, err = h5cli(*args)
+        assert code == 1 and one_line(err), (args[0], code, err)
+        assert "damaged" in err and "restore it from a copy" in err or args[0] == "preview", err
+
+
+def test_an_attribute_hdf5_cannot_decode_is_named(store, h5cli):
+    data = open(store, "rb").read()
+    name = data.index(b"checksum_tail\0")
+    _first_flip(store, range(name, name + 64),
+                lambda f: _raises(lambda: f.attrs["checksum_tail"], TypeError))  # its string datatype
+    for command in ("verify", "info", "repair"):
+        code, _out, err = h5cli(command, store)
+        assert code == 1 and one_line(err), (command, err)
+        assert "checksum_tail" in err and "the file is damaged" in err, err
+
+
+def test_verify_reports_row_digests_whose_chunk_index_cannot_be_read(store, h5cli):
+    data = open(store, "rb").read()
+    trees = [i for i in range(len(data)) if data.startswith(b"TREE", i)]
+
+    def only_row_digests_unreadable(f):
+        return (_raises(lambda: f["row_digests"][:], OSError)
+                and not any(_raises(lambda n=n: f[n][:], OSError) for n in NODES if n != "row_digests"))
+
+    _first_flip(store, trees, only_row_digests_unreadable)
+    code, _out, err = h5cli("verify", store)
+    assert code == 1 and one_line(err), err
+    assert "cannot be read (/row_digests: " in err, err
+    code, _out, err = h5cli("repair", store)  # not "nothing to repair"
+    assert code == 1 and one_line(err), err
