@@ -247,3 +247,9 @@ def test_info_shuffle_report_takes_a_read_unit(sorted_store, capsys):
     assert main(["info", sorted_store, "--shuffle-report", "--read-unit", "lots"]) == 1
     err = capsys.readouterr().err.strip()
     assert "read_unit" in err and len(err.splitlines()) == 1
+
+
+def test_bench_takes_any_seed_the_stream_takes(small_class_store, capsys):
+    """--seed -1 (h5stream.open takes any integer) was a numpy ValueError traceback after the stream's pass."""
+    assert main(["bench", small_class_store, "--seed", "-1", "--json", "--random-seconds", "0.2"]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == -1

@@ -92,3 +92,12 @@ def test_an_encoded_store_is_described_by_its_jpeg_bytes_not_its_empty_images_ar
     assert "image rows" not in stdout and "pixels" not in stdout
     info = json.loads(h5cli("info", out, "--json")[1])
     assert info["encoded_chunk_bytes"] == 1 << 20 and info["encoding"] == "jpeg"
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 64 + 5])
+def test_shuffle_figures_take_any_seed_the_stream_takes(small_class_store, h5cli, seed):
+    """h5stream.open takes any integer seed; the shuffle report's reference orders (full random, single chunk)
+    did not: --seed -1 was a numpy ValueError traceback."""
+    code, out, err = h5cli("info", small_class_store, "--shuffle-report", "--json", "--seed", str(seed))
+    assert code == 0, err
+    assert json.loads(out)["shuffle_report"]["seed"] == seed
