@@ -96,3 +96,30 @@ def test_bad_preview_arguments(store, tmp_path, capsys):
     assert main(["preview", store, "--out", str(tmp_path / "no" / "x.png")]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert main(["preview", store]) == 2  # --out is required
+
+
+@pytest.mark.parametrize("extra", [("--rows", "1000", "--cols", "1000"), ("--scale", "100000"),
+                                   ("--rows", "100000000", "--cols", "100000000")])
+def test_a_grid_too_large_is_one_line_before_anything_is_read(store, tmp_path, extra):
+    """The canvas is allocated whole: --rows 1000 --cols 1000 of 24 px tiles asked for 30 GB (a MemoryError
+    traceback, or the OOM killer); --rows/--cols of 10**8 for a batch of 10**16 rows.  Refused in one line naming
+    a grid that fits, in a child whose address space is capped so that the old behaviour fails rather than
+    exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    out = tmp_path / "grid.png"
+    child = subprocess.run([sys.executable, "-m", "h5stream", "preview", store, "--out", str(out), *extra],
+                           capture_output=True, text=True, preexec_fn=cap, timeout=300)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr.count("\n") == 1 and child.stderr.startswith("h5stream: error: --rows"), child.stderr
+    assert "pixels a preview may have" in child.stderr and not out.exists()
+    if child.stderr.rstrip().endswith(" fit"):
+        side = int(child.stderr.rsplit("--cols ", 1)[1].split()[0])
+        width, height, _ = preview.grid_size(side, side, (SIDE, SIDE), int(extra[1]) if extra[0] == "--scale" else None)
+        assert width * height <= preview.MAX_GRID_PIXELS
+        assert (width + SIDE) * (height + SIDE) > preview.MAX_GRID_PIXELS * 0.95  # the largest square, near enough
