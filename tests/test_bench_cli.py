@@ -253,3 +253,22 @@ def test_bench_takes_any_seed_the_stream_takes(small_class_store, capsys):
     """--seed -1 (h5stream.open takes any integer) was a numpy ValueError traceback after the stream's pass."""
     assert main(["bench", small_class_store, "--seed", "-1", "--json", "--random-seconds", "0.2"]) == 0
     assert json.loads(capsys.readouterr().out)["seed"] == -1
+
+
+@pytest.mark.parametrize("plot", ["fig", "fig.xyz", "folder"])
+def test_a_plot_name_matplotlib_cannot_honour_is_refused_before_measuring(small_class_store, capsys, tmp_path, plot):
+    """matplotlib adds '.png' to a name without an extension (the command said the plot went to 'fig', it went to
+    'fig.png'; a folder 'folder' got 'folder.png') and refuses an unknown extension with a ValueError traceback
+    only after the whole run."""
+    pytest.importorskip("matplotlib")
+    (tmp_path / "folder").mkdir()
+    before = sorted(os.listdir(tmp_path))
+    code = main(["bench", small_class_store, "--no-baselines", "--plot", str(tmp_path / plot)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.startswith(f"h5stream: error: --plot {tmp_path / plot}: "), err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_random_seconds_nan_is_refused(small_class_store, capsys):
+    assert main(["bench", small_class_store, "--random-seconds", "nan"]) == 1
+    assert "--random-seconds must be > 0" in capsys.readouterr().err
