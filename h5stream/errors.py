@@ -187,3 +187,16 @@ class StoreReadError(H5StreamError, OSError):
 
     def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
         return str(self.args[0]) if self.args else ""
+
+
+class OutputWriteError(H5StreamError, OSError):
+    """A command could not write the file it was asked for (``preview --out``, ``bench --plot``): disk full, file
+    size limit, no permission.  Whatever was at that path before is left as it was.  ``errno`` is the operating
+    system's error number."""
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
+        return str(self.args[0]) if self.args else ""

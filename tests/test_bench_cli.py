@@ -272,3 +272,22 @@ def test_a_plot_name_matplotlib_cannot_honour_is_refused_before_measuring(small_
 def test_random_seconds_nan_is_refused(small_class_store, capsys):
     assert main(["bench", small_class_store, "--random-seconds", "nan"]) == 1
     assert "--random-seconds must be > 0" in capsys.readouterr().err
+
+
+def test_a_plot_that_cannot_be_written_is_one_line_and_leaves_the_old_file(small_class_store, tmp_path):
+    """RLIMIT_FSIZE (as a full disk) while matplotlib writes: was its OSError traceback after the whole run."""
+    import resource
+
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "b.png"
+    plot.write_bytes(b"the previous plot")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    child = subprocess.run([sys.executable, "-m", "h5stream", "bench", small_class_store, "--no-baselines", "--plot",
+                            str(plot)], capture_output=True, text=True, preexec_fn=cap, timeout=300)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr.splitlines()[-1].startswith(f"h5stream: error: --plot {plot}: cannot write it ")
+    assert "Traceback" not in child.stderr
+    assert plot.read_bytes() == b"the previous plot" and sorted(p.name for p in tmp_path.iterdir()) == ["b.png"]

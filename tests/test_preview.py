@@ -123,3 +123,46 @@ def test_a_grid_too_large_is_one_line_before_anything_is_read(store, tmp_path, e
         width, height, _ = preview.grid_size(side, side, (SIDE, SIDE), int(extra[1]) if extra[0] == "--scale" else None)
         assert width * height <= preview.MAX_GRID_PIXELS
         assert (width + SIDE) * (height + SIDE) > preview.MAX_GRID_PIXELS * 0.95  # the largest square, near enough
+
+
+def _fsize_capped(limit_bytes: int):
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return cap
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_partial_one(store, tmp_path):
+    """RLIMIT_FSIZE (as a full disk) in the middle of the PNG: was a Pillow OSError traceback after truncating the
+    file that was there; now one line, the old file as it was, no temporary file left."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "grid.png"
+    out.write_bytes(b"the previous grid")
+    child = subprocess.run([sys.executable, "-m", "h5stream", "preview", store, "--out", str(out)],
+                           capture_output=True, text=True, preexec_fn=_fsize_capped(4096), timeout=300)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr.count("\n") == 1 and child.stderr.startswith(f"h5stream: error: --out {out}: cannot write it ")
+    assert out.read_bytes() == b"the previous grid" and sorted(p.name for p in tmp_path.iterdir()) == ["grid.png"]
+
+
+def test_a_symlink_at_the_output_path_is_replaced_not_written_through(store, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"not a png")
+    out = tmp_path / "grid.png"
+    out.symlink_to(victim)
+    image = run_preview(store, out)
+    assert image.format == "PNG" and not out.is_symlink()
+    assert victim.read_bytes() == b"not a png"
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -268,6 +268,8 @@ def queue_fill_label(workers: int) -> str:
 def plot_bench(result: dict, timeline, out_path: str) -> None:
     """Draw samples/s, CPU % per stage, queue fill (and the share of time the consumer waited for
     data, from the stream's ``stats()["wait_s"]``) and memory vs budget over time into a PNG."""
+    import os
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -324,5 +326,10 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
     axes[3].set_xlabel("seconds since open()")
     axes[3].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(out_path)
-    plt.close(fig)
+    from h5stream.commands._output import write_output
+
+    fmt = os.path.splitext(out_path)[1].lstrip(".").lower()  # the name's, not the temporary file's
+    try:
+        write_output(out_path, lambda tmp: fig.savefig(tmp, format=fmt), option="--plot")
+    finally:
+        plt.close(fig)
