@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # argparse's own line would send to `h5stream --help`, not the command's help that lists them
+            where = f"h5stream {args.command}" if getattr(args, "command", None) else "h5stream"
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {where} --help)")
         if args.version:
             print(f"h5stream {__version__}")
             return EXIT_OK

@@ -101,3 +101,25 @@ def test_shuffle_figures_take_any_seed_the_stream_takes(small_class_store, h5cli
     code, out, err = h5cli("info", small_class_store, "--shuffle-report", "--json", "--seed", str(seed))
     assert code == 0, err
     assert json.loads(out)["shuffle_report"]["seed"] == seed
+
+
+@pytest.mark.parametrize("argv, helps", [(["info", "S", "--bogus"], "h5stream info --help"),
+                                         (["verify", "S", "--shuffle-report"], "h5stream verify --help"),
+                                         (["--bogus"], "h5stream --help")])
+def test_an_unknown_flag_points_at_the_help_of_its_command(small_class_store, h5cli, argv, helps):
+    """argparse reported a subcommand's unknown flag from the top parser: '(see h5stream --help)', which does not
+    list the command's flags."""
+    code, out, err = h5cli(*[small_class_store if a == "S" else a for a in argv])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("h5stream: error: unrecognized arguments: ") and err.rstrip().endswith(f"(see {helps})")
+
+
+def test_the_shuffle_report_of_an_empty_store_says_the_store_is_empty(tmp_path, h5cli):
+    """It said 'n_rows must be a positive integer, got 0' (the quality module's argument), naming no file."""
+    import numpy as np
+
+    path = tmp_path / "empty.h5"
+    write_arrays(path, np.zeros((0, 4, 4, 3), np.uint8), np.zeros(0, np.int64), class_names=["a"], block_rows=4)
+    code, _out, err = h5cli("info", path, "--shuffle-report")
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith(f"h5stream: error: {path}: the store has no committed rows"), err

@@ -95,6 +95,11 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     from h5stream.read.source import resolve_direct_io
 
     meta = read_meta(path)
+    if not meta.rows:
+        from h5stream.errors import ConfigError
+
+        raise ConfigError(f"{meta.path}: the store has no committed rows, so there is no order to report on; ingest "
+                          "images into it first")
     unit = None if read_unit is None else parse_bytes(read_unit, what="read_unit")
     pieces = None if piece_bytes is None else parse_bytes(piece_bytes, what="piece_bytes")
     # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.  What
