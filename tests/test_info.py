@@ -123,3 +123,18 @@ def test_the_shuffle_report_of_an_empty_store_says_the_store_is_empty(tmp_path, 
     code, _out, err = h5cli("info", path, "--shuffle-report")
     assert code == 1 and err.count("\n") == 1
     assert err.startswith(f"h5stream: error: {path}: the store has no committed rows"), err
+
+
+@pytest.mark.parametrize("command", [["info", "--json"], ["info"], ["verify"]])
+def test_output_to_a_full_disk_is_one_line_and_exit_1(small_class_store, command):
+    """`h5stream info S --json > out.json` on a full disk (here /dev/full) was an OSError traceback from the final
+    flush of stdout."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "h5stream", command[0], small_class_store, *command[1:]],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ("h5stream: error: cannot write the output to stdout (No space left on device); free space "
+                           "where it goes, or send it elsewhere\n")
