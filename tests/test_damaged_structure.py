@@ -11,7 +11,10 @@ from __future__ import annotations
 import shutil
 
 import h5py
+import numpy as np
 import pytest
+
+import h5stream
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -96,3 +99,23 @@ def test_verify_reports_row_digests_whose_chunk_index_cannot_be_read(store, h5cl
     assert "cannot be read (/row_digests: " in err, err
     code, _out, err = h5cli("repair", store)  # not "nothing to repair"
     assert code == 1 and one_line(err), err
+
+
+def test_verify_reports_a_chunk_whose_recorded_size_plain_h5py_cannot_read(store, h5cli):
+    """A flipped byte in the size of /labels' chunk entry: h5stream's readers (and verify, which reads without the
+    chunk cache) take the rows' bytes from the offset and are untouched, so verify said OK while `info` and plain
+    h5py called the file damaged."""
+    with h5py.File(store, "r", locking=False) as f:
+        labels = f["labels"][:]
+        info = f["labels"].id.get_chunk_info(0)
+    data = open(store, "rb").read()
+    size = int(info.size).to_bytes(4, "little")  # as the index's B-tree node records it
+    candidates = [i + 2 for i in range(len(data) - 4) if data[i:i + 4] == size]
+    _first_flip(store, candidates, lambda f: f["labels"].id.get_chunk_info(0).size != info.size)
+    with h5py.File(store, "r", locking=False) as f:
+        assert _raises(lambda: f["labels"][:], OSError)  # plain h5py cannot read the labels
+    code, _out, err = h5cli("verify", store)
+    assert code == 1 and one_line(err), err
+    assert "the chunk of /labels from row 0 " in err and "chunk index is damaged" in err, err
+    with h5stream.open(str(store), batch_size=32, shuffle=False) as s:  # yet the stream reads the stored labels
+        assert np.array_equal(np.concatenate([y for _x, y in s]), labels)

@@ -38,6 +38,14 @@ def _unfinished(path: str) -> str | None:
     return unfinished_message(read_meta(path))
 
 
+def _chunk_index_problem(path: str) -> str | None:
+    """What :func:`h5stream.store.chunkindex.chunk_index_problem` finds in ``path`` (None when nothing)."""
+    from h5stream.store.access import read_consistent
+    from h5stream.store.chunkindex import chunk_index_problem
+
+    return read_consistent(path, lambda f: chunk_index_problem(f, path))
+
+
 def _checked(result) -> str:
     """What verify could say of the rows an unfinished store holds."""
     if not result.has_checksums:
@@ -96,6 +104,10 @@ def _verify_one(path: str) -> int:
                 else damage_text(first))
         print(f"h5stream: error: {path}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
               f"{result.blocks} blocks damaged; restore the file from a copy or re-ingest it", file=sys.stderr)
+        return EXIT_DAMAGED
+    problem = None if result.bad else _chunk_index_problem(path)
+    if problem is not None:
+        print(f"h5stream: error: {problem}", file=sys.stderr)
         return EXIT_DAMAGED
     if result.uncommitted:
         a, b = result.uncommitted
