@@ -326,7 +326,7 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
     axes[3].set_xlabel("seconds since open()")
     axes[3].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    from h5stream.commands._output import write_output
+    from h5stream.commands._common import write_output
 
     fmt = os.path.splitext(out_path)[1].lstrip(".").lower()  # the name's, not the temporary file's
     try:

@@ -59,7 +59,7 @@ def run(args) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise ConfigError(f"--out {args.out}: folder {out_dir} does not exist; create it first")
-    from h5stream.commands._output import write_output
+    from h5stream.commands._common import write_output
 
     write_output(args.out, lambda tmp: grid.save(tmp, format=fmt), option="--out")
     print(f"wrote {args.out} ({grid.width}x{grid.height} px, {len(titles)} images, seed {args.seed})")
