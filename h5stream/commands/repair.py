@@ -41,18 +41,20 @@ EXIT_DAMAGED = 1
 
 
 def run(args) -> int:
-    import os
-
-    from h5stream.errors import StoreNotFoundError
+    from h5stream.errors import ConfigError
+    from h5stream.remote.config import is_url
+    from h5stream.store.access import open_readable
     from h5stream.store.checksum import verify_store
     from h5stream.store.lock import StoreLock
     from h5stream.store.rebuild import needs_rebuild, rebuild
     from h5stream.store.rowdigest_mend import block_digest_only, digest_only, mend, mend_block_digests
 
     path = args.path
+    if is_url(path):
+        raise ConfigError(f"{path}: repair rewrites a local store in place, not a URL: copy the object here, repair "
+                          "the copy (h5stream repair FILE.h5) and put it back")
     _refuse_a_set(path)
-    if not os.path.exists(path):
-        raise StoreNotFoundError(f"{path}: no such file")
+    open_readable(path).close()  # missing, a folder, no permission (the file's or a folder's): one line saying so
     with StoreLock.acquire(path) as lock:  # a writer at work holds it: refused, one line
         if needs_rebuild(path):
             rows = rebuild(path, lock)

@@ -1,0 +1,42 @@
+"""Each store command on a path it cannot use says why in one line: a folder it may not enter, a URL where a
+local file is needed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import unprivileged_argv
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "repair"])
+def test_a_store_in_a_folder_without_search_permission_is_a_permission_error(small_class_store, tmp_path, command):
+    """repair said 'no such file' (os.path.exists is False when a folder cannot be entered)."""
+    prefix = unprivileged_argv()
+    if prefix is None:
+        pytest.skip("cannot run a command without the right to ignore file modes here")
+    folder = tmp_path / "closed"
+    folder.mkdir()
+    store = folder / "s.h5"
+    shutil.copyfile(small_class_store, store)
+    folder.chmod(0o600)  # readable listing, no search (x): the file cannot be reached
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-m", "h5stream", command, str(store)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    finally:
+        folder.chmod(0o755)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"h5stream: error: {store}: permission denied; ") and done.stderr.count("\n") == 1
+
+
+def test_repair_of_a_url_says_it_rewrites_a_local_file_and_hides_the_password(h5cli):
+    """It said '...: no such file' for any URL."""
+    code, out, err = h5cli("repair", "https://user:secret@127.0.0.1:9/store.h5")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("h5stream: error: https://user:***@127.0.0.1:9/store.h5: repair rewrites a local store"), err
