@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"h5stream {__version__}")
             return EXIT_OK
         if args.command is None:
-            raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
+            raise UsageError(f"choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
         command = importlib.import_module(f"h5stream.commands.{args.command}")
         _sweep_shared_memory()
         with warnings.catch_warnings():

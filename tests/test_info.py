@@ -138,3 +138,11 @@ def test_output_to_a_full_disk_is_one_line_and_exit_1(small_class_store, command
     assert done.returncode == 1, done.stderr
     assert done.stderr == ("h5stream: error: cannot write the output to stdout (No space left on device); free space "
                            "where it goes, or send it elsewhere\n")
+
+
+def test_no_command_is_one_usage_line(h5cli):
+    """It read 'h5stream: error: h5stream: choose a command: ...' (the prefix twice)."""
+    code, out, err = h5cli()
+    assert code == 2 and out == ""
+    assert err == ("h5stream: error: choose a command: ingest, info, bench, preview, verify, repair "
+                   "(see h5stream --help)\n")
