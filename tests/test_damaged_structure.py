@@ -119,3 +119,17 @@ def test_verify_reports_a_chunk_whose_recorded_size_plain_h5py_cannot_read(store
     assert "the chunk of /labels from row 0 " in err and "chunk index is damaged" in err, err
     with h5stream.open(str(store), batch_size=32, shuffle=False) as s:  # yet the stream reads the stored labels
         assert np.array_equal(np.concatenate([y for _x, y in s]), labels)
+
+
+@pytest.mark.parametrize("name", ["committed_rows", "row_digests"])
+def test_a_name_that_is_no_longer_text_is_damage_not_absence(store, h5cli, name):
+    """A flipped byte in the attribute name `committed_rows` made the store read as one of another tool (every
+    stored row usable, uncommitted ones too), in `/row_digests`' link name as a store without row digests: verify
+    said OK to both."""
+    data = open(store, "rb").read()
+    at = [i + 3 for i in range(len(data)) if data.startswith(name.encode(), i)]
+    _first_flip(store, at, lambda f: any(isinstance(n, bytes) for n in [*f.attrs, *f]))
+    for command in ("verify", "info"):
+        code, _out, err = h5cli(command, store)
+        assert code == 1 and one_line(err), (command, err)
+        assert "which is not text: the file is damaged" in err, err

@@ -18,7 +18,7 @@ import numpy as np
 def chunk_index_problem(f: h5py.File, path: str) -> str | None:
     """The first damaged chunk-index entry of the root datasets of open file ``f``, in words (None when none)."""
     file_bytes = int(f.id.get_filesize())
-    for name in sorted(f):
+    for name in f:  # in the file's order (a damaged link name comes back as bytes, which sorted() would refuse)
         node = f.get(name)
         if not isinstance(node, h5py.Dataset) or node.chunks is None:
             continue

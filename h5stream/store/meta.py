@@ -226,14 +226,20 @@ def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5
 
 def _check_attributes_readable(path: str, f: h5py.File) -> None:
     """StoreFormatError naming the first root attribute HDF5 cannot hand back (a damaged datatype: h5py raises
-    TypeError or OSError), before any code reads one: such an attribute is damage, not a programming error."""
+    TypeError or OSError), before any code reads one: such an attribute is damage, not a programming error.  So is
+    a root attribute or node whose name is not UTF-8 (h5py hands it back as bytes): a damaged name, with which the
+    attribute h5stream looks for (``committed_rows``, say) would silently read as absent."""
     name = "?"
     try:
         for name in f.attrs:
             f.attrs[name]
+        bad = next((n for n in [*f.attrs, *f] if isinstance(n, bytes)), None)
     except (TypeError, UnicodeDecodeError, OSError, KeyError, RuntimeError) as exc:
         raise StoreFormatError(f"{path}: the root attributes cannot be read (at {name!r}: {exc}); the file is "
                                "damaged: restore it from a copy or re-ingest it") from None
+    if bad is not None:
+        raise StoreFormatError(f"{path}: a root attribute or node is named {bad!r}, which is not text: the file is "
+                               "damaged: restore it from a copy or re-ingest it")
 
 
 def _rows_written(images: h5py.Dataset) -> int:
