@@ -146,3 +146,12 @@ def test_no_command_is_one_usage_line(h5cli):
     assert code == 2 and out == ""
     assert err == ("h5stream: error: choose a command: ingest, info, bench, preview, verify, repair "
                    "(see h5stream --help)\n")
+
+
+def test_shuffle_report_flags_without_the_report_are_refused(small_class_store, h5cli):
+    """`info S --memory-budget 1GiB` printed the plain description, as if the budget had been taken into account."""
+    code, out, err = h5cli("info", small_class_store, "--memory-budget", "1GiB", "--seed", "3")
+    assert code == 1 and out == ""
+    assert err == ("h5stream: error: --memory-budget, --seed only shape the shuffle report; add --shuffle-report (or "
+                   "leave them out)\n")
+    assert h5cli("info", small_class_store, "--memory-budget", "1GiB", "--shuffle-report")[0] == 0
