@@ -40,3 +40,38 @@ def test_repair_of_a_url_says_it_rewrites_a_local_file_and_hides_the_password(h5
     code, out, err = h5cli("repair", "https://user:secret@127.0.0.1:9/store.h5")
     assert code == 1 and out == "" and err.count("\n") == 1
     assert err.startswith("h5stream: error: https://user:***@127.0.0.1:9/store.h5: repair rewrites a local store"), err
+
+
+def test_repair_of_a_read_only_store_it_must_write_is_one_line_and_changes_nothing(small_class_store, tmp_path):
+    """A damaged row digest is written again in place: into a file this user may not write, that was a
+    PermissionError traceback from os.open."""
+    import hashlib
+
+    import h5py
+
+    prefix = unprivileged_argv()
+    if prefix is None:
+        pytest.skip("cannot run a command without the right to ignore file modes here")
+    store = tmp_path / "s.h5"
+    shutil.copyfile(small_class_store, store)
+    with h5py.File(store, "r", locking=False) as f:
+        at = f["row_digests"].id.get_chunk_info(0).byte_offset + 2
+    with open(store, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([byte ^ 1]))
+    store.chmod(0o444)
+    before = hashlib.sha256(store.read_bytes()).hexdigest()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([*prefix, sys.executable, "-m", "h5stream", "repair", str(store)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (f"h5stream: error: {store}: repair cannot write to the store (Permission denied); it writes "
+                           f"the mended bytes in place: give this user write access to it (e.g. chmod u+w {store}), "
+                           "or repair a copy\n")
+    assert hashlib.sha256(store.read_bytes()).hexdigest() == before
+    store.chmod(0o644)
+    done = subprocess.run([*prefix, sys.executable, "-m", "h5stream", "repair", str(store)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0 and "wrote again the digests of" in done.stdout, done.stderr
