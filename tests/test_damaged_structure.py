@@ -133,3 +133,18 @@ def test_a_name_that_is_no_longer_text_is_damage_not_absence(store, h5cli, name)
         code, _out, err = h5cli(command, store)
         assert code == 1 and one_line(err), (command, err)
         assert "which is not text: the file is damaged" in err, err
+
+
+def test_an_h5stream_store_without_its_committed_count_is_damage(store, h5cli):
+    """A flip that made HDF5 drop the `committed_rows` attribute read the store as one of another tool, every
+    stored row usable (uncommitted ones too), and verify said OK.  Plain files of other tools, without
+    h5stream's format attribute, still read so."""
+    with h5py.File(store, "a") as f:
+        del f.attrs["committed_rows"]
+    for command in ("verify", "info"):
+        code, _out, err = h5cli(command, store)
+        assert code == 1 and one_line(err), (command, err)
+        assert "attribute committed_rows is missing, which every h5stream store has" in err, err
+    with h5py.File(store, "a") as f:
+        del f.attrs["h5stream_format"]
+    assert h5cli("info", store)[0] == 0

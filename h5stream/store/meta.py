@@ -226,9 +226,8 @@ def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5
 
 def _check_attributes_readable(path: str, f: h5py.File) -> None:
     """StoreFormatError naming the first root attribute HDF5 cannot hand back (a damaged datatype: h5py raises
-    TypeError or OSError), before any code reads one: such an attribute is damage, not a programming error.  So is
-    a root attribute or node whose name is not UTF-8 (h5py hands it back as bytes): a damaged name, with which the
-    attribute h5stream looks for (``committed_rows``, say) would silently read as absent."""
+    TypeError or OSError), or whose name (or a node's) is not UTF-8 (h5py hands it back as bytes; the attribute
+    h5stream looks for would read as absent), before any code reads one: damage, not a programming error."""
     name = "?"
     try:
         for name in f.attrs:
@@ -273,6 +272,9 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
     stored = min(rows_of.shape[0], labels.shape[0])
     committed_attr = schema.ATTR_COMMITTED if encoding == schema.ENCODING_RAW else schema.ATTR_ENCODED_COMMITTED
     committed = _int_attr(attrs, committed_attr, None, path=path, low=0) if committed_attr in attrs else None
+    if committed is None and schema.ATTR_FORMAT in attrs:  # h5stream writes the count with the store: damage
+        raise StoreFormatError(f"{path}: attribute {committed_attr} is missing, which every h5stream store has; the "
+                               "file is damaged: restore it from a copy or re-ingest it")
     if committed is None:
         # A file written by other tools: every row present in both arrays is usable.
         if labels.shape[0] < images.shape[0]:
