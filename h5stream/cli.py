@@ -141,8 +141,7 @@ class _StdoutGuard:
             raise
         except OSError as exc:
             self.failed = True
-            raise OutputWriteError(f"cannot write the output to stdout ({exc.strerror or exc}); free space where "
-                                   "it goes, or send it elsewhere", errno=exc.errno) from None
+            raise OutputWriteError.of_stdout(exc) from None
 
     def write(self, text):
         return self._guarded(self._stream.write, text)

@@ -200,3 +200,9 @@ class OutputWriteError(H5StreamError, OSError):
 
     def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
         return str(self.args[0]) if self.args else ""
+
+    @classmethod
+    def of_stdout(cls, exc: OSError) -> OutputWriteError:
+        """The error for ``exc``, raised writing the command's standard output (``> out.json`` on a full disk)."""
+        return cls(f"cannot write the output to stdout ({exc.strerror or exc}); free space where it goes, or send it "
+                   "elsewhere", errno=exc.errno)

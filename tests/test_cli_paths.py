@@ -75,3 +75,25 @@ def test_repair_of_a_read_only_store_it_must_write_is_one_line_and_changes_nothi
     done = subprocess.run([*prefix, sys.executable, "-m", "h5stream", "repair", str(store)], capture_output=True,
                           text=True, timeout=120, env=env)
     assert done.returncode == 0 and "wrote again the digests of" in done.stdout, done.stderr
+
+
+def test_repair_listing_damaged_files_into_a_full_disk_blames_stdout_not_the_store(small_class_store, tmp_path):
+    """repair lists the damaged rows' files on stdout; on a full disk that write's ENOSPC was reported as 'repair
+    cannot write to the store'."""
+    import h5py
+
+    store = tmp_path / "s.h5"
+    shutil.copyfile(small_class_store, store)
+    with h5py.File(store, "r", locking=False) as f:
+        at = f["images"].id.get_chunk_info(0).byte_offset + 2
+    with open(store, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([byte ^ 1]))
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "h5stream", "repair", str(store)], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == ("h5stream: error: cannot write the output to stdout (No space left on device); free space "
+                           "where it goes, or send it elsewhere\n")

@@ -162,9 +162,16 @@ def _report_damage(path: str, result, note: str = "") -> int:
     """Name the damaged rows (stderr, one line) and list the source files they came from (stdout)."""
     named, unnamed = _damaged_paths(path, result.bad)
     out = sys.stdout.buffer
-    for stored in named:
-        out.write(stored + b"\n")
-    out.flush()
+    try:
+        for stored in named:
+            out.write(stored + b"\n")
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # stdout's, not the store's: repair's own handler would blame the store
+        from h5stream.errors import OutputWriteError
+
+        raise OutputWriteError.of_stdout(exc) from None
     first = result.bad[0]
     from h5stream.store.rowdigest import damage_text
 
