@@ -3,7 +3,8 @@
 Exit codes: 0 every committed row matched; 1 damage found (a block's bytes
 differ from its checksum, or HDF5 cannot read it; committed rows without a
 checksum, which commits write before they publish rows; a checksum table HDF5
-cannot read), or the file cannot be opened as a store; 3 the store has no
+cannot read; a chunk-index entry plain h5py cannot read by, see
+:mod:`h5stream.store.chunkindex`), or the file cannot be opened as a store; 3 the store has no
 checksums (written before they existed), so nothing was checked, or rows past
 ``committed_rows`` have checksums (an ingest is committing them, or a writer
 stopped mid-commit): the committed rows matched, the others are not the store's
