@@ -40,6 +40,11 @@ class OptionNameError(ConfigError, TypeError):
     own unexpected-keyword error is."""
 
 
+class StorePathError(ConfigError, TypeError):
+    """What ``open()`` was given names no store: not a path, a URL or a list of them (a TypeError, as Python's own
+    for a wrong type; a ConfigError, so ``except ValueError`` and ``except H5StreamError`` work too)."""
+
+
 class BudgetError(ConfigError):
     """The memory budget cannot hold the minimum the stream needs; the message says the minimum."""
 

@@ -97,3 +97,30 @@ def test_repair_listing_damaged_files_into_a_full_disk_blames_stdout_not_the_sto
     assert done.returncode == 1
     assert done.stderr == ("h5stream: error: cannot write the output to stdout (No space left on device); free space "
                            "where it goes, or send it elsewhere\n")
+
+
+@pytest.mark.parametrize("path", [123, None, {"a": 1}, ["ok", None]])
+def test_open_of_something_that_names_no_store_is_one_error_saying_what_names_one(small_class_store, path):
+    """It was os.fspath's bare 'expected str, bytes or os.PathLike object, not int', naming no argument."""
+    import h5stream
+    from h5stream.errors import StorePathError
+
+    spec = [small_class_store if p == "ok" else p for p in path] if isinstance(path, list) else path
+    with pytest.raises(TypeError) as info:
+        h5stream.open(spec, batch_size=4)
+    assert isinstance(info.value, StorePathError) and "\n" not in str(info.value)
+    assert str(info.value).endswith(f"or a list of them; got {type(None if isinstance(path, list) else path).__name__}")
+
+
+@pytest.mark.parametrize("path, what", [("", "the path is empty"), ("s.h5\0x", "a path cannot hold a NUL byte")])
+def test_an_empty_path_or_one_with_a_nul_byte_is_one_line(h5cli, path, what):
+    """An empty path said ': no such file; make one with `h5stream ingest SRC `'; a NUL byte was a ValueError
+    traceback from the operating-system call."""
+    import h5stream
+    from h5stream.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=what):
+        h5stream.open(path, batch_size=4)
+    if "\0" not in path:  # argv cannot carry a NUL byte
+        code, _out, err = h5cli("info", path)
+        assert code == 1 and err == f"h5stream: error: open(''): {what}; name the store's file\n"
