@@ -19,7 +19,7 @@ import warnings
 
 from h5stream import __version__
 from h5stream.commands.arguments import COMMANDS, add_arguments
-from h5stream.errors import H5StreamError
+from h5stream.errors import H5StreamError, OutputWriteError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -47,12 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # argparse's own line would send to `h5stream --help`, not the command's help that lists them
+            where = f"h5stream {args.command}" if getattr(args, "command", None) else "h5stream"
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {where} --help)")
         if args.version:
             print(f"h5stream {__version__}")
             return EXIT_OK
         if args.command is None:
-            raise UsageError(f"h5stream: choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
+            raise UsageError(f"choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
         command = importlib.import_module(f"h5stream.commands.{args.command}")
         _sweep_shared_memory()
         with warnings.catch_warnings():
@@ -104,6 +107,7 @@ def run() -> int:
     :data:`EXIT_BROKEN_PIPE`, as other unix tools do, instead of printing a traceback."""
     for key, value in COMMAND_ENV.items():
         os.environ.setdefault(key, value)
+    guard = sys.stdout = _StdoutGuard(sys.stdout)
     try:
         code = main()
         sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe could only print a warning
@@ -111,11 +115,50 @@ def run() -> int:
     except BrokenPipeError:
         if not _stdout_reader_gone():
             raise
-        # Point stdout at /dev/null so the interpreter's own flush at exit finds nothing to complain about.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _stdout_to_devnull(guard)
         return EXIT_BROKEN_PIPE
+    except OutputWriteError as exc:  # stdout's final flush: a full disk under `> out.json`
+        print(f"h5stream: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        if guard.failed:
+            _stdout_to_devnull(guard)
+
+
+class _StdoutGuard:
+    """``sys.stdout`` of the ``h5stream`` command: a write or flush the operating system refuses (a full disk or a
+    file size limit under ``> out.json``) is one :class:`OutputWriteError` (one line, exit 1), not a traceback;
+    a reader gone (``BrokenPipeError``) is left to :func:`run`.  Main thread."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.failed = False
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self.failed = True
+            raise OutputWriteError.of_stdout(exc) from None
+
+    def write(self, text):
+        return self._guarded(self._stream.write, text)
+
+    def flush(self):
+        return self._guarded(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _stdout_to_devnull(guard: _StdoutGuard) -> None:
+    """Point stdout at /dev/null, so that the interpreter's own flush at exit finds nothing to complain about."""
+    sys.stdout = guard._stream
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _stdout_reader_gone() -> bool:

@@ -40,6 +40,11 @@ class OptionNameError(ConfigError, TypeError):
     own unexpected-keyword error is."""
 
 
+class StorePathError(ConfigError, TypeError):
+    """What ``open()`` was given names no store: not a path, a URL or a list of them (a TypeError, as Python's own
+    for a wrong type; a ConfigError, so ``except ValueError`` and ``except H5StreamError`` work too)."""
+
+
 class BudgetError(ConfigError):
     """The memory budget cannot hold the minimum the stream needs; the message says the minimum."""
 
@@ -187,3 +192,22 @@ class StoreReadError(H5StreamError, OSError):
 
     def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
         return str(self.args[0]) if self.args else ""
+
+
+class OutputWriteError(H5StreamError, OSError):
+    """A command could not write the file it was asked for (``preview --out``, ``bench --plot``): disk full, file
+    size limit, no permission.  Whatever was at that path before is left as it was.  ``errno`` is the operating
+    system's error number."""
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    def __str__(self) -> str:  # OSError would print "[Errno N] strerror" instead of the message
+        return str(self.args[0]) if self.args else ""
+
+    @classmethod
+    def of_stdout(cls, exc: OSError) -> OutputWriteError:
+        """The error for ``exc``, raised writing the command's standard output (``> out.json`` on a full disk)."""
+        return cls(f"cannot write the output to stdout ({exc.strerror or exc}); free space where it goes, or send it "
+                   "elsewhere", errno=exc.errno)

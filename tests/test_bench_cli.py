@@ -247,3 +247,47 @@ def test_info_shuffle_report_takes_a_read_unit(sorted_store, capsys):
     assert main(["info", sorted_store, "--shuffle-report", "--read-unit", "lots"]) == 1
     err = capsys.readouterr().err.strip()
     assert "read_unit" in err and len(err.splitlines()) == 1
+
+
+def test_bench_takes_any_seed_the_stream_takes(small_class_store, capsys):
+    """--seed -1 (h5stream.open takes any integer) was a numpy ValueError traceback after the stream's pass."""
+    assert main(["bench", small_class_store, "--seed", "-1", "--json", "--random-seconds", "0.2"]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == -1
+
+
+@pytest.mark.parametrize("plot", ["fig", "fig.xyz", "folder"])
+def test_a_plot_name_matplotlib_cannot_honour_is_refused_before_measuring(small_class_store, capsys, tmp_path, plot):
+    """matplotlib adds '.png' to a name without an extension (the command said the plot went to 'fig', it went to
+    'fig.png'; a folder 'folder' got 'folder.png') and refuses an unknown extension with a ValueError traceback
+    only after the whole run."""
+    pytest.importorskip("matplotlib")
+    (tmp_path / "folder").mkdir()
+    before = sorted(os.listdir(tmp_path))
+    code = main(["bench", small_class_store, "--no-baselines", "--plot", str(tmp_path / plot)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.startswith(f"h5stream: error: --plot {tmp_path / plot}: "), err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_random_seconds_nan_is_refused(small_class_store, capsys):
+    assert main(["bench", small_class_store, "--random-seconds", "nan"]) == 1
+    assert "--random-seconds must be > 0" in capsys.readouterr().err
+
+
+def test_a_plot_that_cannot_be_written_is_one_line_and_leaves_the_old_file(small_class_store, tmp_path):
+    """RLIMIT_FSIZE (as a full disk) while matplotlib writes: was its OSError traceback after the whole run."""
+    import resource
+
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "b.png"
+    plot.write_bytes(b"the previous plot")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    child = subprocess.run([sys.executable, "-m", "h5stream", "bench", small_class_store, "--no-baselines", "--plot",
+                            str(plot)], capture_output=True, text=True, preexec_fn=cap, timeout=300)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr.splitlines()[-1].startswith(f"h5stream: error: --plot {plot}: cannot write it ")
+    assert "Traceback" not in child.stderr
+    assert plot.read_bytes() == b"the previous plot" and sorted(p.name for p in tmp_path.iterdir()) == ["b.png"]

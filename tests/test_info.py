@@ -92,3 +92,66 @@ def test_an_encoded_store_is_described_by_its_jpeg_bytes_not_its_empty_images_ar
     assert "image rows" not in stdout and "pixels" not in stdout
     info = json.loads(h5cli("info", out, "--json")[1])
     assert info["encoded_chunk_bytes"] == 1 << 20 and info["encoding"] == "jpeg"
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 64 + 5])
+def test_shuffle_figures_take_any_seed_the_stream_takes(small_class_store, h5cli, seed):
+    """h5stream.open takes any integer seed; the shuffle report's reference orders (full random, single chunk)
+    did not: --seed -1 was a numpy ValueError traceback."""
+    code, out, err = h5cli("info", small_class_store, "--shuffle-report", "--json", "--seed", str(seed))
+    assert code == 0, err
+    assert json.loads(out)["shuffle_report"]["seed"] == seed
+
+
+@pytest.mark.parametrize("argv, helps", [(["info", "S", "--bogus"], "h5stream info --help"),
+                                         (["verify", "S", "--shuffle-report"], "h5stream verify --help"),
+                                         (["--bogus"], "h5stream --help")])
+def test_an_unknown_flag_points_at_the_help_of_its_command(small_class_store, h5cli, argv, helps):
+    """argparse reported a subcommand's unknown flag from the top parser: '(see h5stream --help)', which does not
+    list the command's flags."""
+    code, out, err = h5cli(*[small_class_store if a == "S" else a for a in argv])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("h5stream: error: unrecognized arguments: ") and err.rstrip().endswith(f"(see {helps})")
+
+
+def test_the_shuffle_report_of_an_empty_store_says_the_store_is_empty(tmp_path, h5cli):
+    """It said 'n_rows must be a positive integer, got 0' (the quality module's argument), naming no file."""
+    import numpy as np
+
+    path = tmp_path / "empty.h5"
+    write_arrays(path, np.zeros((0, 4, 4, 3), np.uint8), np.zeros(0, np.int64), class_names=["a"], block_rows=4)
+    code, _out, err = h5cli("info", path, "--shuffle-report")
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith(f"h5stream: error: {path}: the store has no committed rows"), err
+
+
+@pytest.mark.parametrize("command", [["info", "--json"], ["info"], ["verify"]])
+def test_output_to_a_full_disk_is_one_line_and_exit_1(small_class_store, command):
+    """`h5stream info S --json > out.json` on a full disk (here /dev/full) was an OSError traceback from the final
+    flush of stdout."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "h5stream", command[0], small_class_store, *command[1:]],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ("h5stream: error: cannot write the output to stdout (No space left on device); free space "
+                           "where it goes, or send it elsewhere\n")
+
+
+def test_no_command_is_one_usage_line(h5cli):
+    """It read 'h5stream: error: h5stream: choose a command: ...' (the prefix twice)."""
+    code, out, err = h5cli()
+    assert code == 2 and out == ""
+    assert err == ("h5stream: error: choose a command: ingest, info, bench, preview, verify, repair "
+                   "(see h5stream --help)\n")
+
+
+def test_shuffle_report_flags_without_the_report_are_refused(small_class_store, h5cli):
+    """`info S --memory-budget 1GiB` printed the plain description, as if the budget had been taken into account."""
+    code, out, err = h5cli("info", small_class_store, "--memory-budget", "1GiB", "--seed", "3")
+    assert code == 1 and out == ""
+    assert err == ("h5stream: error: --memory-budget, --seed only shape the shuffle report; add --shuffle-report (or "
+                   "leave them out)\n")
+    assert h5cli("info", small_class_store, "--memory-budget", "1GiB", "--shuffle-report")[0] == 0

@@ -96,3 +96,73 @@ def test_bad_preview_arguments(store, tmp_path, capsys):
     assert main(["preview", store, "--out", str(tmp_path / "no" / "x.png")]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert main(["preview", store]) == 2  # --out is required
+
+
+@pytest.mark.parametrize("extra", [("--rows", "1000", "--cols", "1000"), ("--scale", "100000"),
+                                   ("--rows", "100000000", "--cols", "100000000")])
+def test_a_grid_too_large_is_one_line_before_anything_is_read(store, tmp_path, extra):
+    """The canvas is allocated whole: --rows 1000 --cols 1000 of 24 px tiles asked for 30 GB (a MemoryError
+    traceback, or the OOM killer); --rows/--cols of 10**8 for a batch of 10**16 rows.  Refused in one line naming
+    a grid that fits, in a child whose address space is capped so that the old behaviour fails rather than
+    exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    out = tmp_path / "grid.png"
+    child = subprocess.run([sys.executable, "-m", "h5stream", "preview", store, "--out", str(out), *extra],
+                           capture_output=True, text=True, preexec_fn=cap, timeout=300)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr.count("\n") == 1 and child.stderr.startswith("h5stream: error: --rows"), child.stderr
+    assert "pixels a preview may have" in child.stderr and not out.exists()
+    if child.stderr.rstrip().endswith(" fit"):
+        side = int(child.stderr.rsplit("--cols ", 1)[1].split()[0])
+        width, height, _ = preview.grid_size(side, side, (SIDE, SIDE), int(extra[1]) if extra[0] == "--scale" else None)
+        assert width * height <= preview.MAX_GRID_PIXELS
+        assert (width + SIDE) * (height + SIDE) > preview.MAX_GRID_PIXELS * 0.95  # the largest square, near enough
+
+
+def _fsize_capped(limit_bytes: int):
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return cap
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_partial_one(store, tmp_path):
+    """RLIMIT_FSIZE (as a full disk) in the middle of the PNG: was a Pillow OSError traceback after truncating the
+    file that was there; now one line, the old file as it was, no temporary file left."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "grid.png"
+    out.write_bytes(b"the previous grid")
+    child = subprocess.run([sys.executable, "-m", "h5stream", "preview", store, "--out", str(out)],
+                           capture_output=True, text=True, preexec_fn=_fsize_capped(4096), timeout=300)
+    assert child.returncode == 1, child.stderr
+    assert child.stderr.count("\n") == 1 and child.stderr.startswith(f"h5stream: error: --out {out}: cannot write it ")
+    assert out.read_bytes() == b"the previous grid" and sorted(p.name for p in tmp_path.iterdir()) == ["grid.png"]
+
+
+def test_a_symlink_at_the_output_path_is_replaced_not_written_through(store, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"not a png")
+    out = tmp_path / "grid.png"
+    out.symlink_to(victim)
+    image = run_preview(store, out)
+    assert image.format == "PNG" and not out.is_symlink()
+    assert victim.read_bytes() == b"not a png"
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

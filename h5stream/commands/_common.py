@@ -1,4 +1,5 @@
-"""What several subcommands share: the ``--augment`` argument, a store's labels, the shuffle report.
+"""What several subcommands share: the ``--augment`` argument, a store's labels, the shuffle report, writing an
+output file.
 
 ``bench`` and ``preview`` take ``--augment``; ``bench`` and ``info
 --shuffle-report`` read every label and compute shuffle-quality figures.
@@ -8,6 +9,9 @@ Subcommands import this module, never each other.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Callable
 
 import numpy as np
 
@@ -95,6 +99,11 @@ def file_shuffle_report(path, *, memory_budget=BENCH_BUDGET, batch_size=32, seed
     from h5stream.read.source import resolve_direct_io
 
     meta = read_meta(path)
+    if not meta.rows:
+        from h5stream.errors import ConfigError
+
+        raise ConfigError(f"{meta.path}: the store has no committed rows, so there is no order to report on; ingest "
+                          "images into it first")
     unit = None if read_unit is None else parse_bytes(read_unit, what="read_unit")
     pieces = None if piece_bytes is None else parse_bytes(piece_bytes, what="piece_bytes")
     # Only laid out, never allocated: the plan of any budget can be reported, whatever this machine holds.  What
@@ -132,3 +141,40 @@ def format_shuffle_report(r: dict) -> list[str]:
         f"epoch tau       {r['epoch_order_tau']:+.4f} between epochs {r['epochs'][0]} and {r['epochs'][1]} "
         "(1 = same order, 0 = independent)",
     ]
+
+
+def write_output(path: str | os.PathLike, write: Callable[[str], None], *, option: str) -> None:
+    """``write(tmp_path)`` a complete file (``preview --out``, ``bench --plot``), then rename it to ``path`` (mode
+    0666 less the umask, as ``open`` would create it): a failed write (disk full, ``RLIMIT_FSIZE``, no permission)
+    leaves whatever was at ``path`` as it was and no partial file, and a symbolic link planted at ``path`` is
+    replaced, never written through.  A failure is one :class:`~h5stream.errors.OutputWriteError` naming
+    ``option`` (``"--out"``), the file and the reason."""
+    from h5stream.errors import OutputWriteError
+
+    path = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=os.path.splitext(name)[1] + ".tmp", dir=folder)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())
+        write(tmp)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise OutputWriteError(f"{option} {path}: cannot write it ({reason}); nothing was written there: free space, "
+                               "or choose a folder you may write to", errno=exc.errno) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back: the command's main thread calls this)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -45,7 +45,7 @@ def run(args) -> int:
 
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.random_seconds <= 0:
+    if not args.random_seconds > 0:  # NaN too
         raise ConfigError(f"--random-seconds must be > 0, got {args.random_seconds}")
     if args.plot:
         check_plot_target(args.plot)  # before measuring, so a missing library never costs the run
@@ -153,6 +153,17 @@ def check_plot_target(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ConfigError(f"--plot {path}: folder {folder} does not exist; create it first")
+    if os.path.isdir(path):
+        raise ConfigError(f"--plot {path}: is a folder; name the image file to write, e.g. {path}/bench.png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    # matplotlib picks the format by the extension, adds ".png" to a name without one (so the figure would not be
+    # where the command said it went) and refuses an unknown one only after the whole run.
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in FigureCanvasBase.get_supported_filetypes():
+        what = "." + ext if ext else "a name without an extension"
+        raise ConfigError(f"--plot {path}: cannot tell which image format to write from {what!r}; name the file "
+                          ".png (or .svg, .pdf)")
 
 
 # -- output ---------------------------------------------------------------------------
@@ -257,6 +268,8 @@ def queue_fill_label(workers: int) -> str:
 def plot_bench(result: dict, timeline, out_path: str) -> None:
     """Draw samples/s, CPU % per stage, queue fill (and the share of time the consumer waited for
     data, from the stream's ``stats()["wait_s"]``) and memory vs budget over time into a PNG."""
+    import os
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,5 +326,10 @@ def plot_bench(result: dict, timeline, out_path: str) -> None:
     axes[3].set_xlabel("seconds since open()")
     axes[3].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(out_path)
-    plt.close(fig)
+    from h5stream.commands._common import write_output
+
+    fmt = os.path.splitext(out_path)[1].lstrip(".").lower()  # the name's, not the temporary file's
+    try:
+        write_output(out_path, lambda tmp: fig.savefig(tmp, format=fmt), option="--plot")
+    finally:
+        plt.close(fig)

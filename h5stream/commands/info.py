@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from h5stream.commands.arguments import BENCH_BUDGET
 from h5stream.errors import ConfigError, hide_passwords
 
 LABEL_READ_ROWS = 1 << 20
@@ -229,9 +230,20 @@ def format_text(info: dict) -> str:
 
 
 
+#: The flags of ``--shuffle-report`` -> (their attribute, their default): given without it, they would do nothing.
+_REPORT_FLAGS = {"--memory-budget": ("memory_budget", BENCH_BUDGET), "--batch-size": ("batch_size", 32),
+                 "--seed": ("seed", 0), "--workers": ("workers", 0), "--rows-per-fill": ("rows_per_fill", None),
+                 "--read-unit": ("read_unit", None), "--piece-bytes": ("piece_bytes", None)}
+
+
 def run(args) -> int:
     from h5stream.commands._partset import describe_set, format_set, set_parts
 
+    if not args.shuffle_report:
+        given = [flag for flag, value in _REPORT_FLAGS.items() if getattr(args, value[0]) != value[1]]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only shape{'s' if len(given) == 1 else ''} the shuffle report; "
+                              "add --shuffle-report (or leave them out)")
     parts = set_parts(args.path)
     if parts is not None:  # a set of parts: the set, then each part
         if args.shuffle_report:

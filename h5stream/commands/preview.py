@@ -20,6 +20,7 @@ unless ``--scale`` is given; see :mod:`h5stream.commands.arguments`) under a
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -29,6 +30,9 @@ from h5stream.commands.arguments import MIN_TILE_PX
 
 TITLE_PX = 14
 PAD_PX = 4
+MAX_GRID_PIXELS = 89_478_485
+"""Largest grid ``preview`` writes: Pillow's ``Image.MAX_IMAGE_PIXELS``, above which Pillow warns that an image it
+opens may be a decompression bomb (and refuses at twice that)."""
 BACKGROUND = (255, 255, 255)
 
 
@@ -42,15 +46,22 @@ def run(args) -> int:
         raise ConfigError(f"--scale must be >= 1, got {args.scale}")
     fmt = image_format(args.out)
     from h5stream.commands._partset import store_or_set
+    from h5stream.store.partset import read_any
 
-    images, labels, meta = first_images(store_or_set(args.path), args.rows * args.cols, seed=args.seed,
-                                        augment=augment_from_arg(args.augment), memory_budget=args.memory_budget)
+    spec, augment = store_or_set(args.path), augment_from_arg(args.augment)
+    stored = read_any(spec, None, 60.0).image_shape  # before any row is read: the grid must fit first
+    shape = augment.output_shape(stored) if augment is not None else stored
+    check_grid(args.rows, args.cols, tuple(shape[:2]), args.scale)
+    images, labels, meta = first_images(spec, args.rows * args.cols, seed=args.seed, augment=augment,
+                                        memory_budget=args.memory_budget)
     titles = [label_title(y, meta) for y in labels]
     grid = render_grid(images, titles, rows=args.rows, cols=args.cols, scale=args.scale)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir):
         raise ConfigError(f"--out {args.out}: folder {out_dir} does not exist; create it first")
-    grid.save(args.out, format=fmt)
+    from h5stream.commands._common import write_output
+
+    write_output(args.out, lambda tmp: grid.save(tmp, format=fmt), option="--out")
     print(f"wrote {args.out} ({grid.width}x{grid.height} px, {len(titles)} images, seed {args.seed})")
     return 0
 
@@ -129,6 +140,25 @@ def grid_size(rows: int, cols: int, image_hw: tuple[int, int], scale: int | None
     width = cols * w * scale + (cols + 1) * PAD_PX
     height = rows * (h * scale + TITLE_PX) + (rows + 1) * PAD_PX
     return width, height, scale
+
+
+def check_grid(rows: int, cols: int, image_hw: tuple[int, int], scale: int | None) -> None:
+    """:class:`ConfigError` for a grid of more than :data:`MAX_GRID_PIXELS`, naming the ``--rows``/``--cols`` (or
+    ``--scale``) that fit: the canvas is allocated whole, and would not fit in memory long before that."""
+    from h5stream.errors import ConfigError
+
+    width, height, scale = grid_size(rows, cols, image_hw, scale)
+    if width * height <= MAX_GRID_PIXELS:
+        return
+    tile_w, tile_h = image_hw[1] * scale + PAD_PX, image_hw[0] * scale + TITLE_PX + PAD_PX
+    side = math.isqrt(MAX_GRID_PIXELS // (tile_w * tile_h))
+    while side and math.prod(grid_size(side, side, image_hw, scale)[:2]) > MAX_GRID_PIXELS:  # the outer padding
+        side -= 1
+    fix = (f"--rows {side} --cols {side} fit" if side >= 1 else
+           f"even one tile of {tile_w - PAD_PX} px wide does not fit: lower --scale")
+    raise ConfigError(f"--rows {rows} --cols {cols} (tiles scaled {scale}x): a grid of {width:,} x {height:,} px, "
+                      f"more than the {MAX_GRID_PIXELS:,} pixels a preview may have (Pillow's own limit for opening an "
+                      f"image); {fix}")
 
 
 def render_grid(images: np.ndarray, titles: list[str], *, rows: int, cols: int, scale: int | None = None):

@@ -35,24 +35,45 @@ message says which; the file is left as it was, but for blocks restored).
 
 from __future__ import annotations
 
+import errno
 import sys
 
 EXIT_DAMAGED = 1
 
 
 def run(args) -> int:
-    import os
+    from h5stream.errors import ConfigError, H5StreamError, StoreWriteError
+    from h5stream.remote.config import is_url
+    from h5stream.store.access import open_readable
 
-    from h5stream.errors import StoreNotFoundError
+    path = args.path
+    if is_url(path):
+        raise ConfigError(f"{path}: repair rewrites a local store in place, not a URL: copy the object here, repair "
+                          "the copy (h5stream repair FILE.h5) and put it back")
+    _refuse_a_set(path)
+    open_readable(path).close()  # missing, a folder, no permission (the file's or a folder's): one line saying so
+    try:
+        return _repair(path, args)
+    except OSError as exc:  # an in-place write refused: a read-only file or file system, a full disk
+        if isinstance(exc, H5StreamError) or exc.errno not in _WRITE_ERRNOS:
+            raise
+        fix = (f"give this user write access to it (e.g. chmod u+w {path}), or repair a copy"
+               if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "free space, then run repair again")
+        raise StoreWriteError(f"{path}: repair cannot write to the store ({exc.strerror}); it writes the mended "
+                              f"bytes in place: {fix}", errno=exc.errno) from None
+
+
+#: Errors of a write the operating system refused, as opposed to HDF5's own (also OSError).
+_WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _repair(path: str, args) -> int:
+    """:func:`run`'s work on the local store ``path``, under its lock."""
     from h5stream.store.checksum import verify_store
     from h5stream.store.lock import StoreLock
     from h5stream.store.rebuild import needs_rebuild, rebuild
     from h5stream.store.rowdigest_mend import block_digest_only, digest_only, mend, mend_block_digests
 
-    path = args.path
-    _refuse_a_set(path)
-    if not os.path.exists(path):
-        raise StoreNotFoundError(f"{path}: no such file")
     with StoreLock.acquire(path) as lock:  # a writer at work holds it: refused, one line
         if needs_rebuild(path):
             rows = rebuild(path, lock)
@@ -141,9 +162,16 @@ def _report_damage(path: str, result, note: str = "") -> int:
     """Name the damaged rows (stderr, one line) and list the source files they came from (stdout)."""
     named, unnamed = _damaged_paths(path, result.bad)
     out = sys.stdout.buffer
-    for stored in named:
-        out.write(stored + b"\n")
-    out.flush()
+    try:
+        for stored in named:
+            out.write(stored + b"\n")
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # stdout's, not the store's: repair's own handler would blame the store
+        from h5stream.errors import OutputWriteError
+
+        raise OutputWriteError.of_stdout(exc) from None
     first = result.bad[0]
     from h5stream.store.rowdigest import damage_text
 

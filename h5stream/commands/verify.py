@@ -3,7 +3,8 @@
 Exit codes: 0 every committed row matched; 1 damage found (a block's bytes
 differ from its checksum, or HDF5 cannot read it; committed rows without a
 checksum, which commits write before they publish rows; a checksum table HDF5
-cannot read), or the file cannot be opened as a store; 3 the store has no
+cannot read; a chunk-index entry plain h5py cannot read by, see
+:mod:`h5stream.store.chunkindex`), or the file cannot be opened as a store; 3 the store has no
 checksums (written before they existed), so nothing was checked, or rows past
 ``committed_rows`` have checksums (an ingest is committing them, or a writer
 stopped mid-commit): the committed rows matched, the others are not the store's
@@ -36,6 +37,14 @@ def _unfinished(path: str) -> str | None:
     from h5stream.store.progress import unfinished_message
 
     return unfinished_message(read_meta(path))
+
+
+def _chunk_index_problem(path: str) -> str | None:
+    """What :func:`h5stream.store.chunkindex.chunk_index_problem` finds in ``path`` (None when nothing)."""
+    from h5stream.store.access import read_consistent
+    from h5stream.store.chunkindex import chunk_index_problem
+
+    return read_consistent(path, lambda f: chunk_index_problem(f, path))
 
 
 def _checked(result) -> str:
@@ -96,6 +105,10 @@ def _verify_one(path: str) -> int:
                 else damage_text(first))
         print(f"h5stream: error: {path}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
               f"{result.blocks} blocks damaged; restore the file from a copy or re-ingest it", file=sys.stderr)
+        return EXIT_DAMAGED
+    problem = None if result.bad else _chunk_index_problem(path)
+    if problem is not None:
+        print(f"h5stream: error: {problem}", file=sys.stderr)
         return EXIT_DAMAGED
     if result.uncommitted:
         a, b = result.uncommitted

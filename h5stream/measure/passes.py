@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from h5stream.order.quality import seed_entropy
+
 SEQUENTIAL_SLICE_BYTES = 64 << 20
 CHUNK_SHUFFLE_BATCHES = 100
 TAU_EPOCH_PAIRS = 5
@@ -187,7 +189,7 @@ def measure_single_chunk(meta, batch_size, *, seed, cold, progress) -> dict:
 
     chunk_rows = min(meta.rows, CHUNK_SHUFFLE_BATCHES * batch_size)
     buf = np.empty((chunk_rows, *meta.image_shape), dtype=np.uint8)
-    rng = np.random.default_rng([seed, 0])
+    rng = np.random.default_rng([seed_entropy(seed), 0])
     bar = _bar(progress, meta.rows, "single chunk")
     with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:
         images, labels = f[schema.IMAGES], f[schema.LABELS]
@@ -218,7 +220,7 @@ def measure_random_rows(meta, *, seed, seconds, cold, progress) -> dict:
     from h5stream.store import schema
     from h5stream.store.access import open_h5_readonly
 
-    order = np.random.default_rng([seed, 1]).permutation(meta.rows)
+    order = np.random.default_rng([seed_entropy(seed), 1]).permutation(meta.rows)
     bar = _bar(progress, meta.rows, "random rows")
     done = 0
     with _cold(meta, cold), open_h5_readonly(meta.path, native_driver=True) as f:

@@ -135,10 +135,16 @@ def quality_labels(labels: np.ndarray, label_kind: str, class_names: tuple[str, 
     return np.searchsorted(edges, values, side="right").astype(np.int64), REGRESSION_BINS
 
 
+def seed_entropy(seed: int) -> int:
+    """``seed`` as numpy's generators take it (0 .. 2**64 - 1): any integer, as ``h5stream.open`` takes any seed
+    (:mod:`h5stream.order.epoch` folds it the same way), so ``--seed -1`` gets reference orders too."""
+    return int(seed) & 0xFFFFFFFFFFFFFFFF
+
+
 # -- reference orders -----------------------------------------------------------------
 def full_random_order(n_rows: int, seed: int) -> np.ndarray:
     """A uniformly random permutation of ``range(n_rows)`` (the ideal an in-RAM shuffle gives)."""
-    return np.random.default_rng(seed).permutation(_positive_int(n_rows, "n_rows")).astype(np.int64)
+    return np.random.default_rng(seed_entropy(seed)).permutation(_positive_int(n_rows, "n_rows")).astype(np.int64)
 
 
 def single_chunk_shuffle_order(n_rows: int, chunk_rows: int, seed: int, epoch: int = 0) -> np.ndarray:
@@ -151,7 +157,7 @@ def single_chunk_shuffle_order(n_rows: int, chunk_rows: int, seed: int, epoch: i
     """
     n_rows = _positive_int(n_rows, "n_rows")
     chunk_rows = _positive_int(chunk_rows, "chunk_rows")
-    rng = np.random.default_rng([seed, epoch])
+    rng = np.random.default_rng([seed_entropy(seed), epoch])
     parts = [start + rng.permutation(min(chunk_rows, n_rows - start)) for start in range(0, n_rows, chunk_rows)]
     return np.concatenate(parts).astype(np.int64)
 
@@ -190,7 +196,8 @@ def kendall_tau(
     # seq[i] = position in order_b of the row at position i of order_a.
     seq = b_by_id[np.searchsorted(sorted_ids, a)]
     if seq.size > max_exact_rows:
-        keep = np.sort(np.random.default_rng(seed).choice(seq.size, size=min(sample_rows, seq.size), replace=False))
+        rng = np.random.default_rng(seed_entropy(seed))
+        keep = np.sort(rng.choice(seq.size, size=min(sample_rows, seq.size), replace=False))
         seq = np.argsort(np.argsort(seq[keep], kind="stable"), kind="stable")  # re-rank to 0..k-1
     n = seq.size
     pairs = n * (n - 1) / 2

@@ -364,7 +364,8 @@ def read_consistent(path: str | os.PathLike, read: Callable[[h5py.File], T], *, 
             if tries >= 2 and not pids:
                 if isinstance(exc, StoreFormatError):
                     raise
-                raise StoreFormatError(f"{path}: cannot read as HDF5 ({exc}); the file is damaged") from exc
+                raise StoreFormatError(f"{path}: cannot read as HDF5 ({exc}); the file is damaged: restore it from a "
+                                       "copy or re-ingest it") from exc
             if pids and time.monotonic() > deadline:
                 raise busy_error(path, pids, f"its HDF5 metadata did not settle in {settle_s:g} s") from exc
         # Back off so a writer between two commits can finish flushing.

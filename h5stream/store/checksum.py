@@ -27,6 +27,7 @@ what ``h5stream verify`` runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from h5stream.errors import StoreFormatError
+from h5stream.errors import H5StreamError, StoreFormatError
 from h5stream.store import coverage, encoded, pathrows, rowdigest, schema
 from h5stream.store.coverage import PARTS, Digests, tail_from_json  # noqa: F401 - tail_from_json: part of this API
 from h5stream.store.meta import read_meta
@@ -352,9 +353,21 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     damaged chunk marks only its own block.  Raises :class:`StoreNotFoundError`
     / :class:`StoreFormatError` (via :func:`read_meta`) for a missing or foreign
     file, and for committed rows without digests or a checksum table HDF5 cannot read (see
-    :mod:`h5stream.store.coverage`); damage to rows is reported in the result, not raised.  Opens its own
-    handles.  A URL is read with the ``remote`` options (see :func:`read_meta`).
+    :mod:`h5stream.store.coverage`), and for HDF5 structure outside the rows that cannot be read (a dataset's
+    header); damage to rows is reported in the result, not raised.  Opens its own handles.  A URL is read with
+    the ``remote`` options (see :func:`read_meta`).
     """
+    try:
+        return _verify_store(path, slice_bytes, progress, remote)
+    except H5StreamError:
+        raise
+    except (OSError, RuntimeError, KeyError) as exc:  # h5py's errors for a damaged header or index
+        raise StoreFormatError(f"{os.fspath(path)}: cannot read as HDF5 ({exc}); the file is damaged: restore it "
+                               "from a copy or re-ingest it") from None
+
+
+def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
+    """:func:`verify_store`'s work; h5py's own errors escape it."""
     from h5stream.store.access import open_h5_readonly
 
     t0 = time.perf_counter()
@@ -404,33 +417,33 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     try:
         for start in range(0, rows, slice_rows):
             stop = min(start + slice_rows, rows)
-            sums = None
-            try:
+            sums, readable = None, False
+            with contextlib.suppress(*source.errors):
                 got_rows = read(start, stop, 0)
                 sums = source.read(schema.ROW_DIGESTS, start, stop, bufs[schema.ROW_DIGESTS]) if source.row_digests \
                     else None
                 readable = True
-            except source.errors:
-                readable = False
             for b0 in range(start, stop, block_rows):
                 b1 = min(b0 + block_rows, stop)
                 want, covered = expected[b0 // block_rows]
+                block_sums = None if sums is None else sums[b0 - start:b1 - start]
                 if not readable or covered > b1:  # covered > b1: a digest also of rows past committed_rows
+                    node = ""
                     try:
                         got = block_digests(*read(b0, covered, b0 - start))
+                        if not readable and source.row_digests:  # the slice's row digests may be what failed
+                            node, name = f"/{schema.ROW_DIGESTS}: ", schema.ROW_DIGESTS
+                            block_sums = source.read(name, b0, b1, bufs[name][b0 - start:])
                     except source.errors as exc:
-                        bad.append(BadBlock(b0, b1, ("unreadable",), str(exc).splitlines()[0] if str(exc) else ""))
+                        bad.append(BadBlock(b0, b1, ("unreadable",), node + (str(exc).splitlines() or [""])[0]))
                         continue
                 else:
                     got = block_digests(*(part[b0 - start:covered - start] for part in got_rows))
-                parts, rows_bad = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), ()
-                if sums is not None:
+                parts, rows_bad, note = tuple(p for p, g, w in zip(PARTS, got, want) if g != w), (), ""
+                if block_sums is not None:
                     images = bufs[schema.IMAGES][b0 - start:b1 - start]
-                    parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(sums[b0 - start:b1 - start], images,
-                                                                                b0))
+                    parts, rows_bad = rowdigest.judge(parts, rowdigest.bad_rows(block_sums, images, b0))
                     note = rowdigest.block_digest_note(parts, rows_bad, covered == b1)
-                else:
-                    note = ""
                 if parts:
                     bad.append(BadBlock(b0, b1, parts, note, rows=rows_bad, images_digest=got[0] if note else None))
             if progress is not None:

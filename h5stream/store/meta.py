@@ -213,15 +213,36 @@ def _refuse_torn(path: str) -> None:
 
 def _dataset(path: str, f: h5py.File, name: str, *, required: bool = True) -> h5py.Dataset | None:
     """``f[name]`` if it is a dataset; None if absent and not ``required``; else :class:`StoreFormatError`."""
-    node = f.get(name, getlink=False) if name in f else None
-    if node is None:
+    if name not in f:
         if not required:
             return None
         raise StoreFormatError(f"{path}: no /{name} dataset; is this a file written by `h5stream ingest`?")
+    try:  # the link is there: an object HDF5 cannot open is damage, never "absent" (h5py's get() says None)
+        node = f[name]
+    except (KeyError, OSError, RuntimeError) as exc:
+        raise StoreFormatError(f"{path}: /{name} cannot be opened ({exc}); the file is damaged: restore it from a "
+                               "copy or re-ingest it") from None
     if not isinstance(node, h5py.Dataset):
         raise StoreFormatError(f"{path}: /{name} is a {type(node).__name__}, not a dataset; the file is damaged or "
                                "was not written by h5stream")
     return node
+
+
+def _check_attributes_readable(path: str, f: h5py.File) -> None:
+    """StoreFormatError naming the first root attribute HDF5 cannot hand back (a damaged datatype: h5py raises
+    TypeError or OSError), or whose name (or a node's) is not UTF-8 (h5py hands it back as bytes; the attribute
+    h5stream looks for would read as absent), before any code reads one: damage, not a programming error."""
+    name = "?"
+    try:
+        for name in f.attrs:
+            f.attrs[name]
+        bad = next((n for n in [*f.attrs, *f] if isinstance(n, bytes)), None)
+    except (TypeError, UnicodeDecodeError, OSError, KeyError, RuntimeError) as exc:
+        raise StoreFormatError(f"{path}: the root attributes cannot be read (at {name!r}: {exc}); the file is "
+                               "damaged: restore it from a copy or re-ingest it") from None
+    if bad is not None:
+        raise StoreFormatError(f"{path}: a root attribute or node is named {bad!r}, which is not text: the file is "
+                               "damaged: restore it from a copy or re-ingest it")
 
 
 def _rows_written(images: h5py.Dataset) -> int:
@@ -238,6 +259,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
 
     Every attribute and dataset h5stream reads later is checked here, so one :class:`StoreFormatError` (one line:
     what, where, how to fix) is all a damaged or foreign file can produce, whatever it holds."""
+    _check_attributes_readable(path, f)
     images = _dataset(path, f, schema.IMAGES)
     labels = _dataset(path, f, schema.LABELS)
     if images.dtype != np.uint8 or images.ndim != 4 or min(images.shape[1:], default=0) < 1:
@@ -254,6 +276,9 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
     stored = min(rows_of.shape[0], labels.shape[0])
     committed_attr = schema.ATTR_COMMITTED if encoding == schema.ENCODING_RAW else schema.ATTR_ENCODED_COMMITTED
     committed = _int_attr(attrs, committed_attr, None, path=path, low=0) if committed_attr in attrs else None
+    if committed is None and schema.ATTR_FORMAT in attrs:  # h5stream writes the count with the store: damage
+        raise StoreFormatError(f"{path}: attribute {committed_attr} is missing, which every h5stream store has; the "
+                               "file is damaged: restore it from a copy or re-ingest it")
     if committed is None:
         # A file written by other tools: every row present in both arrays is usable.
         if labels.shape[0] < images.shape[0]:

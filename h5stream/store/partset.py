@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 
-from h5stream.errors import ConfigError, StoreFormatError, StoreNotFoundError
+from h5stream.errors import ConfigError, StoreFormatError, StoreNotFoundError, StorePathError
 from h5stream.remote.config import is_url, stream_remote
 from h5stream.store.meta import StoreMeta, read_meta
 
@@ -79,11 +79,11 @@ def part_paths(spec) -> list[str] | None:
     """The stores ``spec`` names when it is a set (a list or tuple, a glob, a manifest), None for one store.
     Raises a one-line :class:`ConfigError` for an empty list or a glob that matches nothing."""
     if isinstance(spec, (list, tuple)):
-        paths = [os.fspath(p) for p in spec]
+        paths = [_store_path(p) for p in spec]
         if not paths:
             raise ConfigError("open([...]): the list of parts is empty; name one or more stores")
         return paths
-    text = os.fspath(spec)
+    text = _store_path(spec)
     if not isinstance(text, str):
         return None
     if text.endswith(".json"):
@@ -94,6 +94,19 @@ def part_paths(spec) -> list[str] | None:
             raise StoreNotFoundError(f"{text}: no file matches this pattern; check the folder and the pattern")
         return found
     return None
+
+
+def _store_path(spec):
+    """``os.fspath(spec)``, or a one-line error saying why ``spec`` names no store (a wrong type, an empty path, a
+    NUL byte)."""
+    if not isinstance(spec, (str, bytes, os.PathLike)):
+        raise StorePathError(f"open({spec!r:.60}): a store is named by a path (str or os.PathLike), a URL, a glob, a "
+                             f".json manifest, or a list of them; got {type(spec).__name__}")
+    text = os.fspath(spec)
+    if not text or ("\0" if isinstance(text, str) else b"\0") in text:
+        raise ConfigError(f"open({text!r:.60}): " + ("the path is empty" if not text else "a path cannot hold a NUL "
+                                                      "byte") + "; name the store's file")
+    return text
 
 
 def read_manifest(where: str) -> list[str]:
