@@ -21,6 +21,7 @@ from h5stream.errors import StoreFormatError
 from h5stream.remote.config import is_url
 from h5stream.store import coverage, pathrows, schema
 from h5stream.store.access import read_consistent, writer_pids
+from h5stream.store.attrs import attr_error, int_attr, json_attr, scalar_attr, str_attr
 from h5stream.store.partattr import PartInfo
 from h5stream.store.progress import IngestProgress, parse_source
 
@@ -90,89 +91,6 @@ class StoreMeta:
 
 MAX_CHUNK_BYTES = (4 << 30) - 1
 """HDF5's limit on one chunk: a block (``block_rows`` rows) can never be larger."""
-
-_INT64_MAX = (1 << 63) - 1
-
-
-def _bad(path: str, name: str, value, want: str) -> StoreFormatError:
-    """The one-line error for root attribute ``name`` holding ``value`` where ``want`` was expected."""
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return StoreFormatError(
-        f"{path}: attribute {name!r} is {shown} but must be {want}; the file is damaged or was not written by "
-        "h5stream (re-ingest it, or fix the attribute with h5py)"
-    )
-
-
-def _attr(attrs, name, default=None, *, path: str = "the store"):
-    """Root attribute ``name`` as a plain Python scalar (bytes decoded as UTF-8), or ``default`` when absent.
-
-    A value that is not one scalar (an array, a compound, text that is not UTF-8) is a :class:`StoreFormatError`.
-    """
-    if name not in attrs:
-        return default
-    try:
-        value = attrs[name]
-    except (OSError, RuntimeError, TypeError, ValueError) as exc:  # a type h5py cannot read back
-        raise _bad(path, name, f"<unreadable: {exc}>", "a plain number or string") from None
-    if isinstance(value, np.ndarray):
-        if value.shape != () and value.size != 1:
-            raise _bad(path, name, value.tolist() if value.size <= 8 else f"an array of shape {value.shape}",
-                       "one value, not an array")
-        value = value.reshape(()).item() if value.dtype.kind not in "OV" else value.reshape(())[()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _bad(path, name, value, "UTF-8 text") from None
-    if not isinstance(value, (str, int, float)):
-        raise _bad(path, name, value, "a plain number or string")
-    return value
-
-
-def _int_attr(attrs, name, default, *, path: str, low: int, high: int = _INT64_MAX, want: str | None = None) -> int:
-    """Integer root attribute ``name`` (``default`` when absent) in ``[low, high]``, else :class:`StoreFormatError`."""
-    value = _attr(attrs, name, default, path=path)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or (isinstance(value, float) and not value.is_integer()):
-        raise _bad(path, name, value, want or f"an integer >= {low}")
-    value = int(value)
-    if not low <= value <= high:
-        raise _bad(path, name, value, want or (f"an integer >= {low}" if high == _INT64_MAX else
-                                               f"an integer in {low}..{high}"))
-    return value
-
-
-def _str_attr(attrs, name, default, *, path: str, choices: tuple[str, ...] | None = None) -> str:
-    """Text root attribute ``name`` (``default`` when absent), one of ``choices`` when given."""
-    value = _attr(attrs, name, default, path=path)
-    if not isinstance(value, str):
-        raise _bad(path, name, value, "text" if choices is None else " or ".join(map(repr, choices)))
-    if choices is not None and value not in choices:
-        raise _bad(path, name, value, " or ".join(map(repr, choices)))
-    return value
-
-
-def _json_attr(attrs, name, *, path: str = "the store"):
-    """A root attribute holding a JSON list of strings (or ``null``): a tuple of str, or None."""
-    raw = _attr(attrs, name, path=path)
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        raise _bad(path, name, raw, "JSON text: a list of names or null")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise _bad(path, name, raw, "JSON text: a list of names or null") from None
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(path, name, raw, "a JSON list of names (strings) or null")
-    return tuple(value)
-
 
 def read_meta(path: str | os.PathLike, *, remote=None) -> StoreMeta:
     """Open ``path`` read-only, validate it, and describe it.
@@ -271,11 +189,11 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         raise StoreFormatError(f"{path}: /{schema.LABELS} must be numbers of shape (N,) or (N, K), found "
                                f"{labels.dtype} {labels.shape}")
     attrs = f.attrs
-    encoding = _str_attr(attrs, schema.ATTR_ENCODING, schema.ENCODING_RAW, path=path, choices=schema.ENCODINGS)
+    encoding = str_attr(attrs, schema.ATTR_ENCODING, schema.ENCODING_RAW, path=path, choices=schema.ENCODINGS)
     rows_of = images if encoding == schema.ENCODING_RAW else _encoded_array(path, f)
     stored = min(rows_of.shape[0], labels.shape[0])
     committed_attr = schema.ATTR_COMMITTED if encoding == schema.ENCODING_RAW else schema.ATTR_ENCODED_COMMITTED
-    committed = _int_attr(attrs, committed_attr, None, path=path, low=0) if committed_attr in attrs else None
+    committed = int_attr(attrs, committed_attr, None, path=path, low=0) if committed_attr in attrs else None
     if committed is None and schema.ATTR_FORMAT in attrs:  # h5stream writes the count with the store: damage
         raise StoreFormatError(f"{path}: attribute {committed_attr} is missing, which every h5stream store has; the "
                                "file is damaged: restore it from a copy or re-ingest it")
@@ -303,7 +221,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
             f"{path}: committed_rows={committed} but only {written} rows of /{schema.IMAGES} were ever written; "
             "the file is damaged (a truncated copy, or attributes edited by hand): re-ingest it"
         )
-    label_kind = _str_attr(attrs, schema.ATTR_LABEL_KIND,
+    label_kind = str_attr(attrs, schema.ATTR_LABEL_KIND,
                            schema.LABEL_CLASS if labels.dtype.kind in "iu" else schema.LABEL_REGRESSION,
                            path=path, choices=schema.LABEL_KINDS)
     if label_kind == schema.LABEL_CLASS and labels.dtype.kind not in "iu":
@@ -316,12 +234,13 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
     row_bytes = int(np.prod(images.shape[1:], dtype=np.int64))
     chunks = images.chunks
     most_rows = max(1, MAX_CHUNK_BYTES // row_bytes)
-    block_rows = _int_attr(attrs, schema.ATTR_BLOCK_ROWS, chunks[0] if chunks else min(64, max(1, images.shape[0])),
+    block_rows = int_attr(attrs, schema.ATTR_BLOCK_ROWS, chunks[0] if chunks else min(64, max(1, images.shape[0])),
                            path=path, low=1, high=most_rows,
                            want=f"the rows of one /{schema.IMAGES} chunk" + (f" ({chunks[0]})" if chunks else ""))
     if chunks and block_rows != chunks[0]:
-        raise _bad(path, schema.ATTR_BLOCK_ROWS, block_rows, f"the rows of one /{schema.IMAGES} chunk ({chunks[0]})")
-    format_version = _int_attr(attrs, schema.ATTR_FORMAT, 0, path=path, low=0)
+        raise attr_error(path, schema.ATTR_BLOCK_ROWS, block_rows,
+                         f"the rows of one /{schema.IMAGES} chunk ({chunks[0]})")
+    format_version = int_attr(attrs, schema.ATTR_FORMAT, 0, path=path, low=0)
     if format_version > schema.FORMAT_VERSION:
         raise StoreFormatError(f"{path}: format version {format_version}, and this h5stream reads up to "
                                f"{schema.FORMAT_VERSION}; upgrade h5stream (pip install -U h5stream)")
@@ -332,7 +251,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
             raise StoreFormatError(f"{path}: /{schema.CHECKSUMS} must be integers of shape (B, 3), found "
                                    f"{checksums.dtype} {checksums.shape}; the file is damaged (re-ingest it)")
         _check_paths(path, f, committed)
-        checksum = _str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
+        checksum = str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
     problem, uncommitted = _checksum_problem(path, f, committed, block_rows, checksums, stored)
     sampled = None
     if checksums is not None and problem is None:
@@ -346,14 +265,14 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         label_kind=label_kind,
         label_shape=tuple(int(d) for d in labels.shape[1:]),
         label_dtype=np.dtype(labels.dtype),
-        class_names=_json_attr(attrs, schema.ATTR_CLASS_NAMES, path=path),
-        label_columns=_json_attr(attrs, schema.ATTR_LABEL_COLUMNS, path=path),
+        class_names=json_attr(attrs, schema.ATTR_CLASS_NAMES, path=path),
+        label_columns=json_attr(attrs, schema.ATTR_LABEL_COLUMNS, path=path),
         block_rows=block_rows,
         compression=images.compression,
-        storage_order=_str_attr(attrs, schema.ATTR_ORDER, "unknown", path=path),
-        order_seed=_int_attr(attrs, schema.ATTR_ORDER_SEED, -1, path=path, low=-1),
-        resize_mode=_str_attr(attrs, schema.ATTR_RESIZE, "unknown", path=path),
-        skipped_files=_int_attr(attrs, schema.ATTR_SKIPPED, 0, path=path, low=0),
+        storage_order=str_attr(attrs, schema.ATTR_ORDER, "unknown", path=path),
+        order_seed=int_attr(attrs, schema.ATTR_ORDER_SEED, -1, path=path, low=-1),
+        resize_mode=str_attr(attrs, schema.ATTR_RESIZE, "unknown", path=path),
+        skipped_files=int_attr(attrs, schema.ATTR_SKIPPED, 0, path=path, low=0),
         format_version=format_version,
         file_bytes=int(f.id.get_filesize()),
         checksum=checksum,
@@ -362,11 +281,11 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         uncommitted_rows=uncommitted,
         encoding=encoding,
         encoded_bytes=rows_of.byte_range(0, committed)[1] if encoding != schema.ENCODING_RAW else 0,
-        jpeg_quality=_int_attr(attrs, schema.ATTR_JPEG_QUALITY, 90, path=path, low=1, high=100)
+        jpeg_quality=int_attr(attrs, schema.ATTR_JPEG_QUALITY, 90, path=path, low=1, high=100)
         if encoding != schema.ENCODING_RAW else None,
-        encoded_block_bytes=_int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
+        encoded_block_bytes=int_attr(attrs, schema.ATTR_ENCODED_BLOCK_BYTES, 0, path=path, low=0),
         part=_part(path, attrs),
-        appended_from=_int_attr(attrs, schema.ATTR_APPENDED_FROM, None, path=path, low=0)
+        appended_from=int_attr(attrs, schema.ATTR_APPENDED_FROM, None, path=path, low=0)
         if schema.ATTR_APPENDED_FROM in attrs else None,
         identity=None if sampled is None else identity(committed, images.shape[1:], encoding, sampled),
     )
@@ -416,12 +335,12 @@ def _part(path: str, attrs) -> PartInfo | None:
     """The ``part`` attribute (:mod:`h5stream.store.partattr`), None when absent."""
     from h5stream.store import partattr
 
-    raw = _attr(attrs, schema.ATTR_PART, path=path)
+    raw = scalar_attr(attrs, schema.ATTR_PART, path=path)
     if raw is None:
         return None
     part = partattr.decode(raw)
     if part is None:
-        raise _bad(path, schema.ATTR_PART, raw, 'JSON {"index": i, "count": N, "listing": "..."} with 0 <= i < N')
+        raise attr_error(path, schema.ATTR_PART, raw, 'JSON {"index": i, "count": N, "listing": "..."} with 0 <= i < N')
     return part
 
 
@@ -429,14 +348,14 @@ def _ingest_progress(path: str, attrs, committed: int) -> IngestProgress | None:
     """The last ingest's progress from the root attributes, None when it recorded none (an older store)."""
     if schema.ATTR_INGEST_FILES not in attrs:
         return None
-    files = _int_attr(attrs, schema.ATTR_INGEST_FILES, 0, path=path, low=0)
-    before = _int_attr(attrs, schema.ATTR_INGEST_ROWS_BEFORE, 0, path=path, low=0, high=committed,
+    files = int_attr(attrs, schema.ATTR_INGEST_FILES, 0, path=path, low=0)
+    before = int_attr(attrs, schema.ATTR_INGEST_ROWS_BEFORE, 0, path=path, low=0, high=committed,
                        want=f"an integer in 0..{committed} (committed_rows)")
-    skipped = _int_attr(attrs, schema.ATTR_INGEST_SKIPPED, 0, path=path, low=0)
-    raw = _str_attr(attrs, schema.ATTR_INGEST_SOURCE, "", path=path)
+    skipped = int_attr(attrs, schema.ATTR_INGEST_SKIPPED, 0, path=path, low=0)
+    raw = str_attr(attrs, schema.ATTR_INGEST_SOURCE, "", path=path)
     source = parse_source(raw)
     if source is None:
-        raise _bad(path, schema.ATTR_INGEST_SOURCE, raw, 'JSON {"src": ..., "labels": ..., "options": [...]}')
+        raise attr_error(path, schema.ATTR_INGEST_SOURCE, raw, 'JSON {"src": ..., "labels": ..., "options": [...]}')
     return IngestProgress(files, committed - before, skipped, *source)
 
 
