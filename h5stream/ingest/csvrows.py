@@ -37,6 +37,17 @@ def path_column(header: list[str], csv_path: str, root: str, chosen: str | None 
                       f"each image relative to {root}, or name yours with --path-column")
 
 
+def check_fields(row: list[str], columns: int, where: str) -> None:
+    """Refuse a row with fewer fields than the header's ``columns``, or more that are not empty (pure): an unquoted
+    comma in a path or a label (``cat,1,5`` for 1.5) would otherwise shift or drop a cell without a word.  Empty
+    cells past the header (a spreadsheet's trailing commas) are allowed."""
+    if len(row) < columns:
+        raise SourceError(f"{where}: {len(row)} fields, the header has {columns}")
+    if any(cell.strip() for cell in row[columns:]):
+        raise SourceError(f"{where}: {len(row)} fields, the header has {columns}; a path or label holding a comma "
+                          'must be quoted ("a,b.jpg"), and a decimal comma written as a point')
+
+
 def relative_path(cell: str, root: str, root_real: str, where: str) -> str:
     """The POSIX path relative to ``root`` that ``cell`` names: as given when relative; when absolute, relative to
     ``root`` (as written, or with the folders above it resolved).  Raises SourceError for a path that leads

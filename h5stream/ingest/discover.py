@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import SourceError
-from h5stream.ingest.csvrows import PATH_COLUMNS, bounded_lines, path_column, relative_path
+from h5stream.ingest.csvrows import PATH_COLUMNS, bounded_lines, check_fields, path_column, relative_path
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
@@ -402,8 +402,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         if not any(cell.strip() for cell in row):
             continue
         where = f"{csv_path} line {line_no}"
-        if len(row) < len(header):
-            raise SourceError(f"{where}: {len(row)} fields, the header has {len(header)}")
+        check_fields(row, len(header), where)
         if not row[path_idx].strip():
             raise SourceError(f"{where}: empty {path_col!r}")
         rel = relative_path(row[path_idx], root, root_real, where)

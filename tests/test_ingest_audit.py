@@ -1,0 +1,46 @@
+"""`h5stream ingest` against inputs a hostile or careless user gives it: labels CSV rows that do not fit their header,
+and what the real CLI answers.  Real image folders, the real CLI in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from h5stream.samples import make_class_folder
+from h5stream.store.meta import read_meta
+
+from test_ingest_keras_parity import ANIMALS, read_store
+
+
+@pytest.fixture
+def animals(tmp_path):
+    """bird/3, cat/4, dog/5 (30x40 PNG/JPEG).  Returns (root, [(relpath, colour index)])."""
+    root = tmp_path / "src"
+    return str(root), make_class_folder(root, classes=ANIMALS, per_class=(3, 4, 5), size=(30, 40), seed=3)
+
+
+@pytest.mark.parametrize("row", ["{rel},1,5", "{rel},2.5,extra"])
+def test_a_csv_row_with_more_fields_than_the_header_is_refused_not_cut(animals, tmp_path, h5cli, row):
+    """An unquoted comma (a decimal comma, a name with a comma) made a cell past the header, which was dropped: label
+    1 stored for '1,5'."""
+    root, written = animals
+    lines = [f"{rel},{k}" for rel, k in written]
+    lines[4] = row.format(rel=written[4][0])
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\n" + "\n".join(lines) + "\n")
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"h5stream: error: {labels} line 6: 3 fields, the header has 2; ") and "quoted" in err
+    assert not out.exists()
+
+
+def test_empty_cells_past_the_header_are_a_spreadsheets_trailing_commas_and_allowed(animals, tmp_path, h5cli):
+    root, written = animals
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\n" + "".join(f"{rel},{k},,\r\n" for rel, k in written))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    _images, stored, paths, _attrs = read_store(out)
+    assert read_meta(str(out)).rows == len(written)
+    assert dict(zip(paths, stored.tolist())) == {rel: float(k) for rel, k in written}
