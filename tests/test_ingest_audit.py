@@ -44,3 +44,25 @@ def test_empty_cells_past_the_header_are_a_spreadsheets_trailing_commas_and_allo
     _images, stored, paths, _attrs = read_store(out)
     assert read_meta(str(out)).rows == len(written)
     assert dict(zip(paths, stored.tolist())) == {rel: float(k) for rel, k in written}
+
+
+def test_write_overwrite_refuses_a_symlink_at_the_store_as_ingest_overwrite_does(tmp_path, h5cli):
+    """Writer(overwrite=True) removed a link at its path and wrote the store in its place, where the user meant the
+    file it names (a store on a larger disk, say); ingest --overwrite refuses it in one line."""
+    import os
+
+    import numpy as np
+
+    import h5stream
+    from h5stream.errors import StoreExistsError
+
+    target, link = tmp_path / "elsewhere.h5", tmp_path / "train.h5"
+    h5stream.write(target, np.zeros((4, 8, 8, 3), np.uint8))
+    os.symlink(target, link)
+    with pytest.raises(StoreExistsError, match="is a symbolic link .* which a new store would replace"):
+        h5stream.write(link, np.full((4, 8, 8, 3), 7, np.uint8), overwrite=True)
+    assert os.path.islink(link) and read_meta(str(target)).rows == 4
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=2, size=(8, 8))
+    code, _out, err = h5cli("ingest", src, link, "--overwrite", "--size", "8", "--workers", "0")
+    assert code == 1 and "is a symbolic link" in err and os.path.islink(link)
