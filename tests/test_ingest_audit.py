@@ -66,3 +66,28 @@ def test_write_overwrite_refuses_a_symlink_at_the_store_as_ingest_overwrite_does
     make_class_folder(src, classes=2, per_class=2, size=(8, 8))
     code, _out, err = h5cli("ingest", src, link, "--overwrite", "--size", "8", "--workers", "0")
     assert code == 1 and "is a symbolic link" in err and os.path.islink(link)
+
+
+@pytest.mark.parametrize("block_rows", ["100000", "99999999999"])
+def test_a_block_too_large_for_an_hdf5_chunk_is_one_line_and_leaves_no_file(tmp_path, h5cli, block_rows):
+    """HDF5 refuses a chunk of 4 GiB or more: the ingest ended in a ValueError traceback from h5py, leaving
+    OUT.h5.creating behind."""
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=2, size=(8, 8))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", src, out, "--size", "128", "--block-rows", block_rows, "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"h5stream: error: {out}: {int(block_rows):,} rows a block of 128x128x3 images make chunks")
+    assert "give at most 87,381 rows a block" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_write_refuses_a_block_too_large_for_an_hdf5_chunk_before_writing(tmp_path):
+    import numpy as np
+
+    import h5stream
+    from h5stream.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="give at most 1,398,101 rows a block"):
+        h5stream.write(tmp_path / "w.h5", np.zeros((3, 32, 32, 3), np.uint8), block_rows=2_000_000)
+    assert list(tmp_path.iterdir()) == []

@@ -47,6 +47,22 @@ EARLY_PIXEL_CHUNKS = True
 earlier versions have them allocated as written; tests make one by setting this False)."""
 
 
+MAX_CHUNK_BYTES = (1 << 32) - 1
+"""HDF5 refuses a chunk of 4 GiB or more (and of 2**32 elements or more)."""
+
+
+def block_rows_refusal(block_rows: int, image_shape: tuple[int, int, int], label_row_bytes: int) -> str | None:
+    """Why ``block_rows`` rows a block cannot be a store's chunk (pure): a block of pixels, of labels
+    (``label_row_bytes`` a row) or of 8-byte row digests of :data:`MAX_CHUNK_BYTES` or more; None when it can."""
+    h, w, c = image_shape
+    widest = max(h * w * c, int(label_row_bytes), 8)
+    if block_rows * widest <= MAX_CHUNK_BYTES:
+        return None
+    return (f"{block_rows:,} rows a block of {h}x{w}x{c} images make chunks of {block_rows * widest:,} bytes, and "
+            f"HDF5 keeps a chunk under 4 GiB: give at most {MAX_CHUNK_BYTES // widest:,} rows a block (--block-rows, "
+            "block_rows=), or leave it to the default (blocks of 4 MiB)")
+
+
 def label_chunk_rows(label_row_bytes: int, block_rows: int) -> int:
     """Rows per ``/labels`` chunk: about :data:`LABEL_CHUNK_BYTES`, at least 1,024 rows and one image block."""
     return max(1024, int(block_rows), LABEL_CHUNK_BYTES // max(1, int(label_row_bytes)))
