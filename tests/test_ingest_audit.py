@@ -91,3 +91,23 @@ def test_write_refuses_a_block_too_large_for_an_hdf5_chunk_before_writing(tmp_pa
     with pytest.raises(ConfigError, match="give at most 1,398,101 rows a block"):
         h5stream.write(tmp_path / "w.h5", np.zeros((3, 32, 32, 3), np.uint8), block_rows=2_000_000)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["", "newdir/"])
+def test_an_empty_store_path_or_one_ending_in_a_slash_is_one_line_naming_it(tmp_path, h5cli, monkeypatch, out):
+    """Both reached HDF5's create and came back as 'cannot create it (... No such file or directory); run the same
+    command with --append to continue'."""
+    import numpy as np
+
+    import h5stream
+    from h5stream.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    make_class_folder(tmp_path / "src", classes=2, per_class=2, size=(8, 8))
+    code, _out, err = h5cli("ingest", "src", out, "--size", "8", "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert ("path is empty" if not out else "newdir/: names a folder (it ends in /)") in err
+    assert "give a file name such as" in err and "--append" not in err
+    with pytest.raises(ConfigError, match="give a file name such as"):
+        h5stream.write(out, np.zeros((2, 8, 8, 3), np.uint8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
