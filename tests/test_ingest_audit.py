@@ -111,3 +111,36 @@ def test_an_empty_store_path_or_one_ending_in_a_slash_is_one_line_naming_it(tmp_
     with pytest.raises(ConfigError, match="give a file name such as"):
         h5stream.write(out, np.zeros((2, 8, 8, 3), np.uint8))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_thousands_of_class_folders_are_one_store_that_plain_h5py_reads(tmp_path, h5cli):
+    """The class names are one attribute, and HDF5's original object header keeps 64 KiB at most: 6,000 class
+    folders named as ImageNet's (n01440764, ...) failed with 'cannot create it (HDF5 error back trace); check the
+    disk'.  iNaturalist has 10,000 classes, ImageNet-21k 21,841."""
+    import json
+    import shutil
+
+    import h5py
+    import numpy as np
+    from PIL import Image
+
+    import h5stream
+
+    src = tmp_path / "src"
+    names = [f"n{1440764 + 7 * i:08d}" for i in range(6000)]
+    first = src / names[0] / "a.png"
+    first.parent.mkdir(parents=True)
+    Image.fromarray(np.full((4, 4, 3), 9, np.uint8)).save(first)
+    for name in names[1:]:
+        (src / name).mkdir()
+        shutil.copyfile(first, src / name / "a.png")
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", src, out, "--size", "4", "--workers", "0")
+    assert code == 0, err
+    with h5py.File(out, "r") as f:
+        assert json.loads(f.attrs["class_names"]) == names and sorted(f["labels"][:].tolist()) == list(range(6000))
+    with h5stream.open(out, batch_size=6000, shuffle=False) as s:
+        _x, y = next(iter(s))
+    assert len(y) == 6000
+    many = h5stream.write(tmp_path / "w.h5", (np.zeros((2, 4, 4, 3), np.uint8), np.array([0, 9999])))
+    assert many.rows == 2 and len(read_meta(str(tmp_path / "w.h5")).class_names) == 10000
