@@ -144,3 +144,21 @@ def test_thousands_of_class_folders_are_one_store_that_plain_h5py_reads(tmp_path
     assert len(y) == 6000
     many = h5stream.write(tmp_path / "w.h5", (np.zeros((2, 4, 4, 3), np.uint8), np.array([0, 9999])))
     assert many.rows == 2 and len(read_meta(str(tmp_path / "w.h5")).class_names) == 10000
+
+
+@pytest.mark.parametrize("arrays", [False, True])
+def test_a_class_index_far_past_any_class_count_is_skipped_not_a_list_of_its_names(tmp_path, arrays):
+    """A class index names every class below it ("0", "1", ...): an ID such as 2**40 given as a label made the
+    writer build 2**40 names (a MemoryError after half a minute, or the machine's memory)."""
+    import numpy as np
+
+    import h5stream
+    from h5stream.ingest.items import MAX_CLASSES
+
+    images, labels = np.zeros((3, 4, 4, 3), np.uint8), [0, 2**40, 5]
+    source = (images, np.array(labels)) if arrays else list(zip(images, labels))
+    result = h5stream.write(tmp_path / "w.h5", source, order="sorted")
+    assert result.rows == 2 and result.skipped == 1
+    assert read_meta(str(tmp_path / "w.h5")).class_names == tuple(str(i) for i in range(6))
+    report = (tmp_path / "w.h5.skipped.csv").read_text()
+    assert f"class index {2**40} would make" in report and f"more than {MAX_CLASSES:,}" in report

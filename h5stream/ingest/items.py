@@ -131,6 +131,11 @@ def label_kind_of(label) -> str:
     raise SkipFile(f"label {label!r} is neither an int, a class name, a float, a vector of floats nor None")
 
 
+MAX_CLASSES = 1 << 20
+"""Most classes a store gets from class indices alone (names "0", "1", ...): an index past it is an ID or a
+number, not a class, and its names would take memory and file space for every index below it."""
+
+
 class LabelCoder:
     """Turns each item's label into what the store holds (class index, float targets or NO_LABEL) and keeps the
     class list, which grows with new names (or, without ``classes``, up to the largest index seen: names "0",
@@ -189,6 +194,10 @@ class LabelCoder:
         if index >= len(self.class_names):
             if self.fixed:
                 raise SkipFile(f"class index {index} is out of range for the {len(self.class_names)} classes given")
+            if index >= MAX_CLASSES:
+                raise SkipFile(f"class index {index} would make {index + 1:,} classes (more than {MAX_CLASSES:,}); "
+                               "an ID or a number is no class index: give float labels for a numeric target, or "
+                               "map the IDs to 0..N-1")
             while len(self.class_names) <= index:  # names for the indices up to this one, as keras.datasets has
                 name = str(len(self.class_names))
                 self._index.setdefault(name, len(self.class_names))
@@ -208,7 +217,7 @@ def encode_all(coder: LabelCoder, labels, n: int):
         if labels.dtype.kind not in "iu" or labels.shape != (n,) or not n:
             return None
         low, high = int(labels.min()), int(labels.max())
-        if low < 0 or (high >= len(coder.class_names) and coder.fixed):
+        if low < 0 or (high >= len(coder.class_names) and (coder.fixed or high >= MAX_CLASSES)):
             return None  # a bad index, skipped (and listed) on the per-item path
         if high >= len(coder.class_names):
             coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
