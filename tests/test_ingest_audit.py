@@ -162,3 +162,18 @@ def test_a_class_index_far_past_any_class_count_is_skipped_not_a_list_of_its_nam
     assert read_meta(str(tmp_path / "w.h5")).class_names == tuple(str(i) for i in range(6))
     report = (tmp_path / "w.h5.skipped.csv").read_text()
     assert f"class index {2**40} would make" in report and f"more than {MAX_CLASSES:,}" in report
+
+
+@pytest.mark.parametrize("header", ["path,y,y", "path,path,y"])
+def test_a_csv_header_naming_a_column_twice_is_refused(animals, tmp_path, h5cli, header):
+    """Columns are found by name: with two 'y' columns the first stood in for both, regression targets (1, 1)
+    stored for a row '1,2'."""
+    root, written = animals
+    labels = tmp_path / "labels.csv"
+    labels.write_text(header + "\n" + "".join(f"{rel},{k},{k + 1}\n" for rel, k in written))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    name = header.split(",")[1]
+    assert f"the header names column {name!r} 2 times" in err and "give each column its own name" in err
+    assert not out.exists()

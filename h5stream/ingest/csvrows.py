@@ -37,6 +37,16 @@ def path_column(header: list[str], csv_path: str, root: str, chosen: str | None 
                       f"each image relative to {root}, or name yours with --path-column")
 
 
+def check_header(header: list[str], csv_path: str) -> list[str]:
+    """``header``, refused when it names a column twice (pure): each label column is found by its name, so the
+    second of two ``y`` columns was never read and the first stood in for both."""
+    repeated = sorted({name for name in header if name and header.count(name) > 1})
+    if repeated:
+        raise SourceError(f"{csv_path}: the header names column {repeated[0]!r} {header.count(repeated[0])} times "
+                          f"({header}); give each column its own name")
+    return header
+
+
 def check_fields(row: list[str], columns: int, where: str) -> None:
     """Refuse a row with fewer fields than the header's ``columns``, or more that are not empty (pure): an unquoted
     comma in a path or a label (``cat,1,5`` for 1.5) would otherwise shift or drop a cell without a word.  Empty

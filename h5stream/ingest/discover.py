@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import SourceError
-from h5stream.ingest.csvrows import PATH_COLUMNS, bounded_lines, check_fields, path_column, relative_path
+from h5stream.ingest.csvrows import (PATH_COLUMNS, bounded_lines, check_fields, check_header, path_column,
+                                     relative_path)
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
@@ -379,7 +380,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         raise SourceError(f"{csv_path}: cannot read as CSV ({exc})") from None
     if not rows:
         raise SourceError(f"{csv_path}: empty; the first row must name the columns (path or filename, then labels)")
-    header = [h.strip() for h in rows[0]]
+    header = check_header([h.strip() for h in rows[0]], csv_path)
     path_col = path_column(header, csv_path, root, path_col)
     unlabeled = label_kind == schema.LABEL_NONE
     if label_columns is None:
