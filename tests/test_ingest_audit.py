@@ -177,3 +177,17 @@ def test_a_csv_header_naming_a_column_twice_is_refused(animals, tmp_path, h5cli,
     name = header.split(",")[1]
     assert f"the header names column {name!r} 2 times" in err and "give each column its own name" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("columns", "says"), [("y,y", "--label-columns names 'y' twice"),
+                                               ("path", "--label-columns names 'path', the column of file paths")])
+def test_label_columns_naming_one_twice_or_the_path_column_are_refused(animals, tmp_path, h5cli, columns, says):
+    """'y,y' stored each target twice, (1, 1); 'path' made every file a class of its own."""
+    root, written = animals
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,y,z\n" + "".join(f"{rel},{k},{k + 1}\n" for rel, k in written))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--label-columns", columns, "--size", "8",
+                            "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert says in err and not out.exists()

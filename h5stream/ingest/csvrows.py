@@ -47,6 +47,18 @@ def check_header(header: list[str], csv_path: str) -> list[str]:
     return header
 
 
+def check_label_columns(label_columns: list[str], header: list[str], path_col: str, csv_path: str) -> None:
+    """Refuse (pure) a label column the header lacks, one named twice (``--label-columns y,y`` stored the same
+    target twice) or the path column (every file would be its own class)."""
+    for c in label_columns:
+        if c not in header:
+            raise SourceError(f"{csv_path}: unknown label column {c!r}; the header has {header}")
+        if label_columns.count(c) > 1:
+            raise SourceError(f"--label-columns names {c!r} twice; name each label column once")
+        if c == path_col:
+            raise SourceError(f"--label-columns names {c!r}, the column of file paths; name the label columns")
+
+
 def check_fields(row: list[str], columns: int, where: str) -> None:
     """Refuse a row with fewer fields than the header's ``columns``, or more that are not empty (pure): an unquoted
     comma in a path or a label (``cat,1,5`` for 1.5) would otherwise shift or drop a cell without a word.  Empty

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import SourceError
-from h5stream.ingest.csvrows import (PATH_COLUMNS, bounded_lines, check_fields, check_header, path_column,
-                                     relative_path)
+from h5stream.ingest.csvrows import (PATH_COLUMNS, bounded_lines, check_fields, check_header, check_label_columns,
+                                     path_column, relative_path)
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
@@ -391,9 +391,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
     elif unlabeled:
         raise SourceError("--label-columns picks label columns, but --label-kind none asks for no labels; "
                           "drop one of them")
-    for c in label_columns:
-        if c not in header:
-            raise SourceError(f"{csv_path}: unknown label column {c!r}; the header has {header}")
+    check_label_columns(label_columns, header, path_col, csv_path)
     path_idx = header.index(path_col)
     label_idx = [header.index(c) for c in label_columns]
     lines: list[tuple[int, str, list[str]]] = []  # (line number, rel, label cells)
