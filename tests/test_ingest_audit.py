@@ -191,3 +191,17 @@ def test_label_columns_naming_one_twice_or_the_path_column_are_refused(animals, 
                             "--workers", "0")
     assert code == 1 and err.count("\n") == 1, err
     assert says in err and not out.exists()
+
+
+def test_a_regression_label_past_float32_is_named_so_not_called_infinite(tmp_path):
+    """1e39 is finite; stored as float32 it would be inf.  The skip said 'label 1e+39 is not finite'."""
+    import numpy as np
+
+    import h5stream
+
+    image = np.zeros((4, 4, 3), np.uint8)
+    result = h5stream.write(tmp_path / "w.h5", [(image, 0.5), (image, 1e39), (image, float("inf"))], order="sorted")
+    assert result.rows == 1 and result.skipped == 2
+    report = (tmp_path / "w.h5.skipped.csv").read_text()
+    assert "1,label 1e+39 is beyond the float32 range labels are stored in (largest 3.40282e+38)" in report
+    assert "2,label inf is not finite" in report

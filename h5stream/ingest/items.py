@@ -171,6 +171,9 @@ class LabelCoder:
         if arr.shape != self.shape:
             raise SkipFile(f"label of shape {arr.shape}, the store's labels have shape {self.shape}")
         if not np.all(np.isfinite(arr)):
+            if np.all(np.isfinite(np.asarray(label, dtype=np.float64))):
+                raise SkipFile(f"label {label!r} is beyond the float32 range labels are stored in (largest "
+                               f"{float(np.finfo(np.float32).max):.6g}); rescale it")
             raise SkipFile(f"label {label!r} is not finite")
         return arr
 
