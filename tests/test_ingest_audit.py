@@ -193,6 +193,7 @@ def test_label_columns_naming_one_twice_or_the_path_column_are_refused(animals, 
     assert says in err and not out.exists()
 
 
+@pytest.mark.filterwarnings("error")
 def test_a_regression_label_past_float32_is_named_so_not_called_infinite(tmp_path):
     """1e39 is finite; stored as float32 it would be inf.  The skip said 'label 1e+39 is not finite'."""
     import numpy as np

@@ -165,7 +165,8 @@ class LabelCoder:
         if self.kind == schema.LABEL_CLASS:
             return self._class_index(label)
         try:
-            arr = np.asarray(label, dtype=np.float32)
+            with np.errstate(over="ignore"):  # past float32: said below, not warned about
+                arr = np.asarray(label, dtype=np.float32)
         except (TypeError, ValueError):
             raise SkipFile(f"label {label!r} is not a number or a vector of numbers") from None
         if arr.shape != self.shape:
