@@ -201,8 +201,11 @@ def test_a_regression_label_past_float32_is_named_so_not_called_infinite(tmp_pat
     import h5stream
 
     image = np.zeros((4, 4, 3), np.uint8)
-    result = h5stream.write(tmp_path / "w.h5", [(image, 0.5), (image, 1e39), (image, float("inf"))], order="sorted")
-    assert result.rows == 1 and result.skipped == 2
-    report = (tmp_path / "w.h5.skipped.csv").read_text()
-    assert "1,label 1e+39 is beyond the float32 range labels are stored in (largest 3.40282e+38)" in report
-    assert "2,label inf is not finite" in report
+    items = [(image, 0.5), (image, 1e39), (image, float("inf"))]
+    arrays = (np.stack([image] * 3), np.array([label for _, label in items]))
+    for name, source in (("items", items), ("arrays", arrays)):
+        result = h5stream.write(tmp_path / f"{name}.h5", source, order="sorted")
+        assert result.rows == 1 and result.skipped == 2
+        report = (tmp_path / f"{name}.h5.skipped.csv").read_text()
+        assert "1,label 1e+39 is beyond the float32 range labels are stored in (largest 3.40282e+38)" in report
+        assert "2,label inf is not finite" in report

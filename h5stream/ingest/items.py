@@ -172,10 +172,11 @@ class LabelCoder:
         if arr.shape != self.shape:
             raise SkipFile(f"label of shape {arr.shape}, the store's labels have shape {self.shape}")
         if not np.all(np.isfinite(arr)):
+            shown = label.item() if isinstance(label, np.generic) else label  # 1e+39, not np.float64(1e+39)
             if np.all(np.isfinite(np.asarray(label, dtype=np.float64))):
-                raise SkipFile(f"label {label!r} is beyond the float32 range labels are stored in (largest "
+                raise SkipFile(f"label {shown!r} is beyond the float32 range labels are stored in (largest "
                                f"{float(np.finfo(np.float32).max):.6g}); rescale it")
-            raise SkipFile(f"label {label!r} is not finite")
+            raise SkipFile(f"label {shown!r} is not finite")
         return arr
 
     def _class_index(self, label) -> int:
@@ -228,5 +229,6 @@ def encode_all(coder: LabelCoder, labels, n: int):
         return labels.astype(np.int64)
     if labels.dtype.kind not in "fiu" or labels.shape[1:] != coder.shape:
         return None
-    out = labels.astype(np.float32)
+    with np.errstate(over="ignore"):  # a label past float32 takes the per-item path, which says so
+        out = labels.astype(np.float32)
     return out if np.all(np.isfinite(out)) else None
