@@ -209,3 +209,31 @@ def test_a_regression_label_past_float32_is_named_so_not_called_infinite(tmp_pat
         report = (tmp_path / f"{name}.h5.skipped.csv").read_text()
         assert "1,label 1e+39 is beyond the float32 range labels are stored in (largest 3.40282e+38)" in report
         assert "2,label inf is not finite" in report
+
+
+def test_files_fixed_after_a_run_leave_the_skip_report_when_append_stores_them(tmp_path, h5cli):
+    """Fix the files the report names, run --append: they were stored, yet the report still listed them as
+    skipped and skipped_files still counted them."""
+    import shutil
+
+    from test_ingest_keras_parity import read_report
+
+    src, out = tmp_path / "src", tmp_path / "o.h5"
+    written = make_class_folder(src, classes=2, per_class=3, size=(8, 8))
+    for name in ("a.jpg", "b.jpg"):
+        (src / "class_0" / name).write_bytes(b"not a jpeg")
+    code, _out, err = h5cli("ingest", src, out, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    assert set(read_report(out)) == {"class_0/a.jpg", "class_0/b.jpg"} and read_meta(str(out)).skipped_files == 2
+    shutil.copyfile(src / written[0][0], src / "class_0" / "a.jpg")  # a fixed
+    code, stdout, err = h5cli("ingest", src, out, "--append", "--workers", "0")
+    assert code == 0 and "ingested 1, skipped 1" in stdout, err
+    assert read_report(out) == {"class_0/b.jpg": "not an image Pillow can read"}
+    meta = read_meta(str(out))
+    assert meta.rows == 7 and meta.skipped_files == 1 and meta.ingest.finished
+    code, stdout, _err = h5cli("info", out)
+    assert "skipped files   1 " in stdout
+    shutil.copyfile(src / written[0][0], src / "class_0" / "b.jpg")  # b fixed: nothing is skipped any more
+    code, stdout, err = h5cli("ingest", src, out, "--append", "--workers", "0")
+    assert code == 0 and "ingested 1, skipped 0" in stdout, err
+    assert read_meta(str(out)).skipped_files == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["o.h5", "src"]

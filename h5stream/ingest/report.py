@@ -25,6 +25,8 @@ from h5stream.store import sidecar
 
 #: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
 LEFT_OUT = "left out: "
+#: Suffix of the new report :meth:`SkipReport.close` writes whole when it drops entries, then renames over it.
+REWRITE_SUFFIX = ".rewrite"
 #: First characters that make a spreadsheet read a cell as a formula (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -73,6 +75,8 @@ class SkipReport:
     def __init__(self, path: str, reported: dict[str, str]):
         self.path = path
         self.paths = set(reported)
+        self._reasons = dict(reported)  # an earlier run's entries, which :meth:`forget` may drop
+        self._forgotten: set[str] = set()
         self.skipped = sum(not why.startswith(LEFT_OUT) for why in reported.values())  # the skipped_files count
         self._fh = None
         self._csv = None
@@ -123,11 +127,48 @@ class SkipReport:
                 raise self._failed(exc) from exc
             self._good_size = self._fh.tell()
 
+    def forget(self, rels) -> None:
+        """Drop an earlier run's entries for ``rels``, files now stored (fixed since, or newly listed): no longer
+        counted in :attr:`skipped` from now on, and gone from the file at :meth:`close`.  So the count the store
+        commits may be below the file's entries until then, never above them."""
+        for rel in set(rels) & set(self._reasons):
+            self.skipped -= not self._reasons.pop(rel).startswith(LEFT_OUT)
+            self.paths.discard(rel)
+            self._forgotten.add(rel)
+
     def close(self) -> None:
         if self._fh is not None:
             self.flush()
             self._fh.close()
             self._fh = None
+        if self._forgotten:
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        """The report without the forgotten entries: written whole to a new file of ours, synced, renamed over
+        it (a crash leaves the old report, which lists files now stored, or the new one); removed when none is
+        left."""
+        kept = {rel: why for rel, why in read_report(self.path).items() if rel not in self._forgotten}
+        tmp = self.path + REWRITE_SUFFIX
+        try:
+            if not kept:  # every entry stored now: no report, as after a run that skipped nothing
+                sidecar.clear(self.path)
+                self._forgotten = set()
+                return
+            sidecar.clear(tmp)  # a killed rewrite's leftover, ours; anything else there is refused
+            with open(sidecar.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, owner=False), "w", newline="",
+                      encoding="utf-8", errors="surrogateescape") as fh:
+                writer = csv.writer(fh)
+                writer.writerow(["path", "reason"])
+                writer.writerows([escape_cell(rel), escape_cell(why)] for rel, why in kept.items())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmp, self.path)
+        except StoreExistsError:
+            raise
+        except OSError as exc:
+            raise self._failed(exc) from exc
+        self._forgotten = set()
 
     def discard(self) -> None:
         """Close, cutting the file back to its last flush (removing it if this run created it and nothing
