@@ -21,12 +21,10 @@ import csv
 import os
 
 from h5stream.errors import StoreExistsError, StoreWriteError
-from h5stream.store import sidecar
+from h5stream.store import schema, sidecar
 
 #: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
 LEFT_OUT = "left out: "
-#: Suffix of the new report :meth:`SkipReport.close` writes whole when it drops entries, then renames over it.
-REWRITE_SUFFIX = ".rewrite"
 #: First characters that make a spreadsheet read a cell as a formula (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -149,7 +147,7 @@ class SkipReport:
         it (a crash leaves the old report, which lists files now stored, or the new one); removed when none is
         left."""
         kept = {rel: why for rel, why in read_report(self.path).items() if rel not in self._forgotten}
-        tmp = self.path + REWRITE_SUFFIX
+        tmp = self.path + schema.REPORT_REWRITE_SUFFIX
         try:
             if not kept:  # every entry stored now: no report, as after a run that skipped nothing
                 sidecar.clear(self.path)
