@@ -237,3 +237,23 @@ def test_files_fixed_after_a_run_leave_the_skip_report_when_append_stores_them(t
     code, stdout, err = h5cli("ingest", src, out, "--append", "--workers", "0")
     assert code == 0 and "ingested 1, skipped 0" in stdout, err
     assert read_meta(str(out)).skipped_files == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["o.h5", "src"]
+
+
+def test_append_with_a_csv_listing_more_files_counts_and_lists_them_as_this_run_finds_them(tmp_path, h5cli):
+    """A first CSV listed two files (the rest left out: not listed); a second lists all.  The files it stores left
+    the report; the one it skips stayed 'left out: not listed', and skipped_files did not count it."""
+    from test_ingest_keras_parity import read_report
+
+    src, out = tmp_path / "src", tmp_path / "o.h5"
+    written = make_class_folder(src, classes=2, per_class=3, size=(8, 8))
+    (src / "class_0" / "z.jpg").write_bytes(b"not a jpeg")
+    first, every = tmp_path / "first.csv", tmp_path / "every.csv"
+    first.write_text("path,label\n" + "".join(f"{rel},c{k}\n" for rel, k in written[:2]))
+    every.write_text("path,label\n" + "".join(f"{rel},c{k}\n" for rel, k in written) + "class_0/z.jpg,c0\n")
+    code, _out, err = h5cli("ingest", src, out, "--labels", first, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    assert read_report(out)["class_0/z.jpg"].startswith("left out: ") and read_meta(str(out)).skipped_files == 0
+    code, stdout, err = h5cli("ingest", src, out, "--labels", every, "--append", "--workers", "0")
+    assert code == 0 and "ingested 4, skipped 1, already stored 2" in stdout, err
+    assert read_report(out) == {"class_0/z.jpg": "not an image Pillow can read"}
+    assert read_meta(str(out)).skipped_files == 1

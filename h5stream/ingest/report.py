@@ -75,6 +75,7 @@ class SkipReport:
         self.paths = set(reported)
         self._reasons = dict(reported)  # an earlier run's entries, which :meth:`forget` may drop
         self._forgotten: set[str] = set()
+        self._replaced = False  # an earlier entry replaced by one of the other kind: the report is rewritten
         self.skipped = sum(not why.startswith(LEFT_OUT) for why in reported.values())  # the skipped_files count
         self._fh = None
         self._csv = None
@@ -87,7 +88,14 @@ class SkipReport:
 
     def add(self, rel: str, why: str) -> None:
         if rel in self.paths:
-            return
+            earlier = self._reasons.get(rel)
+            if earlier is None or earlier.startswith(LEFT_OUT) == why.startswith(LEFT_OUT):
+                return
+            # An earlier run's entry of the other kind (left out then, skipped now, or the other way round): this
+            # one is appended, and read back it is the one that counts (the last); close() drops the old one.
+            self.forget([rel])
+            self._forgotten.discard(rel)
+            self._replaced = True
         try:
             if self._fh is None:
                 self._fh = open(self._open_fd(), "a", newline="", encoding="utf-8", errors="surrogateescape")
@@ -139,7 +147,7 @@ class SkipReport:
             self.flush()
             self._fh.close()
             self._fh = None
-        if self._forgotten:
+        if self._forgotten or self._replaced:
             self._rewrite()
 
     def _rewrite(self) -> None:
@@ -151,7 +159,7 @@ class SkipReport:
         try:
             if not kept:  # every entry stored now: no report, as after a run that skipped nothing
                 sidecar.clear(self.path)
-                self._forgotten = set()
+                self._forgotten, self._replaced = set(), False
                 return
             sidecar.clear(tmp)  # a killed rewrite's leftover, ours; anything else there is refused
             with open(sidecar.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, owner=False), "w", newline="",
@@ -166,7 +174,7 @@ class SkipReport:
             raise
         except OSError as exc:
             raise self._failed(exc) from exc
-        self._forgotten = set()
+        self._forgotten, self._replaced = set(), False
 
     def discard(self) -> None:
         """Close, cutting the file back to its last flush (removing it if this run created it and nothing
