@@ -187,6 +187,27 @@ def test_ingest_auto_keeps_tiny_images_raw_and_photos_jpeg(jpeg_src, tmp_path):
     assert read_meta(tiny).encoding == "raw" and read_meta(big).encoding == "jpeg"
 
 
+def test_auto_picks_jpeg_for_large_photos_by_the_bytes_one_core_decodes_not_the_images():
+    from h5stream.ingest.encode import choose
+
+    raw = 32 * 768 * 1024 * 3  # 32 photos of 1024x768: 9x smaller as JPEG, 2 ms a decode (500 images/s, 600 MB/s)
+    assert choose({"images": 32, "raw_bytes": raw, "jpeg_bytes": raw // 9, "decode_s": 32 * 0.002}) == "jpeg"
+    assert choose({"images": 32, "raw_bytes": raw, "jpeg_bytes": raw // 9, "decode_s": 32 * 0.1}) == "raw"  # 24 MB/s
+    assert choose({"images": 32, "raw_bytes": raw, "jpeg_bytes": raw // 2, "decode_s": 32 * 0.002}) == "raw"
+
+
+def test_ingest_auto_stores_large_photos_as_jpeg(tmp_path):
+    from h5stream.samples import make_realistic_jpegs
+
+    src, out = tmp_path / "photos", str(tmp_path / "p.h5")
+    make_realistic_jpegs(src, 4, classes=2, size=(768, 1024))
+    assert cli.main(["ingest", str(src), out, "--size", "768x1024", "--encoding", "auto", "--workers", "0"]) == 0
+    meta = read_meta(out)
+    assert meta.encoding == "jpeg" and meta.rows == 4
+    with h5py.File(out, "r") as f:  # several times smaller than the 4 rows of pixels
+        assert f[schema.IMAGE_BYTES].shape[0] * 3 < 4 * 768 * 1024 * 3
+
+
 def test_ingest_refuses_jpeg_with_compression_and_a_bad_quality(jpeg_src, tmp_path, capsys):
     out = str(tmp_path / "x.h5")
     assert cli.main(["ingest", jpeg_src, out, "--encoding", "jpeg", "--compression", "zlib"]) != 0

@@ -9,8 +9,10 @@ as FFCV's ``RandomResizedCropRGBImageDecoder`` does: a fraction of the decoding 
 than the stored image.  The box in the image decoded at ``1/d`` is the box's edges divided by ``d``, each rounded
 half up (``top' = round(top / d)``, ``bottom' = round((top + h) / d)``): never smaller than ``output_size``, so
 the resize still only shrinks.  At ``d = 1`` the pixels are those of decoding in full then cropping
-(:func:`~h5stream.augment.crop.crop_batch`); at ``d > 1`` they differ by the DCT scaling's own averaging
-(a level or two on average on photos).  Rows the reader decoded already (``length`` -1:
+(:func:`~h5stream.augment.crop.crop_batch`); at ``d > 1`` they differ by the DCT scaling's own averaging and by
+the box's edges moving up to ``d / 2`` stored pixels: two to six levels on average on photos, but up to most of an
+edge's contrast (130 levels and more) on a pixel where a sharp edge lands elsewhere (docs/design.md has the
+figures).  Rows the reader decoded already (``length`` -1:
 :mod:`h5stream.read.encoded`) are cropped from their pixels at full size.
 
 A row's output depends only on its bytes and ``(seed, epoch, row_id)``: the same batches whichever process decodes

@@ -78,7 +78,7 @@ def _ingest(parser) -> None:
     parser.add_argument("--encoding", choices=("raw", "jpeg", "auto"),
                         help="how a new file keeps each image: raw pixels (default), JPEG (5-10x smaller for photos, "
                         "decoded as the stream reads them), or auto (JPEG where a measured sample of the files is "
-                        "3x smaller as JPEG and decodes at 1,000 images/s a core or more, else raw)")
+                        "3x smaller as JPEG and decodes at 50 MB of pixels/s a core or more, else raw)")
     parser.add_argument("--quality", type=int, metavar="Q", help="JPEG quality of --encoding jpeg/auto, 1-100 "
                         "(default 90)")
     parser.add_argument("--part", metavar="I/N",

@@ -37,6 +37,39 @@ def path_column(header: list[str], csv_path: str, root: str, chosen: str | None 
                       f"each image relative to {root}, or name yours with --path-column")
 
 
+def check_header(header: list[str], csv_path: str) -> list[str]:
+    """``header``, refused when it names a column twice (pure): each label column is found by its name, so the
+    second of two ``y`` columns was never read and the first stood in for both."""
+    repeated = sorted({name for name in header if name and header.count(name) > 1})
+    if repeated:
+        raise SourceError(f"{csv_path}: the header names column {repeated[0]!r} {header.count(repeated[0])} times "
+                          f"({header}); give each column its own name")
+    return header
+
+
+def check_label_columns(label_columns: list[str], header: list[str], path_col: str, csv_path: str) -> None:
+    """Refuse (pure) a label column the header lacks, one named twice (``--label-columns y,y`` stored the same
+    target twice) or the path column (every file would be its own class)."""
+    for c in label_columns:
+        if c not in header:
+            raise SourceError(f"{csv_path}: unknown label column {c!r}; the header has {header}")
+        if label_columns.count(c) > 1:
+            raise SourceError(f"--label-columns names {c!r} twice; name each label column once")
+        if c == path_col:
+            raise SourceError(f"--label-columns names {c!r}, the column of file paths; name the label columns")
+
+
+def check_fields(row: list[str], columns: int, where: str) -> None:
+    """Refuse a row with fewer fields than the header's ``columns``, or more that are not empty (pure): an unquoted
+    comma in a path or a label (``cat,1,5`` for 1.5) would otherwise shift or drop a cell without a word.  Empty
+    cells past the header (a spreadsheet's trailing commas) are allowed."""
+    if len(row) < columns:
+        raise SourceError(f"{where}: {len(row)} fields, the header has {columns}")
+    if any(cell.strip() for cell in row[columns:]):
+        raise SourceError(f"{where}: {len(row)} fields, the header has {columns}; a path or label holding a comma "
+                          'must be quoted ("a,b.jpg"), and a decimal comma written as a point')
+
+
 def relative_path(cell: str, root: str, root_real: str, where: str) -> str:
     """The POSIX path relative to ``root`` that ``cell`` names: as given when relative; when absolute, relative to
     ``root`` (as written, or with the folders above it resolved).  Raises SourceError for a path that leads

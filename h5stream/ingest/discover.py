@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import SourceError
-from h5stream.ingest.csvrows import PATH_COLUMNS, bounded_lines, path_column, relative_path
+from h5stream.ingest.csvrows import (PATH_COLUMNS, bounded_lines, check_fields, check_header, check_label_columns,
+                                     path_column, relative_path)
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
@@ -379,7 +380,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         raise SourceError(f"{csv_path}: cannot read as CSV ({exc})") from None
     if not rows:
         raise SourceError(f"{csv_path}: empty; the first row must name the columns (path or filename, then labels)")
-    header = [h.strip() for h in rows[0]]
+    header = check_header([h.strip() for h in rows[0]], csv_path)
     path_col = path_column(header, csv_path, root, path_col)
     unlabeled = label_kind == schema.LABEL_NONE
     if label_columns is None:
@@ -390,9 +391,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
     elif unlabeled:
         raise SourceError("--label-columns picks label columns, but --label-kind none asks for no labels; "
                           "drop one of them")
-    for c in label_columns:
-        if c not in header:
-            raise SourceError(f"{csv_path}: unknown label column {c!r}; the header has {header}")
+    check_label_columns(label_columns, header, path_col, csv_path)
     path_idx = header.index(path_col)
     label_idx = [header.index(c) for c in label_columns]
     lines: list[tuple[int, str, list[str]]] = []  # (line number, rel, label cells)
@@ -402,8 +401,7 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         if not any(cell.strip() for cell in row):
             continue
         where = f"{csv_path} line {line_no}"
-        if len(row) < len(header):
-            raise SourceError(f"{where}: {len(row)} fields, the header has {len(header)}")
+        check_fields(row, len(header), where)
         if not row[path_idx].strip():
             raise SourceError(f"{where}: empty {path_col!r}")
         rel = relative_path(row[path_idx], root, root_real, where)

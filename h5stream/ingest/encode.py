@@ -6,9 +6,13 @@ and row ends (:func:`packed`), a fraction of the pixels.
 
 ``--encoding auto`` chooses per store, from a sample of its files decoded and encoded once (:func:`probe`, in a
 decode worker) by :func:`choose`: JPEG where it makes the rows at least :data:`AUTO_MIN_RATIO` times smaller and
-one core decodes them at :data:`AUTO_MIN_DECODES_PER_S` or more (CPU time, not wall time), else raw.  Small
-images (under about 32 px a side) gain little from JPEG (its headers and 8x8 blocks are most of the bytes), so they
-stay raw; photos of 64 px and more are 5-10x smaller as JPEG q90 and decode in well under a millisecond.
+one core decodes them into at least :data:`AUTO_MIN_DECODE_BYTES_PER_S` bytes of pixels a second (CPU time, not
+wall time), else raw.  Small images (under about 32 px a side) gain little from JPEG (its headers and 8x8 blocks
+are most of the bytes), so they stay raw; photos of 64 px and more are 5-10x smaller as JPEG q90, and the larger
+they are the more JPEG saves, as FFCV's ``smart`` mode stores large images as JPEG and small ones raw.  The
+decode floor is a rate of pixel bytes, not of images: libjpeg-turbo decodes a few hundred MB of pixels a second
+per core whatever the image size, so a floor in images a second (1,000 once) stored every photo of more than
+about 500 px a side raw, the rows where JPEG saves the most.
 
 Only the decode workers (or the ingest thread with ``--workers 0``) import OpenCV, through here.
 """
@@ -25,8 +29,10 @@ from h5stream.store.encoded import EncodedRows
 AUTO_MIN_RATIO = 3.0
 """``auto`` picks JPEG only where the sample's JPEG rows are at least this many times smaller than raw ones."""
 
-AUTO_MIN_DECODES_PER_S = 1000.0
-"""... and one core decodes them at least this fast (the stream decodes every row it reads, every epoch)."""
+AUTO_MIN_DECODE_BYTES_PER_S = 50e6
+"""... and one core decodes them into at least this many bytes of pixels a second (the stream decodes every row it
+reads, every epoch): 50 MB/s, a fraction of what libjpeg-turbo gives for baseline JPEGs of 64 px and more (several
+hundred MB/s), so a few decoding cores keep up with a fast disk's raw rows."""
 
 DEFAULT_QUALITY = 90
 """The JPEG quality of ``--encoding jpeg|auto`` without ``--quality``."""
@@ -88,8 +94,8 @@ def choose(stats: dict) -> str:
     if not stats.get("images"):
         return schema.ENCODING_RAW
     ratio = stats["raw_bytes"] / max(1, stats["jpeg_bytes"])
-    per_s = stats["images"] / max(1e-9, stats["decode_s"])
-    return schema.ENCODING_JPEG if ratio >= AUTO_MIN_RATIO and per_s >= AUTO_MIN_DECODES_PER_S \
+    bytes_per_s = stats["raw_bytes"] / max(1e-9, stats["decode_s"])
+    return schema.ENCODING_JPEG if ratio >= AUTO_MIN_RATIO and bytes_per_s >= AUTO_MIN_DECODE_BYTES_PER_S \
         else schema.ENCODING_RAW
 
 

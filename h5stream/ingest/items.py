@@ -131,6 +131,11 @@ def label_kind_of(label) -> str:
     raise SkipFile(f"label {label!r} is neither an int, a class name, a float, a vector of floats nor None")
 
 
+MAX_CLASSES = 1 << 20
+"""Most classes a store gets from class indices alone (names "0", "1", ...): an index past it is an ID or a
+number, not a class, and its names would take memory and file space for every index below it."""
+
+
 class LabelCoder:
     """Turns each item's label into what the store holds (class index, float targets or NO_LABEL) and keeps the
     class list, which grows with new names (or, without ``classes``, up to the largest index seen: names "0",
@@ -160,13 +165,18 @@ class LabelCoder:
         if self.kind == schema.LABEL_CLASS:
             return self._class_index(label)
         try:
-            arr = np.asarray(label, dtype=np.float32)
+            with np.errstate(over="ignore"):  # past float32: said below, not warned about
+                arr = np.asarray(label, dtype=np.float32)
         except (TypeError, ValueError):
             raise SkipFile(f"label {label!r} is not a number or a vector of numbers") from None
         if arr.shape != self.shape:
             raise SkipFile(f"label of shape {arr.shape}, the store's labels have shape {self.shape}")
         if not np.all(np.isfinite(arr)):
-            raise SkipFile(f"label {label!r} is not finite")
+            shown = label.item() if isinstance(label, np.generic) else label  # 1e+39, not np.float64(1e+39)
+            if np.all(np.isfinite(np.asarray(label, dtype=np.float64))):
+                raise SkipFile(f"label {shown!r} is beyond the float32 range labels are stored in (largest "
+                               f"{float(np.finfo(np.float32).max):.6g}); rescale it")
+            raise SkipFile(f"label {shown!r} is not finite")
         return arr
 
     def _class_index(self, label) -> int:
@@ -189,6 +199,10 @@ class LabelCoder:
         if index >= len(self.class_names):
             if self.fixed:
                 raise SkipFile(f"class index {index} is out of range for the {len(self.class_names)} classes given")
+            if index >= MAX_CLASSES:
+                raise SkipFile(f"class index {index} would make {index + 1:,} classes (more than {MAX_CLASSES:,}); "
+                               "an ID or a number is no class index: give float labels for a numeric target, or "
+                               "map the IDs to 0..N-1")
             while len(self.class_names) <= index:  # names for the indices up to this one, as keras.datasets has
                 name = str(len(self.class_names))
                 self._index.setdefault(name, len(self.class_names))
@@ -208,12 +222,13 @@ def encode_all(coder: LabelCoder, labels, n: int):
         if labels.dtype.kind not in "iu" or labels.shape != (n,) or not n:
             return None
         low, high = int(labels.min()), int(labels.max())
-        if low < 0 or (high >= len(coder.class_names) and coder.fixed):
+        if low < 0 or (high >= len(coder.class_names) and (coder.fixed or high >= MAX_CLASSES)):
             return None  # a bad index, skipped (and listed) on the per-item path
         if high >= len(coder.class_names):
             coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
         return labels.astype(np.int64)
     if labels.dtype.kind not in "fiu" or labels.shape[1:] != coder.shape:
         return None
-    out = labels.astype(np.float32)
+    with np.errstate(over="ignore"):  # a label past float32 takes the per-item path, which says so
+        out = labels.astype(np.float32)
     return out if np.all(np.isfinite(out)) else None

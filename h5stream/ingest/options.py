@@ -99,6 +99,11 @@ def check_options(opts: IngestOptions) -> None:
     if opts.order is not None and opts.order not in ORDERS:
         raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {opts.order!r}")
     out = opts.out
+    if not out:
+        raise ConfigError("the store's path is empty; give a file name such as train.h5")
+    if out.endswith(("/", os.sep)) and not os.path.isdir(out):
+        raise ConfigError(f"{out}: names a folder (it ends in {out[-1]}); give a file name such as "
+                          f"{os.path.join(out, 'train.h5')}")
     if os.path.isdir(out):
         if opts.append:
             raise StoreExistsError(f"{out}: is a directory; give the .h5 file to append to")

@@ -21,7 +21,7 @@ import csv
 import os
 
 from h5stream.errors import StoreExistsError, StoreWriteError
-from h5stream.store import sidecar
+from h5stream.store import schema, sidecar
 
 #: Reasons in the skip report that start with this are left out on purpose; the others count as skipped.
 LEFT_OUT = "left out: "
@@ -73,6 +73,9 @@ class SkipReport:
     def __init__(self, path: str, reported: dict[str, str]):
         self.path = path
         self.paths = set(reported)
+        self._reasons = dict(reported)  # an earlier run's entries, which :meth:`forget` may drop
+        self._forgotten: set[str] = set()
+        self._replaced = False  # an earlier entry replaced by one of the other kind: the report is rewritten
         self.skipped = sum(not why.startswith(LEFT_OUT) for why in reported.values())  # the skipped_files count
         self._fh = None
         self._csv = None
@@ -85,7 +88,14 @@ class SkipReport:
 
     def add(self, rel: str, why: str) -> None:
         if rel in self.paths:
-            return
+            earlier = self._reasons.get(rel)
+            if earlier is None or earlier.startswith(LEFT_OUT) == why.startswith(LEFT_OUT):
+                return
+            # An earlier run's entry of the other kind (left out then, skipped now, or the other way round): this
+            # one is appended, and read back it is the one that counts (the last); close() drops the old one.
+            self.forget([rel])
+            self._forgotten.discard(rel)
+            self._replaced = True
         try:
             if self._fh is None:
                 self._fh = open(self._open_fd(), "a", newline="", encoding="utf-8", errors="surrogateescape")
@@ -123,11 +133,48 @@ class SkipReport:
                 raise self._failed(exc) from exc
             self._good_size = self._fh.tell()
 
+    def forget(self, rels) -> None:
+        """Drop an earlier run's entries for ``rels``, files now stored (fixed since, or newly listed): no longer
+        counted in :attr:`skipped` from now on, and gone from the file at :meth:`close`.  So the count the store
+        commits may be below the file's entries until then, never above them."""
+        for rel in set(rels) & set(self._reasons):
+            self.skipped -= not self._reasons.pop(rel).startswith(LEFT_OUT)
+            self.paths.discard(rel)
+            self._forgotten.add(rel)
+
     def close(self) -> None:
         if self._fh is not None:
             self.flush()
             self._fh.close()
             self._fh = None
+        if self._forgotten or self._replaced:
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        """The report without the forgotten entries: written whole to a new file of ours, synced, renamed over
+        it (a crash leaves the old report, which lists files now stored, or the new one); removed when none is
+        left."""
+        kept = {rel: why for rel, why in read_report(self.path).items() if rel not in self._forgotten}
+        tmp = self.path + schema.REPORT_REWRITE_SUFFIX
+        try:
+            if not kept:  # every entry stored now: no report, as after a run that skipped nothing
+                sidecar.clear(self.path)
+                self._forgotten, self._replaced = set(), False
+                return
+            sidecar.clear(tmp)  # a killed rewrite's leftover, ours; anything else there is refused
+            with open(sidecar.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, owner=False), "w", newline="",
+                      encoding="utf-8", errors="surrogateescape") as fh:
+                writer = csv.writer(fh)
+                writer.writerow(["path", "reason"])
+                writer.writerows([escape_cell(rel), escape_cell(why)] for rel, why in kept.items())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmp, self.path)
+        except StoreExistsError:
+            raise
+        except OSError as exc:
+            raise self._failed(exc) from exc
+        self._forgotten, self._replaced = set(), False
 
     def discard(self) -> None:
         """Close, cutting the file back to its last flush (removing it if this run created it and nothing

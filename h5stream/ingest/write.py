@@ -194,6 +194,9 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
             written_run_skipped = run_skipped
         writer.commit()
 
+    # Files an earlier run listed that are stored now (fixed since, or newly listed) leave the report with the
+    # last commit; files stored by a run killed before its report was rewritten leave it too.
+    now_stored = set(report.paths & target.stored)
     for rel, why in rejected:
         record_skip(rel, why)
     for rel, kind, why in left_out:
@@ -234,6 +237,8 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                         record_skip(rel, why)
                 keep = np.fromiter((why is None for why in reasons), bool, len(reasons))
                 paths, labels = [rel for rel, why in zip(paths, reasons) if why is None], labels[keep]
+            if report.paths:  # a lookup per stored file (this run's own entries are files not stored)
+                now_stored.update(report.paths.intersection(paths))
             if kept and writer.encoding != schema.ENCODING_RAW:  # encoded rows, hashed by the writer
                 writer.append(images, labels, paths)
                 ingested += kept
@@ -248,6 +253,7 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
             bar.update(len(reasons))
         pool.finish()
         blocks.write_staged()
+        report.forget(now_stored)
         commit()
     finally:
         bar.close()

@@ -16,7 +16,7 @@ import numpy as np
 from h5stream.errors import ConfigError
 from h5stream.ingest.options import IngestOptions, check_options
 from h5stream.ingest.spec import RESIZE_MODES
-from h5stream.store import schema
+from h5stream.store import schema, sidecar
 from h5stream.store.progress import WRITER_SOURCE
 
 __all__ = ["write_options"]
@@ -70,6 +70,8 @@ def write_options(path, *, resume: bool = False, **options) -> IngestOptions:
         check_options(opts)
     except ConfigError as exc:  # the ingest's checks name its flags: name the keywords instead
         raise ConfigError(python_names(str(exc))) from None
+    if opts.overwrite:  # refused before the Writer removes the old store: as ingest --overwrite refuses a link
+        sidecar.refuse_link(opts.out)
     return opts
 
 

@@ -198,3 +198,8 @@ def flushing_path(out_path) -> str:
 def skipped_report_path(out_path: str) -> str:
     """Where ingest lists skipped files (CSV: path,reason) for the store at ``out_path``."""
     return str(out_path) + ".skipped.csv"
+
+
+REPORT_REWRITE_SUFFIX = ".rewrite"
+"""Beside the skip report: the new report an ``--append`` writes whole, then renames over it, when it drops
+entries (files it stored)."""

@@ -129,6 +129,10 @@ class StoreWriter(DurableFile):
             raise StoreExistsError(f"{path}: already exists; pass --append to add to it or --overwrite to replace it")
         h, w, c = (int(d) for d in image_shape)
         block_rows = int(block_rows or schema.default_block_rows(max(1, h * w * c)))
+        label_row_bytes = {schema.LABEL_CLASS: 8, schema.LABEL_NONE: 1}.get(label_kind, 4) * int(np.prod(label_shape))
+        refusal = layout.block_rows_refusal(block_rows, (h, w, c), label_row_bytes)
+        if refusal is not None:  # before a byte is written: HDF5 would refuse it mid-way, as a ValueError
+            raise ConfigError(f"{path}: {refusal}")
         attrs = new_store_attrs((h, w, c), label_kind=label_kind, class_names=class_names,
                                 label_columns=label_columns, block_rows=block_rows, resize_mode=resize_mode,
                                 background=background, pad_fill=pad_fill, storage_order=storage_order,
@@ -155,6 +159,9 @@ class StoreWriter(DurableFile):
                 reason = getattr(exc, "strerror", None) or str(exc)
                 raise StoreWriteError(f"{path}: cannot create it ({reason}); nothing was written",
                                       errno=code, strerror=reason, rows_committed=None) from exc
+            except BaseException:  # whatever else stopped it (Ctrl-C, a library's refusal): no file of it is left
+                handle.remove(tmp)
+                raise
             writer.path, writer._publish_to = path, path
             writer._publish_early = publish_early
             return writer

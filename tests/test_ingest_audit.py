@@ -1,0 +1,259 @@
+"""`h5stream ingest` against inputs a hostile or careless user gives it: labels CSV rows that do not fit their header,
+and what the real CLI answers.  Real image folders, the real CLI in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from h5stream.samples import make_class_folder
+from h5stream.store.meta import read_meta
+
+from test_ingest_keras_parity import ANIMALS, read_store
+
+
+@pytest.fixture
+def animals(tmp_path):
+    """bird/3, cat/4, dog/5 (30x40 PNG/JPEG).  Returns (root, [(relpath, colour index)])."""
+    root = tmp_path / "src"
+    return str(root), make_class_folder(root, classes=ANIMALS, per_class=(3, 4, 5), size=(30, 40), seed=3)
+
+
+@pytest.mark.parametrize("row", ["{rel},1,5", "{rel},2.5,extra"])
+def test_a_csv_row_with_more_fields_than_the_header_is_refused_not_cut(animals, tmp_path, h5cli, row):
+    """An unquoted comma (a decimal comma, a name with a comma) made a cell past the header, which was dropped: label
+    1 stored for '1,5'."""
+    root, written = animals
+    lines = [f"{rel},{k}" for rel, k in written]
+    lines[4] = row.format(rel=written[4][0])
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\n" + "\n".join(lines) + "\n")
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"h5stream: error: {labels} line 6: 3 fields, the header has 2; ") and "quoted" in err
+    assert not out.exists()
+
+
+def test_empty_cells_past_the_header_are_a_spreadsheets_trailing_commas_and_allowed(animals, tmp_path, h5cli):
+    root, written = animals
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\n" + "".join(f"{rel},{k},,\r\n" for rel, k in written))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    _images, stored, paths, _attrs = read_store(out)
+    assert read_meta(str(out)).rows == len(written)
+    assert dict(zip(paths, stored.tolist())) == {rel: float(k) for rel, k in written}
+
+
+def test_write_overwrite_refuses_a_symlink_at_the_store_as_ingest_overwrite_does(tmp_path, h5cli):
+    """Writer(overwrite=True) removed a link at its path and wrote the store in its place, where the user meant the
+    file it names (a store on a larger disk, say); ingest --overwrite refuses it in one line."""
+    import os
+
+    import numpy as np
+
+    import h5stream
+    from h5stream.errors import StoreExistsError
+
+    target, link = tmp_path / "elsewhere.h5", tmp_path / "train.h5"
+    h5stream.write(target, np.zeros((4, 8, 8, 3), np.uint8))
+    os.symlink(target, link)
+    with pytest.raises(StoreExistsError, match="is a symbolic link .* which a new store would replace"):
+        h5stream.write(link, np.full((4, 8, 8, 3), 7, np.uint8), overwrite=True)
+    assert os.path.islink(link) and read_meta(str(target)).rows == 4
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=2, size=(8, 8))
+    code, _out, err = h5cli("ingest", src, link, "--overwrite", "--size", "8", "--workers", "0")
+    assert code == 1 and "is a symbolic link" in err and os.path.islink(link)
+
+
+@pytest.mark.parametrize("block_rows", ["100000", "99999999999"])
+def test_a_block_too_large_for_an_hdf5_chunk_is_one_line_and_leaves_no_file(tmp_path, h5cli, block_rows):
+    """HDF5 refuses a chunk of 4 GiB or more: the ingest ended in a ValueError traceback from h5py, leaving
+    OUT.h5.creating behind."""
+    src = tmp_path / "src"
+    make_class_folder(src, classes=2, per_class=2, size=(8, 8))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", src, out, "--size", "128", "--block-rows", block_rows, "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"h5stream: error: {out}: {int(block_rows):,} rows a block of 128x128x3 images make chunks")
+    assert "give at most 87,381 rows a block" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_write_refuses_a_block_too_large_for_an_hdf5_chunk_before_writing(tmp_path):
+    import numpy as np
+
+    import h5stream
+    from h5stream.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="give at most 1,398,101 rows a block"):
+        h5stream.write(tmp_path / "w.h5", np.zeros((3, 32, 32, 3), np.uint8), block_rows=2_000_000)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out", ["", "newdir/"])
+def test_an_empty_store_path_or_one_ending_in_a_slash_is_one_line_naming_it(tmp_path, h5cli, monkeypatch, out):
+    """Both reached HDF5's create and came back as 'cannot create it (... No such file or directory); run the same
+    command with --append to continue'."""
+    import numpy as np
+
+    import h5stream
+    from h5stream.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    make_class_folder(tmp_path / "src", classes=2, per_class=2, size=(8, 8))
+    code, _out, err = h5cli("ingest", "src", out, "--size", "8", "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert ("path is empty" if not out else "newdir/: names a folder (it ends in /)") in err
+    assert "give a file name such as" in err and "--append" not in err
+    with pytest.raises(ConfigError, match="give a file name such as"):
+        h5stream.write(out, np.zeros((2, 8, 8, 3), np.uint8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_thousands_of_class_folders_are_one_store_that_plain_h5py_reads(tmp_path, h5cli):
+    """The class names are one attribute, and HDF5's original object header keeps 64 KiB at most: 6,000 class
+    folders named as ImageNet's (n01440764, ...) failed with 'cannot create it (HDF5 error back trace); check the
+    disk'.  iNaturalist has 10,000 classes, ImageNet-21k 21,841."""
+    import json
+    import shutil
+
+    import h5py
+    import numpy as np
+    from PIL import Image
+
+    import h5stream
+
+    src = tmp_path / "src"
+    names = [f"n{1440764 + 7 * i:08d}" for i in range(6000)]
+    first = src / names[0] / "a.png"
+    first.parent.mkdir(parents=True)
+    Image.fromarray(np.full((4, 4, 3), 9, np.uint8)).save(first)
+    for name in names[1:]:
+        (src / name).mkdir()
+        shutil.copyfile(first, src / name / "a.png")
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", src, out, "--size", "4", "--workers", "0")
+    assert code == 0, err
+    with h5py.File(out, "r") as f:
+        assert json.loads(f.attrs["class_names"]) == names and sorted(f["labels"][:].tolist()) == list(range(6000))
+    with h5stream.open(out, batch_size=6000, shuffle=False) as s:
+        _x, y = next(iter(s))
+    assert len(y) == 6000
+    many = h5stream.write(tmp_path / "w.h5", (np.zeros((2, 4, 4, 3), np.uint8), np.array([0, 9999])))
+    assert many.rows == 2 and len(read_meta(str(tmp_path / "w.h5")).class_names) == 10000
+
+
+@pytest.mark.parametrize("arrays", [False, True])
+def test_a_class_index_far_past_any_class_count_is_skipped_not_a_list_of_its_names(tmp_path, arrays):
+    """A class index names every class below it ("0", "1", ...): an ID such as 2**40 given as a label made the
+    writer build 2**40 names (a MemoryError after half a minute, or the machine's memory)."""
+    import numpy as np
+
+    import h5stream
+    from h5stream.ingest.items import MAX_CLASSES
+
+    images, labels = np.zeros((3, 4, 4, 3), np.uint8), [0, 2**40, 5]
+    source = (images, np.array(labels)) if arrays else list(zip(images, labels))
+    result = h5stream.write(tmp_path / "w.h5", source, order="sorted")
+    assert result.rows == 2 and result.skipped == 1
+    assert read_meta(str(tmp_path / "w.h5")).class_names == tuple(str(i) for i in range(6))
+    report = (tmp_path / "w.h5.skipped.csv").read_text()
+    assert f"class index {2**40} would make" in report and f"more than {MAX_CLASSES:,}" in report
+
+
+@pytest.mark.parametrize("header", ["path,y,y", "path,path,y"])
+def test_a_csv_header_naming_a_column_twice_is_refused(animals, tmp_path, h5cli, header):
+    """Columns are found by name: with two 'y' columns the first stood in for both, regression targets (1, 1)
+    stored for a row '1,2'."""
+    root, written = animals
+    labels = tmp_path / "labels.csv"
+    labels.write_text(header + "\n" + "".join(f"{rel},{k},{k + 1}\n" for rel, k in written))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--size", "8", "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    name = header.split(",")[1]
+    assert f"the header names column {name!r} 2 times" in err and "give each column its own name" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("columns", "says"), [("y,y", "--label-columns names 'y' twice"),
+                                               ("path", "--label-columns names 'path', the column of file paths")])
+def test_label_columns_naming_one_twice_or_the_path_column_are_refused(animals, tmp_path, h5cli, columns, says):
+    """'y,y' stored each target twice, (1, 1); 'path' made every file a class of its own."""
+    root, written = animals
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,y,z\n" + "".join(f"{rel},{k},{k + 1}\n" for rel, k in written))
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", root, out, "--labels", labels, "--label-columns", columns, "--size", "8",
+                            "--workers", "0")
+    assert code == 1 and err.count("\n") == 1, err
+    assert says in err and not out.exists()
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_regression_label_past_float32_is_named_so_not_called_infinite(tmp_path):
+    """1e39 is finite; stored as float32 it would be inf.  The skip said 'label 1e+39 is not finite'."""
+    import numpy as np
+
+    import h5stream
+
+    image = np.zeros((4, 4, 3), np.uint8)
+    items = [(image, 0.5), (image, 1e39), (image, float("inf"))]
+    arrays = (np.stack([image] * 3), np.array([label for _, label in items]))
+    for name, source in (("items", items), ("arrays", arrays)):
+        result = h5stream.write(tmp_path / f"{name}.h5", source, order="sorted")
+        assert result.rows == 1 and result.skipped == 2
+        report = (tmp_path / f"{name}.h5.skipped.csv").read_text()
+        assert "1,label 1e+39 is beyond the float32 range labels are stored in (largest 3.40282e+38)" in report
+        assert "2,label inf is not finite" in report
+
+
+def test_files_fixed_after_a_run_leave_the_skip_report_when_append_stores_them(tmp_path, h5cli):
+    """Fix the files the report names, run --append: they were stored, yet the report still listed them as
+    skipped and skipped_files still counted them."""
+    import shutil
+
+    from test_ingest_keras_parity import read_report
+
+    src, out = tmp_path / "src", tmp_path / "o.h5"
+    written = make_class_folder(src, classes=2, per_class=3, size=(8, 8))
+    for name in ("a.jpg", "b.jpg"):
+        (src / "class_0" / name).write_bytes(b"not a jpeg")
+    code, _out, err = h5cli("ingest", src, out, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    assert set(read_report(out)) == {"class_0/a.jpg", "class_0/b.jpg"} and read_meta(str(out)).skipped_files == 2
+    shutil.copyfile(src / written[0][0], src / "class_0" / "a.jpg")  # a fixed
+    code, stdout, err = h5cli("ingest", src, out, "--append", "--workers", "0")
+    assert code == 0 and "ingested 1, skipped 1" in stdout, err
+    assert read_report(out) == {"class_0/b.jpg": "not an image Pillow can read"}
+    meta = read_meta(str(out))
+    assert meta.rows == 7 and meta.skipped_files == 1 and meta.ingest.finished
+    code, stdout, _err = h5cli("info", out)
+    assert "skipped files   1 " in stdout
+    shutil.copyfile(src / written[0][0], src / "class_0" / "b.jpg")  # b fixed: nothing is skipped any more
+    code, stdout, err = h5cli("ingest", src, out, "--append", "--workers", "0")
+    assert code == 0 and "ingested 1, skipped 0" in stdout, err
+    assert read_meta(str(out)).skipped_files == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["o.h5", "src"]
+
+
+def test_append_with_a_csv_listing_more_files_counts_and_lists_them_as_this_run_finds_them(tmp_path, h5cli):
+    """A first CSV listed two files (the rest left out: not listed); a second lists all.  The files it stores left
+    the report; the one it skips stayed 'left out: not listed', and skipped_files did not count it."""
+    from test_ingest_keras_parity import read_report
+
+    src, out = tmp_path / "src", tmp_path / "o.h5"
+    written = make_class_folder(src, classes=2, per_class=3, size=(8, 8))
+    (src / "class_0" / "z.jpg").write_bytes(b"not a jpeg")
+    first, every = tmp_path / "first.csv", tmp_path / "every.csv"
+    first.write_text("path,label\n" + "".join(f"{rel},c{k}\n" for rel, k in written[:2]))
+    every.write_text("path,label\n" + "".join(f"{rel},c{k}\n" for rel, k in written) + "class_0/z.jpg,c0\n")
+    code, _out, err = h5cli("ingest", src, out, "--labels", first, "--size", "8", "--workers", "0")
+    assert code == 0, err
+    assert read_report(out)["class_0/z.jpg"].startswith("left out: ") and read_meta(str(out)).skipped_files == 0
+    code, stdout, err = h5cli("ingest", src, out, "--labels", every, "--append", "--workers", "0")
+    assert code == 0 and "ingested 4, skipped 1, already stored 2" in stdout, err
+    assert read_report(out) == {"class_0/z.jpg": "not an image Pillow can read"}
+    assert read_meta(str(out)).skipped_files == 1
