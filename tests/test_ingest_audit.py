@@ -257,3 +257,56 @@ def test_append_with_a_csv_listing_more_files_counts_and_lists_them_as_this_run_
     assert code == 0 and "ingested 4, skipped 1, already stored 2" in stdout, err
     assert read_report(out) == {"class_0/z.jpg": "not an image Pillow can read"}
     assert read_meta(str(out)).skipped_files == 1
+
+
+def _digest(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_overwrite_that_stores_nothing_leaves_the_old_store_as_it_was(animals, tmp_path, h5cli):
+    """--overwrite removed the old store before the first commit: a run whose files were all skipped (a mistyped
+    source folder) left neither the old store nor a new one."""
+    root, _ = animals
+    out = tmp_path / "o.h5"
+    assert h5cli("ingest", root, out, "--size", "8", "--workers", "0")[0] == 0
+    before = _digest(out)
+    bad = tmp_path / "bad" / "a"
+    bad.mkdir(parents=True)
+    (bad / "1.png").write_bytes(b"not a png")
+    code, _out, err = h5cli("ingest", bad.parent, out, "--size", "8", "--workers", "0", "--overwrite")
+    assert code == 1 and err.count("\n") == 1 and f"{out}: not replaced: every one of the 1 files" in err, err
+    assert _digest(out) == before and read_meta(str(out)).rows == 12
+
+
+def test_writer_overwrite_that_fails_before_its_first_commit_leaves_the_old_store(tmp_path):
+    import numpy as np
+
+    import h5stream
+
+    out = tmp_path / "w.h5"
+    h5stream.write(out, (np.zeros((5, 8, 8, 3), np.uint8), np.arange(5)))
+    before = _digest(out)
+    with pytest.raises(RuntimeError, match="the source broke"):
+        with h5stream.Writer(out, overwrite=True):  # (rows added before a failure are committed: resumable)
+            raise RuntimeError("the source broke")
+    assert _digest(out) == before and read_meta(str(out)).rows == 5
+    with h5stream.Writer(out, overwrite=True) as w:  # and one that commits replaces it
+        for k in range(3):
+            w.add(np.full((8, 8, 3), k, np.uint8), k)
+    assert read_meta(str(out)).rows == 3
+
+
+def test_an_interrupted_overwrite_before_its_first_commit_says_the_old_store_is_there(tmp_path):
+    import numpy as np
+
+    import h5stream
+    from h5stream.commands.ingest import _how_far, _identity
+
+    out = tmp_path / "o.h5"
+    h5stream.write(out, (np.zeros((5, 8, 8, 3), np.uint8), np.arange(5)))
+    assert "was not replaced: it is the store it was before this run" in _how_far(str(out), _identity(str(out)))
+    replacing = _identity(str(out))
+    h5stream.write(out, (np.zeros((7, 8, 8, 3), np.uint8), np.arange(7)), overwrite=True)
+    assert "not replaced" not in _how_far(str(out), replacing)

@@ -13,6 +13,7 @@ SIGTERM): ``h5stream: interrupted: 1,280 of 19,200 files stored; finish with
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -100,9 +101,20 @@ def _stop_on_sigterm(stopped_by: list[int]):
     return signal.signal(signal.SIGTERM, stop)
 
 
-def _how_far(out: str) -> str:
+def _identity(path: str):
+    """What tells the file at ``path`` from one put there later (None when there is none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def _how_far(out: str, replacing=None) -> str:
     """What an interrupted run leaves at ``out``: how many of its files are stored and the command that
-    finishes it."""
+    finishes it.  ``replacing``: the :func:`_identity` of the store an ``--overwrite`` run was to replace."""
+    if replacing is not None and _identity(out) == replacing:  # stopped before its first commit replaced it
+        return f"{out} was not replaced: it is the store it was before this run; run the same command again"
     from h5stream.errors import H5StreamError, StoreNotFoundError
     from h5stream.store.meta import read_meta
     from h5stream.store.progress import continue_command, progress_text
@@ -154,13 +166,14 @@ def run(args) -> int:
         append=args.append, overwrite=args.overwrite, strict=args.strict, part=_part(args.part),
     )
     stopped_by: list[int] = []
+    replacing = _identity(args.out) if args.overwrite else None
     previous = _stop_on_sigterm(stopped_by)
     try:
         result = ingest(opts)
     except KeyboardInterrupt:  # the ingest committed what it appended before this reached here
         signum = stopped_by[0] if stopped_by else signal.SIGINT
-        print(f"h5stream: interrupted{' (SIGTERM)' if signum == signal.SIGTERM else ''}: {_how_far(args.out)}",
-              file=sys.stderr)
+        how_far = _how_far(args.out, replacing)
+        print(f"h5stream: interrupted{' (SIGTERM)' if signum == signal.SIGTERM else ''}: {how_far}", file=sys.stderr)
         return 128 + signum
     finally:
         if previous is not None:

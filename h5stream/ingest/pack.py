@@ -176,9 +176,9 @@ def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_
              else f"the class folders of {source.root}" if source.label_kind != schema.LABEL_NONE
              else source.root)  # unlabeled stores: the whole folder
     return SourceError(
-        f"{opts.out}: not created: every one of the {skipped} files found in {where} was skipped "
-        f"(reasons in {report_path}); it needs image files Pillow can read "
-        f"({', '.join(sorted(IMAGE_EXTENSIONS))})"
+        f"{opts.out}: not {'replaced' if opts.overwrite and os.path.exists(opts.out) else 'created'}: every one "
+        f"of the {skipped} files found in {where} was skipped (reasons in {report_path}); it needs image files "
+        f"Pillow can read ({', '.join(sorted(IMAGE_EXTENSIONS))})"
     )
 
 
@@ -290,9 +290,10 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         files = already + len(pending) + len(rejected) + folders
         job.record_order(writer, source, appending, files, bool(pending))  # before start() records this run's files
         job.start(writer, opts, files, start_rows - already, part)
-        # A report from an older file of this name no longer applies; --overwrite drops that file with it, so
-        # no store is ever paired with another run's report.
-        for old in ([] if appending else [report_path] + ([opts.out] if opts.overwrite else [])):
+        # A report from an older file of this name no longer applies.  The older store itself stays until the new
+        # one's first commit replaces it (an atomic rename): a run that stores nothing, fails or is stopped
+        # before then leaves it as it was.
+        for old in ([] if appending else [report_path]):
             try:
                 if os.path.exists(old):
                     os.unlink(old)

@@ -189,9 +189,8 @@ class Writer:
                                    "resume=True to continue the write that made it")
         if exists and opts.append:
             return self._open_resume(opts)
-        for old in [self.report_path] + ([self.path] if opts.overwrite and exists else []):
-            if os.path.exists(old):  # another run's report (or store) never pairs with this store
-                os.unlink(old)
+        if os.path.exists(self.report_path):  # another run's report never pairs with this store
+            os.unlink(self.report_path)  # (an older store stays until the first commit replaces it, atomically)
         self._report = SkipReport(self.report_path, {})
 
     def _open_resume(self, opts: IngestOptions) -> None:
