@@ -43,6 +43,11 @@ def filters(compression: str | None, level: int = 4) -> tables.Filters | None:
     raise ConfigError(f"unknown compression {compression!r}; choose one of none, zlib, blosc")
 
 
+CLASS_NAMES_BYTES = 64_000
+"""Bytes of JSON class names a store takes: HDF5's object header format (the one its stores are made in, which
+crash-safe commits rely on) keeps at most 64 KiB in one attribute."""
+
+
 def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names, label_columns, block_rows: int,
                     resize_mode: str, background: Sequence[int], pad_fill, storage_order: str,
                     order_seed: int, encoding: str = schema.ENCODING_RAW, jpeg_quality: int | None = None,
@@ -59,12 +64,17 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
         raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
     if encoding not in schema.ENCODINGS:
         raise ConfigError(f"unknown encoding {encoding!r}; choose one of {', '.join(schema.ENCODINGS)}")
+    names = json.dumps(list(class_names) if class_names is not None else None)
+    if len(names.encode("utf-8")) > CLASS_NAMES_BYTES:
+        raise ConfigError(f"the names of {len(class_names):,} classes take {len(names.encode('utf-8')):,} bytes, and "
+                          f"a store keeps them in one HDF5 attribute of at most {CLASS_NAMES_BYTES:,} (about 5,000 "
+                          "names such as n01440764); use shorter class names or fewer classes per store")
     attrs = {
         schema.ATTR_FORMAT: np.int64(schema.ROW_DIGESTS_FORMAT_VERSION if row_digests
                                      else schema.ROW_DIGESTS_FORMAT_VERSION - 1),
         schema.ATTR_COMMITTED: np.int64(0),
         schema.ATTR_LABEL_KIND: label_kind,
-        schema.ATTR_CLASS_NAMES: json.dumps(list(class_names) if class_names is not None else None),
+        schema.ATTR_CLASS_NAMES: names,
         schema.ATTR_LABEL_COLUMNS: json.dumps(list(label_columns) if label_columns is not None else None),
         schema.ATTR_HEIGHT: np.int64(h),
         schema.ATTR_WIDTH: np.int64(w),

@@ -1,6 +1,6 @@
 """How a new store's file is laid out: file-space pages, chunk-index fanout, label chunk size.
 
-Choices made when a store is created, each for one reader:
+Three choices made when a store is created, each for one reader:
 
 * **Pages** (HDF5's paged file-space strategy, :data:`PAGE_BYTES`): every chunk of at least a page starts on a
   page boundary, so a direct (``O_DIRECT``) read of whole rows can land straight in the batches.
@@ -10,14 +10,12 @@ Choices made when a store is created, each for one reader:
   chunks with the default, one per 2,048 here.
 * **Label chunks** of about :data:`LABEL_CHUNK_BYTES`: reading every label (the stream keeps them in memory)
   costs one read per label chunk, and those lie between the pixel chunks.
-* **The root group's attributes in HDF5 1.8's format** (dense storage past a size): the class names are one
-  attribute, and HDF5's original format keeps at most 64 KiB in one (about 5,000 class folders' names).
 * **Pixel chunks allocated when the array grows** (HDF5's early allocation, never filled), for the writer: the
   file offset of a whole block is known before a byte of it is written, so the writer writes it there itself
   (:mod:`h5stream.store.rawchunks`) instead of copying it through HDF5 and the page cache.  Only uncompressed
   ``/images`` (a compressed chunk's size is known only once it is compressed).
 
-All five are plain HDF5 (1.10 or later reads the pages); h5py, PyTables and ``h5dump`` read the file as any
+All four are plain HDF5 (1.10 or later reads the pages); h5py, PyTables and ``h5dump`` read the file as any
 other.  PyTables cannot set the first two nor the allocation time, so :func:`create_empty_file` makes the empty
 file with h5py, :func:`create_images_allocated_early` adds an uncompressed ``/images`` with h5py (with the
 attributes PyTables gives an extendable array, so PyTables opens it as one), and the writer adds the other arrays
@@ -86,11 +84,7 @@ def create_empty_file(path: str) -> None:
     fcpl.set_file_space_strategy(h5py.h5f.FSPACE_STRATEGY_PAGE, False, 1)
     fcpl.set_file_space_page_size(PAGE_BYTES)
     set_index_k(fcpl, INDEX_K)
-    # The root group in HDF5 1.8's object header format, which keeps attributes of any size (HDF5's original one
-    # holds 64 KiB at most: the class names of ~5,000 class folders); 1.10 reads the file already (pages).
-    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_V18, h5py.h5f.LIBVER_V110)
-    h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_EXCL, fcpl=fcpl, fapl=fapl).close()
+    h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_EXCL, fcpl=fcpl).close()
 
 
 def create_images_allocated_early(path: str, name: str, image_shape: tuple[int, ...], block_rows: int) -> None:
