@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from h5stream import _deps
+from h5stream.adapters._keras_epochs import keras_carries_on
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
@@ -70,10 +71,15 @@ class StreamBatches(keras.utils.PyDataset):
         return batch
 
     def on_epoch_begin(self):
-        self._passes.begin_pass()
+        """A pass begins, unless Keras carries on with the iterator of the epoch before (``steps_per_epoch`` below
+        ``len``: see :mod:`h5stream.adapters._keras_epochs`), which continues the pass under way."""
+        if not keras_carries_on():
+            self._passes.begin_pass()
 
     def on_epoch_end(self):
-        self._passes.end_pass()
+        """The pass ends (rewound for the next one to replay if incomplete), unless Keras carries on with it."""
+        if not keras_carries_on():
+            self._passes.end_pass()
 
 
 class DeviceBatches(StreamBatches):
@@ -122,10 +128,14 @@ class DeviceBatches(StreamBatches):
 
     def on_epoch_begin(self):
         self._passes.check_process()  # a process forked from the stream's: before the state's lock
+        if keras_carries_on() and self._state.uploader is not None:
+            return  # the pass under way goes on, uploads and all
         self._state.stop_uploader()
         self._state.start(self._passes, self._passes.begin_pass())
 
     def on_epoch_end(self):
+        if keras_carries_on():
+            return
         self._state.stop_uploader()
         self._passes.end_pass()
 
@@ -287,6 +297,12 @@ class ResumeCallback(keras.callbacks.Callback):
 
     # -- keras hooks ----------------------------------------------------------------
     def on_train_begin(self, logs=None):
+        steps = self.params.get("steps") if self.params else None
+        if steps is not None and int(steps) != self._n:
+            # Its record counts Keras epochs as whole passes of the stream; k-batch epochs would save wrong positions.
+            raise ConfigError(f"ResumeCallback needs Keras epochs of the stream's {self._n} batches, and this fit "
+                              f"runs {steps} steps an epoch: drop steps_per_epoch= (the stream's length is the "
+                              "epoch), or open the stream with the batch_size that gives the epochs you want")
         if self.saved and self.keep_weights:
             weights = os.path.join(self.directory, self.saved["weights"])
             opt = getattr(self.model, "optimizer", None)
