@@ -19,7 +19,7 @@ would batch again, or run the dataset in its workers, raises
 from __future__ import annotations
 
 from h5stream import _deps
-from h5stream.adapters._dataloader import check_iteration, refuse_pickling
+from h5stream.adapters._dataloader import check_iteration, refuse_pickling, replaced
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
@@ -28,7 +28,8 @@ from torch.utils.data import IterableDataset  # noqa: E402 - after the guarded i
 
 
 class StreamIterable(IterableDataset):
-    """``len(stream)`` tensor batches per iteration."""
+    """``len(stream)`` tensor batches per iteration; an iteration that a newer one replaced raises
+    :class:`~h5stream.StreamIterationError` at its next ``next()``."""
 
     def __init__(self, stream):
         super().__init__()
@@ -44,10 +45,14 @@ class StreamIterable(IterableDataset):
 
     def _batches(self):
         pass_id = self._passes.begin_pass()
+        served = 0
         while True:
             batch = self._passes.next_batch(pass_id)
             if batch is None:
+                if served < self._passes.n:
+                    raise replaced(self, served)
                 return
+            served += 1
             if isinstance(batch, tuple):
                 yield tuple(torch.from_numpy(a) for a in batch)
             else:  # label_mode=None: images alone

@@ -64,7 +64,7 @@ import numpy as np
 
 from h5stream import _deps
 from h5stream.concurrency.fork import OwnerOnly
-from h5stream.adapters._dataloader import check_iteration, refuse_pickling
+from h5stream.adapters._dataloader import check_iteration, refuse_pickling, replaced
 from h5stream.adapters._host_pins import HostPins
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError, StreamClosedError
@@ -397,11 +397,18 @@ class DeviceIterable(IterableDataset):
         if state.closed:
             raise StreamClosedError(f"{self.stream.meta.path}: this torch dataset is closed")
         uploader = state.start(self._passes, self._passes.begin_pass())
+        served = 0
         try:
             while True:
                 item = uploader.get()
                 if item is END:
+                    if served < self._passes.n:
+                        if state.closed:
+                            raise StreamClosedError(f"{self.stream.meta.path}: this torch dataset was closed "
+                                                    f"after {served} of the pass's {self._passes.n} batches")
+                        raise replaced(self, served)
                     return
+                served += 1
                 yield hand_over(item, self.options)
         finally:
             state.stop_uploader(uploader)
