@@ -35,6 +35,7 @@ SCRIPT = textwrap.dedent('''
     import h5stream
 
     path, epochs, steps, backend = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    device = sys.argv[5] if len(sys.argv) > 5 else None
     assert keras.backend.backend() == backend, keras.backend.backend()
     seen = []
 
@@ -51,7 +52,8 @@ SCRIPT = textwrap.dedent('''
     m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", run_eagerly=True)
     with h5stream.open(path, batch_size=16, seed=5, memory_budget="32MiB") as s, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        history = m.fit(s.keras(), epochs=epochs, steps_per_epoch=steps, verbose=0)
+        ds = s.keras() if device is None else s.keras(device=device)  # device: torch tensors uploaded ahead
+        history = m.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0)
     print(json.dumps({"seen": seen, "epochs": len(history.history["loss"])}))
 ''')
 
@@ -65,27 +67,30 @@ def store(tmp_path_factory):
     return path
 
 
-def run_fit(store, tmp_path, backend, epochs, steps):
+def run_fit(store, tmp_path, backend, epochs, steps, device=None):
     if importlib.util.find_spec({"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend]) is None:
         pytest.skip(f"needs {backend}")
     script = tmp_path / "fit.py"
     script.write_text(SCRIPT, encoding="utf-8")
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, str(script), store, str(epochs), str(steps), backend], env=env,
+    argv = [sys.executable, str(script), store, str(epochs), str(steps), backend] + ([device] if device else [])
+    done = subprocess.run(argv, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("backend", [
-    "tensorflow", pytest.param("jax", marks=pytest.mark.slow), pytest.param("torch", marks=pytest.mark.slow)])
-def test_steps_per_epoch_below_the_streams_length_continues_the_stream(store, tmp_path, backend):
+@pytest.mark.parametrize("backend, device", [
+    ("tensorflow", None), pytest.param("jax", None, marks=pytest.mark.slow),
+    pytest.param("torch", None, marks=pytest.mark.slow), pytest.param("torch", "cpu", marks=pytest.mark.slow)],
+    ids=["tensorflow", "jax", "torch", "torch-device"])
+def test_steps_per_epoch_below_the_streams_length_continues_the_stream(store, tmp_path, backend, device):
     """``steps_per_epoch=3`` of a 7-batch stream, 4 epochs: Keras takes 3, 3, then the 1 batch left of its
     iterator (its own "ran out of data" cut), then 3 from a fresh one.  The 10 batches trained on are the stream's
     first 10 -- its whole epoch 0, each row once, then the start of epoch 1 -- not the first 3 batches again
-    and again."""
-    out = run_fit(store, tmp_path, backend, epochs=4, steps=3)
+    and again.  On the torch backend also through ``stream.keras(device="cpu")``, whose uploads run ahead."""
+    out = run_fit(store, tmp_path, backend, epochs=4, steps=3, device=device)
     with h5stream.open(store, batch_size=BATCH, seed=SEED) as s:
         expected = np.concatenate([s.epoch_order(0), s.epoch_order(1)[: 3 * BATCH]])
     got = np.concatenate([np.asarray(b) for b in out["seen"]])
