@@ -116,6 +116,29 @@ def test_pydataset_serves_the_stream_order_even_after_keras_peeks(store):
         np.testing.assert_array_equal(_labels(peeked), expected[: 2 * BATCH])
 
 
+def test_a_loop_over_the_pydataset_is_one_pass_and_keeps_no_batch(store):
+    """``for x, y in stream.keras()`` (a loop of the user's, not Keras'): one epoch per loop, in the stream's
+    order, and a batch the loop let go of is freed -- not kept as a peek for a later pass (which held every
+    batch of every loop in memory, outside the budget)."""
+    import gc
+    import weakref
+
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=9) as s:
+        ds = s.keras()
+        for epoch in range(2):
+            labels, alive = [], []
+            for x, y in ds:
+                labels.append(np.asarray(y).copy())
+                alive.append(weakref.ref(x))
+            del x, y
+            gc.collect()
+            np.testing.assert_array_equal(np.concatenate(labels), s.epoch_order(epoch))
+            assert [r for r in alive if r() is not None] == []
+        assert (s.state()["epoch"], s.state()["batch"]) == (2, 0)
+        history = tiny_model().fit(ds, epochs=1, verbose=0)  # and fit goes on with the next epoch
+        assert len(history.history["loss"]) == 1 and s.state()["epoch"] == 3
+
+
 def test_tf_dataset_signature_and_abandoned_iteration_is_replayed(store):
     with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=7) as s:
         ds = s.tf_dataset()

@@ -70,6 +70,20 @@ class StreamBatches(keras.utils.PyDataset):
             raise IndexError(f"batch {index}: this epoch already served its {self._passes.n} batches")
         return batch
 
+    def __iter__(self):
+        """One pass: the next ``len(self)`` batches, as a ``for`` loop over a ``PyDataset`` gives one epoch.
+
+        Keras never iterates the dataset (it indexes it, inside its epoch hooks); a loop of the user's does.
+        Without a pass, every batch would be a peek, kept for the next pass: a loop held each batch it had
+        seen in memory, outside the budget, and the next ``fit`` replayed them.  A loop left early is replayed
+        by the next pass, as with any adapter.  In the iterating thread."""
+        self.on_epoch_begin()
+        try:
+            for index in range(len(self)):
+                yield self[index]
+        finally:
+            self.on_epoch_end()
+
     def on_epoch_begin(self):
         """A pass begins, unless Keras carries on with the iterator of the epoch before (``steps_per_epoch`` below
         ``len``: see :mod:`h5stream.adapters._keras_epochs`), which continues the pass under way."""
