@@ -152,6 +152,22 @@ def test_an_iteration_replaced_by_a_newer_one_raises_instead_of_ending_short(sto
         assert len(list(ds)) == len(s)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"], ids=["plain", "device"])
+def test_a_checkpoint_of_ds_state_mid_epoch_resumes_with_the_next_batch_despite_the_uploads_ahead(store, device):
+    """A training loop checkpoints ``ds.state()`` after 3 batches: a stream opened with ``resume=`` it serves
+    exactly the batches that were next, though the device adapter had read 3 more ahead (``stream.state()``
+    is past them: a resume from it would skip them)."""
+    with h5stream.open(store, batch_size=BATCH, seed=6) as s:
+        ds = s.torch(device=device, **({"batches_ahead": 3} if device else {}))
+        it = iter(ds)
+        first = [next(it)[1] for _ in range(3)]
+        saved = ds.state()
+        assert s.state()["batch"] == (6 if device else 3)
+    with h5stream.open(store, batch_size=BATCH, seed=6, resume=saved) as s:
+        rest = [y for _, y in s.torch(device=device)]
+    np.testing.assert_array_equal(torch.cat(first + rest[: len(s) - 3]).numpy(), s.epoch_order(0))
+
+
 def test_a_pass_ends_at_close_at_stream_close_and_when_dropped(store):
     with h5stream.open(store, batch_size=BATCH, seed=1) as s:
         # close() of the dataset, mid-pass: it refuses from then on, and the stream stays usable

@@ -43,6 +43,12 @@ class StreamIterable(IterableDataset):
         check_iteration(self, 2)
         return self._batches()
 
+    def state(self) -> dict:
+        """``stream.state()`` after the last batch handed to the training loop (what a checkpoint saves; the same
+        as ``stream.state()`` here, which nothing reads ahead of, and the call :class:`DeviceIterable
+        <h5stream.adapters.torch_device.DeviceIterable>` needs)."""
+        return self.stream.state()
+
     def _batches(self):
         pass_id = self._passes.begin_pass()
         served = 0
@@ -80,7 +86,9 @@ def as_torch(stream, device=None, **opts):
 
     Returns:
         ``len(stream)`` batches per iteration: ``(x, y)`` tensors, or ``x`` alone for a stream opened with
-        ``label_mode=None``.  Without ``device`` a :class:`StreamIterable`; with it a
+        ``label_mode=None``.  For a checkpoint, save ``ds.state()`` (the position after the batches the loop
+        took), not ``stream.state()``, which with ``device`` runs ahead by the batches uploaded ahead.
+        Without ``device`` a :class:`StreamIterable`; with it a
         :class:`~h5stream.adapters.torch_device.DeviceIterable`, whose ``close()`` lets go of the page-locked
         registrations (the stream stays open).
 
