@@ -100,6 +100,29 @@ def test_fit_runs_whole_epochs_with_validation_and_no_warning(store, adapter):
         assert len(history.history["data_wait_fraction"]) == 3
 
 
+def test_stall_monitor_times_each_batch_at_its_place_in_the_pass_with_short_keras_epochs(store):
+    """``steps_per_epoch=3`` of a 7-batch stream: Keras epochs of 3, 3, 1, 3 batches cut the stream's passes.
+    The monitor asks the pass for the hand-over time of each batch at its place in the pass (the first step of
+    fit is not timed), not at its place in the Keras epoch, which named batches handed over long before."""
+    from h5stream.keras import StallMonitor
+
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=4) as s:
+        stall = StallMonitor(s, verbose=False)
+        passes, asked = stall._passes, []
+        real_record = passes.record
+
+        def record(consumed):
+            asked.append(consumed)
+            return real_record(consumed)
+
+        passes.record = record  # the real pass logic, its calls logged
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras' own "ran out of data" at the cut
+            tiny_model().fit(s.keras(), epochs=4, steps_per_epoch=3, verbose=0, callbacks=[stall])
+        assert asked == [2, 3, 4, 5, 6, 7, 1, 2, 3]
+        assert [r["steps"] for r in stall.epochs] == [2, 3, 1, 3]
+
+
 def test_pydataset_serves_the_stream_order_even_after_keras_peeks(store):
     with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=5) as s:
         expected = np.concatenate([s.epoch_order(0), s.epoch_order(1)])

@@ -387,10 +387,12 @@ class StallMonitor(keras.callbacks.Callback):
         self.verbose = bool(verbose)
         self.epochs: list[dict] = []
         self._warm = False
+        self._batches_done = self._epoch_start = 0
         self._reset()
 
     def on_train_begin(self, logs=None):
         self._warm = False
+        self._batches_done = 0  # since fit began, which began a pass: Keras epochs may cut passes (steps_per_epoch)
 
     def _reset(self):
         self._wait_s = 0.0
@@ -401,6 +403,7 @@ class StallMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._reset()
+        self._epoch_start = self._batches_done
 
     def on_train_batch_begin(self, batch, logs=None):
         self._t_begin = time.perf_counter()
@@ -409,12 +412,15 @@ class StallMonitor(keras.callbacks.Callback):
         if self._t_begin is None:
             return
         t_end = time.perf_counter()
+        self._batches_done = self._epoch_start + batch + 1
         if not self._warm:
             self._warm = True
             self._untimed = 1
             return
         try:
-            _, t_ready = self._passes.record(batch + 1)
+            # The batch's place in the stream's pass: Keras epochs shorter than the stream (steps_per_epoch) cut
+            # passes into pieces, and Keras starts a fresh iterator exactly where a pass ends.
+            _, t_ready = self._passes.record((self._batches_done - 1) % self._passes.n + 1)
         except ConfigError:
             t_ready = None
         step = t_end - self._t_begin
