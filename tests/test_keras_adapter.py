@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -178,6 +179,21 @@ def test_tf_dataset_signature_and_abandoned_iteration_is_replayed(store):
     with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, drop_remainder=True) as s:
         x_spec, y_spec = s.tf_dataset().element_spec
         assert x_spec.shape[0] == BATCH and y_spec.shape[0] == BATCH
+
+
+@pytest.mark.parametrize("prefetch", [1.5, "2", "two", -1, True])
+def test_a_prefetch_that_is_not_a_whole_number_of_batches_is_one_config_error(store, prefetch):
+    """``prefetch=1.5`` was taken as 1 and ``"2"`` as 2 quietly, ``"two"`` was int()'s own ValueError;
+    ``tf.data.AUTOTUNE`` (-1) is refused saying why.  The same check in ``distributed_dataset``."""
+    from h5stream.adapters.distribute import distributed_dataset
+    from h5stream.adapters.tf import as_tf_dataset
+
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET) as s:
+        with pytest.raises(ConfigError, match=r"prefetch must be an integer >= 0 \(batches\), got " + re.escape(
+                repr(prefetch)) + ("(: tf.data.AUTOTUNE)" if prefetch == -1 else "$")):
+            as_tf_dataset(s, prefetch=prefetch)
+    with pytest.raises(ConfigError, match="prefetch must be an integer >= 0"):
+        distributed_dataset(store, tf.distribute.get_strategy(), BATCH, prefetch=prefetch)
 
 
 def test_balanced_class_weight():
