@@ -122,6 +122,7 @@ def test_stall_monitor_times_each_batch_at_its_place_in_the_pass_with_short_kera
             tiny_model().fit(s.keras(), epochs=4, steps_per_epoch=3, verbose=0, callbacks=[stall])
         assert asked == [2, 3, 4, 5, 6, 7, 1, 2, 3]
         assert [r["steps"] for r in stall.epochs] == [2, 3, 1, 3]
+        assert s.state()["epoch"] == 1  # the 10 batches ran into the stream's second epoch, none replayed
 
 
 def test_pydataset_serves_the_stream_order_even_after_keras_peeks(store):

@@ -1,7 +1,9 @@
 """``model.fit(stream.keras(), steps_per_epoch=k)`` on every Keras backend: the Keras epochs cut the stream's
 sequence, they never replay it.
 
-Keras' backend is chosen at ``import keras``, so each fit runs in a subprocess with ``KERAS_BACKEND`` set.  The
+Keras' backend is chosen at ``import keras``, so each fit runs in a subprocess with ``KERAS_BACKEND`` set (slow:
+a fresh Keras each; the default suite checks the same fit in-process on the TensorFlow backend, in
+``test_keras_adapter.py::test_stall_monitor_times_each_batch_at_its_place_in_the_pass_with_short_keras_epochs``).  The
 model records the rows of every batch it trains on (the pixels of row ``i`` are ``i``).
 """
 
@@ -82,7 +84,7 @@ def run_fit(store, tmp_path, backend, epochs, steps, device=None):
 
 
 @pytest.mark.parametrize("backend, device", [
-    ("tensorflow", None), pytest.param("jax", None, marks=pytest.mark.slow),
+    pytest.param("tensorflow", None, marks=pytest.mark.slow), pytest.param("jax", None, marks=pytest.mark.slow),
     pytest.param("torch", None, marks=pytest.mark.slow), pytest.param("torch", "cpu", marks=pytest.mark.slow)],
     ids=["tensorflow", "jax", "torch", "torch-device"])
 def test_steps_per_epoch_below_the_streams_length_continues_the_stream(store, tmp_path, backend, device):
