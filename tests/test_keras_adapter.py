@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -100,6 +101,30 @@ def test_fit_runs_whole_epochs_with_validation_and_no_warning(store, adapter):
         assert len(history.history["data_wait_fraction"]) == 3
 
 
+def test_stall_monitor_times_each_batch_at_its_place_in_the_pass_with_short_keras_epochs(store):
+    """``steps_per_epoch=3`` of a 7-batch stream: Keras epochs of 3, 3, 1, 3 batches cut the stream's passes.
+    The monitor asks the pass for the hand-over time of each batch at its place in the pass (the first step of
+    fit is not timed), not at its place in the Keras epoch, which named batches handed over long before."""
+    from h5stream.keras import StallMonitor
+
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=4) as s:
+        stall = StallMonitor(s, verbose=False)
+        passes, asked = stall._passes, []
+        real_record = passes.record
+
+        def record(consumed):
+            asked.append(consumed)
+            return real_record(consumed)
+
+        passes.record = record  # the real pass logic, its calls logged
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras' own "ran out of data" at the cut
+            tiny_model().fit(s.keras(), epochs=4, steps_per_epoch=3, verbose=0, callbacks=[stall])
+        assert asked == [2, 3, 4, 5, 6, 7, 1, 2, 3]
+        assert [r["steps"] for r in stall.epochs] == [2, 3, 1, 3]
+        assert s.state()["epoch"] == 1  # the 10 batches ran into the stream's second epoch, none replayed
+
+
 def test_pydataset_serves_the_stream_order_even_after_keras_peeks(store):
     with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=5) as s:
         expected = np.concatenate([s.epoch_order(0), s.epoch_order(1)])
@@ -114,6 +139,29 @@ def test_pydataset_serves_the_stream_order_even_after_keras_peeks(store):
             ds.on_epoch_end()
         np.testing.assert_array_equal(_labels(got), expected)
         np.testing.assert_array_equal(_labels(peeked), expected[: 2 * BATCH])
+
+
+def test_a_loop_over_the_pydataset_is_one_pass_and_keeps_no_batch(store):
+    """``for x, y in stream.keras()`` (a loop of the user's, not Keras'): one epoch per loop, in the stream's
+    order, and a batch the loop let go of is freed -- not kept as a peek for a later pass (which held every
+    batch of every loop in memory, outside the budget)."""
+    import gc
+    import weakref
+
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=9) as s:
+        ds = s.keras()
+        for epoch in range(2):
+            labels, alive = [], []
+            for x, y in ds:
+                labels.append(np.asarray(y).copy())
+                alive.append(weakref.ref(x))
+            del x, y
+            gc.collect()
+            np.testing.assert_array_equal(np.concatenate(labels), s.epoch_order(epoch))
+            assert [r for r in alive if r() is not None] == []
+        assert (s.state()["epoch"], s.state()["batch"]) == (2, 0)
+        history = tiny_model().fit(ds, epochs=1, verbose=0)  # and fit goes on with the next epoch
+        assert len(history.history["loss"]) == 1 and s.state()["epoch"] == 3
 
 
 def test_tf_dataset_signature_and_abandoned_iteration_is_replayed(store):
@@ -132,6 +180,21 @@ def test_tf_dataset_signature_and_abandoned_iteration_is_replayed(store):
     with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, drop_remainder=True) as s:
         x_spec, y_spec = s.tf_dataset().element_spec
         assert x_spec.shape[0] == BATCH and y_spec.shape[0] == BATCH
+
+
+@pytest.mark.parametrize("prefetch", [1.5, "2", "two", -1, True])
+def test_a_prefetch_that_is_not_a_whole_number_of_batches_is_one_config_error(store, prefetch):
+    """``prefetch=1.5`` was taken as 1 and ``"2"`` as 2 quietly, ``"two"`` was int()'s own ValueError;
+    ``tf.data.AUTOTUNE`` (-1) is refused saying why.  The same check in ``distributed_dataset``."""
+    from h5stream.adapters.distribute import distributed_dataset
+    from h5stream.adapters.tf import as_tf_dataset
+
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET) as s:
+        with pytest.raises(ConfigError, match=r"prefetch must be an integer >= 0 \(batches\), got " + re.escape(
+                repr(prefetch)) + ("(: tf.data.AUTOTUNE)" if prefetch == -1 else "$")):
+            as_tf_dataset(s, prefetch=prefetch)
+    with pytest.raises(ConfigError, match="prefetch must be an integer >= 0"):
+        distributed_dataset(store, tf.distribute.get_strategy(), BATCH, prefetch=prefetch)
 
 
 def test_balanced_class_weight():

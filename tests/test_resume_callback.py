@@ -151,3 +151,13 @@ def test_a_resume_file_that_is_not_a_record_is_one_line_naming_it(store, tmp_pat
         ResumeCallback(ckpt, s)
     msg = str(info.value)
     assert msg.startswith(str(ckpt / "h5stream_resume.json")) and "start afresh" in msg and "\n" not in msg
+
+
+def test_a_fit_with_epochs_shorter_than_the_stream_is_refused(store, tmp_path):
+    """``steps_per_epoch`` below the stream's length cuts its passes into several Keras epochs; the callback's
+    record counts a Keras epoch as one pass, so it refuses before training rather than saving wrong positions."""
+    with open_train(store) as train:
+        resume = ResumeCallback(tmp_path / "ckpt", train)
+        with pytest.raises(h5stream.ConfigError, match=r"stream's 6 batches, and this fit runs 2 steps an epoch"):
+            make_model().fit(train.keras(), epochs=2, steps_per_epoch=2, verbose=0, callbacks=[resume])
+        assert not (tmp_path / "ckpt").exists()

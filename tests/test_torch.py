@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 import h5stream  # noqa: E402
 from h5stream.adapters._host_pins import HostPins  # noqa: E402
 from h5stream.adapters.torch_device import convert, device_options  # noqa: E402
-from h5stream.errors import ChecksumError, ConfigError, StreamClosedError  # noqa: E402
+from h5stream.errors import ChecksumError, ConfigError, StreamClosedError, StreamIterationError  # noqa: E402
 from h5stream.store.writer import write_arrays  # noqa: E402
 from conftest import collect  # noqa: E402
 
@@ -133,6 +133,39 @@ def test_an_abandoned_pass_is_replayed_whole_despite_the_read_ahead(store):
         assert len(again) == len(s)
         np.testing.assert_array_equal(torch.cat(again).numpy(), s.epoch_order(0))
         np.testing.assert_array_equal(torch.cat(first).numpy(), s.epoch_order(0)[:2 * BATCH])
+
+
+@pytest.mark.parametrize("device", [None, "cpu"], ids=["plain", "device"])
+def test_an_iteration_replaced_by_a_newer_one_raises_instead_of_ending_short(store, device):
+    """A loop still running over an iteration that a newer ``iter(ds)`` replaced: its next ``next()`` raises
+    ``StreamIterationError`` saying how many batches it had, not a quiet ``StopIteration`` (a short epoch).  The
+    newer iteration is whole, and the stream goes on."""
+    with h5stream.open(store, batch_size=BATCH, seed=2) as s:
+        ds = s.torch(device=device)
+        old = iter(ds)
+        next(old)
+        newer = [y for _, y in ds]
+        assert len(newer) == len(s)
+        np.testing.assert_array_equal(torch.cat(newer).numpy(), s.epoch_order(0))
+        with pytest.raises(StreamIterationError, match=rf"replaced after 1 of its {len(s)} batches by a newer pass"):
+            next(old)
+        assert len(list(ds)) == len(s)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"], ids=["plain", "device"])
+def test_a_checkpoint_of_ds_state_mid_epoch_resumes_with_the_next_batch_despite_the_uploads_ahead(store, device):
+    """A training loop checkpoints ``ds.state()`` after 3 batches: a stream opened with ``resume=`` it serves
+    exactly the batches that were next, though the device adapter had read 3 more ahead (``stream.state()``
+    is past them: a resume from it would skip them)."""
+    with h5stream.open(store, batch_size=BATCH, seed=6) as s:
+        ds = s.torch(device=device, **({"batches_ahead": 3} if device else {}))
+        it = iter(ds)
+        first = [next(it)[1] for _ in range(3)]
+        saved = ds.state()
+        assert s.state()["batch"] == (6 if device else 3)
+    with h5stream.open(store, batch_size=BATCH, seed=6, resume=saved) as s:
+        rest = [y for _, y in s.torch(device=device)]
+    np.testing.assert_array_equal(torch.cat(first + rest[: len(s) - 3]).numpy(), s.epoch_order(0))
 
 
 def test_a_pass_ends_at_close_at_stream_close_and_when_dropped(store):

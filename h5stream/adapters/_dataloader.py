@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 
 from h5stream import _deps
-from h5stream.errors import ConfigError
+from h5stream.errors import ConfigError, StreamIterationError
 
 _deps.torch()  # one error line naming what to install, where torch is missing
 from torch.utils.data import get_worker_info  # noqa: E402 - after the guarded import of torch
@@ -67,3 +67,14 @@ def _loader_batches_again(frame) -> bool:
         return False
     caller = frame.f_locals.get("self")
     return isinstance(caller, _BaseDatasetFetcher) and bool(getattr(caller, "auto_collation", False))
+
+
+def replaced(ds, served: int) -> StreamIterationError:
+    """What an iteration of a torch dataset raises when it finds its pass ended after ``served`` of its batches:
+    a newer pass (a new ``iter(ds)``, or another adapter of the stream) replaced it.  Raised, not a quiet
+    ``StopIteration``: a loop still running over the old iteration would otherwise see a short epoch."""
+    return StreamIterationError(
+        f"{ds.stream.meta.path}: this iteration of the torch dataset was replaced after {served} of its "
+        f"{len(ds)} batches by a newer pass (a new iter(ds), or another adapter of the same stream); a stream "
+        "serves one pass at a time: finish or drop one iteration before starting the next"
+    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import h5stream
 from h5stream import _deps
-from h5stream.adapters.tf import as_tf_dataset
+from h5stream.adapters.tf import as_tf_dataset, checked_prefetch
 from h5stream.errors import ConfigError
 
 tf = _deps.tensorflow()
@@ -77,6 +77,7 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
     reshuffled), for trainers that count steps: ``tf_keras``' ``fit`` with
     ``steps_per_epoch=out.steps_per_epoch`` then sees exact epochs.
     """
+    prefetch = checked_prefetch(prefetch)
     for key in ("batch_size", "shard"):
         if key in open_kwargs:
             raise ConfigError(f"distributed_dataset sets {key} itself; pass global_batch_size instead")

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from h5stream import _deps
+from h5stream.adapters._keras_epochs import keras_carries_on
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
@@ -69,11 +70,30 @@ class StreamBatches(keras.utils.PyDataset):
             raise IndexError(f"batch {index}: this epoch already served its {self._passes.n} batches")
         return batch
 
+    def __iter__(self):
+        """One pass: the next ``len(self)`` batches, as a ``for`` loop over a ``PyDataset`` gives one epoch.
+
+        Keras never iterates the dataset (it indexes it, inside its epoch hooks); a loop of the user's does.
+        Without a pass, every batch would be a peek, kept for the next pass: a loop held each batch it had
+        seen in memory, outside the budget, and the next ``fit`` replayed them.  A loop left early is replayed
+        by the next pass, as with any adapter.  In the iterating thread."""
+        self.on_epoch_begin()
+        try:
+            for index in range(len(self)):
+                yield self[index]
+        finally:
+            self.on_epoch_end()
+
     def on_epoch_begin(self):
-        self._passes.begin_pass()
+        """A pass begins, unless Keras carries on with the iterator of the epoch before (``steps_per_epoch`` below
+        ``len``: see :mod:`h5stream.adapters._keras_epochs`), which continues the pass under way."""
+        if not keras_carries_on():
+            self._passes.begin_pass()
 
     def on_epoch_end(self):
-        self._passes.end_pass()
+        """The pass ends (rewound for the next one to replay if incomplete), unless Keras carries on with it."""
+        if not keras_carries_on():
+            self._passes.end_pass()
 
 
 class DeviceBatches(StreamBatches):
@@ -122,10 +142,14 @@ class DeviceBatches(StreamBatches):
 
     def on_epoch_begin(self):
         self._passes.check_process()  # a process forked from the stream's: before the state's lock
+        if keras_carries_on() and self._state.uploader is not None:
+            return  # the pass under way goes on, uploads and all
         self._state.stop_uploader()
         self._state.start(self._passes, self._passes.begin_pass())
 
     def on_epoch_end(self):
+        if keras_carries_on():
+            return
         self._state.stop_uploader()
         self._passes.end_pass()
 
@@ -287,6 +311,12 @@ class ResumeCallback(keras.callbacks.Callback):
 
     # -- keras hooks ----------------------------------------------------------------
     def on_train_begin(self, logs=None):
+        steps = self.params.get("steps") if self.params else None
+        if steps is not None and int(steps) != self._n:
+            # Its record counts Keras epochs as whole passes of the stream; k-batch epochs would save wrong positions.
+            raise ConfigError(f"ResumeCallback needs Keras epochs of the stream's {self._n} batches, and this fit "
+                              f"runs {steps} steps an epoch: drop steps_per_epoch= (the stream's length is the "
+                              "epoch), or open the stream with the batch_size that gives the epochs you want")
         if self.saved and self.keep_weights:
             weights = os.path.join(self.directory, self.saved["weights"])
             opt = getattr(self.model, "optimizer", None)
@@ -357,10 +387,12 @@ class StallMonitor(keras.callbacks.Callback):
         self.verbose = bool(verbose)
         self.epochs: list[dict] = []
         self._warm = False
+        self._batches_done = self._epoch_start = 0
         self._reset()
 
     def on_train_begin(self, logs=None):
         self._warm = False
+        self._batches_done = 0  # since fit began, which began a pass: Keras epochs may cut passes (steps_per_epoch)
 
     def _reset(self):
         self._wait_s = 0.0
@@ -371,6 +403,7 @@ class StallMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._reset()
+        self._epoch_start = self._batches_done
 
     def on_train_batch_begin(self, batch, logs=None):
         self._t_begin = time.perf_counter()
@@ -379,12 +412,15 @@ class StallMonitor(keras.callbacks.Callback):
         if self._t_begin is None:
             return
         t_end = time.perf_counter()
+        self._batches_done = self._epoch_start + batch + 1
         if not self._warm:
             self._warm = True
             self._untimed = 1
             return
         try:
-            _, t_ready = self._passes.record(batch + 1)
+            # The batch's place in the stream's pass: Keras epochs shorter than the stream (steps_per_epoch) cut
+            # passes into pieces, and Keras starts a fresh iterator exactly where a pass ends.
+            _, t_ready = self._passes.record((self._batches_done - 1) % self._passes.n + 1)
         except ConfigError:
             t_ready = None
         step = t_end - self._t_begin

@@ -26,6 +26,7 @@ would keep the stream, its reader thread and its workers too.
 
 from __future__ import annotations
 
+import numbers
 import weakref
 
 from h5stream import _deps
@@ -46,10 +47,19 @@ def element_spec(stream) -> tuple[tf.TensorSpec, tf.TensorSpec] | tf.TensorSpec:
     return x_spec, y_spec
 
 
+def checked_prefetch(prefetch) -> int:
+    """``prefetch`` (batches) as an int, or a :class:`ConfigError` naming the value and the fix."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, numbers.Integral) or prefetch < 0:
+        # int() would take 1.5 (as 1) or "2" quietly, and raise its own ValueError for "two"
+        why = (": tf.data.AUTOTUNE (-1) would size that buffer itself, outside the stream's memory budget"
+               if isinstance(prefetch, numbers.Integral) and prefetch == tf.data.AUTOTUNE else "")
+        raise ConfigError(f"prefetch must be an integer >= 0 (batches), got {prefetch!r}{why}")
+    return int(prefetch)
+
+
 def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches, ``len(stream)`` per iteration, prefetching ``prefetch`` batches."""
-    if isinstance(prefetch, bool) or int(prefetch) < 0:
-        raise ConfigError(f"prefetch must be an integer >= 0 (batches), got {prefetch!r}")
+    prefetch = checked_prefetch(prefetch)
     passes = passes_for(stream)
     passes_ref = weakref.ref(passes)  # see the module docstring: TensorFlow never frees this function
     del passes

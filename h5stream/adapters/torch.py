@@ -19,7 +19,7 @@ would batch again, or run the dataset in its workers, raises
 from __future__ import annotations
 
 from h5stream import _deps
-from h5stream.adapters._dataloader import check_iteration, refuse_pickling
+from h5stream.adapters._dataloader import check_iteration, refuse_pickling, replaced
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError
 
@@ -28,7 +28,8 @@ from torch.utils.data import IterableDataset  # noqa: E402 - after the guarded i
 
 
 class StreamIterable(IterableDataset):
-    """``len(stream)`` tensor batches per iteration."""
+    """``len(stream)`` tensor batches per iteration; an iteration that a newer one replaced raises
+    :class:`~h5stream.StreamIterationError` at its next ``next()``."""
 
     def __init__(self, stream):
         super().__init__()
@@ -42,12 +43,22 @@ class StreamIterable(IterableDataset):
         check_iteration(self, 2)
         return self._batches()
 
+    def state(self) -> dict:
+        """``stream.state()`` after the last batch handed to the training loop (what a checkpoint saves; the same
+        as ``stream.state()`` here, which nothing reads ahead of, and the call :class:`DeviceIterable
+        <h5stream.adapters.torch_device.DeviceIterable>` needs)."""
+        return self.stream.state()
+
     def _batches(self):
         pass_id = self._passes.begin_pass()
+        served = 0
         while True:
             batch = self._passes.next_batch(pass_id)
             if batch is None:
+                if served < self._passes.n:
+                    raise replaced(self, served)
                 return
+            served += 1
             if isinstance(batch, tuple):
                 yield tuple(torch.from_numpy(a) for a in batch)
             else:  # label_mode=None: images alone
@@ -75,7 +86,9 @@ def as_torch(stream, device=None, **opts):
 
     Returns:
         ``len(stream)`` batches per iteration: ``(x, y)`` tensors, or ``x`` alone for a stream opened with
-        ``label_mode=None``.  Without ``device`` a :class:`StreamIterable`; with it a
+        ``label_mode=None``.  For a checkpoint, save ``ds.state()`` (the position after the batches the loop
+        took), not ``stream.state()``, which with ``device`` runs ahead by the batches uploaded ahead.
+        Without ``device`` a :class:`StreamIterable`; with it a
         :class:`~h5stream.adapters.torch_device.DeviceIterable`, whose ``close()`` lets go of the page-locked
         registrations (the stream stays open).
 

@@ -64,7 +64,7 @@ import numpy as np
 
 from h5stream import _deps
 from h5stream.concurrency.fork import OwnerOnly
-from h5stream.adapters._dataloader import check_iteration, refuse_pickling
+from h5stream.adapters._dataloader import check_iteration, refuse_pickling, replaced
 from h5stream.adapters._host_pins import HostPins
 from h5stream.adapters._passes import passes_for
 from h5stream.errors import ConfigError, StreamClosedError
@@ -383,6 +383,7 @@ class DeviceIterable(IterableDataset):
         self._passes = passes_for(stream)
         self._state = DeviceState(opts)
         self._finalizer = weakref.finalize(self, OwnerOnly(self._state.close))  # nothing in a forked child
+        self._handed_over = 0  # batches of the current pass handed to the training loop
 
     def __len__(self) -> int:
         return self._passes.n
@@ -397,14 +398,28 @@ class DeviceIterable(IterableDataset):
         if state.closed:
             raise StreamClosedError(f"{self.stream.meta.path}: this torch dataset is closed")
         uploader = state.start(self._passes, self._passes.begin_pass())
+        served = self._handed_over = 0
         try:
             while True:
                 item = uploader.get()
                 if item is END:
+                    if served < self._passes.n:
+                        if state.closed:
+                            raise StreamClosedError(f"{self.stream.meta.path}: this torch dataset was closed "
+                                                    f"after {served} of the pass's {self._passes.n} batches")
+                        raise replaced(self, served)
                     return
+                served += 1
+                self._handed_over = served
                 yield hand_over(item, self.options)
         finally:
             state.stop_uploader(uploader)
+
+    def state(self) -> dict:
+        """``stream.state()`` as it was after the last batch this dataset handed to the training loop: what a
+        checkpoint saves (``resume=`` it).  ``stream.state()`` itself runs ahead by the batches uploaded ahead,
+        which a resume from it would skip.  In the training loop's thread."""
+        return self._passes.record(self._handed_over)[0]
 
     def stats(self) -> dict:
         """``batches`` uploaded, ``wait_s`` the training loop spent in ``next()`` (issuing the uploads included),
