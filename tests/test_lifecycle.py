@@ -292,3 +292,36 @@ def test_a_worker_inside_a_task_that_never_returns_exits_when_its_parent_is_kill
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=120)
+
+
+class Preempted(Exception):
+    """What a training job's SIGTERM handler raises to shut down gracefully (torch elastic's SignalException is
+    an Exception too)."""
+
+
+def test_an_exception_of_a_signal_handler_inside_a_wait_for_a_batch_is_raised_as_it_is(source):
+    """A signal handler's exception that interrupts the wait for the workers' answers reaches the caller as it is
+    (so its ``except`` runs the job's shutdown); it was taken for a failure of the pipes and raised as
+    ``WorkerError: reading the augment workers' pipes failed: Preempted``.  The pool is failed after it, saying
+    why (an answer may have been cut short)."""
+    from h5stream.concurrency.procpool import Workers
+
+    def preempt(signum, frame):
+        while frame is not None:  # only inside the wait on the pipes: elsewhere, the next tick tries again
+            if frame.f_code is Workers.wait.__code__:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                raise Preempted("SIGTERM")
+            frame = frame.f_back
+
+    old = signal.signal(signal.SIGALRM, preempt)
+    try:
+        with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2, close_timeout_s=1) as pool:
+            pool.submit(0, [0, 1], [0, 1], epoch=0, seed=HANG, timeout_s=60, in_place=True)
+            signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+            with pytest.raises(Preempted):
+                pool.get(60)  # the task never ends: the timer lands in the wait
+            with pytest.raises(WorkerError, match="a signal handler's Preempted: SIGTERM interrupted the reading"):
+                pool.get(60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
