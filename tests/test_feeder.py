@@ -416,6 +416,8 @@ def test_after_a_restore_that_a_dead_worker_failed_next_raises_that_error_at_onc
     restore had closed (no batch was in the pool yet: ``StreamClosedError: the stream is closed``); with it, the
     trainer waited for an answer to a request it had not sent (the failed start asked for no batch) and raised,
     ``timeout_s`` later, that the feeder had not sent a batch."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("needs Linux pidfds")
     with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=AUG, workers=2, feeder=feeder,
                        timeout_s=30) as s:
         state = s.state()
