@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -406,3 +407,30 @@ def test_ctrl_c_anywhere_in_a_feeder_epoch_loop_raises_keyboard_interrupt_and_le
     err, feeders = ctrl_c_everywhere(proc)  # Ctrl-C to the whole foreground group, feeder and workers included
     assert feeders and proc.returncode != 0 and err.rstrip().endswith("KeyboardInterrupt"), err
     assert "leaked" not in err and "h5stream-feeder" not in err and "h5stream-augment" not in err, err
+
+
+@pytest.mark.parametrize("feeder", [False, True], ids=["pooled", "feeder"])
+def test_after_a_restore_that_a_dead_worker_failed_next_raises_that_error_at_once(store, feeder):
+    """A worker SIGKILLed, then ``restore()``: the restore raises WorkerError, and so does every later ``next``,
+    at once, with the feeder as without it.  Before, without the feeder ``next`` read from the reader the failed
+    restore had closed (no batch was in the pool yet: ``StreamClosedError: the stream is closed``); with it, the
+    trainer waited for an answer to a request it had not sent (the failed start asked for no batch) and raised,
+    ``timeout_s`` later, that the feeder had not sent a batch."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("needs Linux pidfds")
+    with h5stream.open(store, batch_size=32, memory_budget="300MiB", augment=AUG, workers=2, feeder=feeder,
+                       timeout_s=30) as s:
+        state = s.state()
+        worker = s.stats()["worker_pids"][0]
+        pidfd = os.pidfd_open(worker)  # readable once it has ended; unlike a wait, it leaves it to its parent
+        try:
+            os.kill(worker, signal.SIGKILL)
+            assert select.select([pidfd], [], [], SAFETY_S)[0]
+        finally:
+            os.close(pidfd)
+        with pytest.raises(WorkerError, match=rf"worker 0 \(pid {worker}\) was killed by SIGKILL") as first:
+            s.restore(state)
+        for _ in range(2):
+            with pytest.raises(WorkerError) as again:
+                next(iter(s))
+            assert str(again.value) == str(first.value)

@@ -26,7 +26,7 @@ from conftest import collect
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds")
 
 MY_SEGMENTS = f"h5s_{os.getpid()}_"  # other sessions on this machine create h5s_* too
-PLAIN, HANG, EXIT3 = 0, 1, 2  # seed values selecting Behave's behaviour
+PLAIN, HANG, EXIT3, SAY_AND_HANG = 0, 1, 2, 3  # seed values selecting Behave's behaviour
 
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -50,9 +50,13 @@ def still_running(pids, timeout_s=60.0):
 
 
 class Behave:
-    """Picklable transform: PLAIN copies, HANG never returns, EXIT3 ends the worker with code 3."""
+    """Picklable transform: PLAIN copies, HANG never returns, EXIT3 ends the worker with code 3, SAY_AND_HANG
+    prints ``hanging PID`` on stdout, then never returns."""
 
     def __call__(self, images, *, seed, epoch, row_ids, out=None):
+        if seed == SAY_AND_HANG:
+            print("hanging", os.getpid(), flush=True)
+            seed = HANG
         if seed == HANG:
             while True:
                 signal.pause()
@@ -244,3 +248,80 @@ def test_workers_skip_the_main_script_when_the_transform_lives_elsewhere(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["72"]
     assert done.stderr.count("main script ran") == 1, done.stderr
+
+
+HANGING = textwrap.dedent(
+    f"""
+    import sys
+    sys.path.insert(0, {os.path.dirname(__file__)!r})
+    import numpy as np
+    from test_lifecycle import SAY_AND_HANG, Behave
+    from h5stream.augment.pool import WorkerPool
+    from h5stream.memory.shm import SharedArray, new_prefix
+
+    if __name__ == "__main__":
+        with SharedArray.create((4, 2, 2, 1), np.uint8, new_prefix()) as src, WorkerPool(
+            Behave(), [src.spec], workers=1, batch_rows=2, n_slots=1
+        ) as pool:
+            pool.submit(0, [0, 1], [0, 1], epoch=0, seed=SAY_AND_HANG, timeout_s=60, in_place=True)
+            pool.get(3600)
+    """
+)
+
+
+def test_a_worker_inside_a_task_that_never_returns_exits_when_its_parent_is_killed(tmp_path):
+    """A worker saw its parent's end only between tasks: one inside a transform that never returns (a hang, an
+    endless loop) outlived a parent killed by SIGKILL for good, its shared memory still mapped."""
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    worker = None
+    try:
+        if not select.select([proc.stdout], [], [], 120)[0]:  # safety net
+            pytest.fail("the script's worker did not start its task")
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["hanging"], (line, proc.stderr.read() if proc.poll() is not None else "")
+        worker = int(line[1])
+        os.kill(proc.pid, signal.SIGKILL)  # the worker is inside its task
+        proc.wait(timeout=120)  # not communicate(): the worker holds the script's pipes until it ends
+        assert still_running([worker], timeout_s=30) == []  # a safety net: it ends at once
+    finally:
+        if worker is not None and still_running([worker], timeout_s=0):
+            os.kill(worker, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=120)
+
+
+class Preempted(Exception):
+    """What a training job's SIGTERM handler raises to shut down gracefully (torch elastic's SignalException is
+    an Exception too)."""
+
+
+def test_an_exception_of_a_signal_handler_inside_a_wait_for_a_batch_is_raised_as_it_is(source):
+    """A signal handler's exception that interrupts the wait for the workers' answers reaches the caller as it is
+    (so its ``except`` runs the job's shutdown); it was taken for a failure of the pipes and raised as
+    ``WorkerError: reading the augment workers' pipes failed: Preempted``.  The pool is failed after it, saying
+    why (an answer may have been cut short)."""
+    from h5stream.concurrency.procpool import Workers
+
+    def preempt(signum, frame):
+        while frame is not None:  # only inside the wait on the pipes: elsewhere, the next tick tries again
+            if frame.f_code is Workers.wait.__code__:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                raise Preempted("SIGTERM")
+            frame = frame.f_back
+
+    old = signal.signal(signal.SIGALRM, preempt)
+    try:
+        with WorkerPool(Behave(), [source.spec], workers=1, batch_rows=4, n_slots=2, close_timeout_s=1) as pool:
+            pool.submit(0, [0, 1], [0, 1], epoch=0, seed=HANG, timeout_s=60, in_place=True)
+            signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+            with pytest.raises(Preempted):
+                pool.get(60)  # the task never ends: the timer lands in the wait
+            with pytest.raises(WorkerError, match="a signal handler's Preempted: SIGTERM interrupted the reading"):
+                pool.get(60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -117,3 +117,27 @@ def test_peak_memory_of_a_stream_from_a_url_stays_within_the_budget(store, tmp_p
     assert r["rows"] == ROWS and r["rows_per_fill"] < ROWS and r["planned"] <= r["budget"]
     assert 0 < r["peak"] <= r["budget"], (f"peak {r['peak'] / 2**20:.1f} MiB over a budget of "
                                           f"{r['budget'] / 2**20:.1f} MiB: {r}")
+
+
+PROCESS_EVENTS = r"""
+import sys
+import h5py  # imported first: its own import asks `uname -p` (platform.processor), not h5stream's doing
+import h5stream
+
+started = []
+sys.addaudithook(lambda event, args: started.append((event, str(args)[:200]))
+                 if event in ("subprocess.Popen", "os.fork", "os.posix_spawn", "os.exec", "os.spawn") else None)
+with h5stream.open(sys.argv[1], batch_size=32, workers=0, verify_reads=True) as s:
+    rows = sum(len(x) for x, _ in s)
+print(rows, started)
+"""
+
+
+def test_a_stream_without_workers_starts_no_process(store):
+    """Finding the C library for ``preadv`` and ``cachestat`` asked ``ldconfig`` in a child process
+    (``ctypes.util.find_library``): a vfork'd copy of the training process mid-epoch, which the measured peak
+    counted as a second copy of its memory (twice the budget, now and then), and a process more where a job
+    may start none.  The C library the interpreter runs on is found without one."""
+    proc = subprocess.run([sys.executable, "-c", PROCESS_EVENTS, store], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{ROWS} []", proc.stdout

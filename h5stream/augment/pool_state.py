@@ -27,6 +27,7 @@ from collections import deque
 from typing import Callable
 
 from h5stream.concurrency import wait as _wait
+from h5stream.concurrency.interrupt import raised_by_signal_handler
 from h5stream.concurrency.procpool import DONE, ERROR, EXITED, FATAL, READY, InOrder, Workers, pick_worker
 from h5stream.concurrency.procpool import stopped as stopped  # the feed asks it of a late worker's pid
 from h5stream.errors import StreamClosedError, WorkerError
@@ -178,13 +179,20 @@ class PoolState:
                     self.reading = None
                     for w, msg in events:
                         self.handle(w, msg)
+                    # A signal handler's exception (a SIGTERM handler's, an alarm's) is the caller's: raised as
+                    # it is.  It may have cut a read short, so the pool is failed all the same, saying why.
+                    foreign = error is not None and raised_by_signal_handler(error)
                     if isinstance(error, Exception) and self.failure is None and not self.closed:
-                        self.failure = (f"reading the augment workers' pipes failed: {type(error).__name__}: "
-                                        f"{error}", "".join(traceback.format_exception(error)))
+                        name = f"{type(error).__name__}: {error}".rstrip(": ")
+                        self.failure = ((f"a signal handler's {name} interrupted the reading of the augment "
+                                         "workers' pipes, whose answers may be lost: open the stream again, "
+                                         "or go on from its state()") if foreign else
+                                        f"reading the augment workers' pipes failed: {name}",
+                                        "".join(traceback.format_exception(error)))
                         self.wake_all()
                     else:
                         self.cond.notify_all()  # a second reader, or shutdown, waits for the reading to end
-                    if error is not None and not isinstance(error, Exception):
+                    if error is not None and (foreign or not isinstance(error, Exception)):
                         raise error  # a Ctrl-C, once the reading is over
                     self.check()
                     if ready():

@@ -96,3 +96,39 @@ def raise_pending() -> None:
         _owed.clear()
         if _next_handler is not None:
             _next_handler(signal.SIGINT, frame)
+
+
+def _code_of(handler):
+    """The code object a signal handler runs first, or None (``SIG_DFL``, ``SIG_IGN``, a C handler)."""
+    for _ in range(4):  # a bound method, a functools.partial, a callable object: unwrap a few levels
+        code = getattr(handler, "__code__", None)
+        if code is not None:
+            return code
+        inner = getattr(handler, "__func__", None) or getattr(handler, "func", None)
+        if inner is None and callable(handler) and not isinstance(handler, type):
+            inner = type(handler).__call__
+        if inner is None:
+            return None
+        handler = inner
+    return None
+
+
+def raised_by_signal_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by (or under) a Python signal handler installed now: the user's graceful
+    shutdown (a SIGTERM handler raising ``SystemExit`` or torch elastic's ``SignalException``), an alarm's
+    timeout.  Such an exception interrupts whatever the main thread was doing and is the caller's to handle,
+    never a failure of what it interrupted.  Any thread."""
+    codes = set()
+    for signum in signal.valid_signals():
+        try:
+            code = _code_of(signal.getsignal(signum))
+        except (ValueError, OSError):  # pragma: no cover - a signal Python cannot look at
+            continue
+        if code is not None:
+            codes.add(code)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False

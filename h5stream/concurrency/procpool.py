@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from h5stream.concurrency.spawn import reap_workers, spawn_workers, worker_signals
+from h5stream.concurrency.spawn import exit_with_parent, reap_workers, spawn_workers, worker_signals
 
 READY, FATAL, DONE, ERROR, EXITED = "ready", "fatal", "done", "error", "exited"
 """The first item of every message a front end receives from :meth:`Workers.wait`."""
@@ -111,11 +111,14 @@ def serve(conn, setup: Callable, handle: Callable, stage: str, *setup_args) -> N
     ``handle(state, body)``: ``("done", seq, result)``, or ``("error", seq, failure)`` if it raised (anything,
     SystemExit from user code too: the worker reports and keeps serving; stage ``stage`` unless the handler
     raised :class:`TaskFailed`).  Returns on ``None``, or as soon as it is between tasks and the parent is
-    gone (its process sentinel, so even a parent killed by SIGKILL leaves no orphan serving).  ``setup`` and
+    gone (its process sentinel, so even a parent killed by SIGKILL leaves no orphan serving); a parent gone
+    while a task runs ends the process at once (:func:`~h5stream.concurrency.spawn.exit_with_parent`).  ``setup`` and
     ``handle`` are module-level functions (spawn pickles them by name).
     """
     worker_signals()
     parent = mp.parent_process()
+    if parent is not None:
+        exit_with_parent(parent.sentinel)  # a parent killed mid-task: between tasks the loop below sees it too
     try:
         state = setup(*setup_args)
     except BaseException as exc:

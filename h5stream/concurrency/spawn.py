@@ -1,5 +1,6 @@
 """Spawned worker processes that talk to their parent over pipes, started lean: without re-running the
-parent's main script, one thread each (ingest and augment); glibc's heap kept between images in decode workers.
+parent's main script, one working thread each (ingest and augment; another only waits for the parent's end);
+glibc's heap kept between images in decode workers.
 
 :func:`spawn_workers` is the start-up of the process-pool core
 (:mod:`h5stream.concurrency.procpool`) that both worker pools stand on: one ``spawn``
@@ -17,8 +18,10 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import select
 import signal
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -145,6 +148,26 @@ def worker_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def exit_with_parent(sentinel, exitcode: int = 1) -> threading.Thread:
+    """In a worker: a daemon thread that ends this process (``os._exit``) as soon as ``sentinel`` (the parent's
+    process sentinel) says the parent is gone, even in the middle of a task.  A worker's loop notices its
+    parent's end only between tasks, so a worker inside a transform that never returns (a hang, an endless loop,
+    a deadlocked library) outlived a parent killed by SIGKILL, holding its shared memory mapped.  Safe: a
+    worker owns nothing that outlives it (the parent owns the segments, it only maps them).  The thread needs
+    the GIL for a moment, which every wait and nearly every C call lets go.  Returns the thread."""
+
+    def watch() -> None:
+        try:
+            select.select([sentinel], [], [])
+        except (OSError, ValueError):  # pragma: no cover - the descriptor was closed: this process is ending
+            return
+        os._exit(exitcode)
+
+    thread = threading.Thread(target=watch, name="h5stream-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def reap_workers(procs: Sequence, timeout_s: float) -> None:

@@ -39,6 +39,16 @@ class _Anchor(np.ndarray):
     """The type of a part's anchor: not a plain ndarray, so numpy's base collapse stops below it."""
 
 
+class _LentRef(weakref.ref):
+    """The weak reference to a lent array, carrying the ``tag`` its ``on_free`` callback reads off it: so the
+    callback can be a C function (a ``deque``'s ``append``), which runs no Python code.  Python code there
+    would be where a signal handler runs when the caller drops a batch, and an exception it raises (Ctrl-C's
+    ``KeyboardInterrupt``, a SIGTERM handler's) is lost inside a weak reference callback, printed as "Exception
+    ignored"."""
+
+    __slots__ = ("tag",)
+
+
 class Lender:
     """Parts ``0 .. count-1`` of shape ``shape[1:]`` laid end to end on ``buffer`` (an ``mmap``, or any writable
     buffer), lent as arrays.
@@ -66,12 +76,16 @@ class Lender:
         it does not keep the part in use: drop it before the part may be written again."""
         return np.ndarray(self.shape[1:], self.dtype, buffer=self._anchors[k])
 
-    def lend(self, k: int, on_free: Callable[[weakref.ref], None] | None = None) -> np.ndarray:
+    def lend(self, k: int, on_free: Callable[[weakref.ref], None] | None = None, tag=None) -> np.ndarray:
         """Part ``k`` as a fresh array, in use (:meth:`in_use`) until nothing refers to it or to any view of it.
-        ``on_free`` is called (a weak reference callback, in whichever thread dropped the last reference) once
-        that happens, unless the part was lent again before."""
+        ``on_free`` is called with the array's weak reference, whose ``tag`` is ``tag`` (a weak reference
+        callback, in whichever thread dropped the last reference) once that happens, unless the part was lent
+        again before; make it a C function (``deque.append``), so that no Python code runs where the caller
+        drops a batch (see :class:`_LentRef`)."""
         arr = self.part(k)
-        self._lent[k] = weakref.ref(arr, on_free)
+        ref = _LentRef(arr, on_free)
+        ref.tag = tag
+        self._lent[k] = ref
         return arr
 
     def in_use(self, k: int) -> bool:
@@ -101,7 +115,8 @@ class ArrayArena:
     is reused only once nothing refers to the array last made on it, nor to any
     view of that array, so a caller may keep a batch as long as it likes: it is
     never overwritten.  Used from one thread (its owner's); a buffer's array dropped in another thread puts
-    the buffer on the free list there (a weak reference callback; ``deque`` appends are atomic), so taking a
+    the buffer on the free list there (a weak reference callback, ``deque.append`` itself: atomic, and no Python
+    code runs where the caller drops a batch), so taking a
     free buffer costs the same however many are lent (a fill lends thousands of small batches at once).
 
     A buffer taken again is advised onto transparent huge pages (:func:`~h5stream.memory.rawio.advise_huge_pages`,
@@ -115,14 +130,12 @@ class ArrayArena:
         self.dtype = np.dtype(dtype)
         self.max_sets = int(max_sets)
         self._sets: list[tuple[Lender, int]] = []  # buffer -> (the lender of its mapping, its part there)
-        self._free: deque[int] = deque()  # buffers never lent or whose last array was dropped (checked when taken)
+        # Buffers never lent (their numbers) or whose last array was dropped (its weak reference, tagged with the
+        # buffer's number: appended by the reference's callback, C code); checked when taken.
+        self._free: deque[int | _LentRef] = deque()
         # buffer -> (its mapping, first byte, bytes) until it is taken again and advised onto huge pages (then None)
         self._unadvised: list[tuple[object, int, int] | None] = []
         self._lent_once: list[bool] = []
-
-    def _freed(self, k: int) -> Callable[[weakref.ref], None]:
-        free = self._free
-        return lambda _ref: free.append(k)
 
     def _map(self) -> None:
         """Map the next buffers (up to :data:`SLAB_BYTES` of them, within ``max_sets``) and put them on the free
@@ -145,13 +158,15 @@ class ArrayArena:
             self._map()
         while self._free:
             k = self._free.popleft()
+            if not isinstance(k, int):
+                k = k.tag
             lender, part = self._sets[k]
             if not lender.in_use(part):
                 if self._lent_once[k] and self._unadvised[k] is not None:  # written once: its pages exist
                     advise_huge_pages(*self._unadvised[k])
                     self._unadvised[k] = None
                 self._lent_once[k] = True
-                return lender.lend(part, self._freed(k))[:n]
+                return lender.lend(part, self._free.append, k)[:n]
             if not self._free and len(self._sets) < self.max_sets:
                 self._map()
         shape = (1, self.batch_rows, *self.row_shape)

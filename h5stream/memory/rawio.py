@@ -7,7 +7,6 @@ Low-level: imports nothing from h5stream.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -45,12 +44,22 @@ IOVEC = np.dtype([("base", np.uintp), ("len", np.uintp)])
 _preadv = None
 
 
+def libc(*, keep_gil: bool = False):
+    """The C library this interpreter runs on, through ``ctypes`` (``keep_gil``: ``PyDLL``, whose calls keep the
+    GIL), or None where it cannot be loaded.  Its symbols are the process's own (``dlopen(NULL)``): no search for
+    the library's file, which ``ctypes.util.find_library`` makes by running ``ldconfig`` in a child process (a
+    copy of the training process mid-epoch, and a process more where a job may start none)."""
+    try:
+        return (ctypes.PyDLL if keep_gil else ctypes.CDLL)(None, use_errno=True)
+    except OSError:
+        return None
+
+
 def _libc_preadv():
     """libc's ``preadv`` through ``ctypes.CDLL`` (the GIL is released for the call), or None where there is none."""
     global _preadv
     if _preadv is None:
-        name = ctypes.util.find_library("c")
-        fn = getattr(ctypes.CDLL(name, use_errno=True), "preadv", None) if name else None
+        fn = getattr(libc(), "preadv", None)
         if fn is not None:
             fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong]
             fn.restype = ctypes.c_ssize_t

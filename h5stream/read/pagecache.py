@@ -17,14 +17,13 @@ reader thread and the workers share.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import sys
 
 import numpy as np
 
-from h5stream.memory.rawio import preadv_all  # noqa: F401 - re-exported: the reader reads through it
+from h5stream.memory.rawio import libc, preadv_all  # noqa: F401 - re-exported: the reader reads through it
 
 _libc = None
 _libc_gil = None
@@ -46,8 +45,7 @@ class _Cachestat(ctypes.Structure):
 def _libc_handle():
     global _libc
     if _libc is None:
-        name = ctypes.util.find_library("c")
-        _libc = ctypes.CDLL(name, use_errno=True) if name else False
+        _libc = libc() or False
     return _libc or None
 
 
@@ -57,8 +55,7 @@ def _libc_keeping_the_gil():
     taking it back then waits for that thread, a sleep and a wake-up that cost more than the call."""
     global _libc_gil
     if _libc_gil is None:
-        name = ctypes.util.find_library("c")
-        _libc_gil = ctypes.PyDLL(name, use_errno=True) if name else False
+        _libc_gil = libc(keep_gil=True) or False
     return _libc_gil or None
 
 

@@ -249,12 +249,15 @@ class PooledFeed:
     def start(self, epoch: int, batch: int) -> None:
         """(Re)start reading at ``(epoch, batch)``; tasks of a previous reader are finished and dropped.  A task
         that does not finish within ``timeout_s`` (a stopped worker) raises the error :meth:`next` keeps, or the
-        one naming that worker, and the feed stays as it was.  Consumer thread."""
+        one naming that worker, and the feed stays as it was; a dead worker raises its WorkerError, which
+        :meth:`next` raises from then on.  Consumer thread."""
         if self.reader is not None:
             self.reader.close()
             t0 = time.monotonic()
             try:
                 self._pool.discard_pending(self._timeout_s)
+            except WorkerError as exc:  # a worker died: the reader is closed, so next() raises this, not a
+                raise self._fail(exc) from None  # closed stream (the pool raises it for good anyway)
             except TimeoutError as exc:
                 raise (self._error or self._fail(self._late_worker(t0) or ReaderError(
                     f"{self.meta.path}: the augment workers did not finish their batches in {self._timeout_s:.3g} s; "

@@ -290,6 +290,7 @@ class ProcessFeed:
         self._freed: list[int] = []  # slots to tell the feeder about with the next message (one list, kept)
         self._lender: SlotLender | None = None  # lends the slots' views, or copies (set once the slots are mapped)
         self._error: BaseException | None = None  # the feeder is gone: raised again by every call
+        self._start_error: BaseException | None = None  # the last start failed: next() raises it until a start
         self._waited_s = 0.0
         self._ready = False  # the feeder answered READY
         self._moved = progress_word()  # raised by the feeder while its reader moves (feeder_protocol.ProgressBeacon)
@@ -405,10 +406,14 @@ class ProcessFeed:
                 self._freed.append(msg[4])
         self._answers.clear()
         self._waited_s = 0.0
+        self._start_error = None
         self._send(START, int(epoch), int(batch))
         msg = self._receive(self._timeout_s * 2 + ANSWER_GRACE_S, "restarted", stopped_s=self._timeout_s)
         if msg[0] == ERROR:
-            raise rebuild_error(msg[2], self.meta.path)
+            # No batch was asked for: next() raises this error (the pooled feed's, which keeps it) rather than
+            # wait for an answer that never comes.
+            self._start_error = rebuild_error(msg[2], self.meta.path)
+            raise self._start_error
         self._top_up()
 
     def _top_up(self) -> None:
@@ -428,6 +433,8 @@ class ProcessFeed:
         """The next batch: a view of its output slot (lent by :class:`~h5stream.memory.lend.SlotLender`'s rule, as the
         pooled feed lends), else a copy; what the feeder's ``PooledFeed.next`` raised, as the same exception.
         Consumer thread."""
+        if self._start_error is not None:
+            raise self._start_error
         msg = self._answer()
         self._outstanding -= 1
         try:
