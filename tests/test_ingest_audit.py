@@ -294,3 +294,36 @@ def test_more_class_names_than_one_attribute_holds_are_one_line_before_a_store_i
     assert code == 1 and err.count("\n") == 1, err
     assert "the names of 6,000 classes take" in err and "at most 64,000" in err, err
     assert not out.exists() and not list(tmp_path.glob("o.h5*"))
+
+
+def test_an_append_past_the_class_names_one_attribute_holds_is_one_line_and_changes_nothing(tmp_path, h5cli):
+    import numpy as np
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for name in ("n00000001", "n00000002"):
+        (src / name).mkdir(parents=True)
+        Image.fromarray(np.full((4, 4, 3), 9, np.uint8)).save(src / name / "a.png")
+    out = tmp_path / "o.h5"
+    assert h5cli("ingest", src, out, "--size", "4", "--workers", "0")[0] == 0
+    before = _digest(out)
+    for i in range(6000):
+        (src / f"n{1440764 + 7 * i:08d}").mkdir()
+    code, _out, err = h5cli("ingest", src, out, "--size", "4", "--workers", "0", "--append")
+    assert code == 1 and err.count("\n") == 1 and "the names of 6,002 classes take" in err, err
+    assert _digest(out) == before
+
+
+def test_a_class_index_whose_names_would_not_fit_the_store_is_skipped_with_why(tmp_path):
+    """Names "0" .. "20000" take more than the one attribute holds: the write failed with an HDF5 back trace and
+    left w.h5.creating behind."""
+    import numpy as np
+
+    import h5stream
+
+    out = tmp_path / "w.h5"
+    result = h5stream.write(out, (np.zeros((3, 4, 4, 3), np.uint8), np.array([0, 20000, 5])))
+    assert result.rows == 2 and result.skipped == 1
+    assert read_meta(str(out)).class_names == tuple(str(i) for i in range(6))
+    assert "class index 20000 would make 20,001 classes" in (tmp_path / "w.h5.skipped.csv").read_text()
+    assert not list(tmp_path.glob("*.creating"))

@@ -139,10 +139,11 @@ def open_append(out: str, target: IngestTarget, label_kind: str, lock: StoreLock
 
     if rebuild.needs_rebuild(out):  # a writer stopped while HDF5 rewrote the store in place
         rebuild.rebuild(out, lock)
+    from h5stream.store.create import class_names_attr
+
+    names = class_names_attr(target.class_names) if label_kind == schema.LABEL_CLASS else None  # before a write
     writer = StoreWriter.open_append(out, lock=lock)
     if label_kind == schema.LABEL_CLASS and len(target.class_names) != len(writer.meta["class_names"] or ()):
-        import json
-
-        writer.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(list(target.class_names)))
+        writer.set_attr(schema.ATTR_CLASS_NAMES, names)
         writer.commit()
     return writer

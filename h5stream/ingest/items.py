@@ -18,6 +18,7 @@ the writer's one thread.
 
 from __future__ import annotations
 
+import json
 import numbers
 
 import numpy as np
@@ -149,6 +150,21 @@ class LabelCoder:
         self._index = {name: i for i, name in enumerate(self.class_names)}
         self.fixed = fixed_classes  # classes given by the caller: a name or index outside them is skipped
         self.shape = tuple(shape)
+        self._names_bytes = len(json.dumps(self.class_names).encode("utf-8"))  # the class_names attribute's
+
+    def _make_room(self, names: list[str], what: str) -> None:
+        """Count ``names`` into the class_names attribute, or SkipFile (``what``: the label) where they would take
+        more than the one attribute a store keeps them in holds (:data:`~h5stream.store.create.CLASS_NAMES_BYTES`)."""
+        from h5stream.store.create import CLASS_NAMES_BYTES
+
+        total = self._names_bytes
+        for name in names:
+            total += len(json.dumps(name).encode("utf-8")) + 2  # the name and its ", "
+            if total > CLASS_NAMES_BYTES:
+                raise SkipFile(f"{what} would make {len(self.class_names) + len(names):,} classes, whose names take "
+                               f"more than the {CLASS_NAMES_BYTES:,} bytes a store keeps them in; use fewer classes "
+                               "(or shorter names), or map IDs to 0..N-1")
+        self._names_bytes = total
 
     @property
     def dtype(self):
@@ -185,6 +201,7 @@ class LabelCoder:
             if name not in self._index:
                 if self.fixed:
                     raise SkipFile(f"class {name!r} is not one of the classes given ({', '.join(self.class_names)})")
+                self._make_room([name], f"class {name!r}")
                 self._index[name] = len(self.class_names)
                 self.class_names.append(name)
             return self._index[name]
@@ -203,6 +220,7 @@ class LabelCoder:
                 raise SkipFile(f"class index {index} would make {index + 1:,} classes (more than {MAX_CLASSES:,}); "
                                "an ID or a number is no class index: give float labels for a numeric target, or "
                                "map the IDs to 0..N-1")
+            self._make_room([str(k) for k in range(len(self.class_names), index + 1)], f"class index {index}")
             while len(self.class_names) <= index:  # names for the indices up to this one, as keras.datasets has
                 name = str(len(self.class_names))
                 self._index.setdefault(name, len(self.class_names))
@@ -225,7 +243,10 @@ def encode_all(coder: LabelCoder, labels, n: int):
         if low < 0 or (high >= len(coder.class_names) and (coder.fixed or high >= MAX_CLASSES)):
             return None  # a bad index, skipped (and listed) on the per-item path
         if high >= len(coder.class_names):
-            coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
+            try:
+                coder.encode(np.int64(high))  # names "0" .. str(high), as the per-item path gives them item by item
+            except SkipFile:  # more names than a store keeps: skipped (and listed) on the per-item path
+                return None
         return labels.astype(np.int64)
     if labels.dtype.kind not in "fiu" or labels.shape[1:] != coder.shape:
         return None

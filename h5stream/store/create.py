@@ -48,6 +48,18 @@ CLASS_NAMES_BYTES = 64_000
 crash-safe commits rely on) keeps at most 64 KiB in one attribute."""
 
 
+def class_names_attr(class_names) -> str:
+    """The ``class_names`` attribute's JSON text for ``class_names`` (None: no classes), or ConfigError where it
+    would take more than :data:`CLASS_NAMES_BYTES` (pure)."""
+    names = json.dumps(list(class_names) if class_names is not None else None)
+    size = len(names.encode("utf-8"))
+    if size > CLASS_NAMES_BYTES:
+        raise ConfigError(f"the names of {len(class_names):,} classes take {size:,} bytes, and a store keeps them "
+                          f"in one HDF5 attribute of at most {CLASS_NAMES_BYTES:,} (about 5,000 names such as "
+                          "n01440764); use shorter class names or fewer classes per store")
+    return names
+
+
 def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names, label_columns, block_rows: int,
                     resize_mode: str, background: Sequence[int], pad_fill, storage_order: str,
                     order_seed: int, encoding: str = schema.ENCODING_RAW, jpeg_quality: int | None = None,
@@ -64,11 +76,7 @@ def new_store_attrs(image_shape: Sequence[int], *, label_kind: str, class_names,
         raise ConfigError(f"block_rows must be >= 1, got {block_rows}")
     if encoding not in schema.ENCODINGS:
         raise ConfigError(f"unknown encoding {encoding!r}; choose one of {', '.join(schema.ENCODINGS)}")
-    names = json.dumps(list(class_names) if class_names is not None else None)
-    if len(names.encode("utf-8")) > CLASS_NAMES_BYTES:
-        raise ConfigError(f"the names of {len(class_names):,} classes take {len(names.encode('utf-8')):,} bytes, and "
-                          f"a store keeps them in one HDF5 attribute of at most {CLASS_NAMES_BYTES:,} (about 5,000 "
-                          "names such as n01440764); use shorter class names or fewer classes per store")
+    names = class_names_attr(class_names)
     attrs = {
         schema.ATTR_FORMAT: np.int64(schema.ROW_DIGESTS_FORMAT_VERSION if row_digests
                                      else schema.ROW_DIGESTS_FORMAT_VERSION - 1),
