@@ -29,7 +29,7 @@ class _Rows:
         return len(self.images)
 
     def __getitem__(self, i):
-        return self.images[i], int(self.labels[i])
+        return np.ascontiguousarray(self.images[i]), int(self.labels[i])  # a memory-mapped array's row too
 
 
 def main(argv) -> int:

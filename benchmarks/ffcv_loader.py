@@ -22,23 +22,13 @@ import time
 import numpy as np
 
 
-class _Rows:
-    def __init__(self, images, labels):
-        self.images, self.labels = images, labels
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        return np.ascontiguousarray(self.images[i]), int(self.labels[i])
-
-
 def main(argv) -> int:
     images_npy, labels_npy, beton, batch, threads, epochs = argv
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.writer import DatasetWriter
+    from ffcv_crop import _Rows  # beside this file (run as a script: its folder is on the path)
 
     if not os.path.exists(beton):
         images, labels = np.load(images_npy, mmap_mode="r"), np.load(labels_npy)

@@ -375,3 +375,21 @@ def drop_row_digests(path) -> None:
     with h5py.File(path, "r+") as f:
         del f["row_digests"]
         f.attrs["h5stream_format"] = np.int64(2)
+
+
+def stamped_rows(x):
+    """Row ids stamped into the first two pixels by :func:`write_stamped_store`."""
+    return x[:, 0, 0, 0].astype(int) + 256 * x[:, 0, 0, 1].astype(int)
+
+
+def write_stamped_store(path, rows: int, classes: int, seed: int = 0) -> str:
+    """A shuffled-order store of ``rows`` random 4x4 RGB rows in 16-row blocks, each row's id in its first two pixels
+    (:func:`stamped_rows`), labels ``0 .. classes - 1`` in row order."""
+    import numpy as np
+
+    from h5stream.store.writer import write_arrays
+
+    images = np.random.default_rng(seed).integers(0, 255, (rows, 4, 4, 3), dtype=np.uint8)
+    images[:, 0, 0, 0], images[:, 0, 0, 1] = np.arange(rows) % 256, np.arange(rows) // 256
+    write_arrays(path, images, np.arange(rows) * classes // rows, block_rows=16, storage_order="shuffled")
+    return str(path)

@@ -15,6 +15,22 @@ from conftest import unprivileged_argv
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
+def _flipped_copy(store, tmp_path, dataset: str):
+    """A copy of ``store`` with one bit of ``dataset``'s first chunk flipped."""
+    import h5py
+
+    copy = tmp_path / "s.h5"
+    shutil.copyfile(store, copy)
+    with h5py.File(copy, "r", locking=False) as f:
+        at = f[dataset].id.get_chunk_info(0).byte_offset + 2
+    with open(copy, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([byte ^ 1]))
+    return copy
+
+
 @pytest.mark.parametrize("command", ["info", "verify", "repair"])
 def test_a_store_in_a_folder_without_search_permission_is_a_permission_error(small_class_store, tmp_path, command):
     """repair said 'no such file' (os.path.exists is False when a folder cannot be entered)."""
@@ -47,20 +63,10 @@ def test_repair_of_a_read_only_store_it_must_write_is_one_line_and_changes_nothi
     PermissionError traceback from os.open."""
     import hashlib
 
-    import h5py
-
     prefix = unprivileged_argv()
     if prefix is None:
         pytest.skip("cannot run a command without the right to ignore file modes here")
-    store = tmp_path / "s.h5"
-    shutil.copyfile(small_class_store, store)
-    with h5py.File(store, "r", locking=False) as f:
-        at = f["row_digests"].id.get_chunk_info(0).byte_offset + 2
-    with open(store, "r+b") as fh:
-        fh.seek(at)
-        byte = fh.read(1)[0]
-        fh.seek(at)
-        fh.write(bytes([byte ^ 1]))
+    store = _flipped_copy(small_class_store, tmp_path, "row_digests")
     store.chmod(0o444)
     before = hashlib.sha256(store.read_bytes()).hexdigest()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -80,17 +86,8 @@ def test_repair_of_a_read_only_store_it_must_write_is_one_line_and_changes_nothi
 def test_repair_listing_damaged_files_into_a_full_disk_blames_stdout_not_the_store(small_class_store, tmp_path):
     """repair lists the damaged rows' files on stdout; on a full disk that write's ENOSPC was reported as 'repair
     cannot write to the store'."""
-    import h5py
 
-    store = tmp_path / "s.h5"
-    shutil.copyfile(small_class_store, store)
-    with h5py.File(store, "r", locking=False) as f:
-        at = f["images"].id.get_chunk_info(0).byte_offset + 2
-    with open(store, "r+b") as fh:
-        fh.seek(at)
-        byte = fh.read(1)[0]
-        fh.seek(at)
-        fh.write(bytes([byte ^ 1]))
+    store = _flipped_copy(small_class_store, tmp_path, "images")
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "h5stream", "repair", str(store)], stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=120)

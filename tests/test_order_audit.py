@@ -9,24 +9,17 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.store.writer import write_arrays
+from conftest import stamped_rows, write_stamped_store
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 ROWS = 613  # prime: no multiple of a block, a batch or a shard count
 
 
-def _ids(x):
-    return x[:, 0, 0, 0].astype(np.int64) + 256 * x[:, 0, 0, 1].astype(np.int64)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("order_audit") / "s.h5"
-    images = np.random.default_rng(1).integers(0, 255, (ROWS, 4, 4, 3), dtype=np.uint8)
-    images[:, 0, 0, 0], images[:, 0, 0, 1] = np.arange(ROWS) % 256, np.arange(ROWS) // 256
-    write_arrays(path, images, np.arange(ROWS) * 5 // ROWS, block_rows=16, storage_order="shuffled")
-    return str(path)
+    return write_stamped_store(tmp_path_factory.mktemp("order_audit") / "s.h5", ROWS, 5, seed=1)
 
 
 KW = dict(batch_size=9, seed=3, rows_per_fill=64, validation_split=0.45, subset="validation", shuffle=True)
@@ -40,12 +33,12 @@ def test_a_subset_saved_by_three_ranks_is_finished_by_two_with_workers_every_row
         with h5stream.open(store, shard=(i, 3), drop_remainder=drop, **KW) as s:
             assert s.config.rows == (start, ROWS)
             it = iter(s)
-            served += [_ids(next(it)[0]) for _ in range(4)]
+            served += [stamped_rows(next(it)[0]) for _ in range(4)]
             states.append(s.state())
     assert all(st["batch"] == 4 and st["shard_count"] == 3 for st in states)
     for j, workers in ((0, 2), (1, 0)):  # a rank's batches do not depend on its workers
         with h5stream.open(store, shard=(j, 2), drop_remainder=drop, workers=workers, resume=states[2 - j], **KW) as s:
-            served += [_ids(x) for x, _ in s]
+            served += [stamped_rows(x) for x, _ in s]
             assert s.epoch == 1
     rows = np.concatenate(served)
     assert len(np.unique(rows)) == len(rows), "a row served twice"
@@ -61,10 +54,10 @@ def test_a_state_taken_after_an_epochs_last_batch_resumes_with_the_next_epoch(st
         for _ in s:
             pass
         state = s.state()
-        following = [_ids(x) for x, _ in s]
+        following = [stamped_rows(x) for x, _ in s]
     assert (state["epoch"], state["batch"]) == (1, 0)
     with h5stream.open(store, batch_size=50, resume=state) as again:
-        got = [_ids(x) for x, _ in again]
+        got = [stamped_rows(x) for x, _ in again]
         assert again.epoch == 2
     assert len(got) == len(following) and all(np.array_equal(a, b) for a, b in zip(got, following))
 
@@ -74,8 +67,8 @@ def test_unshuffled_shards_are_contiguous_pieces_of_file_order(store, count):
     pieces = []
     for i in range(count):
         with h5stream.open(store, batch_size=10, shuffle=False, shard=(i, count)) as s:
-            pieces.append(np.concatenate([_ids(x) for x, _ in s]))
-            assert np.array_equal(np.concatenate([_ids(x) for x, _ in s]), pieces[-1])  # every epoch the same
+            pieces.append(np.concatenate([stamped_rows(x) for x, _ in s]))
+            assert np.array_equal(np.concatenate([stamped_rows(x) for x, _ in s]), pieces[-1])  # every epoch the same
     assert np.array_equal(np.concatenate(pieces), np.arange(ROWS))
     assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
 
@@ -84,7 +77,7 @@ def test_the_rows_drop_remainder_leaves_out_differ_from_epoch_to_epoch(store):
     left_out = []
     with h5stream.open(store, batch_size=20, seed=6, drop_remainder=True, shard=(0, 1)) as s:
         for _ in range(4):
-            rows = np.concatenate([_ids(x) for x, _ in s])
+            rows = np.concatenate([stamped_rows(x) for x, _ in s])
             assert len(rows) == ROWS // 20 * 20 and len(np.unique(rows)) == len(rows)
             left_out.append(frozenset(range(ROWS)) - frozenset(rows.tolist()))
     assert len(set(left_out)) == 4  # not the same rows never seen, epoch after epoch

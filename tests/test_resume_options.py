@@ -7,25 +7,18 @@ import numpy as np
 import pytest
 
 import h5stream
+from conftest import stamped_rows, write_stamped_store
 from h5stream.errors import ConfigError
-from h5stream.store.writer import write_arrays
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 ROWS = 301  # odd, no multiple of the block or of a batch
 
 
-def _ids(x):
-    return x[:, 0, 0, 0].astype(np.int64) + 256 * x[:, 0, 0, 1].astype(np.int64)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("resume_options") / "s.h5"
-    images = np.random.default_rng(0).integers(0, 255, (ROWS, 4, 4, 3), dtype=np.uint8)
-    images[:, 0, 0, 0], images[:, 0, 0, 1] = np.arange(ROWS) % 256, np.arange(ROWS) // 256
-    write_arrays(path, images, np.arange(ROWS) * 3 // ROWS, block_rows=16, storage_order="shuffled")
-    return str(path)
+    return write_stamped_store(tmp_path_factory.mktemp("resume_options") / "s.h5", ROWS, 3, seed=0)
 
 
 SAVED = dict(seed=7, batch_size=10, rows_per_fill=64, drop_remainder=True, shuffle=True)
@@ -39,7 +32,7 @@ def saved(store):
         for _ in range(3):
             next(it)
         state = s.state()
-        rest = [_ids(x) for x, _ in it]
+        rest = [stamped_rows(x) for x, _ in it]
     return state, rest
 
 
@@ -59,7 +52,7 @@ def test_options_left_out_or_agreeing_continue_the_state_exactly(store, saved, o
     state, rest = saved
     with h5stream.open(store, resume=state, **options) as s:
         assert (s.seed, s.batch_size, s.shuffle, s.drop_remainder, s.plan.rows_per_fill) == (7, 10, True, True, 64)
-        got = [_ids(x) for x, _ in s]
+        got = [stamped_rows(x) for x, _ in s]
     assert len(got) == len(rest) and all(np.array_equal(a, b) for a, b in zip(got, rest))
 
 
@@ -68,10 +61,10 @@ def test_a_state_of_a_drawn_seed_resumes_with_seed_none(store):
         it = iter(s)
         next(it)
         state = s.state()
-        rest = [_ids(x) for x, _ in it]
+        rest = [stamped_rows(x) for x, _ in it]
     with h5stream.open(store, seed=None, batch_size=10, resume=state) as again:
         assert again.seed == state["seed"]
-        assert all(np.array_equal(a, _ids(x)) for a, (x, _) in zip(rest, again, strict=True))
+        assert all(np.array_equal(a, stamped_rows(x)) for a, (x, _) in zip(rest, again, strict=True))
 
 
 def test_a_contradicting_rows_per_fill_is_named_as_such_before_any_budget_is_planned(store, saved):
