@@ -67,6 +67,22 @@ def test_a_state_of_a_drawn_seed_resumes_with_seed_none(store):
         assert all(np.array_equal(a, stamped_rows(x)) for a, (x, _) in zip(rest, again, strict=True))
 
 
+def test_the_rows_per_fill_the_state_was_saved_with_resumes_as_given_before_its_rounding_to_blocks(store):
+    """A stream opened with rows_per_fill=70 plans 64 (whole 16-row blocks) and its state records 64: resuming with
+    the same rows_per_fill=70 was refused as a contradiction."""
+    kw = dict(SAVED, rows_per_fill=70)
+    with h5stream.open(store, **kw) as s:
+        it = iter(s)
+        next(it)
+        state = s.state()
+        rest = [stamped_rows(x) for x, _ in it]
+    assert state["rows_per_fill"] == 64
+    with h5stream.open(store, resume=state, **kw) as again:
+        assert all(np.array_equal(a, stamped_rows(x)) for a, (x, _) in zip(rest, again, strict=True))
+    with pytest.raises(ConfigError, match=r"^cannot resume: rows_per_fill=90 \(which gives rows_per_fill=80\)"):
+        h5stream.open(store, resume=state, **dict(SAVED, rows_per_fill=90))
+
+
 def test_a_contradicting_rows_per_fill_is_named_as_such_before_any_budget_is_planned(store, saved):
     state, _ = saved
     with pytest.raises(ConfigError, match=r"^cannot resume: rows_per_fill=100000 was given, but the state was saved "

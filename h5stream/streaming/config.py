@@ -339,7 +339,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     if resume is not None:
         check_values(resume)  # before any of it is used
     if _is_state(resume):
-        check_given(resume, _given_order(options, None))
+        check_given(resume, _given_order(options, None, meta.block_rows))
         options = _state_defaults(options, resume)
     seed = facts.drawn_seed if options.seed is None else options.seed
     if resume is not None and "seed" in resume:
@@ -370,7 +370,7 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
                        available_bytes=facts.available_bytes, verify_reads=options.verify_reads,
                        chunk_cache_bytes=facts.chunk_cache_bytes, feeder=options.feeder, piece_bytes=piece_bytes)
     if _is_state(resume):
-        check_given(resume, _given_order(options, plan))
+        check_given(resume, _given_order(options, plan, meta.block_rows))
     shard = options.shard or (0, 1)
     layout = layout_function(stop, plan, int(seed), shard, options.shuffled, options.drop_remainder,
                              start_row=start, resume=resume if _is_state(resume) else None)
@@ -403,20 +403,23 @@ def _state_defaults(options: StreamOptions, state: dict) -> StreamOptions:
     return out
 
 
-def _given_order(options: StreamOptions, plan: StreamPlan | None) -> dict:
+def _given_order(options: StreamOptions, plan: StreamPlan | None, block_rows: int) -> dict:
     """``{option as passed: (state key, the value it gives)}`` for each order-shaping option the caller named (see
     :func:`~h5stream.order.statecheck.check_given`); ``seed=None`` and ``shuffle=None`` name no value of their own.
     Without ``plan``, the options whose value is the state's own (checked before the plan is made, so that a
-    given ``rows_per_fill`` is named as a contradiction, not as a budget that cannot hold it); with it, the sizes
-    the plan turns into rows (``read_unit``, ``piece_bytes``)."""
+    given ``rows_per_fill`` is named as a contradiction, not as a budget that cannot hold it: in whole
+    ``block_rows`` blocks, as the plan rounds it); with it, the sizes the plan turns into rows (``read_unit``,
+    ``piece_bytes``, and the fill exactly as planned)."""
+    fill = options.rows_per_fill
     if plan is None:
         values = {"seed": (options.seed, "seed"), "batch_size": (options.batch_size, "batch_size"),
                   "shuffle": (options.shuffle, "shuffle"), "drop_remainder": (options.drop_remainder, "drop_remainder"),
-                  "rows_per_fill": (options.rows_per_fill, "rows_per_fill")}
-        gives = {}
+                  "rows_per_fill": (fill, "rows_per_fill")}
+        gives = {} if fill is None else {"rows_per_fill": max(int(block_rows), int(fill) // block_rows * block_rows)}
     else:
-        values = {"read_unit": (options.read_unit, "unit_rows"), "piece_bytes": (options.piece_bytes, "piece_rows")}
-        gives = {"read_unit": plan.unit_rows, "piece_bytes": plan.piece_rows}
+        values = {"read_unit": (options.read_unit, "unit_rows"), "piece_bytes": (options.piece_bytes, "piece_rows"),
+                  "rows_per_fill": (fill, "rows_per_fill")}
+        gives = {"read_unit": plan.unit_rows, "piece_bytes": plan.piece_rows, "rows_per_fill": plan.rows_per_fill}
     return {f"{name}={value!r}": (key, gives.get(name, value)) for name, (value, key) in values.items()
             if name in options.given and value is not None}
 
