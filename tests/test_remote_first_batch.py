@@ -5,6 +5,7 @@ the first batch does not need held back by the server; the batches stay the loca
 from __future__ import annotations
 
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -61,7 +62,7 @@ def test_the_first_batch_goes_out_while_a_piece_only_later_batches_need_is_held_
     # timeout_s: the old reader, waiting for the whole fill, failed the stream after it; the new one never waits
     # for the range held back.
     stream = h5stream.open(range_server.url + "store.h5", **OPTS, timeout_s=60, cache_dir=tmp_path,
-                           remote={"timeout_s": 600, "cache_piece": PIECE})
+                           remote={"timeout_s": 120, "cache_piece": PIECE})
     try:
         x, y = next(iter(stream))
         np.testing.assert_array_equal(x, want[0][0])
@@ -71,9 +72,12 @@ def test_the_first_batch_goes_out_while_a_piece_only_later_batches_need_is_held_
     finally:
         stream.close()
         range_server.stop()  # lets the held-back request go (it fails): the threads waiting on it end
+        # ... once its retries of the stopped server give up: within 30% of timeout_s, plus one attempt and the
+        # last backoff (remote/config.py client_settings), about 110 s at most here
+        deadline = time.monotonic() + 180
         for t in threading.enumerate():
             if t.name.startswith("h5stream"):
-                t.join(60)
+                t.join(max(0.0, deadline - time.monotonic()))
         assert [t.name for t in threading.enumerate() if t.name.startswith("h5stream")] == []
 
 
