@@ -96,3 +96,11 @@ def test_restore_into_a_stream_of_another_seed_says_how_to_resume(store, saved):
         with pytest.raises(ConfigError, match=r"^cannot resume: the state has seed=7 but this stream has seed=8; "
                                               r"open the stream with h5stream.open\(\.\.\., resume=state\)"):
             other.restore(state)
+
+
+def test_a_changed_copy_of_the_options_names_the_options_the_caller_gave_not_every_field():
+    from h5stream.streaming.options import StreamOptions
+
+    options = StreamOptions(64, seed=5)
+    assert options.given == {"batch_size", "seed"}
+    assert options.changed(shuffle=False).given == {"batch_size", "seed"}

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 
@@ -112,12 +111,11 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
     if options.resume is not None:
         raise ConfigError("resume= with subset='both': a state belongs to one subset; open each subset with "
                           "subset='training' / 'validation' and its own resume=")
-    training = Stream(path, dataclasses.replace(options, subset="training"))
+    training = Stream(path, options.changed(subset="training"))
     try:
         evaluation = getattr(options.augment, "evaluation", None)  # torchvision's crops: centred (else as given)
         augment = options.augment if evaluation is None else evaluation()
-        validation = Stream(path, dataclasses.replace(options, subset="validation", allow_unfinished=True,
-                                                      augment=augment))
+        validation = Stream(path, options.changed(subset="validation", allow_unfinished=True, augment=augment))
     except BaseException:
         training.close()
         raise

@@ -132,6 +132,11 @@ def out_slots(workers: int) -> int:
     return 2 * workers + 2 + LENT_SLOTS if workers else 0
 
 
+def whole_blocks(rows: int, block_rows: int) -> int:
+    """``rows`` rounded down to whole blocks of ``block_rows``: what a given ``rows_per_fill`` becomes (pure)."""
+    return int(rows) // int(block_rows) * int(block_rows)
+
+
 def reader_batches(rows_per_fill: int, batch_size: int, queue_depth: int) -> int:
     """Batches of stored rows alive at once: those of :data:`FILLS` fills (each touching one batch more than it
     fills), the queue, and :data:`HANDED_OUT`."""
@@ -358,7 +363,7 @@ def plan_memory(
     if rows_per_fill is not None:
         if isinstance(rows_per_fill, bool) or int(rows_per_fill) < 1:
             raise ConfigError(f"rows_per_fill must be a positive number of rows, got {rows_per_fill!r}")
-        fixed_fill = max(min_rows, min(int(rows_per_fill) // block_rows * block_rows, most_rows))
+        fixed_fill = max(min_rows, min(whole_blocks(rows_per_fill, block_rows), most_rows))
         if total(fixed_fill, 2, label_cache) > budget_bytes:
             most = most_fill(2)
             need = total(fixed_fill, 2)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from h5stream.streaming.budget import StreamPlan
+from h5stream.streaming.budget import StreamPlan, whole_blocks
 from h5stream.streaming.planning import plan_stream
 from h5stream.errors import ConfigError, StoreFormatError
 from h5stream.labels import LabelEncoding, label_encoding
@@ -398,9 +398,7 @@ def _state_defaults(options: StreamOptions, state: dict) -> StreamOptions:
              if name not in options.given and name in state}
     if not taken:
         return options
-    out = dataclasses.replace(options, **taken)
-    object.__setattr__(out, "given", options.given)
-    return out
+    return options.changed(**taken)
 
 
 def _given_order(options: StreamOptions, plan: StreamPlan | None, block_rows: int) -> dict:
@@ -415,7 +413,7 @@ def _given_order(options: StreamOptions, plan: StreamPlan | None, block_rows: in
         values = {"seed": (options.seed, "seed"), "batch_size": (options.batch_size, "batch_size"),
                   "shuffle": (options.shuffle, "shuffle"), "drop_remainder": (options.drop_remainder, "drop_remainder"),
                   "rows_per_fill": (fill, "rows_per_fill")}
-        gives = {} if fill is None else {"rows_per_fill": max(int(block_rows), int(fill) // block_rows * block_rows)}
+        gives = {} if fill is None else {"rows_per_fill": max(int(block_rows), whole_blocks(fill, block_rows))}
     else:
         values = {"read_unit": (options.read_unit, "unit_rows"), "piece_bytes": (options.piece_bytes, "piece_rows"),
                   "rows_per_fill": (fill, "rows_per_fill")}

@@ -13,6 +13,7 @@ import functools
 import numbers
 import os
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import KW_ONLY, dataclass, field
 
 from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
@@ -124,8 +125,15 @@ class StreamOptions:
         """Whether epochs are shuffled: ``shuffle``, which defaults to True except for the validation subset."""
         return self.subset != "validation" if self.shuffle is None else self.shuffle
 
+    def changed(self, **changes) -> StreamOptions:
+        """A copy with ``changes``, naming the same options as given (``dataclasses.replace`` passes every field
+        to ``__init__``, which would record all of them as the caller's)."""
+        out = dataclasses.replace(self, **changes)
+        object.__setattr__(out, "given", self.given)
+        return out
 
-_POSITIONAL = ("batch_size", "memory_budget")
+
+_POSITIONAL = tuple(f.name for f in dataclasses.fields(StreamOptions) if f.init and not f.kw_only)
 
 
 def _recording_given(init):
