@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The checks and benchmarks that need a GPU or many cores, in one run, on a machine that has them:
 #   the CUDA tests, benchmarks.scaling up to the machine's cores, benchmarks.gpu (ResNet-18 with the per-thread
-#   table, ResNet-50), benchmarks.remote with the server and the client pinned apart, and the torch example with
-#   torch.compile (CUDA graphs).
+#   table, ResNet-50), benchmarks.gpu_jpeg (ResNet-50 on 224-px random resized crops of a JPEG store against
+#   torchvision's ImageFolder on the same JPEGs), benchmarks.remote with the server and the client pinned apart, and
+#   the torch example with torch.compile (CUDA graphs).
 #
 #   tools/gpu_check.sh [SECONDS]       # starts no step later than SECONDS after it began (default 540)
 #   STEPS="cuda_tests gpu_resnet18" R50_STEPS=200 tools/gpu_check.sh 300     # some of the steps; fewer ResNet-50 steps
 #   STEPS=scaling SCALING_WORKERS=1,14,15,16 SCALING_N=40000 tools/gpu_check.sh 300   # the scaling step's workers, JPEGs
+#   STEPS="gpu_jpeg remote" JPEG_PHOTOS=10000 tools/gpu_check.sh 400   # ResNet-50 on a JPEG store against torchvision
 #
 # Each step has its own time limit, cut to what is left; a step that fails or runs out of time leaves the others'
 # figures.  Each step's stdout (a benchmark's JSON) and stderr go to NAME.out and NAME.log, packed into
@@ -21,9 +23,9 @@ DEADLINE=$((START + ${1:-540}))
 OUT=${OUT:-$PWD/gpu-check}
 DATA=${DATA:-/tmp/h5stream-gpu-check}
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"cuda_tests scaling gpu_resnet18 gpu_resnet50 remote example_compile"}
+STEPS=${STEPS:-"cuda_tests scaling gpu_resnet18 gpu_resnet50 gpu_jpeg remote example_compile"}
 RES=$DATA/results
-export SCALING_N=${SCALING_N:-40000}
+export SCALING_N=${SCALING_N:-40000} JPEG_PHOTOS=${JPEG_PHOTOS:-10000}
 mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1
 LOG=$RES/steps.log
@@ -85,6 +87,9 @@ if "gpu_resnet18" in steps or "gpu_resnet50" in steps:
 if "scaling" in steps:
     n = int(os.environ["SCALING_N"])
     jobs += [(ensure_jpegs, (d, n, 192), {}), (ensure_jpegs, (d, n // 4, 192), {})]  # each on every core
+if "gpu_jpeg" in steps:  # the photos, a JPEG q90 and a raw store at 256 px, the store's JPEGs as files
+    from benchmarks.gpu_jpeg import prepare
+    jobs += [(prepare, (d, int(os.environ["JPEG_PHOTOS"]), 256), {})]
 if "remote" in steps:
     jobs += [(make_bench_file, (os.path.join(d, "remote-1g.h5"),), dict(rows=rows_for_gb(1, 128, 3), size=128,
                                                                         progress=False))]
@@ -105,6 +110,8 @@ GPU="--rows 50000 --size 128 --batch-size 256 --workers 14 --warmup 20 --data $D
 step gpu_resnet18 170 $PY -m benchmarks.gpu --model resnet18 $GPU --steps 300 --breakdown-workers 2,14 \
     --breakdown-batches 256 --breakdown-device cuda --breakdown-feeder both
 step gpu_resnet50 150 $PY -m benchmarks.gpu --model resnet50 $GPU --steps "${R50_STEPS:-300}" --breakdown-workers ""
+step gpu_jpeg 200 $PY -m benchmarks.gpu_jpeg --model resnet50 --photos "$JPEG_PHOTOS" --size 256 --crop 224 \
+    --batch-size 256 --workers 14 --steps 150 --warmup 20 --data "$DATA" --json
 step remote 150 $PY -m benchmarks.remote --gb 1 --epochs 2 --rounds 1 --no-fsspec --server-cache warm --data "$DATA" \
     --json
 step example_compile 90 $PY examples/train_torch.py --device cuda --quick --compile --work "$DATA/example"
@@ -112,9 +119,10 @@ step example_compile 90 $PY examples/train_torch.py --device cuda --quick --comp
 # The tables, from the JSON each benchmark printed.
 $PY - "$RES" <<'PYTHON'
 import json, os, sys
-from benchmarks import gpu, remote, scaling
+from benchmarks import gpu, gpu_jpeg, remote, scaling
 res = sys.argv[1]
 for name, fmt in (("gpu_resnet18", gpu.format_text), ("gpu_resnet50", gpu.format_text),
+                  ("gpu_jpeg", gpu_jpeg.format_text),
                   ("scaling", scaling.format_table), ("remote", remote.format_text)):
     try:
         result = json.load(open(os.path.join(res, name + ".out")))
