@@ -1,0 +1,177 @@
+"""What a user reads keeps matching the code: ``help()`` of every public name states each of its parameters, every
+error a docstring or doc names can be caught as ``h5stream.<Name>``, and every flag the docs show exists in the
+command, benchmark or example they show it on (and every flag of every subcommand is in the README's table)."""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import glob
+import inspect
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import h5stream
+from h5stream import errors
+from h5stream.cli import build_parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+
+
+def _read(rel: str) -> str:
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def _public_callables() -> dict[str, object]:
+    """Every public function and class of ``h5stream`` (errors aside) and the public methods of its classes."""
+    found = {}
+    for name in h5stream.__all__:
+        obj = getattr(h5stream, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            continue
+        found[name] = obj
+        if isinstance(obj, type):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and (inspect.isfunction(member) or isinstance(member, property)):
+                    found[f"{name}.{attr}"] = member
+    return found
+
+
+def test_every_error_class_is_a_public_name():
+    """A docstring that says ``raises ResourceLimitError`` is no use if ``h5stream.ResourceLimitError`` is not there."""
+    classes = [obj for obj in vars(errors).values()
+               if isinstance(obj, type) and issubclass(obj, errors.H5StreamError)]
+    assert len(classes) > 20
+    for cls in classes:
+        assert getattr(h5stream, cls.__name__, None) is cls, cls.__name__
+        assert cls.__name__ in h5stream.__all__, cls.__name__
+
+
+def test_every_error_the_docs_and_docstrings_name_can_be_caught_by_that_name():
+    texts = {name: inspect.getdoc(obj) or "" for name, obj in _public_callables().items()}
+    texts.update({rel: _read(rel) for rel in DOCS})
+    for where, text in texts.items():
+        for name in set(re.findall(r"\b([A-Z]\w*Error)\b", text)):
+            assert hasattr(h5stream, name) or hasattr(builtins, name), f"{where} names {name}, which is not public"
+
+
+def _parameters(obj) -> list[str]:
+    if isinstance(obj, property):
+        return []
+    target = obj.__init__ if isinstance(obj, type) else obj
+    try:
+        params = inspect.signature(obj if isinstance(obj, type) else target).parameters
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in ("self", "cls")
+            and not p.name.startswith("_")]
+
+
+def test_help_of_every_public_name_states_each_of_its_parameters():
+    missing = {}
+    for name, obj in _public_callables().items():
+        doc = inspect.getdoc(obj) or ""
+        if isinstance(obj, type):
+            doc += inspect.getdoc(obj.__init__) or ""
+        assert doc.strip(), f"{name} has no docstring"
+        absent = [p for p in _parameters(obj) if not re.search(rf"\b{re.escape(p)}\b", doc)]
+        if absent:
+            missing[name] = absent
+    assert missing == {}
+
+
+def test_help_of_the_keras_names_states_each_of_their_parameters():
+    pytest.importorskip("keras")
+    import h5stream.keras as hk
+
+    for name in hk.__all__:
+        obj = getattr(hk, name)
+        doc = (inspect.getdoc(obj) or "") + (inspect.getdoc(obj.__init__) if isinstance(obj, type) else "")
+        absent = [p for p in _parameters(obj) if p != "stream" and not re.search(rf"\b{re.escape(p)}\b", doc)]
+        assert absent == [], (name, absent)
+
+
+# -- flags ----------------------------------------------------------------------------------------------------------
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def _cli_flags() -> dict[str, set[str]]:
+    return {name: {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+            for name, parser in _subcommands().items()}
+
+
+FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+COMMAND = re.compile(r"(h5stream (?:ingest|info|verify|repair|bench|preview)\b|python -m benchmarks\.\w+"
+                     r"|(?:examples|tools|benchmarks)/\w+\.py)")
+
+
+def _commands_in(markdown: str) -> list[tuple[str, str]]:
+    """``[(command, the text after it)]`` for each command in a code span or a fenced block's line; what follows
+    `` -- `` is another program's."""
+    fence = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+    prose = fence.sub("", markdown)
+    spans = [s.replace("\n", " ") for s in re.findall(r"`([^`\n]+(?:\n[^`\n]+)?)`", prose)]
+    for block in fence.findall(markdown):
+        spans += block.replace("\\\n", " ").splitlines()
+    found = []
+    for span in spans:
+        parts = COMMAND.split(span)
+        found += [(parts[i], parts[i + 1].split(" -- ")[0]) for i in range(1, len(parts), 2)]
+    return found
+
+
+def _script_flags(command: str) -> set[str] | None:
+    """The flags a benchmark's or example's ``--help`` lists, None if it has no argparse help."""
+    argv = ["-m", command.split()[-1]] if command.startswith("python -m") else [os.path.join(ROOT, command)]
+    proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    return set(FLAG.findall(proc.stdout)) if proc.returncode == 0 and proc.stdout.startswith("usage:") else None
+
+
+def test_every_flag_the_docs_show_exists_where_they_show_it():
+    cli = _cli_flags()
+    scripts: dict[str, set[str] | None] = {}
+    wrong = []
+    for rel in DOCS:
+        for command, rest in _commands_in(_read(rel)):
+            flags = set(FLAG.findall(rest))
+            if not flags:
+                continue
+            if command.startswith("h5stream "):
+                known = cli[command.split()[1]]
+            else:
+                if command not in scripts:
+                    scripts[command] = _script_flags(command)
+                known = scripts[command]
+                assert known is not None, f"{rel} shows flags of {command}, which has no --help"
+            wrong += [(rel, command, flag) for flag in sorted(flags - known - {"--help"})]
+    assert len(scripts) > 10  # the scan found the benchmark commands
+    assert wrong == []
+
+
+def test_the_readme_table_lists_every_flag_of_every_subcommand():
+    readme = _read("README.md")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `h5stream (\w+) [^\n]*", readme, re.MULTILINE)}
+    cli = _cli_flags()
+    assert set(rows) == set(cli)
+    for name, flags in cli.items():
+        shown = set(FLAG.findall(rows[name].split("` |")[0]))
+        assert sorted(flags - {"--help"} - shown) == [], name
+        assert sorted(shown - flags) == [], name
+
+
+def test_the_scan_finds_commands_and_keeps_other_programs_flags_apart():
+    text = ("`h5stream info S --json` and\n```sh\npython -m benchmarks.stream --quick \\\n  --json\n"
+            "python examples/x.py SRC -- --size 64\n```\n")
+    assert _commands_in(text) == [("h5stream info", " S --json"), ("python -m benchmarks.stream", " --quick    --json"),
+                                  ("examples/x.py", " SRC")]
