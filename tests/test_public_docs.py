@@ -175,3 +175,15 @@ def test_the_scan_finds_commands_and_keeps_other_programs_flags_apart():
             "python examples/x.py SRC -- --size 64\n```\n")
     assert _commands_in(text) == [("h5stream info", " S --json"), ("python -m benchmarks.stream", " --quick    --json"),
                                   ("examples/x.py", " SRC")]
+
+
+def test_every_subcommand_flag_that_takes_a_value_names_it_and_states_its_default():
+    """``--memory-budget BYTES (default 256MiB)``, not argparse's ``--memory-budget MEMORY_BUDGET`` with no default."""
+    for name, parser in _subcommands().items():
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0 or action.help == argparse.SUPPRESS:
+                continue
+            flag = action.option_strings[-1]
+            assert action.metavar or action.choices, f"h5stream {name} {flag}: no metavar"
+            if action.default is not None:  # None: the flag is absent unless given, or its help says the default
+                assert "default" in action.help, f"h5stream {name} {flag}"
