@@ -187,3 +187,15 @@ def test_every_subcommand_flag_that_takes_a_value_names_it_and_states_its_defaul
             assert action.metavar or action.choices, f"h5stream {name} {flag}: no metavar"
             if action.default is not None:  # None: the flag is absent unless given, or its help says the default
                 assert "default" in action.help, f"h5stream {name} {flag}"
+
+
+def test_the_readme_extras_table_lists_what_each_extra_installs():
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    rows = dict(re.findall(r"^\| `\[([\w-]+)\]` \| ([^|]*) \|", _read("README.md"), re.MULTILINE))
+    assert set(rows) == set(extras)
+    for extra, requirements in extras.items():
+        listed = set(re.findall(r"`([^`]+)`", rows[extra]))
+        packages = {re.split(r"[<>=!~ ;]", r, maxsplit=1)[0] for r in requirements}
+        assert packages == listed, extra
