@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import functools
 import glob
 import inspect
 import os
@@ -130,12 +131,41 @@ def _commands_in(markdown: str) -> list[tuple[str, str]]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def _help(script: str) -> subprocess.CompletedProcess:
+    """``python SCRIPT --help`` (``script`` relative to the repository), as a user runs it from the clone."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+
+
 def _script_flags(command: str) -> set[str] | None:
     """The flags a benchmark's or example's ``--help`` lists, None if it has no argparse help."""
-    argv = ["-m", command.split()[-1]] if command.startswith("python -m") else [os.path.join(ROOT, command)]
-    proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    script = command.split()[-1].replace(".", "/") + ".py" if command.startswith("python -m") else command
+    proc = _help(script)
     return set(FLAG.findall(proc.stdout)) if proc.returncode == 0 and proc.stdout.startswith("usage:") else None
+
+
+def _scripts() -> list[str]:
+    """Every benchmark, example and tool a user runs (those with a ``__main__`` block)."""
+    found = []
+    for pattern in ("benchmarks/*.py", "examples/*.py", "tools/*.py"):
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            with open(path, encoding="utf-8") as f:
+                if 'if __name__ == "__main__":' in f.read():
+                    found.append(os.path.relpath(path, ROOT))
+    return found
+
+
+def test_every_script_answers_help_with_its_usage_not_a_traceback():
+    scripts = _scripts()
+    assert len(scripts) > 30
+    for script in scripts:
+        proc = _help(script)
+        assert "Traceback" not in proc.stderr, (script, proc.stderr[-2000:])
+        if proc.returncode == 0:
+            assert proc.stdout.startswith("usage:"), (script, proc.stdout[:300])
+        else:  # a part of another benchmark: one line that says how to run that one
+            assert proc.stderr.startswith("run it as: python -m benchmarks."), (script, proc.stderr[-500:])
 
 
 def test_every_flag_the_docs_show_exists_where_they_show_it():
