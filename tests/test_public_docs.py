@@ -229,3 +229,17 @@ def test_the_readme_extras_table_lists_what_each_extra_installs():
         listed = set(re.findall(r"`([^`]+)`", rows[extra]))
         packages = {re.split(r"[<>=!~ ;]", r, maxsplit=1)[0] for r in requirements}
         assert packages == listed, extra
+
+
+def test_verify_help_states_the_exit_statuses_the_command_returns():
+    from h5stream import cli
+    from h5stream.commands import verify
+    from h5stream.commands.arguments import VERIFY_EXIT
+
+    assert {verify.EXIT_DAMAGED, verify.EXIT_UNCHECKED, verify.EXIT_UNFINISHED, cli.EXIT_USAGE, cli.EXIT_ERROR, 0} \
+        == set(VERIFY_EXIT)
+    assert "damage" in VERIFY_EXIT[verify.EXIT_DAMAGED] and "unfinished" in VERIFY_EXIT[verify.EXIT_UNFINISHED]
+    assert "no checksums" in VERIFY_EXIT[verify.EXIT_UNCHECKED] and "usage" in VERIFY_EXIT[cli.EXIT_USAGE]
+    help_text = " ".join(_subcommands()["verify"].format_help().split())
+    for code, what in VERIFY_EXIT.items():
+        assert f"{code} {' '.join(what.split())}" in help_text

@@ -155,7 +155,15 @@ def _preview(parser) -> None:
                         help="stream memory budget, e.g. 256MiB (default: h5stream.open's)")
 
 
+VERIFY_EXIT = {0: "every committed row matches", 1: "damage (the first damaged rows named) or another error",
+               2: "bad usage", 3: "not everything checked (no checksums; rows written but not committed)",
+               4: "the ingest is unfinished (the command that finishes it named)"}
+"""``verify``'s exit statuses, as its help states them."""
+
+
 def _verify(parser) -> None:
+    parser.epilog = ("exit status: " + "; ".join(f"{code} {what}" for code, what in VERIFY_EXIT.items())
+                     + "; a set of parts: the worst part's (1 before 4 before 3)")
     parser.add_argument("path", metavar="FILE.h5", nargs="+",
                         help="store written by `h5stream ingest`; several, a glob or a .json manifest: a set of parts, "
                         "checked whole (every part present, all agreeing) and part by part")
