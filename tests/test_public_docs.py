@@ -243,3 +243,19 @@ def test_verify_help_states_the_exit_statuses_the_command_returns():
     help_text = " ".join(_subcommands()["verify"].format_help().split())
     for code, what in VERIFY_EXIT.items():
         assert f"{code} {' '.join(what.split())}" in help_text
+
+
+def _table_names(markdown: str, heading: str) -> set[str]:
+    """The backticked names in the first column of the tables under the level-2 ``heading``."""
+    section = markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", section, re.MULTILINE):
+        names |= set(re.findall(r"`(\w+)`", cell))
+    return names
+
+
+def test_the_design_docs_options_table_is_every_option_of_open_and_the_readmes_names_only_options():
+    options = set(inspect.signature(h5stream.open).parameters) - {"path"}
+    assert _table_names(_read("docs/design.md"), "Options") == options
+    readme = _table_names(_read("README.md"), "Python API")
+    assert readme <= options and {"memory_budget", "seed", "verify_reads"} <= readme
