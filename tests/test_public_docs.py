@@ -259,3 +259,10 @@ def test_the_design_docs_options_table_is_every_option_of_open_and_the_readmes_n
     assert _table_names(_read("docs/design.md"), "Options") == options
     readme = _table_names(_read("README.md"), "Python API")
     assert readme <= options and {"memory_budget", "seed", "verify_reads"} <= readme
+
+
+def test_help_of_write_names_every_option_it_takes():
+    from h5stream.ingest.writeoptions import writer_option_names
+
+    doc = inspect.getdoc(h5stream.write)
+    assert [name for name in writer_option_names() if f"``{name}``" not in doc] == []
