@@ -5,6 +5,7 @@ command, benchmark or example they show it on (and every flag of every subcomman
 from __future__ import annotations
 
 import argparse
+import ast
 import builtins
 import functools
 import glob
@@ -186,6 +187,26 @@ def test_every_flag_the_docs_show_exists_where_they_show_it():
                 assert known is not None, f"{rel} shows flags of {command}, which has no --help"
             wrong += [(rel, command, flag) for flag in sorted(flags - known - {"--help"})]
     assert len(scripts) > 10  # the scan found the benchmark commands
+    assert wrong == []
+
+
+def test_every_flag_a_scripts_docstring_shows_exists_in_that_script():
+    """The usage lines at the top of each example and benchmark (``python examples/x.py --data photos/ ...``)."""
+    cli = _cli_flags()
+    wrong, checked = [], 0
+    for script in _scripts():
+        with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+            doc = ast.get_docstring(ast.parse(f.read())) or ""
+        for line in doc.replace("\\\n", " ").splitlines():
+            for command, rest in _commands_in("```\n" + line.replace("``", "") + "\n```\n"):
+                flags = set(FLAG.findall(rest))
+                if not flags:
+                    continue
+                known = cli[command.split()[1]] if command.startswith("h5stream ") else _script_flags(command)
+                assert known is not None, f"{script} shows flags of {command}, which has no --help"
+                checked += 1
+                wrong += [(script, command, flag) for flag in sorted(flags - known)]
+    assert checked > 10
     assert wrong == []
 
 
