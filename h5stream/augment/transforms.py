@@ -218,7 +218,7 @@ class Augment:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> Augment:
-        """A named parameter set from :data:`PRESETS` (``overrides`` replace single parameters)."""
+        """The preset ``name`` of :data:`PRESETS` (``"standard"``), ``overrides`` replacing some; else ConfigError."""
         if name not in PRESETS:
             raise ConfigError(f"Augment.preset: unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
         return cls(**{**PRESETS[name], **overrides})
