@@ -287,3 +287,20 @@ def test_help_of_write_names_every_option_it_takes():
 
     doc = inspect.getdoc(h5stream.write)
     assert [name for name in writer_option_names() if f"``{name}``" not in doc] == []
+
+
+@pytest.mark.parametrize("module, names", [
+    ("h5stream.adapters.tf", ["as_tf_dataset"]),
+    ("h5stream.adapters.distribute", ["distributed_dataset"]),
+    ("h5stream.adapters.torch", ["as_torch"]),
+])
+def test_help_of_the_adapters_states_each_of_their_parameters(module, names):
+    pytest.importorskip("torch" if module.endswith("torch") else "tensorflow")
+    import importlib
+
+    adapters = importlib.import_module(module)
+    for name in names:
+        obj = getattr(adapters, name)
+        doc = inspect.getdoc(obj) or ""
+        absent = [p for p in _parameters(obj) if p != "stream" and not re.search(rf"\b{re.escape(p)}\b", doc)]
+        assert absent == [], (name, absent)
