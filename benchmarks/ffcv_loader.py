@@ -22,7 +22,18 @@ import time
 import numpy as np
 
 
+def usage(argv) -> int:
+    """Print this script's usage line (from the docstring): on stdout for ``-h`` / ``--help`` (exit 0), else on
+    stderr (exit 2)."""
+    line = __doc__.split("\n\n")[1].strip()
+    asked = argv[:1] in (["-h"], ["--help"])
+    print(f"usage: {line}", file=sys.stdout if asked else sys.stderr)
+    return 0 if asked else 2
+
+
 def main(argv) -> int:
+    if len(argv) != 6:  # --help, or run by hand: the usage line, not a traceback
+        return usage(argv)
     images_npy, labels_npy, beton, batch, threads, epochs = argv
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder

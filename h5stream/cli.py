@@ -1,4 +1,4 @@
-"""Command line: ``h5stream ingest | info | bench | preview``.
+"""Command line: ``h5stream ingest | info | verify | repair | bench | preview``.
 
 :func:`main` takes ``argv`` and returns an exit code, so tests call it
 in-process.  Every expected failure (an :class:`H5StreamError`, bad usage)

@@ -44,3 +44,17 @@ def test_parts_ingested_on_a_local_dask_cluster_stream_as_one(class_src, tmp_pat
         labels = np.concatenate([y for _, y in s])
     assert sorted(labels.tolist()) == sorted(label for _, label in written)
     assert [read_meta(str(tmp_path / "parts" / f"part-{i}.h5")).part.label for i in range(3)] == ["0/3", "1/3", "2/3"]
+
+
+def test_the_dask_example_runs_as_its_docstring_shows(tmp_path):
+    """``python examples/ingest_parts_dask.py --quick --work DIR``: its own cluster, parts, manifest, one epoch."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ingest_parts_dask.py"), "--quick",
+                           "--work", str(tmp_path), "--parts", "3"],
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    manifest = tmp_path / "parts" / "parts.json"
+    assert f"{manifest}: 3 parts, one epoch of 24 rows streamed as one dataset" in proc.stdout
+    assert sorted(os.listdir(tmp_path / "parts")) == ["part-0.h5", "part-1.h5", "part-2.h5", "parts.json"]

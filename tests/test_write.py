@@ -155,6 +155,10 @@ def test_misuse_is_one_clear_error_and_writes_nothing(tmp_path, small_class_stor
     out = tmp_path / "o.h5"
     with pytest.raises(ConfigError, match="unknown option 'sise'.*size"):
         h5stream.write(out, x, sise=3)
+    with pytest.raises(ConfigError, match="part is h5stream ingest --part's"):  # was taken and ignored: every row
+        h5stream.write(out, (x, np.zeros(4, int)), part=(0, 2))
+    with pytest.raises(ConfigError, match="part is h5stream ingest --part's"):
+        h5stream.Writer(out, part=(0, 2))
     with pytest.raises(ConfigError, match="uint8 pixels"):
         h5stream.write(out, (x.astype(np.float32), np.zeros(4, int)))
     with pytest.raises(ConfigError, match="4 images but 3 labels"):

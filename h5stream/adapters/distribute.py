@@ -76,6 +76,13 @@ def distributed_dataset(path, strategy, global_batch_size: int, *, prefetch: int
     ``repeat=True`` makes each pipeline endless, epoch after epoch (each pass
     reshuffled), for trainers that count steps: ``tf_keras``' ``fit`` with
     ``steps_per_epoch=out.steps_per_epoch`` then sees exact epochs.
+    ``prefetch``: batches each pipeline's ``tf.data`` keeps ready (an int >= 0,
+    as :func:`~h5stream.adapters.tf.as_tf_dataset` takes it).
+
+    Raises :class:`~h5stream.ConfigError` for ``batch_size`` or ``shard`` in
+    ``open_kwargs``, ``subset="both"``, a ``global_batch_size`` that is not a
+    positive multiple of the replicas in sync, or a bad ``prefetch``; and
+    whatever :func:`h5stream.open` raises.
     """
     prefetch = checked_prefetch(prefetch)
     for key in ("batch_size", "shard"):

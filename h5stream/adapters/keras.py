@@ -283,6 +283,12 @@ class ResumeCallback(keras.callbacks.Callback):
     then shifted against the stream's by the batches the interrupted epoch had
     done (each still ``len(stream)`` batches), because one ``fit`` cannot have a
     short first epoch.
+
+    ``keep_weights=False`` saves and restores the stream's position only (the
+    record still names the weights file it would have written; the weights
+    are left to another callback).  Raises :class:`~h5stream.ConfigError` for a
+    ``save_every`` that is not an int >= 1, and for a ``directory`` holding an
+    ``h5stream_resume.json`` this callback did not write.
     """
 
     def __init__(self, directory: str | os.PathLike, stream, save_every: int | None = None, keep_weights: bool = True):

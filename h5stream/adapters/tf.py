@@ -58,7 +58,8 @@ def checked_prefetch(prefetch) -> int:
 
 
 def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(x, y)`` batches, ``len(stream)`` per iteration, prefetching ``prefetch`` batches."""
+    """A ``tf.data.Dataset`` of ``(x, y)`` batches (``x`` alone with ``label_mode=None``), ``len(stream)`` per
+    iteration, prefetching ``prefetch`` batches (an int >= 0; else ConfigError, ``tf.data.AUTOTUNE`` included)."""
     prefetch = checked_prefetch(prefetch)
     passes = passes_for(stream)
     passes_ref = weakref.ref(passes)  # see the module docstring: TensorFlow never frees this function

@@ -218,7 +218,7 @@ class Augment:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> Augment:
-        """A named parameter set from :data:`PRESETS` (``overrides`` replace single parameters)."""
+        """The preset ``name`` of :data:`PRESETS` (``"standard"``), ``overrides`` replacing some; else ConfigError."""
         if name not in PRESETS:
             raise ConfigError(f"Augment.preset: unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
         return cls(**{**PRESETS[name], **overrides})
@@ -309,7 +309,8 @@ class Augment:
     # -- the transform
 
     def draw(self, seed: int, epoch: int, row_ids, height: int, width: int) -> dict:
-        """Per-sample parameters as Keras names them (``theta``, ``tx``, ``ty``, ...), arrays of len(row_ids).
+        """Per-sample parameters as Keras names them (``theta``, ``tx``, ``ty``, ...), arrays of len(row_ids),
+        for images of ``height`` x ``width``: a pure function of ``(seed, epoch, row_ids)``, as in :meth:`__call__`.
 
         ``tx`` is the horizontal shift in pixels, ``ty`` the vertical one;
         ``channel_shift_intensity`` / ``brightness`` are None when disabled.
@@ -379,7 +380,8 @@ class Augment:
         return out
 
     def checked_call(self, images_uint8, row_ids, out) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(images, row_ids, out)`` of a call checked (see :meth:`__call__`'s Raises), ``out`` made when None."""
+        """``(images, row_ids, out)`` of a call checked (``images_uint8``, ``row_ids``, ``out`` as :meth:`__call__`
+        takes them; see its Raises), ``out`` made when None."""
         images = np.asarray(images_uint8)
         if images.dtype != np.uint8 or images.ndim != 4:
             raise ConfigError(f"Augment: images must be uint8 of shape (n, H, W, C), got {images.dtype} {images.shape}")

@@ -12,7 +12,7 @@ COMMANDS = {
     "info": "describe a store (rows, shapes, classes, layout)",
     "bench": "measure the stream against its baselines on a store",
     "preview": "write a grid of images as the stream yields them (PNG, JPEG, WebP, ...: --out's name says)",
-    "verify": "check every committed row against the store's block checksums",
+    "verify": "check every committed row against the store's checksums and row digests",
     "repair": "rebuild a store whose writer was stopped mid-update; name the files of damaged rows",
 }
 """Subcommand -> one-line help; ``h5stream.commands.<name>`` runs it."""
@@ -100,38 +100,42 @@ def _info(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--shuffle-report", action="store_true",
                         help="add shuffle-quality figures (batch label mix, epoch tau, read plan) for a budget")
-    parser.add_argument("--memory-budget", default=BENCH_BUDGET,
+    parser.add_argument("--memory-budget", default=BENCH_BUDGET, metavar="BYTES",
                         help=f"budget for --shuffle-report (default {BENCH_BUDGET})")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size for --shuffle-report (default 32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --shuffle-report (default 0)")
-    parser.add_argument("--workers", type=int, default=0,
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N",
+                        help="batch size for --shuffle-report (default 32)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed for --shuffle-report (default 0)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="--shuffle-report plans as a stream with this many augmenting workers (default 0)")
-    parser.add_argument("--rows-per-fill", type=int, default=None,
+    parser.add_argument("--rows-per-fill", type=int, default=None, metavar="R",
                         help="--shuffle-report with this shuffle window pinned, as h5stream.open(rows_per_fill=) does")
-    parser.add_argument("--read-unit", default=None,
+    parser.add_argument("--read-unit", default=None, metavar="BYTES",
                         help="--shuffle-report with this read_unit (e.g. 4MiB), as h5stream.open(read_unit=) takes")
-    parser.add_argument("--piece-bytes", default=None,
+    parser.add_argument("--piece-bytes", default=None, metavar="BYTES",
                         help="--shuffle-report of the two-level order in pieces of this size (e.g. 8MiB), as "
                              "h5stream.open(piece_bytes=) takes")
 
 
 def _bench(parser) -> None:
     parser.add_argument("path", metavar="FILE", help="store written by `h5stream ingest`")
-    parser.add_argument("--batch-size", type=int, default=32, help="rows per batch (default 32)")
-    parser.add_argument("--memory-budget", default=BENCH_BUDGET, help=f"stream memory budget (default {BENCH_BUDGET})")
-    parser.add_argument("--epochs", type=int, default=1, help="stream epochs to time (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="rows per batch (default 32)")
+    parser.add_argument("--memory-budget", default=BENCH_BUDGET, metavar="BYTES",
+                        help=f"stream memory budget (default {BENCH_BUDGET})")
+    parser.add_argument("--epochs", type=int, default=1, metavar="N", help="stream epochs to time (default 1)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="shuffle seed (default 0)")
     parser.add_argument("--cold", action="store_true",
                         help="evict the file from the page cache before and during each pass")
     parser.add_argument("--augment", default=None, metavar="standard|JSON",
                         help="augment in the stream (preset or Augment kwargs)")
-    parser.add_argument("--workers", type=int, default=0, help="augmenting worker processes (default 0)")
-    parser.add_argument("--random-seconds", type=float, default=RANDOM_SECONDS,
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="worker processes of the stream: they augment, or without --augment read (default 0)")
+    parser.add_argument("--random-seconds", type=float, default=RANDOM_SECONDS, metavar="S",
                         help="time budget of the one-row-per-call baseline, then extrapolated "
                         f"(default {RANDOM_SECONDS:g})")
     parser.add_argument("--no-baselines", action="store_true", help="measure the stream and shuffle quality only")
     parser.add_argument("--plot", default=None, metavar="PNG",
-                        help="write a figure of throughput, CPU, queue and memory over time")
+                        help="write a figure of throughput, CPU, queue and memory over time (needs matplotlib: "
+                        "pip install -e '.[plot]')")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
@@ -142,16 +146,24 @@ def _preview(parser) -> None:
                         help="image file to write; its extension picks the format (.png, .jpg, .webp, ...)")
     parser.add_argument("--augment", default=None, metavar="standard|JSON",
                         help="augment as the stream would (preset or Augment kwargs)")
-    parser.add_argument("--rows", type=int, default=6, help="grid rows (default 6)")
-    parser.add_argument("--cols", type=int, default=6, help="grid columns (default 6)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
-    parser.add_argument("--scale", type=int, default=None,
+    parser.add_argument("--rows", type=int, default=6, metavar="N", help="grid rows (default 6)")
+    parser.add_argument("--cols", type=int, default=6, metavar="N", help="grid columns (default 6)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="shuffle and augmentation seed (default 0)")
+    parser.add_argument("--scale", type=int, default=None, metavar="N",
                         help=f"integer zoom per tile (default: tiles >= {MIN_TILE_PX} px wide)")
-    parser.add_argument("--memory-budget", default=None,
-                        help="stream memory budget (default: h5stream.open's)")
+    parser.add_argument("--memory-budget", default=None, metavar="BYTES",
+                        help="stream memory budget, e.g. 256MiB (default: h5stream.open's)")
+
+
+VERIFY_EXIT = {0: "every committed row matches", 1: "damage (the first damaged rows named) or another error",
+               2: "bad usage", 3: "not everything checked (no checksums; rows written but not committed)",
+               4: "the ingest is unfinished (the command that finishes it named)"}
+"""``verify``'s exit statuses, as its help states them."""
 
 
 def _verify(parser) -> None:
+    parser.epilog = ("exit status: " + "; ".join(f"{code} {what}" for code, what in VERIFY_EXIT.items())
+                     + "; a set of parts: the worst part's (1 before 4 before 3)")
     parser.add_argument("path", metavar="FILE.h5", nargs="+",
                         help="store written by `h5stream ingest`; several, a glob or a .json manifest: a set of parts, "
                         "checked whole (every part present, all agreeing) and part by part")

@@ -317,8 +317,9 @@ class Writer:
         return (self._store.rows if self._store is not None else 0) + len(self._buf_paths)
 
     def add(self, image, label=None, *, index: int | None = None) -> bool:
-        """Add one item (storage position :attr:`consumed`); True if it became a row, False if it was skipped (and
-        listed in the skip report under ``index``, default its position).  SourceError with ``strict``."""
+        """Add ``image``, ``label`` (as :func:`h5stream.write`'s items) at position :attr:`consumed`: True if it became
+        a row, False if skipped (listed in the skip report under ``index``, default its position; SourceError with
+        ``strict``)."""
         with self._in_add:
             return self._add(image, label, index)
 
@@ -353,7 +354,7 @@ class Writer:
                                 background=DEFAULT_BACKGROUND, pad_fill=self.opts.pad_fill or DEFAULT_PAD_FILL)
 
     def add_rows(self, images: np.ndarray, labels, indices) -> None:
-        """Add a run of items whose images are already ``uint8`` of the store's row shape (a block of arrays):
+        """Add a run of items (``images`` already ``uint8`` of the store's row shape, ``labels``, source ``indices``):
         appended as they are when every label fits (after rows staged by :meth:`add`, with them, the run ending
         at most at their block's end), else item by item.  Needs the store created (after a first :meth:`add`)."""
         with self._in_add_rows:

@@ -22,8 +22,12 @@ from h5stream.store.progress import WRITER_SOURCE
 __all__ = ["write_options"]
 
 #: IngestOptions fields about finding and decoding files, or how ingest runs: not options of the writer.
+#: ``part`` cuts a folder's file listing by each file's path; a Python source has no such listing.
 NOT_WRITER_OPTIONS = frozenset({"src", "out", "labels_csv", "label_columns", "path_column", "follow_links",
-                                "append", "workers", "progress"})
+                                "append", "workers", "progress", "part"})
+#: Ingest options refused by name, with what to do instead.
+REFUSED = {"part": "part is h5stream ingest --part's (a folder's files cut by their paths); h5stream.write stores "
+                   "the whole source it is given: give each part's items to a write of its own"}
 
 
 def writer_option_names() -> tuple[str, ...]:
@@ -35,6 +39,9 @@ def write_options(path, *, resume: bool = False, **options) -> IngestOptions:
     ConfigError naming an unknown option or a bad value."""
     allowed = writer_option_names()
     unknown = sorted(set(options) - set(allowed))
+    for name in unknown:
+        if name in REFUSED:
+            raise ConfigError(REFUSED[name])
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r} for h5stream.write; it takes {', '.join(allowed)}, "
                           "resume")

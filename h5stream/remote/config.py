@@ -163,8 +163,18 @@ class RemoteOptions:
     ``endpoint``: the S3 service's URL for stores other than AWS (MinIO, SeaweedFS, Ceph, R2...), overriding
     ``AWS_ENDPOINT_URL``.  ``region``: the bucket's region, overriding ``AWS_REGION``.  ``profile``: a profile of
     the shared AWS files, overriding ``AWS_PROFILE``.  ``anonymous``: send unsigned requests (public buckets).
-    ``timeout_s``: the longest one request may take to fail, retries included; a dead or stalled server raises
-    within it.  ``max_in_flight``: how many reads the reader keeps going at once.
+    ``timeout_s`` (default 30): the longest one request may take to fail, retries included; a dead or stalled
+    server raises within it.  ``max_in_flight`` (default 8, 1 to 256): how many reads the reader keeps going at
+    once.  ``headers``: extra HTTP headers sent with every request (an ``Authorization`` for a private web
+    server).  ``cache_dir``: the folder of the local disk cache (None: no cache; :func:`h5stream.open` sets it
+    from its own ``cache_dir``, whose default ``"auto"`` keeps this one if given, else the user's cache folder).
+    ``cache_limit`` (bytes, default 100 GB): what the cache folder may hold; the least recently used pieces are
+    removed past it.  ``cache_piece`` (bytes, default 8 MiB, at least 64 KiB): one cache piece, each fetched whole
+    in one request.  Sizes are ints here; in the dict form that ``open(remote=...)`` also takes they may be
+    strings such as ``"100GB"``.
+
+    Raises :class:`~h5stream.ConfigError` (one line naming the field and what it takes) for a value out of range,
+    an endpoint that is not an ``http(s)://`` URL, or a header name or value HTTP cannot carry.
     """
 
     endpoint: str | None = None

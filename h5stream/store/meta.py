@@ -28,7 +28,25 @@ from h5stream.store.progress import IngestProgress, parse_source
 
 @dataclass(frozen=True)
 class StoreMeta:
-    """What a reader needs to know about a store.  ``rows`` is the committed row count."""
+    """What a reader needs to know about a store (:func:`read_meta`, ``stream.meta``); frozen.
+
+    ``path``: the file or URL.  ``rows``: the committed row count (the rows readers use).  ``image_shape``:
+    ``(H, W, C)`` of one stored image (uint8).  ``label_kind``: ``"class"``, ``"regression"`` or ``"none"``;
+    ``label_shape`` / ``label_dtype``: one label's (``()`` int64 for classes, float32 targets).
+    ``class_names``: label ``i`` is ``class_names[i]`` (None unless ``label_kind == "class"``);
+    ``label_columns``: the CSV columns the labels came from, if any.  ``block_rows``: rows per HDF5 chunk;
+    ``compression``: None, ``"zlib"`` or ``"blosc"``.  ``storage_order`` (``"shuffled"`` or ``"sorted"``) and
+    ``order_seed``: how the ingest ordered the rows; ``resize_mode``: ``"stretch"``, ``"crop"`` or ``"pad"``.
+    ``skipped_files``: how many source files the ingest skipped (listed in ``OUT.h5.skipped.csv``).
+    ``format_version``: the file format's version; ``file_bytes``: the file's size.  ``checksum``: the block
+    checksums' hash (None: no checksums); ``checksum_problem``: a line naming damage in them, else None;
+    ``uncommitted_rows``: rows past ``rows`` a writer had begun.  ``ingest``: how far the last ingest got;
+    ``appended_from``: the first row an ``--append`` took from a grown source listing.  ``encoding``
+    (``"raw"`` or ``"jpeg"``), ``jpeg_quality``, ``encoded_bytes`` and ``encoded_block_bytes``: an encoded
+    store's.  ``part``: which part of a set it is (None: a whole store).  ``remote``: a URL's
+    :class:`~h5stream.RemoteOptions`.  ``identity``: what a resumed state is checked against.  Each field is
+    documented at length where it is declared.
+    """
 
     path: str
     rows: int
@@ -77,15 +95,18 @@ class StoreMeta:
 
     @property
     def encoded(self) -> bool:
+        """True for a store of encoded (JPEG) rows."""
         return self.encoding != schema.ENCODING_RAW
 
     @property
     def row_bytes(self) -> int:
+        """Bytes of one stored image as pixels: ``H * W * C``."""
         h, w, c = self.image_shape
         return h * w * c
 
     @property
     def label_row_bytes(self) -> int:
+        """Bytes of one stored label."""
         return int(np.prod(self.label_shape, dtype=np.int64)) * self.label_dtype.itemsize
 
 

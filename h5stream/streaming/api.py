@@ -98,12 +98,22 @@ def open(path: str | os.PathLike, *args, **kwargs) -> Stream:  # noqa: A001 - mi
 
     Raises:
         StoreNotFoundError: no file (or object) at ``path``.
+        StorePermissionError: the file (or object) may not be read by this user (or these credentials).
         StoreFormatError: the file is not a store h5stream can stream.
+        StoreBusyError: a writer at work on the store never let its metadata be read whole.
         ConfigError: an option that does not fit the store, or each other.
+        OptionNameError: a keyword that names no option (a ``TypeError`` too); the message names the
+            option meant, Keras' and torch's names included.
+        StorePathError: ``path`` is not a path, a URL or a list of them (a ``TypeError`` too).
         BudgetError: a memory budget (or machine) that cannot hold the plan;
             the message names the budget, workers or batch size that fit.
         ResourceLimitError: a process limit (open files, a file size limit)
             too low to start the stream; the message names the limit.
+        MissingDependencyError: a URL without the ``[remote]`` extra installed.
+        RemoteUnavailableError: a URL whose server did not answer within ``remote``'s ``timeout_s``.
+
+    Every error class is ``h5stream.<Name>`` and also subclasses the builtin it
+    resembles (``ValueError``, ``OSError``, ...); messages are one line.
     """
     options = StreamOptions(*args, **kwargs)
     if options.subset != BOTH:

@@ -44,8 +44,10 @@ def _from_config(name: str, doc: str) -> property:
 class Stream:
     """An endless, epoch-by-epoch supply of shuffled batches from one store (or one subset of it).
 
-    Made by :func:`open`.  Owns a reader thread (and, with ``workers > 0``, a
-    worker pool; with ``feeder=True`` both run in a feeder process it owns).
+    Made by :func:`open` (``Stream(path, options)`` with a
+    :class:`~h5stream.streaming.options.StreamOptions` is what it does).  Owns
+    a reader thread (and, with ``workers > 0``, a worker pool; with
+    ``feeder=True`` both run in a feeder process it owns).
     ``close()`` stops them; it is idempotent, called by ``with`` and, as a
     last resort, when the stream is garbage-collected.
 
@@ -73,6 +75,15 @@ class Stream:
     * a process forked after ``open`` leaves the stream as it was: in the
       child every use raises :class:`~h5stream.ForkedStreamError`, ``close()``
       releases nothing, and its exit stops nothing (see :mod:`h5stream.concurrency.fork`).
+
+    Errors while iterating (``next()``), each before the batch it concerns is
+    served, never a short or wrong batch instead: :class:`~h5stream.ReaderError`
+    (reading failed, or no batch within ``timeout_s``; ``__cause__`` holds the
+    original), :class:`~h5stream.ChecksumError` (a row read does not match the
+    store's checksums), :class:`~h5stream.ImageDecodeError` (an encoded row does
+    not decode), :class:`~h5stream.WorkerError` (a worker raised or died; the
+    message carries its traceback or signal).  ``state()`` still names the
+    position after the last batch served.
     """
 
     def __init__(self, path: str | os.PathLike, options: StreamOptions | None = None):
@@ -379,6 +390,7 @@ class Stream:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran (every ``next()`` then raises :class:`~h5stream.StreamClosedError`)."""
         return self._closed
 
     def __enter__(self) -> Stream:
@@ -396,7 +408,8 @@ class Stream:
     # -- framework adapters (imported only when asked for) -------------------------
     def keras(self, device=None, **opts):
         """An object Keras 3 ``model.fit`` takes directly (one epoch per pass); with ``device`` (Keras' torch
-        backend), torch tensors already there (see :func:`h5stream.adapters.keras.as_keras`)."""
+        backend), torch tensors already there, converted as ``opts`` say: ``dtype``, ``layout``, ``mean``,
+        ``std``, ``batches_ahead`` (see :func:`h5stream.adapters.keras.as_keras` for each, and its errors)."""
         from h5stream.adapters.keras import as_keras
 
         return as_keras(self, device=device, **opts)
@@ -408,8 +421,9 @@ class Stream:
         return as_tf_dataset(self)
 
     def torch(self, device=None, **opts):
-        """A ``torch.utils.data.IterableDataset`` yielding tensors; with ``device``, already there (see
-        :func:`h5stream.adapters.torch.as_torch`)."""
+        """A ``torch.utils.data.IterableDataset`` yielding tensors (wrap it as ``DataLoader(ds, batch_size=None)``);
+        with ``device``, already there, converted as ``opts`` say: ``dtype``, ``layout``, ``mean``, ``std``,
+        ``batches_ahead`` (see :func:`h5stream.adapters.torch.as_torch` for each, and its errors)."""
         from h5stream.adapters.torch import as_torch
 
         return as_torch(self, device=device, **opts)
