@@ -10,7 +10,8 @@ in ``--data``).  The JPEG store's rows are written out as files, one per row in 
 
 Loaders, each for ``--steps`` training steps of the same model after ``--warmup`` steps not timed:
 
-* ``limit`` -- one batch of ``--crop`` px images already on the device, reused: the model alone;
+* ``limit`` -- one batch of ``--crop`` px images already on the device, reused: the model alone (``--model none``:
+  no model, so the other rows are the loaders alone, each batch still converted and normalised on the device);
 * ``h5stream jpeg`` -- ``stream.torch(device=...)`` of the JPEG store with ``Augment(output_size=(crop, crop),
   horizontal_flip=True)`` (torchvision's ``RandomResizedCrop`` scale and ratio; each row decoded at the reduced
   scale its crop allows) in ``--workers`` worker processes, normalised on the device;
@@ -103,10 +104,14 @@ def run(args) -> dict:
     stores = prepare(args.data, args.photos, args.size)
     folder = stores["folder"]
     crop, bs, steps, warmup = args.crop, args.batch_size, args.steps, args.warmup
-    model = make_model(torch, 3, 10, device, args.model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     amp = args.amp or ("bf16" if device.type == "cuda" else "none")
-    train = train_step(torch, model, opt, device, amp)
+    if args.model == "none":  # the loaders alone: each batch converted and normalised where the model would be
+        def train(x, y):
+            pass
+    else:
+        model = make_model(torch, 3, 10, device, args.model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        train = train_step(torch, model, opt, device, amp)
 
     x0 = torch.randn(bs, 3, crop, crop, device=device).contiguous(memory_format=torch.channels_last)
     y0 = torch.randint(0, 4, (bs,), device=device)
@@ -170,6 +175,8 @@ def format_text(r: dict) -> str:
              f"{r['rounds']} rounds, torch {r['torch']}",
              f"{'loader':<15} {'images/s':>10} {'x limit':>8} {'x torchvision':>14} {'cores':>6} {'GPU %':>6}  note"]
     for name, row in r["loaders"].items():
+        if name == "limit" and r["model"] == "none":
+            continue  # no model: nothing to be the limit of
         if "skipped" in row:
             lines.append(f"{name:<15} {'-':>10} {'-':>8} {'-':>14} {'-':>6} {'-':>6}  {row['skipped']}")
             continue
@@ -179,7 +186,10 @@ def format_text(r: dict) -> str:
         note = ""
         if row.get("peak_mem_bytes") is not None:
             note = f"peak memory {row['peak_mem_bytes'] / 2**20:.0f} of {row['budget_bytes'] / 2**20:.0f} MiB budget"
-        lines.append(f"{name:<15} {row['images_per_s']:>10.0f} {row['ratio_to_limit']:>8.2f} {vs:>14} "
+            if r["device"] == "cpu" and r["model"] != "none":
+                note += " (the model's training memory included: it is on the CPU too)"
+        limit = f"{row['ratio_to_limit']:.2f}" if r["model"] != "none" else "-"
+        lines.append(f"{name:<15} {row['images_per_s']:>10.0f} {limit:>8} {vs:>14} "
                      f"{row['cores_busy']:>6.2f} {gpu:>6}  {note}")
     return "\n".join(lines)
 
@@ -196,8 +206,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200, help="timed training steps per loader and round")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps of each loader first (workers, first fill)")
     p.add_argument("--rounds", type=int, default=1, help="every loader once a round, the order rotating")
-    p.add_argument("--model", choices=MODELS, default="resnet50",
-                   help="small: a 2-layer CNN; resnet18/resnet50: torchvision's, untrained")
+    p.add_argument("--model", choices=(*MODELS, "none"), default="resnet50",
+                   help="small: a 2-layer CNN; resnet18/resnet50: torchvision's, untrained; none: no model, the "
+                        "loaders alone (each batch still converted and normalised on the device)")
     p.add_argument("--amp", choices=("bf16", "none"), help="autocast (default: bf16 on CUDA, none elsewhere)")
     p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),

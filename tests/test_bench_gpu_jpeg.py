@@ -40,8 +40,9 @@ def test_the_exported_folder_holds_each_rows_jpeg_byte_for_byte_under_its_class(
     assert gpu_jpeg.prepare(str(tmp_path), 16, 40)["folder"] == folder and not os.path.exists(files[0])
 
 
-def test_a_small_cpu_run_measures_every_loader_against_torchvision(tmp_path, capsys):
-    assert gpu_jpeg.main(["--device", "cpu", "--model", "small", "--photos", "96", "--size", "40", "--crop", "32",
+@pytest.mark.parametrize("model", ["small", "none"])
+def test_a_small_cpu_run_measures_every_loader_against_torchvision(tmp_path, capsys, model):
+    assert gpu_jpeg.main(["--device", "cpu", "--model", model, "--photos", "96", "--size", "40", "--crop", "32",
                           "--batch-size", "16", "--steps", "4", "--warmup", "1", "--workers", "1",
                           "--torch-threads", "1", "--rounds", "2", "--data", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -58,6 +59,8 @@ def test_a_small_cpu_run_measures_every_loader_against_torchvision(tmp_path, cap
         assert out["vs_torchvision"]["h5stream jpeg"]["median"] > 0
     text = gpu_jpeg.format_text(out)
     assert "random resized crops of 32 px" in text and "h5stream jpeg" in text
+    # no model, no limit: the rows are the loaders alone
+    assert ("\nlimit " in text) == (model != "none")
 
 
 def test_a_crop_larger_than_the_stored_rows_is_refused_before_anything_is_made(tmp_path):
