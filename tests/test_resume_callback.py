@@ -161,3 +161,36 @@ def test_a_fit_with_epochs_shorter_than_the_stream_is_refused(store, tmp_path):
         with pytest.raises(h5stream.ConfigError, match=r"stream's 6 batches, and this fit runs 2 steps an epoch"):
             make_model().fit(train.keras(), epochs=2, steps_per_epoch=2, verbose=0, callbacks=[resume])
         assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_position_only_record_names_no_weights_and_a_weights_resume_of_it_is_one_line(store, tmp_path):
+    """``keep_weights=False`` saves the stream's position alone: its record names no weights file (it named one it
+    never wrote), it resumes with ``keep_weights=False``, and a resume that wants weights from it, or from a record
+    whose weights file is gone, is one line when training begins, before any batch is taken."""
+    ckpt = tmp_path / "ckpt"
+    with open_train(store) as s:
+        make_model().fit(s.keras(), epochs=1, verbose=0, callbacks=[ResumeCallback(ckpt, s, keep_weights=False)])
+        n = len(s)
+    record = json.loads((ckpt / "h5stream_resume.json").read_text())
+    assert record["weights"] is None and record["batches_done"] == n and os.listdir(ckpt) == ["h5stream_resume.json"]
+    with open_train(store) as s:
+        model = make_model()
+        model.fit(s.keras(), epochs=2, verbose=0, callbacks=[ResumeCallback(ckpt, s, keep_weights=False)])
+        assert len(model.seen) == n  # the second epoch only: the position resumed without weights
+    with open_train(store) as s:
+        model = make_model()
+        with pytest.raises(h5stream.ConfigError, match="keep_weights=False: it holds the stream's position but no "
+                                                       "weights") as info:
+            model.fit(s.keras(), epochs=3, verbose=0, callbacks=[ResumeCallback(ckpt, s)])
+        assert "\n" not in str(info.value) and model.seen == []
+    # a record with weights whose file is gone
+    full = tmp_path / "full"
+    with open_train(store) as s:
+        make_model().fit(s.keras(), epochs=1, verbose=0, callbacks=[ResumeCallback(full, s)])
+    name = json.loads((full / "h5stream_resume.json").read_text())["weights"]
+    os.remove(full / name)
+    with open_train(store) as s:
+        model = make_model()
+        with pytest.raises(h5stream.ConfigError, match=f"names the weights {name}, which are not in"):
+            model.fit(s.keras(), epochs=2, verbose=0, callbacks=[ResumeCallback(full, s)])
+        assert model.seen == []

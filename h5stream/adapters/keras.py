@@ -285,8 +285,9 @@ class ResumeCallback(keras.callbacks.Callback):
     short first epoch.
 
     ``keep_weights=False`` saves and restores the stream's position only (the
-    record still names the weights file it would have written; the weights
-    are left to another callback).  Raises :class:`~h5stream.ConfigError` for a
+    record's ``weights`` is null; the weights are left to another callback);
+    such a record resumed with ``keep_weights=True``, or one whose weights file
+    is gone, raises :class:`~h5stream.ConfigError` when training begins.  Raises :class:`~h5stream.ConfigError` for a
     ``save_every`` that is not an int >= 1, and for a ``directory`` holding an
     ``h5stream_resume.json`` this callback did not write.
     """
@@ -324,7 +325,16 @@ class ResumeCallback(keras.callbacks.Callback):
                               f"runs {steps} steps an epoch: drop steps_per_epoch= (the stream's length is the "
                               "epoch), or open the stream with the batch_size that gives the epochs you want")
         if self.saved and self.keep_weights:
+            if self.saved["weights"] is None:
+                raise ConfigError(f"{os.path.join(self.directory, STATE_FILE)} was saved by a ResumeCallback with "
+                                  "keep_weights=False: it holds the stream's position but no weights; resume with "
+                                  "keep_weights=False and restore the weights from your own checkpoint, or give "
+                                  "another directory to start afresh")
             weights = os.path.join(self.directory, self.saved["weights"])
+            if not os.path.isfile(weights):
+                raise ConfigError(f"{os.path.join(self.directory, STATE_FILE)} names the weights "
+                                  f"{self.saved['weights']}, which are not in {self.directory}: restore that file, or "
+                                  "remove the record to start afresh")
             opt = getattr(self.model, "optimizer", None)
             if opt is not None and not opt.built:
                 opt.build(self.model.trainable_variables)
@@ -362,8 +372,8 @@ class ResumeCallback(keras.callbacks.Callback):
         state, _ = self._passes.record(consumed_in_pass)
         os.makedirs(self.directory, exist_ok=True)
         old = self.saved["weights"] if self.saved else None
-        name = f"weights-{self.batches_done}.weights.h5"
-        if self.keep_weights:
+        name = f"weights-{self.batches_done}.weights.h5" if self.keep_weights else None
+        if name is not None:
             _write_then_rename(os.path.join(self.directory, name), self.model.save_weights, suffix=".weights.h5")
         record = {"batches_done": self.batches_done, "batches_per_epoch": self._n, "stream_state": state,
                   "weights": name, "saved_at": time.time()}
