@@ -7,6 +7,7 @@ generic error carrying the HTTP status and the server's body in its text, follow
 =====================================  ===============================
 404, no such bucket/key                :class:`StoreNotFoundError`
 401, 403, no or wrong credentials      :class:`StorePermissionError`
+(or an expired presigned link)
 412 (ETag no longer matches), 416      :class:`StoreChangedError`
 a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
 other bytes than the range asked for   :class:`RemoteError`, at once
@@ -27,6 +28,7 @@ from h5stream.errors import (
     StoreChangedError,
     StoreNotFoundError,
     StorePermissionError,
+    hide_passwords,
 )
 
 _STATUS = re.compile(r"status code: (\d{3})(?: ([A-Za-z][A-Za-z ]*[A-Za-z]))?")
@@ -73,17 +75,23 @@ def reason(message: str) -> str:
     return out if len(out) <= MAX_REASON else out[:MAX_REASON - 3] + "..."
 
 
-def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag: str | None = None) -> Exception:
-    """The h5stream error for the client exception ``exc`` raised while reading ``url``."""
+def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag: str | None = None,
+              query: str = "") -> Exception:
+    """The h5stream error for the client exception ``exc`` raised while reading ``url``; ``query`` is the URL's
+    query string (a presigned link's signature), never repeated from the client's text."""
     import obstore.exceptions as oe  # the [remote] extra is installed: a client exception exists
 
-    message = str(exc)
+    message = hide_passwords(str(exc).replace(query, "...") if query else str(exc))
     status = http_status(message)
     why = reason(message)
     if isinstance(exc, oe.NotFoundError) or status == 404:
         where = "bucket and key" if s3 else "URL"
         return StoreNotFoundError(f"{url}: not found ({why}); check the {where}")
     if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or status in (401, 403):
+        if query:
+            return StorePermissionError(f"{url}: access denied ({why}); the link was refused: a presigned link "
+                                        "that has expired or was signed for another object or method; get a fresh "
+                                        "link")
         if s3:
             fix = ("check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and "
                    "~/.aws/credentials) and that they may read this object")
