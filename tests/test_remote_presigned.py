@@ -5,6 +5,7 @@ appears in an error, the CLI's line or the stream's repr, and is not part of the
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import numpy as np
@@ -137,3 +138,28 @@ def test_a_body_that_stops_midway_fails_within_timeout_s(range_server):
             finishes_within(lambda: source.read(0, 2 << 20), 60)
     assert "\n" not in str(info.value) and "timeout_s=2" in str(info.value)
     assert range_server.stalled.is_set()
+
+
+def test_a_link_presigned_by_an_s3_store_gives_the_local_files_batches_and_a_bad_one_says_refused(aws_env, s3_store,
+                                                                                                  tmp_path):
+    # SeaweedFS checks the signature as S3 does: obstore.sign makes the link the way the AWS tools do.
+    import obstore
+    from obstore.store import S3Store
+
+    from benchmarks.seaweed import ACCESS_KEY, SECRET_KEY
+
+    local, url = s3_store
+    bucket, key = url[len("s3://"):].split("/", 1)
+    store = S3Store(bucket, config={"endpoint": aws_env.endpoint, "access_key_id": ACCESS_KEY,
+                                    "secret_access_key": SECRET_KEY, "region": "us-east-1"},
+                    client_options={"allow_http": True})
+    presigned = obstore.sign(store, "GET", key, datetime.timedelta(hours=1))
+    assert "X-Amz-Signature=" in presigned
+    want = _batches(h5stream.open(local, batch_size=500, seed=3))
+    _same(_batches(h5stream.open(presigned, batch_size=500, seed=3, cache_dir=tmp_path / "c", timeout_s=20)), want)
+    signature = presigned.split("X-Amz-Signature=")[1].split("&")[0]
+    forged = presigned.replace(f"X-Amz-Signature={signature}", "X-Amz-Signature=" + "0" * len(signature))
+    with pytest.raises(StorePermissionError, match="link was refused") as info:
+        h5stream.open(forged, batch_size=500, cache_dir=None, timeout_s=20)
+    assert signature not in str(info.value) and "0" * len(signature) not in str(info.value)
+    assert "\n" not in str(info.value)
