@@ -37,6 +37,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, body: bool):
         self.server.count_request(self.command)
+        if self.server.delay_s:  # a far server: every answer comes that much later
+            self.server.stopping.wait(self.server.delay_s)
         refused = self.server.refuses(self.command, urllib.parse.urlsplit(self.path).query)
         if refused is not None:  # as S3 answers a presigned link without its signature, expired, or for HEAD
             text = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>{refused}"
@@ -191,6 +193,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.identity = True  # ETag and Last-Modified sent (see hide_identity)
         self.short_by = 0  # see shorten_ranges
         self.gzip_ranges = False  # see compress_ranges
+        self.delay_s = 0.0  # see delay_each
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -211,6 +214,10 @@ class RangeServer(http.server.ThreadingHTTPServer):
         open (until :meth:`stop`): a body that stalls midway.  :attr:`stalled` is set when it does."""
         with self._lock:
             self._faults.append(("hang", after_bytes))
+
+    def delay_each(self, seconds: float) -> None:
+        """From now on, answer every request ``seconds`` after it arrives (a server far away)."""
+        self.delay_s = float(seconds)
 
     def require_query(self, query: str) -> None:
         """From now on, answer 403 (S3's ``AccessDenied`` body) a request whose query string is not exactly
