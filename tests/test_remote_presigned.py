@@ -163,3 +163,17 @@ def test_a_link_presigned_by_an_s3_store_gives_the_local_files_batches_and_a_bad
         h5stream.open(forged, batch_size=500, cache_dir=None, timeout_s=20)
     assert signature not in str(info.value) and "0" * len(signature) not in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_info_and_verify_of_presigned_links_and_of_a_set_of_them_never_print_the_query_string(range_server, h5cli):
+    import shutil
+
+    shutil.copyfile(range_server.root / "store.h5", range_server.root / "copy.h5")
+    range_server.require_query(link())
+    one = f"{range_server.url}store.h5?{link()}"
+    both = [one, f"{range_server.url}copy.h5?{link()}"]
+    for args in (["info", *both], ["info", "--json", *both], ["verify", one], ["verify", *both]):
+        code, out, err = h5cli(*args)
+        assert code == 0, err
+        assert secret_free(out + err), args
+        assert f"{range_server.url}store.h5?..." in out
