@@ -315,6 +315,33 @@ def client_memory_bytes(options: RemoteOptions, file_bytes: int = 0) -> int:
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
 
 
+CLIENT_POOL_BYTES = 1 << 20
+"""What each client beside the first holds (a part of a set at a URL has a client of its own; the library's pages
+and runtime are the process's, counted once): its connection pool.  Measured about 160 KiB with one connection
+(docs/performance.md, "Design figures"); counted for a few."""
+
+
+def parts_client_memory_bytes(parts) -> int:
+    """The memory the remote clients of a stream over ``parts`` may hold (each has ``remote``, None for a local
+    one, and ``file_bytes``), counted in its budget (pure).
+
+    One URL: :func:`client_memory_bytes`.  Several: :data:`CLIENT_BASE_BYTES` once, :data:`CLIENT_POOL_BYTES` per
+    client beside the first, each cached part's index, and :data:`CLIENT_PER_READ_BYTES` per read that can be in
+    flight: the reader's I/O threads, shared by the parts (the most any part's ``max_in_flight``), plus each cached
+    part's prefetch threads (its ``max_in_flight``, at most one per piece of it) -- never more than one
+    ``max_in_flight`` per part, what counting each part as one URL gives.  A set of a hundred small parts needed
+    a hundred clients' worth (3.5 GiB) before.
+    """
+    remote = [(p.remote, int(getattr(p, "file_bytes", 0) or 0)) for p in parts if p.remote is not None]
+    if len(remote) <= 1:
+        return sum(client_memory_bytes(o, n) for o, n in remote)
+    shared = max(o.max_in_flight for o, _ in remote)
+    ahead = sum(min(o.max_in_flight, max(1, -(-n // o.cache_piece))) for o, n in remote if o.cache_dir is not None)
+    reads = min(sum(o.max_in_flight for o, _ in remote), shared + ahead)
+    index = sum(index_memory_bytes(n, o.cache_piece) for o, n in remote if o.cache_dir is not None)
+    return CLIENT_BASE_BYTES + (len(remote) - 1) * CLIENT_POOL_BYTES + reads * CLIENT_PER_READ_BYTES + index
+
+
 def home_aws_files(env: Mapping[str, str]) -> tuple[str, str]:
     """Paths of the shared credentials and config files, as the AWS tools find them."""
     home = os.path.expanduser("~")
