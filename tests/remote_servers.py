@@ -36,7 +36,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve(body=True)
 
     def _serve(self, body: bool):
-        self.server.count_request(self.command)
+        self.server.count_request(self.command, self.headers.get("Authorization"))
         if self.server.delay_s:  # a far server: every answer comes that much later
             self.server.stopping.wait(self.server.delay_s)
         refused = self.server.refuses(self.command, urllib.parse.urlsplit(self.path).query)
@@ -183,6 +183,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.required_query: str | None = None  # see require_query
         self.query_expired = False
         self.queries: list[str] = []  # the query string of every request received, in order
+        self.authorizations: list[str | None] = []  # the Authorization header of every request (None: none)
         self._faults: list[tuple | None] = []
         self._always: tuple | None = None  # served once the queue is empty
         self._lock = threading.Lock()
@@ -315,9 +316,10 @@ class RangeServer(http.server.ThreadingHTTPServer):
         with self._lock:
             return self._faults.pop(0) if self._faults else self._always  # None: serve normally
 
-    def count_request(self, method: str) -> None:
+    def count_request(self, method: str, authorization: str | None = None) -> None:
         with self._lock:
             self.requests[method] = self.requests.get(method, 0) + 1
+            self.authorizations.append(authorization)
 
     def note_range(self, start: int, end: int) -> None:
         with self._lock:
@@ -444,7 +446,7 @@ for line in sys.stdin:  # one call a line, answered with its result (JSON) once 
     elif name == "require_header":
         server.required_headers[args[0]] = args[1]
         out = None
-    elif name in ("requests", "ranges", "queries"):
+    elif name in ("requests", "ranges", "queries", "authorizations"):
         out = dict(server.requests) if name == "requests" else list(getattr(server, name))
     else:
         out = getattr(server, name)(*args, **kwargs)
@@ -524,6 +526,10 @@ class RangeServerProcess:
     @property
     def queries(self) -> list[str]:
         return self.call("queries")
+
+    @property
+    def authorizations(self) -> list[str | None]:
+        return self.call("authorizations")
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -1,6 +1,6 @@
 """URL streams through redirects and over IPv6, against real HTTP servers on the loopback: a download link that
 redirects (301, 302, 307) to another host's presigned link (which, as S3, refuses ``HEAD`` and any request without
-its exact query string), and a server on ``[::1]``."""
+its exact query string; the link's ``Authorization`` header is not sent there), and a server on ``[::1]``."""
 
 from __future__ import annotations
 
@@ -41,12 +41,14 @@ def test_a_link_redirecting_to_another_hosts_presigned_url_gives_the_local_files
     redirect = RedirectServer(status, target)
     try:
         want = _batches(str(range_server.root / "store.h5"))
-        got = _batches(redirect.url + "download/store.h5", cache_dir=tmp_path / "cache", timeout_s=20)
+        got = _batches(redirect.url + "download/store.h5", cache_dir=tmp_path / "cache", timeout_s=20,
+                       remote={"headers": {"Authorization": "Bearer for-the-link-only"}})
     finally:
         redirect.stop()
     _same(got, want)
     assert redirect.requests.get("GET", 0) >= 2  # each request went through the link
     assert set(range_server.queries) == {QUERY} and range_server.requests.get("GET", 0) >= 2
+    assert set(range_server.authorizations) == {None}  # the link's credentials never reach the other host
 
 
 def test_a_store_on_the_ipv6_loopback_gives_the_local_files_batches_and_names_its_url(tmp_path, remote_store_file):
