@@ -13,7 +13,8 @@ a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
 other bytes than the range asked for   :class:`RemoteError`, at once
 a request the client cannot build      :class:`RemoteError`, at once
 connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
-5xx and 429 after retries
+5xx and 429 after retries, a body
+that stops midway
 anything else                          :class:`RemoteError`
 =====================================  ===============================
 """
@@ -38,6 +39,7 @@ _RETRIES = re.compile(r"after (\d+) retries")
 _OS_CAUSE = re.compile(r'(?:message|error): "([^"\n]{1,160})"')
 _UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 _BUILDER = re.compile(r"HTTP error: builder error|kind: Builder")
+_BODY_TIMEOUT = re.compile(r"kind: Timeout\b|source: TimedOut\b")
 MAX_REASON = 240
 
 
@@ -116,6 +118,10 @@ def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag:
         from h5stream.remote.config import missing_credentials
 
         return missing_credentials(url)
+    if status is None and "body error" in why and _BODY_TIMEOUT.search(message):
+        return RemoteUnavailableError(f"{url}: {why}: no bytes for {timeout_s / 2:g} s midway through a response "
+                                      f"(half of timeout_s={timeout_s:g} s, the longest wait for the next bytes); "
+                                      "check that the server is up and reachable, or raise timeout_s")
     if status is None or status >= 500 or status in (408, 429):
         return RemoteUnavailableError(f"{url}: {why}; still failing when timeout_s={timeout_s:g} s ran out, "
                                       "retries included (check that the server is up and reachable)")
