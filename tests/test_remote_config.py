@@ -12,6 +12,7 @@ from h5stream.remote.config import (
     parse_url,
     read_profile,
     s3_settings,
+    stream_remote,
 )
 from h5stream.remote.failures import http_status, reason
 
@@ -189,3 +190,11 @@ def test_an_s3_endpoint_no_request_can_be_sent_to_is_one_config_error():
     assert "\n" not in str(info.value)
     assert s3_settings(S3, RemoteOptions(), {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
                        None)["endpoint"] == "http://127.0.0.1:9000"
+
+
+def test_the_repr_of_remote_options_names_the_headers_but_never_their_values():
+    options = RemoteOptions(headers={"Authorization": "Bearer s3cret-token", "X-Team": "vision"}, timeout_s=7)
+    text = repr(options)
+    assert "s3cret-token" not in text and "vision" not in text
+    assert "'Authorization': '***'" in text and "timeout_s=7" in text
+    assert "Bearer s3cret-token" not in repr(stream_remote("https://h/x.h5", options, 5, cache_dir=None))

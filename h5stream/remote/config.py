@@ -190,6 +190,13 @@ class RemoteOptions:
     cache_piece: int = PIECE_BYTES
     """Bytes of one cache piece, each fetched whole in one request."""
 
+    def __repr__(self) -> str:
+        """The fields, each header's value shown as ``***`` (an ``Authorization`` is a credential)."""
+        shown = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        if isinstance(self.headers, Mapping):
+            shown["headers"] = {k: "***" for k in self.headers}
+        return f"RemoteOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     def __post_init__(self):
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
