@@ -90,12 +90,15 @@ def test_an_expired_link_is_one_line_saying_so_at_open_and_mid_read_without_a_re
             source.read(1000, 100_000)
         assert range_server.requests["GET"] == gets + 1  # refused once, not retried until timeout_s
     text = str(info.value)
+    chained = " ".join(str(e) for e in (info.value.__cause__, info.value.__context__) if e is not None)
+    assert secret_free(chained), chained  # the client's own error, which names the URL whole, is not kept
     assert "\n" not in text and "expired" in text and "fresh link" in text and "HTTP 403" in text
     assert secret_free(text) and text.startswith(f"{range_server.url}store.h5?...: ")
 
     with pytest.raises(StorePermissionError, match="expired") as info:
         h5stream.open(url, batch_size=500, cache_dir=None, timeout_s=20)
     assert secret_free(str(info.value))
+    assert all(secret_free(str(e)) for e in (info.value.__cause__, info.value.__context__) if e is not None)
     code, out, err = h5cli("info", url)
     assert code == 1 and err.startswith("h5stream: error: ") and err.count("\n") == 1 and "expired" in err
     assert secret_free(out + err)

@@ -185,12 +185,15 @@ class RemoteSource:
         self.landed = 0
         self._key = "" if self.location.query else self.location.key  # see make_store
         self._count(requests=1)
+        failure = None
         try:
             meta = interruptible(self._head)
         except H5StreamError:
             raise
         except Exception as exc:  # noqa: BLE001 - every client failure becomes an h5stream error
-            raise self._error(exc) from None
+            failure = self._error(exc)
+        if failure is not None:  # raised outside the except: the client's error, which names the URL whole
+            raise failure  # (a presigned link's signature), is not kept as its __context__
         self.size = int(meta["size"])
         self.etag: str | None = meta.get("e_tag") or None
         self.last_modified = known_time(meta.get("last_modified"))
@@ -279,6 +282,7 @@ class RemoteSource:
             raise RemoteError(f"{self.name}: read after close()")
         self._count(requests=1)
         begin = sink.filled
+        failure = None
         try:
             result = obstore.get(store, self._key, options={"range": (start, end), **self._conditions})
             meta = result.meta
@@ -307,7 +311,9 @@ class RemoteSource:
             raise RemoteError(f"{self.name}: the server sent more than the {end - start} bytes asked for "
                               f"at {start}") from None
         except Exception as exc:  # noqa: BLE001 - the client's own exception classes
-            raise self._error(exc) from None
+            failure = self._error(exc)
+        if failure is not None:  # outside the except, as in __init__
+            raise failure
         got = sink.filled - begin
         self._count(nbytes=got)
         if got != end - start:
