@@ -45,8 +45,8 @@ from h5stream.remote.config import (
 from h5stream.remote.failures import changed, http_status, no_range, translate
 
 MAX_REQUEST_BYTES = 64 << 20
-"""Longer reads are split into requests of equal size, at most this many bytes each, so one attempt's timeout
-stays ample."""
+"""Longer reads are split into requests of equal size, at most this many bytes each, so a request that fails
+midway costs at most this much to send again."""
 
 COLLECT_BYTES = 3 << 19
 """A response of at most this many bytes (1.5 MiB) is collected whole before it is copied out; what that holds per
