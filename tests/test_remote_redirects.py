@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import h5stream
-from h5stream.errors import StoreNotFoundError
+from h5stream.errors import RemoteError, RemoteUnavailableError, StoreNotFoundError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 pytest.importorskip("obstore")
@@ -69,3 +69,20 @@ def test_a_store_on_the_ipv6_loopback_gives_the_local_files_batches_and_names_it
         assert str(info.value).startswith(f"{server.url}absent.h5?...: not found") and "abc" not in str(info.value)
     finally:
         server.stop()
+
+
+def test_redirects_that_never_end_are_one_line_at_once_not_a_server_that_is_down(tmp_path):
+    from remote_servers import RedirectServer
+
+    redirect = RedirectServer(302, "set below")
+    try:
+        redirect.to = redirect.url + "loop.h5?token=abc"  # a loop: the link leads back to itself
+        with pytest.raises(RemoteError) as info:
+            h5stream.open(redirect.url + "loop.h5?token=abc", batch_size=4, timeout_s=20)
+        gets = redirect.requests.get("GET", 0) + redirect.requests.get("HEAD", 0)
+    finally:
+        redirect.stop()
+    text = str(info.value)
+    assert not isinstance(info.value, RemoteUnavailableError) and "timeout_s" not in text
+    assert "redirects never lead to the object" in text and "\n" not in text and "abc" not in text
+    assert gets <= 11  # the first request and the client's ten redirects (a query string: no HEAD), no retries

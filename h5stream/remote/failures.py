@@ -12,6 +12,7 @@ generic error carrying the HTTP status and the server's body in its text, follow
 a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
 other bytes than the range asked for   :class:`RemoteError`, at once
 a request the client cannot build      :class:`RemoteError`, at once
+redirects that never end (a loop)      :class:`RemoteError`, at once
 connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
 5xx and 429 after retries, a body
 that stops midway
@@ -118,6 +119,9 @@ def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag:
         from h5stream.remote.config import missing_credentials
 
         return missing_credentials(url)
+    if status is None and "error following redirect" in message:
+        return RemoteError(f"{url}: {why}: the server's redirects never lead to the object (a loop, or more than "
+                           "ten); open the URL the link should end at, or fix the server's redirect")
     if status is None and "body error" in why and _BODY_TIMEOUT.search(message):
         return RemoteUnavailableError(f"{url}: {why}: no bytes for {timeout_s / 2:g} s midway through a response "
                                       f"(half of timeout_s={timeout_s:g} s, the longest wait for the next bytes); "
