@@ -171,12 +171,19 @@ class RangeServer(http.server.ThreadingHTTPServer):
     # waited for SYN retransmits (1 s, 3 s, ...) and a client could give up before it was accepted.
     request_queue_size = 128
 
-    def __init__(self, root: str | os.PathLike, host: str = "127.0.0.1"):
+    def __init__(self, root: str | os.PathLike, host: str = "127.0.0.1", tls: tuple[str, str] | None = None):
         if ":" in host:  # an IPv6 address such as ::1
             self.address_family = socket.AF_INET6
         super().__init__((host, 0), _Handler)
+        if tls is not None:  # (certificate file, key file): https
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
         self.root = Path(root)
-        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.server_address[1]}/"
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{self.server_address[1]}/"
         self.requests: dict[str, int] = {}
         self.ranges: list[tuple[int, int]] = []
         self.required_headers: dict[str, str] = {}  # answered 401 without them

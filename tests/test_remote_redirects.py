@@ -1,11 +1,13 @@
 """URL streams through redirects and over IPv6, against real HTTP servers on the loopback: a download link that
 redirects (301, 302, 307) to another host's presigned link (which, as S3, refuses ``HEAD`` and any request without
-its exact query string; the link's ``Authorization`` header is not sent there), and a server on ``[::1]``."""
+its exact query string; the link's ``Authorization`` header is not sent there), a server on ``[::1]``, and one on
+``https://`` whose certificate is self-signed."""
 
 from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
 
 import numpy as np
 import pytest
@@ -86,3 +88,22 @@ def test_redirects_that_never_end_are_one_line_at_once_not_a_server_that_is_down
     assert not isinstance(info.value, RemoteUnavailableError) and "timeout_s" not in text
     assert "redirects never lead to the object" in text and "\n" not in text and "abc" not in text
     assert gets <= 11  # the first request and the client's ten redirects (a query string: no HEAD), no retries
+
+
+def test_a_self_signed_certificate_is_one_line_naming_the_certificate_not_a_server_that_is_down(tmp_path):
+    from remote_servers import RangeServer
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate with")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    server = RangeServer(tmp_path, tls=(str(cert), str(key)))
+    try:
+        with pytest.raises(RemoteError) as info:
+            h5stream.open(server.url + "store.h5?token=abc", batch_size=4, timeout_s=4)
+    finally:
+        server.stop()
+    text = str(info.value)
+    assert server.url.startswith("https://") and not isinstance(info.value, RemoteUnavailableError)
+    assert "TLS certificate was refused" in text and "\n" not in text and "abc" not in text

@@ -13,6 +13,7 @@ a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
 other bytes than the range asked for   :class:`RemoteError`, at once
 a request the client cannot build      :class:`RemoteError`, at once
 redirects that never end (a loop)      :class:`RemoteError`, at once
+a TLS certificate refused              :class:`RemoteError`, after the client's retries
 connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
 5xx and 429 after retries, a body
 that stops midway
@@ -40,6 +41,10 @@ _RETRIES = re.compile(r"after (\d+) retries")
 _OS_CAUSE = re.compile(r'(?:message|error): "([^"\n]{1,160})"')
 _UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 _BUILDER = re.compile(r"HTTP error: builder error|kind: Builder")
+# rustls' reason, under the client's wrappers: "InvalidCertificate(Other(OtherError(CaUsedAsEndEntity)))",
+# "InvalidCertificate(UnknownIssuer)".
+_CERTIFICATE = re.compile(r"InvalidCertificate(?:\(\s*(?:(?:Other|OtherError)\(\s*)*([A-Za-z]+))?"
+                          r"|invalid peer certificate")
 _BODY_TIMEOUT = re.compile(r"kind: Timeout\b|source: TimedOut\b")
 MAX_REASON = 240
 
@@ -119,6 +124,10 @@ def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag:
         from h5stream.remote.config import missing_credentials
 
         return missing_credentials(url)
+    cert = _CERTIFICATE.search(message)
+    if status is None and cert:
+        return RemoteError(f"{url}: the server's TLS certificate was refused ({cert.group(1) or 'invalid'}); serve "
+                           "it with a certificate for this host name, signed by an authority this machine trusts")
     if status is None and "error following redirect" in message:
         return RemoteError(f"{url}: {why}: the server's redirects never lead to the object (a loop, or more than "
                            "ten); open the URL the link should end at, or fix the server's redirect")
