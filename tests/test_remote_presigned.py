@@ -180,3 +180,19 @@ def test_info_and_verify_of_presigned_links_and_of_a_set_of_them_never_print_the
         assert code == 0, err
         assert secret_free(out + err), args
         assert f"{range_server.url}store.h5?..." in out
+
+
+def test_a_stream_resumed_on_a_fresh_link_continues_with_the_batches_it_would_have_given(range_server):
+    opts = dict(batch_size=250, seed=5, cache_dir=None, timeout_s=20)
+    want = _batches(h5stream.open(str(range_server.root / "store.h5"), batch_size=250, seed=5))
+    range_server.require_query(link())
+    with h5stream.open(f"{range_server.url}store.h5?{link()}", **opts) as first:
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = first.state()
+    fresh = link("other-signature", date="20260102T000000Z")
+    range_server.require_query(fresh)  # the first link has expired
+    with pytest.raises(StorePermissionError, match="link was refused"):
+        h5stream.open(f"{range_server.url}store.h5?{link()}", **opts)
+    _same(_batches(h5stream.open(f"{range_server.url}store.h5?{fresh}", resume=state, **opts)), want[3:])
