@@ -53,7 +53,7 @@ def test_a_request_longer_than_timeout_s_on_a_slow_link_gives_the_local_files_ba
     server.drip(2 << 20, CHUNK, PAUSE_S)
     cache_dir = str(tmp_path / "cache") if cache == "cached" else None
     got = _batches(h5stream.open(server.url + "s.h5", batch_size=100, seed=1, shuffle=False, timeout_s=TIMEOUT_S,
-                                 cache_dir=cache_dir))  # the client's timeout_s is the stream's: a gap, not a request
+                                 cache_dir=cache_dir, remote={"timeout_s": 60}))  # the client waits for a whole request
     assert max(e - s for s, e in server.ranges) >= 2 << 20  # a dripped request was made, and was waited for
     assert len(got) == len(want) == 10
     for (gx, gy), (wx, wy) in zip(got, want):
@@ -74,7 +74,7 @@ def test_a_first_fill_longer_than_timeout_s_does_not_trip_a_feeder_whose_reader_
     want = _batches(h5stream.open(local, batch_size=100, seed=1, shuffle=False))
     server.drip(2 << 20, CHUNK, PAUSE_S)
     got = _batches(h5stream.open(server.url + "s.h5", batch_size=100, seed=1, shuffle=False, timeout_s=TIMEOUT_S,
-                                 feeder=True, workers=1, cache_dir=str(tmp_path / "cache")))
+                                 feeder=True, workers=1, cache_dir=str(tmp_path / "cache"), remote={"timeout_s": 60}))
     assert max(e - s for s, e in server.ranges) >= 2 << 20  # a dripped request was made, and was waited for
     assert len(got) == len(want) == 10
     for (gx, gy), (wx, wy) in zip(got, want):
