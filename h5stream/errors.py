@@ -14,20 +14,26 @@ import resource  # here, not where a limit is met: importing its extension then 
 
 
 _URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*):[^\s/?#]*@")
+# A URL's query string up to the next space, or to a ':', ',', ';' or ')' ending a phrase ("URL: what failed").
+_URL_QUERY = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^\s?#]*)\?(?!\.\.\.(?:[\s:,;)]|$))[^\s#]+?(?=[:,;)]?(?:\s|$))")
 
 
 def hide_passwords(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it shown as ``***`` (pure)."""
-    return _URL_PASSWORD.sub(r"\1:***@", text) if "@" in text else text
+    """``text`` with the password of every ``scheme://user:password@`` in it shown as ``***``, and the query string
+    of every URL in it (a presigned link's signature, a token) as ``...`` (pure)."""
+    if "@" in text:
+        text = _URL_PASSWORD.sub(r"\1:***@", text)
+    return _URL_QUERY.sub(r"\1?...", text) if "?" in text else text
 
 
 class H5StreamError(Exception):
     """Base class of every error h5stream raises on purpose.  A URL's password in the message (an HTTP store
-    opened as ``https://user:password@host/...``) is shown as ``***``, whichever code named the URL."""
+    opened as ``https://user:password@host/...``) is shown as ``***``, and its query string (a presigned link's
+    signature) as ``...``, whichever code named the URL."""
 
     def __init__(self, *args):
         super().__init__(*args)
-        if args and isinstance(args[0], str) and "@" in args[0]:
+        if args and isinstance(args[0], str) and ("@" in args[0] or "?" in args[0]):
             self.args = (hide_passwords(args[0]), *args[1:])
 
 

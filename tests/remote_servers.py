@@ -36,7 +36,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._serve(body=True)
 
     def _serve(self, body: bool):
-        self.server.count_request(self.command)
+        self.server.count_request(self.command, self.headers.get("Authorization"))
+        if self.server.delay_s:  # a far server: every answer comes that much later
+            self.server.stopping.wait(self.server.delay_s)
+        refused = self.server.refuses(self.command, urllib.parse.urlsplit(self.path).query)
+        if refused is not None:  # as S3 answers a presigned link without its signature, expired, or for HEAD
+            text = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>{refused}"
+                    "</Message></Error>").encode()
+            self.send_response(403)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(text)
+            return
         required = self.server.required_headers
         if any(self.headers.get(k) != v for k, v in required.items()):
             self._status(401)
@@ -47,7 +60,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.stopping.wait()
             self.close_connection = True
             return
-        if fault is not None and fault[0] != "cut":
+        if fault is not None and fault[0] not in ("cut", "hang"):
             self._status(fault[0])
             return
         path = self.server.root / urllib.parse.unquote(self.path.lstrip("/").split("?")[0])  # as nginx does
@@ -114,7 +127,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with open(path, "rb") as fh:
             fh.seek(start)
             remaining = end - start
-            if fault is not None:  # ("cut", n): send n bytes of the body, then drop the connection
+            if fault is not None:  # ("cut" or "hang", n): send n bytes of the body, then drop the connection or hang
                 remaining = min(remaining, fault[1])
             drip = self.server.drip_for(end - start)
             while remaining:
@@ -126,6 +139,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if drip is not None and remaining:  # a slow link: the next part of the body comes later
                     self.wfile.flush()
                     self.server.stopping.wait(drip[1])
+        if fault is not None and fault[0] == "hang":  # the body stops midway, the connection stays open
+            self.wfile.flush()
+            self.server.stalled.set()
+            self.server.stopping.wait()
         if fault is not None:
             self.wfile.flush()
             self.close_connection = True
@@ -154,13 +171,26 @@ class RangeServer(http.server.ThreadingHTTPServer):
     # waited for SYN retransmits (1 s, 3 s, ...) and a client could give up before it was accepted.
     request_queue_size = 128
 
-    def __init__(self, root: str | os.PathLike):
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, root: str | os.PathLike, host: str = "127.0.0.1", tls: tuple[str, str] | None = None):
+        if ":" in host:  # an IPv6 address such as ::1
+            self.address_family = socket.AF_INET6
+        super().__init__((host, 0), _Handler)
+        if tls is not None:  # (certificate file, key file): https
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
         self.root = Path(root)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}/"
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{self.server_address[1]}/"
         self.requests: dict[str, int] = {}
         self.ranges: list[tuple[int, int]] = []
         self.required_headers: dict[str, str] = {}  # answered 401 without them
+        self.required_query: str | None = None  # see require_query
+        self.query_expired = False
+        self.queries: list[str] = []  # the query string of every request received, in order
+        self.authorizations: list[str | None] = []  # the Authorization header of every request (None: none)
         self._faults: list[tuple | None] = []
         self._always: tuple | None = None  # served once the queue is empty
         self._lock = threading.Lock()
@@ -171,6 +201,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.identity = True  # ETag and Last-Modified sent (see hide_identity)
         self.short_by = 0  # see shorten_ranges
         self.gzip_ranges = False  # see compress_ranges
+        self.delay_s = 0.0  # see delay_each
         self._stall_span: tuple[int, int] | None = None
         self._drip: tuple[int, int, float] | None = None
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -185,6 +216,43 @@ class RangeServer(http.server.ThreadingHTTPServer):
         """Send the next response's headers and ``after_bytes`` of its body, then close the connection."""
         with self._lock:
             self._faults.append(("cut", after_bytes))
+
+    def hang_next(self, after_bytes: int) -> None:
+        """Send the next response's headers and ``after_bytes`` of its body, then nothing more, the connection
+        open (until :meth:`stop`): a body that stalls midway.  :attr:`stalled` is set when it does."""
+        with self._lock:
+            self._faults.append(("hang", after_bytes))
+
+    def delay_each(self, seconds: float) -> None:
+        """From now on, answer every request ``seconds`` after it arrives (a server far away)."""
+        self.delay_s = float(seconds)
+
+    def require_query(self, query: str) -> None:
+        """From now on, answer 403 (S3's ``AccessDenied`` body) a request whose query string is not exactly
+        ``query``, and every ``HEAD``, as S3 serves a presigned ``GET`` link."""
+        with self._lock:
+            self.required_query = query
+            self.query_expired = False
+
+    def expire_query(self) -> None:
+        """From now on, answer 403 ``Request has expired`` to every request, as S3 does once a presigned link's
+        time is up."""
+        with self._lock:
+            self.query_expired = True
+
+    def refuses(self, method: str, query: str) -> str | None:
+        """The reason a request is refused (see :meth:`require_query`), or None; notes its query string."""
+        with self._lock:
+            self.queries.append(query)
+            if self.required_query is None:
+                return None
+            if self.query_expired:
+                return "Request has expired"
+            if query != self.required_query:
+                return "Query-string authentication requires the Signature, Expires and AWSAccessKeyId parameters"
+            if method == "HEAD":
+                return "The request signature we calculated does not match the signature you provided"
+            return None
 
     def cut_every(self, after_bytes: int) -> None:
         """From now on, cut every response's body after ``after_bytes`` bytes and close the connection (a proxy or
@@ -255,9 +323,10 @@ class RangeServer(http.server.ThreadingHTTPServer):
         with self._lock:
             return self._faults.pop(0) if self._faults else self._always  # None: serve normally
 
-    def count_request(self, method: str) -> None:
+    def count_request(self, method: str, authorization: str | None = None) -> None:
         with self._lock:
             self.requests[method] = self.requests.get(method, 0) + 1
+            self.authorizations.append(authorization)
 
     def note_range(self, start: int, end: int) -> None:
         with self._lock:
@@ -292,6 +361,57 @@ class RangeServer(http.server.ThreadingHTTPServer):
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+class _Redirect(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: RedirectServer
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+    def do_HEAD(self):
+        self._redirect()
+
+    def do_GET(self):
+        self._redirect()
+
+    def _redirect(self):
+        self.server.count_request(self.command)
+        self.send_response(self.server.status)
+        self.send_header("Location", self.server.to)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+class RedirectServer(http.server.ThreadingHTTPServer):
+    """Answers every request on ``http://127.0.0.1:PORT/`` with ``status`` (301, 302, 307...) and ``Location: to``,
+    from a thread, as a download link in front of a CDN or a presigned S3 link does; :meth:`stop` ends it.
+    ``requests`` counts the requests it answered, by method."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+
+    def __init__(self, status: int, to: str):
+        super().__init__(("127.0.0.1", 0), _Redirect)
+        self.status, self.to = int(status), to
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/"
+        self.requests: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def count_request(self, method: str) -> None:
+        with self._lock:
+            self.requests[method] = self.requests.get(method, 0) + 1
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket (idempotent)."""
+        if self._thread.is_alive():
+            self.shutdown()
+            self._thread.join()
+        self.server_close()
 
 
 class PlainHTTPServer:
@@ -333,8 +453,8 @@ for line in sys.stdin:  # one call a line, answered with its result (JSON) once 
     elif name == "require_header":
         server.required_headers[args[0]] = args[1]
         out = None
-    elif name in ("requests", "ranges"):
-        out = dict(server.requests) if name == "requests" else list(server.ranges)
+    elif name in ("requests", "ranges", "queries", "authorizations"):
+        out = dict(server.requests) if name == "requests" else list(getattr(server, name))
     else:
         out = getattr(server, name)(*args, **kwargs)
     print(json.dumps(out), flush=True)
@@ -409,6 +529,14 @@ class RangeServerProcess:
     @property
     def ranges(self) -> list[tuple[int, int]]:
         return [tuple(r) for r in self.call("ranges")]
+
+    @property
+    def queries(self) -> list[str]:
+        return self.call("queries")
+
+    @property
+    def authorizations(self) -> list[str | None]:
+        return self.call("authorizations")
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -7,6 +7,7 @@ part present, all agreeing; one line naming the part otherwise) and returns it, 
 
 from __future__ import annotations
 
+from h5stream.errors import hide_passwords
 from h5stream.store.partset import is_part_set, part_paths, read_any
 
 
@@ -31,7 +32,7 @@ def describe_set(meta, describe) -> dict:
     classes = None
     if parts[0]["classes"] is not None:
         classes = {name: sum(p["classes"][name] for p in parts) for name in parts[0]["classes"]}
-    return {"path": meta.path, "parts": parts, "rows": meta.rows, "image_shape": list(meta.image_shape),
+    return {"path": hide_passwords(meta.path), "parts": parts, "rows": meta.rows, "image_shape": list(meta.image_shape),
             "dtype": "uint8", "label_kind": meta.label_kind, "label_shape": list(meta.label_shape),
             "label_dtype": str(meta.label_dtype), "classes": classes,
             "label_columns": list(meta.label_columns) if meta.label_columns is not None else None,

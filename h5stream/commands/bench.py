@@ -31,6 +31,7 @@ import numpy as np
 
 from h5stream.commands._common import augment_from_arg, check_class_labels, label_bins, read_labels
 from h5stream.commands.arguments import BENCH_BUDGET, RANDOM_SECONDS
+from h5stream.errors import hide_passwords
 from h5stream.measure.passes import (
     CHUNK_SHUFFLE_BATCHES,
     SAMPLE_INTERVAL_S,
@@ -86,7 +87,8 @@ def run_bench(path, *, batch_size=32, memory_budget=BENCH_BUDGET, epochs=1, seed
     check_class_labels(meta, labels)
     qlabels, n_classes = quality.quality_labels(labels, meta.label_kind, meta.class_names)
     result = {
-        "file": meta.path, "rows": meta.rows, "image_shape": list(meta.image_shape), "row_bytes": meta.row_bytes,
+        "file": hide_passwords(meta.path), "rows": meta.rows, "image_shape": list(meta.image_shape),
+        "row_bytes": meta.row_bytes,
         "file_bytes": meta.file_bytes, "block_rows": meta.block_rows, "storage_order": meta.storage_order,
         "batch_size": batch_size, "epochs": epochs, "seed": seed, "cold": bool(cold), "workers": workers,
         "augment": augment_spec, "memory_budget_bytes": budget,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import sys
 
+from h5stream.errors import hide_passwords
+
 EXIT_DAMAGED = 1
 EXIT_UNCHECKED = 3
 EXIT_UNFINISHED = 4
@@ -67,7 +69,8 @@ def run(args) -> int:
     codes = [_verify_one(part.path) for part in parts.parts]
     worst = next((c for c in (EXIT_DAMAGED, EXIT_UNFINISHED, EXIT_UNCHECKED) if c in codes), 0)
     if not worst:
-        print(f"{parts.path}: OK, all {len(parts.parts)} parts ({parts.rows} rows) match their checksums")
+        print(f"{hide_passwords(parts.path)}: OK, all {len(parts.parts)} parts ({parts.rows} rows) match their "
+              "checksums")
     return worst
 
 
@@ -90,11 +93,12 @@ def _verify_one(path: str) -> int:
         for bar in bars:
             bar.close()
     unfinished = None if result.bad else _unfinished(path)
+    shown = hide_passwords(path)  # a URL's password and query string (a presigned link's signature) never printed
     if unfinished is not None:
-        print(f"h5stream: error: {path}: {unfinished}; {_checked(result)}", file=sys.stderr)
+        print(f"h5stream: error: {shown}: {unfinished}; {_checked(result)}", file=sys.stderr)
         return EXIT_UNFINISHED
     if not result.has_checksums:
-        print(f"h5stream: error: {path}: no checksums stored, nothing verified; re-ingest it "
+        print(f"h5stream: error: {shown}: no checksums stored, nothing verified; re-ingest it "
               f"(`h5stream ingest SRC NEW.h5`) to get a store that `h5stream verify` can check", file=sys.stderr)
         return EXIT_UNCHECKED
     if result.bad:
@@ -103,20 +107,20 @@ def _verify_one(path: str) -> int:
 
         what = ("cannot be read" + (f" ({first.detail})" if first.detail else "") if first.parts == ("unreadable",)
                 else damage_text(first))
-        print(f"h5stream: error: {path}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
+        print(f"h5stream: error: {shown}: {_rows(first.start, first.stop)} {what}; {len(result.bad)} of "
               f"{result.blocks} blocks damaged; restore the file from a copy or re-ingest it", file=sys.stderr)
         return EXIT_DAMAGED
     problem = None if result.bad else _chunk_index_problem(path)
     if problem is not None:
-        print(f"h5stream: error: {problem}", file=sys.stderr)
+        print(f"h5stream: error: {hide_passwords(problem)}", file=sys.stderr)
         return EXIT_DAMAGED
     if result.uncommitted:
         a, b = result.uncommitted
-        print(f"h5stream: error: {path}: the {result.rows} committed rows match their checksums, but {_rows(a, b)} "
+        print(f"h5stream: error: {shown}: the {result.rows} committed rows match their checksums, but {_rows(a, b)} "
               f"were written and not committed (an ingest is committing them, or a writer stopped mid-commit: "
-              f"`h5stream ingest SRC {path} --append` drops them and goes on)", file=sys.stderr)
+              f"`h5stream ingest SRC {shown} --append` drops them and goes on)", file=sys.stderr)
         return EXIT_UNCHECKED
     rate = result.bytes_read / result.seconds / 1e6 if result.seconds > 0 else float("inf")
-    print(f"{path}: OK, {result.rows} rows in {result.blocks} blocks match their checksums "
+    print(f"{shown}: OK, {result.rows} rows in {result.blocks} blocks match their checksums "
           f"({result.bytes_read / 1e6:.1f} MB in {result.seconds:.2f} s, {rate:.0f} MB/s)")
     return 0

@@ -233,6 +233,7 @@ def run_parts(reader, stack, direct_io) -> bool:
                                  images=images, labels=label_set, check=check,
                                  stop=reader._stop, encoded=where.encoded))
         labels.append(where.labels)
+        reader.parts_opened += 1  # progress: the consumer's wait goes on while parts open (Reader.progress)
         # An encoded part's runs are rows, read as byte ranges by its reader (read/encbytes.py): planned over a
         # stand-in layout of whole rows laid end to end, so rows that follow each other in the part join one run.
         # A part read through HDF5 (None) is planned so too, its runs with no byte offset.

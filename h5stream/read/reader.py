@@ -143,6 +143,7 @@ class Reader:
         self._counts = {"read_bytes": 0, "read_s": 0.0, "fills": 0, "advised_bytes": 0, "deferred_bytes": 0,
                         "direct_io": 0, "in_place_bytes": 0, "verify_learn_bytes": 0, "verify_digest_bytes": 0}
         self._consumer_counts = {"wait_s": 0.0, "batches": 0}
+        self.parts_opened = 0  # raised by the reader thread per part of a set opened (read/partread.run_parts)
         self.all_labels: np.ndarray | None = None
         self._layout = layout
         self._timeout_s = float(timeout_s)
@@ -219,12 +220,14 @@ class Reader:
 
     @property
     def progress(self) -> tuple[int, int]:
-        """What the reader thread has done so far: ``(reads, fills, bytes landed)``; it changes with every run,
-        label or block read, every fill planned and, from a URL, every part of a response received (a long request
-        on a slow link is moving).  :meth:`get` times out only after ``timeout_s`` without a change.  Any thread
-        (a snapshot)."""
+        """What the reader thread has done so far: ``(reads, fills, bytes landed, parts opened)``; it changes with
+        every run, label or block read, every fill planned, from a URL every part of a response received (a long
+        request on a slow link is moving), and every part of a set opened (hundreds of small parts at URLs take
+        several requests each before the first read).  :meth:`get` times out only after ``timeout_s`` without a
+        change.  Any thread (a snapshot)."""
         rows = self._rows
-        return (0 if rows is None else rows.progress), self._counts["fills"], getattr(self._source, "landed", 0)
+        return ((0 if rows is None else rows.progress), self._counts["fills"], getattr(self._source, "landed", 0),
+                self.parts_opened)
 
     def add_wait(self, seconds: float) -> None:
         """Count ``seconds`` more of the consumer waiting (a feed waiting past :meth:`get`).  Consumer thread."""

@@ -95,17 +95,23 @@ class Location:
     """Where an object lives: ``url`` (as the user wrote it, a password in it shown as ``***``: the name in every
     message), ``scheme`` (s3, http, https), ``container`` (the bucket, or ``scheme://host[:port]`` for HTTP,
     without credentials), ``key`` (the object's path in it, unquoted) and ``basic_auth`` (``(user, password)``
-    written in an HTTP URL as ``user:password@host``, unquoted; never shown)."""
+    written in an HTTP URL as ``user:password@host``, unquoted; never shown), ``query`` (the query string as
+    written; never shown) and ``target``."""
 
     url: str
     scheme: str
     container: str
     key: str
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    query: str = field(default="", repr=False)
+    target: str = field(default="", repr=False)
+    """For HTTP: what requests go to, the path and the query string (a presigned link's signature, a CDN's token)
+    exactly as written, without credentials (they go as a header).  Never shown: ``url`` ends in ``?...``."""
 
 
 def shown_url(url: str) -> str:
-    """``url`` with the password of a ``user:password@`` part replaced by ``***`` (pure): what messages name."""
+    """``url`` with the password of a ``user:password@`` part replaced by ``***`` and its query string by ``...``
+    (pure): what messages name."""
     return hide_passwords(url)
 
 
@@ -122,12 +128,11 @@ def parse_url(url: str) -> Location:
     scheme = parts.scheme.lower()
     if _BAD_URL_CHARS.search(parts.netloc):
         raise malformed(shown, "a space or a control character in the host")
-    if re.search(r"(^|&)(X-Amz-Signature|X-Amz-Credential|Signature|X-Goog-Signature)=", parts.query, re.I):
-        raise ConfigError(f"{shown.split('?')[0]}?...: presigned URLs are not supported (h5stream cannot keep the "
-                          "signature on its ranged requests); open s3://BUCKET/KEY with credentials "
-                          "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) instead")
-    if parts.query or parts.fragment:
-        raise ConfigError(f"{shown}: query strings and fragments are not supported; give the object's plain URL")
+    if parts.fragment:
+        raise ConfigError(f"{shown}: a URL of a store has no #fragment (it is never sent to the server); remove it")
+    if parts.query and scheme == "s3":
+        raise ConfigError(f"{shown}: an s3:// URL takes no query string; write s3://BUCKET/KEY (a presigned "
+                          "link is an https:// URL: open that as it is)")
     key = urllib.parse.unquote(parts.path.lstrip("/"))
     if scheme == "s3":
         if not parts.netloc:
@@ -148,7 +153,8 @@ def parse_url(url: str) -> Location:
     auth = None
     if "@" in parts.netloc:
         auth = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or ""))
-    return Location(shown, scheme, f"{scheme}://{host}", key, auth)
+    target = f"{scheme}://{host}{parts.path}" + (f"?{parts.query}" if parts.query else "")
+    return Location(shown, scheme, f"{scheme}://{host}", key, auth, parts.query, target)
 
 
 def malformed(url: str, why: str) -> ConfigError:
@@ -163,8 +169,9 @@ class RemoteOptions:
     ``endpoint``: the S3 service's URL for stores other than AWS (MinIO, SeaweedFS, Ceph, R2...), overriding
     ``AWS_ENDPOINT_URL``.  ``region``: the bucket's region, overriding ``AWS_REGION``.  ``profile``: a profile of
     the shared AWS files, overriding ``AWS_PROFILE``.  ``anonymous``: send unsigned requests (public buckets).
-    ``timeout_s`` (default 30): the longest one request may take to fail, retries included; a dead or stalled
-    server raises within it.  ``max_in_flight`` (default 8, 1 to 256): how many reads the reader keeps going at
+    ``timeout_s`` (default 30): the longest a request waits for bytes, retries included: a dead or stalled server
+    (no answer, or a body that stops) raises within it, while a slow link whose bytes keep coming is never cut
+    off.  ``max_in_flight`` (default 8, 1 to 256): how many reads the reader keeps going at
     once.  ``headers``: extra HTTP headers sent with every request (an ``Authorization`` for a private web
     server).  ``cache_dir``: the folder of the local disk cache (None: no cache; :func:`h5stream.open` sets it
     from its own ``cache_dir``, whose default ``"auto"`` keeps this one if given, else the user's cache folder).
@@ -192,6 +199,13 @@ class RemoteOptions:
     """Bytes the cache folder may hold; the least recently used pieces are removed past it."""
     cache_piece: int = PIECE_BYTES
     """Bytes of one cache piece, each fetched whole in one request."""
+
+    def __repr__(self) -> str:
+        """The fields, each header's value shown as ``***`` (an ``Authorization`` is a credential)."""
+        shown = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        if isinstance(self.headers, Mapping):
+            shown["headers"] = {k: "***" for k in self.headers}
+        return f"RemoteOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def __post_init__(self):
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
@@ -262,17 +276,27 @@ def _int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def client_settings(options: RemoteOptions) -> tuple[dict, dict]:
-    """``(client_options, retry_config)`` for the client such that one request fails within ``timeout_s``.
+WHOLE_REQUEST_S = 24 * 3600.0
+"""The client's limit on one request from start to end: a day, none in practice (see :func:`client_settings`)."""
 
-    A request is retried (server errors, throttling, dropped connections, timeouts) with exponential backoff
-    while less than 30% of ``timeout_s`` has passed; each attempt may take half of it, and the last wait before
-    an attempt at most a fifth, so the worst case adds up to ``timeout_s``.
+
+def client_settings(options: RemoteOptions) -> tuple[dict, dict]:
+    """``(client_options, retry_config)`` for the client such that a request that stops getting bytes fails within
+    ``timeout_s``, while one whose bytes keep coming is never cut off.
+
+    ``timeout_s`` bounds the silence, not the request: each attempt may wait half of it for the connection, the
+    answer, or the next bytes of the body (the client's read timeout, which every byte received starts again); a
+    request is retried (server errors, throttling, dropped connections, timeouts before the body) with
+    exponential backoff while less than 30% of ``timeout_s`` has passed, and the last wait before an attempt is at
+    most a fifth, so a request answered by nothing fails within ``timeout_s``.  A body that stops midway fails
+    half ``timeout_s`` after its last bytes.  The client's limit on a whole request, :data:`WHOLE_REQUEST_S`, is
+    past any request's length: an 8 MiB piece on a slow link may take minutes, and timing it out would only
+    retry it from the start, forever.
     """
     t = float(options.timeout_s)
     attempt = timedelta(seconds=t / 2)
     client = {
-        "timeout": attempt,
+        "timeout": timedelta(seconds=WHOLE_REQUEST_S),
         "connect_timeout": timedelta(seconds=min(t / 2, 10.0)),
         "read_timeout": attempt,
         "allow_http": True,  # whether plain http is acceptable is decided by the URL the user wrote
@@ -306,6 +330,33 @@ def client_memory_bytes(options: RemoteOptions, file_bytes: int = 0) -> int:
         return (CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
                 + index_memory_bytes(file_bytes, options.cache_piece))
     return CLIENT_BASE_BYTES + options.max_in_flight * CLIENT_PER_READ_BYTES
+
+
+CLIENT_POOL_BYTES = 1 << 20
+"""What each client beside the first holds (a part of a set at a URL has a client of its own; the library's pages
+and runtime are the process's, counted once): its connection pool.  Measured about 160 KiB with one connection
+(docs/performance.md, "Design figures"); counted for a few."""
+
+
+def parts_client_memory_bytes(parts) -> int:
+    """The memory the remote clients of a stream over ``parts`` may hold (each has ``remote``, None for a local
+    one, and ``file_bytes``), counted in its budget (pure).
+
+    One URL: :func:`client_memory_bytes`.  Several: :data:`CLIENT_BASE_BYTES` once, :data:`CLIENT_POOL_BYTES` per
+    client beside the first, each cached part's index, and :data:`CLIENT_PER_READ_BYTES` per read that can be in
+    flight: the reader's I/O threads, shared by the parts (the most any part's ``max_in_flight``), plus each cached
+    part's prefetch threads (its ``max_in_flight``, at most one per piece of it) -- never more than one
+    ``max_in_flight`` per part, what counting each part as one URL gives.  A set of a hundred small parts needed
+    a hundred clients' worth (3.5 GiB) before.
+    """
+    remote = [(p.remote, int(getattr(p, "file_bytes", 0) or 0)) for p in parts if p.remote is not None]
+    if len(remote) <= 1:
+        return sum(client_memory_bytes(o, n) for o, n in remote)
+    shared = max(o.max_in_flight for o, _ in remote)
+    ahead = sum(min(o.max_in_flight, max(1, -(-n // o.cache_piece))) for o, n in remote if o.cache_dir is not None)
+    reads = min(sum(o.max_in_flight for o, _ in remote), shared + ahead)
+    index = sum(index_memory_bytes(n, o.cache_piece) for o, n in remote if o.cache_dir is not None)
+    return CLIENT_BASE_BYTES + (len(remote) - 1) * CLIENT_POOL_BYTES + reads * CLIENT_PER_READ_BYTES + index
 
 
 def home_aws_files(env: Mapping[str, str]) -> tuple[str, str]:

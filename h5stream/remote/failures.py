@@ -7,12 +7,16 @@ generic error carrying the HTTP status and the server's body in its text, follow
 =====================================  ===============================
 404, no such bucket/key                :class:`StoreNotFoundError`
 401, 403, no or wrong credentials      :class:`StorePermissionError`
+(or an expired presigned link)
 412 (ETag no longer matches), 416      :class:`StoreChangedError`
 a whole file for a ranged GET          :class:`RemoteError` (:func:`no_range`)
 other bytes than the range asked for   :class:`RemoteError`, at once
 a request the client cannot build      :class:`RemoteError`, at once
+redirects that never end (a loop)      :class:`RemoteError`, at once
+a TLS certificate refused              :class:`RemoteError`, after the client's retries
 connection refused/reset, timeouts,    :class:`RemoteUnavailableError`
-5xx and 429 after retries
+5xx and 429 after retries, a body
+that stops midway
 anything else                          :class:`RemoteError`
 =====================================  ===============================
 """
@@ -27,6 +31,7 @@ from h5stream.errors import (
     StoreChangedError,
     StoreNotFoundError,
     StorePermissionError,
+    hide_passwords,
 )
 
 _STATUS = re.compile(r"status code: (\d{3})(?: ([A-Za-z][A-Za-z ]*[A-Za-z]))?")
@@ -36,6 +41,11 @@ _RETRIES = re.compile(r"after (\d+) retries")
 _OS_CAUSE = re.compile(r'(?:message|error): "([^"\n]{1,160})"')
 _UNEXPECTED_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
 _BUILDER = re.compile(r"HTTP error: builder error|kind: Builder")
+# rustls' reason, under the client's wrappers: "InvalidCertificate(Other(OtherError(CaUsedAsEndEntity)))",
+# "InvalidCertificate(UnknownIssuer)".
+_CERTIFICATE = re.compile(r"InvalidCertificate(?:\(\s*(?:(?:Other|OtherError)\(\s*)*([A-Za-z]+))?"
+                          r"|invalid peer certificate")
+_BODY_TIMEOUT = re.compile(r"kind: Timeout\b|source: TimedOut\b")
 MAX_REASON = 240
 
 
@@ -73,17 +83,23 @@ def reason(message: str) -> str:
     return out if len(out) <= MAX_REASON else out[:MAX_REASON - 3] + "..."
 
 
-def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag: str | None = None) -> Exception:
-    """The h5stream error for the client exception ``exc`` raised while reading ``url``."""
+def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag: str | None = None,
+              query: str = "") -> Exception:
+    """The h5stream error for the client exception ``exc`` raised while reading ``url``; ``query`` is the URL's
+    query string (a presigned link's signature), never repeated from the client's text."""
     import obstore.exceptions as oe  # the [remote] extra is installed: a client exception exists
 
-    message = str(exc)
+    message = hide_passwords(str(exc).replace(query, "...") if query else str(exc))
     status = http_status(message)
     why = reason(message)
     if isinstance(exc, oe.NotFoundError) or status == 404:
         where = "bucket and key" if s3 else "URL"
         return StoreNotFoundError(f"{url}: not found ({why}); check the {where}")
     if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or status in (401, 403):
+        if query:
+            return StorePermissionError(f"{url}: access denied ({why}); the link was refused: a presigned link "
+                                        "that has expired or was signed for another object or method; get a fresh "
+                                        "link")
         if s3:
             fix = ("check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and "
                    "~/.aws/credentials) and that they may read this object")
@@ -108,6 +124,17 @@ def translate(exc: BaseException, url: str, *, s3: bool, timeout_s: float, etag:
         from h5stream.remote.config import missing_credentials
 
         return missing_credentials(url)
+    cert = _CERTIFICATE.search(message)
+    if status is None and cert:
+        return RemoteError(f"{url}: the server's TLS certificate was refused ({cert.group(1) or 'invalid'}); serve "
+                           "it with a certificate for this host name, signed by an authority this machine trusts")
+    if status is None and "error following redirect" in message:
+        return RemoteError(f"{url}: {why}: the server's redirects never lead to the object (a loop, or more than "
+                           "ten); open the URL the link should end at, or fix the server's redirect")
+    if status is None and "body error" in why and _BODY_TIMEOUT.search(message):
+        return RemoteUnavailableError(f"{url}: {why}: no bytes for {timeout_s / 2:g} s midway through a response "
+                                      f"(half of timeout_s={timeout_s:g} s, the longest wait for the next bytes); "
+                                      "check that the server is up and reachable, or raise timeout_s")
     if status is None or status >= 500 or status in (408, 429):
         return RemoteUnavailableError(f"{url}: {why}; still failing when timeout_s={timeout_s:g} s ran out, "
                                       "retries included (check that the server is up and reachable)")

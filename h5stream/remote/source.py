@@ -2,8 +2,9 @@
 
 :class:`RemoteSource` implements the reader's byte-source contract (``name``, ``size``, ``max_in_flight``,
 ``readinto(offset, buffers)``, ``close()``; see :mod:`h5stream.read.source`) for ``s3://`` and ``http(s)://``
-URLs.  Opening it sends one ``HEAD``: the object's size, ETag and modification time as of open.  Every read
-is then one ranged ``GET`` per :data:`MAX_REQUEST_BYTES` or less carrying ``If-Match`` with that ETag, so a store
+URLs.  Opening it sends one ``HEAD`` (or a ranged ``GET`` of the first byte, see :meth:`RemoteSource._head`): the
+object's size, ETag and modification time as of open.  Every read is then one ranged ``GET`` per
+:data:`MAX_REQUEST_BYTES` or less carrying ``If-Match`` with that ETag, so a store
 replaced or rewritten underneath fails with :class:`StoreChangedError` instead of mixing two versions (the
 response's own ETag and size are checked too, for servers that ignore ``If-Match``).  A body of at most
 :data:`COLLECT_BYTES` is collected whole by the client and copied from there straight into the buffers, once; a
@@ -41,11 +42,11 @@ from h5stream.remote.config import (
     read_profile,
     s3_settings,
 )
-from h5stream.remote.failures import changed, no_range, translate
+from h5stream.remote.failures import changed, http_status, no_range, translate
 
 MAX_REQUEST_BYTES = 64 << 20
-"""Longer reads are split into requests of equal size, at most this many bytes each, so one attempt's timeout
-stays ample."""
+"""Longer reads are split into requests of equal size, at most this many bytes each, so a request that fails
+midway costs at most this much to send again."""
 
 COLLECT_BYTES = 3 << 19
 """A response of at most this many bytes (1.5 MiB) is collected whole before it is copied out; what that holds per
@@ -66,8 +67,11 @@ def make_store(location: Location, options: RemoteOptions, env: Mapping[str, str
         if location.basic_auth is not None and not any(k.lower() == "authorization" for k in options.headers):
             token = base64.b64encode(":".join(location.basic_auth).encode()).decode()
             client["default_headers"] = {**client.get("default_headers", {}), "Authorization": f"Basic {token}"}
+        # A URL with a query string (a presigned link, a CDN's token) is the store's own URL, read at key "": the
+        # client keeps a base URL's query on every request, and drops one given with a key.
+        base = location.target if location.query else location.container + "/"
         try:
-            return HTTPStore(location.container + "/", client_options=client, retry_config=retry)
+            return HTTPStore(base, client_options=client, retry_config=retry)
         except ValueError as exc:  # the client's URL parser: "invalid port number", "empty host"...
             raise malformed(location.url, str(exc)) from None
     env = os.environ if env is None else env
@@ -179,13 +183,17 @@ class RemoteSource:
         self.requests = 0
         self.bytes_read = 0
         self.landed = 0
-        import obstore
-
+        self._key = "" if self.location.query else self.location.key  # see make_store
         self._count(requests=1)
+        failure = None
         try:
-            meta = interruptible(obstore.head, self._store, self.location.key)
+            meta = interruptible(self._head)
+        except H5StreamError:
+            raise
         except Exception as exc:  # noqa: BLE001 - every client failure becomes an h5stream error
-            raise self._error(exc) from None
+            failure = self._error(exc)
+        if failure is not None:  # raised outside the except: the client's error, which names the URL whole
+            raise failure  # (a presigned link's signature), is not kept as its __context__
         self.size = int(meta["size"])
         self.etag: str | None = meta.get("e_tag") or None
         self.last_modified = known_time(meta.get("last_modified"))
@@ -194,6 +202,26 @@ class RemoteSource:
             self._conditions["if_match"] = self.etag
         elif self.last_modified is not None:
             self._conditions["if_unmodified_since"] = self.last_modified
+
+    def _head(self) -> dict:
+        """The object's size, ETag and modification time: a ``HEAD``, or the first byte's ranged ``GET`` where that
+        cannot work: for a URL with a query string, and after an HTTP ``HEAD`` refused with 403 or 405 (a URL that
+        redirects to such a link).  A presigned link is signed for one method (``GET``): S3 refuses a ``HEAD``
+        through it."""
+        import obstore
+
+        if not self.location.query:
+            try:
+                return obstore.head(self._store, self._key)
+            except Exception as exc:  # noqa: BLE001 - the client's own exception classes
+                if self.location.scheme == "s3" or http_status(str(exc)) not in (403, 405):
+                    raise
+                self._count(requests=1)
+        result = obstore.get(self._store, self._key, options={"range": (0, 1)})
+        if tuple(result.range) != (0, 1):
+            raise no_range(self.name)
+        result.bytes()
+        return result.meta
 
     @property
     def closed(self) -> bool:
@@ -254,8 +282,9 @@ class RemoteSource:
             raise RemoteError(f"{self.name}: read after close()")
         self._count(requests=1)
         begin = sink.filled
+        failure = None
         try:
-            result = obstore.get(store, self.location.key, options={"range": (start, end), **self._conditions})
+            result = obstore.get(store, self._key, options={"range": (start, end), **self._conditions})
             meta = result.meta
             if self.etag and meta.get("e_tag") and meta["e_tag"] != self.etag:
                 raise changed(self.name, f"ETag {meta['e_tag']} instead of {self.etag}")
@@ -282,7 +311,9 @@ class RemoteSource:
             raise RemoteError(f"{self.name}: the server sent more than the {end - start} bytes asked for "
                               f"at {start}") from None
         except Exception as exc:  # noqa: BLE001 - the client's own exception classes
-            raise self._error(exc) from None
+            failure = self._error(exc)
+        if failure is not None:  # outside the except, as in __init__
+            raise failure
         got = sink.filled - begin
         self._count(nbytes=got)
         if got != end - start:
@@ -298,7 +329,7 @@ class RemoteSource:
 
     def _error(self, exc: BaseException) -> Exception:
         return translate(exc, self.name, s3=self.location.scheme == "s3", timeout_s=self.options.timeout_s,
-                         etag=getattr(self, "etag", None))
+                         etag=getattr(self, "etag", None), query=self.location.query)
 
 
 def open_source(url: str, options: RemoteOptions | None = None) -> RemoteSource:

@@ -55,10 +55,9 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
     client = 0
     parts = getattr(meta, "parts", ())  # a set of parts: a client per URL part (h5stream.read.partread)
     if getattr(meta, "remote", None) is not None or parts:
-        from h5stream.remote.config import client_memory_bytes
+        from h5stream.remote.config import parts_client_memory_bytes
 
-        client = sum(client_memory_bytes(p.remote, getattr(p, "file_bytes", 0)) for p in (parts or (meta,))
-                     if p.remote is not None)
+        client = parts_client_memory_bytes(parts or (meta,))
     encoded = local_encoded = 0
     if getattr(meta, "encoding", "raw") != "raw":
         from h5stream.read.encbytes import encoded_read_bytes
