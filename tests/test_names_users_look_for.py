@@ -72,3 +72,24 @@ def test_class_to_idx_maps_each_class_name_to_its_label_and_is_none_for_regressi
     with h5stream.open(out, batch_size=4) as s:
         assert s.class_to_idx is None and len(s.file_paths) == s.rows
         assert all(os.path.exists(os.path.join(root, p)) for p in s.file_paths)
+
+
+def test_file_paths_of_a_url_store_are_read_with_the_streams_timeout(store, range_server):
+    """``file_paths`` of a store at a URL reads its paths with the stream's remote options (``timeout_s`` too): a
+    server that stalls midway through that read fails within the stream's 4 s of silence, not the client's 30."""
+    import shutil
+
+    from conftest import finishes_within
+
+    shutil.copyfile(store, range_server.root / "paths.h5")
+    with h5py.File(store, "r") as f:
+        stored = [p.decode() for p in pathrows.stored_bytes(f, 0, f["images"].shape[0])]
+    url = range_server.url + "paths.h5"
+    with h5stream.open(url, batch_size=4, cache_dir=None, timeout_s=4) as s:
+        assert s.file_paths == stored
+    with h5stream.open(url, batch_size=4, cache_dir=None, timeout_s=4) as s:
+        for _ in range(64):  # every response from now on (the reader's reads ahead too) stalls after 10 bytes
+            range_server.hang_next(after_bytes=10)
+        with pytest.raises(h5stream.RemoteUnavailableError) as info:
+            finishes_within(lambda: s.file_paths, 60)
+    assert "timeout_s=4 s" in str(info.value) and "\n" not in str(info.value)

@@ -184,7 +184,7 @@ class Stream:
         if getattr(self, "_file_paths", None) is None:
             from h5stream.store.partset import read_paths_any
 
-            self._file_paths = read_paths_any(self.meta, *self.config.rows, remote=self.options.remote)
+            self._file_paths = read_paths_any(self.meta, *self.config.rows, remote=self.meta.remote)
         return list(self._file_paths)
 
     @property
