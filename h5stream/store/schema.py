@@ -200,6 +200,10 @@ def skipped_report_path(out_path: str) -> str:
     return str(out_path) + ".skipped.csv"
 
 
+REPORT_REPLACING_SUFFIX = ".replacing"
+"""Beside the skip report: the report of a new store that replaces an old one (``--overwrite``), until the new store
+takes its name and this is renamed over the old report."""
+
 REPORT_REWRITE_SUFFIX = ".rewrite"
 """Beside the skip report: the new report an ``--append`` writes whole, then renames over it, when it drops
 entries (files it stored)."""
