@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import ConfigError, ResourceLimitError, SourceError, StoreWriteError, descriptor_limit
-from h5stream.ingest import job
+from h5stream.ingest import crashes, job
 from h5stream.ingest.append import fit_paths, open_append, resolve_append
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.options import ORDERS, IngestOptions, IngestTarget, check_options, resolve_new
@@ -278,15 +278,22 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
     reported = read_report(report_path) if appending else {}
     rejected = [(rel, why) for rel, why in source.rejected if rel not in target.stored]
     left_out = [entry for entry in source.left_out if entry[0] not in target.stored]
+    order = storage_permutation(len(source.items), target.order, target.seed)
+    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in target.stored]
+    already = len(source.items) - len(pending)
+    # Files a killed run was decoding, or that an earlier run's decoder died on, are decoded alone first: one that
+    # kills the decoder again is skipped with why, before any decoding here could die on it.
+    in_flight_path = os.fspath(opts.out) + schema.DECODING_SUFFIX
+    suspect = crashes.suspects(crashes.read_in_flight(in_flight_path), reported, {it.relpath for it in pending})
+    if suspect:
+        culprits = crashes.find_culprits(source.root, suspect, target.spec, DecodePool.DEFAULT_TIMEOUT_S)
+        rejected += list(culprits.items())
+        pending = [it for it in pending if it.relpath not in culprits]
     if opts.strict:
         failing = rejected + [(rel, why) for rel, kind, why in left_out if kind == UNREADABLE]
         if failing:
             rel, why = failing[0]
             raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
-
-    order = storage_permutation(len(source.items), target.order, target.seed)
-    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in target.stored]
-    already = len(source.items) - len(pending)
     clock.mark("find")
 
     pool = DecodePool(workers, target.spec.shape)
@@ -314,9 +321,16 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         except BaseException:
             writer.discard()
             raise
+        try:
+            in_flight = crashes.InFlight(in_flight_path)
+        except BaseException:
+            report.discard()
+            writer.discard()
+            raise
         clock.mark("create")
         try:
-            ingested = write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
+            ingested = write_all(opts, source, target, pending, rejected, left_out, pool, writer, report, in_flight)
+            in_flight.close()  # nothing is being decoded any more
             clock.mark("write")
             report.close()
             if ingested or writer.published:
@@ -324,6 +338,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
             else:
                 writer.discard()  # a new store with no row is not left behind (the error is raised below)
         except StoreWriteError as exc:
+            in_flight.close()
             report.discard()  # both as of their last flush: --append continues from there
             writer.discard()
             if exc.rows_committed is None:  # the report failed: say what the store keeps too
@@ -333,6 +348,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
                                       rows_committed=writer.committed_rows) from exc
             raise
         except BaseException:
+            in_flight.close()  # this process lives: no file it was decoding killed it (a death leaves the record)
             try:
                 report.close()
             finally:

@@ -135,10 +135,11 @@ class SkipReport:
     def add(self, rel: str, why: str) -> None:
         if rel in self.paths:
             earlier = self._reasons.get(rel)
-            if earlier is None or earlier.startswith(LEFT_OUT) == why.startswith(LEFT_OUT):
+            if earlier is None or earlier == why:
                 return
-            # An earlier run's entry of the other kind (left out then, skipped now, or the other way round): this
-            # one is appended, and read back it is the one that counts (the last); close() drops the old one.
+            # An earlier run's entry with another reason (left out then, skipped now, or the other way round; a
+            # file the decoder died on that now decodes to an ordinary refusal): this one is appended, and read
+            # back it is the one that counts (the last); close() drops the old one.
             self.forget([rel])
             self._forgotten.discard(rel)
             self._replaced = True

@@ -157,9 +157,11 @@ def pending_labels(pending: list[Item], label_kind: str, class_index: dict[str, 
 
 
 
-def write_all(opts, source, target, pending, rejected, left_out, pool, writer, report) -> int:
+def write_all(opts, source, target, pending, rejected, left_out, pool, writer, report, decoding=None) -> int:
     """Decode ``pending`` through ``pool`` and append in order; returns the rows written.  ``rejected`` and
     ``left_out`` entries go to the report (``--strict`` stops on a rejected file or an unreadable folder).
+    ``decoding`` (an :class:`~h5stream.ingest.crashes.InFlight`) is told the files being decoded before each
+    task is handed out, so a run that dies decoding leaves which files they were.
 
     Per chunk the work is per block, not per row, where no file was skipped: the labels and paths are slices
     taken once, and whole blocks go from the decode slot to the file.  A commit follows every ``commit_rows``
@@ -223,6 +225,8 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                                pool.rows_per_task)
             chunks.append([it.relpath for it in pending[starts[-1]:starts[-1] + k]])
             starts.append(starts[-1] + k)
+            if decoding is not None:  # every file handed out and not yet back, this task's too
+                decoding.record(it.relpath for it in pending[delivered:starts[-1]])
             yield chunks[-1]
 
     bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,

@@ -190,6 +190,11 @@ CREATING_SUFFIX = ".creating"
 FLUSHING_SUFFIX = ".flushing"
 
 
+#: ``OUT`` + this lies beside a store while an ingest decodes files for it: the files being decoded, so that the
+#: next run can decode them alone first when the ingest died (see :mod:`h5stream.ingest.crashes`).
+DECODING_SUFFIX = ".decoding"
+
+
 def flushing_path(out_path) -> str:
     """The marker beside the store at ``out_path`` that HDF5 is rewriting it in place (:data:`FLUSHING_SUFFIX`)."""
     return str(out_path) + FLUSHING_SUFFIX
