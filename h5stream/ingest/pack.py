@@ -211,6 +211,7 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
             resize_mode=spec.resize, background=spec.background, pad_fill=spec.pad_fill, storage_order=target.order,
             order_seed=target.seed, compression=opts.compression, overwrite=opts.overwrite,
             expected_rows=max(1, n_pending), lock=lock, encoding=spec.encoding, jpeg_quality=spec.quality,
+            row_digests=opts.row_digests is not False,
         )
     return writer, writer.committed_rows
 
