@@ -72,3 +72,18 @@ def test_repair_does_not_give_damaged_rows_a_digest(tmp_path, h5cli):
     code, _stdout, err = h5cli("repair", out)
     assert code == 1 and err.count("\n") == 1 and "rows 12-15 no longer match their checksums" in err, err
     assert out.read_bytes() == before
+
+
+def test_a_set_of_parts_with_a_part_short_of_row_digests_is_refused_as_that_part_is(tmp_path):
+    from h5stream.store.writer import write_arrays
+
+    parts = []
+    for k, n in enumerate((12, 10)):
+        rng = np.random.default_rng(k)
+        parts.append(str(tmp_path / f"part-{k}.h5"))
+        write_arrays(parts[-1], rng.integers(0, 256, (n, 4, 4, 3), np.uint8), rng.integers(0, 3, n), block_rows=4,
+                     class_names=["0", "1", "2"])
+    _cut_digests(parts[1], 5)
+    with pytest.raises(StoreFormatError, match=rf"{parts[1]}: rows 5-9 are committed without a row digest"):
+        with h5stream.open(parts, batch_size=4, memory_budget="64MiB") as s:
+            list(s)
