@@ -266,9 +266,9 @@ class DecodePool:
             slot = free.pop()
             w = pick_worker(in_flight, range(self.workers), len(slots))
             seq = order.submitted()
-            if not workers.send(w, seq, (root, chunk, spec, slot, digest_rows)):
-                while True:  # its pipe is gone: its end is on the way, and raises
-                    self._receive(order, in_flight, slot_of)
+            while not workers.send(w, seq, (root, chunk, spec, slot, digest_rows)):
+                # Its pipe is gone: its end is on the way, and raises, or a new worker takes its place.
+                self._receive(order, in_flight, slot_of)
             in_flight[w] += 1
             slot_of[seq] = slot
             tasks[seq] = (w, chunk, slot)
