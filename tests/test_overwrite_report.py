@@ -71,3 +71,24 @@ def test_a_replacing_report_is_put_in_place_by_append_only_when_its_store_was(tm
         assert read_report(report) == expected
         if not store_renamed:
             os.unlink(out + CREATING_SUFFIX)
+
+
+def test_writer_overwrite_that_stores_nothing_keeps_the_old_stores_report_and_one_that_does_replaces_it(tmp_path):
+    """h5stream.write(overwrite=True) removed the old report when it opened, as ingest --overwrite did."""
+    import numpy as np
+    import pytest
+
+    import h5stream
+    from h5stream.errors import SourceError
+
+    out = tmp_path / "w.h5"
+    images = np.zeros((3, 4, 4, 3), np.uint8)
+    h5stream.write(out, list(zip(images, [0, 2**40, 1])), order="sorted")
+    report = skipped_report_path(str(out))
+    before = open(report, "rb").read()
+    with pytest.raises(SourceError, match="the old store keeps its report"):
+        h5stream.write(out, [(images[0], 2**41)], overwrite=True)
+    assert open(report, "rb").read() == before and read_meta(str(out)).rows == 2
+    assert not os.path.exists(report + REPLACING_SUFFIX)
+    h5stream.write(out, list(zip(images, [0, 1, 2**42])), overwrite=True, order="sorted")
+    assert list(read_report(report)) == ["2"] and read_meta(str(out)).rows == 2

@@ -164,10 +164,16 @@ class SkipReport:
         if self._good_size == 0:
             self._csv.writerow(["path", "reason"])
 
-    def published(self) -> None:
-        """The new store this report belongs to has taken its name: a replacing report (flushed) is renamed over
-        the old one, and from now on is the report.  Idempotent; nothing for a report that replaces none."""
-        if self._final is None:
+    @property
+    def replacing(self) -> bool:
+        """Whether this is a new store's report that has not yet replaced the old one (see :meth:`published`)."""
+        return self._final is not None
+
+    def published(self, store_published: bool = True) -> None:
+        """Once ``store_published`` (the new store this report belongs to has taken its name): a replacing report
+        (flushed) is renamed over the old one, and from now on is the report.  Idempotent; nothing for a report
+        that replaces none."""
+        if self._final is None or not store_published:
             return
         self.flush()
         try:

@@ -195,8 +195,7 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
             job.record_skipped(writer, run_skipped)
             written_run_skipped = run_skipped
         writer.commit()
-        if writer.published:
-            report.published()  # a new store's report replaces the old store's once the store has replaced it
+        report.published(writer.published)  # a new store's report replaces the old one's once the store has
 
     # Files an earlier run listed that are stored now (fixed since, or newly listed) leave the report with the
     # last commit; files stored by a run killed before its report was rewritten leave it too.
