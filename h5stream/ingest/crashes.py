@@ -13,7 +13,7 @@ Where the ingest itself dies (``--workers 0`` decodes in its own process, or
 the whole run was killed), the files it was decoding are known from the
 in-flight record beside the store (:class:`InFlight`, ``OUT`` +
 :data:`~h5stream.store.schema.DECODING_SUFFIX`, rewritten before each task
-is decoded, not synced: it has to outlive the process, not the machine).  The
+is handed out, not synced: it has to outlive the process, not the machine).  The
 next ``--append`` probes those files, and the ones an earlier run skipped
 because the decoder died on them, before it decodes anything
 (:func:`suspects`): a file that still kills the probe is skipped again, one
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import deque
 
 from h5stream.concurrency.procpool import DONE, ERROR, EXITED, FATAL, READY, Workers
 from h5stream.errors import WorkerError
@@ -138,19 +139,28 @@ def _probe_until_death(root: str, relpaths: list[str], spec, timeout_s: float) -
 
 class InFlight:
     """The record beside a store of the files its ingest is decoding now (``path``: ``OUT`` +
-    :data:`~h5stream.store.schema.DECODING_SUFFIX`): NUL-separated relative paths, rewritten in place by
-    :meth:`record`, removed by :meth:`close` once the run ends on its own.  Owned by the ingest's thread."""
+    :data:`~h5stream.store.schema.DECODING_SUFFIX`): NUL-separated relative paths, rewritten in place at each task
+    handed out (:meth:`submitted`), removed by :meth:`close` once the run ends alive.  A task's names are encoded
+    once, when it is handed out; a record costs a join and one write of the tasks in flight.  Owned by the
+    ingest's thread."""
 
     def __init__(self, path: str):
         self.path = path
         sidecar.clear(path)  # an earlier run's, read already (see suspects); anything not ours is refused
         self._fd = sidecar.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, owner=False)
+        self._tasks: deque[bytes] = deque()  # the tasks in flight, oldest first, each its names encoded
 
-    def record(self, relpaths) -> None:
-        """The files being decoded from now on (all of them, not the new ones)."""
-        data = b"\0".join(os.fsencode(rel) for rel in relpaths)
+    def submitted(self, relpaths) -> None:
+        """A task of ``relpaths`` is handed out: the record is now every task in flight."""
+        self._tasks.append(b"\0".join(os.fsencode(rel) for rel in relpaths))
+        data = b"\0".join(self._tasks)
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
+
+    def delivered(self) -> None:
+        """The oldest task in flight came back (decoded, or its files skipped): the next record leaves it out."""
+        if self._tasks:
+            self._tasks.popleft()
 
     def close(self) -> None:
         """Remove the record: the run ends without dying (an error, Ctrl-C, or done), so no file it was decoding
@@ -158,6 +168,7 @@ class InFlight:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        self._tasks.clear()
         os.close(fd)
         try:
             sidecar.clear(self.path)

@@ -224,8 +224,8 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                                pool.rows_per_task)
             chunks.append([it.relpath for it in pending[starts[-1]:starts[-1] + k]])
             starts.append(starts[-1] + k)
-            if decoding is not None:  # every file handed out and not yet back, this task's too
-                decoding.record(it.relpath for it in pending[delivered:starts[-1]])
+            if decoding is not None:  # before a worker (or this process) can die on it
+                decoding.submitted(chunks[-1])
             yield chunks[-1]
 
     bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
@@ -235,6 +235,8 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                 pool.imap(source.root, next_chunks(), target.spec, block_rows, hold=HELD_CHUNKS)):
             paths, labels = chunks[chunk_no], labels_all[starts[chunk_no]:starts[chunk_no + 1]]
             delivered = starts[chunk_no + 1]
+            if decoding is not None:
+                decoding.delivered()
             kept = reasons.count(None)
             if kept < len(reasons):
                 for rel, why in zip(paths, reasons):
