@@ -18,6 +18,7 @@ import sys
 import warnings
 
 from h5stream import __version__
+from h5stream._optnames import cli_flags
 from h5stream.commands.arguments import COMMANDS, add_arguments
 from h5stream.errors import H5StreamError, OutputWriteError
 
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args, unknown = build_parser().parse_known_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
         if unknown:  # argparse's own line would send to `h5stream --help`, not the command's help that lists them
             where = f"h5stream {args.command}" if getattr(args, "command", None) else "h5stream"
             raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {where} --help)")
@@ -58,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"choose a command: {', '.join(COMMANDS)} (see h5stream --help)")
         command = importlib.import_module(f"h5stream.commands.{args.command}")
         _sweep_shared_memory()
-        with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
+        with warnings.catch_warnings(), cli_flags(command_flags(parser, args.command)):
+            warnings.showwarning = _show_warning  # and every message names an option by the flag typed for it
             return int(command.run(args) or EXIT_OK)
     except UsageError as exc:
         print(f"h5stream: error: {exc}", file=sys.stderr)
@@ -70,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("h5stream: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def command_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """{keyword of the Python API: its flag} of ``command``'s options (pure): ``--memory-budget`` sets
+    ``memory_budget``, so a message about ``memory_budget`` names ``--memory-budget`` there."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return {a.dest: max(a.option_strings, key=len) for a in sub._actions
+            if a.option_strings and a.dest not in ("help",) and a.option_strings[0].startswith("-")}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -199,7 +199,7 @@ LAYERS = (
     ("fork safety", ("h5stream.concurrency.fork",)),
     ("lent memory", ("h5stream.memory.lend",)),
     ("raw I/O", ("h5stream.memory.rawio",)),
-    ("errors", ("h5stream.errors",)),
+    ("errors", ("h5stream.errors", "h5stream._optnames")),
 )
 """Top to bottom: a module imports only modules of the layers below its own, or of its own package (the first
 two parts of the name: ``h5stream.store.meta`` may import ``h5stream.store.schema``)."""

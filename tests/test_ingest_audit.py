@@ -327,3 +327,29 @@ def test_a_class_index_whose_names_would_not_fit_the_store_is_skipped_with_why(t
     assert read_meta(str(out)).class_names == tuple(str(i) for i in range(6))
     assert "class index 20000 would make 20,001 classes" in (tmp_path / "w.h5.skipped.csv").read_text()
     assert not list(tmp_path.glob("*.creating"))
+
+
+@pytest.mark.parametrize("on_disk,in_csv", [("NFD", "NFC"), ("NFC", "NFD")])
+def test_a_csv_naming_a_file_in_another_unicode_normal_form_finds_it(tmp_path, h5cli, on_disk, in_csv):
+    """A CSV written on macOS spells café composed where the files keep it decomposed (or the other way round): the
+    same name to the user, other bytes to the file system; the row was skipped as 'does not exist' and the file left
+    out as 'not listed'."""
+    import unicodedata
+
+    import numpy as np
+    from PIL import Image
+
+    src = tmp_path / "src"
+    (src / "x").mkdir(parents=True)
+    name = unicodedata.normalize(on_disk, "x/café.png")
+    Image.fromarray(np.full((6, 6, 3), 77, np.uint8)).save(src / name)
+    Image.fromarray(np.full((6, 6, 3), 9, np.uint8)).save(src / "x" / "plain.png")
+    labels = tmp_path / "l.csv"
+    labels.write_text(f"path,label\n{unicodedata.normalize(in_csv, 'x/café.png')},1.5\nx/plain.png,2\n",
+                      encoding="utf-8")
+    out = tmp_path / "o.h5"
+    code, _out, err = h5cli("ingest", src, out, "--labels", labels, "--size", "4", "--workers", "0")
+    assert code == 0, err
+    _images, stored, paths, _attrs = read_store(out)
+    assert dict(zip(paths, stored.tolist())) == {name: 1.5, "x/plain.png": 2.0}
+    assert not (tmp_path / "o.h5.skipped.csv").exists()

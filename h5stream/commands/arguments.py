@@ -81,6 +81,10 @@ def _ingest(parser) -> None:
                         "3x smaller as JPEG and decodes at 50 MB of pixels/s a core or more, else raw)")
     parser.add_argument("--quality", type=int, metavar="Q", help="JPEG quality of --encoding jpeg/auto, 1-100 "
                         "(default 90)")
+    parser.add_argument("--no-row-digests", dest="row_digests", action="store_const", const=False,
+                        help="a new file without a digest per row (8 bytes a row; verify and the stream then check "
+                        "whole blocks only, so a damaged row is found as its block); with --append, only to a store "
+                        "written so")
     parser.add_argument("--part", metavar="I/N",
                         help="write part I (from 0) of N of the files found: a file's part is a hash of its path "
                         "relative to SRC, so N machines each given SRC write N parts that h5stream.open reads as one")

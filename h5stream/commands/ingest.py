@@ -164,6 +164,7 @@ def run(args) -> int:
         compression=None if args.compression == "none" else args.compression,
         encoding=args.encoding, quality=args.quality,
         append=args.append, overwrite=args.overwrite, strict=args.strict, part=_part(args.part),
+        row_digests=args.row_digests,
     )
     stopped_by: list[int] = []
     replacing = _identity(args.out) if args.overwrite else None

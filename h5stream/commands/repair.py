@@ -21,6 +21,9 @@ files and written back where the result has the block's recorded checksum
 (:mod:`h5stream.ingest.restore`); what cannot be restored so is reported as
 above.
 
+A store whose ``/row_digests`` falls short of its committed rows (which ``verify``, ``--append`` and a verifying
+stream refuse alike) is rebuilt, its rows checked against their block checksums, with the digest of every row.
+
 Damaged row digests of rows that match their block checksums are written again
 from the rows (:mod:`h5stream.store.rowdigest_mend`), with or without
 ``--source``: the rows are known good, only their digests were not.
@@ -78,6 +81,14 @@ def _repair(path: str, args) -> int:
         if needs_rebuild(path):
             rows = rebuild(path, lock)
             print(f"{path}: rebuilt from its {rows} committed rows")
+            return 0
+        from h5stream.store.meta import read_meta
+
+        lacking = read_meta(path).row_digest_problem
+        if lacking is not None:  # what verify, --append and the stream refuse: the rows give their digests again
+            rows = rebuild(path, lock, row_digests=False)
+            print(f"{path}: rebuilt from its {rows} committed rows, which match their block checksums, with the "
+                  f"digest of every row (some had none: {lacking[len(path) + 2:].split(';')[0]})")
             return 0
         result = verify_store(path)  # StoreFormatError (one line) for committed rows without a checksum
         done: list[str] = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from h5stream import _optnames as opt
+
 
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
@@ -26,6 +28,8 @@ def warn_if_more_workers_than_cores(workers: int, stacklevel: int = 4) -> None:
     extra ones only add memory and contention."""
     cores = usable_cores()
     if workers > cores:
-        warnings.warn(f"h5stream.open(workers={workers}) on {cores} usable CPU core{'s' if cores > 1 else ''}: the "
-                      f"extra workers only cost memory and context switches; workers={suggested_workers(cores)} "
+        given = opt.setting("workers", workers)
+        warnings.warn(f"{given if given.startswith('-') else f'h5stream.open({given})'} on {cores} usable CPU "
+                      f"core{'s' if cores > 1 else ''}: the extra workers only cost memory and context switches; "
+                      f"{opt.setting('workers', suggested_workers(cores))} "
                       "leaves a core to the training loop", UserWarning, stacklevel=stacklevel)

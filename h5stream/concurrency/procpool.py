@@ -287,6 +287,19 @@ class Workers:
         self._open = dict(enumerate(self.conns))
         self._alive = {p.sentinel: w for w, p in enumerate(self.procs)}
 
+    def replace(self, worker: int, setup: Callable, handle: Callable, stage: str, args: tuple, *, name: str) -> None:
+        """Start a new process in the place of ``worker``, whose end :meth:`wait` reported, as :meth:`start`
+        started it; its "ready" comes through :meth:`wait`.  The thread that calls :meth:`wait`."""
+        procs, conns = spawn_workers(serve, [(setup, handle, stage, *args)], name=f"{name}-{worker}")
+        self.conns[worker].close()
+        self.procs[worker], self.conns[worker] = procs[0], conns[0]
+        self.started.discard(worker)
+        self.exitcodes.pop(worker, None)
+        self._partial.pop(worker, None)
+        self._open[worker] = conns[0]
+        self._alive[procs[0].sentinel] = worker
+        self._close_selectors()
+
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]

@@ -64,6 +64,9 @@ def resolve_append(opts: IngestOptions, source: Source) -> IngestTarget:
             f"{out}: store holds {meta.label_kind} labels but {source.root} gives {source.label_kind} labels; "
             "ingest into a new file"
         )
+    if opts.row_digests is False and _has_row_digests(out):
+        raise ConfigError(f"{out}: store keeps a digest per row (/row_digests), this run asks for none; appended "
+                          "rows are stored as the store's are: drop --no-row-digests or ingest into a new file")
     background, pad_fill = schema_background(out)
     if opts.pad_fill is not None and tuple(opts.pad_fill) != pad_fill:
         mismatch("pad fill", ",".join(map(str, pad_fill)), ",".join(map(str, opts.pad_fill)), "--pad-fill")
@@ -111,6 +114,14 @@ def fit_paths(source: Source, path_limit: int | None) -> Source:
     return replace(source, items=tuple(it for it, ok in zip(source.items, fits) if ok),
                    rejected=source.rejected + tuple((it.relpath, why) for it, ok in zip(source.items, fits) if not ok))
 
+
+
+def _has_row_digests(path: str) -> bool:
+    from h5stream.store import rowdigest
+    from h5stream.store.access import open_h5_readonly
+
+    with open_h5_readonly(path) as f:
+        return rowdigest.has(f)
 
 
 def schema_background(path: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

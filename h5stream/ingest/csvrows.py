@@ -108,3 +108,17 @@ def bounded_lines(fh, csv_path: str, limit: int = MAX_LINE_CHARS):
             raise SourceError(f"{csv_path} line {line_no}: longer than {limit:,} characters; a labels CSV has one "
                               "image per line, its path and its labels (is this the labels file?)")
         yield line
+
+
+def spelled_on_disk(root: str, rel: str, listed: set[str]) -> str | None:
+    """``rel`` as the file system spells it where the CSV spelt it in another Unicode normal form (pure but for
+    ``lexists``): a CSV written on macOS names ``café`` composed (NFC) where the files keep it decomposed (NFD), or
+    the other way round; the same name to the user, other bytes to the file system.  None where neither form is
+    there, or the other form is listed too (then both are the CSV's own rows)."""
+    import unicodedata
+
+    for form in ("NFC", "NFD"):
+        other = unicodedata.normalize(form, rel)
+        if other != rel and other not in listed and os.path.lexists(os.path.join(root, other)):
+            return other
+    return None

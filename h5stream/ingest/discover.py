@@ -45,7 +45,7 @@ import numpy as np
 
 from h5stream.errors import SourceError
 from h5stream.ingest.csvrows import (PATH_COLUMNS, bounded_lines, check_fields, check_header, check_label_columns,
-                                     path_column, relative_path)
+                                     path_column, relative_path, spelled_on_disk)
 from h5stream.store import schema
 
 IMAGE_EXTENSIONS = frozenset(
@@ -437,8 +437,13 @@ def discover_csv(root: str | os.PathLike, csv_path: str | os.PathLike,
         else:
             label = tuple(_parse_float(v, where, c) for v, c in zip(cells, label_columns))
         if not os.path.lexists(os.path.join(root, rel)):
-            rejected.append((rel, f"listed in {csv_name} (line {line_no}) but does not exist"))
-            continue
+            spelled = spelled_on_disk(root, rel, seen)
+            if spelled is None:
+                rejected.append((rel, f"listed in {csv_name} (line {line_no}) but does not exist"))
+                continue
+            seen.discard(rel)
+            seen.add(spelled)
+            rel = spelled
         if chosen is not None and label not in chosen:
             left_out.append((rel, NOT_CHOSEN, f"class {label!r} not in --classes"))
             continue

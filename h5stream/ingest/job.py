@@ -53,6 +53,8 @@ def continue_options(opts) -> list[str]:
         flags += ["--block-rows", str(opts.block_rows)]
     if opts.strict:
         flags.append("--strict")
+    if opts.row_digests is False:
+        flags.append("--no-row-digests")
     if opts.part is not None:
         flags += ["--part", f"{opts.part[0]}/{opts.part[1]}"]
     return flags

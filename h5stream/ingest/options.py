@@ -51,6 +51,7 @@ class IngestOptions:
     commit_rows: int = COMMIT_ROWS
     progress: bool | None = None  # None: a bar only when stderr is a terminal
     part: tuple[int, int] | None = None  # (index, count): part index of count (h5stream.ingest.parts)
+    row_digests: bool | None = None  # a digest per row (/row_digests); None: yes on a new store, the store's on append
 
 
 

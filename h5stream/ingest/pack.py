@@ -57,13 +57,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from h5stream.errors import ConfigError, ResourceLimitError, SourceError, StoreWriteError, descriptor_limit
-from h5stream.ingest import job
+from h5stream.ingest import crashes, job
 from h5stream.ingest.append import fit_paths, open_append, resolve_append
 from h5stream.ingest.discover import IMAGE_EXTENSIONS, UNREADABLE, Item, Source, discover
 from h5stream.ingest.options import ORDERS, IngestOptions, IngestTarget, check_options, resolve_new
 from h5stream.ingest.encode import resolve_auto
 from h5stream.ingest.pool import DecodePool
-from h5stream.ingest.report import SkipReport, read_report
+from h5stream.ingest.report import SkipReport, read_report, settle_replacement
 from h5stream.ingest.spec import FD_LIMIT_ERRNOS
 from h5stream.ingest.write import write_all
 from h5stream.store import schema
@@ -170,14 +170,21 @@ def _out_of_descriptors(exc: OSError, workers: int) -> ResourceLimitError:
                               "--append to continue", errno=exc.errno)
 
 
-def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_path: str) -> SourceError:
-    """The one line for a new store that would hold no row: every file found was skipped."""
+def _nothing_ingested(opts: IngestOptions, source: Source, skipped: int, report_path: str,
+                      first: tuple[str, str] | None) -> SourceError:
+    """The one line for a new store that would hold no row: every file found was skipped.  An old store left in
+    place keeps its own report, so the line names this run's first skipped file (``first``) instead."""
     where = (f"the files {opts.labels_csv} lists under {source.root}" if opts.labels_csv
              else f"the class folders of {source.root}" if source.label_kind != schema.LABEL_NONE
              else source.root)  # unlabeled stores: the whole folder
+    replaced = opts.overwrite and os.path.exists(opts.out)
+    reasons = f"reasons in {report_path}"
+    if replaced:
+        reasons = (f"{os.path.join(source.root, first[0])}: {first[1]}" if first else "no reason recorded") + (
+            f", and {skipped - 1} more; {report_path} is still the old store's" if skipped > 1 else "")
     return SourceError(
-        f"{opts.out}: not {'replaced' if opts.overwrite and os.path.exists(opts.out) else 'created'}: every one "
-        f"of the {skipped} files found in {where} was skipped (reasons in {report_path}); it needs image files "
+        f"{opts.out}: not {'replaced' if replaced else 'created'}: every one "
+        f"of the {skipped} files found in {where} was skipped ({reasons}); it needs image files "
         f"Pillow can read ({', '.join(sorted(IMAGE_EXTENSIONS))})"
     )
 
@@ -204,6 +211,7 @@ def _open_writer(opts: IngestOptions, source: Source, target: IngestTarget, appe
             resize_mode=spec.resize, background=spec.background, pad_fill=spec.pad_fill, storage_order=target.order,
             order_seed=target.seed, compression=opts.compression, overwrite=opts.overwrite,
             expected_rows=max(1, n_pending), lock=lock, encoding=spec.encoding, jpeg_quality=spec.quality,
+            row_digests=opts.row_digests is not False,
         )
     return writer, writer.committed_rows
 
@@ -266,18 +274,27 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         job.check_part(read_meta(opts.out), opts)
 
     report_path = schema.skipped_report_path(opts.out)
+    if appending:
+        settle_replacement(report_path, os.fspath(opts.out) + schema.CREATING_SUFFIX)
     reported = read_report(report_path) if appending else {}
     rejected = [(rel, why) for rel, why in source.rejected if rel not in target.stored]
     left_out = [entry for entry in source.left_out if entry[0] not in target.stored]
+    order = storage_permutation(len(source.items), target.order, target.seed)
+    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in target.stored]
+    already = len(source.items) - len(pending)
+    # Files a killed run was decoding, or that an earlier run's decoder died on, are decoded alone first: one that
+    # kills the decoder again is skipped with why, before any decoding here could die on it.
+    in_flight_path = os.fspath(opts.out) + schema.DECODING_SUFFIX
+    suspect = crashes.suspects(crashes.read_in_flight(in_flight_path), reported, {it.relpath for it in pending})
+    if suspect:
+        culprits = crashes.find_culprits(source.root, suspect, target.spec, DecodePool.DEFAULT_TIMEOUT_S)
+        rejected += list(culprits.items())
+        pending = [it for it in pending if it.relpath not in culprits]
     if opts.strict:
         failing = rejected + [(rel, why) for rel, kind, why in left_out if kind == UNREADABLE]
         if failing:
             rel, why = failing[0]
             raise SourceError(f"{os.path.join(source.root, rel)}: {why}; --strict stops on any skipped file")
-
-    order = storage_permutation(len(source.items), target.order, target.seed)
-    pending: list[Item] = [source.items[i] for i in order if source.items[i].relpath not in target.stored]
-    already = len(source.items) - len(pending)
     clock.mark("find")
 
     pool = DecodePool(workers, target.spec.shape)
@@ -290,21 +307,31 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         files = already + len(pending) + len(rejected) + folders
         job.record_order(writer, source, appending, files, bool(pending))  # before start() records this run's files
         job.start(writer, opts, files, start_rows - already, part)
-        # A report from an older file of this name no longer applies.  The older store itself stays until the new
-        # one's first commit replaces it (an atomic rename): a run that stores nothing, fails or is stopped
-        # before then leaves it as it was.
-        for old in ([] if appending else [report_path]):
-            try:
-                if os.path.exists(old):
-                    os.unlink(old)
-            except OSError as exc:
-                writer.discard()
-                raise StoreWriteError(f"{old}: cannot remove it ({exc.strerror}); nothing was written",
-                                      errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
-        report = SkipReport(report_path, reported)
+        # An older store of this name stays, with its report, until the new one's first commit replaces it (an
+        # atomic rename; the report follows it: SkipReport.published): a run that stores nothing, fails or is
+        # stopped before then leaves both as they were.  A report with no store beside it applies to nothing.
+        replacing = not appending and os.path.exists(opts.out)
+        try:
+            if not appending and not replacing and os.path.exists(report_path):
+                os.unlink(report_path)
+            report = SkipReport(report_path, reported, replacing=replacing)
+        except OSError as exc:
+            writer.discard()
+            raise StoreWriteError(f"{report_path}: cannot prepare the skip report ({exc.strerror}); nothing was "
+                                  "written", errno=exc.errno, strerror=exc.strerror, rows_committed=0) from exc
+        except BaseException:
+            writer.discard()
+            raise
+        try:
+            in_flight = crashes.InFlight(in_flight_path)
+        except BaseException:
+            report.discard()
+            writer.discard()
+            raise
         clock.mark("create")
         try:
-            ingested = write_all(opts, source, target, pending, rejected, left_out, pool, writer, report)
+            ingested = write_all(opts, source, target, pending, rejected, left_out, pool, writer, report, in_flight)
+            in_flight.close()  # nothing is being decoded any more
             clock.mark("write")
             report.close()
             if ingested or writer.published:
@@ -312,6 +339,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
             else:
                 writer.discard()  # a new store with no row is not left behind (the error is raised below)
         except StoreWriteError as exc:
+            in_flight.close()
             report.discard()  # both as of their last flush: --append continues from there
             writer.discard()
             if exc.rows_committed is None:  # the report failed: say what the store keeps too
@@ -321,6 +349,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
                                       rows_committed=writer.committed_rows) from exc
             raise
         except BaseException:
+            in_flight.close()  # this process lives: no file it was decoding killed it (a death leaves the record)
             try:
                 report.close()
             finally:
@@ -342,7 +371,7 @@ def _ingest_locked(opts: IngestOptions, lock: StoreLock, clock: PhaseClock) -> I
         pool.close()
     clock.mark("finish")
     if not appending and not ingested:
-        raise _nothing_ingested(opts, source, len(rejected) + len(pending), report_path)
+        raise _nothing_ingested(opts, source, len(rejected) + len(pending), report_path, report.first)
     kinds: dict[str, int] = {}
     for _, kind, _ in left_out:
         kinds[kind] = kinds.get(kind, 0) + 1

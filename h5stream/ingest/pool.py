@@ -14,9 +14,12 @@ to the worker with the fewest in flight, at most one per free result slot but
 one, and results come back in submission order.
 
 The parent waits on the pipes and the workers' process sentinels together (in
-the caller's thread), so a worker that dies (SIGKILL, out of memory) is
-reported at once as :class:`WorkerError`; a worker whose parent dies exits
-once it is between tasks.  The worker side (set-up and task) is here too:
+the caller's thread), so a worker that dies is noticed at once: the files it
+was decoding are decoded alone (:func:`~h5stream.ingest.crashes.find_culprits`);
+each one that kills a decoder on its own is skipped with how it died, and a new
+worker decodes the rest of those tasks again.  A death no file causes (SIGKILL
+from outside, out of memory) is reported as :class:`WorkerError`.  A worker
+whose parent dies exits once it is between tasks.  The worker side (set-up and task) is here too:
 :mod:`h5stream.ingest.decode` only decodes.
 """
 
@@ -109,6 +112,26 @@ def group_digests(images: np.ndarray, rows: int) -> list[int]:
 # -- parent side ------------------------------------------------------------------------------------------------------
 
 
+class _Run:
+    """One :meth:`DecodePool.imap`'s tasks in flight and the files a decoder died on (see ``_recover``)."""
+
+    def __init__(self, root: str, spec, digest_rows: int):
+        self.root, self.spec, self.digest_rows = root, spec, digest_rows
+        self.tasks: dict[int, tuple[int, list[str], int]] = {}  # seq -> (worker, files, slot)
+        self.crashed: dict[str, str] = {}  # relpath -> why the decoder died on it
+
+    def result(self, seq: int, result: tuple) -> tuple:
+        """Task ``seq``'s ``result`` as the caller gets it: a task sent again without the files a decoder died
+        on gets their reasons back in their places (the rows it decoded are the others, in order)."""
+        chunk = self.tasks.pop(seq)[1]
+        if not self.crashed or not any(rel in self.crashed for rel in chunk):
+            return result
+        got = iter(result[0])
+        reasons = [self.crashed[rel] if rel in self.crashed else next(got) for rel in chunk]
+        return (reasons, *result[1:])
+
+
+
 class _State:
     """The workers and slots of a pool; kept apart from it so ``weakref.finalize`` can stop them."""
 
@@ -141,8 +164,11 @@ class DecodePool:
     also reads the workers' messages while it waits for a result.
     """
 
+    #: How long a worker may answer nothing before the pool gives up on it.
+    DEFAULT_TIMEOUT_S = 600.0
+
     def __init__(self, workers: int, row_shape: tuple[int, ...], rows_per_task: int = MAX_FILES_PER_TASK,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         from h5stream.memory.shm import sweep_stale_segments
 
         if workers > 0:
@@ -156,6 +182,7 @@ class DecodePool:
         self._finalizer = weakref.finalize(self, OwnerOnly(functools.partial(_stop, self._state, CLOSE_TIMEOUT_S)))
         self._finished = False
         self._started = False
+        self._run: _Run | None = None
         if workers > 0:
             from h5stream.memory.shm import SharedArray, new_prefix, segment_limit_bytes, shm_free_bytes
 
@@ -227,6 +254,9 @@ class DecodePool:
         order = InOrder()
         in_flight = [0] * self.workers
         slot_of: dict[int, int] = {}
+        # Each task in flight: (worker, files, slot), so the files a dead worker was decoding are known.
+        self._run = _Run(root, spec, digest_rows)
+        tasks = self._run.tasks
         it = iter(chunks)
 
         def submit() -> bool:
@@ -236,11 +266,12 @@ class DecodePool:
             slot = free.pop()
             w = pick_worker(in_flight, range(self.workers), len(slots))
             seq = order.submitted()
-            if not workers.send(w, seq, (root, chunk, spec, slot, digest_rows)):
-                while True:  # its pipe is gone: its end is on the way, and raises
-                    self._receive(order, in_flight, slot_of)
+            while not workers.send(w, seq, (root, chunk, spec, slot, digest_rows)):
+                # Its pipe is gone: its end is on the way, and raises, or a new worker takes its place.
+                self._receive(order, in_flight, slot_of)
             in_flight[w] += 1
             slot_of[seq] = slot
+            tasks[seq] = (w, chunk, slot)
             return True
 
         # Tasks in flight: every slot but the ones for the results being written out (hold + 1), and never none
@@ -273,7 +304,7 @@ class DecodePool:
         for w, msg in events:
             kind = msg[0]
             if kind == DONE:
-                order.finish(msg[1], msg[2])
+                order.finish(msg[1], self._run.result(msg[1], msg[2]))
                 in_flight[w] -= 1
             elif kind in (ERROR, FATAL):
                 fail = msg[-1]
@@ -282,7 +313,35 @@ class DecodePool:
                 what = "failed to start" if kind == FATAL else "failed"
                 raise WorkerError(f"a decode worker {what}: {fail.summary}; {_CONTINUE}")
             elif kind == EXITED:
-                raise WorkerError(f"{workers.death(w, oom_fix='pass fewer --workers')}; {_CONTINUE}")
+                self._recover(w, order)
+
+    def _recover(self, w: int, order: InOrder) -> None:
+        """Worker ``w`` ended: find the files it was decoding that kill a decoder on their own
+        (:func:`~h5stream.ingest.crashes.find_culprits`), then put a new worker in its place and give it those
+        tasks again without them (their results list them as skipped, with how the decoder died).  Raises
+        :class:`WorkerError` when it died starting, with no task, or on none of its files alone (not a file's
+        doing: out of memory, killed from outside)."""
+        from h5stream.ingest.crashes import find_culprits
+
+        workers, run = self._state.workers, self._run
+        mine = sorted(seq for seq, (owner, _, _) in run.tasks.items() if owner == w)
+        death = f"{workers.death(w, oom_fix='pass fewer --workers')}; {_CONTINUE}"
+        if w not in workers.started or not mine or self._finished:
+            raise WorkerError(death)
+        files = [rel for seq in mine for rel in run.tasks[seq][1] if rel not in run.crashed]
+        culprits = find_culprits(run.root, files, run.spec, self.timeout_s)
+        if not culprits:
+            raise WorkerError(death)
+        run.crashed.update(culprits)
+        workers.replace(w, _setup, _decode, "decode", (self._state.slots.spec,), name="h5stream-decode")
+        for seq in mine:
+            _, chunk, slot = run.tasks[seq]
+            kept = [rel for rel in chunk if rel not in run.crashed]
+            if not kept:  # nothing left to decode: its result is its skip reasons
+                order.finish(seq, run.result(seq, ([], [])))
+                continue
+            if not workers.send(w, seq, (run.root, kept, run.spec, slot, run.digest_rows)):
+                raise WorkerError(death)  # the new worker is gone already
 
     def finish(self) -> None:
         """Let the workers exit without waiting for them, once every result is in: the caller's last writes

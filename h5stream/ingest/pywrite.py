@@ -189,9 +189,9 @@ class Writer:
                                    "resume=True to continue the write that made it")
         if exists and opts.append:
             return self._open_resume(opts)
-        if os.path.exists(self.report_path):  # another run's report never pairs with this store
-            os.unlink(self.report_path)  # (an older store stays until the first commit replaces it, atomically)
-        self._report = SkipReport(self.report_path, {})
+        if not exists and os.path.exists(self.report_path):  # an older store keeps its own until replaced
+            os.unlink(self.report_path)
+        self._report = SkipReport(self.report_path, {}, replacing=exists)
 
     def _open_resume(self, opts: IngestOptions) -> None:
         from h5stream.ingest.append import schema_background
@@ -434,6 +434,7 @@ class Writer:
         if self._labels.kind == schema.LABEL_CLASS:
             store.set_attr(schema.ATTR_CLASS_NAMES, json.dumps(self._labels.class_names))
         store.commit()
+        self._report.published(store.published)  # the old store's report goes once the old store has
 
     # -- closing --------------------------------------------------------------------
     def close(self) -> WriteResult:
@@ -454,9 +455,9 @@ class Writer:
             if self._store is None:
                 self._report.close()
                 if self.consumed:
+                    where = "the old store keeps its report" if self._report.replacing else f"all in {self.report_path}"
                     raise SourceError(f"{self.path}: not created: every one of the {self.consumed} items was "
-                                      f"skipped (item {self._first_skip[0]}: {self._first_skip[1]}; all in "
-                                      f"{self.report_path})")
+                                      f"skipped (item {self._first_skip[0]}: {self._first_skip[1]}; {where})")
                 raise SourceError(f"{self.path}: not created: the source gave no items")
             try:
                 self._append_buffer(commit=False)  # the commit below takes it

@@ -13,6 +13,14 @@ gets one more, so :func:`read_report` gives back every name exactly.
 The report is read, created and appended to without following a link at its
 name, and only when it is a regular file of ours (:mod:`h5stream.store.sidecar`):
 a link planted there is refused in one line, its target never written.
+
+A new store written over an old one (``--overwrite``) writes its report under
+:data:`REPLACING_SUFFIX` beside the old report until the new store takes its
+name (its first commit), then renames it over the old report
+(:meth:`SkipReport.published`): a run that stores nothing, fails or is stopped
+before then leaves the old store with its own report.  A run killed between
+the two renames leaves the new report under its temporary name, which the
+next ``--append`` puts in place (:func:`settle_replacement`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,26 @@ from h5stream.store import schema, sidecar
 LEFT_OUT = "left out: "
 #: First characters that make a spreadsheet read a cell as a formula (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+REPLACING_SUFFIX = schema.REPORT_REPLACING_SUFFIX
+
+def settle_replacement(report_path: str, store_creating: str) -> None:
+    """Finish or drop what a killed ``--overwrite`` left at ``report_path`` + :data:`REPLACING_SUFFIX` (run by an
+    ``--append`` before it reads the report): put in place when its store took its name (``store_creating``, the
+    new store's temporary name, is gone), removed when the store did not (the old store stays, with its report).
+    Anything not ours there is refused (StoreExistsError)."""
+    pending = report_path + REPLACING_SUFFIX
+    if not sidecar.check(pending):
+        return
+    try:
+        if os.path.lexists(store_creating):
+            os.unlink(pending)
+        else:
+            os.replace(pending, report_path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StoreWriteError(f"{pending}: cannot settle the skip report ({exc.strerror})", errno=exc.errno,
+                              strerror=exc.strerror) from exc
 
 
 def escape_cell(text: str) -> str:
@@ -68,10 +96,18 @@ class SkipReport:
     stores them (a name that is not valid UTF-8 keeps its bytes).  Write failures raise StoreWriteError;
     something else than a report of ours at ``path`` (a link, a folder, another user's file) raises
     StoreExistsError at the first entry, with nothing written.
+
+    ``replacing``: the report of a new store that replaces an old one: written under ``path`` +
+    :data:`REPLACING_SUFFIX` (made at once, so a run killed after its store took its name always leaves a report
+    to put in place) until :meth:`published`; closed or discarded before that, it is removed and the old report
+    at ``path`` is left as it was.
     """
 
-    def __init__(self, path: str, reported: dict[str, str]):
+    def __init__(self, path: str, reported: dict[str, str], replacing: bool = False):
         self.path = path
+        self._final: str | None = None  # while replacing: the old report's name, taken at published()
+        self.first: tuple[str, str] | None = None  # this run's first skipped file (rel, reason)
+        self._rows = len(reported)  # entries the file holds
         self.paths = set(reported)
         self._reasons = dict(reported)  # an earlier run's entries, which :meth:`forget` may drop
         self._forgotten: set[str] = set()
@@ -81,6 +117,16 @@ class SkipReport:
         self._csv = None
         self._good_size = 0  # bytes of the report that were durable at the last flush
         self._created = False
+        if replacing:
+            self._final, self.path = path, path + REPLACING_SUFFIX
+            try:
+                sidecar.clear(self.path)  # a killed run's leftover, ours; anything else is refused
+                self._open()
+                self.flush()
+            except StoreExistsError:
+                raise
+            except OSError as exc:
+                raise self._failed(exc) from exc
 
     def _failed(self, exc: OSError) -> StoreWriteError:
         return StoreWriteError(f"{self.path}: cannot write the skip report ({exc.strerror or exc})",
@@ -89,27 +135,52 @@ class SkipReport:
     def add(self, rel: str, why: str) -> None:
         if rel in self.paths:
             earlier = self._reasons.get(rel)
-            if earlier is None or earlier.startswith(LEFT_OUT) == why.startswith(LEFT_OUT):
+            if earlier is None or earlier == why:
                 return
-            # An earlier run's entry of the other kind (left out then, skipped now, or the other way round): this
-            # one is appended, and read back it is the one that counts (the last); close() drops the old one.
+            # An earlier run's entry with another reason (left out then, skipped now, or the other way round; a
+            # file the decoder died on that now decodes to an ordinary refusal): this one is appended, and read
+            # back it is the one that counts (the last); close() drops the old one.
             self.forget([rel])
             self._forgotten.discard(rel)
             self._replaced = True
         try:
             if self._fh is None:
-                self._fh = open(self._open_fd(), "a", newline="", encoding="utf-8", errors="surrogateescape")
-                self._good_size = self._fh.tell()
-                self._csv = csv.writer(self._fh)
-                if self._good_size == 0:
-                    self._csv.writerow(["path", "reason"])
+                self._open()
             self._csv.writerow([escape_cell(rel), escape_cell(why)])
         except StoreExistsError:
             raise
         except OSError as exc:
             raise self._failed(exc) from exc
+        if self.first is None and not why.startswith(LEFT_OUT):
+            self.first = (rel, why)
+        self._rows += 1
         self.paths.add(rel)
         self.skipped += not why.startswith(LEFT_OUT)
+
+    def _open(self) -> None:
+        self._fh = open(self._open_fd(), "a", newline="", encoding="utf-8", errors="surrogateescape")
+        self._good_size = self._fh.tell()
+        self._csv = csv.writer(self._fh)
+        if self._good_size == 0:
+            self._csv.writerow(["path", "reason"])
+
+    @property
+    def replacing(self) -> bool:
+        """Whether this is a new store's report that has not yet replaced the old one (see :meth:`published`)."""
+        return self._final is not None
+
+    def published(self, store_published: bool = True) -> None:
+        """Once ``store_published`` (the new store this report belongs to has taken its name): a replacing report
+        (flushed) is renamed over the old one, and from now on is the report.  Idempotent; nothing for a report
+        that replaces none."""
+        if self._final is None or not store_published:
+            return
+        self.flush()
+        try:
+            os.replace(self.path, self._final)
+        except OSError as exc:
+            raise self._failed(exc) from exc
+        self.path, self._final = self._final, None
 
     def _open_fd(self) -> int:
         """The report opened for appending, created (``O_EXCL``) if it is not there; never through a link."""
@@ -143,10 +214,18 @@ class SkipReport:
             self._forgotten.add(rel)
 
     def close(self) -> None:
+        """Flush and close; a replacing report whose store never took its name is removed (the old one stays),
+        and one that lists nothing is not left behind."""
         if self._fh is not None:
             self.flush()
             self._fh.close()
             self._fh = None
+        if self._final is not None or (self._rows == 0 and self._created):
+            try:
+                sidecar.clear(self.path)
+            except OSError as exc:
+                raise self._failed(exc) from exc
+            return
         if self._forgotten or self._replaced:
             self._rewrite()
 
@@ -179,6 +258,18 @@ class SkipReport:
     def discard(self) -> None:
         """Close, cutting the file back to its last flush (removing it if this run created it and nothing
         of it was flushed)."""
+        if self._final is not None:  # never put in place: the old report stays
+            if self._fh is not None:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass
+                self._fh = None
+            try:
+                sidecar.clear(self.path)
+            except OSError:
+                pass
+            return
         if self._fh is None:
             return
         fh, self._fh = self._fh, None

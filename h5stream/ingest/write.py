@@ -157,9 +157,11 @@ def pending_labels(pending: list[Item], label_kind: str, class_index: dict[str, 
 
 
 
-def write_all(opts, source, target, pending, rejected, left_out, pool, writer, report) -> int:
+def write_all(opts, source, target, pending, rejected, left_out, pool, writer, report, decoding=None) -> int:
     """Decode ``pending`` through ``pool`` and append in order; returns the rows written.  ``rejected`` and
     ``left_out`` entries go to the report (``--strict`` stops on a rejected file or an unreadable folder).
+    ``decoding`` (an :class:`~h5stream.ingest.crashes.InFlight`) is told the files being decoded before each
+    task is handed out, so a run that dies decoding leaves which files they were.
 
     Per chunk the work is per block, not per row, where no file was skipped: the labels and paths are slices
     taken once, and whole blocks go from the decode slot to the file.  A commit follows every ``commit_rows``
@@ -193,6 +195,7 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
             job.record_skipped(writer, run_skipped)
             written_run_skipped = run_skipped
         writer.commit()
+        report.published(writer.published)  # a new store's report replaces the old one's once the store has
 
     # Files an earlier run listed that are stored now (fixed since, or newly listed) leave the report with the
     # last commit; files stored by a run killed before its report was rewritten leave it too.
@@ -221,6 +224,8 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                                pool.rows_per_task)
             chunks.append([it.relpath for it in pending[starts[-1]:starts[-1] + k]])
             starts.append(starts[-1] + k)
+            if decoding is not None:  # before a worker (or this process) can die on it
+                decoding.submitted(chunks[-1])
             yield chunks[-1]
 
     bar = tqdm(total=len(pending), unit="img", desc="ingest", file=sys.stderr, smoothing=0.1, dynamic_ncols=True,
@@ -230,6 +235,8 @@ def write_all(opts, source, target, pending, rejected, left_out, pool, writer, r
                 pool.imap(source.root, next_chunks(), target.spec, block_rows, hold=HELD_CHUNKS)):
             paths, labels = chunks[chunk_no], labels_all[starts[chunk_no]:starts[chunk_no + 1]]
             delivered = starts[chunk_no + 1]
+            if decoding is not None:
+                decoding.delivered()
             kept = reasons.count(None)
             if kept < len(reasons):
                 for rel, why in zip(paths, reasons):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 
+from h5stream import _optnames as opt
 from h5stream.errors import BudgetError, ConfigError
 
 _UNITS = {
@@ -111,7 +112,8 @@ def budget_error(budget_bytes: int, min_budget: int, what: str, alternatives: tu
 
     ``alternatives`` are other changes that would fit this budget (``"use workers=1"``), computed by the caller.
     """
-    fixes = [f"raise memory_budget to {mib_at_least(min_budget)!r} or more", *alternatives]
+    fixes = [f"raise {opt.name('memory_budget')} to {opt.value('memory_budget', mib_at_least(min_budget))} or more",
+             *alternatives]
     return BudgetError(
         f"memory budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(min_budget)} "
         f"({min_budget} bytes) for {what}: " + ", or ".join(fixes)
@@ -143,10 +145,11 @@ def url_order_error(url: str, budget_bytes: int, local_fill: int, client_bytes: 
     caller chooses (``fits``: the most rows per fill that fit beside the client, also kept as the error's
     ``rows_per_fill``)."""
     error = BudgetError(
-        f"{url}: under memory_budget={mib_at_least(budget_bytes)!r} the local file's shuffle fills hold "
+        f"{url}: under {opt.setting('memory_budget', mib_at_least(budget_bytes))} the local file's shuffle fills hold "
         f"{local_fill} rows, and the remote client's {format_bytes(client_bytes)} does not fit beside them (a "
-        f"smaller fill would give other batches than the local file): pass rows_per_fill={fits}, the most that "
-        "fits here (give the local file the same for the same batches), or leave memory_budget unset (the "
+        f"smaller fill would give other batches than the local file): pass {opt.setting('rows_per_fill', fits)}, "
+        "the most that fits here (give the local file the same for the same batches), or leave "
+        f"{opt.name('memory_budget')} unset (the "
         "client's memory then comes on top of the default)"
     )
     error.rows_per_fill = fits

@@ -344,7 +344,8 @@ def trusted_digests(f, rows: int, block_rows: int, path: str) -> list[Digests | 
 
 
 def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYTES,
-                 progress: Callable[[int, int], None] | None = None, remote=None) -> VerifyResult:
+                 progress: Callable[[int, int], None] | None = None, remote=None,
+                 row_digests: bool = True) -> VerifyResult:
     """Read every committed row of ``path`` once, in order, and check each block against its digests.
 
     Reads slices of about ``slice_bytes`` (whole blocks) into buffers it
@@ -355,10 +356,11 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
     file, and for committed rows without digests or a checksum table HDF5 cannot read (see
     :mod:`h5stream.store.coverage`), and for HDF5 structure outside the rows that cannot be read (a dataset's
     header); damage to rows is reported in the result, not raised.  Opens its own handles.  A URL is read with
-    the ``remote`` options (see :func:`read_meta`).
+    the ``remote`` options (see :func:`read_meta`).  ``row_digests=False``: blocks only, the row digests neither
+    read nor counted (what a rebuild of a store whose row digests fall short checks).
     """
     try:
-        return _verify_store(path, slice_bytes, progress, remote)
+        return _verify_store(path, slice_bytes, progress, remote, row_digests)
     except H5StreamError:
         raise
     except (OSError, RuntimeError, KeyError) as exc:  # h5py's errors for a damaged header or index
@@ -366,7 +368,7 @@ def verify_store(path: str | os.PathLike, *, slice_bytes: int = VERIFY_SLICE_BYT
                                "from a copy or re-ingest it") from None
 
 
-def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
+def _verify_store(path, slice_bytes: int, progress, remote, use_digests: bool = True) -> VerifyResult:
     """:func:`verify_store`'s work; h5py's own errors escape it."""
     from h5stream.store.access import open_h5_readonly
 
@@ -375,7 +377,7 @@ def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
     if meta.checksum_problem is not None:  # committed rows without digests, or a table HDF5 cannot read
         raise StoreFormatError(meta.checksum_problem)
     if meta.encoded:
-        return _verify_encoded(meta, t0, progress)
+        return _verify_encoded(meta, t0, progress, use_digests)
     rows, block_rows = meta.rows, meta.block_rows
     n_blocks = -(-rows // block_rows)
     with open_h5_readonly(meta.path, native_driver=True, remote=meta.remote) as f:
@@ -394,7 +396,7 @@ def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
         path_row_bytes = (8 + -(-f[schema.PATH_BYTES_NODE].shape[0] // max(1, f[schema.PATH_ENDS].shape[0]))
                           if vlen else 0)
         via_h5py = readable_by_h5py(f[schema.IMAGES])
-        if rowdigest.has(f):
+        if rowdigest.has(f) and use_digests:
             rowdigest.check_count(f[schema.ROW_DIGESTS].shape[0], rows, meta.path)
     row_bytes = path_row_bytes + sum(np.dtype(dt).itemsize * int(np.prod(shape, dtype=np.int64))
                                      for dt, shape in dtypes.values())
@@ -406,7 +408,8 @@ def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
         raise StoreFormatError(f"{meta.path}: compressed with a filter only PyTables reads, which cannot read a URL; "
                                "verify a local copy")
     source = row_reader(meta.path, via_h5py, meta.remote)
-    if source.row_digests:
+    with_digests = source.row_digests and use_digests
+    if with_digests:
         bufs[schema.ROW_DIGESTS] = np.empty(slice_rows, np.uint64)
 
     def read(a: int, b: int, at: int) -> list:
@@ -420,7 +423,7 @@ def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
             sums, readable = None, False
             with contextlib.suppress(*source.errors):
                 got_rows = read(start, stop, 0)
-                sums = source.read(schema.ROW_DIGESTS, start, stop, bufs[schema.ROW_DIGESTS]) if source.row_digests \
+                sums = source.read(schema.ROW_DIGESTS, start, stop, bufs[schema.ROW_DIGESTS]) if with_digests \
                     else None
                 readable = True
             for b0 in range(start, stop, block_rows):
@@ -431,7 +434,7 @@ def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
                     node = ""
                     try:
                         got = block_digests(*read(b0, covered, b0 - start))
-                        if not readable and source.row_digests:  # the slice's row digests may be what failed
+                        if not readable and with_digests:  # the slice's row digests may be what failed
                             node, name = f"/{schema.ROW_DIGESTS}: ", schema.ROW_DIGESTS
                             block_sums = source.read(name, b0, b1, bufs[name][b0 - start:])
                     except source.errors as exc:
@@ -456,7 +459,7 @@ def _verify_store(path, slice_bytes: int, progress, remote) -> VerifyResult:
 
 
 
-def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
+def _verify_encoded(meta, t0: float, progress, use_digests: bool = True) -> VerifyResult:
     """:func:`verify_store` of an encoded store (:mod:`h5stream.store.encoded`): block by block with plain h5py
     (a URL too); a block HDF5 cannot read is reported unreadable and the next one read."""
     from h5stream.store.access import open_h5_readonly
@@ -471,7 +474,7 @@ def _verify_encoded(meta, t0: float, progress) -> VerifyResult:
                                 time.perf_counter() - t0)
         tail = tail_from_json(f.attrs.get(schema.ATTR_CHECKSUM_TAIL))
         images, labels, vlen = encoded.EncodedArray.of(f), f[schema.LABELS], pathrows.is_vlen(f)
-        sums = f[schema.ROW_DIGESTS] if rowdigest.has(f) else None
+        sums = f[schema.ROW_DIGESTS] if rowdigest.has(f) and use_digests else None
         if sums is not None:
             rowdigest.check_count(sums.shape[0], rows, meta.path)
         total = images.byte_range(0, rows)[1]

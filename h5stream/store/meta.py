@@ -71,6 +71,10 @@ class StoreMeta:
     checksum_problem: str | None = None
     """One line (path first) saying which committed rows have no checksum, or that the checksum table cannot be
     read: damage (see :mod:`h5stream.store.coverage`), which verifying readers refuse; None when all is well."""
+    row_digest_problem: str | None = None
+    """One line (path first) saying which committed rows lack their row digest (``/row_digests`` shorter than
+    ``rows``): damage, which ``verify``, ``--append`` and verifying readers refuse alike, and ``h5stream repair``
+    mends by a rebuild; None when every row has its digest or the store keeps none."""
     uncommitted_rows: int = 0
     """Rows past ``rows`` that checksums were written for: a commit in flight, or one a writer stopped half-way."""
     encoding: str = schema.ENCODING_RAW
@@ -274,6 +278,11 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         _check_paths(path, f, committed)
         checksum = str_attr(attrs, schema.ATTR_CHECKSUM, "unknown", path=path)
     problem, uncommitted = _checksum_problem(path, f, committed, block_rows, checksums, stored)
+    digests_problem = None
+    if schema.ROW_DIGESTS in f:  # appended before the count that publishes their rows: a shortfall is damage
+        from h5stream.store.rowdigest import missing_text
+
+        digests_problem = missing_text(int(f[schema.ROW_DIGESTS].shape[0]), committed, path)
     sampled = None
     if checksums is not None and problem is None:
         whole = min(committed // block_rows, checksums.shape[0])
@@ -299,6 +308,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         checksum=checksum,
         ingest=_ingest_progress(path, attrs, committed),
         checksum_problem=problem,
+        row_digest_problem=digests_problem,
         uncommitted_rows=uncommitted,
         encoding=encoding,
         encoded_bytes=rows_of.byte_range(0, committed)[1] if encoding != schema.ENCODING_RAW else 0,

@@ -51,10 +51,11 @@ def _compression(images: h5py.Dataset) -> str | None:
     return "blosc" if _BLOSC_FILTER in codes else None
 
 
-def rebuild(path: str, lock: StoreLock) -> int:
+def rebuild(path: str, lock: StoreLock, row_digests: bool = True) -> int:
     """Copy the committed rows of the store at ``path`` (whose flushing marker says a writer stopped half-way)
     into a fresh file that takes its name, then remove the marker.  Returns the rows kept.  The caller holds
-    the store's ``lock``.
+    the store's ``lock``.  ``row_digests=False``: the rows are checked against their block checksums alone (a store
+    whose ``/row_digests`` falls short of its rows; the copy has the digest of every row).
 
     Raises :class:`~h5stream.errors.StoreFormatError` when the store does not open or its committed rows do
     not match their checksums (the file and the marker are left as they are), and
@@ -67,8 +68,9 @@ def rebuild(path: str, lock: StoreLock) -> int:
     except StoreFormatError as exc:
         raise StoreFormatError(f"{exc}; a writer stopped while it updated this store's structure, which cannot "
                                f"be rebuilt: {advice}") from exc
-    checked = verify_store(path)
-    stopped = f"{path}: a writer stopped while it updated this store's structure"
+    checked = verify_store(path, row_digests=row_digests)
+    stopped = (f"{path}: a writer stopped while it updated this store's structure" if row_digests else
+               f"{path}: committed rows lack their row digest")
     if checked.bad:
         bad = checked.bad[0]
         raise StoreFormatError(

@@ -126,9 +126,18 @@ def rows_text(rows: tuple[int, ...]) -> str:
     return f"rows {', '.join(map(str, rows[:3]))}" + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
 
 
-def check_count(stored_digests: int, committed_rows: int, path: str) -> None:
-    """Raise :class:`StoreFormatError` where committed rows lack their row digest (see :func:`missing`)."""
+def missing_text(stored_digests: int, committed_rows: int, path: str) -> str | None:
+    """The one line for committed rows without their row digest (see :func:`missing`; pure), None if none: what
+    ``verify``, ``--append`` and a verifying stream all say."""
     lacking = missing(stored_digests, committed_rows)
+    if lacking is None:
+        return None
+    return (f"{path}: {lacking}; the file is damaged: `h5stream repair {path}` rebuilds it from its rows, checked "
+            "against their block checksums, or restore it from a copy")
+
+
+def check_count(stored_digests: int, committed_rows: int, path: str) -> None:
+    """Raise :class:`StoreFormatError` where committed rows lack their row digest (see :func:`missing_text`)."""
+    lacking = missing_text(stored_digests, committed_rows, path)
     if lacking is not None:
-        raise StoreFormatError(f"{path}: {lacking}; the file is damaged: restore it from a copy, or "
-                               f"`h5stream repair {path}` rebuilds it")
+        raise StoreFormatError(lacking)

@@ -190,6 +190,11 @@ CREATING_SUFFIX = ".creating"
 FLUSHING_SUFFIX = ".flushing"
 
 
+#: ``OUT`` + this lies beside a store while an ingest decodes files for it: the files being decoded, so that the
+#: next run can decode them alone first when the ingest died (see :mod:`h5stream.ingest.crashes`).
+DECODING_SUFFIX = ".decoding"
+
+
 def flushing_path(out_path) -> str:
     """The marker beside the store at ``out_path`` that HDF5 is rewriting it in place (:data:`FLUSHING_SUFFIX`)."""
     return str(out_path) + FLUSHING_SUFFIX
@@ -199,6 +204,10 @@ def skipped_report_path(out_path: str) -> str:
     """Where ingest lists skipped files (CSV: path,reason) for the store at ``out_path``."""
     return str(out_path) + ".skipped.csv"
 
+
+REPORT_REPLACING_SUFFIX = ".replacing"
+"""Beside the skip report: the report of a new store that replaces an old one (``--overwrite``), until the new store
+takes its name and this is renamed over the old report."""
 
 REPORT_REWRITE_SUFFIX = ".rewrite"
 """Beside the skip report: the new report an ``--append`` writes whole, then renames over it, when it drops

@@ -32,9 +32,10 @@ from h5stream.store import schema
 def sidecar_paths(store_path: str | os.PathLike) -> list[str]:
     """Every file a writer makes beside ``store_path`` other than its lock (which is beside the resolved path)."""
     store_path = os.fspath(store_path)
-    return [store_path + schema.CREATING_SUFFIX, schema.flushing_path(store_path),
+    return [store_path + schema.CREATING_SUFFIX, schema.flushing_path(store_path), store_path + schema.DECODING_SUFFIX,
             schema.skipped_report_path(store_path),
-            schema.skipped_report_path(store_path) + schema.REPORT_REWRITE_SUFFIX]
+            schema.skipped_report_path(store_path) + schema.REPORT_REWRITE_SUFFIX,
+            schema.skipped_report_path(store_path) + schema.REPORT_REPLACING_SUFFIX]
 
 
 def refusal(st: os.stat_result, *, owner: bool = True) -> str | None:

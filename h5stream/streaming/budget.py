@@ -61,6 +61,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+from h5stream import _optnames as opt
 from h5stream.errors import BudgetError, ConfigError
 from h5stream.read.plan import budget_error, format_bytes, mib_at_least
 
@@ -303,7 +304,7 @@ def plan_memory(
     (:data:`FEEDER_OVERHEAD_BYTES`) and :data:`FEEDER_IN_FLIGHT` more output slots count with the workers.
     """
     if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        raise ConfigError(f"{opt.name('batch_size')} must be >= 1, got {batch_size}")
     transforms, augment = bool(augment), bool(augment or workers)  # workers without a transform copy rows
     bs = int(batch_size)
     out_row_bytes = row_bytes if out_row_bytes is None else out_row_bytes
@@ -344,7 +345,7 @@ def plan_memory(
     if default:
         budget_bytes = max(DEFAULT_BUDGET_BYTES + pool + transform + client, min_budget)
     if budget_bytes < min_budget:
-        raise budget_error(budget_bytes, min_budget, f"batch_size={bs}, {block_rows}-row blocks"
+        raise budget_error(budget_bytes, min_budget, f"{opt.setting('batch_size', bs)}, {block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else ""))
     # What augmentation leaves is the memory for reading; the queue and the label cache are sized from it.
     reading = budget_bytes - pool - transform - client
@@ -362,16 +363,17 @@ def plan_memory(
     fixed_fill = None
     if rows_per_fill is not None:
         if isinstance(rows_per_fill, bool) or int(rows_per_fill) < 1:
-            raise ConfigError(f"rows_per_fill must be a positive number of rows, got {rows_per_fill!r}")
+            raise ConfigError(f"{opt.name('rows_per_fill')} must be a positive number of rows, got {rows_per_fill!r}")
         fixed_fill = max(min_rows, min(whole_blocks(rows_per_fill, block_rows), most_rows))
         if total(fixed_fill, 2, label_cache) > budget_bytes:
             most = most_fill(2)
             need = total(fixed_fill, 2)
             raise BudgetError(
-                f"rows_per_fill={rows_per_fill} needs a memory budget of about {format_bytes(need)}"
+                f"{opt.setting('rows_per_fill', rows_per_fill)} needs a memory budget of about {format_bytes(need)}"
                 + (f" with {workers} workers" if workers else "")
                 + f"; this budget ({format_bytes(budget_bytes)}) holds at most {most} rows per fill: "
-                f"raise memory_budget to {mib_at_least(need)!r} or lower rows_per_fill"
+                f"raise {opt.name('memory_budget')} to {opt.value('memory_budget', mib_at_least(need))} or lower "
+                f"{opt.name('rows_per_fill')}"
             )
     # Queue: about a tenth of the reading memory, between 2 and MAX_QUEUE_DEPTH batches, shrunk until the
     # smallest fill (or the fixed one) fits.

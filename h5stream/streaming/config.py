@@ -330,6 +330,8 @@ def resolve(meta: StoreMeta, options: StreamOptions, facts: Facts) -> StreamConf
     """
     if options.verify_reads and meta.checksum_problem is not None:  # rows without a checksum, or no table
         raise StoreFormatError(f"{meta.checksum_problem} (verify_reads=False streams it unchecked)")
+    if options.verify_reads and getattr(meta, "row_digest_problem", None) is not None:  # as verify refuses it
+        raise StoreFormatError(f"{meta.row_digest_problem} (verify_reads=False streams it unchecked)")
     if meta.rows == 0:
         raise ConfigError(f"{meta.path}: the store has no committed rows; ingest images into it first")
     rows = subset_rows(meta.rows, options.validation_split, options.subset, meta.storage_order, meta.path,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import dataclasses
 from dataclasses import KW_ONLY, dataclass, field
 
+from h5stream import _optnames as opt
 from h5stream._kwargs import AUGMENT_NAMES, OPEN_HINTS, checked_kwargs
 from h5stream.errors import ConfigError
 from h5stream.labels import DEFAULT_LABEL_MODE, LABEL_MODES
@@ -67,13 +68,13 @@ class StreamOptions:
 
     def __post_init__(self):
         if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+            raise ConfigError(f"{opt.name('batch_size')} must be an integer >= 1, got {self.batch_size!r}")
         if not _is_int(self.workers) or self.workers < 0:
-            raise ConfigError(f"workers must be an integer >= 0, got {self.workers!r}")
+            raise ConfigError(f"{opt.name('workers')} must be an integer >= 0, got {self.workers!r}")
         if not isinstance(self.timeout_s, numbers.Real) or isinstance(self.timeout_s, bool) or self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0 (seconds), got {self.timeout_s!r}")
         if self.seed is not None and not _is_int(self.seed):
-            raise ConfigError(f"seed must be an integer or None, got {self.seed!r}")
+            raise ConfigError(f"{opt.name('seed')} must be an integer or None, got {self.seed!r}")
         if self.shuffle is not None and not isinstance(self.shuffle, bool):
             raise ConfigError(f"shuffle must be True, False or None (the subset's default), got {self.shuffle!r}")
         if self.resume is not None and not isinstance(self.resume, dict):

@@ -12,6 +12,7 @@ from functools import partial
 
 import numpy as np
 
+from h5stream import _optnames as opt
 from h5stream.concurrency.cores import suggested_workers, usable_cores
 from h5stream.errors import BudgetError
 from h5stream.read.plan import budget_error, default_unit_bytes, format_bytes, unit_rows_for, url_plan
@@ -120,21 +121,21 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         if fewer:  # and no more than the cores take, as the stream's warning about workers says
             w = min(fewer[-1], suggested_workers(usable_cores()))
             inline = f" ({'augment' if augment is not None else 'read'} in the training process)" if w == 0 else ""
-            alternatives.append(f"use workers={w}{inline}")
+            alternatives.append(f"use {opt.setting('workers', w)}{inline}")
         if batch_size > 1 and minimum(workers, 1) <= budget_bytes:
             lo, hi = 1, batch_size - 1  # the largest batch size that fits: the minimum grows with it
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if minimum(workers, mid) <= budget_bytes else (lo, mid - 1)
-            alternatives.append(f"lower batch_size to {lo}")
+            alternatives.append(f"lower {opt.name('batch_size')} to {lo}")
         if client and window:
             smaller = _fitting_piece_bytes(budget_bytes - plan(None, workers, batch_size, fill=None,
                                                                window=0).min_budget_bytes,
                                            meta, remote.max_in_flight)
             if smaller:
-                alternatives.append(f"lower piece_bytes to {smaller} ({format_bytes(smaller)})")
+                alternatives.append(f"lower {opt.name('piece_bytes')} to {smaller} ({format_bytes(smaller)})")
         raise budget_error(budget_bytes, minimum(workers, batch_size),
-                           f"batch_size={batch_size}, {meta.block_rows}-row blocks"
+                           f"{opt.setting('batch_size', batch_size)}, {meta.block_rows}-row blocks"
                            + (f" and {workers} workers" if workers else "")
                            + (" and the remote client" if client else "")
                            + (" and its window of pieces" if client and window else "")
@@ -179,19 +180,19 @@ def _unallocatable(result: StreamPlan, available: int, batch_size: int, workers:
     fixes = []
     at_most = f"{max(1, available >> 20)}MiB"
     if result.min_budget_bytes <= available:  # the batch fits: the budget is what the machine cannot hold
-        fixes.append(f"set memory_budget to {at_most!r} or less")
+        fixes.append(f"set {opt.name('memory_budget')} to {opt.value('memory_budget', at_most)} or less")
     elif batch_size > 1 and minimum_for(1) <= available:
         lo, hi = 1, batch_size - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if minimum_for(mid) <= available else (lo, mid - 1)
-        fixes.append(f"lower batch_size to {lo}"
-                     + (f" and memory_budget to {at_most!r} or less"
+        fixes.append(f"lower {opt.name('batch_size')} to {lo}"
+                     + (f" and {opt.name('memory_budget')} to {opt.value('memory_budget', at_most)} or less"
                         if budget_bytes is not None and budget_bytes > available else ""))
     if workers:
-        fixes.append("use fewer workers")
+        fixes.append(f"use fewer {opt.name('workers')}")
     fixes.append("free memory on this machine")
-    what = f"batch_size={batch_size}" + (f" with {workers} workers" if workers else "")
+    what = opt.setting("batch_size", batch_size) + (f" with {workers} workers" if workers else "")
     budget = "the default budget" if budget_bytes is None else f"a memory budget of {format_bytes(budget_bytes)}"
     return BudgetError(
         f"{what} under {budget} would allocate {format_bytes(result.total_bytes)}, but this machine has only "

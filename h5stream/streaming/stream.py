@@ -17,6 +17,7 @@ import weakref
 
 import numpy as np
 
+from h5stream import _optnames as opt
 from h5stream.concurrency import fork as _fork
 from h5stream.concurrency import interrupt
 from h5stream.concurrency.cores import warn_if_more_workers_than_cores
@@ -133,7 +134,8 @@ class Stream:
             what, fix = limit
             raise ResourceLimitError(
                 f"{meta.path}: {what} while starting the stream; {fix}"
-                + (f" or lower workers (now {self.workers}; workers=0 opens the fewest)" if self.workers else ""),
+                + (f" or lower {opt.name('workers')} (now {self.workers}; {opt.setting('workers', 0)} opens the fewest)"
+                   if self.workers else ""),
                 errno=exc.errno) from exc
         except BaseException:
             self._close_started()
