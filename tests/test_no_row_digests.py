@@ -70,3 +70,23 @@ def test_no_row_digests_on_an_append_to_a_store_that_has_them_is_refused_and_cha
     assert code == 1 and err.count("\n") == 1, err
     assert "store keeps a digest per row" in err and "drop --no-row-digests" in err, err
     assert out.read_bytes() == before
+
+
+def test_write_from_python_with_row_digests_false_leaves_them_out_and_checks_by_blocks(tmp_path):
+    """``h5stream.write(..., row_digests=False)`` is the flag's Python form: taken as an option, never ignored."""
+    rng = np.random.default_rng(3)
+    images, labels = rng.integers(0, 256, (40, 4, 4, 3), dtype=np.uint8), np.arange(40) % 3
+    out, full = tmp_path / "w.h5", tmp_path / "full.h5"
+    h5stream.write(out, (images, labels), row_digests=False, block_rows=8, order="sorted")
+    h5stream.write(full, (images, labels), block_rows=8, order="sorted")
+    with h5py.File(out, "r") as f, h5py.File(full, "r") as g:
+        assert schema.ROW_DIGESTS not in f and schema.CHECKSUMS in f and schema.ROW_DIGESTS in g
+    with h5stream.open(out, batch_size=40, shuffle=False) as s:
+        x, y = next(iter(s))
+    assert np.array_equal(x, images) and np.array_equal(y, labels)
+    assert verify_store(str(out)).ok
+    _flip_row_byte(out, 13)
+    assert not verify_store(str(out)).ok
+    with pytest.raises(ChecksumError, match=r"rows 8-15 \(block 1\)"):
+        with h5stream.open(out, batch_size=40, shuffle=False) as s:
+            list(s)

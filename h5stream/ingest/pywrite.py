@@ -26,10 +26,8 @@ start; for a sized source: the same length, checked, and the same item at each i
 the ingest's progress attributes (:mod:`~h5stream.store.progress`), so until every item is consumed it reads as
 unfinished in ``info``, ``verify`` and :func:`h5stream.open`, naming the call that continues it.
 
-Options: those of :class:`~h5stream.ingest.options.IngestOptions` that apply to a Python source (``size``,
-``resize``, ``channels``, ``pad_fill``, ``classes``, ``label_kind``, ``order``, ``seed``, ``block_rows``,
-``compression``, ``overwrite``, ``strict``, ``commit_rows``, and any option added to it later that is not about
-finding files), checked by the ingest's own checks; the options object travels to the store's creation whole.
+Options: those of :class:`~h5stream.ingest.options.IngestOptions` that apply to a Python source (see
+:mod:`~h5stream.ingest.writeoptions`), checked by the ingest's own checks and taken to the store's creation whole.
 Decoding runs in the calling thread.  A :class:`Writer` is used by one thread at a time: a call of ``add``,
 ``add_rows`` or ``close`` while another thread is inside one raises :class:`ConfigError` at once (rows added
 from two threads together would mix their rows, labels and paths).
@@ -285,7 +283,7 @@ class Writer:
             block_rows=opts.block_rows, resize_mode=self._spec.resize, background=self._spec.background,
             pad_fill=self._spec.pad_fill, storage_order=opts.order, order_seed=opts.seed,
             compression=opts.compression, overwrite=opts.overwrite, expected_rows=max(1, self.total or 10_000),
-            lock=self._lock)
+            lock=self._lock, row_digests=opts.row_digests is not False)
         self._make_buffer()
 
     def _make_buffer(self) -> None:

@@ -32,10 +32,11 @@ def write(path, source, *, resume: bool = False, **options) -> WriteResult:
             others are skipped), ``label_kind``, ``order`` (``"shuffled"``, the default for a source with a length,
             or ``"sorted"``: the source's order; an iterable is stored in its order), ``seed``, ``block_rows``,
             ``compression``, ``encoding`` (``"raw"``, ``"jpeg"`` or ``"auto"``) and ``quality`` (JPEG, default 90),
-        ``overwrite``, ``strict`` (stop at the first item that cannot become a row, the
-            rows before it kept), ``commit_rows`` (rows between commits, default 1024; from arrays whose rows
-            already have the store's shape, by default also at least 32 MiB of them: such rows cost no decoding
-            to write again, and a commit costs two ``fsync``).
+            ``row_digests`` (default True: a digest per row, what reads are checked against; False: by whole
+            blocks only, 8 bytes a row less), ``overwrite``, ``strict`` (stop at the first item that cannot
+            become a row, the rows before it kept), ``commit_rows`` (rows between commits, default 1024; from
+            arrays whose rows already have the store's shape, by default also at least 32 MiB of them: such rows
+            cost no decoding to write again, and a commit costs two ``fsync``).
 
     Returns:
         A :class:`WriteResult`.

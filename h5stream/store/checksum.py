@@ -1,14 +1,12 @@
 """Block checksums: what they cover, how a writer records them, how :func:`verify_store` checks them.
 
-A *block* is ``block_rows`` consecutive rows, the HDF5 chunk of ``/images``.
-Each block has three xxh3-64 digests: of its image bytes (C order), of its
-labels (little-endian, in the store's label dtype) and of its paths (of
-``/path_ends`` and ``/path_bytes`` as :mod:`h5stream.store.pathrows` says, or
-the fixed-size bytes of a format-1 store's ``/paths``).  Complete blocks have a row each in
-``/checksums`` (uint64, columns :data:`PARTS`); the last block, while partial,
-changes whenever rows are appended, so its digests live in the root attribute
-``checksum_tail`` together with the row count they were computed for (see
-:mod:`h5stream.store.schema`).  Plain h5py reads both.
+A *block* is ``block_rows`` consecutive rows, the HDF5 chunk of ``/images``.  Each block has three xxh3-64
+digests: of its image bytes (C order), of its labels (little-endian, in the store's label dtype) and of its paths
+(of ``/path_ends`` and ``/path_bytes`` as :mod:`h5stream.store.pathrows` says, or the fixed-size bytes of a
+format-1 store's ``/paths``).  Complete blocks have a row each in ``/checksums`` (uint64, columns :data:`PARTS`);
+the last block, while partial, changes whenever rows are appended, so its digests live in the root attribute
+``checksum_tail`` together with the row count they were computed for (see :mod:`h5stream.store.schema`).  Plain
+h5py reads both.
 
 Trust follows the ``committed_rows`` protocol: digests are written before
 the count that publishes their rows, so every committed row has one, and a

@@ -40,6 +40,7 @@ class StoreMeta:
     ``skipped_files``: how many source files the ingest skipped (listed in ``OUT.h5.skipped.csv``).
     ``format_version``: the file format's version; ``file_bytes``: the file's size.  ``checksum``: the block
     checksums' hash (None: no checksums); ``checksum_problem``: a line naming damage in them, else None;
+    ``row_digest_problem``: a line saying ``/row_digests`` falls short of the rows, else None;
     ``uncommitted_rows``: rows past ``rows`` a writer had begun.  ``ingest``: how far the last ingest got;
     ``appended_from``: the first row an ``--append`` took from a grown source listing.  ``encoding``
     (``"raw"`` or ``"jpeg"``), ``jpeg_quality``, ``encoded_bytes`` and ``encoded_block_bytes``: an encoded
