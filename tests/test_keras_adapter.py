@@ -182,6 +182,21 @@ def test_tf_dataset_signature_and_abandoned_iteration_is_replayed(store):
         assert x_spec.shape[0] == BATCH and y_spec.shape[0] == BATCH
 
 
+def test_two_iterations_of_one_tf_dataset_at_once_raise_instead_of_ending_short(store):
+    """``Dataset.zip((ds, ds))`` iterates one stream twice at once: the older iteration, replaced by the newer
+    pass, ended short (TensorFlow then raised its own cardinality error) or, without the cardinality, would give a
+    short epoch; it raises StreamIterationError, by name, and the stream goes on with whole epochs after it."""
+    with h5stream.open(store, batch_size=BATCH, memory_budget=BUDGET, seed=7) as s:
+        ds = s.tf_dataset()
+        with pytest.raises(tf.errors.OpError, match="StreamIterationError: .*this iteration of the tf.data.Dataset "
+                                                    "was replaced after .* batches by a newer pass") as info:
+            for _ in tf.data.Dataset.zip((ds, ds)):
+                pass
+        assert "open a second stream" in str(info.value)
+        whole = _labels((x.numpy(), y.numpy()) for x, y in ds)
+        assert len(whole) == s.rows  # a whole epoch, every row once
+
+
 @pytest.mark.parametrize("prefetch", [1.5, "2", "two", -1, True])
 def test_a_prefetch_that_is_not_a_whole_number_of_batches_is_one_config_error(store, prefetch):
     """``prefetch=1.5`` was taken as 1 and ``"2"`` as 2 quietly, ``"two"`` was int()'s own ValueError;

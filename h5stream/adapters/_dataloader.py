@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from h5stream import _deps
+from h5stream.adapters._passes import replaced_error
 from h5stream.errors import ConfigError, StreamIterationError
 
 _deps.torch()  # one error line naming what to install, where torch is missing
@@ -70,11 +71,5 @@ def _loader_batches_again(frame) -> bool:
 
 
 def replaced(ds, served: int) -> StreamIterationError:
-    """What an iteration of a torch dataset raises when it finds its pass ended after ``served`` of its batches:
-    a newer pass (a new ``iter(ds)``, or another adapter of the stream) replaced it.  Raised, not a quiet
-    ``StopIteration``: a loop still running over the old iteration would otherwise see a short epoch."""
-    return StreamIterationError(
-        f"{ds.stream.meta.path}: this iteration of the torch dataset was replaced after {served} of its "
-        f"{len(ds)} batches by a newer pass (a new iter(ds), or another adapter of the same stream); a stream "
-        "serves one pass at a time: finish or drop one iteration before starting the next"
-    )
+    """What an iteration of a torch dataset raises when a newer pass replaced it (:func:`replaced_error`)."""
+    return replaced_error(ds.stream.meta.path, "the torch dataset", served, len(ds))

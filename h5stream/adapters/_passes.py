@@ -46,7 +46,7 @@ import time
 from collections import deque
 
 from h5stream.concurrency import fork as _fork
-from h5stream.errors import ConfigError
+from h5stream.errors import ConfigError, StreamIterationError
 
 RECORD_WINDOW = 4096
 """Batches of the current pass whose state/time are kept; the model is never this far behind the feed."""
@@ -61,6 +61,16 @@ def _new_lock_in_a_forked_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_in_a_forked_child)
+
+
+def replaced_error(path: str, what: str, served: int, n: int) -> StreamIterationError:
+    """What an iteration of an adapter (``what``: "the torch dataset", "the tf.data.Dataset") raises when it finds
+    its pass ended after ``served`` of its ``n`` batches: a newer pass replaced it.  Raised, not a quiet end: a
+    loop still running over the old iteration would otherwise see a short epoch.  Pure."""
+    return StreamIterationError(
+        f"{path}: this iteration of {what} was replaced after {served} of its {n} batches by a newer pass (a new "
+        "iteration of it, two at once as in zip(ds, ds), or another adapter of the same stream); a stream serves "
+        "one pass at a time: finish or drop one iteration before starting the next, or open a second stream")
 
 
 def passes_for(stream) -> Passes:

@@ -11,8 +11,9 @@ so Keras counts epochs without ``steps_per_epoch``.
 
 Every ``iter(dataset)`` is one pass of the stream's shared
 :class:`~h5stream.adapters._passes.Passes`: the next ``len(stream)`` batches; an iteration
-abandoned early is replayed by the next one.  Auto-sharding is off because the
-stream shards itself (``h5stream.open(..., shard=(i, n))``).  The ``prefetch``
+abandoned early is replayed by the next one, and one that is asked for more after a newer one began (two at once,
+as ``Dataset.zip((ds, ds))``) raises :class:`~h5stream.StreamIterationError` instead of ending short.
+Auto-sharding is off because the stream shards itself (``h5stream.open(..., shard=(i, n))``).  The ``prefetch``
 batches sit outside the stream's memory budget.
 
 The dataset keeps the stream alive (so do datasets derived from it and their
@@ -30,7 +31,7 @@ import numbers
 import weakref
 
 from h5stream import _deps
-from h5stream.adapters._passes import passes_for
+from h5stream.adapters._passes import passes_for, replaced_error
 from h5stream.errors import ConfigError, StreamClosedError
 
 tf = _deps.tensorflow()
@@ -73,11 +74,16 @@ def as_tf_dataset(stream, prefetch: int = 2) -> tf.data.Dataset:
         return passes
 
     def one_pass():  # no strong reference across a yield: a suspended generator TensorFlow keeps pins nothing
-        pass_id = live_passes().begin_pass()
+        pass_id, served = live_passes().begin_pass(), 0
         while True:
-            batch = live_passes().next_batch(pass_id)
+            passes = live_passes()
+            batch = passes.next_batch(pass_id)
             if batch is None:
+                if served < passes.n:  # replaced by a newer pass: never a short epoch without a word
+                    raise replaced_error(passes.stream.meta.path, "the tf.data.Dataset", served, passes.n)
                 return
+            del passes
+            served += 1
             yield batch
 
     ds = tf.data.Dataset.from_generator(one_pass, output_signature=element_spec(stream))
