@@ -20,20 +20,15 @@ import sys
 import time
 
 import numpy as np
-
-
-def usage(argv) -> int:
-    """Print this script's usage line (from the docstring): on stdout for ``-h`` / ``--help`` (exit 0), else on
-    stderr (exit 2)."""
-    line = __doc__.split("\n\n")[1].strip()
-    asked = argv[:1] in (["-h"], ["--help"])
-    print(f"usage: {line}", file=sys.stdout if asked else sys.stderr)
-    return 0 if asked else 2
+try:
+    from peer_usage import usage  # beside this file (run as a script by a peer's venv: its folder is on the path)
+except ImportError:  # python -m benchmarks.<this>
+    from benchmarks.peer_usage import usage
 
 
 def main(argv) -> int:
     if len(argv) != 6:  # --help, or run by hand: the usage line, not a traceback
-        return usage(argv)
+        return usage(__doc__, argv)
     images_npy, labels_npy, beton, batch, threads, epochs = argv
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder

@@ -393,3 +393,11 @@ def write_stamped_store(path, rows: int, classes: int, seed: int = 0) -> str:
     images[:, 0, 0, 0], images[:, 0, 0, 1] = np.arange(rows) % 256, np.arange(rows) // 256
     write_arrays(path, images, np.arange(rows) * classes // rows, block_rows=16, storage_order="shuffled")
     return str(path)
+
+
+def assert_same_batches(got, want) -> None:
+    """``got`` and ``want``, lists of ``(x, y)`` batches, are the same non-empty sequence, array for array."""
+    assert len(got) == len(want) > 0
+    for (gx, gy), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(gx, wx)
+        np.testing.assert_array_equal(gy, wy)

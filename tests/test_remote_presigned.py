@@ -8,8 +8,8 @@ from __future__ import annotations
 import datetime
 import json
 
-import numpy as np
 import pytest
+from conftest import assert_same_batches
 
 import h5stream
 from h5stream.errors import ConfigError, StorePermissionError, hide_passwords
@@ -39,13 +39,6 @@ def _batches(stream):
         return [(x.copy(), y.copy()) for x, y in stream]
 
 
-def _same(got, want):
-    assert len(got) == len(want) > 0
-    for (gx, gy), (wx, wy) in zip(got, want):
-        np.testing.assert_array_equal(gx, wx)
-        np.testing.assert_array_equal(gy, wy)
-
-
 def test_a_url_with_a_query_string_keeps_it_for_requests_and_shows_it_as_dots():
     loc = parse_url(f"https://bucket.s3.amazonaws.com/sets/my%20x.h5?{link()}")
     assert loc.url == "https://bucket.s3.amazonaws.com/sets/my%20x.h5?..."
@@ -71,7 +64,7 @@ def test_a_presigned_link_sends_its_query_string_on_every_request_and_gives_the_
     before = len(range_server.queries)
     stream = h5stream.open(url, batch_size=500, seed=3, cache_dir=None, timeout_s=20)
     assert secret_free(repr(stream)) and "store.h5?..." in repr(stream)
-    _same(_batches(stream), want)
+    assert_same_batches(_batches(stream), want)
     sent = range_server.queries[before:]
     assert len(sent) > 3 and set(sent) == {link()}  # every request, the metadata's and the pixels', as written
     code, out, err = h5cli("info", "--json", url)
@@ -117,7 +110,7 @@ def test_a_fresh_link_to_the_same_object_reads_from_the_disk_cache(range_server,
     later = range_server.ranges[before:]  # the first byte, the header and the chunk indexes: no piece
     assert later and max(e - s for s, e in later) < piece, later
     assert set(range_server.queries[-len(later):]) == {fresh}
-    _same(again, first)
+    assert_same_batches(again, first)
 
 
 def test_a_slow_link_longer_than_the_clients_timeout_s_is_read_whole(range_server):
@@ -160,7 +153,8 @@ def test_a_link_presigned_by_an_s3_store_gives_the_local_files_batches_and_a_bad
     presigned = obstore.sign(store, "GET", key, datetime.timedelta(hours=1))
     assert "X-Amz-Signature=" in presigned
     want = _batches(h5stream.open(local, batch_size=500, seed=3))
-    _same(_batches(h5stream.open(presigned, batch_size=500, seed=3, cache_dir=tmp_path / "c", timeout_s=20)), want)
+    got = _batches(h5stream.open(presigned, batch_size=500, seed=3, cache_dir=tmp_path / "c", timeout_s=20))
+    assert_same_batches(got, want)
     signature = presigned.split("X-Amz-Signature=")[1].split("&")[0]
     forged = presigned.replace(f"X-Amz-Signature={signature}", "X-Amz-Signature=" + "0" * len(signature))
     with pytest.raises(StorePermissionError, match="link was refused") as info:
@@ -196,4 +190,4 @@ def test_a_stream_resumed_on_a_fresh_link_continues_with_the_batches_it_would_ha
     range_server.require_query(fresh)  # the first link has expired
     with pytest.raises(StorePermissionError, match="link was refused"):
         h5stream.open(f"{range_server.url}store.h5?{link()}", **opts)
-    _same(_batches(h5stream.open(f"{range_server.url}store.h5?{fresh}", resume=state, **opts)), want[3:])
+    assert_same_batches(_batches(h5stream.open(f"{range_server.url}store.h5?{fresh}", resume=state, **opts)), want[3:])

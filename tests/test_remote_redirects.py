@@ -9,8 +9,8 @@ import shutil
 import socket
 import subprocess
 
-import numpy as np
 import pytest
+from conftest import assert_same_batches
 
 import h5stream
 from h5stream.errors import RemoteError, RemoteUnavailableError, StoreNotFoundError
@@ -24,13 +24,6 @@ QUERY = "X-Amz-Credential=AKIAEXAMPLE%2F20260101&X-Amz-Signature=feedfacecafe"
 def _batches(path, **kwargs):
     with h5stream.open(path, batch_size=500, seed=4, **kwargs) as stream:
         return [(x.copy(), y.copy()) for x, y in stream]
-
-
-def _same(got, want):
-    assert len(got) == len(want) > 0
-    for (gx, gy), (wx, wy) in zip(got, want):
-        np.testing.assert_array_equal(gx, wx)
-        np.testing.assert_array_equal(gy, wy)
 
 
 @pytest.mark.parametrize("status", [301, 302, 307])
@@ -47,7 +40,7 @@ def test_a_link_redirecting_to_another_hosts_presigned_url_gives_the_local_files
                        remote={"headers": {"Authorization": "Bearer for-the-link-only"}})
     finally:
         redirect.stop()
-    _same(got, want)
+    assert_same_batches(got, want)
     assert redirect.requests.get("GET", 0) >= 2  # each request went through the link
     assert set(range_server.queries) == {QUERY} and range_server.requests.get("GET", 0) >= 2
     assert set(range_server.authorizations) == {None}  # the link's credentials never reach the other host
@@ -64,7 +57,7 @@ def test_a_store_on_the_ipv6_loopback_gives_the_local_files_batches_and_names_it
     try:
         shutil.copyfile(remote_store_file, tmp_path / "store.h5")
         assert server.url.startswith("http://[::1]:")
-        _same(_batches(server.url + "store.h5", cache_dir=tmp_path / "cache", timeout_s=20),
+        assert_same_batches(_batches(server.url + "store.h5", cache_dir=tmp_path / "cache", timeout_s=20),
               _batches(str(tmp_path / "store.h5")))
         with pytest.raises(StoreNotFoundError) as info:
             h5stream.open(server.url + "absent.h5?token=abc", batch_size=4, timeout_s=20)
