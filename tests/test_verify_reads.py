@@ -365,13 +365,17 @@ def test_once_checks_each_block_on_its_first_read_only(store, layout, workers):
     assert len(second) == n and any(not np.array_equal(a[0], b[0]) for a, b in zip(second, reference[n:]))
 
 
-def test_the_checks_memory_is_counted_in_the_budget(store):
-    """The row digests and block buffers of the check are a share of the plan: on top of the default budget
-    (the order does not change), out of a given one; nothing when the check is off or there is nothing to check."""
+def test_the_checks_memory_is_counted_in_the_budget(store, layout):
+    """The check's memory is a share of the plan: on top of the default budget (the order does not change), out
+    of a given one; nothing when the check is off or there is nothing to check.  Checked once by row, a flag a
+    row; by blocks, a digest a row and the block buffers (it charged both, 9 bytes a row, either way)."""
     from h5stream.read.verify import check_memory_bytes
 
     with h5stream.open(store, **KW) as on, h5stream.open(store, verify_reads=False, **KW) as off:
-        assert on.plan.verify_bytes == check_memory_bytes(ROWS, BLOCK, ROW_BYTES, 2) > ROWS * 8
+        blocks = ROWS // BLOCK * 19
+        want = ROWS + blocks if layout == "rows" else ROWS * 8 + blocks + 2 * (BLOCK * ROW_BYTES + 4096)
+        assert on.plan.verify_bytes == want == check_memory_bytes(ROWS, BLOCK, ROW_BYTES, 2,
+                                                                  by_row=layout == "rows", every_read=False)
         assert off.plan.verify_bytes == 0
         assert on.plan.budget_bytes == off.plan.budget_bytes + on.plan.verify_bytes
         assert "for checksums" in on.plan.describe() and "checksums" in on.plan.allocations()
@@ -386,3 +390,19 @@ def test_the_checks_memory_is_counted_in_the_budget(store):
         del f.attrs["checksum"], f.attrs["checksum_tail"]
     with h5stream.open(store, **KW) as s:
         assert s.plan.verify_bytes == 0
+
+
+@pytest.mark.parametrize("by_row, every_read", [(True, False), (True, True), (False, False), (False, True)])
+def test_the_memory_the_plan_counts_for_the_check_is_what_the_check_holds(by_row, every_read):
+    """check_memory_bytes against a real BlockCheck: the arrays it makes, and the block buffers it may make."""
+    from h5stream.read.verify import BlockCheck, check_buffers, check_memory_bytes
+
+    rows, block, row_bytes, n_blocks = 1000, 16, 48, 63
+    check = BlockCheck("s.h5", rows, block, row_bytes, np.zeros(n_blocks, np.uint64), np.zeros(n_blocks, np.uint64),
+                       np.ones(n_blocks, bool), max_buffers=check_buffers(2), every_read=every_read,
+                       row_digests=(lambda a, b: np.zeros(b - a, np.uint64)) if by_row else None)
+    arrays = (check._images, check._labels, check.trusted, check._learned, check._done, check.row_digests,
+              check._checked)
+    held = sum(a.nbytes for a in arrays if a is not None)
+    buffers = 0 if by_row else check_buffers(2) * (block * row_bytes + 4096)  # made on first use, at most these
+    assert held + buffers == check_memory_bytes(rows, block, row_bytes, 2, by_row=by_row, every_read=every_read)

@@ -77,12 +77,16 @@ def check_buffers(max_in_flight: int) -> int:
     return min(MAX_BUFFERS, max(2, int(max_in_flight)))
 
 
-def check_memory_bytes(rows: int, block_rows: int, row_bytes: int, max_in_flight: int) -> int:
-    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): a digest and a flag per
-    row (9 bytes), four small per-block arrays and :func:`check_buffers` block-sized buffers (page-aligned, so a
-    page more each; a store checked by row makes none)."""
+def check_memory_bytes(rows: int, block_rows: int, row_bytes: int, max_in_flight: int, *, by_row: bool = False,
+                       every_read: bool = True) -> int:
+    """What a :class:`BlockCheck` over a store of ``rows`` rows holds at most (pure): five small per-block arrays
+    (19 bytes a block); by row (``by_row``: a store with row digests) under ``"once"`` (not ``every_read``) a
+    flag per row, which rows were checked (1 byte); else a digest per row (8 bytes) and, by blocks only,
+    :func:`check_buffers` block-sized buffers to learn blocks with (page-aligned, so a page more each)."""
     n_blocks = -(-int(rows) // int(block_rows)) if rows else 0
-    return int(rows) * 9 + n_blocks * 19 + check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+    per_row = 1 if by_row and not every_read else 8
+    buffers = 0 if by_row else check_buffers(max_in_flight) * (int(block_rows) * int(row_bytes) + 4096)
+    return int(rows) * per_row + n_blocks * 19 + buffers
 
 
 ReadRowDigests = Callable[[int, int], np.ndarray]

@@ -76,6 +76,9 @@ class StoreMeta:
     """One line (path first) saying which committed rows lack their row digest (``/row_digests`` shorter than
     ``rows``): damage, which ``verify``, ``--append`` and verifying readers refuse alike, and ``h5stream repair``
     mends by a rebuild; None when every row has its digest or the store keeps none."""
+    row_digests: bool = False
+    """Whether the store keeps a digest per row (``/row_digests``; :mod:`h5stream.store.rowdigest`); for a set of
+    parts, whether every part does."""
     uncommitted_rows: int = 0
     """Rows past ``rows`` that checksums were written for: a commit in flight, or one a writer stopped half-way."""
     encoding: str = schema.ENCODING_RAW
@@ -310,6 +313,7 @@ def _describe(path: str, f: h5py.File) -> StoreMeta:
         ingest=_ingest_progress(path, attrs, committed),
         checksum_problem=problem,
         row_digest_problem=digests_problem,
+        row_digests=schema.ROW_DIGESTS in f,
         uncommitted_rows=uncommitted,
         encoding=encoding,
         encoded_bytes=rows_of.byte_range(0, committed)[1] if encoding != schema.ENCODING_RAW else 0,

@@ -230,6 +230,7 @@ def join_parts(metas: list[StoreMeta], name: str) -> PartSetMeta:
         file_bytes=sum(m.file_bytes for m in metas), checksum=checksum, ingest=None,
         checksum_problem=problems[0] if problems else None,
         row_digest_problem=next((m.row_digest_problem for m in metas if m.row_digest_problem is not None), None),
+        row_digests=all(m.row_digests for m in metas),
         uncommitted_rows=0, part=None, remote=first.remote,
         encoding=first.encoding, encoded_bytes=sum(m.encoded_bytes for m in metas),
         jpeg_quality=first.jpeg_quality if all(m.jpeg_quality == first.jpeg_quality for m in metas) else None,

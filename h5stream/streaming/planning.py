@@ -73,7 +73,7 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
 
         direct = DIRECT_IO_BYTES
     from h5stream.read.source import DIRECT_IN_FLIGHT, LocalFile
-    from h5stream.read.verify import check_buffers, check_memory_bytes
+    from h5stream.read.verify import check_buffers, check_memory_bytes, checks_every_read
 
     def verify_bytes(in_flight: int) -> int:
         if not verify_reads or getattr(meta, "checksum", None) is None:
@@ -81,7 +81,10 @@ def plan_stream(meta, budget_bytes: int | None, batch_size: int, *, augment=None
         extra = 0
         if parts:  # each part's check gets a share of the buffers, and one at least (read.partread)
             extra = max(0, len(parts) - check_buffers(in_flight)) * (meta.block_rows * meta.row_bytes + 4096)
-        return check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight) + extra
+        # A URL is counted as checked on every read (a URL through the local cache is checked once: less)
+        every_read = checks_every_read(verify_reads, getattr(meta, "remote", None) is not None)
+        return check_memory_bytes(meta.rows, meta.block_rows, meta.row_bytes, in_flight,
+                                  by_row=getattr(meta, "row_digests", False), every_read=every_read) + extra
 
     remote = getattr(meta, "remote", None)
     verify = verify_bytes(remote.max_in_flight if remote is not None else DIRECT_IN_FLIGHT if direct_io
