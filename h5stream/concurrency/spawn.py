@@ -119,17 +119,16 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
         procs.append(ctx.Process(target=target, args=(child_conn, *extra), name=f"{name}-{i}", daemon=daemon))
     blocking = hasattr(signal, "pthread_sigmask")
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
-    started = []
     try:
         with main_module_hidden(hide_main):
             for proc in procs:
                 proc.start()
-                started.append(proc)
                 disown_in_forks((proc,))
-    except BaseException:
-        for proc in started:
-            proc.kill()
-            proc.join()
+    except BaseException:  # a failed start, or a signal handler's exception (SIGTERM's, SIGALRM's) at any line
+        for proc in procs:
+            if proc.pid is not None:  # started, whether or not the line after start() ran
+                proc.kill()
+                proc.join()
         for conn in conns + child_conns:
             conn.close()
         raise
