@@ -118,12 +118,20 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
         child_conns.append(child_conn)
         procs.append(ctx.Process(target=target, args=(child_conn, *extra), name=f"{name}-{i}", daemon=daemon))
     blocking = hasattr(signal, "pthread_sigmask")
+    if blocking:  # multiprocessing's resource tracker first: its own start unblocks SIGINT, undoing the mask below
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
     try:
-        with main_module_hidden(hide_main):
-            for proc in procs:
-                proc.start()
-                disown_in_forks((proc,))
+        try:
+            with main_module_hidden(hide_main):
+                for proc in procs:
+                    proc.start()
+                    disown_in_forks((proc,))
+        finally:
+            if blocking:  # a Ctrl-C held back meanwhile raises here: still inside the try that cleans up
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     except BaseException:  # a failed start, or a signal handler's exception (SIGTERM's, SIGALRM's) at any line
         for proc in procs:
             if proc.pid is not None:  # started, whether or not the line after start() ran
@@ -132,11 +140,8 @@ def spawn_workers(target: Callable, args: Sequence[tuple], *, name: str, hide_ma
         for conn in conns + child_conns:
             conn.close()
         raise
-    finally:
-        if blocking:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        for conn in child_conns:
-            conn.close()
+    for conn in child_conns:
+        conn.close()
     release_in_forks(conns)
     return procs, conns
 
