@@ -43,7 +43,7 @@ def test_the_exported_folder_holds_each_rows_jpeg_byte_for_byte_under_its_class(
     assert gpu_jpeg.prepare(str(tmp_path), 16, 40)["folder"] == folder and not os.path.exists(files[0])
 
 
-@pytest.mark.parametrize("model", ["small", "none"])
+@pytest.mark.parametrize("model", [pytest.param("small", marks=pytest.mark.slow), "none"])  # none: the loaders alone
 def test_a_small_cpu_run_measures_every_loader_against_torchvision(tmp_path, model):
     # In a process of its own, as a user runs it: torch's optimizer and torchvision import triton, whose LLVM
     # crashes a process that has loaded TensorFlow's (a test worker may have).
