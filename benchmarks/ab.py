@@ -23,7 +23,6 @@ Workloads (a store of 128x128x3 rows, batch 32, memory budget 256 MiB):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,18 +31,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.harness import (
-    REPO,
-    add_data_option,
-    add_json_option,
-    by_name,
-    child_command,
-    emit,
-    log,
-    median,
-    same_round_ratios,
-    warm,
-)
+from benchmarks.harness import (REPO, add_data_option, add_json_option, by_name, child_command, emit, log, median,
+                                new_parser, same_round_ratios, warm)
 
 SIZE = 128
 BATCH = 32
@@ -173,10 +162,10 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = new_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the commit to compare this checkout with")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--gb", type=float, default=0.5, help="size of the stream's store (default 0.5 GB)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, each running both versions")
+    parser.add_argument("--gb", type=float, default=0.5, help="size of the stream's store, GB")
     parser.add_argument("--photos", type=int, default=1000, help="JPEGs the ingest workload decodes")
     parser.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS), metavar="WORKLOAD",
                         help=f"run only these workloads (of: {'; '.join(WORKLOADS)})")

@@ -36,7 +36,6 @@ if __name__ == "__main__":
         os.environ.setdefault(_var, "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -45,7 +44,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.data import smooth_rows  # noqa: E402
-from benchmarks.harness import add_json_option, emit, log  # noqa: E402
+from benchmarks.harness import add_json_option, emit, log, new_parser  # noqa: E402
 from h5stream.augment import PRESETS, Augment  # noqa: E402
 from h5stream.augment.transforms import affine_matrices  # noqa: E402
 
@@ -269,8 +268,8 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="128,32", help="square image sizes, comma-separated (default 128,32)")
+    parser = new_parser(__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="128,32", help="square image sizes, comma-separated")
     parser.add_argument("--n", type=int, default=0,
                         help="images per run (default 512 at 128, scaled by area, max 4096)")
     parser.add_argument("--keras-n", type=int, default=0, help="images for keras (default: min(n, 512))")

@@ -45,7 +45,6 @@ Ratios are medians of same-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -56,8 +55,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.harness import (REPO, add_data_option, add_json_option, by_name, child_command, child_env,
-                                emit, interleave, log, median, same_round_ratios, warm)
+from benchmarks.harness import (REPO, add_data_option, add_json_option, by_name, child_command, child_env, emit,
+                                interleave, log, median, new_parser, same_round_ratios, warm)
 
 SIZE, CHANNELS = 128, 3
 ROW_BYTES = SIZE * SIZE * CHANNELS
@@ -384,14 +383,14 @@ def format_text(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     add_data_option(p)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--ram-factor", type=float, default=1.3, help="store size / MemTotal (default 1.3)")
-    p.add_argument("--small-gb", type=float, default=1.0, help="the warm small store, GB (default 1)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians")
+    p.add_argument("--ram-factor", type=float, default=1.3, help="store size / MemTotal")
+    p.add_argument("--small-gb", type=float, default=1.0, help="the warm small store, GB")
     p.add_argument("--warm-seconds", type=float, default=20.0,
-                   help="warm measurements run whole epochs until this long (default 20)")
-    p.add_argument("--budget", default=BUDGET, help=f"the streams' memory_budget (default {BUDGET})")
+                   help="warm measurements run whole epochs until this long, seconds")
+    p.add_argument("--budget", default=BUDGET, help="the streams' memory_budget")
     p.add_argument("--compare-ref", default=None, metavar="REF",
                    help="also measure the warm small store with h5stream at this git ref (before/after)")
     p.add_argument("--no-fio", action="store_true", help="the O_DIRECT reader here instead of fio")

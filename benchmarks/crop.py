@@ -26,7 +26,6 @@ if __name__ == "__main__":
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -34,7 +33,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.data import smooth_rows  # noqa: E402
-from benchmarks.harness import add_json_option, emit, log, median  # noqa: E402
+from benchmarks.harness import add_json_option, emit, log, median, new_parser  # noqa: E402
 from h5stream.augment import Augment  # noqa: E402
 from h5stream.augment.crop import random_resized_boxes  # noqa: E402
 
@@ -97,11 +96,11 @@ def format_text(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.crop", description=__doc__.splitlines()[0])
-    parser.add_argument("--stored", type=int, default=256)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.crop")
+    parser.add_argument("--stored", type=int, default=256, help="stored rows' side in px")
+    parser.add_argument("--size", type=int, default=224, help="the crops' output side in px")
+    parser.add_argument("--batch", type=int, default=64, help="rows per batch")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians")
     add_json_option(parser)
     args = parser.parse_args(argv)
     emit(run(args), as_json=args.json, format_text=format_text)

@@ -24,7 +24,6 @@ Command line (the store only)::
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -32,7 +31,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import COMPLETE_MARKER, DATA_DIR, available_cores, cached_dir
+from benchmarks.harness import COMPLETE_MARKER, DATA_DIR, available_cores, cached_dir, new_parser
 
 PHOTO_SIZE = (375, 500)
 """(height, width) of :func:`ensure_photos`' JPEGs."""
@@ -214,19 +213,20 @@ def smooth_rows(n: int, size: int, seed: int = 0) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Write a large class-sorted benchmark store (synthetic, but not noise).")
+    p = new_parser("Write a large class-sorted benchmark store (synthetic, but not noise).")
     p.add_argument("--out", default=os.path.join(DATA_DIR, "bench-1g.h5"),
-                   help="the store to write (default bench-data/bench-1g.h5)")
+                   help="the store to write")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--gb", type=float, default=None, help="pixel bytes, in GB (default 1.0)")
-    size.add_argument("--rows", type=int, default=None)
-    p.add_argument("--size", type=int, default=128, help="image height = width (default 128)")
-    p.add_argument("--channels", type=int, default=3)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    size.add_argument("--rows", type=int, default=None, help="rows to write (instead of --gb)")
+    p.add_argument("--size", type=int, default=128, help="image height = width")
+    p.add_argument("--channels", type=int, default=3, help="channels per pixel")
+    p.add_argument("--classes", type=int, default=10, help="labels, stored sorted by class")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic pixels")
     p.add_argument("--block-rows", type=int, default=None, help="HDF5 chunk rows (default: h5stream's 4 MiB rule)")
-    p.add_argument("--compression", choices=["none", "zlib", "blosc"], default="none")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--compression", choices=["none", "zlib", "blosc"], default="none",
+                   help="HDF5 compression of the pixels")
+    p.add_argument("--overwrite", action="store_true", help="replace the store if it exists")
     args = p.parse_args(argv)
     rows = args.rows if args.rows is not None else rows_for_gb(args.gb or 1.0, args.size, args.channels)
     make_bench_file(args.out, rows=rows, size=args.size, channels=args.channels, n_classes=args.classes,

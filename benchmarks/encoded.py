@@ -25,13 +25,12 @@ per-round ratios to the raw store (what survives a shared machine's drift).
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
 
 from benchmarks.data import ensure_photos
-from benchmarks.harness import add_data_option, add_json_option, emit, log, median, warm
+from benchmarks.harness import add_data_option, add_json_option, emit, log, median, new_parser, warm
 
 KINDS = {
     "raw": {},
@@ -159,10 +158,10 @@ def table(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--photos", type=int, default=2000, help="photos to ingest (default 2000)")
-    p.add_argument("--size", type=int, default=128, help="stored side in px (default 128)")
-    p.add_argument("--rounds", type=int, default=3)
+    p = new_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--photos", type=int, default=2000, help="photos to ingest")
+    p.add_argument("--size", type=int, default=128, help="stored side in px")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians")
     p.add_argument("--crop", type=int, default=None,
                    help="random resized crop output side for the FFCV comparison (default 7/8 of --size; 0: none)")
     p.add_argument("--ffcv-python", default=None, help="FFCV's venv's python (default $H5STREAM_FFCV_PYTHON or "

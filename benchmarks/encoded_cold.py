@@ -25,7 +25,6 @@ in the same run; ``--rounds`` repeats the pair (order alternating) and the table
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -34,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.harness import (add_data_option, add_json_option, child_command, child_env, emit, log, median)
+from benchmarks.harness import add_data_option, add_json_option, child_command, child_env, emit, log, median, new_parser
 from h5stream.read.source import cgroup_paths
 
 KINDS = ("raw", "jpeg q90")
@@ -226,19 +225,19 @@ def table(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--photos", type=int, default=2000, help="photos to ingest (default 2000)")
-    p.add_argument("--size", type=int, default=224, help="stored side in px (default 224)")
+    p = new_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--photos", type=int, default=2000, help="photos to ingest")
+    p.add_argument("--size", type=int, default=224, help="stored side in px")
     p.add_argument("--cold-limit", default="256MiB",
-                   help="memory (page cache included) of the reading process (default 256MiB)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--augment", default="none", help="an Augment preset or none (default none)")
+                   help="memory (page cache included) of the reading process")
+    p.add_argument("--epochs", type=int, default=3, help="cold epochs per stream")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians")
+    p.add_argument("--workers", type=int, default=0, help="the streams' augmenting workers")
+    p.add_argument("--augment", default="none", help="an Augment preset, or none")
     p.add_argument("--raw-direct-io", action="store_true",
                    help="read the raw store with direct_io=True; default: direct_io='auto' for both (which "
                    "sees the cgroup's limit)")
-    p.add_argument("--budget", default="96MiB", help="the reader's memory_budget (default 96MiB)")
+    p.add_argument("--budget", default="96MiB", help="the reader's memory_budget")
     add_data_option(p)
     add_json_option(p)
     args = p.parse_args(argv)

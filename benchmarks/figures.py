@@ -20,7 +20,6 @@ Every step is a plain ``h5stream`` command, printed before it runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -28,7 +27,7 @@ import subprocess
 import sys
 
 from benchmarks.data import make_bench_file
-from benchmarks.harness import DATA_DIR, child_env, log
+from benchmarks.harness import DATA_DIR, child_env, log, new_parser
 
 
 def run(cmd: list[str]) -> str:
@@ -55,12 +54,12 @@ def shrink_png(path: str, colors: int = 256) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     p.add_argument("--store", default=None, help="store to draw from (default: a generated synthetic store)")
-    p.add_argument("--out", default="docs", help="folder for the PNGs (default docs/)")
-    p.add_argument("--min-rows", type=int, default=60_000, help="rows the bench run streams at least (default 60000)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--memory-budget", default="256MiB")
+    p.add_argument("--out", default="docs", help="folder for the PNGs")
+    p.add_argument("--min-rows", type=int, default=60_000, help="rows the bench run streams at least")
+    p.add_argument("--workers", type=int, default=2, help="augmenting workers of the bench run")
+    p.add_argument("--memory-budget", default="256MiB", help="the bench run's memory budget")
     args = p.parse_args(argv)
     store = args.store
     if store is None:

@@ -40,13 +40,12 @@ and the pool in a process of their own).  ``--workers N`` makes every h5stream r
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
 import time
 
-from benchmarks.harness import log, run_cli
+from benchmarks.harness import log, new_parser, run_cli
 
 MEAN, STD = 127.5, 64.0
 
@@ -520,18 +519,19 @@ def format_text(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = new_parser(__doc__.splitlines()[0])
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--rows", type=int, default=8192)
-    p.add_argument("--size", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--rows", type=int, default=8192, help="rows of the generated store")
+    p.add_argument("--size", type=int, default=64, help="rows' side in px")
+    p.add_argument("--batch-size", type=int, default=128, help="rows per training step")
     p.add_argument("--steps", type=int, default=200, help="timed training steps per loader")
     p.add_argument("--warmup", type=int, default=20,
                    help="untimed steps of each loader first (its start: workers, the first fill, page-locking)")
     p.add_argument("--model", choices=MODELS, default="small",
                    help="small: a 2-layer CNN; resnet18/resnet50: torchvision's, untrained (needs torchvision)")
     p.add_argument("--amp", choices=("bf16", "none"), help="autocast (default: bf16 on CUDA, none elsewhere)")
-    p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                   help="torch's intra-op threads: half the cores")
     p.add_argument("--tv-images", type=int, default=2048, help="JPEGs for the torchvision row")
     p.add_argument("--tv-workers", type=int, help="the DataLoader's workers (default: --workers, or half the cores)")
     p.add_argument("--workers", type=int, default=0,

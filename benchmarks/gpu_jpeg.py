@@ -27,11 +27,10 @@ rotating); the table gives each loader's median and the median of the same-round
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from benchmarks.harness import log, median, run_cli
+from benchmarks.harness import log, median, new_parser, run_cli
 
 LOADERS = ("h5stream jpeg", "h5stream raw", "torchvision")
 
@@ -197,12 +196,12 @@ def format_text(r: dict) -> str:
 def main(argv=None) -> int:
     from benchmarks.gpu import MODELS
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = new_parser(__doc__.splitlines()[0])
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--photos", type=int, default=20000, help="photos in the stores and the exported folder")
     p.add_argument("--size", type=int, default=256, help="stored rows' side in px")
     p.add_argument("--crop", type=int, default=224, help="the random resized crops' side in px")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256, help="rows per training step")
     p.add_argument("--steps", type=int, default=200, help="timed training steps per loader and round")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps of each loader first (workers, first fill)")
     p.add_argument("--rounds", type=int, default=1, help="every loader once a round, the order rotating")
@@ -210,9 +209,10 @@ def main(argv=None) -> int:
                    help="small: a 2-layer CNN; resnet18/resnet50: torchvision's, untrained; none: no model, the "
                         "loaders alone (each batch still converted and normalised on the device)")
     p.add_argument("--amp", choices=("bf16", "none"), help="autocast (default: bf16 on CUDA, none elsewhere)")
-    p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    p.add_argument("--torch-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                   help="torch's intra-op threads: half the cores")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
-                   help="h5stream's augmenting workers and the DataLoader's workers (default: all cores but two)")
+                   help="h5stream's augmenting workers and the DataLoader's workers: all cores but two")
     return run_cli(p, argv, run, format_text)
 
 

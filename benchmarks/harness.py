@@ -19,8 +19,12 @@
   module in a fresh interpreter; :func:`child_env` is the environment it gets
   (the repository root on ``PYTHONPATH``, plus the settings that child needs),
   so no benchmark changes its own ``os.environ`` for a child.
-* Output -- :func:`add_json_option`, :func:`add_data_option`, :func:`emit`
-  (a table or one JSON object on stdout) and :func:`log` (progress on stderr).
+* Command line -- :func:`new_parser` (every benchmark's parser: ``--help``
+  keeps the description's line breaks and states each option's default,
+  :class:`HelpFormatter`), :func:`add_json_option`, :func:`add_data_option`,
+  :func:`run_cli`.
+* Output -- :func:`emit` (a table or one JSON object on stdout) and
+  :func:`log` (progress on stderr).
 
 Importing this module imports only the standard library; h5stream and psutil
 load in the functions that need them.
@@ -28,6 +32,7 @@ load in the functions that need them.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -252,13 +257,50 @@ def child_env(**settings: str) -> dict[str, str]:
 
 
 # -- output -------------------------------------------------------------------------------
+# -- command line ------------------------------------------------------------------------------
+def shown_default(action: argparse.Action) -> str | None:
+    """How ``--help`` writes ``action``'s default, or None where it has none to state: a positional, a flag that
+    takes no value (``store_true``), a default of None (the option is absent unless given), or a help text that
+    words the default itself (a default computed at run time: ``0: a free port``)."""
+    default = action.default
+    if (not action.option_strings or action.nargs == 0 or default is None or default is argparse.SUPPRESS
+            or "default" in (action.help or "")):
+        return None
+    if isinstance(default, (list, tuple)):
+        return " ".join(shown_default_value(v) for v in default) or "none"
+    return shown_default_value(default) or "none"
+
+
+def shown_default_value(value) -> str:
+    """One value as it is typed on the command line: ``20`` for 20.0, ``0.25``, ``256MiB``."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` of the benchmarks: the description's own line breaks (a docstring's paragraph, already wrapped),
+    and the help of every option that has a default ends ``(default: VALUE)``.  An option with no help text gets
+    no line at all from argparse, so every option of a benchmark has one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = shown_default(action)
+        if shown is None:
+            return text
+        return (text + " " if text else "") + "(default: " + shown.replace("%", "%%") + ")"
+
+
+def new_parser(description: str, *, prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a benchmark's ``main``: :class:`HelpFormatter`, so ``--help`` states every default."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+
+
 def add_json_option(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
 def add_data_option(parser, *aliases: str) -> None:
     parser.add_argument("--data", *aliases, dest="data", default=DATA_DIR,
-                        help="cache for the generated data (default bench-data/ at the repository root, git-ignored)")
+                        help="cache for the generated data (bench-data/ at the repository root is git-ignored)")
 
 
 def emit(result: dict, *, as_json: bool, format_text: Callable[[dict], str], indent: int | None = 2) -> None:

@@ -24,7 +24,6 @@ printed (the machine's speed drifts between rounds).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -34,7 +33,7 @@ import time
 
 from benchmarks.data import ensure_photos
 from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, child_command, child_env,
-                                emit, interleave, log, same_round_ratios, self_and_children_cpu_s)
+                                emit, interleave, log, new_parser, same_round_ratios, self_and_children_cpu_s)
 
 PILLOW = "pillow floor (1 proc, no draft)"
 DECODE = "decode floor (1 proc, h5stream decoder)"
@@ -237,13 +236,13 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=3000, help="number of JPEGs (default 3000)")
-    parser.add_argument("--size", type=int, default=128, help="output side (default 128)")
-    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = new_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=3000, help="number of JPEGs")
+    parser.add_argument("--size", type=int, default=128, help="output side")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated photos")
     add_data_option(parser, "--cache")
-    parser.add_argument("--rounds", type=int, default=3, help="repeat each measurement, keep the best (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="repeat each measurement, keep the best")
     parser.add_argument("--no-keras", action="store_true", help="skip the Keras/tf.data baseline")
     add_json_option(parser)
     args = parser.parse_args(argv)

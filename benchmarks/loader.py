@@ -40,7 +40,7 @@ import numpy as np
 
 from benchmarks.data import make_bench_file
 from benchmarks.encoded_crop import DEFAULT_FFCV_PYTHON
-from benchmarks.harness import (DATA_DIR, add_json_option, by_name, emit, interleave, log, median,
+from benchmarks.harness import (DATA_DIR, add_json_option, by_name, emit, interleave, log, median, new_parser,
                                 same_round_ratios, warm)
 
 SIZE, CHANNELS, BATCH, BUDGET = 128, 3, 256, "256MiB"
@@ -240,16 +240,16 @@ def store_path(args) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     add_store_options(p)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians")
     p.add_argument("--workers", default="0,2", help="comma-separated worker counts (no augmentation)")
     p.add_argument("--epochs", type=int, default=2, help="steady-state epochs measured after the first")
     p.add_argument("--page-cache", choices=("as-is", "reread"), default="as-is",
                    help="reread: drop the file from the page cache and read it sequentially first (large folios)")
     p.add_argument("--ffcv-python", default=DEFAULT_FFCV_PYTHON,
                    help="python of a venv with FFCV, for its loader in the same rounds ('' to leave it out)")
-    p.add_argument("--ffcv-threads", type=int, default=2)
+    p.add_argument("--ffcv-threads", type=int, default=2, help="FFCV loader's num_workers (threads)")
     add_json_option(p)
     args = p.parse_args(argv)
     path = store_path(args)

@@ -13,7 +13,6 @@ arrays; the ratios are taken within each round (medians, min-max), with the CPU 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -21,7 +20,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import add_json_option, by_name, emit, interleave, median, warm
+from benchmarks.harness import add_json_option, by_name, emit, interleave, median, new_parser, warm
 from benchmarks.loader import add_store_options, copy_rate, store_path
 
 RUN, BATCHES, BATCH = 16, 20, 256
@@ -118,9 +117,9 @@ def table(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     add_store_options(p)
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds; medians")
     add_json_option(p)
     args = p.parse_args(argv)
     path = store_path(args)

@@ -29,7 +29,6 @@ its counts as one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import ipaddress
@@ -40,6 +39,8 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+
+from benchmarks.harness import new_parser
 
 READ_BYTES = 256 << 10
 """Most bytes read from a socket at once (one step of the token bucket)."""
@@ -420,14 +421,14 @@ async def _throttle(bucket: TokenBucket, n: int) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.netproxy", description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.netproxy")
     parser.add_argument("--upstream", required=True, help="the server, HOST:PORT on this machine (e.g. 127.0.0.1:8333)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on, on 127.0.0.1 (default: a free one)")
-    parser.add_argument("--latency-ms", type=float, default=20.0, help="delay before each response (default 20)")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="delay before each response")
     parser.add_argument("--bandwidth-mbs", type=float, default=100.0,
-                        help="MB/s per connection and direction; 0: no limit (default 100)")
-    parser.add_argument("--burst-kib", type=int, default=BURST_BYTES >> 10, help="token bucket size (default 256)")
-    parser.add_argument("--seconds", type=float, default=600.0, help="stop after this long (default 600)")
+                        help="MB/s per connection and direction; 0: no limit")
+    parser.add_argument("--burst-kib", type=int, default=BURST_BYTES >> 10, help="token bucket size")
+    parser.add_argument("--seconds", type=float, default=600.0, help="stop after this long, seconds")
     args = parser.parse_args(argv)
     try:
         upstream = parse_host_port(args.upstream, "--upstream")

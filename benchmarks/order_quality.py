@@ -17,7 +17,6 @@ of one unit always move together, so above 1 for every order; a lower figure is 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -25,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from benchmarks.harness import log, run_cli
+from benchmarks.harness import log, new_parser, run_cli
 
 
 def _meta(rows: int, workdir: str):
@@ -125,12 +124,12 @@ def format_text(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.order_quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, nargs="+", default=[1.1, 10.0], help="store sizes (default 1.1 10)")
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.order_quality")
+    parser.add_argument("--gb", type=float, nargs="+", default=[1.1, 10.0], help="store sizes, GB")
+    parser.add_argument("--classes", type=int, default=10, help="labels of the class-sorted stores")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per batch")
     parser.add_argument("--seeds", type=int, default=20, help="seeds for tau (TVD: the first 3)")
-    parser.add_argument("--piece-bytes", default="8MiB", help="the two-level order's pieces (default 8MiB)")
+    parser.add_argument("--piece-bytes", default="8MiB", help="the two-level order's pieces")
     parser.add_argument("--unit-bytes", nargs="*", default=[],
                         help="also the one-level order with these units (e.g. 384KiB 96KiB: smaller units)")
     return run_cli(parser, argv, run, format_text)

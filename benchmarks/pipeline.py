@@ -48,7 +48,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import os
@@ -62,7 +61,7 @@ import numpy as np
 from benchmarks.augment import BATCH_SIZE, PRESET, measure_transform, measure_transform_processes
 from benchmarks.data import ensure_folder, ensure_store, read_rows
 from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, cores_busy, cpu_seconds,
-                                emit, interleave, kept_cold, log, probe_cores, warm)
+                                emit, interleave, kept_cold, log, new_parser, probe_cores, warm)
 from benchmarks.keras_baselines import IdgServer, keras_available, measure_tf_folder
 
 BUDGET = "256MiB"
@@ -487,9 +486,9 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__.splitlines()[0])
     add_data_option(parser)
-    parser.add_argument("--sizes", default="128,32", help="square sizes, comma-separated (default 128,32)")
+    parser.add_argument("--sizes", default="128,32", help="square sizes, comma-separated")
     parser.add_argument("--quick", action="store_true", help="64 images per size, one repeat: seconds, not minutes")
     add_json_option(parser)
     args = parser.parse_args(argv)

@@ -36,7 +36,6 @@ writes every figure.  Target: ``h5stream`` within 1 point of ``memory``; with
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -48,6 +47,7 @@ import time
 import numpy as np
 
 import h5stream
+from benchmarks.harness import new_parser
 from h5stream.store.writer import write_arrays
 
 SIZE = 32
@@ -280,23 +280,23 @@ def jpeg_gap(raw: list[float], jpeg: list[float]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=32)
+    p = new_parser(__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training runs per regime")
+    p.add_argument("--epochs", type=int, default=4, help="training epochs")
+    p.add_argument("--batch-size", type=int, default=32, help="rows per batch")
     p.add_argument("--copies", type=int, default=8, help="jittered copies of the training digits (file size)")
-    p.add_argument("--budget", default="8MiB", help="h5stream memory budget (default 8MiB)")
-    p.add_argument("--block-rows", type=int, default=32, help="rows per HDF5 chunk (default 32)")
+    p.add_argument("--budget", default="8MiB", help="h5stream memory budget")
+    p.add_argument("--block-rows", type=int, default=32, help="rows per HDF5 chunk")
     p.add_argument("--read-unit", default=None,
                    help="h5stream.open(read_unit=) for the h5stream regime, e.g. 4MiB (default: h5stream's)")
     p.add_argument("--threads", type=int, default=2, help="TensorFlow intra/inter-op threads")
     p.add_argument("--encoding", choices=["raw", "jpeg"], default="raw",
                    help="jpeg: also train on the same images as a JPEG store (regime 'h5stream jpeg')")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality with --encoding jpeg (default 90)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality with --encoding jpeg")
     p.add_argument("--url", choices=["http"], default=None,
                    help="http: also train from the store's URL on a local HTTP server (regime 'h5stream url')")
     p.add_argument("--regimes", nargs="+", choices=["memory", "h5stream", "chunk"],
-                   default=["memory", "h5stream", "chunk"], help="regimes to train (default all three)")
+                   default=["memory", "h5stream", "chunk"], help="regimes to train")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)
     out = run(args)

@@ -44,7 +44,6 @@ second per GB, peak memory <= the budget.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -61,17 +60,8 @@ import time
 import numpy as np
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import (
-    by_name,
-    child_command,
-    child_env,
-    evict_folder,
-    interleave,
-    log,
-    median,
-    run_cli,
-    warm,
-)
+from benchmarks.harness import (by_name, child_command, child_env, evict_folder, interleave, log, median, new_parser,
+                                run_cli, warm)
 from benchmarks.remote_wire import add_options, condition_label, proxy_settings, routes, wire_lines, wire_row
 
 KEY = "bench/store.h5"
@@ -710,23 +700,23 @@ def format_text(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.remote", description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=1.1, help="store size (default 1.1)")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.remote")
+    parser.add_argument("--gb", type=float, default=1.1, help="store size, GB")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per batch")
     parser.add_argument("--memory-budget", default=None, help="the streams' memory_budget (default: h5stream's)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per stream")
+    parser.add_argument("--seed", type=int, default=0, help="the streams' seed")
     parser.add_argument("--read-unit", default=None, help="the streams' read_unit (default: h5stream's; e.g. 4MiB)")
     parser.add_argument("--piece-bytes", default=None,
                         help="the streams' piece_bytes: the two-level order, read in pieces of this size (e.g. 8MiB)")
     parser.add_argument("--server-cache", choices=(*CACHES, "both"), default="both",
-                        help="the server's page cache during the streams and the limit alike (default both)")
+                        help="the server's page cache during the streams and the limit alike")
     parser.add_argument("--server-cpus", default=None,
                         help="CPUs for the server, as taskset lists them (e.g. 0-7); default: the first half of "
                              f"this machine's where it has more than {PIN_ABOVE_CPUS}, else not pinned")
     parser.add_argument("--client-cpus", default=None,
                         help="CPUs for every client process (e.g. 8-15); default: the CPUs the server does not have")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians")
     parser.add_argument("--fsspec-seconds", type=float, default=60.0, help="time limit of the fsspec baseline")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec baseline (needs s3fs)")
     add_options(parser)

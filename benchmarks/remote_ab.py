@@ -24,7 +24,6 @@ figure that speaks for the client, and a rate speaks for the machine's load as m
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -32,7 +31,8 @@ import subprocess
 import tempfile
 import time
 
-from benchmarks.harness import REPO, by_name, child_command, child_env, log, median, run_cli, same_round_ratios
+from benchmarks.harness import (REPO, by_name, child_command, child_env, log, median, new_parser, run_cli,
+                                same_round_ratios)
 
 SCHEMES = ("s3", "http")
 KEY = "ab/store.h5"
@@ -212,11 +212,12 @@ def format_text(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.remote_ab", description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.remote_ab")
     parser.add_argument("--base", required=True, help="the commit to compare this checkout with")
-    parser.add_argument("--gb", type=float, default=0.25, help="store size (default 0.25)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--scheme", choices=(*SCHEMES, "both"), default="both")
+    parser.add_argument("--gb", type=float, default=0.25, help="store size, GB")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, each running both versions")
+    parser.add_argument("--scheme", choices=(*SCHEMES, "both"), default="both",
+                        help="which server the streams read from")
     return run_cli(parser, argv, run, format_text)
 
 

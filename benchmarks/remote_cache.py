@@ -21,7 +21,6 @@ them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import time
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import child_command, child_env, median, run_cli
+from benchmarks.harness import child_command, child_env, median, new_parser, run_cli
 from benchmarks.remote_wire import add_options, proxy_settings, routes
 
 KEY = "bench/cache-store.h5"
@@ -143,10 +142,10 @@ def format_text(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.remote_cache", description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=0.5, help="store size (default 0.5)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.remote_cache")
+    parser.add_argument("--gb", type=float, default=0.5, help="store size, GB")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per batch")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per stream")
     add_options(parser)
     return run_cli(parser, argv, run, format_text)
 

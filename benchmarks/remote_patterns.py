@@ -10,7 +10,6 @@ evicted from the page cache before each pattern.  Server and client share this m
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import os
 import sys
@@ -21,7 +20,7 @@ from statistics import median
 import numpy as np
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import evict_folder, run_cli
+from benchmarks.harness import evict_folder, new_parser, run_cli
 
 SERVER_CHUNK = 4 << 20
 """SeaweedFS's filer stores an object in chunks of this size (its default ``-filer.maxMB``)."""
@@ -101,9 +100,9 @@ def format_text(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.remote_patterns", description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=1.1, help="store size (default 1.1, the remote benchmark's)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser = new_parser(__doc__.splitlines()[0], prog="python -m benchmarks.remote_patterns")
+    parser.add_argument("--gb", type=float, default=1.1, help="store size, GB (the remote benchmark's)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds; medians")
     return run_cli(parser, argv, run, format_text)
 
 

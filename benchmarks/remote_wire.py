@@ -35,7 +35,7 @@ def add_options(parser) -> None:
                         help=f"the proxy's MB/s per connection and direction, 0 for no limit (default "
                              f"{DEFAULT_BANDWIDTH_MBS:g})")
     parser.add_argument("--burst-kib", type=int, default=BURST_BYTES >> 10,
-                        help=f"the proxy's token bucket per connection (default {BURST_BYTES >> 10})")
+                        help="the proxy's token bucket per connection, KiB")
 
 
 def proxy_settings(args) -> dict | None:

@@ -26,7 +26,6 @@ Batch 256, the default memory budget, seed 0, in this process.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -36,7 +35,7 @@ import tracemalloc
 
 import numpy as np
 
-from benchmarks.harness import add_json_option, emit, log
+from benchmarks.harness import add_json_option, emit, log, new_parser
 
 SHAPE = (4, 4, 3)
 BATCH = 256
@@ -195,7 +194,7 @@ def format_text(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = new_parser(__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1M,20M", help="comma-separated store sizes, e.g. 1M,20M,100M")
     parser.add_argument("--steady", type=int, default=2000, help="batches timed after the first")
     parser.add_argument("--dir", default=None, help="where the stores are written (default: the temp dir)")

@@ -46,15 +46,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, child_command,
-                                child_env, emit, interleave, log, write_json)
+from benchmarks.harness import (add_data_option, add_json_option, available_cores, by_name, child_command, child_env,
+                                emit, interleave, log, new_parser, write_json)
 
 BATCH = 256
 AUGMENT = dict(rotation_range=15, width_shift_range=0.1, height_shift_range=0.1, zoom_range=0.1,
@@ -451,22 +450,22 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=4000, help="number of JPEGs (default 4000)")
-    parser.add_argument("--source", type=int, default=192, help="side of the source JPEGs (default 192)")
-    parser.add_argument("--size", type=int, default=128, help="side of the stored rows (default 128)")
+    parser = new_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=4000, help="number of JPEGs")
+    parser.add_argument("--source", type=int, default=192, help="side of the source JPEGs")
+    parser.add_argument("--size", type=int, default=128, help="side of the stored rows")
     parser.add_argument("--workers", default=None,
                         help="comma-separated worker counts (default 1, 2, 4, ... up to the CPU count)")
-    parser.add_argument("--epochs", type=int, default=3, help="timed stream epochs (default 3)")
+    parser.add_argument("--epochs", type=int, default=3, help="timed stream epochs")
     parser.add_argument("--epochs-per-worker", action="store_true",
                         help="N workers stream --epochs times N epochs (every measurement about as long)")
-    parser.add_argument("--rounds", type=int, default=2, help="repeat each measurement, keep the best (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="repeat each measurement, keep the best")
     parser.add_argument("--no-machine", action="store_true",
                         help="skip the machine's own scaling (the workers' work in that many bare processes)")
     parser.add_argument("--partial", metavar="FILE",
                         help="after each measurement, write the JSON so far to FILE (what a run cut short leaves)")
     parser.add_argument("--machine-seconds", type=float, default=1.0,
-                        help="how long each bare process works (default 1)")
+                        help="how long each bare process works, seconds")
     add_data_option(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)

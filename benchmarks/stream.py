@@ -16,7 +16,6 @@ stream only (its peak memory must match the 1 GB file's at the same budget);
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,8 +24,8 @@ import sys
 import time
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import (add_data_option, add_json_option, by_name, child_env, emit, interleave, log,
-                                median, warm)
+from benchmarks.harness import (add_data_option, add_json_option, by_name, child_env, emit, interleave, log, median,
+                                new_parser, warm)
 
 SIZE, CHANNELS = 128, 3
 
@@ -174,18 +173,20 @@ def format_text(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     add_data_option(p)
-    p.add_argument("--gb", type=float, nargs=2, default=[1.0, 4.0], metavar=("SMALL", "LARGE"))
+    p.add_argument("--gb", type=float, nargs=2, default=[1.0, 4.0], metavar=("SMALL", "LARGE"),
+                   help="sizes of the two stores, GB")
     p.add_argument("--quick", action="store_true", help="0.2 GB and 0.8 GB files, short random baseline")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--memory-budget", default="256MiB")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--random-seconds", type=float, default=10.0)
+    p.add_argument("--batch-size", type=int, default=32, help="rows per batch")
+    p.add_argument("--memory-budget", default="256MiB", help="the stream's memory budget")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per run")
+    p.add_argument("--random-seconds", type=float, default=10.0,
+                   help="how long the one-row-per-call random baseline reads")
     p.add_argument("--full-4g", action="store_true", help="also run the baselines on the large file")
-    p.add_argument("--warm-only", action="store_true")
+    p.add_argument("--warm-only", action="store_true", help="skip the cold runs")
     p.add_argument("--rounds", type=int, default=3,
-                   help="repeat every run, interleaved; rates and ratios are medians, memory the largest (default 3)")
+                   help="repeat every run, interleaved; rates and ratios are medians, memory the largest")
     add_json_option(p)
     args = p.parse_args(argv)
     if args.quick:

@@ -17,7 +17,6 @@ keeps pages.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -27,7 +26,7 @@ import time
 import numpy as np
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import DATA_DIR, add_json_option, median, warm
+from benchmarks.harness import DATA_DIR, add_json_option, median, new_parser, warm
 
 SIZE, CHANNELS = 128, 3
 
@@ -139,10 +138,10 @@ def table(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     p.add_argument("--file", default=os.path.join(DATA_DIR, "bench-1g.h5"), help="store to measure (made when missing)")
     p.add_argument("--gb", type=float, default=1.0, help="pixel GB of the store made when --file is missing")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians")
     p.add_argument("--no-cold", action="store_true", help="warm page cache only")
     add_json_option(p)
     args = p.parse_args(argv)

@@ -30,14 +30,13 @@ shared machine).  All in this process.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
 import time
 
 from benchmarks.data import make_bench_file, rows_for_gb
-from benchmarks.harness import DATA_DIR, add_json_option, emit, log, median, warm
+from benchmarks.harness import DATA_DIR, add_json_option, emit, log, median, new_parser, warm
 
 SIZE, CHANNELS = 128, 3
 BATCH, BUDGET = 32, "256MiB"
@@ -169,10 +168,10 @@ def table(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = new_parser(__doc__.split("\n\n")[0])
     p.add_argument("--file", default=os.path.join(DATA_DIR, "bench-1g.h5"), help="store to stream (made when missing)")
     p.add_argument("--gb", type=float, default=1.0, help="pixel GB of the store made when --file is missing")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians")
     p.add_argument("--workload", action="append", choices=WORKLOADS, help="only these workloads (repeatable)")
     p.add_argument("--layouts", default=",".join(LAYOUTS),
                    help="rows (the store as written), blocks (a copy without row digests): comma-separated")

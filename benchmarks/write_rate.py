@@ -25,7 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -36,7 +35,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import by_name, cached_dir, child_env, interleave, log, run_cli, same_round_ratios
+from benchmarks.harness import by_name, cached_dir, child_env, interleave, log, new_parser, run_cli, same_round_ratios
 
 WRITE = "h5stream.write sorted"
 WRITE_SHUFFLED = "h5stream.write shuffled"
@@ -180,10 +179,10 @@ def format_text(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20000, help="rows (default 20000)")
-    p.add_argument("--size", type=int, default=32, help="image side in pixels (default 32)")
-    p.add_argument("--rounds", type=int, default=3)
+    p = new_parser(__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=20000, help="rows")
+    p.add_argument("--size", type=int, default=32, help="image side in pixels")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best counts")
     return run_cli(p, argv, run, format_text)
 
 
