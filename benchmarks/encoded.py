@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--crop", type=int, default=None,
                    help="random resized crop output side for the FFCV comparison (default 7/8 of --size; 0: none)")
     p.add_argument("--ffcv-python", default=None, help="FFCV's venv's python (default $H5STREAM_FFCV_PYTHON or "
-                   "/work/peers/ffcv/bin/python)")
+                   ".venv-ffcv/bin/python at the repository root)")
     p.add_argument("--dali-python", default=None, help="DALI's venv's python (default $H5STREAM_DALI_PYTHON or "
                    ".venv-dali/bin/python at the repository root)")
     add_data_option(p)

@@ -6,7 +6,8 @@ crop needs) by the consumer's thread (``workers=0``, one core); FFCV 1.0.2 gets 
 rows), written with its ``DatasetWriter`` as JPEG q90, and streams them with ``RandomResizedCropRGBImageDecoder((c,
 c))`` + ``RandomHorizontalFlip()``, ``num_workers=1``, ``order=RANDOM``, ``os_cache=True``, timed after its first
 epoch (its JIT), in a child process run by FFCV's own venv's python (:mod:`benchmarks.ffcv_crop`; ``--ffcv-python``,
-default ``$H5STREAM_FFCV_PYTHON`` or ``/work/peers/ffcv/bin/python``).  DALI's CPU pipeline gets the JPEG q90
+default ``$H5STREAM_FFCV_PYTHON`` or ``.venv-ffcv/bin/python`` at the repository root, built as
+docs/performance.md's "Peer loaders' venvs" says).  DALI's CPU pipeline gets the JPEG q90
 store's own bytes and streams them with ``fn.decoders.image_random_crop(device="cpu")`` + ``fn.resize`` +
 ``fn.flip``, ``num_threads=1``, no GPU (:mod:`benchmarks.dali_crop`, run by DALI's venv's python,
 ``--dali-python``, default ``$H5STREAM_DALI_PYTHON`` or ``.venv-dali/bin/python`` at the repository root: ``python
@@ -24,7 +25,7 @@ import time
 
 from benchmarks.harness import REPO, log, median, self_and_children_cpu_s
 
-DEFAULT_FFCV_PYTHON = os.environ.get("H5STREAM_FFCV_PYTHON", "/work/peers/ffcv/bin/python")
+DEFAULT_FFCV_PYTHON = os.environ.get("H5STREAM_FFCV_PYTHON", os.path.join(REPO, ".venv-ffcv", "bin", "python"))
 DEFAULT_DALI_PYTHON = os.environ.get("H5STREAM_DALI_PYTHON", os.path.join(REPO, ".venv-dali", "bin", "python"))
 BATCH = 64
 

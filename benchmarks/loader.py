@@ -21,10 +21,10 @@ epoch leaves 4 KiB pages.  So the table's header says which share of the file's 
 and reads it sequentially before the rounds (the default, ``as-is``, keeps what is there).
 
 FFCV's loader alone on the same rows is measured in each round too, where its venv is there (``--ffcv-python``,
-default ``$H5STREAM_FFCV_PYTHON`` or ``/work/peers/ffcv/bin/python``; ``--ffcv-python ''`` leaves it out): raw
-``RGBImageField`` rows, ``OrderOption.RANDOM``, ``os_cache=True``, ``--ffcv-threads`` (2) threads, the same batch, in a
-child of its own venv (:mod:`benchmarks.ffcv_loader`; its first epoch includes numba's compilation, as a user meets
-it).  Its ``.beton`` is written once, next to the store.
+default ``$H5STREAM_FFCV_PYTHON`` or ``.venv-ffcv/bin/python`` at the repository root; ``--ffcv-python ''``
+leaves it out): raw ``RGBImageField`` rows, ``OrderOption.RANDOM``, ``os_cache=True``, ``--ffcv-threads`` (2) threads,
+the same batch, in a child of its own venv (:mod:`benchmarks.ffcv_loader`; its first epoch includes numba's
+compilation, as a user meets it).  Its ``.beton`` is written once, next to the store.
 """
 
 from __future__ import annotations
