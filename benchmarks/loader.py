@@ -248,7 +248,8 @@ def main(argv=None) -> int:
     p.add_argument("--page-cache", choices=("as-is", "reread"), default="as-is",
                    help="reread: drop the file from the page cache and read it sequentially first (large folios)")
     p.add_argument("--ffcv-python", default=DEFAULT_FFCV_PYTHON,
-                   help="python of a venv with FFCV, for its loader in the same rounds ('' to leave it out)")
+                   help="python of a venv with FFCV, for its loader in the same rounds ('' to leave it out; "
+                        "$H5STREAM_FFCV_PYTHON, where set, replaces the path below)")
     p.add_argument("--ffcv-threads", type=int, default=2, help="FFCV loader's num_workers (threads)")
     add_json_option(p)
     args = p.parse_args(argv)
